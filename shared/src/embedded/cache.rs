@@ -1,0 +1,69 @@
+//! In-process TTL cache with the Redis hot cache's contract.
+
+use crate::clock::SharedClock;
+use crate::ports::{Cache, CacheError};
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Most entries kept; past it expired entries are swept, then the soonest-expiring go.
+const MAX_ENTRIES: usize = 100_000;
+
+/// The embedded cache.
+#[derive(Debug)]
+pub struct MemoryCache {
+    clock: SharedClock,
+    entries: Mutex<HashMap<String, (String, u64)>>,
+}
+
+impl MemoryCache {
+    /// A cache judged by `clock`.
+    pub fn new(clock: SharedClock) -> Self {
+        Self { clock, entries: Mutex::new(HashMap::new()) }
+    }
+}
+
+#[async_trait]
+impl Cache for MemoryCache {
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        let now = self.clock.now_ms();
+        let entries = self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        Ok(entries.get(key).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone()))
+    }
+
+    async fn set(&self, key: &str, value: &str, ttl: Duration) -> Result<(), CacheError> {
+        let now = self.clock.now_ms();
+        let mut entries =
+            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        if entries.len() >= MAX_ENTRIES {
+            entries.retain(|_, (_, exp)| *exp > now);
+            if entries.len() >= MAX_ENTRIES {
+                let mut by_expiry: Vec<(u64, String)> =
+                    entries.iter().map(|(k, (_, exp))| (*exp, k.clone())).collect();
+                by_expiry.sort();
+                for (_, k) in by_expiry.into_iter().take(MAX_ENTRIES / 10) {
+                    entries.remove(&k);
+                }
+            }
+        }
+        entries.insert(key.to_owned(), (value.to_owned(), now + ttl.as_millis() as u64));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[tokio::test]
+    async fn entries_expire() {
+        let clock = ManualClock::new(0);
+        let cache = MemoryCache::new(clock.clone());
+        cache.set("a", "1", Duration::from_millis(10)).await.unwrap();
+        assert_eq!(cache.get("a").await.unwrap().as_deref(), Some("1"));
+        clock.advance_ms(10);
+        assert_eq!(cache.get("a").await.unwrap(), None);
+    }
+}

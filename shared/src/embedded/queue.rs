@@ -1,0 +1,416 @@
+//! Embedded queues with SQS semantics: visibility timeout, `ChangeMessageVisibility`, an
+//! `ApproximateReceiveCount`, redrive to a DLQ after `maxReceiveCount`, receipts that go stale on
+//! redelivery. Messages are kept in the redb file, so a crash loses none; visibility is not persisted
+//! (after a restart every message is visible at once, as after a crashed consumer's lease).
+
+use super::db::EmbeddedDb;
+use crate::clock::SharedClock;
+use crate::ports::{QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
+use async_trait::async_trait;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+const MESSAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("queue_messages");
+
+/// Attribute set on a dead-lettered message, saying why.
+pub const DEAD_LETTER_REASON: &str = "DeadLetterReason";
+/// Attribute naming the queue a dead-lettered message came from.
+pub const DEAD_LETTER_SOURCE: &str = "DeadLetterSourceQueue";
+
+impl From<String> for QueueError {
+    fn from(s: String) -> Self {
+        QueueError::Unavailable(s)
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Unavailable(e.to_string())
+}
+
+/// Settings shared by every embedded queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueSettings {
+    /// The queue's default visibility timeout (kept long, as in SQS; the worker shortens it).
+    pub default_visibility: Duration,
+    /// The redrive policy's `maxReceiveCount`.
+    pub max_receive_count: u32,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self { default_visibility: Duration::from_secs(900), max_receive_count: 5 }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredMessage {
+    queue: String,
+    seq: u64,
+    body: String,
+    attributes: BTreeMap<String, String>,
+    sent_at_ms: u64,
+    receive_count: u32,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: String,
+    stored: StoredMessage,
+    visible_at_ms: u64,
+    receipt: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_seq: u64,
+    queues: HashMap<String, BTreeMap<u64, Entry>>,
+    receipts: HashMap<String, (String, u64)>,
+}
+
+enum Op {
+    Put(String, Vec<u8>),
+    Delete(String),
+}
+
+/// All embedded queues of one data dir.
+pub struct EmbeddedQueues {
+    db: EmbeddedDb,
+    clock: SharedClock,
+    settings: QueueSettings,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for EmbeddedQueues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedQueues").field("settings", &self.settings).finish()
+    }
+}
+
+impl EmbeddedQueues {
+    /// Opens the queues kept in `db`, reloading every message a previous process left.
+    pub async fn open(
+        db: EmbeddedDb,
+        clock: SharedClock,
+        settings: QueueSettings,
+    ) -> Result<Arc<Self>, QueueError> {
+        let loaded: Vec<(String, StoredMessage)> = db
+            .run(|db| {
+                let txn = db.begin_read().map_err(unavailable)?;
+                let table = match txn.open_table(MESSAGES) {
+                    Ok(t) => t,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(unavailable(e)),
+                };
+                let mut out = Vec::new();
+                for row in table.iter().map_err(unavailable)? {
+                    let (k, v) = row.map_err(unavailable)?;
+                    let stored: StoredMessage = serde_json::from_slice(v.value())
+                        .map_err(|e| QueueError::Rejected(format!("corrupt queue message: {e}")))?;
+                    out.push((k.value().to_owned(), stored));
+                }
+                Ok(out)
+            })
+            .await?;
+        let mut state = State::default();
+        for (id, stored) in loaded {
+            state.next_seq = state.next_seq.max(stored.seq + 1);
+            let entry = Entry { id, visible_at_ms: 0, receipt: None, stored };
+            state.queues.entry(entry.stored.queue.clone()).or_default().insert(entry.stored.seq, entry);
+        }
+        Ok(Arc::new(Self { db, clock, settings, state: Mutex::new(state) }))
+    }
+
+    /// A handle on queue `name`, whose DLQ is `dlq`.
+    pub fn queue(self: &Arc<Self>, name: &str, dlq: &str) -> EmbeddedQueue {
+        EmbeddedQueue { queues: self.clone(), name: name.to_owned(), dlq: dlq.to_owned() }
+    }
+
+    async fn persist(&self, ops: Vec<Op>) -> Result<(), QueueError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.db
+            .run(move |db| {
+                let txn = db.begin_write().map_err(unavailable)?;
+                {
+                    let mut table = txn.open_table(MESSAGES).map_err(unavailable)?;
+                    for op in &ops {
+                        match op {
+                            Op::Put(id, bytes) => {
+                                table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
+                            }
+                            Op::Delete(id) => {
+                                table.remove(id.as_str()).map_err(unavailable)?;
+                            }
+                        }
+                    }
+                }
+                txn.commit().map_err(unavailable)
+            })
+            .await
+    }
+}
+
+fn put_op(entry: &Entry) -> Result<Op, QueueError> {
+    Ok(Op::Put(entry.id.clone(), serde_json::to_vec(&entry.stored).map_err(unavailable)?))
+}
+
+/// One embedded queue (with its DLQ).
+#[derive(Debug, Clone)]
+pub struct EmbeddedQueue {
+    queues: Arc<EmbeddedQueues>,
+    name: String,
+    dlq: String,
+}
+
+impl EmbeddedQueue {
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A handle on this queue's DLQ.
+    pub fn dead_letter_queue(&self) -> EmbeddedQueue {
+        EmbeddedQueue { queues: self.queues.clone(), name: self.dlq.clone(), dlq: self.dlq.clone() }
+    }
+
+    /// Bodies and attributes of every message, visible or not (inspection of a DLQ).
+    pub async fn peek_all(&self) -> Vec<(String, BTreeMap<String, String>)> {
+        let state = self.queues.state.lock().await;
+        state
+            .queues
+            .get(&self.name)
+            .map(|q| q.values().map(|e| (e.stored.body.clone(), e.stored.attributes.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// Moves an entry to the DLQ inside a held state lock; returns the persistence op.
+    fn move_to_dlq(&self, state: &mut State, seq: u64, reason: &str) -> Result<Option<Op>, QueueError> {
+        let Some(mut entry) = state.queues.get_mut(&self.name).and_then(|q| q.remove(&seq)) else {
+            return Ok(None);
+        };
+        if let Some(r) = entry.receipt.take() {
+            state.receipts.remove(&r);
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        entry.stored.queue = self.dlq.clone();
+        entry.stored.seq = seq;
+        entry.stored.attributes.insert(DEAD_LETTER_REASON.into(), reason.to_owned());
+        entry.stored.attributes.insert(DEAD_LETTER_SOURCE.into(), self.name.clone());
+        entry.visible_at_ms = 0;
+        let op = put_op(&entry)?;
+        state.queues.entry(self.dlq.clone()).or_default().insert(seq, entry);
+        Ok(Some(op))
+    }
+
+    fn lookup(state: &State, receipt: &str) -> Result<(String, u64), QueueError> {
+        state.receipts.get(receipt).cloned().ok_or(QueueError::ReceiptInvalid)
+    }
+}
+
+#[async_trait]
+impl QueueSend for EmbeddedQueue {
+    async fn send(&self, body: &str, mut attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
+        let now = self.queues.clock.now_ms();
+        let id = uuid::Uuid::new_v4().to_string();
+        attributes.insert("SentTimestamp".into(), now.to_string());
+        let mut state = self.queues.state.lock().await;
+        let seq = state.next_seq;
+        let entry = Entry {
+            id: id.clone(),
+            stored: StoredMessage {
+                queue: self.name.clone(),
+                seq,
+                body: body.to_owned(),
+                attributes,
+                sent_at_ms: now,
+                receive_count: 0,
+            },
+            visible_at_ms: 0,
+            receipt: None,
+        };
+        // Persist first: a send that returns Ok must survive a crash.
+        self.queues.persist(vec![put_op(&entry)?]).await?;
+        state.next_seq += 1;
+        state.queues.entry(self.name.clone()).or_default().insert(seq, entry);
+        Ok(id)
+    }
+}
+
+#[async_trait]
+impl QueueConsume for EmbeddedQueue {
+    async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let now = self.queues.clock.now_ms();
+        let settings = self.queues.settings;
+        let mut state = self.queues.state.lock().await;
+        let ready: Vec<u64> = match state.queues.get(&self.name) {
+            Some(q) => q.values().filter(|e| e.visible_at_ms <= now).map(|e| e.stored.seq).collect(),
+            None => return Ok(Vec::new()),
+        };
+        let mut ops = Vec::new();
+        let mut out = Vec::new();
+        for seq in ready {
+            if out.len() >= max {
+                break;
+            }
+            let over = state
+                .queues
+                .get(&self.name)
+                .and_then(|q| q.get(&seq))
+                .is_some_and(|e| e.stored.receive_count >= settings.max_receive_count);
+            if over {
+                let reason = format!("maxReceiveCount ({}) exceeded", settings.max_receive_count);
+                ops.extend(self.move_to_dlq(&mut state, seq, &reason)?);
+                continue;
+            }
+            let receipt = uuid::Uuid::new_v4().to_string();
+            let Some(entry) = state.queues.get_mut(&self.name).and_then(|q| q.get_mut(&seq)) else {
+                continue;
+            };
+            let old = entry.receipt.replace(receipt.clone());
+            entry.stored.receive_count += 1;
+            entry.visible_at_ms = now + settings.default_visibility.as_millis() as u64;
+            ops.push(put_op(entry)?);
+            out.push(ReceivedMessage {
+                message_id: entry.id.clone(),
+                receipt: receipt.clone(),
+                body: entry.stored.body.clone(),
+                receive_count: entry.stored.receive_count,
+                sent_at_ms: entry.stored.sent_at_ms,
+                attributes: entry.stored.attributes.clone(),
+            });
+            if let Some(old) = old {
+                state.receipts.remove(&old);
+            }
+            state.receipts.insert(receipt, (self.name.clone(), seq));
+        }
+        self.queues.persist(ops).await?;
+        Ok(out)
+    }
+
+    async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+        let now = self.queues.clock.now_ms();
+        let mut state = self.queues.state.lock().await;
+        let (queue, seq) = Self::lookup(&state, receipt)?;
+        let entry =
+            state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq)).ok_or(QueueError::ReceiptInvalid)?;
+        entry.visible_at_ms = now + timeout.as_millis() as u64;
+        Ok(())
+    }
+
+    async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
+        let mut state = self.queues.state.lock().await;
+        let (queue, seq) = Self::lookup(&state, receipt)?;
+        let id = match state.queues.get(&queue).and_then(|q| q.get(&seq)) {
+            Some(e) => e.id.clone(),
+            None => return Err(QueueError::ReceiptInvalid),
+        };
+        self.queues.persist(vec![Op::Delete(id)]).await?;
+        state.receipts.remove(receipt);
+        if let Some(q) = state.queues.get_mut(&queue) {
+            q.remove(&seq);
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
+        let mut state = self.queues.state.lock().await;
+        let (_, seq) = Self::lookup(&state, &message.receipt)?;
+        let ops: Vec<Op> = self.move_to_dlq(&mut state, seq, reason)?.into_iter().collect();
+        self.queues.persist(ops).await
+    }
+
+    async fn depth(&self) -> Result<QueueDepth, QueueError> {
+        let now = self.queues.clock.now_ms();
+        let state = self.queues.state.lock().await;
+        let mut depth = QueueDepth::default();
+        if let Some(q) = state.queues.get(&self.name) {
+            for e in q.values() {
+                if e.visible_at_ms <= now {
+                    depth.visible += 1;
+                } else {
+                    depth.in_flight += 1;
+                }
+                depth.oldest_age_ms = depth.oldest_age_ms.max(now.saturating_sub(e.stored.sent_at_ms));
+            }
+        }
+        Ok(depth)
+    }
+
+    fn max_receive_count(&self) -> u32 {
+        self.queues.settings.max_receive_count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    async fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> EmbeddedQueue {
+        let db = EmbeddedDb::open(dir).unwrap();
+        let settings =
+            QueueSettings { default_visibility: Duration::from_millis(1_000), max_receive_count: 2 };
+        EmbeddedQueues::open(db, clock, settings).await.unwrap().queue("q", "q-dlq")
+    }
+
+    #[tokio::test]
+    async fn visibility_receive_count_and_redrive() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(10_000);
+        let q = open(dir.path(), clock.clone()).await;
+        q.send("m1", BTreeMap::new()).await.unwrap();
+        let first = q.receive(10).await.unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].receive_count, 1);
+        assert!(q.receive(10).await.unwrap().is_empty(), "invisible while leased");
+        assert_eq!(q.depth().await.unwrap(), QueueDepth { visible: 0, in_flight: 1, oldest_age_ms: 0 });
+
+        // A short lease made by ChangeMessageVisibility.
+        q.change_visibility(&first[0].receipt, Duration::from_millis(100)).await.unwrap();
+        clock.advance_ms(100);
+        let second = q.receive(10).await.unwrap();
+        assert_eq!(second[0].receive_count, 2);
+        assert_eq!(
+            q.change_visibility(&first[0].receipt, Duration::ZERO).await.err().map(|e| e.to_string()),
+            Some(QueueError::ReceiptInvalid.to_string()),
+            "the first delivery's receipt is stale"
+        );
+        q.change_visibility(&second[0].receipt, Duration::ZERO).await.unwrap();
+        // Third receive exceeds maxReceiveCount = 2: redriven to the DLQ.
+        assert!(q.receive(10).await.unwrap().is_empty());
+        let dlq = q.dead_letter_queue().peek_all().await;
+        assert_eq!(dlq.len(), 1);
+        assert_eq!(dlq[0].0, "m1");
+        assert!(dlq[0].1[DEAD_LETTER_REASON].contains("maxReceiveCount"));
+    }
+
+    #[tokio::test]
+    async fn delete_dead_letter_and_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(10_000);
+        {
+            let q = open(dir.path(), clock.clone()).await;
+            for body in ["a", "b", "c"] {
+                q.send(body, BTreeMap::new()).await.unwrap();
+            }
+            let got = q.receive(2).await.unwrap();
+            assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+            q.delete(&got[0].receipt).await.unwrap();
+            assert!(q.delete(&got[0].receipt).await.is_err());
+            q.dead_letter(&got[1], "undecodable: expected value").await.unwrap();
+        }
+        // A new process: "c" survives and is visible at once; "b" is in the DLQ with its reason.
+        let q = open(dir.path(), clock.clone()).await;
+        let got = q.receive(10).await.unwrap();
+        assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["c"]);
+        let dlq = q.dead_letter_queue().peek_all().await;
+        assert_eq!(dlq.len(), 1);
+        assert_eq!(dlq[0].1[DEAD_LETTER_REASON], "undecodable: expected value");
+    }
+}

@@ -1,0 +1,252 @@
+//! The task API as an axum router (design §4): `POST /v1/tasks`, `GET /v1/tasks/{id}`, `GET /healthz`.
+//! It owns the ingress side of idempotency: hot cache, conditional put of `PENDING`, duplicate answers,
+//! re-send of a stale unclaimed `PENDING`, and the undo of a put whose enqueue failed.
+
+use crate::clock::SharedClock;
+use crate::config::IngressConfig;
+use crate::domain::{
+    MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, is_task_id,
+    validate_idempotency_key,
+};
+use crate::metrics::Metrics;
+use crate::ports::{Cache, PutOutcome, QueueSend, StoreError, TaskStore};
+use crate::problem::Problem;
+use crate::worker::cache_key;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tracing::{error, warn};
+
+/// Everything ingress needs, built once.
+#[derive(Clone)]
+pub struct Ingress {
+    /// Durable records.
+    pub store: Arc<dyn TaskStore>,
+    /// Hot cache of completed tasks.
+    pub cache: Arc<dyn Cache>,
+    /// One sender per lane, indexed by [`Lane::index`].
+    pub queues: [Arc<dyn QueueSend>; 3],
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Time.
+    pub clock: SharedClock,
+    /// Settings.
+    pub config: IngressConfig,
+}
+
+/// The task API router.
+pub fn router(ingress: Ingress) -> Router {
+    Router::new()
+        .route("/v1/tasks", post(post_task))
+        .route("/v1/tasks/{id}", get(get_task))
+        .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+        .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "this route does not take that method",
+            )
+        })
+        .with_state(Arc::new(ingress))
+}
+
+fn view_response(status: StatusCode, view: &TaskView) -> Response {
+    let mut resp = (status, Json(view)).into_response();
+    if status == StatusCode::ACCEPTED {
+        if let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", view.task_id)) {
+            resp.headers_mut().insert(header::LOCATION, v);
+        }
+    }
+    resp
+}
+
+fn store_problem(e: &StoreError, retry_after: u64) -> Problem {
+    error!(error = %e, "task store failure");
+    match e {
+        StoreError::Unavailable(_) => {
+            Problem::unavailable("the task store is unavailable; retry later", retry_after)
+        }
+        StoreError::Corrupt(_) => Problem::internal(),
+    }
+}
+
+fn conflict() -> Problem {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+        "Idempotency-Key reused with another payload",
+        "this Idempotency-Key was already used with a different request body",
+    )
+    .with_field("Idempotency-Key")
+}
+
+async fn post_task(State(ing): State<Arc<Ingress>>, headers: HeaderMap, body: Body) -> Response {
+    match accept(&ing, &headers, body).await {
+        Ok(resp) => resp,
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn accept(ing: &Ingress, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "Unsupported media type",
+            format!("Content-Type must be application/json, got `{content_type}`"),
+        )
+        .with_field("Content-Type"));
+    }
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            format!("the body must be at most {MAX_BODY_BYTES} bytes"),
+        )
+        .with_field("body")
+    })?;
+    let request = TaskRequest::from_json(&bytes).map_err(Problem::validation)?;
+    let idem = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let key = v.to_str().unwrap_or("\u{0}");
+            validate_idempotency_key(key).map_err(|e| Problem::validation(vec![e]))?;
+            Some(key.to_owned())
+        }
+    };
+    let task_id = request.task_id(idem.as_deref());
+    let payload_hash = request.payload_hash();
+
+    // 1. Hot cache: a completed task costs no store request.
+    match ing.cache.get(&cache_key(&task_id)).await {
+        Ok(Some(json)) => {
+            if let Ok(rec) = serde_json::from_str::<TaskRecord>(&json) {
+                if rec.payload_hash != payload_hash {
+                    return Err(conflict());
+                }
+                if rec.status == TaskStatus::Completed {
+                    ing.metrics.duplicates_total.with_label_values(&["cache"]).inc();
+                    return Ok(view_response(StatusCode::OK, &rec.view()));
+                }
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            warn!(error = %e, "cache unavailable; answering from the store");
+            ing.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
+        }
+    }
+
+    // 2. Conditional put of PENDING; a duplicate gets the existing record back in the same request.
+    let now = ing.clock.now_ms();
+    let record = TaskRecord::pending(task_id, request, now, ing.config.pending_ttl_secs);
+    let retry_after = ing.config.retry_after_secs;
+    match ing.store.put_pending(&record, now).await.map_err(|e| store_problem(&e, retry_after))? {
+        PutOutcome::Created => {
+            // 3. New: enqueue. A failed send undoes the put so no record points at a missing message.
+            if let Err(e) = send(ing, &record).await {
+                error!(error = %e, task_id = %record.task_id, "enqueue failed; removing the record");
+                if let Err(e) = ing.store.delete_pending(&record.task_id, &record.nonce).await {
+                    error!(error = %e, "could not remove the record; it will be re-sent as stale");
+                }
+                return Err(Problem::unavailable("the task queue is unavailable; retry later", retry_after));
+            }
+            Ok(view_response(StatusCode::ACCEPTED, &record.view()))
+        }
+        PutOutcome::Exists(existing) => {
+            if existing.payload_hash != payload_hash {
+                return Err(conflict());
+            }
+            ing.metrics.duplicates_total.with_label_values(&["store"]).inc();
+            match existing.status {
+                TaskStatus::Completed => {
+                    if let Ok(json) = serde_json::to_string(&existing) {
+                        if let Err(e) = ing
+                            .cache
+                            .set(&cache_key(&existing.task_id), &json, ing.config.result_cache_ttl)
+                            .await
+                        {
+                            warn!(error = %e, "cache refill failed");
+                        }
+                    }
+                    Ok(view_response(StatusCode::OK, &existing.view()))
+                }
+                TaskStatus::Pending => {
+                    let grace = ing.config.enqueue_grace.as_millis() as u64;
+                    if now.saturating_sub(existing.enqueued_at_ms) >= grace {
+                        // Unclaimed past the grace: the message may be lost. Workers are idempotent,
+                        // so a second message is harmless and a lost one is not.
+                        match send(ing, &existing).await {
+                            Ok(_) => {
+                                if let Err(e) =
+                                    ing.store.mark_enqueued(&existing.task_id, existing.fence, now).await
+                                {
+                                    warn!(error = %e, "could not record the re-send");
+                                }
+                            }
+                            Err(e) => warn!(error = %e, "re-send of a stale PENDING task failed"),
+                        }
+                    }
+                    Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
+                }
+                TaskStatus::Processing | TaskStatus::Failed => {
+                    Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
+                }
+            }
+        }
+    }
+}
+
+async fn send(ing: &Ingress, record: &TaskRecord) -> Result<String, crate::ports::QueueError> {
+    let message =
+        TaskMessage { task_id: record.task_id.clone(), lane: record.lane, kind: record.request.kind };
+    let body =
+        serde_json::to_string(&message).map_err(|e| crate::ports::QueueError::Rejected(e.to_string()))?;
+    let attributes = BTreeMap::from([
+        ("lane".to_owned(), record.lane.as_str().to_owned()),
+        ("kind".to_owned(), record.request.kind.as_str().to_owned()),
+        ("enqueued_at_ms".to_owned(), ing.clock.now_ms().to_string()),
+    ]);
+    let queue: &Arc<dyn QueueSend> = &ing.queues[record.lane.index()];
+    queue.send(&body, attributes).await
+}
+
+async fn get_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) -> Response {
+    if !is_task_id(&id) {
+        return Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-task-id",
+            "Invalid task id",
+            "a task id is 64 lowercase hex digits",
+        )
+        .with_field("task_id")
+        .into_response();
+    }
+    if let Ok(Some(json)) = ing.cache.get(&cache_key(&id)).await {
+        if let Ok(rec) = serde_json::from_str::<TaskRecord>(&json) {
+            return view_response(StatusCode::OK, &rec.view());
+        }
+    }
+    match ing.store.get(&id, ing.clock.now_ms()).await {
+        Ok(Some(rec)) => view_response(StatusCode::OK, &rec.view()),
+        Ok(None) => Problem::new(
+            StatusCode::NOT_FOUND,
+            "task-not-found",
+            "Task not found",
+            "no task has this id (or it expired)",
+        )
+        .with_field("task_id")
+        .into_response(),
+        Err(e) => store_problem(&e, ing.config.retry_after_secs).into_response(),
+    }
+}

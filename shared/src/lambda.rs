@@ -1,0 +1,87 @@
+//! Glue between Lambda events and the core, shared by `functions/*`: logging setup, SQS record
+//! decoding, and the partial-batch response built from worker outcomes.
+
+use crate::ports::ReceivedMessage;
+use crate::worker::Outcome;
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
+use std::collections::BTreeMap;
+
+/// JSON logs with the level from `RUST_LOG` (default `info`), as CloudWatch wants them.
+pub fn init_tracing() {
+    let _ = tracing_subscriber_init();
+}
+
+fn tracing_subscriber_init() -> Result<(), String> {
+    lambda_http::tracing::init_default_subscriber();
+    Ok(())
+}
+
+/// Why an SQS record could not become a [`ReceivedMessage`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RecordError {
+    /// A field SQS always sets is absent.
+    #[error("SQS record without {0}")]
+    Missing(&'static str),
+}
+
+/// Converts one record of an `SqsEvent`.
+pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordError> {
+    let message_id =
+        record.message_id.clone().filter(|s| !s.is_empty()).ok_or(RecordError::Missing("messageId"))?;
+    let receipt = record.receipt_handle.clone().ok_or(RecordError::Missing("receiptHandle"))?;
+    let receive_count =
+        record.attributes.get("ApproximateReceiveCount").and_then(|v| v.parse().ok()).unwrap_or(1);
+    let sent_at_ms = record.attributes.get("SentTimestamp").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let attributes: BTreeMap<String, String> = record
+        .message_attributes
+        .iter()
+        .filter_map(|(k, v)| v.string_value.clone().map(|s| (k.clone(), s)))
+        .collect();
+    Ok(ReceivedMessage {
+        message_id,
+        receipt,
+        body: record.body.clone().unwrap_or_default(),
+        receive_count,
+        sent_at_ms,
+        attributes,
+    })
+}
+
+/// The partial-batch response: one failure per message that stays in the queue. Never an empty id
+/// (Lambda would fail the whole batch).
+pub fn batch_response<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outcome)>) -> SqsBatchResponse {
+    let mut response = SqsBatchResponse::default();
+    for (id, outcome) in outcomes {
+        if outcome.is_batch_item_failure() && !id.is_empty() {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = id.to_owned();
+            response.batch_item_failures.push(failure);
+        }
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn records_and_batch_failures() {
+        let mut record = SqsMessage::default();
+        assert_eq!(received_from_sqs(&record), Err(RecordError::Missing("messageId")));
+        record.message_id = Some("m1".into());
+        record.receipt_handle = Some("r1".into());
+        record.body = Some("{}".into());
+        record.attributes.insert("ApproximateReceiveCount".into(), "3".into());
+        let m = received_from_sqs(&record).unwrap();
+        assert_eq!((m.message_id.as_str(), m.receive_count), ("m1", 3));
+
+        let retry = Outcome::Retry { after: Duration::from_secs(1), reason: "x".into() };
+        let outcomes =
+            [("a", &Outcome::Acked), ("b", &retry), ("c", &Outcome::LeaseLost), ("", &Outcome::LeaseLost)];
+        let resp = batch_response(outcomes);
+        let ids: Vec<&str> = resp.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+        assert_eq!(ids, ["b", "c"]);
+    }
+}

@@ -1,0 +1,37 @@
+//! # lanes-core
+//!
+//! All of Lanes' logic. The Lambda functions and the `lanes` CLI are thin shells over this crate: they
+//! read configuration, build adapters once, and hand events to the code here.
+//!
+//! # Layout
+//!
+//! - [`domain`]: kinds and lanes, request validation, the canonical idempotency key, the task record
+//!   and its state machine. Pure.
+//! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping.
+//! - [`ports`]: the small traits the core depends on (queue send/consume, task store, lease lock,
+//!   cache, LLM client), each error carrying retry intent.
+//! - [`embedded`]: local adapters for every port: queues and store in one redb file, in-process lock
+//!   and cache.
+//! - [`llm`]: LLM providers; today the offline provider.
+//! - [`ingress`]: the task API as an axum router (`POST /v1/tasks`, `GET /v1/tasks/{id}`, `/healthz`).
+//! - [`worker`]: processing one message under a lease: heartbeat, lock, fence, the ack rule, backoff.
+//! - [`pool`]: the weighted allocation policy and the in-process pool that runs workers with it.
+//! - [`metrics`]: Prometheus registry with per-lane metrics.
+//! - [`problem`]: RFC 9457 problem+json responses.
+//! - [`config`]: tunables with defaults and their validation.
+//! - [`local`]: `lanes dev`: everything above wired together on embedded adapters in one process.
+//! - [`lambda`]: adapters from Lambda events to the core (used by `functions/*`).
+
+pub mod clock;
+pub mod config;
+pub mod domain;
+pub mod embedded;
+pub mod ingress;
+pub mod lambda;
+pub mod llm;
+pub mod local;
+pub mod metrics;
+pub mod pool;
+pub mod ports;
+pub mod problem;
+pub mod worker;

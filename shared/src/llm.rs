@@ -1,0 +1,97 @@
+//! LLM providers behind the [`LlmClient`] port. Today: the offline provider, a deterministic local
+//! heuristic that says in its output that it is not an LLM, so the whole pipeline runs offline.
+
+use crate::domain::{Lane, TokenUsage, sha256_hex};
+use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use async_trait::async_trait;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Model name reported by the offline provider.
+pub const OFFLINE_MODEL: &str = "offline-heuristic (not an LLM)";
+
+/// The offline provider.
+#[derive(Debug, Default)]
+pub struct OfflineProvider {
+    latency: [Duration; 3],
+    calls: [AtomicU64; 3],
+}
+
+impl OfflineProvider {
+    /// A provider answering after the given simulated latency per lane.
+    pub fn new(latency: impl Fn(Lane) -> Duration) -> Self {
+        Self { latency: Lane::ALL.map(latency), calls: Default::default() }
+    }
+
+    /// Calls made so far, over every lane.
+    pub fn calls(&self) -> u64 {
+        self.calls.iter().map(|c| c.load(Ordering::SeqCst)).sum()
+    }
+
+    /// Calls made so far for one lane.
+    pub fn calls_for(&self, lane: Lane) -> u64 {
+        self.calls[lane.index()].load(Ordering::SeqCst)
+    }
+}
+
+/// Rough token count (4 bytes a token) for the offline provider, which has no tokenizer of a model.
+fn approx_tokens(s: &str) -> u64 {
+    s.len().div_ceil(4) as u64
+}
+
+#[async_trait]
+impl LlmClient for OfflineProvider {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        self.calls[request.lane.index()].fetch_add(1, Ordering::SeqCst);
+        let latency = self.latency[request.lane.index()];
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let digest = sha256_hex(request.prompt.as_bytes());
+        let files = if request.target_files.is_empty() {
+            "no files".to_owned()
+        } else {
+            request.target_files.join(", ")
+        };
+        let words = request.prompt.split_whitespace().count();
+        let text = format!(
+            "[offline provider: deterministic heuristic, NOT an LLM] {} task on {} ({} file(s)); prompt of {} \
+             word(s), fingerprint {}. Configure an LLM provider for a real answer.",
+            request.kind,
+            files,
+            request.target_files.len(),
+            words,
+            &digest[..12]
+        );
+        let usage = TokenUsage {
+            prompt: approx_tokens(&request.prompt)
+                + request.target_files.iter().map(|f| approx_tokens(f)).sum::<u64>(),
+            completion: approx_tokens(&text),
+        };
+        Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Kind;
+
+    #[tokio::test]
+    async fn deterministic_labelled_and_counted() {
+        let p = OfflineProvider::new(|_| Duration::ZERO);
+        let req = LlmRequest {
+            lane: Lane::Interactive,
+            kind: Kind::Explain,
+            prompt: "what does main do?".into(),
+            target_files: vec!["src/main.rs".into()],
+            max_tokens: 100,
+        };
+        let a = p.complete(&req).await.unwrap();
+        let b = p.complete(&req).await.unwrap();
+        assert_eq!(a, b);
+        assert!(a.text.contains("NOT an LLM") && a.model.contains("not an LLM"));
+        assert!(a.usage.prompt > 0 && a.usage.completion > 0);
+        assert_eq!((p.calls(), p.calls_for(Lane::Interactive), p.calls_for(Lane::Synthesis)), (2, 2, 0));
+    }
+}

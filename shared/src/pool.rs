@@ -1,0 +1,282 @@
+//! The weighted dynamic pool (design §2): a pure policy that says how many slots each lane may use
+//! now, and an in-process pool of N slots that runs workers with it. Interactive holds 70%, the
+//! background lanes 30%; a lane borrows what another leaves idle and gives it back as its tasks finish
+//! (no preemption).
+
+use crate::domain::Lane;
+use crate::metrics::Metrics;
+use crate::ports::QueueConsume;
+use crate::worker::Worker;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// Default reservations: interactive 0.7; synthesis and commits share the background 0.3.
+pub const DEFAULT_SHARES: [f64; 3] = [0.7, 0.2, 0.1];
+
+/// Slots each lane is guaranteed, by largest remainder so they add up to `capacity` exactly.
+pub fn reserved(capacity: usize, shares: [f64; 3]) -> [usize; 3] {
+    let total: f64 = shares.iter().map(|s| s.max(0.0)).sum();
+    if total <= 0.0 || capacity == 0 {
+        return [0; 3];
+    }
+    let exact = shares.map(|s| s.max(0.0) / total * capacity as f64);
+    let mut out = exact.map(|e| e.floor() as usize);
+    let mut left = capacity - out.iter().sum::<usize>();
+    let mut order: Vec<usize> = (0..3).collect();
+    // Largest fractional part first; ties go to the higher-priority lane.
+    order.sort_by(|&a, &b| {
+        (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b))
+    });
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        out[i] += 1;
+        left -= 1;
+    }
+    out
+}
+
+/// How many slots each lane may occupy now. Each lane gets its demand (running + backlog) up to its
+/// reservation; what is left idle goes, slot by slot, to lanes with unmet demand, the lane furthest
+/// below its weight first. A lane already running more than its allowance keeps its tasks (no
+/// preemption) but starts no new one until it is back under.
+pub fn allocate(capacity: usize, shares: [f64; 3], running: [usize; 3], backlog: [usize; 3]) -> [usize; 3] {
+    let reserve = reserved(capacity, shares);
+    let demand: [usize; 3] = std::array::from_fn(|i| running[i] + backlog[i]);
+    let mut allowed: [usize; 3] = std::array::from_fn(|i| demand[i].min(reserve[i]));
+    let mut spare = capacity.saturating_sub(allowed.iter().sum());
+    while spare > 0 {
+        let next = (0..3).filter(|&i| allowed[i] < demand[i]).min_by(|&a, &b| {
+            let load = |i: usize| (allowed[i] + 1) as f64 / shares[i].max(1e-9);
+            load(a).total_cmp(&load(b)).then(a.cmp(&b))
+        });
+        let Some(i) = next else { break };
+        allowed[i] += 1;
+        spare -= 1;
+    }
+    allowed
+}
+
+/// An in-process pool of `capacity` worker slots over one queue per lane.
+pub struct Pool {
+    capacity: usize,
+    shares: [f64; 3],
+    queues: Vec<(Lane, Arc<dyn QueueConsume>)>,
+    worker: Worker,
+    metrics: Metrics,
+    running: Arc<[AtomicUsize; 3]>,
+    wake: Arc<Notify>,
+    poll_interval: Duration,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("capacity", &self.capacity).field("shares", &self.shares).finish()
+    }
+}
+
+impl Pool {
+    /// A pool of `capacity` slots over `queues`.
+    pub fn new(
+        capacity: usize,
+        shares: [f64; 3],
+        queues: Vec<(Lane, Arc<dyn QueueConsume>)>,
+        worker: Worker,
+        poll_interval: Duration,
+    ) -> Self {
+        let metrics = worker.metrics.clone();
+        Self {
+            capacity: capacity.max(1),
+            shares,
+            queues,
+            worker,
+            metrics,
+            running: Arc::new(Default::default()),
+            wake: Arc::new(Notify::new()),
+            poll_interval,
+        }
+    }
+
+    /// Tasks running per lane now.
+    pub fn running(&self) -> [usize; 3] {
+        std::array::from_fn(|i| self.running[i].load(Ordering::SeqCst))
+    }
+
+    /// Runs until `shutdown` is cancelled; in-flight tasks are left to finish or to their leases.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        loop {
+            self.dispatch().await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.poll_interval) => {}
+            }
+        }
+    }
+
+    /// One round: read backlogs, compute allowances, start what may start.
+    async fn dispatch(&self) {
+        let mut backlog = [0usize; 3];
+        for (lane, queue) in &self.queues {
+            match queue.depth().await {
+                Ok(d) => {
+                    backlog[lane.index()] = d.visible as usize;
+                    self.metrics.queue_depth.with_label_values(&[lane.as_str()]).set(d.visible as i64);
+                    self.metrics.queue_in_flight.with_label_values(&[lane.as_str()]).set(d.in_flight as i64);
+                    self.metrics
+                        .queue_oldest_age_seconds
+                        .with_label_values(&[lane.as_str()])
+                        .set((d.oldest_age_ms / 1000) as i64);
+                }
+                Err(e) => warn!(lane = %lane, error = %e, "queue depth unavailable"),
+            }
+        }
+        let running = self.running();
+        let allowed = allocate(self.capacity, self.shares, running, backlog);
+        let mut total: usize = running.iter().sum();
+        for (lane, queue) in &self.queues {
+            let i = lane.index();
+            let room = allowed[i].saturating_sub(running[i]).min(self.capacity.saturating_sub(total));
+            if room == 0 || backlog[i] == 0 {
+                continue;
+            }
+            let messages = match queue.receive(room).await {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(lane = %lane, error = %e, "receive failed");
+                    continue;
+                }
+            };
+            for message in messages {
+                total += 1;
+                self.running[i].fetch_add(1, Ordering::SeqCst);
+                let (worker, queue, running, wake) =
+                    (self.worker.clone(), queue.clone(), self.running.clone(), self.wake.clone());
+                tokio::spawn(async move {
+                    // Gives the slot back on every path, panics included.
+                    let _slot = SlotGuard { running, lane: i, wake };
+                    worker.process(queue, message).await;
+                });
+            }
+        }
+    }
+}
+
+struct SlotGuard {
+    running: Arc<[AtomicUsize; 3]>,
+    lane: usize,
+    wake: Arc<Notify>,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.running[self.lane].fetch_sub(1, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_add_up() {
+        let cases: &[(usize, [usize; 3])] = &[
+            (10, [7, 2, 1]),
+            (1, [1, 0, 0]),
+            (2, [2, 0, 0]),
+            (3, [2, 1, 0]),
+            (4, [3, 1, 0]),
+            (0, [0, 0, 0]),
+        ];
+        for &(cap, want) in cases {
+            assert_eq!(reserved(cap, DEFAULT_SHARES), want, "capacity {cap}");
+        }
+    }
+
+    #[test]
+    fn allocation_table() {
+        struct Case {
+            name: &'static str,
+            cap: usize,
+            running: [usize; 3],
+            backlog: [usize; 3],
+            want: [usize; 3],
+        }
+        let cases = [
+            Case {
+                name: "all saturated: 70/20/10",
+                cap: 10,
+                running: [0; 3],
+                backlog: [50, 50, 50],
+                want: [7, 2, 1],
+            },
+            Case { name: "all idle", cap: 10, running: [0; 3], backlog: [0; 3], want: [0, 0, 0] },
+            Case {
+                name: "interactive idle: background borrows all",
+                cap: 10,
+                running: [0; 3],
+                backlog: [0, 50, 0],
+                want: [0, 10, 0],
+            },
+            Case {
+                name: "background idle: interactive borrows all",
+                cap: 10,
+                running: [0; 3],
+                backlog: [50, 0, 0],
+                want: [10, 0, 0],
+            },
+            Case {
+                name: "light interactive: the rest is lent",
+                cap: 10,
+                running: [1, 0, 0],
+                backlog: [2, 50, 50],
+                want: [3, 5, 2],
+            },
+            Case {
+                name: "spare goes by weight",
+                cap: 10,
+                running: [0; 3],
+                backlog: [0, 50, 50],
+                want: [0, 7, 3],
+            },
+            Case {
+                name: "borrowed slots come back: interactive gets its reservation plus the idle commits share",
+                cap: 10,
+                running: [0, 8, 0],
+                backlog: [20, 5, 0],
+                want: [8, 2, 0],
+            },
+            Case {
+                name: "demand below reservation is not padded",
+                cap: 10,
+                running: [2, 1, 0],
+                backlog: [0, 0, 0],
+                want: [2, 1, 0],
+            },
+            Case {
+                name: "one slot: interactive first",
+                cap: 1,
+                running: [0; 3],
+                backlog: [5, 5, 5],
+                want: [1, 0, 0],
+            },
+            Case {
+                name: "one slot, interactive idle",
+                cap: 1,
+                running: [0; 3],
+                backlog: [0, 0, 5],
+                want: [0, 0, 1],
+            },
+        ];
+        for c in cases {
+            assert_eq!(allocate(c.cap, DEFAULT_SHARES, c.running, c.backlog), c.want, "{}", c.name);
+            assert!(allocate(c.cap, DEFAULT_SHARES, c.running, c.backlog).iter().sum::<usize>() <= c.cap);
+        }
+    }
+}

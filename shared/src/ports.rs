@@ -1,0 +1,286 @@
+//! Ports: the small traits the core talks to, one capability each. Every port has an embedded adapter
+//! (`crate::embedded`) and, from the AWS adapters issue on, an AWS one. Errors carry retry intent.
+
+use crate::domain::{Lane, TaskRecord, TaskResult, TokenUsage};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Whether an error may go away on its own.
+pub trait RetryIntent {
+    /// True when the same call may succeed later (timeouts, throttles, an unreachable service).
+    fn is_retryable(&self) -> bool;
+}
+
+// ---------------------------------------------------------------- queue
+
+/// Errors of a queue.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The receipt handle is not the message's current one: the lease was lost.
+    #[error("receipt handle is invalid or expired")]
+    ReceiptInvalid,
+    /// The queue could not be reached or failed; try again.
+    #[error("queue unavailable: {0}")]
+    Unavailable(String),
+    /// The request itself is wrong; retrying will not help.
+    #[error("queue rejected the request: {0}")]
+    Rejected(String),
+}
+
+impl RetryIntent for QueueError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, QueueError::Unavailable(_))
+    }
+}
+
+/// A message as received, SQS-shaped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedMessage {
+    /// Stable id of the message.
+    pub message_id: String,
+    /// Handle of this delivery; only the newest delivery's handle is valid.
+    pub receipt: String,
+    /// The body.
+    pub body: String,
+    /// `ApproximateReceiveCount`, including this delivery.
+    pub receive_count: u32,
+    /// Unix ms when it was first sent.
+    pub sent_at_ms: u64,
+    /// Message attributes (lane, kind, enqueue time).
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// Queue depth as SQS reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueDepth {
+    /// Messages ready to be received.
+    pub visible: u64,
+    /// Messages received and not yet deleted or visible again.
+    pub in_flight: u64,
+    /// Age of the oldest message in the queue, in ms.
+    pub oldest_age_ms: u64,
+}
+
+/// Sending side of a lane queue (ingress, webhook).
+#[async_trait]
+pub trait QueueSend: Send + Sync {
+    /// Sends one message; returns its id.
+    async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError>;
+}
+
+/// Consuming side of a lane queue (workers, the local poller).
+#[async_trait]
+pub trait QueueConsume: Send + Sync {
+    /// Receives up to `max` visible messages, each becoming invisible for the queue's default timeout.
+    /// Messages received more than `max_receive_count` times are moved to the DLQ instead.
+    async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError>;
+    /// Sets the visibility timeout of one delivery, counted from now (`ChangeMessageVisibility`).
+    async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError>;
+    /// Acknowledges (deletes) a delivery.
+    async fn delete(&self, receipt: &str) -> Result<(), QueueError>;
+    /// Moves a delivery to the DLQ now, recording why (undecodable or out of attempts).
+    async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError>;
+    /// Current depth.
+    async fn depth(&self) -> Result<QueueDepth, QueueError>;
+    /// The redrive policy's `maxReceiveCount`.
+    fn max_receive_count(&self) -> u32;
+}
+
+// ---------------------------------------------------------------- store
+
+/// Errors of the durable store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or failed; try again.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A stored item could not be decoded: data corruption, not retryable.
+    #[error("stored item is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl RetryIntent for StoreError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// Result of the conditional put of a `PENDING` record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PutOutcome {
+    /// The record was written (the key was absent, expired, or `FAILED`).
+    Created,
+    /// A live record exists; here it is (DynamoDB's `ReturnValuesOnConditionCheckFailure`).
+    Exists(Box<TaskRecord>),
+}
+
+/// Result of a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// Claimed: the record is `PROCESSING` with this fence.
+    Claimed(Box<TaskRecord>),
+    /// Not claimable (terminal); the current record.
+    Terminal(Box<TaskRecord>),
+    /// No record (never written, removed after a failed enqueue, or expired).
+    Missing,
+}
+
+/// How a claimed task ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Completion {
+    /// The model answered.
+    Completed(TaskResult),
+    /// Retrying cannot fix it.
+    Failed(String),
+}
+
+/// Result of the fenced final write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishOutcome {
+    /// Written.
+    Written,
+    /// The fence moved on (another worker claimed the task) or the record is no longer `PROCESSING`:
+    /// nothing was written.
+    StaleFence,
+}
+
+/// The durable task store (DynamoDB in AWS, a redb file locally).
+#[async_trait]
+pub trait TaskStore: Send + Sync {
+    /// Writes `record` (status `PENDING`) if the key is absent, expired, or `FAILED`; else returns the
+    /// existing record. Atomic.
+    async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError>;
+    /// Reads a live (unexpired) record.
+    async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError>;
+    /// Deletes a `PENDING`, never-claimed record carrying `nonce` (undoes a put whose enqueue failed).
+    async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError>;
+    /// Records a re-send of a stale `PENDING` record that no worker claimed; false if it changed.
+    async fn mark_enqueued(&self, task_id: &str, fence: u64, now_ms: u64) -> Result<bool, StoreError>;
+    /// Claims the task: `PENDING|PROCESSING -> PROCESSING`, fence + 1, attempts + 1.
+    async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError>;
+    /// Final write, conditional on `status = PROCESSING` and `fence = fence`.
+    async fn finish(
+        &self,
+        task_id: &str,
+        fence: u64,
+        completion: Completion,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<FinishOutcome, StoreError>;
+}
+
+// ---------------------------------------------------------------- lock
+
+/// Errors of the lease lock.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// The lock service could not be reached: callers degrade to SQS visibility plus the fence.
+    #[error("lock service unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl RetryIntent for LockError {
+    fn is_retryable(&self) -> bool {
+        true
+    }
+}
+
+/// Result of trying to take a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// Ours, with this token.
+    Acquired(String),
+    /// Someone else holds it for this much longer.
+    Held {
+        /// Remaining TTL of the holder's lease.
+        remaining: Duration,
+    },
+}
+
+/// A lease lock: `SET NX PX`, compare-then-`PEXPIRE`, compare-then-`DEL`.
+#[async_trait]
+pub trait LeaseLock: Send + Sync {
+    /// Takes the lock if free.
+    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError>;
+    /// Extends the lease if `token` still holds it; false means the lease is lost.
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError>;
+    /// Releases the lease if `token` still holds it.
+    async fn release(&self, key: &str, token: &str) -> Result<bool, LockError>;
+}
+
+// ---------------------------------------------------------------- cache
+
+/// Errors of the hot cache. Always soft: a cache miss is never a failure.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The cache could not be reached.
+    #[error("cache unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A TTL key-value cache (Redis in AWS, in-process locally).
+#[async_trait]
+pub trait Cache: Send + Sync {
+    /// Reads a live entry.
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError>;
+    /// Writes an entry that lives for `ttl`.
+    async fn set(&self, key: &str, value: &str, ttl: Duration) -> Result<(), CacheError>;
+}
+
+// ---------------------------------------------------------------- llm
+
+/// Errors of an LLM provider.
+#[derive(Debug, thiserror::Error)]
+pub enum LlmError {
+    /// Throttled, timed out, 5xx, connection trouble: retry later.
+    #[error("provider temporarily failed: {message}")]
+    Retryable {
+        /// What happened.
+        message: String,
+        /// The provider's own hint, when it gave one.
+        retry_after: Option<Duration>,
+    },
+    /// 400/401/403/404 and the like: retrying will not help.
+    #[error("provider rejected the request: {0}")]
+    Permanent(String),
+}
+
+impl RetryIntent for LlmError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, LlmError::Retryable { .. })
+    }
+}
+
+/// One call to a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmRequest {
+    /// Lane of the caller (for reservations and metrics).
+    pub lane: Lane,
+    /// Task kind (the system prompt depends on it).
+    pub kind: crate::domain::Kind,
+    /// The full prompt.
+    pub prompt: String,
+    /// Files the task is about.
+    pub target_files: Vec<String>,
+    /// Upper bound on completion tokens.
+    pub max_tokens: u32,
+}
+
+/// A model's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LlmResponse {
+    /// Generated text.
+    pub text: String,
+    /// Model name as reported.
+    pub model: String,
+    /// Usage as reported (or counted, for the offline provider).
+    pub usage: TokenUsage,
+}
+
+/// A model provider.
+#[async_trait]
+pub trait LlmClient: Send + Sync {
+    /// Runs one completion. Dropping the future aborts the request.
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
+}

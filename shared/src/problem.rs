@@ -1,0 +1,100 @@
+//! RFC 9457 problem details (`application/problem+json`): every error the HTTP routers return, naming
+//! the field at fault and never leaking internal error text.
+
+use crate::domain::FieldError;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// The media type of problem responses.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// A problem response.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    /// A URI naming the problem type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Short summary.
+    pub title: String,
+    /// HTTP status.
+    pub status: u16,
+    /// What went wrong with this request.
+    pub detail: String,
+    /// The first offending field, when one is at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Every field problem found.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+    /// Seconds after which a retry may succeed (also sent as `Retry-After`).
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    /// A problem with a status, a type slug, a title and a detail.
+    pub fn new(status: StatusCode, slug: &str, title: &str, detail: impl Into<String>) -> Self {
+        Self {
+            kind: format!("https://lanes.dev/problems/{slug}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: detail.into(),
+            field: None,
+            errors: Vec::new(),
+            retry_after: None,
+        }
+    }
+
+    /// 400 listing every field problem.
+    pub fn validation(errors: Vec<FieldError>) -> Self {
+        let detail =
+            errors.iter().map(|e| format!("{}: {}", e.field, e.reason)).collect::<Vec<_>>().join("; ");
+        let status = if errors.iter().any(|e| e.field == "body" && e.reason.starts_with("body is")) {
+            StatusCode::PAYLOAD_TOO_LARGE
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        let mut p = Self::new(status, "invalid-request", "The request is invalid", detail);
+        p.field = errors.first().map(|e| e.field.clone());
+        p.errors = errors;
+        p
+    }
+
+    /// 500 without internal details (they go to the log).
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            "the request could not be completed",
+        )
+    }
+
+    /// 503 with `Retry-After`.
+    pub fn unavailable(detail: &str, retry_after: u64) -> Self {
+        let mut p =
+            Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Temporarily unavailable", detail);
+        p.retry_after = Some(retry_after);
+        p
+    }
+
+    /// Names the offending field.
+    pub fn with_field(mut self, field: &str) -> Self {
+        self.field = Some(field.to_owned());
+        self
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_string(&self).unwrap_or_else(|_| "{}".into());
+        let mut resp = (status, body).into_response();
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
