@@ -1,1 +1,127 @@
-fn main() {}
+//! `lanes`: the command-line entry point. `dev` runs the whole task flow in one process on embedded
+//! defaults; `submit` and `status` are thin HTTP clients of a running server.
+
+use clap::{Parser, Subcommand};
+use lanes_core::local::{DevOptions, Local};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use lanes_core::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "lanes", version, about = "AI code-generation and commit-summary lanes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run ingress, queues, store, pool and the offline provider in one process.
+    Dev {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:3000")]
+        addr: SocketAddr,
+        /// Directory of the embedded database.
+        #[arg(long, default_value = ".lanes")]
+        data_dir: PathBuf,
+        /// Worker slots shared by the lanes (70% interactive, 30% background).
+        #[arg(long, default_value_t = 10)]
+        capacity: usize,
+        /// Simulated offline-provider latency for interactive tasks, in ms.
+        #[arg(long, default_value_t = 200)]
+        interactive_latency_ms: u64,
+        /// Simulated offline-provider latency for synthesis tasks, in ms.
+        #[arg(long, default_value_t = 2000)]
+        synthesis_latency_ms: u64,
+        /// Lease TTL in ms (visibility and lock); the heartbeat renews at a third of it.
+        #[arg(long, default_value_t = 15_000)]
+        lease_ttl_ms: u64,
+    },
+    /// Submit a task to a running server.
+    Submit {
+        /// Server URL.
+        #[arg(long, default_value = "http://127.0.0.1:3000")]
+        url: String,
+        /// Project id.
+        #[arg(long)]
+        project: String,
+        /// Task kind (explain, refactor, ...).
+        #[arg(long)]
+        kind: String,
+        /// The prompt.
+        #[arg(long)]
+        prompt: String,
+        /// Target files (repeatable).
+        #[arg(long = "file")]
+        files: Vec<String>,
+    },
+    /// Show a task.
+    Status {
+        /// Server URL.
+        #[arg(long, default_value = "http://127.0.0.1:3000")]
+        url: String,
+        /// Task id.
+        task_id: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    lanes_core::init_cli_tracing();
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lanes: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Dev { addr, data_dir, capacity, interactive_latency_ms, synthesis_latency_ms, lease_ttl_ms } => {
+            let mut opts = DevOptions { addr, data_dir, capacity, ..DevOptions::default() };
+            opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
+            opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
+            opts.worker.lease_ttl = Duration::from_millis(lease_ttl_ms);
+            opts.worker.renew_interval = Duration::from_millis((lease_ttl_ms / 3).max(1));
+            let local = Local::build(&opts).await.map_err(|e| e.to_string())?;
+            let shutdown = CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    stop.cancel();
+                }
+            });
+            local.serve(&opts, shutdown).await.map_err(|e| e.to_string())
+        }
+        Command::Submit { url, project, kind, prompt, files } => {
+            let body = serde_json::json!({"project_id": project, "kind": kind, "prompt": prompt, "target_files": files});
+            let resp = reqwest::Client::new()
+                .post(format!("{}/v1/tasks", url.trim_end_matches('/')))
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| format!("cannot reach {url}: {e}"))?;
+            print_response(resp).await
+        }
+        Command::Status { url, task_id } => {
+            let resp = reqwest::get(format!("{}/v1/tasks/{task_id}", url.trim_end_matches('/')))
+                .await
+                .map_err(|e| format!("cannot reach {url}: {e}"))?;
+            print_response(resp).await
+        }
+    }
+}
+
+async fn print_response(resp: reqwest::Response) -> Result<(), String> {
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    println!("{text}");
+    if status.is_client_error() || status.is_server_error() {
+        return Err(format!("server answered {status}"));
+    }
+    Ok(())
+}

@@ -1,6 +1,8 @@
 //! Glue between Lambda events and the core, shared by `functions/*`: logging setup, SQS record
 //! decoding, and the partial-batch response built from worker outcomes.
 
+use crate::config::{ConfigError, require_env};
+use crate::domain::Lane;
 use crate::ports::ReceivedMessage;
 use crate::worker::Outcome;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
@@ -8,12 +10,81 @@ use std::collections::BTreeMap;
 
 /// JSON logs with the level from `RUST_LOG` (default `info`), as CloudWatch wants them.
 pub fn init_tracing() {
-    let _ = tracing_subscriber_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().json().with_env_filter(filter).without_time().try_init();
 }
 
-fn tracing_subscriber_init() -> Result<(), String> {
-    lambda_http::tracing::init_default_subscriber();
-    Ok(())
+/// Which adapters a function runs on, from `LANES_BACKEND`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded adapters in `LANES_DATA_DIR` (default `/tmp/lanes`): for `cargo lambda watch` runs.
+    Embedded {
+        /// Data dir.
+        data_dir: std::path::PathBuf,
+    },
+    /// SQS, DynamoDB and Redis.
+    Aws,
+}
+
+impl Backend {
+    /// Reads `LANES_BACKEND` (`embedded` or `aws`, default `aws`) and `LANES_DATA_DIR`.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var("LANES_BACKEND").unwrap_or_else(|_| "aws".into()).as_str() {
+            "embedded" => Ok(Backend::Embedded {
+                data_dir: std::env::var("LANES_DATA_DIR").unwrap_or_else(|_| "/tmp/lanes".into()).into(),
+            }),
+            "aws" => Ok(Backend::Aws),
+            other => Err(ConfigError::Invalid {
+                name: "LANES_BACKEND",
+                reason: format!("`{other}`; expected `embedded` or `aws`"),
+            }),
+        }
+    }
+
+    /// Fails for the AWS backend, whose adapters are not in this build yet, naming what is missing.
+    pub fn require_embedded(&self, function: &str) -> Result<std::path::PathBuf, ConfigError> {
+        match self {
+            Backend::Embedded { data_dir } => Ok(data_dir.clone()),
+            Backend::Aws => Err(ConfigError::Invalid {
+                name: "LANES_BACKEND",
+                reason: format!(
+                    "the {function} function needs the AWS adapters (SQS, DynamoDB, Redis), which this build does \
+                     not include yet; set LANES_BACKEND=embedded for a local run"
+                ),
+            }),
+        }
+    }
+}
+
+/// The error a function gives at cold start when it needs AWS adapters this build does not have.
+pub fn needs_aws_adapters(function: &str) -> ConfigError {
+    ConfigError::Invalid {
+        name: "LANES_BACKEND",
+        reason: format!(
+            "the {function} function needs the SQS/DynamoDB/Redis adapters, which this build does not include yet"
+        ),
+    }
+}
+
+/// The webhook function's router until the commits pipeline exists: a 501 problem for every request,
+/// so a misrouted delivery is visible to the sender (GitHub shows it and can redeliver).
+pub fn webhook_router() -> axum::Router {
+    use crate::problem::Problem;
+    use axum::http::StatusCode;
+    axum::Router::new().fallback(|| async {
+        Problem::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "not-implemented",
+            "Webhooks are not handled yet",
+            "this deployment does not process push events yet; the delivery was not accepted",
+        )
+    })
+}
+
+/// Reads the worker's lane from `LANES_LANE`.
+pub fn lane_from_env() -> Result<Lane, ConfigError> {
+    require_env("LANES_LANE")?.parse().map_err(|reason| ConfigError::Invalid { name: "LANES_LANE", reason })
 }
 
 /// Why an SQS record could not become a [`ReceivedMessage`].

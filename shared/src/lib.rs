@@ -35,3 +35,12 @@ pub mod pool;
 pub mod ports;
 pub mod problem;
 pub mod worker;
+
+pub use tokio_util::sync::CancellationToken;
+
+/// Human-readable logs for the CLI, level from `RUST_LOG` (default `info`).
+pub fn init_cli_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
