@@ -2,12 +2,12 @@
 //! defaults; `submit` and `status` are thin HTTP clients of a running server.
 
 use clap::{Parser, Subcommand};
+use lanes_core::CancellationToken;
 use lanes_core::local::{DevOptions, Local};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use lanes_core::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "lanes", version, about = "AI code-generation and commit-summary lanes")]
@@ -81,7 +81,14 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Dev { addr, data_dir, capacity, interactive_latency_ms, synthesis_latency_ms, lease_ttl_ms } => {
+        Command::Dev {
+            addr,
+            data_dir,
+            capacity,
+            interactive_latency_ms,
+            synthesis_latency_ms,
+            lease_ttl_ms,
+        } => {
             let mut opts = DevOptions { addr, data_dir, capacity, ..DevOptions::default() };
             opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
             opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);

@@ -394,3 +394,278 @@ impl Worker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock, SystemClock};
+    use crate::domain::{TaskRequest, TaskStatus};
+    use crate::embedded::{
+        EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
+    };
+    use crate::ports::{LlmResponse, PutOutcome, QueueSend};
+    use async_trait::async_trait;
+    use serde_json::json;
+    use std::collections::{BTreeMap, VecDeque};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A provider with a fixed delay that fails as scripted, then answers.
+    #[derive(Default)]
+    struct ScriptedLlm {
+        delay: Duration,
+        failures: Mutex<VecDeque<LlmError>>,
+        calls: AtomicU64,
+    }
+
+    #[async_trait]
+    impl LlmClient for ScriptedLlm {
+        async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            if let Some(e) = self.failures.lock().unwrap().pop_front() {
+                return Err(e);
+            }
+            Ok(LlmResponse {
+                text: format!("answer to {}", request.prompt),
+                model: "scripted".into(),
+                usage: Default::default(),
+            })
+        }
+    }
+
+    struct Rig {
+        _dir: tempfile::TempDir,
+        worker: Worker,
+        queue: EmbeddedQueue,
+        store: EmbeddedStore,
+        lock: Arc<MemoryLock>,
+        llm: Arc<ScriptedLlm>,
+        task_id: String,
+    }
+
+    async fn rig(clock: SharedClock, llm: ScriptedLlm, config: WorkerConfig) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let store = EmbeddedStore::new(db.clone());
+        let settings = QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: 3 };
+        let queue = EmbeddedQueues::open(db, clock.clone(), settings)
+            .await
+            .unwrap()
+            .queue("interactive", "interactive-dlq");
+        let request = TaskRequest::from_value(
+            json!({"project_id":"p","kind":"explain","prompt":"why","target_files":[]}),
+        )
+        .unwrap();
+        let record = TaskRecord::pending(request.task_id(None), request, clock.now_ms(), 3600);
+        assert_eq!(store.put_pending(&record, clock.now_ms()).await.unwrap(), PutOutcome::Created);
+        let body = json!({"task_id": record.task_id, "lane": "interactive", "kind": "explain"}).to_string();
+        queue.send(&body, BTreeMap::new()).await.unwrap();
+        let lock = Arc::new(MemoryLock::new(clock.clone()));
+        let llm = Arc::new(llm);
+        let worker = Worker {
+            store: Arc::new(store.clone()),
+            lock: lock.clone(),
+            cache: Arc::new(MemoryCache::new(clock.clone())),
+            llm: llm.clone(),
+            metrics: Metrics::new(),
+            clock,
+            config,
+        };
+        Rig { _dir: dir, worker, queue, store, lock, llm, task_id: record.task_id }
+    }
+
+    fn fast() -> WorkerConfig {
+        WorkerConfig {
+            lease_ttl: Duration::from_millis(300),
+            renew_interval: Duration::from_millis(20),
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(400),
+            lock_jitter_max: Duration::from_millis(10),
+            ..WorkerConfig::default()
+        }
+    }
+
+    impl Rig {
+        async fn receive(&self) -> ReceivedMessage {
+            let mut got = self.queue.receive(1).await.unwrap();
+            assert_eq!(got.len(), 1, "expected a visible message");
+            got.remove(0)
+        }
+        async fn status(&self) -> TaskStatus {
+            self.store.get(&self.task_id, 0).await.unwrap().unwrap().status
+        }
+        fn queue(&self) -> Arc<dyn QueueConsume> {
+            Arc::new(self.queue.clone())
+        }
+    }
+
+    #[tokio::test]
+    async fn completes_writes_caches_and_acks() {
+        let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        let rec = r.store.get(&r.task_id, 0).await.unwrap().unwrap();
+        assert_eq!((rec.status, rec.fence), (TaskStatus::Completed, 1));
+        assert_eq!(rec.result.unwrap().text, "answer to why");
+        assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_some());
+        assert_eq!(r.queue.depth().await.unwrap().visible + r.queue.depth().await.unwrap().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn heartbeat_holds_a_lease_shorter_than_the_llm_call() {
+        // lease 60 ms, LLM 250 ms: without renewals the message would be visible again mid-call.
+        let config = WorkerConfig {
+            lease_ttl: Duration::from_millis(60),
+            renew_interval: Duration::from_millis(15),
+            ..fast()
+        };
+        let llm = ScriptedLlm { delay: Duration::from_millis(250), ..Default::default() };
+        let r = rig(Arc::new(SystemClock), llm, config).await;
+        let m = r.receive().await;
+        let (w, q) = (r.worker.clone(), r.queue());
+        let run = tokio::spawn(async move { w.process(q, m).await });
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(r.queue.receive(1).await.unwrap().is_empty(), "redelivered while the lease was held");
+        }
+        assert_eq!(run.await.unwrap(), Outcome::Acked);
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1);
+        assert!(r.worker.metrics.lease_renewals_total.with_label_values(&["interactive"]).get() >= 3);
+    }
+
+    #[tokio::test]
+    async fn a_worker_whose_lease_is_lost_mid_task_writes_nothing() {
+        let clock = ManualClock::new(1_000_000);
+        let llm = ScriptedLlm { delay: Duration::from_millis(400), ..Default::default() };
+        let r = rig(clock.clone(), llm, fast()).await;
+        let m = r.receive().await;
+        let (w, q) = (r.worker.clone(), r.queue());
+        let run = tokio::spawn(async move { w.process(q, m).await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        // The worker stalls past its TTL (GC pause, frozen container) and another takes the lease.
+        clock.advance_ms(301);
+        let key = format!("lease:{{task:{}}}", r.task_id);
+        assert!(matches!(r.lock.acquire(&key, Duration::from_secs(10)).await.unwrap(), Acquire::Acquired(_)));
+        assert_eq!(run.await.unwrap(), Outcome::LeaseLost);
+        let rec = r.store.get(&r.task_id, clock.now_ms()).await.unwrap().unwrap();
+        assert_eq!((rec.status, rec.result), (TaskStatus::Processing, None), "nothing written");
+        assert_eq!(r.worker.metrics.leases_lost_total.with_label_values(&["interactive"]).get(), 1);
+        assert_eq!(r.queue.depth().await.unwrap().in_flight, 1, "the message is left to its next delivery");
+    }
+
+    #[tokio::test]
+    async fn a_stale_fence_write_is_rejected() {
+        let llm = ScriptedLlm { delay: Duration::from_millis(100), ..Default::default() };
+        let r = rig(Arc::new(SystemClock), llm, fast()).await;
+        let m = r.receive().await;
+        let (w, q) = (r.worker.clone(), r.queue());
+        let run = tokio::spawn(async move { w.process(q, m).await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        // Another worker claimed the task (Redis was down, so the lock did not stop it).
+        let ClaimOutcome::Claimed(theirs) = r.store.claim(&r.task_id, 0, 3600).await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(theirs.fence, 2);
+        assert_eq!(run.await.unwrap(), Outcome::LeaseLost);
+        assert_eq!(r.status().await, TaskStatus::Processing);
+        assert_eq!(r.worker.metrics.stale_writes_rejected_total.with_label_values(&["interactive"]).get(), 1);
+        let done = r.store.finish(&r.task_id, 2, Completion::Failed("theirs".into()), 0, 3600).await.unwrap();
+        assert_eq!(done, FinishOutcome::Written, "the current fence still writes");
+    }
+
+    #[tokio::test]
+    async fn a_message_whose_lock_is_held_elsewhere_is_retried_later_not_dropped() {
+        let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
+        let key = format!("lease:{{task:{}}}", r.task_id);
+        let Acquire::Acquired(token) = r.lock.acquire(&key, Duration::from_millis(100)).await.unwrap() else {
+            panic!()
+        };
+        let m = r.receive().await;
+        let Outcome::Retry { after, .. } = r.worker.process(r.queue(), m).await else {
+            panic!("must be handed back")
+        };
+        assert!(after >= Duration::from_millis(90) && after <= Duration::from_millis(115), "{after:?}");
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 0);
+        assert_eq!(r.status().await, TaskStatus::Pending);
+        assert!(r.queue.receive(1).await.unwrap().is_empty(), "hidden until the holder's lease would end");
+        // The holder dies without finishing: the retry delivery does the work.
+        drop(token);
+        tokio::time::sleep(after).await;
+        let m = r.receive().await;
+        assert_eq!(m.receive_count, 2);
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!(r.status().await, TaskStatus::Completed);
+    }
+
+    #[tokio::test]
+    async fn retryable_failures_back_off_then_fail_into_the_dlq() {
+        let storm = || LlmError::Retryable { message: "429".into(), retry_after: None };
+        let llm = ScriptedLlm {
+            failures: Mutex::new(VecDeque::from([storm(), storm(), storm()])),
+            ..Default::default()
+        };
+        let r = rig(Arc::new(SystemClock), llm, fast()).await;
+        for attempt in 1..=2u32 {
+            let m = r.receive().await;
+            assert_eq!(m.receive_count, attempt);
+            let Outcome::Retry { after, .. } = r.worker.process(r.queue(), m).await else { panic!("retry") };
+            assert!(
+                after <= Duration::from_millis(50 << (attempt - 1)),
+                "full jitter within the cap: {after:?}"
+            );
+            assert_eq!(r.status().await, TaskStatus::Processing);
+            tokio::time::sleep(after).await;
+        }
+        let m = r.receive().await;
+        assert_eq!(m.receive_count, 3);
+        let Outcome::DeadLettered { reason } = r.worker.process(r.queue(), m).await else { panic!("dlq") };
+        assert!(reason.contains("gave up after 3 attempts"));
+        let rec = r.store.get(&r.task_id, 0).await.unwrap().unwrap();
+        assert_eq!(rec.status, TaskStatus::Failed);
+        assert_eq!(rec.error.as_deref(), Some(reason.as_str()));
+        assert_eq!(r.queue.dead_letter_queue().peek_all().await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn permanent_failure_is_terminal_and_acked() {
+        let llm = ScriptedLlm {
+            failures: Mutex::new(VecDeque::from([LlmError::Permanent("400".into())])),
+            ..Default::default()
+        };
+        let r = rig(Arc::new(SystemClock), llm, fast()).await;
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!(r.status().await, TaskStatus::Failed);
+    }
+
+    #[tokio::test]
+    async fn undecodable_messages_go_to_the_dlq_with_the_reason() {
+        let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
+        r.queue.send("not json", BTreeMap::new()).await.unwrap();
+        let mut got = r.queue.receive(10).await.unwrap();
+        let bad = got.pop().unwrap();
+        assert_eq!(bad.body, "not json");
+        let Outcome::DeadLettered { reason } = r.worker.process(r.queue(), bad).await else { panic!() };
+        assert!(reason.starts_with("undecodable message"));
+        let dlq = r.queue.dead_letter_queue().peek_all().await;
+        assert_eq!(dlq[0].1[crate::embedded::DEAD_LETTER_REASON], reason);
+        assert_eq!(
+            r.worker.process(r.queue(), got.pop().unwrap()).await,
+            Outcome::Acked,
+            "the others succeed"
+        );
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_under_a_growing_cap() {
+        let c = fast();
+        for n in 1..=10 {
+            let cap = (50u64 << (n - 1)).min(400);
+            for _ in 0..50 {
+                let d = full_jitter_backoff(&c, n).as_millis() as u64;
+                assert!((1..=cap).contains(&d), "attempt {n}: {d} not in 1..={cap}");
+            }
+        }
+    }
+}

@@ -10,5 +10,5 @@ mod store;
 pub use cache::MemoryCache;
 pub use db::{DbOpenError, EmbeddedDb};
 pub use lock::MemoryLock;
-pub use queue::{EmbeddedQueue, EmbeddedQueues, QueueSettings};
+pub use queue::{DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, EmbeddedQueue, EmbeddedQueues, QueueSettings};
 pub use store::EmbeddedStore;
