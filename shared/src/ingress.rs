@@ -250,3 +250,150 @@ async fn get_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) -> Re
         Err(e) => store_problem(&e, ing.config.retry_after_secs).into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::domain::Lane;
+    use crate::embedded::{
+        EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, QueueSettings,
+    };
+    use crate::ports::{QueueConsume, QueueError};
+    use async_trait::async_trait;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tower::ServiceExt;
+
+    /// A sender that can be switched off, standing in for an unreachable SQS endpoint.
+    struct Switchable {
+        inner: EmbeddedQueue,
+        down: Arc<AtomicBool>,
+    }
+
+    #[async_trait]
+    impl QueueSend for Switchable {
+        async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(QueueError::Unavailable("connection refused".into()));
+            }
+            self.inner.send(body, attributes).await
+        }
+    }
+
+    struct Rig {
+        _dir: tempfile::TempDir,
+        router: Router,
+        clock: Arc<ManualClock>,
+        store: EmbeddedStore,
+        interactive: EmbeddedQueue,
+        down: Arc<AtomicBool>,
+    }
+
+    async fn rig() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(1_000_000);
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let store = EmbeddedStore::new(db.clone());
+        let all = EmbeddedQueues::open(db, clock.clone(), QueueSettings::default()).await.unwrap();
+        let down = Arc::new(AtomicBool::new(false));
+        let queues = Lane::ALL.map(|l| {
+            Arc::new(Switchable { inner: all.queue(l.as_str(), "dlq"), down: down.clone() })
+                as Arc<dyn QueueSend>
+        });
+        let ingress = Ingress {
+            store: Arc::new(store.clone()),
+            cache: Arc::new(MemoryCache::new(clock.clone())),
+            queues,
+            metrics: Metrics::new(),
+            clock: clock.clone(),
+            config: IngressConfig::default(),
+        };
+        Rig {
+            router: router(ingress),
+            clock,
+            store,
+            interactive: all.queue("interactive", "dlq"),
+            down,
+            _dir: dir,
+        }
+    }
+
+    const BODY: &str = r#"{"project_id":"p1","kind":"explain","prompt":"what does main do?","target_files":["src/main.rs"]}"#;
+
+    async fn post(r: &Rig, body: &str, key: Option<&str>) -> (StatusCode, HeaderMap, serde_json::Value) {
+        let mut req = Request::post("/v1/tasks").header("content-type", "application/json");
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        let resp = r.router.clone().oneshot(req.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (parts.status, parts.headers, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    #[tokio::test]
+    async fn enqueue_failure_removes_the_record_and_answers_503() {
+        let r = rig().await;
+        r.down.store(true, Ordering::SeqCst);
+        let (status, headers, body) = post(&r, BODY, None).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(headers[header::RETRY_AFTER], "2");
+        assert_eq!(headers[header::CONTENT_TYPE], crate::problem::PROBLEM_JSON);
+        assert!(!body.to_string().contains("connection refused"), "no internal error text leaks");
+        assert!(r.store.all(r.clock.now_ms()).await.unwrap().is_empty(), "no PENDING record left behind");
+        r.down.store(false, Ordering::SeqCst);
+        let (status, _, _) = post(&r, BODY, None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "the retry is accepted as new");
+    }
+
+    #[tokio::test]
+    async fn a_stale_unclaimed_pending_task_is_sent_again() {
+        let r = rig().await;
+        let (s1, h1, b1) = post(&r, BODY, None).await;
+        assert_eq!(s1, StatusCode::ACCEPTED);
+        assert_eq!(h1[header::LOCATION], format!("/v1/tasks/{}", b1["task_id"].as_str().unwrap()));
+        // The message is lost (say, purged); within the grace a duplicate does not re-send.
+        let lost = r.interactive.receive(10).await.unwrap();
+        r.interactive.delete(&lost[0].receipt).await.unwrap();
+        r.clock.advance_ms(59_000);
+        post(&r, BODY, None).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 0);
+        r.clock.advance_ms(1_000);
+        let (s2, _, b2) = post(&r, BODY, None).await;
+        assert_eq!((s2, &b2["task_id"]), (StatusCode::ACCEPTED, &b1["task_id"]));
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "re-sent after the grace");
+        post(&r, BODY, None).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "and the grace restarts");
+    }
+
+    #[tokio::test]
+    async fn idempotency_key_reused_with_another_payload_is_422() {
+        let r = rig().await;
+        let (s1, _, b1) = post(&r, BODY, Some("order-1")).await;
+        assert_eq!(s1, StatusCode::ACCEPTED);
+        let same = BODY.replace("what does", "  what does");
+        let (s2, _, b2) = post(&r, &same, Some("order-1")).await;
+        assert_eq!((s2, &b2["task_id"]), (StatusCode::ACCEPTED, &b1["task_id"]));
+        let other = BODY.replace("explain", "refactor");
+        let (s3, _, b3) = post(&r, &other, Some("order-1")).await;
+        assert_eq!(s3, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(b3["field"], "Idempotency-Key");
+        let (s4, _, b4) = post(&r, BODY, Some("bad key")).await;
+        assert_eq!((s4, b4["field"].as_str()), (StatusCode::BAD_REQUEST, Some("Idempotency-Key")));
+    }
+
+    #[tokio::test]
+    async fn get_validates_the_id_and_404s_unknown_tasks() {
+        let r = rig().await;
+        let get = |uri: &str| Request::get(uri).body(Body::empty()).unwrap();
+        let resp = r.router.clone().oneshot(get("/v1/tasks/nothex")).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let resp = r.router.clone().oneshot(get(&format!("/v1/tasks/{}", "a".repeat(64)))).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], crate::problem::PROBLEM_JSON);
+        let resp = r.router.clone().oneshot(get("/healthz")).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+}

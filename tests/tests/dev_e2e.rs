@@ -1,0 +1,208 @@
+//! End-to-end checks of `lanes dev` as a user meets it: the real binary, over HTTP, on a fresh data dir.
+
+use lanes_tests::DevServer;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const OK_LLM: &str = "lanes_llm_requests_total{lane=\"interactive\",status=\"ok\"}";
+
+async fn post(url: &str, body: &str) -> (StatusCode, Option<String>, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/tasks"))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("post");
+    let status = r.status();
+    let location = r.headers().get("location").map(|v| v.to_str().unwrap_or_default().to_owned());
+    (status, location, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn wait_completed(url: &str, id: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let v: Value =
+            reqwest::get(format!("{url}/v1/tasks/{id}")).await.expect("get").json().await.expect("json");
+        if v["status"] == "COMPLETED" {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "task {id} not completed: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn submit_dedupe_complete_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = DevServer::start(&dir.path().join("data"), &[]).await;
+    let body = json!({"project_id":"p1","kind":"explain","prompt":"what does main do?","target_files":["src/main.rs","src/lib.rs"]});
+    let (s1, loc, v1) = post(&server.url, &body.to_string()).await;
+    assert_eq!(s1, StatusCode::ACCEPTED);
+    let id = v1["task_id"].as_str().unwrap().to_owned();
+    assert_eq!(loc.as_deref(), Some(format!("/v1/tasks/{id}").as_str()));
+    assert_eq!((v1["lane"].as_str(), v1["status"].as_str()), (Some("interactive"), Some("PENDING")));
+
+    let messy = json!({"project_id":"p1","kind":"explain","prompt":"\n  what does main do?   ","target_files":["src/lib.rs","src/main.rs","src/lib.rs"]});
+    let (s2, _, v2) = post(&server.url, &messy.to_string()).await;
+    assert!(s2 == StatusCode::ACCEPTED || s2 == StatusCode::OK, "{s2}");
+    assert_eq!(v2["task_id"], id.as_str());
+
+    let done = wait_completed(&server.url, &id, Duration::from_secs(10)).await;
+    assert!(done["result"]["text"].as_str().unwrap().contains("NOT an LLM"));
+    assert!(done["result"]["tokens"]["completion"].as_u64().unwrap() > 0);
+
+    let (s3, _, v3) = post(&server.url, &body.to_string()).await;
+    assert_eq!(s3, StatusCode::OK);
+    assert_eq!(v3["result"], done["result"]);
+    assert_eq!(server.metric(OK_LLM).await, 1.0, "one provider call for three submissions");
+    assert!(server.metric("lanes_task_latency_seconds_count{lane=\"interactive\"}").await >= 1.0);
+
+    let other_kind = json!({"project_id":"p1","kind":"refactor","prompt":"what does main do?","target_files":["src/main.rs","src/lib.rs"]});
+    let (s4, _, v4) = post(&server.url, &other_kind.to_string()).await;
+    assert_eq!((s4, v4["lane"].as_str()), (StatusCode::ACCEPTED, Some("synthesis")));
+    assert_ne!(v4["task_id"], id.as_str());
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_duplicates_make_one_task_and_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = DevServer::start(&dir.path().join("data"), &[]).await;
+    let body = json!({"project_id":"p1","kind":"classify","prompt":"is this a bug?","target_files":["a.rs"]})
+        .to_string();
+    let mut handles = Vec::new();
+    for _ in 0..200 {
+        let (url, body) = (server.url.clone(), body.clone());
+        handles.push(tokio::spawn(async move { post(&url, &body).await }));
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    for h in handles {
+        let (status, _, v) = h.await.unwrap();
+        assert!(status == StatusCode::ACCEPTED || status == StatusCode::OK, "{status} {v}");
+        ids.insert(v["task_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "one task id in every response");
+    let id = ids.into_iter().next().unwrap();
+    wait_completed(&server.url, &id, Duration::from_secs(10)).await;
+    // Let any stray duplicate delivery run before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(server.metric(OK_LLM).await, 1.0, "exactly one provider call");
+}
+
+#[tokio::test]
+async fn bad_input_is_a_named_problem_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = DevServer::start(&dir.path().join("data"), &[]).await;
+    let client = reqwest::Client::new();
+    let big = json!({"project_id":"p","kind":"explain","prompt":"x".repeat(300 * 1024),"target_files":[]})
+        .to_string();
+    let cases: Vec<(&str, String, &str, u16, &str)> = vec![
+        ("malformed JSON", "{\"project_id\":".into(), "application/json", 400, "body"),
+        (
+            "unknown kind",
+            json!({"project_id":"p","kind":"poem","prompt":"x","target_files":[]}).to_string(),
+            "application/json",
+            400,
+            "kind",
+        ),
+        (
+            "missing field",
+            json!({"project_id":"p","kind":"explain","target_files":[]}).to_string(),
+            "application/json",
+            400,
+            "prompt",
+        ),
+        ("300 KiB body", big, "application/json", 413, "body"),
+        (
+            "path escape",
+            json!({"project_id":"p","kind":"explain","prompt":"x","target_files":["../x"]}).to_string(),
+            "application/json",
+            400,
+            "target_files[0]",
+        ),
+        (
+            "absolute path",
+            json!({"project_id":"p","kind":"explain","prompt":"x","target_files":["/etc/passwd"]})
+                .to_string(),
+            "application/json",
+            400,
+            "target_files[0]",
+        ),
+        (
+            "bad project",
+            json!({"project_id":"p/1","kind":"explain","prompt":"x","target_files":[]}).to_string(),
+            "application/json",
+            400,
+            "project_id",
+        ),
+        (
+            "wrong content type",
+            json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[]}).to_string(),
+            "text/plain",
+            415,
+            "Content-Type",
+        ),
+    ];
+    for (name, body, ct, status, field) in cases {
+        let r = client
+            .post(format!("{}/v1/tasks", server.url))
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{name}");
+        assert_eq!(r.headers()["content-type"], "application/problem+json", "{name}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["field"], field, "{name}: {v}");
+        assert_eq!(v["status"], status, "{name}");
+        assert!(!v["detail"].as_str().unwrap_or_default().is_empty(), "{name}");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for lane in ["interactive", "synthesis", "commits"] {
+        assert_eq!(server.metric(&format!("lanes_queue_depth{{lane=\"{lane}\"}}")).await, 0.0);
+        assert_eq!(server.metric(&format!("lanes_queue_in_flight{{lane=\"{lane}\"}}")).await, 0.0);
+    }
+    assert_eq!(server.metric(OK_LLM).await, 0.0, "nothing enqueued, nothing run");
+}
+
+#[tokio::test]
+async fn kill_9_while_queued_or_running_then_restart_completes_every_task() {
+    let dir = tempfile::tempdir().unwrap();
+    // Two slots and slow tasks, so that at the kill some run and most wait in the queue. A short
+    // lease lets the ones that were running come back quickly after the restart.
+    let flags = [
+        "--capacity",
+        "2",
+        "--interactive-latency-ms",
+        "300",
+        "--synthesis-latency-ms",
+        "600",
+        "--lease-ttl-ms",
+        "900",
+    ];
+    let mut server = DevServer::start(&dir.path().join("data"), &flags).await;
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let kind = if i % 3 == 0 { "refactor" } else { "explain" };
+        let body =
+            json!({"project_id":"p1","kind":kind,"prompt":format!("task {i}"),"target_files":[]}).to_string();
+        let (status, _, v) = post(&server.url, &body).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        ids.push(v["task_id"].as_str().unwrap().to_owned());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut unfinished = 0;
+    for id in &ids {
+        let v: Value =
+            reqwest::get(format!("{}/v1/tasks/{id}", server.url)).await.unwrap().json().await.unwrap();
+        unfinished += usize::from(v["status"] != "COMPLETED");
+    }
+    assert!(unfinished >= 6, "the kill must hit queued and running work, {unfinished} unfinished");
+    server.kill9();
+    server.restart().await;
+    for id in &ids {
+        wait_completed(&server.url, id, Duration::from_secs(30)).await;
+    }
+}
