@@ -59,10 +59,10 @@ pub fn router(ingress: Ingress) -> Router {
 
 fn view_response(status: StatusCode, view: &TaskView) -> Response {
     let mut resp = (status, Json(view)).into_response();
-    if status == StatusCode::ACCEPTED {
-        if let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", view.task_id)) {
-            resp.headers_mut().insert(header::LOCATION, v);
-        }
+    if status == StatusCode::ACCEPTED
+        && let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", view.task_id))
+    {
+        resp.headers_mut().insert(header::LOCATION, v);
     }
     resp
 }
@@ -170,14 +170,13 @@ async fn accept(ing: &Ingress, headers: &HeaderMap, body: Body) -> Result<Respon
             ing.metrics.duplicates_total.with_label_values(&["store"]).inc();
             match existing.status {
                 TaskStatus::Completed => {
-                    if let Ok(json) = serde_json::to_string(&existing) {
-                        if let Err(e) = ing
+                    if let Ok(json) = serde_json::to_string(&existing)
+                        && let Err(e) = ing
                             .cache
                             .set(&cache_key(&existing.task_id), &json, ing.config.result_cache_ttl)
                             .await
-                        {
-                            warn!(error = %e, "cache refill failed");
-                        }
+                    {
+                        warn!(error = %e, "cache refill failed");
                     }
                     Ok(view_response(StatusCode::OK, &existing.view()))
                 }
@@ -232,10 +231,10 @@ async fn get_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) -> Re
         .with_field("task_id")
         .into_response();
     }
-    if let Ok(Some(json)) = ing.cache.get(&cache_key(&id)).await {
-        if let Ok(rec) = serde_json::from_str::<TaskRecord>(&json) {
-            return view_response(StatusCode::OK, &rec.view());
-        }
+    if let Ok(Some(json)) = ing.cache.get(&cache_key(&id)).await
+        && let Ok(rec) = serde_json::from_str::<TaskRecord>(&json)
+    {
+        return view_response(StatusCode::OK, &rec.view());
     }
     match ing.store.get(&id, ing.clock.now_ms()).await {
         Ok(Some(rec)) => view_response(StatusCode::OK, &rec.view()),

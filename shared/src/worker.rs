@@ -139,10 +139,10 @@ impl Worker {
             }
         };
         let outcome = self.run_claimed(&queue, &message, &task, &lock_key, token.as_deref()).await;
-        if let (Some(token), false) = (token, matches!(outcome, Outcome::LeaseLost)) {
-            if let Err(e) = self.lock.release(&lock_key, &token).await {
-                warn!(error = %e, "lock release failed; it expires with its TTL");
-            }
+        if let (Some(token), false) = (token, matches!(outcome, Outcome::LeaseLost))
+            && let Err(e) = self.lock.release(&lock_key, &token).await
+        {
+            warn!(error = %e, "lock release failed; it expires with its TTL");
         }
         outcome
     }

@@ -75,10 +75,10 @@ impl DevServer {
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(r) = client.get(format!("{}/healthz", self.url)).send().await {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = client.get(format!("{}/healthz", self.url)).send().await
+                && r.status().is_success()
+            {
+                return;
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
                 panic!("lanes dev exited with {status}: {}", self.log_text());
