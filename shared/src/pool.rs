@@ -41,25 +41,44 @@ pub fn reserved(capacity: usize, shares: [f64; 3]) -> [usize; 3] {
     out
 }
 
+/// Lane groups: the reservation is 70% interactive, 30% background; the background lanes (synthesis,
+/// commits) lend their idle share to each other before anyone else.
+const GROUP: [usize; 3] = [0, 1, 1];
+
 /// How many slots each lane may occupy now. Each lane gets its demand (running + backlog) up to its
-/// reservation; what is left idle goes, slot by slot, to lanes with unmet demand, the lane furthest
-/// below its weight first. A lane already running more than its allowance keeps its tasks (no
-/// preemption) but starts no new one until it is back under.
+/// reservation; an idle share goes first to lanes of its own group, then to any lane with unmet
+/// demand, slot by slot, the lane furthest below its weight first. A lane already running more than
+/// its allowance keeps its tasks (no preemption) but starts no new one until it is back under.
 pub fn allocate(capacity: usize, shares: [f64; 3], running: [usize; 3], backlog: [usize; 3]) -> [usize; 3] {
     let reserve = reserved(capacity, shares);
     let demand: [usize; 3] = std::array::from_fn(|i| running[i] + backlog[i]);
     let mut allowed: [usize; 3] = std::array::from_fn(|i| demand[i].min(reserve[i]));
-    let mut spare = capacity.saturating_sub(allowed.iter().sum());
-    while spare > 0 {
-        let next = (0..3).filter(|&i| allowed[i] < demand[i]).min_by(|&a, &b| {
+    for group in 0..2 {
+        let idle: usize = (0..3).filter(|&i| GROUP[i] == group).map(|i| reserve[i] - allowed[i]).sum();
+        water_fill(&mut allowed, idle, demand, shares, |i| GROUP[i] == group);
+    }
+    let spare = capacity.saturating_sub(allowed.iter().sum());
+    water_fill(&mut allowed, spare, demand, shares, |_| true);
+    allowed
+}
+
+/// Gives up to `slots` slots, one at a time, to eligible lanes with unmet demand, lowest
+/// allowed/weight first (ties to the higher-priority lane).
+fn water_fill(
+    allowed: &mut [usize; 3],
+    slots: usize,
+    demand: [usize; 3],
+    shares: [f64; 3],
+    eligible: impl Fn(usize) -> bool,
+) {
+    for _ in 0..slots {
+        let next = (0..3).filter(|&i| eligible(i) && allowed[i] < demand[i]).min_by(|&a, &b| {
             let load = |i: usize| (allowed[i] + 1) as f64 / shares[i].max(1e-9);
             load(a).total_cmp(&load(b)).then(a.cmp(&b))
         });
-        let Some(i) = next else { break };
+        let Some(i) = next else { return };
         allowed[i] += 1;
-        spare -= 1;
     }
-    allowed
 }
 
 /// An in-process pool of `capacity` worker slots over one queue per lane.
@@ -216,6 +235,13 @@ mod tests {
                 backlog: [50, 50, 50],
                 want: [7, 2, 1],
             },
+            Case {
+                name: "commits idle: its share stays in the background group",
+                cap: 10,
+                running: [0; 3],
+                backlog: [50, 50, 0],
+                want: [7, 3, 0],
+            },
             Case { name: "all idle", cap: 10, running: [0; 3], backlog: [0; 3], want: [0, 0, 0] },
             Case {
                 name: "interactive idle: background borrows all",
@@ -246,11 +272,11 @@ mod tests {
                 want: [0, 7, 3],
             },
             Case {
-                name: "borrowed slots come back: interactive gets its reservation plus the idle commits share",
+                name: "borrowed slots come back: interactive gets its reservation back as synthesis finishes",
                 cap: 10,
                 running: [0, 8, 0],
                 backlog: [20, 5, 0],
-                want: [8, 2, 0],
+                want: [7, 3, 0],
             },
             Case {
                 name: "demand below reservation is not padded",
@@ -278,5 +304,78 @@ mod tests {
             assert_eq!(allocate(c.cap, DEFAULT_SHARES, c.running, c.backlog), c.want, "{}", c.name);
             assert!(allocate(c.cap, DEFAULT_SHARES, c.running, c.backlog).iter().sum::<usize>() <= c.cap);
         }
+    }
+
+    #[tokio::test]
+    async fn pool_reserves_70_30_and_lends_idle_capacity() {
+        use crate::clock::{Clock, SystemClock};
+        use crate::domain::{TaskMessage, TaskRecord, TaskRequest};
+        use crate::embedded::{
+            EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
+        };
+        use crate::llm::OfflineProvider;
+        use crate::ports::{QueueSend, TaskStore};
+        use serde_json::json;
+
+        let dir = tempfile::tempdir().unwrap();
+        let clock: crate::clock::SharedClock = Arc::new(SystemClock);
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let store = EmbeddedStore::new(db.clone());
+        let all = EmbeddedQueues::open(db, clock.clone(), QueueSettings::default()).await.unwrap();
+        let queues = Lane::ALL.map(|l| all.queue(l.as_str(), "dlq"));
+        for (kind, n) in [("explain", 30), ("refactor", 60)] {
+            for i in 0..n {
+                let req = TaskRequest::from_value(
+                    json!({"project_id":"p","kind":kind,"prompt":format!("{i}"),"target_files":[]}),
+                )
+                .unwrap();
+                let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3600);
+                store.put_pending(&rec, clock.now_ms()).await.unwrap();
+                let msg =
+                    TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
+                queues[rec.lane.index()]
+                    .send(&serde_json::to_string(&msg).unwrap(), Default::default())
+                    .await
+                    .unwrap();
+            }
+        }
+        let provider = Arc::new(OfflineProvider::new(|_| Duration::from_millis(60)));
+        let worker = Worker {
+            store: Arc::new(store),
+            lock: Arc::new(MemoryLock::new(clock.clone())),
+            cache: Arc::new(MemoryCache::new(clock.clone())),
+            llm: provider.clone(),
+            metrics: Metrics::new(),
+            clock: clock.clone(),
+            config: crate::config::WorkerConfig::default(),
+        };
+        let consumers = Lane::ALL
+            .iter()
+            .map(|&l| (l, Arc::new(queues[l.index()].clone()) as Arc<dyn QueueConsume>))
+            .collect();
+        let pool = Arc::new(Pool::new(10, DEFAULT_SHARES, consumers, worker, Duration::from_millis(5)));
+        let stop = CancellationToken::new();
+        let runner = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            tokio::spawn(async move { pool.run(stop).await })
+        };
+        let (mut max_bg_while_interactive_waits, mut max_interactive, mut max_bg) = (0, 0, 0);
+        while provider.calls() < 90 {
+            // Read the slots first: if fewer than 20 interactive calls had started after the read, at
+            // least 3 interactive tasks were still queued when it was taken.
+            let running = pool.running();
+            if provider.calls_for(Lane::Interactive) < 20 {
+                max_bg_while_interactive_waits = max_bg_while_interactive_waits.max(running[1] + running[2]);
+            }
+            max_interactive = max_interactive.max(running[0]);
+            max_bg = max_bg.max(running[1]);
+            assert!(running.iter().sum::<usize>() <= 10);
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        stop.cancel();
+        runner.await.unwrap();
+        assert_eq!(max_interactive, 7, "interactive holds its 70%");
+        assert_eq!(max_bg_while_interactive_waits, 3, "background keeps its 30% under interactive load");
+        assert_eq!(max_bg, 10, "an idle interactive share is lent to the background");
     }
 }
