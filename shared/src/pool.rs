@@ -308,7 +308,7 @@ mod tests {
 
     #[tokio::test]
     async fn pool_reserves_70_30_and_lends_idle_capacity() {
-        use crate::clock::{Clock, SystemClock};
+        use crate::clock::SystemClock;
         use crate::domain::{TaskMessage, TaskRecord, TaskRequest};
         use crate::embedded::{
             EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
