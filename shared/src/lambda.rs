@@ -152,6 +152,11 @@ mod tests {
         let outcomes =
             [("a", &Outcome::Acked), ("b", &retry), ("c", &Outcome::LeaseLost), ("", &Outcome::LeaseLost)];
         let resp = batch_response(outcomes);
+        let sample: aws_lambda_events::event::sqs::SqsEvent =
+            serde_json::from_str(include_str!("../../events/sqs-interactive.json")).unwrap();
+        let m = received_from_sqs(&sample.records[0]).unwrap();
+        assert_eq!((m.receive_count, m.attributes["lane"].as_str()), (1, "interactive"));
+        assert!(serde_json::from_str::<crate::domain::TaskMessage>(&m.body).is_ok());
         let ids: Vec<&str> = resp.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
         assert_eq!(ids, ["b", "c"]);
     }
