@@ -26,4 +26,4 @@ build: toolchain
 	$(CARGO) build --workspace --locked
 
 test: fmt lint build
-	$(CARGO) test --workspace --locked
+	$(CARGO) test --workspace --all-targets --locked

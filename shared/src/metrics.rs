@@ -75,7 +75,7 @@ impl Metrics {
             registry.register(Box::new(h.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
             h
         };
-        Self {
+        let metrics = Self {
             queue_depth: gauge("lanes_queue_depth", "Visible messages in the lane's queue"),
             queue_in_flight: gauge("lanes_queue_in_flight", "Received, unacknowledged messages"),
             queue_oldest_age_seconds: gauge("lanes_queue_oldest_age_seconds", "Age of the oldest message"),
@@ -112,7 +112,18 @@ impl Metrics {
                 &["component"],
             ),
             registry,
+        };
+        // Every lane's series exists from the start, at zero, so dashboards and alarms see them.
+        for lane in crate::domain::Lane::ALL {
+            let l = lane.as_str();
+            metrics.queue_depth.with_label_values(&[l]);
+            metrics.queue_in_flight.with_label_values(&[l]);
+            metrics.task_latency_seconds.with_label_values(&[l]);
+            for status in ["ok", "retryable", "permanent"] {
+                metrics.llm_requests_total.with_label_values(&[l, status]);
+            }
         }
+        metrics
     }
 
     /// Prometheus text exposition of every series.
