@@ -22,6 +22,7 @@
 //! - [`local`]: `lanes dev`: everything above wired together on embedded adapters in one process.
 //! - [`lambda`]: adapters from Lambda events to the core (used by `functions/*`).
 
+pub mod adapters;
 pub mod clock;
 pub mod config;
 pub mod domain;

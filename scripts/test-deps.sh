@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the integration and end-to-end tests need, idempotently, and says what it could not:
+# redis-server (Debian package) and a project venv (.venv) with moto[server], cargo-lambda and cfn-lint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${LANES_VENV:-$PWD/.venv}"
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "test-deps: installing redis-server from the system package manager"
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null \
+      || { echo "test-deps: could not install redis-server with apt-get; install it and re-run" >&2; exit 1; }
+  else
+    echo "test-deps: redis-server is missing and there is no apt-get; install Redis 7 and re-run" >&2; exit 1
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "test-deps: creating $VENV"
+  python3 -m venv "$VENV" || { echo "test-deps: python3 -m venv failed; install python3-venv" >&2; exit 1; }
+fi
+if ! "$VENV/bin/python" -c 'import moto, cfnlint' >/dev/null 2>&1 || [ ! -x "$VENV/bin/cargo-lambda" ]; then
+  echo "test-deps: installing moto[server], cargo-lambda and cfn-lint into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check 'moto[server]>=5.2,<6' 'cargo-lambda>=1.9,<2' 'cfn-lint>=1,<2' \
+    || { echo "test-deps: pip install failed (is the package index reachable?)" >&2; exit 1; }
+fi
+echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" --version 2>/dev/null || echo 'cargo-lambda ?')"

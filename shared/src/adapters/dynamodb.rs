@@ -1,0 +1,469 @@
+//! DynamoDB adapter of the task store: one table, partition key `pk` = `task#<id>`, TTL attribute
+//! `expires_at`. Every write is one conditional request: the `PENDING` put returns the old item on
+//! conflict (`ReturnValuesOnConditionCheckFailure`), the claim increments and returns the fence, and
+//! the final write is conditional on it. Large requests and results are gzip-compressed; a result that
+//! still does not fit an item ends the task `FAILED` with that reason, never truncated.
+
+use crate::domain::{Lane, TaskRecord, TaskRequest, TaskResult, TaskStatus};
+use crate::ports::{ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore};
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, KeysAndAttributes,
+    ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+};
+use flate2::Compression;
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// DynamoDB's item size limit is 400 KB; this leaves room for the key and the small attributes.
+pub const MAX_ITEM_BYTES: usize = 390 * 1024;
+/// Text attributes above this size are stored gzip-compressed.
+const COMPRESS_ABOVE: usize = 32 * 1024;
+
+type Item = HashMap<String, AttributeValue>;
+
+fn unavailable<E: std::fmt::Debug + ProvideErrorMetadata>(e: &SdkError<E>) -> StoreError {
+    match (e.code(), e.message()) {
+        (Some(code), message) => StoreError::Unavailable(format!("{code}: {}", message.unwrap_or_default())),
+        _ => StoreError::Unavailable(format!("{e:?}")),
+    }
+}
+
+fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+fn n(v: u64) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+fn gzip(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let mut enc = GzEncoder::new(Vec::new(), Compression::default());
+    enc.write_all(bytes).and_then(|_| enc.finish()).map_err(|e| StoreError::Corrupt(format!("gzip: {e}")))
+}
+
+fn gunzip(bytes: &[u8]) -> Result<String, StoreError> {
+    let mut out = String::new();
+    GzDecoder::new(bytes)
+        .read_to_string(&mut out)
+        .map_err(|e| StoreError::Corrupt(format!("gunzip: {e}")))?;
+    Ok(out)
+}
+
+/// A JSON text attribute, compressed when large: `(name, value, size)` for either `<name>` or `<name>_z`.
+fn text_attr(name: &str, json: &str) -> Result<(String, AttributeValue, usize), StoreError> {
+    if json.len() <= COMPRESS_ABOVE {
+        return Ok((name.to_owned(), s(json), json.len()));
+    }
+    let z = gzip(json.as_bytes())?;
+    let len = z.len();
+    Ok((format!("{name}_z"), AttributeValue::B(Blob::new(z)), len))
+}
+
+fn read_text(item: &Item, name: &str) -> Result<Option<String>, StoreError> {
+    if let Some(AttributeValue::S(v)) = item.get(name) {
+        return Ok(Some(v.clone()));
+    }
+    match item.get(&format!("{name}_z")) {
+        Some(AttributeValue::B(b)) => gunzip(b.as_ref()).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn get_s<'a>(item: &'a Item, k: &str) -> Result<&'a str, StoreError> {
+    match item.get(k) {
+        Some(AttributeValue::S(v)) => Ok(v),
+        _ => Err(StoreError::Corrupt(format!("attribute {k} missing or not a string"))),
+    }
+}
+
+fn get_n(item: &Item, k: &str) -> Result<Option<u64>, StoreError> {
+    match item.get(k) {
+        Some(AttributeValue::N(v)) => {
+            v.parse().map(Some).map_err(|_| StoreError::Corrupt(format!("attribute {k} not a number")))
+        }
+        None => Ok(None),
+        Some(_) => Err(StoreError::Corrupt(format!("attribute {k} not a number"))),
+    }
+}
+
+fn parse_status(v: &str) -> Result<TaskStatus, StoreError> {
+    serde_json::from_value(serde_json::Value::String(v.to_owned()))
+        .map_err(|_| StoreError::Corrupt(format!("status {v}")))
+}
+
+/// Decodes an item into a record.
+fn record(item: &Item) -> Result<TaskRecord, StoreError> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
+    let pk = get_s(item, "pk")?;
+    let task_id = pk.strip_prefix("task#").ok_or_else(|| StoreError::Corrupt(format!("pk {pk}")))?.to_owned();
+    let request: TaskRequest = serde_json::from_str(
+        &read_text(item, "request")?.ok_or_else(|| StoreError::Corrupt("no request".into()))?,
+    )
+    .map_err(corrupt)?;
+    let result: Option<TaskResult> = match read_text(item, "result")? {
+        Some(json) => Some(serde_json::from_str(&json).map_err(corrupt)?),
+        None => None,
+    };
+    let lane: Lane = get_s(item, "lane")?.parse().map_err(StoreError::Corrupt)?;
+    Ok(TaskRecord {
+        task_id,
+        payload_hash: get_s(item, "payload_hash")?.to_owned(),
+        request,
+        lane,
+        status: parse_status(get_s(item, "status")?)?,
+        fence: get_n(item, "fence")?.unwrap_or(0),
+        attempts: get_n(item, "attempts")?.unwrap_or(0) as u32,
+        nonce: get_s(item, "nonce")?.to_owned(),
+        created_at_ms: get_n(item, "created_at_ms")?.unwrap_or(0),
+        enqueued_at_ms: get_n(item, "enqueued_at_ms")?.unwrap_or(0),
+        started_at_ms: get_n(item, "started_at_ms")?,
+        finished_at_ms: get_n(item, "finished_at_ms")?,
+        result,
+        error: match item.get("error") {
+            Some(AttributeValue::S(e)) => Some(e.clone()),
+            _ => None,
+        },
+        expires_at: get_n(item, "expires_at")?.unwrap_or(u64::MAX / 2000),
+    })
+}
+
+/// The DynamoDB task store.
+#[derive(Debug, Clone)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+}
+
+fn key(task_id: &str) -> AttributeValue {
+    s(format!("task#{task_id}"))
+}
+
+impl DynamoStore {
+    /// A store on `table`.
+    pub fn new(client: Client, table: &str) -> Self {
+        Self { client, table: table.to_owned() }
+    }
+
+    /// Reads many records with `BatchGetItem` (100 keys a request), retrying unprocessed keys with
+    /// backoff. Missing and expired ids are absent from the answer.
+    pub async fn get_many(
+        &self,
+        ids: &[String],
+        now_ms: u64,
+    ) -> Result<HashMap<String, TaskRecord>, StoreError> {
+        let mut out = HashMap::new();
+        for chunk in ids.chunks(100) {
+            let keys: Vec<Item> =
+                chunk.iter().map(|id| HashMap::from([("pk".to_owned(), key(id))])).collect();
+            let mut request = Some(
+                KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            );
+            let mut attempt = 0u32;
+            while let Some(keys) = request.take() {
+                let resp = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, keys)
+                    .send()
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                for item in resp.responses().and_then(|r| r.get(&self.table)).into_iter().flatten() {
+                    let rec = record(item)?;
+                    if !rec.is_expired(now_ms) {
+                        out.insert(rec.task_id.clone(), rec);
+                    }
+                }
+                request = resp
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(&self.table))
+                    .filter(|k| !k.keys().is_empty())
+                    .cloned();
+                if request.is_some() {
+                    attempt += 1;
+                    if attempt > 8 {
+                        return Err(StoreError::Unavailable(
+                            "BatchGetItem kept returning unprocessed keys".into(),
+                        ));
+                    }
+                    let cap = 50u64 << attempt.min(6);
+                    tokio::time::sleep(Duration::from_millis(rand::random_range(0..=cap))).await;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Creates the table (on-demand, TTL on `expires_at`) if it does not exist.
+    pub async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
+        let created = client
+            .create_table()
+            .table_name(table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name("pk")
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name("pk")
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            )
+            .send()
+            .await;
+        match created {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("ResourceInUseException") => return Ok(()),
+            Err(e) => return Err(unavailable(&e)),
+        }
+        client
+            .update_time_to_live()
+            .table_name(table)
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .attribute_name("expires_at")
+                    .enabled(true)
+                    .build()
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            )
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(())
+    }
+
+    async fn update(
+        &self,
+        task_id: &str,
+        expression: String,
+        condition: &str,
+        values: Vec<(&str, AttributeValue)>,
+        names: &[(&str, &str)],
+    ) -> Result<Result<Item, Option<Item>>, StoreError> {
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", key(task_id))
+            .update_expression(expression)
+            .condition_expression(condition)
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        for (k, v) in values {
+            req = req.expression_attribute_values(k, v);
+        }
+        for (k, v) in names {
+            req = req.expression_attribute_names(*k, *v);
+        }
+        match req.send().await {
+            Ok(out) => Ok(Ok(out.attributes().cloned().unwrap_or_default())),
+            Err(e) => match e.as_service_error() {
+                Some(aws_sdk_dynamodb::operation::update_item::UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    Ok(Err(c.item().cloned()))
+                }
+                _ => Err(unavailable(&e)),
+            },
+        }
+    }
+}
+
+const NAMES: [(&str, &str); 4] =
+    [("#st", "status"), ("#res", "result"), ("#err", "error"), ("#req", "request")];
+
+#[async_trait]
+impl TaskStore for DynamoStore {
+    async fn put_pending(&self, rec: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let request_json =
+            serde_json::to_string(&rec.request).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let (req_name, req_value, _) = text_attr("request", &request_json)?;
+        let (set_req, remove_req) =
+            if req_name == "request" { ("#req", "request_z") } else { ("request_z", "#req") };
+        // UpdateItem rather than PutItem: the fence of a replaced FAILED record must carry over, so a
+        // worker still holding an old fence can never finish the new run.
+        let expression = format!(
+            "SET #st = :pending, fence = if_not_exists(fence, :zero), attempts = :zero, nonce = :nonce, \
+             payload_hash = :ph, lane = :lane, created_at_ms = :now, enqueued_at_ms = :now, expires_at = :exp, \
+             {set_req} = :req REMOVE started_at_ms, finished_at_ms, #res, result_z, #err, {remove_req}"
+        );
+        let outcome = self
+            .update(
+                &rec.task_id,
+                expression,
+                "attribute_not_exists(pk) OR expires_at <= :now_s OR #st = :failed",
+                vec![
+                    (":pending", s("PENDING")),
+                    (":failed", s("FAILED")),
+                    (":zero", n(0)),
+                    (":nonce", s(&rec.nonce)),
+                    (":ph", s(&rec.payload_hash)),
+                    (":lane", s(rec.lane.as_str())),
+                    (":now", n(rec.created_at_ms)),
+                    (":exp", n(rec.expires_at)),
+                    (":now_s", n(now_ms / 1000)),
+                    (":req", req_value),
+                ],
+                &NAMES,
+            )
+            .await?;
+        match outcome {
+            Ok(_) => Ok(PutOutcome::Created),
+            Err(Some(old)) => Ok(PutOutcome::Exists(Box::new(record(&old)?))),
+            Err(None) => Err(StoreError::Unavailable("conditional put failed without the old item".into())),
+        }
+    }
+
+    async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("pk", key(task_id))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        match out.item() {
+            None => Ok(None),
+            Some(item) => {
+                let rec = record(item)?;
+                Ok((!rec.is_expired(now_ms)).then_some(rec))
+            }
+        }
+    }
+
+    async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .key("pk", key(task_id))
+            .condition_expression("#st = :pending AND nonce = :nonce")
+            .expression_attribute_names("#st", "status")
+            .expression_attribute_values(":pending", s("PENDING"))
+            .expression_attribute_values(":nonce", s(nonce))
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some("ConditionalCheckFailedException") => Ok(false),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    async fn mark_enqueued(&self, task_id: &str, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
+        let out = self
+            .update(
+                task_id,
+                "SET enqueued_at_ms = :now".into(),
+                "#st = :pending AND fence = :fence AND expires_at > :now_s",
+                vec![
+                    (":now", n(now_ms)),
+                    (":pending", s("PENDING")),
+                    (":fence", n(fence)),
+                    (":now_s", n(now_ms / 1000)),
+                ],
+                &NAMES[..1],
+            )
+            .await?;
+        Ok(out.is_ok())
+    }
+
+    async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
+        let out = self
+            .update(
+                task_id,
+                "SET #st = :processing, started_at_ms = :now, expires_at = :exp ADD fence :one, attempts :one".into(),
+                "attribute_exists(pk) AND expires_at > :now_s AND (#st = :pending OR #st = :processing)",
+                vec![
+                    (":processing", s("PROCESSING")),
+                    (":pending", s("PENDING")),
+                    (":now", n(now_ms)),
+                    (":exp", n(now_ms / 1000 + ttl_secs)),
+                    (":one", n(1)),
+                    (":now_s", n(now_ms / 1000)),
+                ],
+                &NAMES[..1],
+            )
+            .await?;
+        match out {
+            Ok(item) => Ok(ClaimOutcome::Claimed(Box::new(record(&item)?))),
+            Err(Some(old)) => {
+                let rec = record(&old)?;
+                Ok(if rec.is_expired(now_ms) {
+                    ClaimOutcome::Missing
+                } else {
+                    ClaimOutcome::Terminal(Box::new(rec))
+                })
+            }
+            Err(None) => Ok(ClaimOutcome::Missing),
+        }
+    }
+
+    async fn finish(
+        &self,
+        task_id: &str,
+        fence: u64,
+        completion: Completion,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<FinishOutcome, StoreError> {
+        let mut values = vec![
+            (":processing", s("PROCESSING")),
+            (":fence", n(fence)),
+            (":now", n(now_ms)),
+            (":exp", n(now_ms / 1000 + ttl_secs)),
+        ];
+        let expression = match completion {
+            Completion::Completed(result) => {
+                let json = serde_json::to_string(&result).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let (name, value, size) = text_attr("result", &json)?;
+                if size > MAX_ITEM_BYTES / 2 {
+                    values.push((":st", s("FAILED")));
+                    values.push((
+                        ":err",
+                        s(format!(
+                            "result too large to store: {} bytes, {size} bytes compressed",
+                            json.len()
+                        )),
+                    ));
+                    "SET #st = :st, #err = :err, finished_at_ms = :now, expires_at = :exp".to_owned()
+                } else {
+                    values.push((":st", s("COMPLETED")));
+                    values.push((":res", value));
+                    let target = if name == "result" { "#res" } else { "result_z" };
+                    format!(
+                        "SET #st = :st, {target} = :res, finished_at_ms = :now, expires_at = :exp REMOVE #err"
+                    )
+                }
+            }
+            Completion::Failed(reason) => {
+                values.push((":st", s("FAILED")));
+                values.push((":err", s(reason.chars().take(4096).collect::<String>())));
+                "SET #st = :st, #err = :err, finished_at_ms = :now, expires_at = :exp".to_owned()
+            }
+        };
+        let names: Vec<(&str, &str)> = NAMES
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "#req" && (expression.contains(k) || *k == "#st"))
+            .collect();
+        let out =
+            self.update(task_id, expression, "#st = :processing AND fence = :fence", values, &names).await?;
+        Ok(if out.is_ok() { FinishOutcome::Written } else { FinishOutcome::StaleFence })
+    }
+}

@@ -1,0 +1,232 @@
+//! Redis/Valkey adapters: the lease lock (Lua compare-then-act scripts, all keys of a script under one
+//! hash tag) and the hot cache. One reconnecting connection per process (`ConnectionManager`, or a
+//! cluster connection for ElastiCache Serverless); `rediss://` for TLS. Scripts run by `EVALSHA` and
+//! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
+//! the configured prefix.
+
+use crate::ports::{Acquire, Cache, CacheError, LeaseLock, LockError};
+use async_trait::async_trait;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use std::time::Duration;
+
+/// Errors connecting to Redis at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisSetupError {
+    /// The URL is malformed.
+    #[error("invalid REDIS_URL: {0}")]
+    Url(String),
+    /// The first connection failed (cluster mode needs it to learn the slots).
+    #[error("cannot connect to Redis: {0}")]
+    Connect(String),
+}
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://` or `rediss://` URL.
+    pub url: String,
+    /// Cluster mode (ElastiCache Serverless, cluster-mode-enabled replication groups).
+    pub cluster: bool,
+    /// Prefix of every key, e.g. `lanes:`.
+    pub prefix: String,
+    /// Bound on connecting and on each response, so an outage degrades quickly instead of stalling.
+    pub timeout: Duration,
+}
+
+/// A cloneable connection: single node (reconnecting) or cluster.
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One endpoint, reconnecting in the background.
+    Single(ConnectionManager),
+    /// Cluster mode.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Connects once per process.
+pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupError> {
+    if settings.cluster {
+        let client = redis::cluster::ClusterClientBuilder::new(vec![settings.url.as_str()])
+            .connection_timeout(settings.timeout)
+            .response_timeout(settings.timeout)
+            .build()
+            .map_err(|e| RedisSetupError::Url(e.to_string()))?;
+        let conn =
+            client.get_async_connection().await.map_err(|e| RedisSetupError::Connect(e.to_string()))?;
+        return Ok(RedisConn::Cluster(conn));
+    }
+    let client =
+        redis::Client::open(settings.url.as_str()).map_err(|e| RedisSetupError::Url(e.to_string()))?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.timeout))
+        .set_response_timeout(Some(settings.timeout))
+        .set_number_of_retries(1);
+    // Lazy: the process starts even while Redis is down (degraded mode) and connects when it returns.
+    let conn = ConnectionManager::new_lazy_with_config(client, config)
+        .map_err(|e| RedisSetupError::Connect(e.to_string()))?;
+    Ok(RedisConn::Single(conn))
+}
+
+const RENEW: &str = r"
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0";
+
+const RELEASE: &str = r"
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0";
+
+/// Takes the lock or reports the holder's remaining TTL, atomically.
+const ACQUIRE: &str = r"
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return -1
+end
+return redis.call('pttl', KEYS[1])";
+
+/// The lease lock in Redis.
+#[derive(Clone)]
+pub struct RedisLock {
+    conn: RedisConn,
+    prefix: String,
+    acquire: Script,
+    renew: Script,
+    release: Script,
+}
+
+impl RedisLock {
+    /// A lock over `conn` with keys under `prefix`.
+    pub fn new(conn: RedisConn, prefix: &str) -> Self {
+        Self {
+            conn,
+            prefix: prefix.to_owned(),
+            acquire: Script::new(ACQUIRE),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+        }
+    }
+
+    /// The stored key. Callers put the hash tag in `key` (`lease:{task:<id>}`) so a script's keys share
+    /// a slot in cluster mode.
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+}
+
+fn lock_err(e: redis::RedisError) -> LockError {
+    LockError::Unavailable(e.to_string())
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().max(1) as u64
+}
+
+#[async_trait]
+impl LeaseLock for RedisLock {
+    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
+        let token = uuid::Uuid::new_v4().to_string();
+        let mut conn = self.conn.clone();
+        let pttl: i64 = self
+            .acquire
+            .key(self.key(key))
+            .arg(&token)
+            .arg(ms(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(lock_err)?;
+        Ok(match pttl {
+            -1 => Acquire::Acquired(token),
+            // -2: expired between SET and PTTL; report a minimal wait rather than looping here.
+            n => Acquire::Held { remaining: Duration::from_millis(n.max(1) as u64) },
+        })
+    }
+
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .renew
+            .key(self.key(key))
+            .arg(token)
+            .arg(ms(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(lock_err)?;
+        Ok(n == 1)
+    }
+
+    async fn release(&self, key: &str, token: &str) -> Result<bool, LockError> {
+        let mut conn = self.conn.clone();
+        let n: i64 =
+            self.release.key(self.key(key)).arg(token).invoke_async(&mut conn).await.map_err(lock_err)?;
+        Ok(n == 1)
+    }
+}
+
+/// The hot cache in Redis.
+#[derive(Clone)]
+pub struct RedisCache {
+    conn: RedisConn,
+    prefix: String,
+}
+
+impl RedisCache {
+    /// A cache over `conn` with keys under `prefix`.
+    pub fn new(conn: RedisConn, prefix: &str) -> Self {
+        Self { conn, prefix: prefix.to_owned() }
+    }
+}
+
+#[async_trait]
+impl Cache for RedisCache {
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("GET")
+            .arg(format!("{}{key}", self.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
+
+    async fn set(&self, key: &str, value: &str, ttl: Duration) -> Result<(), CacheError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(format!("{}{key}", self.prefix))
+            .arg(value)
+            .arg("PX")
+            .arg(ms(ttl))
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
+}

@@ -1,0 +1,307 @@
+//! SQS adapter of the queue ports: send (single and batched by ten with per-entry retries),
+//! `ChangeMessageVisibility`, delete, dead-lettering with a reason, receive, and depth. Message
+//! attributes carry lane, kind and enqueue time. The redrive policy is read from the queue itself, so
+//! `maxReceiveCount` and the DLQ are never configured twice.
+
+use crate::ports::{QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
+use async_trait::async_trait;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityError;
+use aws_sdk_sqs::operation::delete_message::DeleteMessageError;
+use aws_sdk_sqs::types::{
+    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// SQS's largest visibility timeout (12 h).
+const MAX_VISIBILITY_SECS: u64 = 43_200;
+
+fn unavailable<E: std::fmt::Debug + ProvideErrorMetadata>(e: &SdkError<E>) -> QueueError {
+    let code = e.code().unwrap_or("");
+    let message = e.message().unwrap_or("");
+    QueueError::Unavailable(if code.is_empty() { format!("{e:?}") } else { format!("{code}: {message}") })
+}
+
+fn attribute(v: &str) -> Result<MessageAttributeValue, QueueError> {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(v)
+        .build()
+        .map_err(|e| QueueError::Rejected(e.to_string()))
+}
+
+fn attributes(map: &BTreeMap<String, String>) -> Result<HashMap<String, MessageAttributeValue>, QueueError> {
+    map.iter().map(|(k, v)| Ok((k.clone(), attribute(v)?))).collect()
+}
+
+/// One SQS queue and its DLQ.
+#[derive(Debug, Clone)]
+pub struct SqsQueue {
+    client: Client,
+    url: String,
+    dlq_url: Option<String>,
+    max_receive_count: u32,
+}
+
+impl SqsQueue {
+    /// Binds to `url`, reading its redrive policy (DLQ and `maxReceiveCount`) once.
+    pub async fn connect(client: Client, url: &str) -> Result<Self, QueueError> {
+        let attrs = client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let policy = attrs.attributes().and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)).cloned();
+        let (dlq_url, max_receive_count) = match policy {
+            None => (None, u32::MAX),
+            Some(json) => {
+                let v: serde_json::Value = serde_json::from_str(&json)
+                    .map_err(|e| QueueError::Rejected(format!("RedrivePolicy: {e}")))?;
+                let max = match &v["maxReceiveCount"] {
+                    serde_json::Value::Number(n) => n.as_u64().unwrap_or(u64::from(u32::MAX)) as u32,
+                    serde_json::Value::String(s) => s.parse().unwrap_or(u32::MAX),
+                    _ => u32::MAX,
+                };
+                let arn = v["deadLetterTargetArn"].as_str().unwrap_or_default();
+                let name = arn.rsplit(':').next().unwrap_or_default();
+                let dlq =
+                    client.get_queue_url().queue_name(name).send().await.map_err(|e| unavailable(&e))?;
+                (dlq.queue_url().map(str::to_owned), max)
+            }
+        };
+        Ok(Self { client, url: url.to_owned(), dlq_url, max_receive_count })
+    }
+
+    /// The queue URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sends many messages in batches of ten, retrying entries SQS failed (up to three rounds).
+    /// Returns the bodies that still failed.
+    pub async fn send_batch(
+        &self,
+        messages: &[(String, BTreeMap<String, String>)],
+    ) -> Result<Vec<String>, QueueError> {
+        let mut failed = Vec::new();
+        for chunk in messages.chunks(10) {
+            let mut pending: Vec<(usize, &(String, BTreeMap<String, String>))> =
+                chunk.iter().enumerate().collect();
+            for _ in 0..3 {
+                if pending.is_empty() {
+                    break;
+                }
+                let entries = pending
+                    .iter()
+                    .map(|(i, (body, attrs))| {
+                        SendMessageBatchRequestEntry::builder()
+                            .id(i.to_string())
+                            .message_body(body)
+                            .set_message_attributes(Some(attributes(attrs)?))
+                            .build()
+                            .map_err(|e| QueueError::Rejected(e.to_string()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let out = self
+                    .client
+                    .send_message_batch()
+                    .queue_url(&self.url)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                let again: Vec<String> =
+                    out.failed().iter().filter(|f| !f.sender_fault()).map(|f| f.id().to_owned()).collect();
+                for f in out.failed().iter().filter(|f| f.sender_fault()) {
+                    return Err(QueueError::Rejected(format!(
+                        "{}: {}",
+                        f.code(),
+                        f.message().unwrap_or_default()
+                    )));
+                }
+                pending.retain(|(i, _)| again.contains(&i.to_string()));
+            }
+            failed.extend(pending.into_iter().map(|(_, (body, _))| body.clone()));
+        }
+        Ok(failed)
+    }
+}
+
+#[async_trait]
+impl QueueSend for SqsQueue {
+    async fn send(&self, body: &str, attrs: BTreeMap<String, String>) -> Result<String, QueueError> {
+        let out = self
+            .client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(body)
+            .set_message_attributes(Some(attributes(&attrs)?))
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(out.message_id().unwrap_or_default().to_owned())
+    }
+}
+
+#[async_trait]
+impl QueueConsume for SqsQueue {
+    async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.url)
+            .max_number_of_messages(max.clamp(1, 10) as i32)
+            .wait_time_seconds(0)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(out
+            .messages()
+            .iter()
+            .filter_map(|m| {
+                let sys = m.attributes();
+                let get = |k: MessageSystemAttributeName| {
+                    sys.and_then(|a| a.get(&k)).and_then(|v| v.parse::<u64>().ok())
+                };
+                Some(ReceivedMessage {
+                    message_id: m.message_id()?.to_owned(),
+                    receipt: m.receipt_handle()?.to_owned(),
+                    body: m.body().unwrap_or_default().to_owned(),
+                    receive_count: get(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1)
+                        as u32,
+                    sent_at_ms: get(MessageSystemAttributeName::SentTimestamp).unwrap_or(0),
+                    attributes: m
+                        .message_attributes()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned())))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                })
+            })
+            .collect())
+    }
+
+    async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+        let secs = timeout.as_millis().div_ceil(1000).min(u128::from(MAX_VISIBILITY_SECS)) as i32;
+        match self
+            .client
+            .change_message_visibility()
+            .queue_url(&self.url)
+            .receipt_handle(receipt)
+            .visibility_timeout(secs)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(
+                    ChangeMessageVisibilityError::ReceiptHandleIsInvalid(_)
+                    | ChangeMessageVisibilityError::MessageNotInflight(_),
+                ) => Err(QueueError::ReceiptInvalid),
+                _ => Err(unavailable(&e)),
+            },
+        }
+    }
+
+    async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
+        match self.client.delete_message().queue_url(&self.url).receipt_handle(receipt).send().await {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(DeleteMessageError::ReceiptHandleIsInvalid(_)) => Err(QueueError::ReceiptInvalid),
+                _ => Err(unavailable(&e)),
+            },
+        }
+    }
+
+    async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
+        let Some(dlq) = &self.dlq_url else {
+            return Err(QueueError::Rejected(format!("{} has no redrive policy", self.url)));
+        };
+        let mut attrs = message.attributes.clone();
+        attrs.insert(crate::embedded::DEAD_LETTER_REASON.into(), reason.chars().take(1024).collect());
+        attrs.insert(crate::embedded::DEAD_LETTER_SOURCE.into(), self.url.clone());
+        self.client
+            .send_message()
+            .queue_url(dlq)
+            .message_body(&message.body)
+            .set_message_attributes(Some(attributes(&attrs)?))
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        self.delete(&message.receipt).await
+    }
+
+    async fn depth(&self) -> Result<QueueDepth, QueueError> {
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(&self.url)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let get = |k: QueueAttributeName| {
+            out.attributes().and_then(|a| a.get(&k)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        };
+        // The oldest message's age is a CloudWatch metric (ApproximateAgeOfOldestMessage), not a queue
+        // attribute; it is not read here.
+        Ok(QueueDepth {
+            visible: get(QueueAttributeName::ApproximateNumberOfMessages),
+            in_flight: get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+            oldest_age_ms: 0,
+        })
+    }
+
+    fn max_receive_count(&self) -> u32 {
+        self.max_receive_count
+    }
+}
+
+/// Creates (idempotently) a queue and its DLQ `<name>-dlq` with a redrive policy; returns the queue URL.
+pub async fn create_queue_with_dlq(
+    client: &Client,
+    name: &str,
+    visibility: Duration,
+    max_receive_count: u32,
+) -> Result<String, QueueError> {
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{name}-dlq"))
+        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
+        .send()
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let dlq_url = dlq.queue_url().unwrap_or_default();
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| unavailable(&e))?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .ok_or_else(|| QueueError::Rejected("DLQ without an ARN".into()))?;
+    let policy =
+        serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max_receive_count}).to_string();
+    let out = client
+        .create_queue()
+        .queue_name(name)
+        .attributes(QueueAttributeName::VisibilityTimeout, visibility.as_secs().to_string())
+        .attributes(QueueAttributeName::RedrivePolicy, policy)
+        .send()
+        .await
+        .map_err(|e| unavailable(&e))?;
+    out.queue_url()
+        .map(str::to_owned)
+        .ok_or_else(|| QueueError::Rejected("CreateQueue returned no URL".into()))
+}
