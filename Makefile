@@ -5,7 +5,7 @@ CARGO ?= cargo
 ADDR ?= 127.0.0.1:3000
 DATA_DIR ?= .lanes
 
-.PHONY: dev test toolchain fmt lint build unit
+.PHONY: dev test toolchain test-deps fmt lint build
 
 toolchain:
 	@command -v $(CARGO) >/dev/null || { echo "make: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
@@ -21,9 +21,13 @@ fmt: toolchain
 lint: toolchain
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
+# redis-server (apt) and a venv with moto[server], cargo-lambda and cfn-lint, installed if missing.
+test-deps:
+	bash scripts/test-deps.sh
+
 # The end-to-end tests start the real `lanes` binary, so build every binary first.
 build: toolchain
 	$(CARGO) build --workspace --locked
 
-test: fmt lint build
+test: fmt lint build test-deps
 	$(CARGO) test --workspace --all-targets --locked

@@ -25,4 +25,4 @@ if ! "$VENV/bin/python" -c 'import moto, cfnlint' >/dev/null 2>&1 || [ ! -x "$VE
   "$VENV/bin/pip" install -q --disable-pip-version-check 'moto[server]>=5.2,<6' 'cargo-lambda>=1.9,<2' 'cfn-lint>=1,<2' \
     || { echo "test-deps: pip install failed (is the package index reachable?)" >&2; exit 1; }
 fi
-echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" --version 2>/dev/null || echo 'cargo-lambda ?')"
+echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" --version 2>/dev/null | head -n 1 || true)"

@@ -1,6 +1,7 @@
 //! Test harness for Lanes' end-to-end tests: starts the real `lanes` binary on a free loopback port
 //! with its own data dir, waits until it answers, and can `kill -9` and restart it on the same data.
-//! Later issues add `redis-server`, `moto_server` and `cargo lambda watch` here.
+//! It also runs real `redis-server` and `moto_server` (SQS and DynamoDB emulation) on free loopback
+//! ports, each stopped when its handle drops. `make test` installs both first (`scripts/test-deps.sh`).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -124,5 +125,144 @@ impl DevServer {
 impl Drop for DevServer {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// The workspace root (parent of `tests/`).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_owned).unwrap_or_default()
+}
+
+/// A program from the project venv (`.venv`, or `LANES_VENV`), where `scripts/test-deps.sh` puts it.
+pub fn venv_bin(name: &str) -> PathBuf {
+    let venv =
+        std::env::var("LANES_VENV").map(PathBuf::from).unwrap_or_else(|_| workspace_root().join(".venv"));
+    let bin = venv.join("bin").join(name);
+    assert!(bin.exists(), "{} is missing: run scripts/test-deps.sh (make test does)", bin.display());
+    bin
+}
+
+fn wait_for_port(port: u16, what: &str, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited with {status}");
+        }
+        assert!(Instant::now() < deadline, "{what} did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
+
+/// A real `redis-server` on a loopback port, without persistence.
+pub struct RedisServer {
+    child: Option<Child>,
+    /// Its port.
+    pub port: u16,
+}
+
+impl RedisServer {
+    /// Starts one on a free port.
+    pub fn start() -> Self {
+        let mut s = Self { child: None, port: free_port() };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("redis-server: {e} (run scripts/test-deps.sh)"));
+        wait_for_port(self.port, "redis-server", &mut child);
+        self.child = Some(child);
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops it (SIGKILL): every key and loaded script is gone.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A real `moto_server` on a loopback port.
+pub struct MotoServer {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+}
+
+impl MotoServer {
+    /// Starts one on a free port.
+    pub fn start() -> Self {
+        let port = free_port();
+        let mut child = Command::new(venv_bin("moto_server"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("moto_server: {e}"));
+        wait_for_port(port, "moto_server", &mut child);
+        Self { child, port }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Settings that point the SDK at this server with dummy credentials.
+    pub fn aws_settings(&self) -> lanes_core::adapters::AwsSettings {
+        lanes_core::adapters::AwsSettings {
+            endpoint: Some(self.endpoint()),
+            region: Some("us-east-1".into()),
+            static_credentials: Some(("testing".into(), "testing".into())),
+        }
+    }
+
+    /// Environment for a child process (the `lanes` binary, a Lambda function) to reach this server.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL".into(), self.endpoint()),
+            ("AWS_REGION".into(), "us-east-1".into()),
+            ("AWS_ACCESS_KEY_ID".into(), "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
+        ]
+    }
+}
+
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

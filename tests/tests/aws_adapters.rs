@@ -1,0 +1,228 @@
+//! Integration tests of every adapter method against real servers: `moto_server` for SQS and
+//! DynamoDB, `redis-server` for the lock and the cache. No mocks.
+
+use lanes_core::adapters::dynamodb::DynamoStore;
+use lanes_core::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
+use lanes_core::adapters::sdk_config;
+use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
+use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus, TokenUsage};
+use lanes_core::embedded::DEAD_LETTER_REASON;
+use lanes_core::ports::*;
+use lanes_tests::{MotoServer, RedisServer};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn record(prompt: &str) -> TaskRecord {
+    let req = TaskRequest::from_value(
+        json!({"project_id":"p","kind":"explain","prompt":prompt,"target_files":["a.rs"]}),
+    )
+    .unwrap();
+    TaskRecord::pending(req.task_id(None), req, now_ms(), 3600)
+}
+
+fn result(text: String) -> TaskResult {
+    TaskResult { text, model: "m".into(), tokens: TokenUsage { prompt: 1, completion: 2 } }
+}
+
+#[tokio::test]
+async fn sqs_adapter_against_moto() {
+    let moto = MotoServer::start();
+    let config = sdk_config(&moto.aws_settings()).await;
+    let client = aws_sdk_sqs::Client::new(&config);
+    let url = create_queue_with_dlq(&client, "interactive", Duration::from_secs(900), 2).await.unwrap();
+    let q = SqsQueue::connect(client.clone(), &url).await.unwrap();
+    assert_eq!(q.max_receive_count(), 2, "read from the redrive policy");
+
+    let attrs = BTreeMap::from([
+        ("lane".to_owned(), "interactive".to_owned()),
+        ("kind".to_owned(), "explain".to_owned()),
+    ]);
+    q.send("m1", attrs.clone()).await.unwrap();
+    let got = q.receive(10).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].body.as_str(), got[0].receive_count), ("m1", 1));
+    assert_eq!(got[0].attributes["lane"], "interactive");
+    assert!(got[0].sent_at_ms > 0);
+    assert_eq!(q.depth().await.unwrap().in_flight, 1);
+
+    // The short lease: hidden for 1 s, then back with a higher receive count.
+    q.change_visibility(&got[0].receipt, Duration::from_secs(1)).await.unwrap();
+    assert!(q.receive(10).await.unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let again = q.receive(10).await.unwrap();
+    assert_eq!(again[0].receive_count, 2);
+
+    // Dead-lettering with a reason moves it to the DLQ and removes it here.
+    q.dead_letter(&again[0], "undecodable message: expected value").await.unwrap();
+    let dlq_url = client
+        .get_queue_url()
+        .queue_name("interactive-dlq")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_owned();
+    let dlq = SqsQueue::connect(client.clone(), &dlq_url).await.unwrap();
+    let dead = dlq.receive(10).await.unwrap();
+    assert_eq!(dead[0].body, "m1");
+    assert_eq!(dead[0].attributes[DEAD_LETTER_REASON], "undecodable message: expected value");
+    assert_eq!(q.depth().await.unwrap(), QueueDepth::default());
+
+    // Batched sends: 25 messages in three requests, all delivered.
+    let batch: Vec<(String, BTreeMap<String, String>)> =
+        (0..25).map(|i| (format!("b{i}"), attrs.clone())).collect();
+    assert!(q.send_batch(&batch).await.unwrap().is_empty());
+    let mut seen = 0;
+    while seen < 25 {
+        let got = q.receive(10).await.unwrap();
+        assert!(!got.is_empty(), "only {seen} of 25 arrived");
+        for m in got {
+            q.delete(&m.receipt).await.unwrap();
+            seen += 1;
+        }
+    }
+    assert_eq!(q.depth().await.unwrap().visible, 0);
+}
+
+#[tokio::test]
+async fn dynamodb_adapter_against_moto() {
+    let moto = MotoServer::start();
+    let config = sdk_config(&moto.aws_settings()).await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    DynamoStore::create_table(&client, "lanes").await.unwrap();
+    DynamoStore::create_table(&client, "lanes").await.unwrap(); // idempotent
+    let store = DynamoStore::new(client, "lanes");
+    let now = now_ms();
+
+    let r = record("why");
+    let id = r.task_id.clone();
+    assert_eq!(store.put_pending(&r, now).await.unwrap(), PutOutcome::Created);
+    let PutOutcome::Exists(old) = store.put_pending(&record("why"), now).await.unwrap() else {
+        panic!("duplicate")
+    };
+    assert_eq!((old.nonce.as_str(), old.status), (r.nonce.as_str(), TaskStatus::Pending));
+    assert_eq!(store.get(&id, now).await.unwrap().unwrap().request, r.request);
+
+    assert!(!store.delete_pending(&id, "not mine").await.unwrap());
+    assert!(store.mark_enqueued(&id, 0, now + 61_000).await.unwrap());
+    assert_eq!(store.get(&id, now).await.unwrap().unwrap().enqueued_at_ms, now + 61_000);
+
+    let ClaimOutcome::Claimed(c1) = store.claim(&id, now, 86_400).await.unwrap() else { panic!("claim") };
+    let ClaimOutcome::Claimed(c2) = store.claim(&id, now, 86_400).await.unwrap() else { panic!("claim") };
+    assert_eq!((c1.fence, c2.fence, c2.attempts, c2.status), (1, 2, 2, TaskStatus::Processing));
+    assert!(!store.mark_enqueued(&id, 2, now).await.unwrap(), "only PENDING is re-sent");
+    let stale =
+        store.finish(&id, 1, Completion::Completed(result("late".into())), now, 86_400).await.unwrap();
+    assert_eq!(stale, FinishOutcome::StaleFence);
+    let ok = store.finish(&id, 2, Completion::Completed(result("done".into())), now, 86_400).await.unwrap();
+    assert_eq!(ok, FinishOutcome::Written);
+    let done = store.get(&id, now).await.unwrap().unwrap();
+    assert_eq!((done.status, done.result.unwrap().text.as_str()), (TaskStatus::Completed, "done"));
+    assert!(matches!(store.claim(&id, now, 86_400).await.unwrap(), ClaimOutcome::Terminal(_)));
+    assert_eq!(store.claim(&"0".repeat(64), now, 86_400).await.unwrap(), ClaimOutcome::Missing);
+
+    // A FAILED record may be submitted again; its fence carries over.
+    let f = record("fails");
+    store.put_pending(&f, now).await.unwrap();
+    let ClaimOutcome::Claimed(fc) = store.claim(&f.task_id, now, 86_400).await.unwrap() else { panic!() };
+    store.finish(&f.task_id, fc.fence, Completion::Failed("bad".into()), now, 86_400).await.unwrap();
+    assert_eq!(store.put_pending(&record("fails"), now).await.unwrap(), PutOutcome::Created);
+    let again = store.get(&f.task_id, now).await.unwrap().unwrap();
+    assert_eq!((again.status, again.fence, again.error), (TaskStatus::Pending, 1, None));
+    assert!(store.delete_pending(&f.task_id, &again.nonce).await.unwrap());
+    assert_eq!(store.get(&f.task_id, now).await.unwrap(), None);
+
+    // An expired record counts as absent and may be replaced.
+    let mut e = record("expired");
+    e.expires_at = now / 1000 - 1;
+    store.put_pending(&e, now).await.unwrap();
+    assert_eq!(store.get(&e.task_id, now).await.unwrap(), None);
+    assert_eq!(store.put_pending(&record("expired"), now).await.unwrap(), PutOutcome::Created);
+
+    // A large result is compressed; one that cannot fit fails the task with the reason.
+    let big = record("big");
+    store.put_pending(&big, now).await.unwrap();
+    let ClaimOutcome::Claimed(bc) = store.claim(&big.task_id, now, 86_400).await.unwrap() else { panic!() };
+    let text = "fn main() {}\n".repeat(50_000); // 650 KB, compresses well
+    store
+        .finish(&big.task_id, bc.fence, Completion::Completed(result(text.clone())), now, 86_400)
+        .await
+        .unwrap();
+    assert_eq!(store.get(&big.task_id, now).await.unwrap().unwrap().result.unwrap().text, text);
+    let huge = record("huge");
+    store.put_pending(&huge, now).await.unwrap();
+    let ClaimOutcome::Claimed(hc) = store.claim(&huge.task_id, now, 86_400).await.unwrap() else { panic!() };
+    let noise: String = (0..20_000).map(|_| uuid::Uuid::new_v4().simple().to_string()).collect(); // 640 KB of hex
+    store.finish(&huge.task_id, hc.fence, Completion::Completed(result(noise)), now, 86_400).await.unwrap();
+    let h = store.get(&huge.task_id, now).await.unwrap().unwrap();
+    assert_eq!(h.status, TaskStatus::Failed);
+    assert!(h.error.unwrap().starts_with("result too large to store"));
+
+    // BatchGetItem over more than one request.
+    let mut ids = Vec::new();
+    for i in 0..130 {
+        let r = record(&format!("batch {i}"));
+        store.put_pending(&r, now).await.unwrap();
+        ids.push(r.task_id);
+    }
+    ids.push("f".repeat(64));
+    let many = store.get_many(&ids, now).await.unwrap();
+    assert_eq!(many.len(), 130);
+}
+
+#[tokio::test]
+async fn redis_lock_and_cache_against_redis_server() {
+    let mut redis = RedisServer::start();
+    let settings = RedisSettings {
+        url: redis.url(),
+        cluster: false,
+        prefix: "lanes:".into(),
+        timeout: Duration::from_millis(500),
+    };
+    let conn = connect(&settings).await.unwrap();
+    let lock = RedisLock::new(conn.clone(), "lanes:");
+    let cache = RedisCache::new(conn.clone(), "lanes:");
+    let ttl = Duration::from_millis(300);
+
+    let Acquire::Acquired(token) = lock.acquire("lease:{task:1}", ttl).await.unwrap() else { panic!() };
+    let Acquire::Held { remaining } = lock.acquire("lease:{task:1}", ttl).await.unwrap() else { panic!() };
+    assert!(remaining <= ttl && remaining > Duration::from_millis(200), "{remaining:?}");
+    assert!(lock.renew("lease:{task:1}", &token, Duration::from_secs(5)).await.unwrap());
+    assert!(!lock.renew("lease:{task:1}", "other", ttl).await.unwrap());
+    assert!(!lock.release("lease:{task:1}", "other").await.unwrap());
+
+    // Scripts are flushed (failover, restart): EVALSHA's NOSCRIPT falls back to EVAL.
+    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("SCRIPT").arg("FLUSH").query_async::<()>(&mut raw).await.unwrap();
+    assert!(lock.renew("lease:{task:1}", &token, ttl).await.unwrap());
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut raw).await.unwrap();
+    assert_eq!(keys, ["lanes:lease:{task:1}"], "keys are prefixed");
+    assert!(lock.release("lease:{task:1}", &token).await.unwrap());
+    assert!(matches!(lock.acquire("lease:{task:1}", ttl).await.unwrap(), Acquire::Acquired(_)));
+
+    cache.set("task:x", "v", Duration::from_millis(200)).await.unwrap();
+    assert_eq!(cache.get("task:x").await.unwrap().as_deref(), Some("v"));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(cache.get("task:x").await.unwrap(), None);
+
+    // Outage: errors, not hangs; after the restart the same connection works again.
+    redis.stop();
+    assert!(matches!(lock.acquire("lease:{task:2}", ttl).await, Err(LockError::Unavailable(_))));
+    assert!(cache.get("task:x").await.is_err());
+    redis.restart();
+    let mut ok = false;
+    for _ in 0..50 {
+        if let Ok(Acquire::Acquired(_)) = lock.acquire("lease:{task:2}", ttl).await {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "the lock recovers without a restart of the process");
+}
