@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use lanes_core::CancellationToken;
-use lanes_core::local::{DevOptions, Local};
+use lanes_core::local::{DevBackend, DevOptions, Local};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +38,16 @@ enum Command {
         /// Lease TTL in ms (visibility and lock); the heartbeat renews at a third of it.
         #[arg(long, default_value_t = 15_000)]
         lease_ttl_ms: u64,
+        /// `embedded` (a file in the data dir) or `aws` (SQS, DynamoDB, Redis; endpoint from
+        /// AWS_ENDPOINT_URL, Redis from REDIS_URL).
+        #[arg(long, default_value = "embedded", value_parser = ["embedded", "aws"])]
+        backend: String,
+        /// With `--backend aws`: create the queues (lanes-<lane>, with DLQs) and the table (lanes-tasks).
+        #[arg(long)]
+        create: bool,
+        /// With `--backend aws`: the queues' maxReceiveCount when created.
+        #[arg(long, default_value_t = 5)]
+        max_receive_count: u32,
     },
     /// Submit a task to a running server.
     Submit {

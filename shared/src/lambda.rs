@@ -1,12 +1,23 @@
 //! Glue between Lambda events and the core, shared by `functions/*`: logging setup, SQS record
 //! decoding, and the partial-batch response built from worker outcomes.
 
+use crate::backend::{Adapters, AwsBackendConfig};
+use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::config::{ConfigError, require_env};
+use crate::config::{IngressConfig, WorkerConfig};
 use crate::domain::Lane;
-use crate::ports::ReceivedMessage;
-use crate::worker::Outcome;
+use crate::ingress::{Ingress, router};
+use crate::llm::OfflineProvider;
+use crate::metrics::Metrics;
+use crate::ports::{QueueConsume, ReceivedMessage};
+use crate::worker::{Outcome, Worker};
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::warn;
 
 /// JSON logs with the level from `RUST_LOG` (default `info`), as CloudWatch wants them.
 pub fn init_tracing() {
@@ -85,6 +96,189 @@ pub fn webhook_router() -> axum::Router {
 /// Reads the worker's lane from `LANES_LANE`.
 pub fn lane_from_env() -> Result<Lane, ConfigError> {
     require_env("LANES_LANE")?.parse().map_err(|reason| ConfigError::Invalid { name: "LANES_LANE", reason })
+}
+
+/// Errors at cold start.
+#[derive(Debug, thiserror::Error)]
+pub enum ColdStartError {
+    /// Configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Adapters.
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendError),
+}
+
+async fn adapters_from_env(function: &str, consume: &[Lane]) -> Result<Adapters, ColdStartError> {
+    match Backend::from_env()? {
+        Backend::Aws => Ok(crate::backend::aws(&AwsBackendConfig::from_env()?, consume).await?),
+        Backend::Embedded { data_dir } => {
+            tracing::info!(function, data_dir = %data_dir.display(), "embedded backend");
+            let clock: SharedClock = Arc::new(SystemClock);
+            Ok(crate::backend::embedded(&data_dir, Default::default(), clock).await?.0)
+        }
+    }
+}
+
+/// The ingress function's router, from the environment (`LANES_BACKEND`, then the backend's variables).
+pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
+    let adapters = adapters_from_env("ingress", &[]).await?;
+    Ok(router(Ingress {
+        store: adapters.store,
+        cache: adapters.cache,
+        queues: adapters.send,
+        metrics: Metrics::new(),
+        clock: Arc::new(SystemClock),
+        config: IngressConfig::default(),
+    }))
+}
+
+/// What the worker function builds once per container.
+pub struct WorkerFunction {
+    /// The worker core.
+    pub worker: Worker,
+    /// This lane's queue.
+    pub queue: Arc<dyn QueueConsume>,
+    /// Messages processed at once.
+    pub concurrency: usize,
+}
+
+impl WorkerFunction {
+    /// Reads `LANES_LANE`, `LANES_WORKER_CONCURRENCY` (default 10), `LANES_LEASE_TTL_MS` (default
+    /// 15000; the heartbeat renews at a third), and the backend's variables.
+    pub async fn from_env() -> Result<Self, ColdStartError> {
+        let lane = lane_from_env()?;
+        let concurrency = parse_env("LANES_WORKER_CONCURRENCY", 10)? as usize;
+        let lease_ms = parse_env("LANES_LEASE_TTL_MS", 15_000)?;
+        let config = WorkerConfig {
+            lease_ttl: Duration::from_millis(lease_ms),
+            renew_interval: Duration::from_millis((lease_ms / 3).max(1)),
+            ..WorkerConfig::default()
+        };
+        config.validate()?;
+        let adapters = adapters_from_env("worker", &[lane]).await?;
+        // The LLM gateway (real providers) is a later issue; until then workers answer with the
+        // offline provider, which says in every answer that it is not an LLM.
+        let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
+        let worker = Worker {
+            store: adapters.store,
+            lock: adapters.lock,
+            cache: adapters.cache,
+            llm: Arc::new(OfflineProvider::new(|_| latency)),
+            metrics: Metrics::new(),
+            clock: Arc::new(SystemClock),
+            config,
+        };
+        Ok(Self { worker, queue: adapters.consume[lane.index()].clone(), concurrency: concurrency.max(1) })
+    }
+
+    /// Handles one SQS batch before `deadline_ms` (Unix ms, from the invocation context).
+    pub async fn handle(&self, records: &[SqsMessage], deadline_ms: u64) -> SqsBatchResponse {
+        let now = SystemClock.now_ms();
+        let remaining = Duration::from_millis(deadline_ms.saturating_sub(now));
+        // Stop early enough to hand unfinished messages back before Lambda kills the invocation.
+        let budget = remaining.saturating_sub((remaining / 10).min(Duration::from_secs(2)));
+        handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await
+    }
+}
+
+fn parse_env(name: &'static str, default: u64) -> Result<u64, ConfigError> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => v
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::Invalid { name, reason: format!("`{v}` is not a whole number") }),
+    }
+}
+
+/// Processes a batch concurrently (at most `concurrency` at a time) within `budget`. Every message's
+/// lease starts at receipt, also for those waiting for a slot; what is unfinished when the budget
+/// runs out is made visible again and reported as a failure, so nothing waits for a dead invocation.
+pub async fn handle_batch(
+    worker: &Worker,
+    queue: &Arc<dyn QueueConsume>,
+    records: &[SqsMessage],
+    budget: Duration,
+    concurrency: usize,
+) -> SqsBatchResponse {
+    let deadline = tokio::time::Instant::now() + budget;
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut set = JoinSet::new();
+    let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+    for record in records {
+        let message = match received_from_sqs(record) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "unusable SQS record");
+                if let Some(id) = record.message_id.clone().filter(|s| !s.is_empty()) {
+                    outcomes.push((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }));
+                }
+                continue;
+            }
+        };
+        let (worker, queue, slots) = (worker.clone(), queue.clone(), slots.clone());
+        set.spawn(async move {
+            let id = message.message_id.clone();
+            let receipt = message.receipt.clone();
+            let waiting = AbortOnDrop(hold_while_waiting(queue.clone(), receipt.clone(), &worker.config));
+            let q = queue.clone();
+            let run = async move {
+                let _slot = slots.acquire_owned().await;
+                drop(waiting);
+                worker.process(q, message).await
+            };
+            match tokio::time::timeout_at(deadline, run).await {
+                Ok(outcome) => (id, outcome),
+                Err(_) => {
+                    if let Err(e) = queue.change_visibility(&receipt, Duration::ZERO).await {
+                        warn!(error = %e, "could not hand the message back; its lease expires instead");
+                    }
+                    (id, Outcome::Retry { after: Duration::ZERO, reason: "invocation deadline".into() })
+                }
+            }
+        });
+    }
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(pair) => outcomes.push(pair),
+            Err(e) => warn!(error = %e, "message task panicked; its lease expires and it is redelivered"),
+        }
+    }
+    // A panicked task left no outcome: report every record without one as a failure.
+    for record in records {
+        if let Some(id) = record.message_id.as_deref().filter(|s| !s.is_empty()) {
+            if !outcomes.iter().any(|(i, _)| i == id) {
+                outcomes.push((id.to_owned(), Outcome::LeaseLost));
+            }
+        }
+    }
+    batch_response(outcomes.iter().map(|(id, o)| (id.as_str(), o)))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts the lease of a message that waits for a slot, renewing its visibility until aborted.
+fn hold_while_waiting(
+    queue: Arc<dyn QueueConsume>,
+    receipt: String,
+    config: &WorkerConfig,
+) -> tokio::task::JoinHandle<()> {
+    let (ttl, every) = (config.lease_ttl, config.renew_interval);
+    tokio::spawn(async move {
+        loop {
+            if queue.change_visibility(&receipt, ttl).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
 }
 
 /// Why an SQS record could not become a [`ReceivedMessage`].

@@ -23,6 +23,7 @@
 //! - [`lambda`]: adapters from Lambda events to the core (used by `functions/*`).
 
 pub mod adapters;
+pub mod backend;
 pub mod clock;
 pub mod config;
 pub mod domain;

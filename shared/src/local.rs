@@ -1,18 +1,19 @@
-//! Local mode (design §7): the task flow in one process on embedded adapters — the ingress routes plus
-//! `/metrics`, the embedded queues and store in `<data dir>/lanes.redb`, in-process lock and cache, the
-//! weighted pool, and the offline provider.
+//! Local mode (design §7): the task flow in one process — the ingress routes plus `/metrics`, the
+//! weighted pool and the offline provider — on embedded adapters (queues and store in
+//! `<data dir>/lanes.redb`, in-process lock and cache) or, with `--backend aws`, on SQS, DynamoDB and
+//! Redis (moto, LocalStack or a real account).
 
+use crate::adapters::AwsSettings;
+use crate::backend::{Adapters, AwsBackendConfig, BackendError, create_aws_resources, redis_from_env};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{ConfigError, IngressConfig, WorkerConfig};
 use crate::domain::Lane;
-use crate::embedded::{
-    EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
-};
+use crate::embedded::QueueSettings;
 use crate::ingress::{Ingress, router};
 use crate::llm::OfflineProvider;
 use crate::metrics::Metrics;
 use crate::pool::{DEFAULT_SHARES, Pool};
-use crate::ports::{QueueConsume, QueueSend};
+use crate::ports::QueueConsume;
 use crate::worker::Worker;
 use axum::Router;
 use axum::http::header;
@@ -28,12 +29,9 @@ use tracing::info;
 /// Errors starting local mode. All permanent: they name what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
-    /// The embedded database could not be opened.
+    /// The adapters could not be built.
     #[error(transparent)]
-    Db(#[from] crate::embedded::DbOpenError),
-    /// The embedded queues could not be loaded.
-    #[error("cannot load the embedded queues: {0}")]
-    Queue(#[from] crate::ports::QueueError),
+    Backend(#[from] BackendError),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -50,6 +48,23 @@ pub enum LocalError {
     Config(#[from] ConfigError),
 }
 
+/// Which adapters `lanes dev` runs on.
+#[derive(Debug, Clone, Default)]
+pub enum DevBackend {
+    /// A redb file in the data dir, in-process lock and cache.
+    #[default]
+    Embedded,
+    /// SQS, DynamoDB and Redis. With `create`, the queues (`lanes-<lane>` and DLQs) and the table
+    /// (`lanes-tasks`) are created and `REDIS_URL` is the only variable read; otherwise everything
+    /// comes from the environment ([`AwsBackendConfig::from_env`]).
+    Aws {
+        /// Create the queues and the table first.
+        create: bool,
+        /// SDK settings (endpoint from `AWS_ENDPOINT_URL` when unset).
+        aws: AwsSettings,
+    },
+}
+
 /// Settings of `lanes dev`.
 #[derive(Debug, Clone)]
 pub struct DevOptions {
@@ -57,6 +72,8 @@ pub struct DevOptions {
     pub addr: SocketAddr,
     /// Where the redb file lives.
     pub data_dir: PathBuf,
+    /// Which adapters.
+    pub backend: DevBackend,
     /// Worker slots in the pool.
     pub capacity: usize,
     /// Reservations per lane (interactive, synthesis, commits).
@@ -78,6 +95,7 @@ impl Default for DevOptions {
         Self {
             addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
             data_dir: PathBuf::from(".lanes"),
+            backend: DevBackend::Embedded,
             capacity: 10,
             shares: DEFAULT_SHARES,
             offline_latency: [
@@ -101,45 +119,65 @@ pub struct Local {
     pub pool: Arc<Pool>,
     /// The offline provider (its call counter is what tests check).
     pub provider: Arc<OfflineProvider>,
-    /// The durable store.
-    pub store: EmbeddedStore,
-    /// Queue per lane.
-    pub queues: [EmbeddedQueue; 3],
+    /// The adapters in use.
+    pub adapters: Adapters,
     /// Metrics.
     pub metrics: Metrics,
 }
 
 impl Local {
-    /// Opens the data dir and wires every component.
+    /// Builds the adapters of `opts.backend` and wires every component.
     pub async fn build(opts: &DevOptions) -> Result<Self, LocalError> {
         opts.worker.validate()?;
         let clock: SharedClock = Arc::new(SystemClock);
+        let adapters = match &opts.backend {
+            DevBackend::Embedded => {
+                crate::backend::embedded(&opts.data_dir, opts.queue, clock.clone())
+                    .await
+                    .map_err(LocalError::Backend)?
+                    .0
+            }
+            DevBackend::Aws { create: true, aws } => {
+                let table = "lanes-tasks";
+                let queue_urls = create_aws_resources(aws, "lanes", table, opts.queue).await?;
+                info!(?queue_urls, table, "created (or found) the queues and the table");
+                let config = AwsBackendConfig {
+                    aws: aws.clone(),
+                    table: table.into(),
+                    queue_urls,
+                    redis: redis_from_env()?,
+                };
+                crate::backend::aws(&config, &Lane::ALL).await?
+            }
+            DevBackend::Aws { create: false, aws } => {
+                let config = AwsBackendConfig { aws: aws.clone(), ..AwsBackendConfig::from_env()? };
+                crate::backend::aws(&config, &Lane::ALL).await?
+            }
+        };
+        Ok(Self::with_adapters(opts, adapters, clock))
+    }
+
+    /// Wires ingress, workers and the pool over given adapters.
+    pub fn with_adapters(opts: &DevOptions, adapters: Adapters, clock: SharedClock) -> Self {
         let metrics = Metrics::new();
-        let db = EmbeddedDb::open(&opts.data_dir)?;
-        let store = EmbeddedStore::new(db.clone());
-        let all = EmbeddedQueues::open(db, clock.clone(), opts.queue).await?;
-        let queues = Lane::ALL.map(|l| all.queue(l.as_str(), &format!("{}-dlq", l.as_str())));
-        let cache = Arc::new(MemoryCache::new(clock.clone()));
         let latency = opts.offline_latency;
         let provider = Arc::new(OfflineProvider::new(|l| latency[l.index()]));
         let worker = Worker {
-            store: Arc::new(store.clone()),
-            lock: Arc::new(MemoryLock::new(clock.clone())),
-            cache: cache.clone(),
+            store: adapters.store.clone(),
+            lock: adapters.lock.clone(),
+            cache: adapters.cache.clone(),
             llm: provider.clone(),
             metrics: metrics.clone(),
             clock: clock.clone(),
             config: opts.worker,
         };
-        let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> = Lane::ALL
-            .iter()
-            .map(|&l| (l, Arc::new(queues[l.index()].clone()) as Arc<dyn QueueConsume>))
-            .collect();
+        let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
+            Lane::ALL.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
         let pool = Arc::new(Pool::new(opts.capacity, opts.shares, consumers, worker, opts.poll_interval));
         let ingress = Ingress {
-            store: Arc::new(store.clone()),
-            cache,
-            queues: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
+            store: adapters.store.clone(),
+            cache: adapters.cache.clone(),
+            queues: adapters.send.clone(),
             metrics: metrics.clone(),
             clock,
             config: opts.ingress,
@@ -155,7 +193,7 @@ impl Local {
                     }
                 }),
             );
-        Ok(Self { router, pool, provider, store, queues, metrics })
+        Self { router, pool, provider, adapters, metrics }
     }
 
     /// Serves on `opts.addr` and runs the pool until `shutdown`.

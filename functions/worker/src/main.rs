@@ -1,14 +1,18 @@
-//! `worker`: consumes one lane's SQS queue (`LANES_LANE`). Configuration is validated at cold start and
-//! a missing variable or adapter is named in the error.
+//! `worker`: consumes one lane's SQS queue (`LANES_LANE`). Configuration is read and validated once at
+//! cold start (a missing variable is named); each batch is handed to lanes-core, which answers with
+//! the partial batch failures.
 
-use lanes_core::lambda::{init_tracing, lane_from_env, needs_aws_adapters};
+use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
+use lambda_runtime::{Error, LambdaEvent, service_fn};
+use lanes_core::lambda::{WorkerFunction, init_tracing};
 
 #[tokio::main]
-async fn main() -> Result<(), lambda_runtime::Error> {
+async fn main() -> Result<(), Error> {
     init_tracing();
-    let lane = lane_from_env()?;
-    // The worker core (lanes_core::worker) and the batch response (lanes_core::lambda) are ready; the
-    // SQS adapter that ChangeMessageVisibility needs is not, so refuse at cold start instead of
-    // pretending to process.
-    Err(needs_aws_adapters(&format!("{lane} worker")).into())
+    let function = WorkerFunction::from_env().await?;
+    let function = &function;
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<SqsEvent>| async move {
+        Ok::<SqsBatchResponse, Error>(function.handle(&event.payload.records, event.context.deadline).await)
+    }))
+    .await
 }

@@ -46,6 +46,12 @@ pub struct SqsQueue {
 }
 
 impl SqsQueue {
+    /// A sender for `url`, without I/O. Consuming through it treats the queue as having no redrive
+    /// policy; use [`SqsQueue::connect`] for a consumer.
+    pub fn sender(client: Client, url: &str) -> Self {
+        Self { client, url: url.to_owned(), dlq_url: None, max_receive_count: u32::MAX }
+    }
+
     /// Binds to `url`, reading its redrive policy (DLQ and `maxReceiveCount`) once.
     pub async fn connect(client: Client, url: &str) -> Result<Self, QueueError> {
         let attrs = client

@@ -1,0 +1,176 @@
+//! Building the adapters of one backend, once per process: embedded (a redb file, in-process lock
+//! and cache) or AWS (SQS, DynamoDB, Redis). Reads and validates the AWS configuration from the
+//! environment, naming any missing variable, and can create the queues and the table (`--create`).
+
+use crate::adapters::dynamodb::DynamoStore;
+use crate::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
+use crate::adapters::sqs::{SqsQueue, create_queue_with_dlq};
+use crate::adapters::{AwsSettings, sdk_config};
+use crate::clock::SharedClock;
+use crate::config::{ConfigError, require_env};
+use crate::domain::Lane;
+use crate::embedded::{
+    EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
+};
+use crate::ports::{Cache, LeaseLock, QueueConsume, QueueSend, TaskStore};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors building a backend. All permanent at start-up: they say what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Missing or invalid configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The embedded database could not be opened.
+    #[error(transparent)]
+    Db(#[from] crate::embedded::DbOpenError),
+    /// A queue could not be reached or created.
+    #[error("queue setup failed: {0}")]
+    Queue(#[from] crate::ports::QueueError),
+    /// The table could not be reached or created.
+    #[error("table setup failed: {0}")]
+    Store(#[from] crate::ports::StoreError),
+    /// Redis could not be configured.
+    #[error(transparent)]
+    Redis(#[from] crate::adapters::redis::RedisSetupError),
+}
+
+/// The adapters of every port, ready to hand to ingress, workers and the pool.
+#[derive(Clone)]
+pub struct Adapters {
+    /// Durable records.
+    pub store: Arc<dyn TaskStore>,
+    /// Lease lock.
+    pub lock: Arc<dyn LeaseLock>,
+    /// Hot cache.
+    pub cache: Arc<dyn Cache>,
+    /// Senders per lane ([`Lane::index`]).
+    pub send: [Arc<dyn QueueSend>; 3],
+    /// Consumers per lane.
+    pub consume: [Arc<dyn QueueConsume>; 3],
+}
+
+/// The embedded backend in `data_dir`; also returns the embedded queues for inspection.
+pub async fn embedded(
+    data_dir: &Path,
+    settings: QueueSettings,
+    clock: SharedClock,
+) -> Result<(Adapters, [EmbeddedQueue; 3]), BackendError> {
+    let db = EmbeddedDb::open(data_dir)?;
+    let store = EmbeddedStore::new(db.clone());
+    let all = EmbeddedQueues::open(db, clock.clone(), settings).await?;
+    let queues = Lane::ALL.map(|l| all.queue(l.as_str(), &format!("{}-dlq", l.as_str())));
+    let adapters = Adapters {
+        store: Arc::new(store),
+        lock: Arc::new(MemoryLock::new(clock.clone())),
+        cache: Arc::new(MemoryCache::new(clock)),
+        send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
+        consume: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
+    };
+    Ok((adapters, queues))
+}
+
+/// Configuration of the AWS backend.
+#[derive(Debug, Clone)]
+pub struct AwsBackendConfig {
+    /// SDK settings (endpoint from `AWS_ENDPOINT_URL` when unset here).
+    pub aws: AwsSettings,
+    /// DynamoDB table.
+    pub table: String,
+    /// Queue URL per lane.
+    pub queue_urls: [String; 3],
+    /// Redis.
+    pub redis: RedisSettings,
+}
+
+const QUEUE_URL_VARS: [&str; 3] =
+    ["LANES_QUEUE_URL_INTERACTIVE", "LANES_QUEUE_URL_SYNTHESIS", "LANES_QUEUE_URL_COMMITS"];
+
+/// Redis settings from `REDIS_URL`, `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`.
+pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
+    let url = require_env("REDIS_URL")?;
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(ConfigError::Invalid {
+            name: "REDIS_URL",
+            reason: "must start with redis:// or rediss://".into(),
+        });
+    }
+    let cluster = match std::env::var("LANES_REDIS_CLUSTER").unwrap_or_default().as_str() {
+        "" | "0" | "false" => false,
+        "1" | "true" => true,
+        other => {
+            return Err(ConfigError::Invalid {
+                name: "LANES_REDIS_CLUSTER",
+                reason: format!("`{other}`; expected true or false"),
+            });
+        }
+    };
+    let prefix = std::env::var("LANES_KEY_PREFIX").unwrap_or_else(|_| "lanes:".into());
+    Ok(RedisSettings { url, cluster, prefix, timeout: Duration::from_millis(500) })
+}
+
+impl AwsBackendConfig {
+    /// Reads `LANES_TABLE`, `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `REDIS_URL`,
+    /// `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let table = require_env("LANES_TABLE")?;
+        let mut urls = Vec::with_capacity(3);
+        for var in QUEUE_URL_VARS {
+            urls.push(require_env(var)?);
+        }
+        let queue_urls: [String; 3] =
+            urls.try_into().map_err(|_| ConfigError::Missing("LANES_QUEUE_URL_*"))?;
+        Ok(Self { aws: AwsSettings::default(), table, queue_urls, redis: redis_from_env()? })
+    }
+}
+
+/// The AWS backend. `consume_lanes` are the lanes whose queues are read (their redrive policy is
+/// fetched now); the others get send-only handles.
+pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Adapters, BackendError> {
+    let sdk = sdk_config(&config.aws).await;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
+    let conn = connect(&config.redis).await?;
+    let mut consume = Vec::with_capacity(3);
+    for lane in Lane::ALL {
+        let url = &config.queue_urls[lane.index()];
+        let q = if consume_lanes.contains(&lane) {
+            SqsQueue::connect(sqs.clone(), url).await?
+        } else {
+            SqsQueue::sender(sqs.clone(), url)
+        };
+        consume.push(q);
+    }
+    let queues: [SqsQueue; 3] = consume.try_into().map_err(|_| ConfigError::Missing("queues"))?;
+    Ok(Adapters {
+        store: Arc::new(DynamoStore::new(dynamo, &config.table)),
+        lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
+        cache: Arc::new(RedisCache::new(conn, &config.redis.prefix)),
+        send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
+        consume: queues.map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
+    })
+}
+
+/// Creates the lane queues (`<prefix>-<lane>`, each with a `-dlq` and a redrive policy) and the
+/// table, idempotently; returns the queue URLs.
+pub async fn create_aws_resources(
+    aws: &AwsSettings,
+    prefix: &str,
+    table: &str,
+    settings: QueueSettings,
+) -> Result<[String; 3], BackendError> {
+    let sdk = sdk_config(aws).await;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let mut urls = Vec::with_capacity(3);
+    for lane in Lane::ALL {
+        let name = format!("{prefix}-{}", lane.as_str());
+        urls.push(
+            create_queue_with_dlq(&sqs, &name, settings.default_visibility, settings.max_receive_count)
+                .await?,
+        );
+    }
+    DynamoStore::create_table(&aws_sdk_dynamodb::Client::new(&sdk), table).await?;
+    urls.try_into().map_err(|_| BackendError::Config(ConfigError::Missing("queues")))
+}
