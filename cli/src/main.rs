@@ -98,8 +98,17 @@ async fn run(cli: Cli) -> Result<(), String> {
             interactive_latency_ms,
             synthesis_latency_ms,
             lease_ttl_ms,
+            backend,
+            create,
+            max_receive_count,
         } => {
-            let mut opts = DevOptions { addr, data_dir, capacity, ..DevOptions::default() };
+            let backend = match backend.as_str() {
+                "aws" => DevBackend::Aws { create, aws: Default::default() },
+                _ if create => return Err("--create needs --backend aws".into()),
+                _ => DevBackend::Embedded,
+            };
+            let mut opts = DevOptions { addr, data_dir, capacity, backend, ..DevOptions::default() };
+            opts.queue.max_receive_count = max_receive_count;
             opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
             opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
             opts.worker.lease_ttl = Duration::from_millis(lease_ttl_ms);
