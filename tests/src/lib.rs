@@ -33,12 +33,18 @@ pub struct DevServer {
     port: u16,
     data_dir: PathBuf,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
 }
 
 impl DevServer {
     /// Starts `lanes dev` on a free port with `data_dir` and extra flags, and waits for `/healthz`.
     pub async fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_with_env(data_dir, extra, Vec::new()).await
+    }
+
+    /// Like [`DevServer::start`], with extra environment variables (endpoints, `REDIS_URL`).
+    pub async fn start_with_env(data_dir: &Path, extra: &[&str], env: Vec<(String, String)>) -> Self {
         let port = free_port();
         let mut s = Self {
             child: None,
@@ -46,6 +52,7 @@ impl DevServer {
             port,
             data_dir: data_dir.to_owned(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env,
             log: data_dir.with_extension("log"),
         };
         s.spawn().await;
@@ -67,6 +74,7 @@ impl DevServer {
             .arg(&self.data_dir)
             .args(&self.extra)
             .env("RUST_LOG", "warn,lanes_core=info")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
@@ -264,5 +272,48 @@ impl Drop for MotoServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `lanes dev` on one backend, with the servers that backend needs.
+pub struct Stack {
+    /// The server (public so tests can kill and restart it).
+    pub server: DevServer,
+    /// `moto_server`, on the AWS backend.
+    pub moto: Option<MotoServer>,
+    /// `redis-server`, on the AWS backend.
+    pub redis: Option<RedisServer>,
+    _dir: tempfile::TempDir,
+}
+
+/// Which adapters a [`Stack`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// redb file, in-process lock and cache.
+    Embedded,
+    /// moto (SQS, DynamoDB) and redis-server, queues and table created by `--create`.
+    Aws,
+}
+
+impl Stack {
+    /// Starts the servers and `lanes dev` with `flags`.
+    pub async fn start(backend: Backend, flags: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let data = dir.path().join("data");
+        match backend {
+            Backend::Embedded => {
+                Self { server: DevServer::start(&data, flags).await, moto: None, redis: None, _dir: dir }
+            }
+            Backend::Aws => {
+                let moto = MotoServer::start();
+                let redis = RedisServer::start();
+                let mut env = moto.env();
+                env.push(("REDIS_URL".into(), redis.url()));
+                let mut args = vec!["--backend", "aws", "--create"];
+                args.extend_from_slice(flags);
+                let server = DevServer::start_with_env(&data, &args, env).await;
+                Self { server, moto: Some(moto), redis: Some(redis), _dir: dir }
+            }
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! End-to-end checks of `lanes dev` as a user meets it: the real binary, over HTTP, on a fresh data dir.
 
-use lanes_tests::DevServer;
+use lanes_tests::{Backend, Stack};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -33,10 +33,29 @@ async fn wait_completed(url: &str, id: &str, within: Duration) -> Value {
     }
 }
 
-#[tokio::test]
-async fn submit_dedupe_complete_and_replay() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = DevServer::start(&dir.path().join("data"), &[]).await;
+/// Each check runs on both backends: the embedded default and `--backend aws --create` against moto
+/// and redis-server.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Embedded).await })*
+        }
+        mod aws {
+            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Aws).await })*
+        }
+    };
+}
+
+on_both_backends!(
+    submit_dedupe_complete_and_replay,
+    two_hundred_concurrent_duplicates_make_one_task_and_one_call,
+    bad_input_is_a_named_problem_and_stores_nothing,
+    kill_9_while_queued_or_running_then_restart_completes_every_task,
+);
+
+async fn submit_dedupe_complete_and_replay(backend: Backend) {
+    let stack = Stack::start(backend, &[]).await;
+    let server = &stack.server;
     let body = json!({"project_id":"p1","kind":"explain","prompt":"what does main do?","target_files":["src/main.rs","src/lib.rs"]});
     let (s1, loc, v1) = post(&server.url, &body.to_string()).await;
     assert_eq!(s1, StatusCode::ACCEPTED);
@@ -65,10 +84,9 @@ async fn submit_dedupe_complete_and_replay() {
     assert_ne!(v4["task_id"], id.as_str());
 }
 
-#[tokio::test]
-async fn two_hundred_concurrent_duplicates_make_one_task_and_one_call() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = DevServer::start(&dir.path().join("data"), &[]).await;
+async fn two_hundred_concurrent_duplicates_make_one_task_and_one_call(backend: Backend) {
+    let stack = Stack::start(backend, &[]).await;
+    let server = &stack.server;
     let body = json!({"project_id":"p1","kind":"classify","prompt":"is this a bug?","target_files":["a.rs"]})
         .to_string();
     let mut handles = Vec::new();
@@ -90,10 +108,9 @@ async fn two_hundred_concurrent_duplicates_make_one_task_and_one_call() {
     assert_eq!(server.metric(OK_LLM).await, 1.0, "exactly one provider call");
 }
 
-#[tokio::test]
-async fn bad_input_is_a_named_problem_and_stores_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = DevServer::start(&dir.path().join("data"), &[]).await;
+async fn bad_input_is_a_named_problem_and_stores_nothing(backend: Backend) {
+    let stack = Stack::start(backend, &[]).await;
+    let server = &stack.server;
     let client = reqwest::Client::new();
     let big = json!({"project_id":"p","kind":"explain","prompt":"x".repeat(300 * 1024),"target_files":[]})
         .to_string();
@@ -167,9 +184,7 @@ async fn bad_input_is_a_named_problem_and_stores_nothing() {
     assert_eq!(server.metric(OK_LLM).await, 0.0, "nothing enqueued, nothing run");
 }
 
-#[tokio::test]
-async fn kill_9_while_queued_or_running_then_restart_completes_every_task() {
-    let dir = tempfile::tempdir().unwrap();
+async fn kill_9_while_queued_or_running_then_restart_completes_every_task(backend: Backend) {
     // Two slots and slow tasks, so that at the kill some run and most wait in the queue. A short
     // lease lets the ones that were running come back quickly after the restart.
     let flags = [
@@ -182,7 +197,8 @@ async fn kill_9_while_queued_or_running_then_restart_completes_every_task() {
         "--lease-ttl-ms",
         "900",
     ];
-    let mut server = DevServer::start(&dir.path().join("data"), &flags).await;
+    let mut stack = Stack::start(backend, &flags).await;
+    let server = &mut stack.server;
     let mut ids = Vec::new();
     for i in 0..12 {
         let kind = if i % 3 == 0 { "refactor" } else { "explain" };
@@ -203,6 +219,6 @@ async fn kill_9_while_queued_or_running_then_restart_completes_every_task() {
     server.kill9();
     server.restart().await;
     for id in &ids {
-        wait_completed(&server.url, id, Duration::from_secs(30)).await;
+        wait_completed(&server.url, id, Duration::from_secs(60)).await;
     }
 }
