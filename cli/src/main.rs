@@ -48,6 +48,10 @@ enum Command {
         /// With `--backend aws`: the queues' maxReceiveCount when created.
         #[arg(long, default_value_t = 5)]
         max_receive_count: u32,
+        /// The queues' own (default) visibility timeout in seconds, when created. Kept long, as Lambda
+        /// requires; the worker's lease is what makes redelivery fast.
+        #[arg(long, default_value_t = 900)]
+        queue_visibility_secs: u64,
     },
     /// Submit a task to a running server.
     Submit {
@@ -101,6 +105,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             backend,
             create,
             max_receive_count,
+            queue_visibility_secs,
         } => {
             let backend = match backend.as_str() {
                 "aws" => DevBackend::Aws { create, aws: Default::default() },
@@ -109,6 +114,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             };
             let mut opts = DevOptions { addr, data_dir, capacity, backend, ..DevOptions::default() };
             opts.queue.max_receive_count = max_receive_count;
+            opts.queue.default_visibility = Duration::from_secs(queue_visibility_secs);
             opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
             opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
             opts.worker.lease_ttl = Duration::from_millis(lease_ttl_ms);

@@ -247,10 +247,10 @@ pub async fn handle_batch(
     }
     // A panicked task left no outcome: report every record without one as a failure.
     for record in records {
-        if let Some(id) = record.message_id.as_deref().filter(|s| !s.is_empty()) {
-            if !outcomes.iter().any(|(i, _)| i == id) {
-                outcomes.push((id.to_owned(), Outcome::LeaseLost));
-            }
+        if let Some(id) = record.message_id.as_deref().filter(|s| !s.is_empty())
+            && !outcomes.iter().any(|(i, _)| i == id)
+        {
+            outcomes.push((id.to_owned(), Outcome::LeaseLost));
         }
     }
     batch_response(outcomes.iter().map(|(id, o)| (id.as_str(), o)))

@@ -286,6 +286,35 @@ pub struct Stack {
     _dir: tempfile::TempDir,
 }
 
+impl Stack {
+    /// Environment that points a process at this stack's servers (empty on the embedded backend).
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = self.moto.as_ref().map(MotoServer::env).unwrap_or_default();
+        if let Some(r) = &self.redis {
+            env.push(("REDIS_URL".into(), r.url()));
+        }
+        env
+    }
+
+    /// A second `lanes dev` on the same AWS servers (another worker process on the same queues).
+    pub async fn start_peer(&self, flags: &[&str]) -> DevServer {
+        let mut args = vec!["--backend", "aws", "--create"];
+        args.extend_from_slice(flags);
+        let data = self._dir.path().join(format!("peer-{}", free_port()));
+        DevServer::start_with_env(&data, &args, self.env()).await
+    }
+
+    /// The task table on moto (AWS backend only).
+    pub async fn dynamo(&self) -> lanes_core::adapters::dynamodb::DynamoStore {
+        let moto = self.moto.as_ref().unwrap_or_else(|| panic!("dynamo() needs the AWS backend"));
+        let config = lanes_core::adapters::sdk_config(&moto.aws_settings()).await;
+        lanes_core::adapters::dynamodb::DynamoStore::new(
+            aws_sdk_dynamodb::Client::new(&config),
+            "lanes-tasks",
+        )
+    }
+}
+
 /// Which adapters a [`Stack`] runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -307,8 +336,7 @@ impl Stack {
             Backend::Aws => {
                 let moto = MotoServer::start();
                 let redis = RedisServer::start();
-                let mut env = moto.env();
-                env.push(("REDIS_URL".into(), redis.url()));
+                let env = [moto.env(), vec![("REDIS_URL".into(), redis.url())]].concat();
                 let mut args = vec!["--backend", "aws", "--create"];
                 args.extend_from_slice(flags);
                 let server = DevServer::start_with_env(&data, &args, env).await;

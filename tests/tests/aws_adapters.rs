@@ -1,6 +1,9 @@
 //! Integration tests of every adapter method against real servers: `moto_server` for SQS and
 //! DynamoDB, `redis-server` for the lock and the cache. No mocks.
 
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use lanes_core::adapters::dynamodb::DynamoStore;
 use lanes_core::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
 use lanes_core::adapters::sdk_config;

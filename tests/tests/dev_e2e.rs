@@ -1,5 +1,8 @@
 //! End-to-end checks of `lanes dev` as a user meets it: the real binary, over HTTP, on a fresh data dir.
 
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use lanes_tests::{Backend, Stack};
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -36,6 +36,9 @@ fn attributes(map: &BTreeMap<String, String>) -> Result<HashMap<String, MessageA
     map.iter().map(|(k, v)| Ok((k.clone(), attribute(v)?))).collect()
 }
 
+/// A message to send: body and string attributes.
+pub type OutgoingMessage = (String, BTreeMap<String, String>);
+
 /// One SQS queue and its DLQ.
 #[derive(Debug, Clone)]
 pub struct SqsQueue {
@@ -95,8 +98,7 @@ impl SqsQueue {
     ) -> Result<Vec<String>, QueueError> {
         let mut failed = Vec::new();
         for chunk in messages.chunks(10) {
-            let mut pending: Vec<(usize, &(String, BTreeMap<String, String>))> =
-                chunk.iter().enumerate().collect();
+            let mut pending: Vec<(usize, &OutgoingMessage)> = chunk.iter().enumerate().collect();
             for _ in 0..3 {
                 if pending.is_empty() {
                     break;
@@ -122,7 +124,7 @@ impl SqsQueue {
                     .map_err(|e| unavailable(&e))?;
                 let again: Vec<String> =
                     out.failed().iter().filter(|f| !f.sender_fault()).map(|f| f.id().to_owned()).collect();
-                for f in out.failed().iter().filter(|f| f.sender_fault()) {
+                if let Some(f) = out.failed().iter().find(|f| f.sender_fault()) {
                     return Err(QueueError::Rejected(format!(
                         "{}: {}",
                         f.code(),

@@ -1,0 +1,243 @@
+//! Fault tests of the task flow on its production adapters (moto for SQS and DynamoDB, a real
+//! redis-server): a worker killed mid-task, an LLM slower than the queue's visibility, Redis lost and
+//! back, a poison message in a batch, and SQS unreachable at ingress.
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use lanes_core::adapters::dynamodb::DynamoStore;
+use lanes_core::adapters::sdk_config;
+use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
+use lanes_core::clock::SystemClock;
+use lanes_core::config::{IngressConfig, WorkerConfig};
+use lanes_core::domain::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
+use lanes_core::embedded::{DEAD_LETTER_REASON, MemoryCache, MemoryLock};
+use lanes_core::ingress::{Ingress, router};
+use lanes_core::lambda::handle_batch;
+use lanes_core::llm::OfflineProvider;
+use lanes_core::metrics::Metrics;
+use lanes_core::ports::{QueueConsume, QueueSend, TaskStore};
+use lanes_core::worker::Worker;
+use lanes_tests::{Backend, DevServer, MotoServer, Stack};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+async fn submit(server: &DevServer, kind: &str, prompt: &str) -> String {
+    let body = json!({"project_id":"p1","kind":kind,"prompt":prompt,"target_files":[]});
+    let r = reqwest::Client::new().post(format!("{}/v1/tasks", server.url)).json(&body).send().await.unwrap();
+    assert!(r.status() == StatusCode::ACCEPTED || r.status() == StatusCode::OK, "{}", r.status());
+    let v: Value = r.json().await.unwrap();
+    v["task_id"].as_str().unwrap().to_owned()
+}
+
+async fn status(server: &DevServer, id: &str) -> String {
+    let v: Value = reqwest::get(format!("{}/v1/tasks/{id}", server.url)).await.unwrap().json().await.unwrap();
+    v["status"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn wait_status(server: &DevServer, id: &str, want: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while status(server, id).await != want {
+        assert!(Instant::now() < deadline, "task {id} never reached {want}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn worker_killed_mid_task_comes_back_within_the_lease_and_completes_once() {
+    // Lease 2 s; the queue's own visibility is 900 s, so only the lease can bring the message back.
+    let flags = ["--synthesis-latency-ms", "3000", "--lease-ttl-ms", "2000"];
+    let mut stack = Stack::start(Backend::Aws, &flags).await;
+    let id = submit(&stack.server, "refactor", "split main").await;
+    wait_status(&stack.server, &id, "PROCESSING", Duration::from_secs(10)).await;
+    stack.server.kill9();
+    let killed_at = now_ms();
+    let peer = stack.start_peer(&flags).await;
+    wait_status(&peer, &id, "COMPLETED", Duration::from_secs(20)).await;
+    let rec = stack.dynamo().await.get(&id, now_ms()).await.unwrap().unwrap();
+    let reclaimed_after = rec.started_at_ms.unwrap() - killed_at;
+    // Lease TTL, plus SQS's one-second granularity and the poll interval.
+    assert!(reclaimed_after <= 3_500, "visible again {reclaimed_after} ms after the kill");
+    assert_eq!((rec.status, rec.fence, rec.attempts), (TaskStatus::Completed, 2, 2));
+    assert!(rec.result.is_some());
+    assert_eq!(peer.metric("lanes_stale_writes_rejected_total{lane=\"synthesis\"}").await, 0.0);
+    assert_eq!(peer.metric("lanes_llm_requests_total{lane=\"synthesis\",status=\"ok\"}").await, 1.0);
+}
+
+#[tokio::test]
+async fn llm_slower_than_the_queue_visibility_is_held_by_heartbeats_with_one_call() {
+    // Queue visibility 2 s, lease 1 s renewed every 333 ms, LLM 5 s, two worker processes.
+    let flags = ["--synthesis-latency-ms", "5000", "--lease-ttl-ms", "1000", "--queue-visibility-secs", "2"];
+    let stack = Stack::start(Backend::Aws, &flags).await;
+    let peer = stack.start_peer(&flags).await;
+    let id = submit(&stack.server, "agent", "do the thing").await;
+    wait_status(&stack.server, &id, "COMPLETED", Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let calls = |s: &DevServer| {
+        let s = s.url.clone();
+        async move {
+            let text = reqwest::get(format!("{s}/metrics")).await.unwrap().text().await.unwrap();
+            text.lines()
+                .filter(|l| l.starts_with("lanes_llm_requests_total{lane=\"synthesis\""))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        }
+    };
+    assert_eq!(calls(&stack.server).await + calls(&peer).await, 1.0, "exactly one LLM call");
+    let renewals = stack.server.metric("lanes_lease_renewals_total{lane=\"synthesis\"}").await
+        + peer.metric("lanes_lease_renewals_total{lane=\"synthesis\"}").await;
+    assert!(renewals >= 10.0, "heartbeats held the lease ({renewals} renewals)");
+    let rec = stack.dynamo().await.get(&id, now_ms()).await.unwrap().unwrap();
+    assert_eq!((rec.fence, rec.attempts), (1, 1));
+}
+
+#[tokio::test]
+async fn redis_lost_and_back_every_task_completes_with_one_write() {
+    let flags = ["--interactive-latency-ms", "150", "--capacity", "4"];
+    let mut stack = Stack::start(Backend::Aws, &flags).await;
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        ids.push(submit(&stack.server, "explain", &format!("before {i}")).await);
+    }
+    stack.redis.as_mut().unwrap().stop();
+    // Ingress and workers keep going on DynamoDB, SQS and the fence.
+    for i in 0..12 {
+        ids.push(submit(&stack.server, "explain", &format!("during {i}")).await);
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stack.redis.as_mut().unwrap().restart();
+    for i in 0..6 {
+        ids.push(submit(&stack.server, "explain", &format!("after {i}")).await);
+    }
+    for id in &ids {
+        wait_status(&stack.server, id, "COMPLETED", Duration::from_secs(60)).await;
+    }
+    assert!(
+        stack.server.metric("lanes_degraded_operations_total{component=\"lock\"}").await > 0.0,
+        "the outage was felt"
+    );
+    let store = stack.dynamo().await;
+    for id in &ids {
+        let rec = store.get(id, now_ms()).await.unwrap().unwrap();
+        assert_eq!(rec.status, TaskStatus::Completed);
+        assert!(rec.finished_at_ms.is_some());
+    }
+    // Every completion that lost its fence was rejected, never written twice.
+    let ok = stack.server.metric("lanes_llm_requests_total{lane=\"interactive\",status=\"ok\"}").await;
+    let stale = stack.server.metric("lanes_stale_writes_rejected_total{lane=\"interactive\"}").await;
+    assert_eq!(ok - stale, ids.len() as f64, "one accepted write per task");
+    // Recovered without a restart: the cache answers again.
+    let again = submit(&stack.server, "explain", "before 0").await;
+    assert_eq!(again, ids[0]);
+}
+
+fn to_sqs(m: &lanes_core::ports::ReceivedMessage) -> SqsMessage {
+    let mut s = SqsMessage::default();
+    s.message_id = Some(m.message_id.clone());
+    s.receipt_handle = Some(m.receipt.clone());
+    s.body = Some(m.body.clone());
+    s.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());
+    s
+}
+
+#[tokio::test]
+async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succeeds() {
+    let moto = MotoServer::start();
+    let config = sdk_config(&moto.aws_settings()).await;
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let dynamo = aws_sdk_dynamodb::Client::new(&config);
+    let url = create_queue_with_dlq(&sqs, "interactive", Duration::from_secs(900), 3).await.unwrap();
+    DynamoStore::create_table(&dynamo, "lanes-tasks").await.unwrap();
+    let store = DynamoStore::new(dynamo, "lanes-tasks");
+    let queue = SqsQueue::connect(sqs.clone(), &url).await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let req = TaskRequest::from_value(
+            json!({"project_id":"p","kind":"explain","prompt":format!("q{i}"),"target_files":[]}),
+        )
+        .unwrap();
+        let rec = TaskRecord::pending(req.task_id(None), req, now_ms(), 3600);
+        store.put_pending(&rec, now_ms()).await.unwrap();
+        let msg = TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
+        queue.send(&serde_json::to_string(&msg).unwrap(), Default::default()).await.unwrap();
+        ids.push(rec.task_id);
+    }
+    queue.send("{\"task_id\": 42", Default::default()).await.unwrap();
+    let mut received = Vec::new();
+    while received.len() < 4 {
+        received.extend(queue.receive(10).await.unwrap());
+    }
+    let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
+    let worker = Worker {
+        store: Arc::new(store.clone()),
+        lock: Arc::new(MemoryLock::new(clock.clone())),
+        cache: Arc::new(MemoryCache::new(clock.clone())),
+        llm: Arc::new(OfflineProvider::new(|_| Duration::ZERO)),
+        metrics: Metrics::new(),
+        clock,
+        config: WorkerConfig::default(),
+    };
+    let records: Vec<SqsMessage> = received.iter().map(to_sqs).collect();
+    let consume: Arc<dyn QueueConsume> = Arc::new(queue.clone());
+    let response = handle_batch(&worker, &consume, &records, Duration::from_secs(20), 4).await;
+    assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
+    for id in &ids {
+        assert_eq!(store.get(id, now_ms()).await.unwrap().unwrap().status, TaskStatus::Completed);
+    }
+    let dlq_url = sqs
+        .get_queue_url()
+        .queue_name("interactive-dlq")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_owned();
+    let dead = SqsQueue::connect(sqs, &dlq_url).await.unwrap().receive(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].body, "{\"task_id\": 42");
+    assert!(dead[0].attributes[DEAD_LETTER_REASON].starts_with("undecodable message"));
+    assert_eq!(queue.depth().await.unwrap().visible + queue.depth().await.unwrap().in_flight, 0);
+}
+
+#[tokio::test]
+async fn sqs_unreachable_at_ingress_is_503_and_leaves_no_pending_record() {
+    let dynamo_server = MotoServer::start();
+    let sqs_server = MotoServer::start();
+    let dconf = sdk_config(&dynamo_server.aws_settings()).await;
+    let sconf = sdk_config(&sqs_server.aws_settings()).await;
+    let dynamo = aws_sdk_dynamodb::Client::new(&dconf);
+    DynamoStore::create_table(&dynamo, "lanes-tasks").await.unwrap();
+    let store = DynamoStore::new(dynamo, "lanes-tasks");
+    let sqs = aws_sdk_sqs::Client::new(&sconf);
+    let url = create_queue_with_dlq(&sqs, "interactive", Duration::from_secs(900), 3).await.unwrap();
+    let sender: Arc<dyn QueueSend> = Arc::new(SqsQueue::sender(sqs, &url));
+    let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
+    let app = router(Ingress {
+        store: Arc::new(store.clone()),
+        cache: Arc::new(MemoryCache::new(clock.clone())),
+        queues: [sender.clone(), sender.clone(), sender],
+        metrics: Metrics::new(),
+        clock,
+        config: IngressConfig::default(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    drop(sqs_server); // SQS goes away
+
+    let body = json!({"project_id":"p1","kind":"explain","prompt":"what does main do?","target_files":["src/main.rs"]});
+    let r = reqwest::Client::new().post(format!("http://{addr}/v1/tasks")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let id = TaskRequest::from_value(body).unwrap().task_id(None);
+    assert_eq!(store.get(&id, now_ms()).await.unwrap(), None, "no PENDING record left behind");
+}
