@@ -175,10 +175,22 @@ impl WorkerFunction {
     /// Handles one SQS batch before `deadline_ms` (Unix ms, from the invocation context).
     pub async fn handle(&self, records: &[SqsMessage], deadline_ms: u64) -> SqsBatchResponse {
         let now = SystemClock.now_ms();
-        let remaining = Duration::from_millis(deadline_ms.saturating_sub(now));
+        let remaining = remaining_time(deadline_ms, now);
         // Stop early enough to hand unfinished messages back before Lambda kills the invocation.
         let budget = remaining.saturating_sub((remaining / 10).min(Duration::from_secs(2)));
+        tracing::info!(records = records.len(), budget_ms = budget.as_millis() as u64, "batch received");
         handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await
+    }
+}
+
+/// Time left before the invocation deadline. Lambda sends Unix ms; `cargo lambda watch` sends the
+/// timeout itself (e.g. `600000`), so a value too small to be a date is taken as a duration.
+pub fn remaining_time(deadline_ms: u64, now_ms: u64) -> Duration {
+    const YEAR_2001_MS: u64 = 978_307_200_000;
+    if deadline_ms < YEAR_2001_MS {
+        Duration::from_millis(deadline_ms)
+    } else {
+        Duration::from_millis(deadline_ms.saturating_sub(now_ms))
     }
 }
 
@@ -229,8 +241,12 @@ pub async fn handle_batch(
                 worker.process(q, message).await
             };
             match tokio::time::timeout_at(deadline, run).await {
-                Ok(outcome) => (id, outcome),
+                Ok(outcome) => {
+                    tracing::info!(message_id = %id, ?outcome, "message done");
+                    (id, outcome)
+                }
                 Err(_) => {
+                    warn!(message_id = %id, "invocation deadline near: handing the message back");
                     if let Err(e) = queue.change_visibility(&receipt, Duration::ZERO).await {
                         warn!(error = %e, "could not hand the message back; its lease expires instead");
                     }
@@ -330,6 +346,14 @@ pub fn batch_response<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outco
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn deadline_is_absolute_in_lambda_and_relative_in_the_emulator() {
+        let now = 1_796_000_000_000;
+        assert_eq!(remaining_time(now + 30_000, now), Duration::from_secs(30));
+        assert_eq!(remaining_time(now - 1, now), Duration::ZERO);
+        assert_eq!(remaining_time(600_000, now), Duration::from_secs(600));
+    }
 
     #[test]
     fn records_and_batch_failures() {

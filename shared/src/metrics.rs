@@ -5,6 +5,22 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// Requests the adapters make to AWS services (SQS, DynamoDB, ElastiCache Redis), by service and
+/// operation; SDK-internal retries are not included.
+/// Process-wide because the adapters are built before, and outlive, any one [`Metrics`].
+pub static AWS_REQUESTS: std::sync::LazyLock<IntCounterVec> = std::sync::LazyLock::new(|| {
+    IntCounterVec::new(
+        Opts::new("lanes_aws_requests_total", "AWS requests by service and operation"),
+        &["service", "operation"],
+    )
+    .unwrap_or_else(|e| panic!("lanes_aws_requests_total: {e}"))
+});
+
+/// Counts one AWS request.
+pub fn aws_request(service: &str, operation: &str) {
+    AWS_REQUESTS.with_label_values(&[service, operation]).inc();
+}
+
 /// Every metric the core records.
 #[derive(Clone)]
 pub struct Metrics {
@@ -113,6 +129,9 @@ impl Metrics {
             ),
             registry,
         };
+        if let Err(e) = metrics.registry.register(Box::new(AWS_REQUESTS.clone())) {
+            tracing::warn!(error = %e, "could not register lanes_aws_requests_total");
+        }
         // Every lane's series exists from the start, at zero, so dashboards and alarms see them.
         for lane in crate::domain::Lane::ALL {
             let l = lane.as_str();

@@ -244,11 +244,19 @@ impl Worker {
         completion: Completion,
     ) -> Outcome {
         let lane = record.lane.as_str();
-        let failed_reason = match &completion {
-            Completion::Failed(r) => Some(r.clone()),
-            Completion::Completed(_) => None,
-        };
         let now = self.clock.now_ms();
+        let (failed_reason, done) = match &completion {
+            Completion::Failed(r) => (Some(r.clone()), None),
+            Completion::Completed(result) => {
+                // The record as the fenced write leaves it, built here so the cache costs no read.
+                let mut done = record.clone();
+                done.status = crate::domain::TaskStatus::Completed;
+                done.result = Some(result.clone());
+                done.finished_at_ms = Some(now);
+                done.expires_at = now / 1000 + self.config.record_ttl_secs;
+                (None, Some(done))
+            }
+        };
         let written = self
             .store
             .finish(&record.task_id, record.fence, completion, now, self.config.record_ttl_secs)
@@ -272,8 +280,8 @@ impl Worker {
             .task_latency_seconds
             .with_label_values(&[lane])
             .observe(now.saturating_sub(record.created_at_ms) as f64 / 1000.0);
-        if failed_reason.is_none() {
-            self.fill_cache(&record.task_id).await;
+        if let Some(done) = done {
+            self.fill_cache(&done).await;
         }
         match failed_reason {
             Some(reason) if message.receive_count >= queue.max_receive_count() => {
@@ -283,11 +291,9 @@ impl Worker {
         }
     }
 
-    async fn fill_cache(&self, task_id: &str) {
-        let now = self.clock.now_ms();
-        let Ok(Some(done)) = self.store.get(task_id, now).await else { return };
-        let Ok(json) = serde_json::to_string(&done) else { return };
-        if let Err(e) = self.cache.set(&cache_key(task_id), &json, self.config.result_cache_ttl).await {
+    async fn fill_cache(&self, done: &TaskRecord) {
+        let Ok(json) = serde_json::to_string(done) else { return };
+        if let Err(e) = self.cache.set(&cache_key(&done.task_id), &json, self.config.result_cache_ttl).await {
             warn!(error = %e, "cache fill failed");
             self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
         }

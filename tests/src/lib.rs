@@ -345,3 +345,68 @@ impl Stack {
         }
     }
 }
+
+/// `cargo lambda watch` (from the project venv) serving the workspace's real Lambda binaries on a
+/// loopback port, with the given environment. Stopped, with its function processes, on drop.
+pub struct LambdaWatch {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+    _env_file: tempfile::NamedTempFile,
+}
+
+impl LambdaWatch {
+    /// Starts the emulator; functions compile on their first invocation.
+    pub fn start(env: &[(String, String)]) -> Self {
+        use std::io::Write;
+        use std::os::unix::process::CommandExt;
+        let port = free_port();
+        let mut env_file = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("env file: {e}"));
+        for (k, v) in env {
+            writeln!(env_file, "{k}={v}").unwrap_or_else(|e| panic!("env file: {e}"));
+        }
+        let log_path = std::env::temp_dir().join(format!("lanes-lambda-watch-{port}.log"));
+        let log = std::fs::File::create(&log_path).unwrap_or_else(|e| panic!("watch log: {e}"));
+        let err = log.try_clone().unwrap_or_else(|e| panic!("watch log: {e}"));
+        eprintln!("cargo lambda watch on port {port}, log in {}", log_path.display());
+        let mut child = Command::new(venv_bin("cargo-lambda"))
+            .args(["lambda", "watch", "--ignore-changes", "-A", "127.0.0.1", "-P", &port.to_string()])
+            .arg("--env-file")
+            .arg(env_file.path())
+            .current_dir(workspace_root())
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cargo lambda watch: {e}"));
+        wait_for_port(port, "cargo lambda watch", &mut child);
+        Self { child, port, _env_file: env_file }
+    }
+
+    /// Invokes `function` with `payload` through the Lambda invoke API, as `cargo lambda invoke` does.
+    pub async fn invoke(&self, function: &str, payload: &serde_json::Value) -> serde_json::Value {
+        let url = format!("http://127.0.0.1:{}/2015-03-31/functions/{function}/invocations", self.port);
+        let resp = reqwest::Client::new()
+            .post(url)
+            .timeout(Duration::from_secs(300)) // the first call compiles the function
+            .json(payload)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("invoke {function}: {e}"));
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(status.is_success(), "invoke {function}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("invoke {function}: {e}: {text}"))
+    }
+}
+
+impl Drop for LambdaWatch {
+    fn drop(&mut self) {
+        // The emulator runs each function as `cargo run`: end the whole process group.
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-s", "KILL", "--", &group]).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

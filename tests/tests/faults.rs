@@ -241,3 +241,109 @@ async fn sqs_unreachable_at_ingress_is_503_and_leaves_no_pending_record() {
     let id = TaskRequest::from_value(body).unwrap().task_id(None);
     assert_eq!(store.get(&id, now_ms()).await.unwrap(), None, "no PENDING record left behind");
 }
+
+/// Reads `lanes_aws_requests_total` as `service operation -> count`.
+async fn aws_requests(server: &DevServer) -> std::collections::BTreeMap<String, f64> {
+    let text = reqwest::get(format!("{}/metrics", server.url)).await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("lanes_aws_requests_total{"))
+        .filter_map(|l| {
+            let (labels, value) = l.split_once("} ")?;
+            let op = labels.split("operation=\"").nth(1)?.split('"').next()?;
+            let service = labels.split("service=\"").nth(1)?.split('"').next()?;
+            Some((format!("{service} {op}"), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn delta(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter(|(k, _)| !k.contains("ReceiveMessage") && !k.contains("GetQueueAttributes"))
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// Counts the requests one task costs on the AWS backend and prints them (quoted in the closing note).
+/// The local runner's polling (ReceiveMessage, GetQueueAttributes) is left out: in Lambda the event
+/// source mapping polls. Completion is watched through DynamoDB directly so the test's own reads do
+/// not count.
+#[tokio::test]
+async fn aws_requests_per_task_are_counted() {
+    let stack =
+        Stack::start(Backend::Aws, &["--interactive-latency-ms", "100", "--synthesis-latency-ms", "2000"])
+            .await;
+    let (s, store) = (&stack.server, stack.dynamo().await);
+    let wait_done = |id: String| {
+        let store = store.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let rec = store.get(&id, now_ms()).await.unwrap();
+                if rec.is_some_and(|r| r.status == TaskStatus::Completed) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{id} not completed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // Ingress for a new task, measured alone (nothing else is running yet).
+    let t0 = aws_requests(s).await;
+    let first = submit(s, "agent", "long one").await;
+    let t1 = aws_requests(s).await;
+    // A duplicate while it runs (its worker is past its start-up requests and before any renewal).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let t2 = aws_requests(s).await;
+    submit(s, "agent", "long one").await;
+    let t3 = aws_requests(s).await;
+    wait_done(first).await;
+    // The whole life of ten new tasks, divided by ten.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t4 = aws_requests(s).await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(submit(s, "explain", &format!("count {i}")).await);
+    }
+    for id in &ids {
+        wait_done(id.clone()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t5 = aws_requests(s).await;
+    // A duplicate of a completed task.
+    submit(s, "explain", "count 0").await;
+    let t6 = aws_requests(s).await;
+
+    let new = delta(&t0, &t1);
+    let inflight = delta(&t2, &t3);
+    let per_task: std::collections::BTreeMap<String, f64> =
+        delta(&t4, &t5).into_iter().map(|(k, v)| (k, v / 10.0)).collect();
+    let done = delta(&t5, &t6);
+    eprintln!("AWS requests (SQS, DynamoDB, ElastiCache Redis), local poller excluded:");
+    eprintln!("  ingress, new task:            {new:?}");
+    eprintln!("  ingress, duplicate in flight: {inflight:?}");
+    eprintln!("  ingress, duplicate completed: {done:?}");
+    eprintln!("  whole task (ingress + worker), mean of 10: {per_task:?}");
+    // The pool may already have picked the task up (its lease start shows here): check ingress's own.
+    assert_eq!((new.get("sqs SendMessage"), new.get("redis GET")), (Some(&1.0), Some(&1.0)));
+    assert_eq!(
+        inflight,
+        [("dynamodb UpdateItem", 1.0), ("redis GET", 1.0)].map(|(k, v)| (k.to_owned(), v)).into()
+    );
+    assert_eq!(done, [("redis GET".to_owned(), 1.0)].into(), "a completed duplicate is one cache read");
+    let want = [
+        ("dynamodb UpdateItem", 3.0), // conditional put, claim, fenced finish
+        ("redis EVALSHA acquire", 1.0),
+        ("redis EVALSHA release", 1.0),
+        ("redis GET", 1.0),                   // ingress's hot-cache check
+        ("redis SET", 1.0),                   // result cached
+        ("sqs ChangeMessageVisibility", 1.0), // the lease; one more per renewal on long tasks
+        ("sqs DeleteMessage", 1.0),
+        ("sqs SendMessage", 1.0),
+    ];
+    assert_eq!(per_task, want.map(|(k, v)| (k.to_owned(), v)).into());
+}

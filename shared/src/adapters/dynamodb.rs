@@ -171,6 +171,7 @@ impl DynamoStore {
             );
             let mut attempt = 0u32;
             while let Some(keys) = request.take() {
+                crate::metrics::aws_request("dynamodb", "BatchGetItem");
                 let resp = self
                     .client
                     .batch_get_item()
@@ -270,6 +271,7 @@ impl DynamoStore {
         for (k, v) in names {
             req = req.expression_attribute_names(*k, *v);
         }
+        crate::metrics::aws_request("dynamodb", "UpdateItem");
         match req.send().await {
             Ok(out) => Ok(Ok(out.attributes().cloned().unwrap_or_default())),
             Err(e) => match e.as_service_error() {
@@ -328,6 +330,7 @@ impl TaskStore for DynamoStore {
     }
 
     async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
+        crate::metrics::aws_request("dynamodb", "GetItem");
         let out = self
             .client
             .get_item()
@@ -347,6 +350,7 @@ impl TaskStore for DynamoStore {
     }
 
     async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
+        crate::metrics::aws_request("dynamodb", "DeleteItem");
         let out = self
             .client
             .delete_item()

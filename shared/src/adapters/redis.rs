@@ -155,6 +155,7 @@ fn ms(d: Duration) -> u64 {
 #[async_trait]
 impl LeaseLock for RedisLock {
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
+        crate::metrics::aws_request("redis", "EVALSHA acquire");
         let token = uuid::Uuid::new_v4().to_string();
         let mut conn = self.conn.clone();
         let pttl: i64 = self
@@ -173,6 +174,7 @@ impl LeaseLock for RedisLock {
     }
 
     async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError> {
+        crate::metrics::aws_request("redis", "EVALSHA renew");
         let mut conn = self.conn.clone();
         let n: i64 = self
             .renew
@@ -186,6 +188,7 @@ impl LeaseLock for RedisLock {
     }
 
     async fn release(&self, key: &str, token: &str) -> Result<bool, LockError> {
+        crate::metrics::aws_request("redis", "EVALSHA release");
         let mut conn = self.conn.clone();
         let n: i64 =
             self.release.key(self.key(key)).arg(token).invoke_async(&mut conn).await.map_err(lock_err)?;
@@ -210,6 +213,7 @@ impl RedisCache {
 #[async_trait]
 impl Cache for RedisCache {
     async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        crate::metrics::aws_request("redis", "GET");
         let mut conn = self.conn.clone();
         redis::cmd("GET")
             .arg(format!("{}{key}", self.prefix))
@@ -219,6 +223,7 @@ impl Cache for RedisCache {
     }
 
     async fn set(&self, key: &str, value: &str, ttl: Duration) -> Result<(), CacheError> {
+        crate::metrics::aws_request("redis", "SET");
         let mut conn = self.conn.clone();
         redis::cmd("SET")
             .arg(format!("{}{key}", self.prefix))

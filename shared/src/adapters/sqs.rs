@@ -57,6 +57,7 @@ impl SqsQueue {
 
     /// Binds to `url`, reading its redrive policy (DLQ and `maxReceiveCount`) once.
     pub async fn connect(client: Client, url: &str) -> Result<Self, QueueError> {
+        crate::metrics::aws_request("sqs", "GetQueueAttributes");
         let attrs = client
             .get_queue_attributes()
             .queue_url(url)
@@ -77,6 +78,7 @@ impl SqsQueue {
                 };
                 let arn = v["deadLetterTargetArn"].as_str().unwrap_or_default();
                 let name = arn.rsplit(':').next().unwrap_or_default();
+                crate::metrics::aws_request("sqs", "GetQueueUrl");
                 let dlq =
                     client.get_queue_url().queue_name(name).send().await.map_err(|e| unavailable(&e))?;
                 (dlq.queue_url().map(str::to_owned), max)
@@ -114,6 +116,7 @@ impl SqsQueue {
                             .map_err(|e| QueueError::Rejected(e.to_string()))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
+                crate::metrics::aws_request("sqs", "SendMessageBatch");
                 let out = self
                     .client
                     .send_message_batch()
@@ -142,6 +145,7 @@ impl SqsQueue {
 #[async_trait]
 impl QueueSend for SqsQueue {
     async fn send(&self, body: &str, attrs: BTreeMap<String, String>) -> Result<String, QueueError> {
+        crate::metrics::aws_request("sqs", "SendMessage");
         let out = self
             .client
             .send_message()
@@ -158,6 +162,7 @@ impl QueueSend for SqsQueue {
 #[async_trait]
 impl QueueConsume for SqsQueue {
     async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
+        crate::metrics::aws_request("sqs", "ReceiveMessage");
         let out = self
             .client
             .receive_message()
@@ -199,6 +204,7 @@ impl QueueConsume for SqsQueue {
 
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
         let secs = timeout.as_millis().div_ceil(1000).min(u128::from(MAX_VISIBILITY_SECS)) as i32;
+        crate::metrics::aws_request("sqs", "ChangeMessageVisibility");
         match self
             .client
             .change_message_visibility()
@@ -220,6 +226,7 @@ impl QueueConsume for SqsQueue {
     }
 
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
+        crate::metrics::aws_request("sqs", "DeleteMessage");
         match self.client.delete_message().queue_url(&self.url).receipt_handle(receipt).send().await {
             Ok(_) => Ok(()),
             Err(e) => match e.as_service_error() {
@@ -236,6 +243,7 @@ impl QueueConsume for SqsQueue {
         let mut attrs = message.attributes.clone();
         attrs.insert(crate::embedded::DEAD_LETTER_REASON.into(), reason.chars().take(1024).collect());
         attrs.insert(crate::embedded::DEAD_LETTER_SOURCE.into(), self.url.clone());
+        crate::metrics::aws_request("sqs", "SendMessage");
         self.client
             .send_message()
             .queue_url(dlq)
@@ -248,6 +256,7 @@ impl QueueConsume for SqsQueue {
     }
 
     async fn depth(&self) -> Result<QueueDepth, QueueError> {
+        crate::metrics::aws_request("sqs", "GetQueueAttributes");
         let out = self
             .client
             .get_queue_attributes()
