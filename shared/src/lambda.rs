@@ -379,3 +379,79 @@ mod tests {
         assert_eq!(ids, ["b", "c"]);
     }
 }
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use crate::domain::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
+    use crate::ports::QueueSend;
+    use serde_json::json;
+
+    async fn setup(
+        latency: Duration,
+    ) -> (tempfile::TempDir, Worker, Arc<dyn QueueConsume>, Vec<SqsMessage>, Adapters) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let (adapters, queues) =
+            crate::backend::embedded(dir.path(), Default::default(), clock.clone()).await.unwrap();
+        for i in 0..3 {
+            let req = TaskRequest::from_value(
+                json!({"project_id":"p","kind":"explain","prompt":format!("{i}"),"target_files":[]}),
+            )
+            .unwrap();
+            let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3600);
+            adapters.store.put_pending(&rec, clock.now_ms()).await.unwrap();
+            let msg = TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
+            queues[0].send(&serde_json::to_string(&msg).unwrap(), Default::default()).await.unwrap();
+        }
+        let received = queues[0].receive(10).await.unwrap();
+        let records = received
+            .iter()
+            .map(|m| {
+                let mut s = SqsMessage::default();
+                s.message_id = Some(m.message_id.clone());
+                s.receipt_handle = Some(m.receipt.clone());
+                s.body = Some(m.body.clone());
+                s
+            })
+            .collect();
+        let worker = Worker {
+            store: adapters.store.clone(),
+            lock: adapters.lock.clone(),
+            cache: adapters.cache.clone(),
+            llm: Arc::new(OfflineProvider::new(move |_| latency)),
+            metrics: Metrics::new(),
+            clock,
+            config: WorkerConfig {
+                lease_ttl: Duration::from_millis(300),
+                renew_interval: Duration::from_millis(100),
+                ..WorkerConfig::default()
+            },
+        };
+        let queue = adapters.consume[0].clone();
+        (dir, worker, queue, records, adapters)
+    }
+
+    #[tokio::test]
+    async fn a_batch_completes_within_its_budget() {
+        let (_dir, worker, queue, records, _) = setup(Duration::from_millis(20)).await;
+        let resp = handle_batch(&worker, &queue, &records, Duration::from_secs(5), 2).await;
+        assert!(resp.batch_item_failures.is_empty());
+        assert_eq!(queue.depth().await.unwrap().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn unfinished_messages_are_handed_back_before_the_deadline() {
+        let (_dir, worker, queue, records, adapters) = setup(Duration::from_secs(5)).await;
+        let started = std::time::Instant::now();
+        let resp = handle_batch(&worker, &queue, &records, Duration::from_millis(200), 1).await;
+        assert!(started.elapsed() < Duration::from_secs(2), "returned before the deadline");
+        assert_eq!(resp.batch_item_failures.len(), 3, "every unfinished message is a batch item failure");
+        assert_eq!(queue.depth().await.unwrap().visible, 3, "and visible again at once");
+        for r in &records {
+            let msg: TaskMessage = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+            let rec = adapters.store.get(&msg.task_id, SystemClock.now_ms()).await.unwrap().unwrap();
+            assert_ne!(rec.status, TaskStatus::Completed, "nothing written");
+        }
+    }
+}

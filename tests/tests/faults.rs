@@ -332,11 +332,12 @@ async fn aws_requests_per_task_are_counted() {
     assert_eq!((new.get("sqs SendMessage"), new.get("redis GET")), (Some(&1.0), Some(&1.0)));
     assert_eq!(
         inflight,
-        [("dynamodb UpdateItem", 1.0), ("redis GET", 1.0)].map(|(k, v)| (k.to_owned(), v)).into()
+        [("dynamodb PutItem", 1.0), ("redis GET", 1.0)].map(|(k, v)| (k.to_owned(), v)).into()
     );
     assert_eq!(done, [("redis GET".to_owned(), 1.0)].into(), "a completed duplicate is one cache read");
     let want = [
-        ("dynamodb UpdateItem", 3.0), // conditional put, claim, fenced finish
+        ("dynamodb PutItem", 1.0),    // conditional put of PENDING
+        ("dynamodb UpdateItem", 2.0), // claim (fence + 1), fenced finish
         ("redis EVALSHA acquire", 1.0),
         ("redis EVALSHA release", 1.0),
         ("redis GET", 1.0),                   // ingress's hot-cache check

@@ -1,6 +1,7 @@
 //! DynamoDB adapter of the task store: one table, partition key `pk` = `task#<id>`, TTL attribute
 //! `expires_at`. Every write is one conditional request: the `PENDING` put returns the old item on
-//! conflict (`ReturnValuesOnConditionCheckFailure`), the claim increments and returns the fence, and
+//! conflict (`ReturnValuesOnConditionCheckFailure`; replacing an expired or `FAILED` record takes a
+//! second, conditional update that keeps the fence), the claim increments and returns the fence, and
 //! the final write is conditional on it. Large requests and results are gzip-compressed; a result that
 //! still does not fit an item ends the task `FAILED` with that reason, never truncated.
 
@@ -293,10 +294,54 @@ impl TaskStore for DynamoStore {
         let request_json =
             serde_json::to_string(&rec.request).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let (req_name, req_value, _) = text_attr("request", &request_json)?;
+
+        // The common paths cost one request: a new key is put whole; a live duplicate comes back as
+        // the old item of the failed condition.
+        let item: Item = HashMap::from([
+            ("pk".to_owned(), key(&rec.task_id)),
+            ("status".to_owned(), s("PENDING")),
+            ("fence".to_owned(), n(0)),
+            ("attempts".to_owned(), n(0)),
+            ("nonce".to_owned(), s(&rec.nonce)),
+            ("payload_hash".to_owned(), s(&rec.payload_hash)),
+            ("lane".to_owned(), s(rec.lane.as_str())),
+            ("created_at_ms".to_owned(), n(rec.created_at_ms)),
+            ("enqueued_at_ms".to_owned(), n(rec.created_at_ms)),
+            ("expires_at".to_owned(), n(rec.expires_at)),
+            (req_name.clone(), req_value.clone()),
+        ]);
+        crate::metrics::aws_request("dynamodb", "PutItem");
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        let old = match put {
+            Ok(_) => return Ok(PutOutcome::Created),
+            Err(e) => match e.as_service_error() {
+                Some(
+                    aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c),
+                ) => c.item().cloned(),
+                _ => return Err(unavailable(&e)),
+            },
+        };
+        let old = match old.map(|o| record(&o)) {
+            Some(Ok(old)) => Some(old),
+            // Real DynamoDB returns the whole old item; an emulator racing with the writer may not.
+            _ => self.get(&rec.task_id, 0).await?,
+        };
+        if let Some(old) = old.filter(|o| !o.is_expired(now_ms) && o.status != TaskStatus::Failed) {
+            return Ok(PutOutcome::Exists(Box::new(old)));
+        }
+
+        // Expired or FAILED: replace it in place. UpdateItem rather than PutItem: the fence must carry
+        // over, so a worker still holding a fence from the old run can never finish the new one.
         let (set_req, remove_req) =
             if req_name == "request" { ("#req", "request_z") } else { ("request_z", "#req") };
-        // UpdateItem rather than PutItem: the fence of a replaced FAILED record must carry over, so a
-        // worker still holding an old fence can never finish the new run.
         let expression = format!(
             "SET #st = :pending, fence = if_not_exists(fence, :zero), attempts = :zero, nonce = :nonce, \
              payload_hash = :ph, lane = :lane, created_at_ms = :now, enqueued_at_ms = :now, expires_at = :exp, \
@@ -324,8 +369,11 @@ impl TaskStore for DynamoStore {
             .await?;
         match outcome {
             Ok(_) => Ok(PutOutcome::Created),
-            Err(Some(old)) => Ok(PutOutcome::Exists(Box::new(record(&old)?))),
-            Err(None) => Err(StoreError::Unavailable("conditional put failed without the old item".into())),
+            // Someone else replaced it first: theirs is the live record.
+            Err(_) => match self.get(&rec.task_id, now_ms).await? {
+                Some(live) => Ok(PutOutcome::Exists(Box::new(live))),
+                None => Err(StoreError::Unavailable("conditional replace lost a race; retry".into())),
+            },
         }
     }
 
