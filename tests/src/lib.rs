@@ -166,28 +166,54 @@ pub struct RedisServer {
     child: Option<Child>,
     /// Its port.
     pub port: u16,
+    cluster_dir: Option<tempfile::TempDir>,
 }
 
 impl RedisServer {
     /// Starts one on a free port.
     pub fn start() -> Self {
-        let mut s = Self { child: None, port: free_port() };
+        let mut s = Self { child: None, port: free_port(), cluster_dir: None };
         s.spawn();
         s
     }
 
+    /// Starts a one-node Redis Cluster owning every slot (the protocol ElastiCache Serverless speaks).
+    pub fn start_cluster() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let mut s = Self { child: None, port: free_port(), cluster_dir: Some(dir) };
+        s.spawn();
+        let port = s.port.to_string();
+        let cli = |args: &[&str]| {
+            let out = Command::new("redis-cli")
+                .args(["-p", &port])
+                .args(args)
+                .output()
+                .unwrap_or_else(|e| panic!("redis-cli: {e}"));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        cli(&["cluster", "addslotsrange", "0", "16383"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cli(&["cluster", "info"]).contains("cluster_state:ok") {
+            assert!(Instant::now() < deadline, "cluster never became ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
     fn spawn(&mut self) {
+        let mut args: Vec<String> =
+            ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(String::from).to_vec();
+        args.extend(["--port".to_owned(), self.port.to_string()]);
+        if let Some(dir) = &self.cluster_dir {
+            args.extend([
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                "--cluster-config-file".to_owned(),
+            ]);
+            args.push(dir.path().join("nodes.conf").display().to_string());
+        }
         let mut child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -229,3 +229,29 @@ async fn redis_lock_and_cache_against_redis_server() {
     }
     assert!(ok, "the lock recovers without a restart of the process");
 }
+
+#[tokio::test]
+async fn redis_lock_and_cache_in_cluster_mode() {
+    let redis = RedisServer::start_cluster();
+    let settings = RedisSettings {
+        url: redis.url(),
+        cluster: true,
+        prefix: "lanes:".into(),
+        timeout: Duration::from_millis(500),
+    };
+    let conn = connect(&settings).await.unwrap();
+    let lock = RedisLock::new(conn.clone(), "lanes:");
+    let cache = RedisCache::new(conn, "lanes:");
+    for i in 0..20 {
+        // Keys spread over slots; each script's key is under one hash tag, so scripts run in cluster mode.
+        let key = format!("lease:{{task:{i}}}");
+        let Acquire::Acquired(token) = lock.acquire(&key, Duration::from_secs(5)).await.unwrap() else {
+            panic!()
+        };
+        assert!(matches!(lock.acquire(&key, Duration::from_secs(5)).await.unwrap(), Acquire::Held { .. }));
+        assert!(lock.renew(&key, &token, Duration::from_secs(5)).await.unwrap());
+        assert!(lock.release(&key, &token).await.unwrap());
+        cache.set(&format!("task:{i}"), "v", Duration::from_secs(5)).await.unwrap();
+        assert_eq!(cache.get(&format!("task:{i}")).await.unwrap().as_deref(), Some("v"));
+    }
+}
