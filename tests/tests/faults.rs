@@ -348,3 +348,37 @@ async fn aws_requests_per_task_are_counted() {
     ];
     assert_eq!(per_task, want.map(|(k, v)| (k.to_owned(), v)).into());
 }
+
+/// Heartbeat cost: each renewal is one ChangeMessageVisibility and one Redis renew script, every
+/// `renew_interval` (a third of the lease TTL) for as long as the task runs.
+#[tokio::test]
+async fn heartbeat_requests_per_minute_are_counted() {
+    let stack =
+        Stack::start(Backend::Aws, &["--synthesis-latency-ms", "3000", "--lease-ttl-ms", "1500"]).await;
+    let (s, store) = (&stack.server, stack.dynamo().await);
+    let t0 = aws_requests(s).await;
+    let id = submit(s, "refactor", "heartbeat me").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rec = loop {
+        let rec = store.get(&id, now_ms()).await.unwrap().unwrap();
+        if rec.status == TaskStatus::Completed {
+            break rec;
+        }
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let d = delta(&t0, &aws_requests(s).await);
+    let renewals = d.get("redis EVALSHA renew").copied().unwrap_or(0.0);
+    let run_secs = (rec.finished_at_ms.unwrap() - rec.started_at_ms.unwrap()) as f64 / 1000.0;
+    let per_minute = renewals / run_secs * 60.0;
+    eprintln!(
+        "heartbeat: {renewals} renewals in {run_secs:.1} s at a 0.5 s interval = {per_minute:.0}/min, each one SQS ChangeMessageVisibility + one Redis renew: {d:?}"
+    );
+    assert!((4.0..=7.0).contains(&renewals), "{renewals} renewals");
+    assert_eq!(
+        d.get("sqs ChangeMessageVisibility"),
+        Some(&(renewals + 1.0)),
+        "lease start + one per renewal"
+    );
+}
