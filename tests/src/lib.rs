@@ -19,6 +19,14 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// Wall-clock Unix milliseconds, as the servers under test read them.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// A free loopback port (bound, then released for the child to take).
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));

@@ -11,14 +11,10 @@ use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
 use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus, TokenUsage};
 use lanes_core::embedded::DEAD_LETTER_REASON;
 use lanes_core::ports::*;
-use lanes_tests::{MotoServer, RedisServer};
+use lanes_tests::{MotoServer, RedisServer, now_ms};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 fn record(prompt: &str) -> TaskRecord {
     let req = TaskRequest::from_value(

@@ -19,15 +19,11 @@ use lanes_core::llm::OfflineProvider;
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{QueueConsume, QueueSend, TaskStore};
 use lanes_core::worker::Worker;
-use lanes_tests::{Backend, DevServer, MotoServer, Stack};
+use lanes_tests::{Backend, DevServer, MotoServer, Stack, now_ms};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 async fn submit(server: &DevServer, kind: &str, prompt: &str) -> String {
     let body = json!({"project_id":"p1","kind":kind,"prompt":prompt,"target_files":[]});

@@ -70,7 +70,7 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     assert_eq!(answer["batchItemFailures"], json!([]), "{answer}");
 
     let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), "lanes-tasks");
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let now = lanes_tests::now_ms();
     let rec = store.get(&task_id, now).await.unwrap().unwrap();
     assert_eq!((rec.status, rec.fence), (TaskStatus::Completed, 1));
     assert_eq!(queue.depth().await.unwrap().visible + queue.depth().await.unwrap().in_flight, 0, "acked");
