@@ -164,7 +164,9 @@ impl Pool {
             if room == 0 || backlog[i] == 0 {
                 continue;
             }
-            let messages = match queue.receive(room).await {
+            // Received straight into a lease: if this process dies before the worker's heartbeat
+            // starts, the message is back within a lease, not the queue's long default.
+            let messages = match queue.receive_for(room, Some(self.worker.config.lease_ttl)).await {
                 Ok(m) => m,
                 Err(e) => {
                     warn!(lane = %lane, error = %e, "receive failed");

@@ -72,9 +72,19 @@ pub trait QueueSend: Send + Sync {
 /// Consuming side of a lane queue (workers, the local poller).
 #[async_trait]
 pub trait QueueConsume: Send + Sync {
-    /// Receives up to `max` visible messages, each becoming invisible for the queue's default timeout.
-    /// Messages received more than `max_receive_count` times are moved to the DLQ instead.
-    async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError>;
+    /// Receives up to `max` visible messages, each becoming invisible for `visibility` (the queue's
+    /// default when `None`). Messages received more than `max_receive_count` times are moved to the
+    /// DLQ instead. A poller passes its lease TTL, so a poller that dies between receiving and
+    /// leasing loses nothing for longer than a lease.
+    async fn receive_for(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+    ) -> Result<Vec<ReceivedMessage>, QueueError>;
+    /// Receives with the queue's default visibility (what Lambda's event source mapping does).
+    async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
+        self.receive_for(max, None).await
+    }
     /// Sets the visibility timeout of one delivery, counted from now (`ChangeMessageVisibility`).
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError>;
     /// Acknowledges (deletes) a delivery.

@@ -36,6 +36,11 @@ fn attributes(map: &BTreeMap<String, String>) -> Result<HashMap<String, MessageA
     map.iter().map(|(k, v)| Ok((k.clone(), attribute(v)?))).collect()
 }
 
+/// SQS counts visibility in whole seconds: round up, never past the 12 h limit.
+fn visibility_secs(d: Duration) -> i32 {
+    d.as_millis().div_ceil(1000).min(u128::from(MAX_VISIBILITY_SECS)) as i32
+}
+
 /// A message to send: body and string attributes.
 pub type OutgoingMessage = (String, BTreeMap<String, String>);
 
@@ -161,13 +166,18 @@ impl QueueSend for SqsQueue {
 
 #[async_trait]
 impl QueueConsume for SqsQueue {
-    async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
+    async fn receive_for(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
         crate::metrics::aws_request("sqs", "ReceiveMessage");
         let out = self
             .client
             .receive_message()
             .queue_url(&self.url)
             .max_number_of_messages(max.clamp(1, 10) as i32)
+            .set_visibility_timeout(visibility.map(visibility_secs))
             .wait_time_seconds(0)
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
@@ -203,7 +213,7 @@ impl QueueConsume for SqsQueue {
     }
 
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
-        let secs = timeout.as_millis().div_ceil(1000).min(u128::from(MAX_VISIBILITY_SECS)) as i32;
+        let secs = visibility_secs(timeout);
         crate::metrics::aws_request("sqs", "ChangeMessageVisibility");
         match self
             .client

@@ -244,7 +244,11 @@ impl QueueSend for EmbeddedQueue {
 
 #[async_trait]
 impl QueueConsume for EmbeddedQueue {
-    async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
+    async fn receive_for(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
         let now = self.queues.clock.now_ms();
         let settings = self.queues.settings;
         let mut state = self.queues.state.lock().await;
@@ -274,7 +278,7 @@ impl QueueConsume for EmbeddedQueue {
             };
             let old = entry.receipt.replace(receipt.clone());
             entry.stored.receive_count += 1;
-            entry.visible_at_ms = now + settings.default_visibility.as_millis() as u64;
+            entry.visible_at_ms = now + visibility.unwrap_or(settings.default_visibility).as_millis() as u64;
             ops.push(put_op(entry)?);
             out.push(ReceivedMessage {
                 message_id: entry.id.clone(),
@@ -388,6 +392,19 @@ mod tests {
         assert_eq!(dlq.len(), 1);
         assert_eq!(dlq[0].0, "m1");
         assert!(dlq[0].1[DEAD_LETTER_REASON].contains("maxReceiveCount"));
+    }
+
+    #[tokio::test]
+    async fn a_poller_receives_straight_into_a_short_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(10_000);
+        let q = open(dir.path(), clock.clone()).await;
+        q.send("m", BTreeMap::new()).await.unwrap();
+        assert_eq!(q.receive_for(1, Some(Duration::from_millis(50))).await.unwrap().len(), 1);
+        clock.advance_ms(49);
+        assert!(q.receive(1).await.unwrap().is_empty());
+        clock.advance_ms(1);
+        assert_eq!(q.receive(1).await.unwrap().len(), 1, "back after the lease, not the 1 s default");
     }
 
     #[tokio::test]
