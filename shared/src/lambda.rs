@@ -52,29 +52,13 @@ impl Backend {
             }),
         }
     }
-
-    /// Fails for the AWS backend, whose adapters are not in this build yet, naming what is missing.
-    pub fn require_embedded(&self, function: &str) -> Result<std::path::PathBuf, ConfigError> {
-        match self {
-            Backend::Embedded { data_dir } => Ok(data_dir.clone()),
-            Backend::Aws => Err(ConfigError::Invalid {
-                name: "LANES_BACKEND",
-                reason: format!(
-                    "the {function} function needs the AWS adapters (SQS, DynamoDB, Redis), which this build does \
-                     not include yet; set LANES_BACKEND=embedded for a local run"
-                ),
-            }),
-        }
-    }
 }
 
-/// The error a function gives at cold start when it needs AWS adapters this build does not have.
-pub fn needs_aws_adapters(function: &str) -> ConfigError {
+/// The error a function gives at cold start when it needs something this build does not have yet.
+pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
     ConfigError::Invalid {
-        name: "LANES_BACKEND",
-        reason: format!(
-            "the {function} function needs the SQS/DynamoDB/Redis adapters, which this build does not include yet"
-        ),
+        name: "function",
+        reason: format!("the {function} function needs {missing}, not built yet"),
     }
 }
 

@@ -12,6 +12,8 @@
 //!   cache, LLM client), each error carrying retry intent.
 //! - [`embedded`]: local adapters for every port: queues and store in one redb file, in-process lock
 //!   and cache.
+//! - [`adapters`]: the production adapters: SQS, DynamoDB, Redis/Valkey (the only SDK users).
+//! - [`backend`]: builds one backend's adapters once per process, from the environment or for `--create`.
 //! - [`llm`]: LLM providers; today the offline provider.
 //! - [`ingress`]: the task API as an axum router (`POST /v1/tasks`, `GET /v1/tasks/{id}`, `/healthz`).
 //! - [`worker`]: processing one message under a lease: heartbeat, lock, fence, the ack rule, backoff.
@@ -19,8 +21,9 @@
 //! - [`metrics`]: Prometheus registry with per-lane metrics.
 //! - [`problem`]: RFC 9457 problem+json responses.
 //! - [`config`]: tunables with defaults and their validation.
-//! - [`local`]: `lanes dev`: everything above wired together on embedded adapters in one process.
-//! - [`lambda`]: adapters from Lambda events to the core (used by `functions/*`).
+//! - [`local`]: `lanes dev`: everything above wired together in one process, on either backend.
+//! - [`lambda`]: cold-start configuration and Lambda events to the core (used by `functions/*`):
+//!   the ingress router, the SQS batch handler with its partial failures and deadline hand-back.
 
 pub mod adapters;
 pub mod backend;
