@@ -7,7 +7,6 @@ use crate::config::{ConfigError, require_env};
 use crate::config::{IngressConfig, WorkerConfig};
 use crate::domain::Lane;
 use crate::ingress::{Ingress, router};
-use crate::llm::OfflineProvider;
 use crate::metrics::Metrics;
 use crate::ports::{QueueConsume, ReceivedMessage};
 use crate::worker::{Outcome, Worker};
@@ -141,14 +140,13 @@ impl WorkerFunction {
         };
         config.validate()?;
         let adapters = adapters_from_env("worker", &[lane]).await?;
-        // The LLM gateway (real providers) is a later issue; until then workers answer with the
-        // offline provider, which says in every answer that it is not an LLM.
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
+        let llm = crate::llm::from_env(latency)?;
         let worker = Worker {
             store: adapters.store,
             lock: adapters.lock,
             cache: adapters.cache,
-            llm: Arc::new(OfflineProvider::new(|_| latency)),
+            llm,
             metrics: Metrics::new(),
             clock: Arc::new(SystemClock),
             config,
@@ -368,6 +366,7 @@ mod tests {
 mod batch_tests {
     use super::*;
     use crate::domain::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
+    use crate::llm::OfflineProvider;
     use crate::ports::QueueSend;
     use serde_json::json;
 

@@ -13,7 +13,7 @@ use crate::ingress::{Ingress, router};
 use crate::llm::OfflineProvider;
 use crate::metrics::Metrics;
 use crate::pool::{DEFAULT_SHARES, Pool};
-use crate::ports::QueueConsume;
+use crate::ports::{LlmClient, QueueConsume};
 use crate::worker::Worker;
 use axum::Router;
 use axum::http::header;
@@ -117,8 +117,8 @@ pub struct Local {
     pub router: Router,
     /// The worker pool.
     pub pool: Arc<Pool>,
-    /// The offline provider (its call counter is what tests check).
-    pub provider: Arc<OfflineProvider>,
+    /// The model: the offline provider unless `LANES_LLM_PROVIDER` names another.
+    pub llm: Arc<dyn LlmClient>,
     /// The adapters in use.
     pub adapters: Adapters,
     /// Metrics.
@@ -154,19 +154,27 @@ impl Local {
                 crate::backend::aws(&config, &Lane::ALL).await?
             }
         };
-        Ok(Self::with_adapters(opts, adapters, clock))
+        let latency = opts.offline_latency;
+        let llm: Arc<dyn LlmClient> = match std::env::var("LANES_LLM_PROVIDER").as_deref() {
+            Err(_) | Ok("offline") => Arc::new(OfflineProvider::new(|l| latency[l.index()])),
+            Ok(_) => crate::llm::from_env(Duration::ZERO)?,
+        };
+        Ok(Self::with_adapters(opts, adapters, llm, clock))
     }
 
     /// Wires ingress, workers and the pool over given adapters.
-    pub fn with_adapters(opts: &DevOptions, adapters: Adapters, clock: SharedClock) -> Self {
+    pub fn with_adapters(
+        opts: &DevOptions,
+        adapters: Adapters,
+        llm: Arc<dyn LlmClient>,
+        clock: SharedClock,
+    ) -> Self {
         let metrics = Metrics::new();
-        let latency = opts.offline_latency;
-        let provider = Arc::new(OfflineProvider::new(|l| latency[l.index()]));
         let worker = Worker {
             store: adapters.store.clone(),
             lock: adapters.lock.clone(),
             cache: adapters.cache.clone(),
-            llm: provider.clone(),
+            llm: llm.clone(),
             metrics: metrics.clone(),
             clock: clock.clone(),
             config: opts.worker,
@@ -193,7 +201,7 @@ impl Local {
                     }
                 }),
             );
-        Self { router, pool, provider, adapters, metrics }
+        Self { router, pool, llm, adapters, metrics }
     }
 
     /// Serves on `opts.addr` and runs the pool until `shutdown`.

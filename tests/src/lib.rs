@@ -3,6 +3,8 @@
 //! It also runs real `redis-server` and `moto_server` (SQS and DynamoDB emulation) on free loopback
 //! ports, each stopped when its handle drops. `make test` installs both first (`scripts/test-deps.sh`).
 
+pub mod mock_llm;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

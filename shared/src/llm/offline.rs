@@ -1,4 +1,4 @@
-//! LLM providers behind the [`LlmClient`] port. Today: the offline provider, a deterministic local
+//! The offline provider: a deterministic local
 //! heuristic that says in its output that it is not an LLM, so the whole pipeline runs offline.
 
 use crate::domain::{Lane, TokenUsage, sha256_hex};

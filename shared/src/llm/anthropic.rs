@@ -1,0 +1,80 @@
+//! Anthropic Messages (`POST {base}/v1/messages`, `anthropic-version: 2023-06-01`). Usage is read
+//! from every response; 429/529 carry the `anthropic-ratelimit-*-reset` or `retry-after` hint.
+
+use super::openai::{status_error, transport_error};
+use super::{system_prompt, user_message};
+use crate::domain::TokenUsage;
+use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// A Messages API client.
+#[derive(Debug, Clone)]
+pub struct AnthropicClient {
+    http: reqwest::Client,
+    base_url: String,
+    model: String,
+    api_key: String,
+}
+
+impl AnthropicClient {
+    /// A client for `base_url` (e.g. `https://api.anthropic.com`) and `model`.
+    pub fn new(base_url: &str, model: &str, api_key: String, timeout: Duration) -> Result<Self, LlmError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            model: model.to_owned(),
+            api_key,
+        })
+    }
+}
+
+#[async_trait]
+impl LlmClient for AnthropicClient {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let body = json!({
+            "model": self.model,
+            "max_tokens": request.max_tokens,
+            "system": system_prompt(request.kind),
+            "messages": [{"role": "user", "content": user_message(request)}],
+        });
+        let resp = self
+            .http
+            .post(format!("{}/v1/messages", self.base_url))
+            .header("x-api-key", &self.api_key)
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| transport_error(&e))?;
+        if !resp.status().is_success() {
+            return Err(status_error("provider", resp).await);
+        }
+        let v: Value = resp.json().await.map_err(|e| transport_error(&e))?;
+        let text: String = v["content"]
+            .as_array()
+            .map(|blocks| {
+                blocks.iter().filter(|b| b["type"] == "text").filter_map(|b| b["text"].as_str()).collect()
+            })
+            .unwrap_or_default();
+        if text.is_empty() {
+            return Err(LlmError::Retryable {
+                message: "answer without text content".into(),
+                retry_after: None,
+            });
+        }
+        Ok(LlmResponse {
+            text,
+            model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
+            usage: TokenUsage {
+                prompt: v["usage"]["input_tokens"].as_u64().unwrap_or(0),
+                completion: v["usage"]["output_tokens"].as_u64().unwrap_or(0),
+            },
+        })
+    }
+}

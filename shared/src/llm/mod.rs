@@ -1,0 +1,94 @@
+//! LLM providers behind the [`crate::ports::LlmClient`] port: the offline provider, the
+//! OpenAI-compatible chat-completions client (OpenAI, vLLM, Ollama, LiteLLM), the Anthropic Messages
+//! client, and the retry policy they share (only 408/409/429/5xx and connection errors, full-jitter
+//! backoff honouring the provider's reset headers, bounded attempts).
+
+mod anthropic;
+mod offline;
+mod openai;
+pub mod retry;
+
+pub use anthropic::AnthropicClient;
+pub use offline::{OFFLINE_MODEL, OfflineProvider};
+pub use openai::OpenAiClient;
+pub use retry::{RetryPolicy, Retrying};
+
+use crate::domain::Kind;
+
+/// The system prompt for a task kind.
+pub fn system_prompt(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Autocomplete => "Complete the code at the cursor. Answer with code only.",
+        Kind::Explain => "Explain what the code does, briefly and precisely.",
+        Kind::LintPatch => {
+            "Propose a minimal patch that fixes the lint findings. Answer with a unified diff."
+        }
+        Kind::Classify => "Classify the change. Answer with one label and one sentence of reason.",
+        Kind::TestPatch => "Write a focused test for the code. Answer with a unified diff.",
+        Kind::Scaffold => "Scaffold the requested project or module. Answer with files as unified diffs.",
+        Kind::MultiFile => "Make the requested change across the files. Answer with a unified diff.",
+        Kind::Refactor => "Refactor as requested without changing behaviour. Answer with a unified diff.",
+        Kind::Agent => "Plan and carry out the task step by step. Answer with the result.",
+        Kind::CommitSummary => "Summarize the commit in one or two sentences for a changelog.",
+    }
+}
+
+/// The user message: the prompt plus the files it is about.
+pub fn user_message(request: &crate::ports::LlmRequest) -> String {
+    if request.target_files.is_empty() {
+        request.prompt.clone()
+    } else {
+        format!("{}\n\nFiles: {}", request.prompt, request.target_files.join(", "))
+    }
+}
+
+/// Chooses the provider from the environment, once per process:
+/// `LANES_LLM_PROVIDER` = `offline` (default) | `openai` | `anthropic`; `LANES_LLM_MODEL` (required for
+/// the HTTP providers); `LANES_LLM_BASE_URL` (defaults to the vendor's); `OPENAI_API_KEY` (optional, for
+/// vLLM/Ollama) or `ANTHROPIC_API_KEY`; `LANES_LLM_TIMEOUT_MS` (default 120000). HTTP providers are
+/// wrapped in [`Retrying`] with the default [`RetryPolicy`].
+pub fn from_env(
+    offline_latency: std::time::Duration,
+) -> Result<std::sync::Arc<dyn crate::ports::LlmClient>, crate::config::ConfigError> {
+    use crate::config::{ConfigError, require_env};
+    use std::sync::Arc;
+    let timeout = match std::env::var("LANES_LLM_TIMEOUT_MS") {
+        Err(_) => std::time::Duration::from_secs(120),
+        Ok(v) => std::time::Duration::from_millis(v.trim().parse().map_err(|_| ConfigError::Invalid {
+            name: "LANES_LLM_TIMEOUT_MS",
+            reason: format!("`{v}` is not a whole number"),
+        })?),
+    };
+    let base = |default: &str| std::env::var("LANES_LLM_BASE_URL").unwrap_or_else(|_| default.to_owned());
+    let invalid = |e: crate::ports::LlmError| ConfigError::Invalid {
+        name: "LANES_LLM_PROVIDER",
+        reason: e.to_string(),
+    };
+    match std::env::var("LANES_LLM_PROVIDER").unwrap_or_else(|_| "offline".into()).as_str() {
+        "offline" => Ok(Arc::new(OfflineProvider::new(|_| offline_latency))),
+        "openai" => {
+            let client = OpenAiClient::new(
+                &base("https://api.openai.com/v1"),
+                &require_env("LANES_LLM_MODEL")?,
+                std::env::var("OPENAI_API_KEY").ok(),
+                timeout,
+            )
+            .map_err(invalid)?;
+            Ok(Arc::new(Retrying::new(client, RetryPolicy::default())))
+        }
+        "anthropic" => {
+            let client = AnthropicClient::new(
+                &base("https://api.anthropic.com"),
+                &require_env("LANES_LLM_MODEL")?,
+                require_env("ANTHROPIC_API_KEY")?,
+                timeout,
+            )
+            .map_err(invalid)?;
+            Ok(Arc::new(Retrying::new(client, RetryPolicy::default())))
+        }
+        other => Err(ConfigError::Invalid {
+            name: "LANES_LLM_PROVIDER",
+            reason: format!("`{other}`; expected offline, openai or anthropic"),
+        }),
+    }
+}

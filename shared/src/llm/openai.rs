@@ -1,0 +1,100 @@
+//! OpenAI-compatible chat completions (`POST {base}/chat/completions`): OpenAI, vLLM, Ollama, LiteLLM.
+//! Usage is read from every response; throttles and server errors carry the provider's reset hint.
+
+use super::retry::{is_retryable_status, retry_hint};
+use super::{system_prompt, user_message};
+use crate::domain::TokenUsage;
+use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use std::time::{Duration, SystemTime};
+
+/// A chat-completions client.
+#[derive(Debug, Clone)]
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    base_url: String,
+    model: String,
+    api_key: Option<String>,
+}
+
+impl OpenAiClient {
+    /// A client for `base_url` (e.g. `https://api.openai.com/v1`) and `model`, with a per-request timeout.
+    pub fn new(
+        base_url: &str,
+        model: &str,
+        api_key: Option<String>,
+        timeout: Duration,
+    ) -> Result<Self, LlmError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            model: model.to_owned(),
+            api_key,
+        })
+    }
+}
+
+/// Maps a transport error: timeouts and connection failures are worth retrying.
+pub(super) fn transport_error(e: &reqwest::Error) -> LlmError {
+    let message =
+        if e.is_timeout() { "request timed out".to_owned() } else { format!("connection failed: {e}") };
+    LlmError::Retryable { message, retry_after: None }
+}
+
+/// Maps a non-success HTTP answer to a retryable or permanent error, keeping the provider's message
+/// short and the reset hint.
+pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> LlmError {
+    let status = resp.status().as_u16();
+    let hint = retry_hint(resp.headers(), SystemTime::now());
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    let detail = body["error"]["message"].as_str().unwrap_or("").chars().take(300).collect::<String>();
+    let message = format!("{provider} answered {status}: {detail}");
+    if is_retryable_status(status) {
+        LlmError::Retryable { message, retry_after: hint }
+    } else {
+        LlmError::Permanent(message)
+    }
+}
+
+#[async_trait]
+impl LlmClient for OpenAiClient {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let body = json!({
+            "model": self.model,
+            "max_tokens": request.max_tokens,
+            "messages": [
+                {"role": "system", "content": system_prompt(request.kind)},
+                {"role": "user", "content": user_message(request)},
+            ],
+        });
+        let mut req = self.http.post(format!("{}/chat/completions", self.base_url)).json(&body);
+        if let Some(key) = &self.api_key {
+            req = req.bearer_auth(key);
+        }
+        let resp = req.send().await.map_err(|e| transport_error(&e))?;
+        if !resp.status().is_success() {
+            return Err(status_error("provider", resp).await);
+        }
+        let v: Value = resp.json().await.map_err(|e| transport_error(&e))?;
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .ok_or_else(|| LlmError::Retryable {
+                message: "answer without choices[0].message.content".into(),
+                retry_after: None,
+            })?
+            .to_owned();
+        Ok(LlmResponse {
+            text,
+            model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
+            usage: TokenUsage {
+                prompt: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+                completion: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+            },
+        })
+    }
+}

@@ -1,0 +1,215 @@
+//! Retries that respect the provider: only 408/409/429/5xx and connection errors are retried, with
+//! exponential backoff and full jitter, never sooner than the provider asked (`Retry-After`,
+//! `retry-after-ms`, `x-ratelimit-reset-*`, `anthropic-ratelimit-*-reset`), for a bounded number of
+//! attempts. Dropping the future (the lease's cancellation) aborts the request in flight.
+
+use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use async_trait::async_trait;
+use reqwest::header::HeaderMap;
+use std::time::{Duration, SystemTime};
+
+/// How retries are spaced and bounded.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// Cap of the first retry's delay; doubles per attempt.
+    pub base: Duration,
+    /// Largest backoff.
+    pub max_delay: Duration,
+    /// Largest wait a provider hint may impose (a longer one fails the attempt so the task is handed
+    /// back to the queue instead of holding a worker).
+    pub max_hint: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            base: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+            max_hint: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full jitter: uniform in `[0, min(max_delay, base * 2^(attempt - 1))]`.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let cap = self.base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20)).min(self.max_delay);
+        Duration::from_millis(rand::random_range(0..=cap.as_millis() as u64))
+    }
+}
+
+/// Whether an HTTP status is worth retrying: timeouts, conflicts, throttles and server errors.
+/// Never 400/401/403/404.
+pub fn is_retryable_status(status: u16) -> bool {
+    matches!(status, 408 | 409 | 429) || (500..=599).contains(&status)
+}
+
+/// Parses a Go-style duration as OpenAI sends it in `x-ratelimit-reset-*`: `20ms`, `1s`, `6m0s`,
+/// `1h2m3.5s`.
+pub fn parse_go_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let value: f64 = rest[..num_end].parse().ok()?;
+        rest = &rest[num_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let factor = match &rest[..unit_end] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            _ => return None,
+        };
+        total += value * factor;
+        rest = &rest[unit_end..];
+    }
+    Some(Duration::from_secs_f64(total))
+}
+
+/// The provider's own "not before" hint, the latest of every header it sent, relative to `now`.
+pub fn retry_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let until = |t: SystemTime| t.duration_since(now).unwrap_or(Duration::ZERO);
+    let mut hints = Vec::new();
+    if let Some(v) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        hints.push(Duration::from_secs_f64(v.max(0.0) / 1000.0));
+    }
+    if let Some(v) = get("retry-after") {
+        if let Ok(secs) = v.parse::<f64>() {
+            hints.push(Duration::from_secs_f64(secs.max(0.0)));
+        } else if let Ok(t) = httpdate::parse_http_date(v) {
+            hints.push(until(t));
+        }
+    }
+    for name in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
+        if let Some(d) = get(name).and_then(parse_go_duration) {
+            hints.push(d);
+        }
+    }
+    for name in [
+        "anthropic-ratelimit-requests-reset",
+        "anthropic-ratelimit-tokens-reset",
+        "anthropic-ratelimit-input-tokens-reset",
+        "anthropic-ratelimit-output-tokens-reset",
+    ] {
+        if let Some(t) = get(name).and_then(|v| humantime::parse_rfc3339_weak(v).ok()) {
+            hints.push(until(t));
+        }
+    }
+    hints.into_iter().max()
+}
+
+/// A client with retries.
+pub struct Retrying<C> {
+    inner: C,
+    policy: RetryPolicy,
+}
+
+impl<C> Retrying<C> {
+    /// Wraps `inner`.
+    pub fn new(inner: C, policy: RetryPolicy) -> Self {
+        Self { inner, policy }
+    }
+}
+
+#[async_trait]
+impl<C: LlmClient> LlmClient for Retrying<C> {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let mut attempt = 1;
+        loop {
+            match self.inner.complete(request).await {
+                Err(LlmError::Retryable { message, retry_after }) if attempt < self.policy.max_attempts => {
+                    let hint = retry_after.unwrap_or_default();
+                    if hint > self.policy.max_hint {
+                        // Waiting here would hold a worker: let the queue bring the task back later.
+                        return Err(LlmError::Retryable { message, retry_after });
+                    }
+                    let wait = self.policy.backoff(attempt).max(hint);
+                    tracing::warn!(attempt, wait_ms = wait.as_millis() as u64, %message, "provider failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn statuses() {
+        for s in [408, 409, 429, 500, 502, 503, 529] {
+            assert!(is_retryable_status(s), "{s}");
+        }
+        for s in [200, 400, 401, 403, 404, 422] {
+            assert!(!is_retryable_status(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("20ms"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_go_duration("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_go_duration("6m0s"), Some(Duration::from_secs(360)));
+        assert_eq!(parse_go_duration("1h2m3.5s"), Some(Duration::from_millis(3_723_500)));
+        assert_eq!(parse_go_duration("soon"), None);
+        assert_eq!(parse_go_duration(""), None);
+    }
+
+    #[test]
+    fn hints_from_every_provider_header() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        let h = |pairs: &[(&'static str, String)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_str(v).unwrap());
+            }
+            m
+        };
+        assert_eq!(retry_hint(&h(&[("retry-after", "7".into())]), now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            retry_hint(&h(&[("retry-after-ms", "250".into())]), now),
+            Some(Duration::from_millis(250))
+        );
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(retry_hint(&h(&[("retry-after", date)]), now), Some(Duration::from_secs(30)));
+        let openai =
+            h(&[("x-ratelimit-reset-requests", "1s".into()), ("x-ratelimit-reset-tokens", "6m0s".into())]);
+        assert_eq!(retry_hint(&openai, now), Some(Duration::from_secs(360)), "the latest reset wins");
+        let reset = humantime::format_rfc3339_seconds(now + Duration::from_secs(12)).to_string();
+        assert_eq!(
+            retry_hint(&h(&[("anthropic-ratelimit-tokens-reset", reset)]), now),
+            Some(Duration::from_secs(12))
+        );
+        assert_eq!(retry_hint(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_under_the_cap() {
+        let p = RetryPolicy {
+            base: Duration::from_millis(100),
+            max_delay: Duration::from_millis(350),
+            ..RetryPolicy::default()
+        };
+        for attempt in 1..=6 {
+            let cap = (100u64 << (attempt - 1)).min(350);
+            for _ in 0..50 {
+                assert!(p.backoff(attempt).as_millis() as u64 <= cap);
+            }
+        }
+    }
+}
