@@ -71,6 +71,11 @@ enum Command {
         #[arg(long = "file")]
         files: Vec<String>,
     },
+    /// Benchmarks that print a report with the command that reproduces it.
+    Bench {
+        #[command(subcommand)]
+        what: Bench,
+    },
     /// Show a task.
     Status {
         /// Server URL.
@@ -78,6 +83,26 @@ enum Command {
         url: String,
         /// Task id.
         task_id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// The RPM/TPM limiter's lane reservations on a simulated clock (the algorithm the Redis script
+    /// and the in-process limiter share): both lanes saturated, then interactive idle.
+    Limiter {
+        /// Requests per minute.
+        #[arg(long, default_value_t = 500.0)]
+        rpm: f64,
+        /// Tokens per minute.
+        #[arg(long, default_value_t = 200_000.0)]
+        tpm: f64,
+        /// Simulated minutes per scenario.
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -138,6 +163,52 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))?;
             print_response(resp).await
+        }
+        Command::Bench { what: Bench::Limiter { rpm, tpm, minutes, json } } => {
+            use lanes_core::limiter::{LimiterConfig, simulate};
+            let config = LimiterConfig::new(rpm, tpm);
+            let calls = [600, 2_400]; // interactive and background tokens per call
+            let both = simulate(config, minutes, calls, [true, true]);
+            let idle = simulate(config, minutes, calls, [false, true]);
+            let mins = minutes as f64;
+            let interactive_share = both[0] as f64 / (both[0] + both[1]).max(1) as f64;
+            let saturated_tpm = (both[0] + both[1]) as f64 / mins / tpm;
+            let background_alone = idle[1] as f64 / mins / tpm;
+            let cmd = format!("lanes bench limiter --rpm {rpm} --tpm {tpm} --minutes {minutes}");
+            if json {
+                let report = serde_json::json!({
+                    "command": cmd, "rpm": rpm, "tpm": tpm, "minutes": minutes,
+                    "both_saturated": {"interactive_tokens": both[0], "background_tokens": both[1],
+                                       "interactive_share": interactive_share, "throughput_of_tpm": saturated_tpm},
+                    "interactive_idle": {"background_tokens": idle[1], "background_share_of_tpm": background_alone},
+                });
+                println!("{report}");
+            } else {
+                println!("limiter reservations, simulated clock ({cmd})");
+                println!("{:<34} {:>12} {:>12} {:>10}", "scenario", "interactive", "background", "of TPM");
+                println!(
+                    "{:<34} {:>12} {:>12} {:>9.1}%",
+                    "both lanes saturated",
+                    both[0],
+                    both[1],
+                    saturated_tpm * 100.0
+                );
+                println!(
+                    "{:<34} {:>12} {:>12} {:>9.1}%",
+                    "interactive idle",
+                    idle[0],
+                    idle[1],
+                    background_alone * 100.0
+                );
+                println!(
+                    "interactive share when both saturated: {:.1}% (reserved 70%)",
+                    interactive_share * 100.0
+                );
+                println!(
+                    "(throughput includes the buckets' initial fill: one minute of budget over the run)"
+                );
+            }
+            Ok(())
         }
         Command::Status { url, task_id } => {
             let resp = reqwest::get(format!("{}/v1/tasks/{task_id}", url.trim_end_matches('/')))

@@ -14,7 +14,8 @@
 //!   and cache.
 //! - [`adapters`]: the production adapters: SQS, DynamoDB, Redis/Valkey (the only SDK users).
 //! - [`backend`]: builds one backend's adapters once per process, from the environment or for `--create`.
-//! - [`llm`]: LLM providers; today the offline provider.
+//! - [`llm`]: LLM providers (offline, OpenAI-compatible, Anthropic) and the retry policy.
+//! - [`limiter`]: the shared RPM/TPM limiter with lane reservations (in process and in Redis).
 //! - [`ingress`]: the task API as an axum router (`POST /v1/tasks`, `GET /v1/tasks/{id}`, `/healthz`).
 //! - [`worker`]: processing one message under a lease: heartbeat, lock, fence, the ack rule, backoff.
 //! - [`pool`]: the weighted allocation policy and the in-process pool that runs workers with it.
@@ -33,6 +34,7 @@ pub mod domain;
 pub mod embedded;
 pub mod ingress;
 pub mod lambda;
+pub mod limiter;
 pub mod llm;
 pub mod local;
 pub mod metrics;

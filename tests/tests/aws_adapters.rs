@@ -251,3 +251,49 @@ async fn redis_lock_and_cache_in_cluster_mode() {
         assert_eq!(cache.get(&format!("task:{i}")).await.unwrap().as_deref(), Some("v"));
     }
 }
+
+#[tokio::test]
+async fn redis_limiter_matches_the_in_process_one() {
+    use lanes_core::clock::ManualClock;
+    use lanes_core::domain::Lane;
+    use lanes_core::limiter::{Decision, LimiterConfig, MemoryLimiter, RateLimiter, RedisLimiter};
+    let redis = RedisServer::start();
+    let settings = RedisSettings {
+        url: redis.url(),
+        cluster: false,
+        prefix: "lanes:".into(),
+        timeout: Duration::from_millis(500),
+    };
+    let conn = connect(&settings).await.unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let config = LimiterConfig::new(60.0, 6_000.0);
+    let shared = RedisLimiter::new(conn, "lanes:", "openai:gpt", config, clock.clone());
+    let local = MemoryLimiter::new(config, clock.clone());
+    let script = [
+        (Lane::Interactive, 3_000u64, 0u64),
+        (Lane::Synthesis, 1_000, 0),
+        (Lane::Interactive, 2_000, 0),
+        (Lane::Commits, 900, 500),
+        (Lane::Interactive, 1_500, 2_000),
+        (Lane::Synthesis, 700, 10_000),
+        (Lane::Interactive, 4_000, 30_000),
+    ];
+    let mut granted = 0;
+    for (lane, tokens, advance) in script {
+        clock.advance_ms(advance);
+        let a = shared.try_acquire(lane, tokens).await.unwrap();
+        let b = local.try_acquire(lane, tokens).await.unwrap();
+        match (a, b) {
+            (Decision::Granted, Decision::Granted) => granted += 1,
+            (Decision::Wait(x), Decision::Wait(y)) => {
+                assert!(x.abs_diff(y) <= Duration::from_millis(1), "{x:?} vs {y:?}")
+            }
+            other => panic!("{lane:?} {tokens}: redis and in-process disagree: {other:?}"),
+        }
+        if a == Decision::Granted {
+            shared.reconcile(lane, tokens, tokens + 100).await.unwrap();
+            local.reconcile(lane, tokens, tokens + 100).await.unwrap();
+        }
+    }
+    assert!((2..7).contains(&granted), "the script exercises both grants and waits ({granted} granted)");
+}

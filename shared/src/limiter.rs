@@ -1,0 +1,371 @@
+//! The shared LLM rate limiter (design §5): requests per minute and tokens per minute, with lane
+//! reservations. Interactive holds 70% of each budget and the background lanes 30%; a class may
+//! borrow from the other's bucket only while that bucket is above a watermark, i.e. while the other
+//! class leaves it idle. Tokens are charged with an estimate before the call and reconciled with the
+//! provider's reported usage after it.
+//!
+//! Each class has a token bucket per dimension, refilled continuously at its share of the per-minute
+//! limit and holding at most that share of one minute, so the sum never exceeds what a provider's
+//! own per-minute bucket allows. [`decide`] is the algorithm; [`MemoryLimiter`] runs it in process
+//! and [`RedisLimiter`] runs the same steps as one Lua script shared by every worker.
+
+use crate::adapters::redis::RedisConn;
+use crate::clock::SharedClock;
+use crate::domain::Lane;
+use async_trait::async_trait;
+use redis::Script;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Errors of the limiter store.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    /// Redis unreachable: callers proceed unthrottled and count a degraded operation (the provider's
+    /// own 429s, retried with backoff, are the backstop).
+    #[error("limiter unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Reservation classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// The interactive lane.
+    Interactive = 0,
+    /// Synthesis and commits.
+    Background = 1,
+}
+
+impl From<Lane> for Class {
+    fn from(l: Lane) -> Self {
+        if l == Lane::Interactive { Class::Interactive } else { Class::Background }
+    }
+}
+
+/// Limits and reservations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimiterConfig {
+    /// Requests per minute.
+    pub rpm: f64,
+    /// Tokens per minute.
+    pub tpm: f64,
+    /// Interactive's reserved share (background gets the rest).
+    pub interactive_share: f64,
+    /// A bucket lends only what it holds above this fraction of its capacity.
+    pub lend_above: f64,
+}
+
+impl LimiterConfig {
+    /// Limits with the default 70/30 reservation.
+    pub fn new(rpm: f64, tpm: f64) -> Self {
+        Self { rpm, tpm, interactive_share: 0.7, lend_above: 0.5 }
+    }
+
+    /// Capacities of the four buckets: requests (interactive, background), tokens (same order).
+    fn caps(&self) -> [f64; 4] {
+        let s = self.interactive_share.clamp(0.0, 1.0);
+        [self.rpm * s, self.rpm * (1.0 - s), self.tpm * s, self.tpm * (1.0 - s)]
+    }
+}
+
+/// Bucket levels (requests i/b, tokens i/b) and when they were last refilled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketState {
+    /// Levels; a level may go below zero after reconciliation (a debt paid by later refills).
+    pub levels: [f64; 4],
+    /// Unix ms of the last refill.
+    pub at_ms: u64,
+}
+
+impl BucketState {
+    /// Full buckets at `now_ms`.
+    pub fn full(config: &LimiterConfig, now_ms: u64) -> Self {
+        Self { levels: config.caps(), at_ms: now_ms }
+    }
+}
+
+/// The answer to a request for budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Taken.
+    Granted,
+    /// Nothing taken; enough will be there after this long.
+    Wait(Duration),
+}
+
+fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
+    let caps = config.caps();
+    let elapsed = now_ms.saturating_sub(state.at_ms) as f64;
+    for (level, cap) in state.levels.iter_mut().zip(caps) {
+        *level = (*level + elapsed * cap / 60_000.0).min(cap);
+    }
+    state.at_ms = state.at_ms.max(now_ms);
+}
+
+/// Takes one request and `tokens` for `class`, or says how long to wait. All or nothing.
+pub fn decide(
+    config: &LimiterConfig,
+    state: &mut BucketState,
+    now_ms: u64,
+    class: Class,
+    tokens: u64,
+) -> Decision {
+    refill(config, state, now_ms);
+    let caps = config.caps();
+    let (own_off, other_off) = match class {
+        Class::Interactive => (0, 1),
+        Class::Background => (1, 0),
+    };
+    let mut takes = [0.0f64; 4];
+    let mut wait_ms = 0.0f64;
+    for (dim, need) in [(0usize, 1.0f64), (2, tokens as f64)] {
+        let (own, other) = (dim + own_off, dim + other_off);
+        // A request larger than the whole share waits for a full bucket, then runs into debt.
+        let need_now = need.min(caps[own]);
+        let have = state.levels[own].max(0.0);
+        if have >= need_now {
+            takes[own] = need;
+            continue;
+        }
+        let lendable = state.levels[other] - config.lend_above * caps[other];
+        if lendable >= need_now - have {
+            takes[own] = have + (need - need_now);
+            takes[other] = need_now - have;
+            continue;
+        }
+        let rate = caps[own] / 60_000.0;
+        let missing = need_now - state.levels[own];
+        wait_ms = wait_ms.max(if rate > 0.0 { missing / rate } else { 60_000.0 });
+    }
+    if wait_ms > 0.0 {
+        return Decision::Wait(Duration::from_millis(wait_ms.ceil() as u64));
+    }
+    for (level, take) in state.levels.iter_mut().zip(takes) {
+        *level -= take;
+    }
+    Decision::Granted
+}
+
+/// Puts back an overestimate, or charges an underestimate, to `class`'s token bucket.
+pub fn reconcile(config: &LimiterConfig, state: &mut BucketState, class: Class, estimated: u64, actual: u64) {
+    let i = 2 + class as usize;
+    let cap = config.caps()[i];
+    state.levels[i] = (state.levels[i] + estimated as f64 - actual as f64).min(cap);
+}
+
+/// The limiter port: shared by every worker of a deployment.
+#[async_trait]
+pub trait RateLimiter: Send + Sync {
+    /// Tries to take budget for one call of `lane` estimated at `tokens`.
+    async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError>;
+    /// Reconciles the estimate with the reported usage.
+    async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError>;
+}
+
+/// The in-process limiter (local mode, tests).
+#[derive(Debug)]
+pub struct MemoryLimiter {
+    config: LimiterConfig,
+    clock: SharedClock,
+    state: Mutex<BucketState>,
+}
+
+impl MemoryLimiter {
+    /// Full buckets now.
+    pub fn new(config: LimiterConfig, clock: SharedClock) -> Self {
+        let state = Mutex::new(BucketState::full(&config, clock.now_ms()));
+        Self { config, clock, state }
+    }
+}
+
+#[async_trait]
+impl RateLimiter for MemoryLimiter {
+    async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError> {
+        let mut s = self.state.lock().map_err(|_| LimiterError::Unavailable("poisoned".into()))?;
+        Ok(decide(&self.config, &mut s, self.clock.now_ms(), lane.into(), tokens))
+    }
+
+    async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
+        let mut s = self.state.lock().map_err(|_| LimiterError::Unavailable("poisoned".into()))?;
+        reconcile(&self.config, &mut s, lane.into(), estimated, actual);
+        Ok(())
+    }
+}
+
+/// [`decide`] and [`reconcile`] as one Lua script over one hash key, so every worker shares the
+/// buckets atomically. ARGV: op (`take`/`put`), now_ms, class (0/1), tokens, estimated, rpm, tpm,
+/// interactive share, lend_above. Returns the wait in ms (0 = granted).
+const LIMITER_LUA: &str = r"
+local k = KEYS[1]
+local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local rpm, tpm, share, lend = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local caps = {rpm * share, rpm * (1 - share), tpm * share, tpm * (1 - share)}
+local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at')
+local levels, at = {}, tonumber(raw[5])
+if at == nil then
+  for i = 1, 4 do levels[i] = caps[i] end
+  at = now
+else
+  for i = 1, 4 do levels[i] = tonumber(raw[i]) end
+end
+local elapsed = math.max(0, now - at)
+for i = 1, 4 do levels[i] = math.min(levels[i] + elapsed * caps[i] / 60000, caps[i]) end
+at = math.max(at, now)
+local wait = 0
+if op == 'put' then
+  local i = 3 + class
+  levels[i] = math.min(levels[i] + estimated - tokens, caps[i])
+else
+  local own_off, other_off = class, 1 - class
+  local takes = {0, 0, 0, 0}
+  local dims = {{1, 1}, {3, tokens}}
+  for _, d in ipairs(dims) do
+    local own, other, need = d[1] + own_off, d[1] + other_off, d[2]
+    local need_now = math.min(need, caps[own])
+    local have = math.max(levels[own], 0)
+    if have >= need_now then
+      takes[own] = need
+    else
+      local lendable = levels[other] - lend * caps[other]
+      if lendable >= need_now - have then
+        takes[own] = have + (need - need_now)
+        takes[other] = need_now - have
+      else
+        local rate = caps[own] / 60000
+        local w = 60000
+        if rate > 0 then w = (need_now - levels[own]) / rate end
+        wait = math.max(wait, w)
+      end
+    end
+  end
+  if wait == 0 then
+    for i = 1, 4 do levels[i] = levels[i] - takes[i] end
+  end
+end
+redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at))
+redis.call('PEXPIRE', k, 120000)
+return math.ceil(wait)
+";
+
+/// The limiter in Redis, shared by every worker (EVALSHA with EVAL fallback on NOSCRIPT).
+#[derive(Clone)]
+pub struct RedisLimiter {
+    conn: RedisConn,
+    key: String,
+    config: LimiterConfig,
+    clock: SharedClock,
+    script: Script,
+}
+
+impl RedisLimiter {
+    /// A limiter named `name` (one per provider and model) with keys under `prefix`.
+    pub fn new(conn: RedisConn, prefix: &str, name: &str, config: LimiterConfig, clock: SharedClock) -> Self {
+        Self {
+            conn,
+            key: format!("{prefix}{{limiter:{name}}}"),
+            config,
+            clock,
+            script: Script::new(LIMITER_LUA),
+        }
+    }
+
+    async fn run(&self, op: &str, class: Class, tokens: u64, estimated: u64) -> Result<u64, LimiterError> {
+        crate::metrics::aws_request("redis", "EVALSHA limiter");
+        let mut conn = self.conn.clone();
+        let c = &self.config;
+        self.script
+            .key(&self.key)
+            .arg(op)
+            .arg(self.clock.now_ms())
+            .arg(class as u8)
+            .arg(tokens)
+            .arg(estimated)
+            .arg(c.rpm)
+            .arg(c.tpm)
+            .arg(c.interactive_share)
+            .arg(c.lend_above)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| LimiterError::Unavailable(e.to_string()))
+    }
+}
+
+#[async_trait]
+impl RateLimiter for RedisLimiter {
+    async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError> {
+        let wait = self.run("take", lane.into(), tokens, 0).await?;
+        Ok(if wait == 0 { Decision::Granted } else { Decision::Wait(Duration::from_millis(wait)) })
+    }
+
+    async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
+        self.run("put", lane.into(), actual, estimated).await.map(|_| ())
+    }
+}
+
+/// Drives a limiter with two saturated (or one idle) classes on a simulated clock and returns the
+/// tokens each class got over `minutes`. Shared by the tests and `lanes bench limiter`.
+pub fn simulate(
+    config: LimiterConfig,
+    minutes: u64,
+    tokens_per_call: [u64; 2],
+    active: [bool; 2],
+) -> [u64; 2] {
+    let mut state = BucketState::full(&config, 0);
+    let mut now = 0u64;
+    let mut got = [0u64; 2];
+    let mut next = [0u64; 2];
+    let end = minutes * 60_000;
+    while now < end {
+        for (i, class) in [Class::Interactive, Class::Background].into_iter().enumerate() {
+            if !active[i] || next[i] > now {
+                continue;
+            }
+            match decide(&config, &mut state, now, class, tokens_per_call[i]) {
+                Decision::Granted => got[i] += tokens_per_call[i],
+                Decision::Wait(d) => next[i] = now + d.as_millis().max(1) as u64,
+            }
+        }
+        now = next.iter().zip(active).filter(|(_, a)| *a).map(|(n, _)| *n).min().unwrap_or(end).max(now + 1);
+    }
+    got
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_saturated_interactive_keeps_its_reservation() {
+        let cfg = LimiterConfig::new(600.0, 100_000.0);
+        let got = simulate(cfg, 10, [500, 2_000], [true, true]);
+        let share = got[0] as f64 / (got[0] + got[1]) as f64;
+        assert!(share >= 0.65, "interactive got {share:.3} of the tokens");
+        let total_per_min = (got[0] + got[1]) as f64 / 10.0;
+        assert!(total_per_min <= 100_000.0 * 1.1, "never past the limit (plus the first minute's burst)");
+    }
+
+    #[test]
+    fn an_idle_interactive_lane_lends_to_the_background() {
+        let cfg = LimiterConfig::new(600.0, 100_000.0);
+        let got = simulate(cfg, 10, [500, 2_000], [false, true]);
+        let per_min = got[1] as f64 / 10.0;
+        assert!(per_min >= 0.9 * 100_000.0, "background got {per_min} tokens/min");
+    }
+
+    #[test]
+    fn waits_are_exact_and_reconciliation_refunds() {
+        let cfg = LimiterConfig::new(60.0, 6_000.0); // interactive: 42 rpm, 4200 tpm
+        let mut s = BucketState::full(&cfg, 0);
+        // Background's bucket (1800) is full, so it lends what is above half (900).
+        assert_eq!(decide(&cfg, &mut s, 0, Class::Interactive, 5_000), Decision::Granted);
+        assert!(matches!(decide(&cfg, &mut s, 0, Class::Interactive, 1_000), Decision::Wait(_)));
+        reconcile(&cfg, &mut s, Class::Interactive, 5_000, 1_000);
+        assert_eq!(
+            decide(&cfg, &mut s, 0, Class::Interactive, 1_000),
+            Decision::Granted,
+            "the overestimate came back"
+        );
+        let Decision::Wait(w) = decide(&cfg, &mut s, 0, Class::Interactive, 4_200) else { panic!() };
+        // 2200 left, 900 lendable: short by 2000 at 4200 tokens/min = 28.571 s.
+        assert_eq!(w, Duration::from_millis(28_572));
+    }
+}
