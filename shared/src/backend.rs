@@ -50,6 +50,32 @@ pub struct Adapters {
     pub send: [Arc<dyn QueueSend>; 3],
     /// Consumers per lane.
     pub consume: [Arc<dyn QueueConsume>; 3],
+    /// The Redis connection, on the AWS backend (for the shared LLM limiter).
+    pub redis: Option<crate::adapters::redis::RedisConn>,
+    /// The key prefix of that connection.
+    pub redis_prefix: String,
+}
+
+impl Adapters {
+    /// The LLM limiter for this backend, when `LANES_LLM_RPM`/`LANES_LLM_TPM` are set: shared in
+    /// Redis on the AWS backend, in process otherwise.
+    pub fn limiter(
+        &self,
+        name: &str,
+        clock: SharedClock,
+    ) -> Result<Option<Arc<dyn crate::limiter::RateLimiter>>, ConfigError> {
+        let Some(config) = crate::limiter::config_from_env()? else { return Ok(None) };
+        Ok(Some(match &self.redis {
+            Some(conn) => Arc::new(crate::limiter::RedisLimiter::new(
+                conn.clone(),
+                &self.redis_prefix,
+                name,
+                config,
+                clock,
+            )),
+            None => Arc::new(crate::limiter::MemoryLimiter::new(config, clock)),
+        }))
+    }
 }
 
 /// The embedded backend in `data_dir`; also returns the embedded queues for inspection.
@@ -68,6 +94,8 @@ pub async fn embedded(
         cache: Arc::new(MemoryCache::new(clock)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
         consume: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
+        redis: None,
+        redis_prefix: String::new(),
     };
     Ok((adapters, queues))
 }
@@ -147,9 +175,11 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
     Ok(Adapters {
         store: Arc::new(DynamoStore::new(dynamo, &config.table)),
         lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
-        cache: Arc::new(RedisCache::new(conn, &config.redis.prefix)),
+        cache: Arc::new(RedisCache::new(conn.clone(), &config.redis.prefix)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
         consume: queues.map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
+        redis: Some(conn),
+        redis_prefix: config.redis.prefix.clone(),
     })
 }
 

@@ -369,3 +369,123 @@ mod tests {
         assert_eq!(w, Duration::from_millis(28_572));
     }
 }
+
+/// An [`LlmClient`](crate::ports::LlmClient) that takes budget from a [`RateLimiter`] before each
+/// call and reconciles it with the reported usage after. It waits for budget up to `max_wait`; a
+/// longer wait fails the call as retryable with that hint, so the worker hands the task back to its
+/// queue with a visibility delay instead of holding a slot. With the limiter unreachable it calls
+/// anyway (the provider's 429s and the retry policy are the backstop) and counts a degraded operation.
+pub struct Limited<C> {
+    inner: C,
+    limiter: std::sync::Arc<dyn RateLimiter>,
+    max_wait: Duration,
+}
+
+impl<C> Limited<C> {
+    /// Wraps `inner`.
+    pub fn new(inner: C, limiter: std::sync::Arc<dyn RateLimiter>, max_wait: Duration) -> Self {
+        Self { inner, limiter, max_wait }
+    }
+}
+
+/// Tokens charged before a call: the prompt at four bytes a token plus the completion cap.
+pub fn estimate_tokens(request: &crate::ports::LlmRequest) -> u64 {
+    crate::llm::user_message(request).len().div_ceil(4) as u64 + 200 + u64::from(request.max_tokens)
+}
+
+#[async_trait]
+impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
+    async fn complete(
+        &self,
+        request: &crate::ports::LlmRequest,
+    ) -> Result<crate::ports::LlmResponse, crate::ports::LlmError> {
+        let estimate = estimate_tokens(request);
+        let deadline = tokio::time::Instant::now() + self.max_wait;
+        let mut charged = true;
+        loop {
+            match self.limiter.try_acquire(request.lane, estimate).await {
+                Ok(Decision::Granted) => break,
+                Ok(Decision::Wait(wait)) => {
+                    if tokio::time::Instant::now() + wait > deadline {
+                        return Err(crate::ports::LlmError::Retryable {
+                            message: "LLM rate budget exhausted for this lane".into(),
+                            retry_after: Some(wait),
+                        });
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "limiter unavailable; calling unthrottled");
+                    charged = false;
+                    break;
+                }
+            }
+        }
+        let result = self.inner.complete(request).await;
+        if charged {
+            let actual = result.as_ref().map(|r| r.usage.prompt + r.usage.completion).unwrap_or(0);
+            if let Err(e) = self.limiter.reconcile(request.lane, estimate, actual).await {
+                tracing::warn!(error = %e, "limiter reconcile failed");
+            }
+        }
+        result
+    }
+}
+
+/// Limits from `LANES_LLM_RPM` and `LANES_LLM_TPM` (both or neither); `None` when unset.
+pub fn config_from_env() -> Result<Option<LimiterConfig>, crate::config::ConfigError> {
+    use crate::config::ConfigError;
+    let read = |name: &'static str| -> Result<Option<f64>, ConfigError> {
+        match std::env::var(name) {
+            Err(_) => Ok(None),
+            Ok(v) => match v.trim().parse::<f64>() {
+                Ok(n) if n > 0.0 => Ok(Some(n)),
+                _ => Err(ConfigError::Invalid { name, reason: format!("`{v}` is not a positive number") }),
+            },
+        }
+    };
+    match (read("LANES_LLM_RPM")?, read("LANES_LLM_TPM")?) {
+        (None, None) => Ok(None),
+        (Some(rpm), Some(tpm)) => Ok(Some(LimiterConfig::new(rpm, tpm))),
+        (None, Some(_)) => Err(ConfigError::Missing("LANES_LLM_RPM")),
+        (Some(_), None) => Err(ConfigError::Missing("LANES_LLM_TPM")),
+    }
+}
+
+#[cfg(test)]
+mod limited_tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::domain::Kind;
+    use crate::llm::OfflineProvider;
+    use crate::ports::{LlmClient, LlmError, LlmRequest};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn calls_within_budget_pass_and_the_rest_are_handed_back_with_the_wait() {
+        // 6 rpm: interactive holds 4.2 requests, background 1.8 (lends 0.9 above its half).
+        let limiter =
+            Arc::new(MemoryLimiter::new(LimiterConfig::new(6.0, 1_000_000.0), Arc::new(SystemClock)));
+        let provider = Arc::new(OfflineProvider::new(|_| Duration::ZERO));
+        let client = Limited::new(provider.clone(), limiter, Duration::from_millis(200));
+        let request = LlmRequest {
+            lane: Lane::Interactive,
+            kind: Kind::Explain,
+            prompt: "x".into(),
+            target_files: vec![],
+            max_tokens: 10,
+        };
+        // Four from its own share, a fifth borrowed from the idle background's upper half.
+        for _ in 0..5 {
+            client.complete(&request).await.unwrap();
+        }
+        let started = std::time::Instant::now();
+        let Err(LlmError::Retryable { retry_after: Some(after), .. }) = client.complete(&request).await
+        else {
+            panic!("the sixth call must be handed back")
+        };
+        assert!(started.elapsed() < Duration::from_millis(100), "no wait past max_wait");
+        assert!(after > Duration::from_secs(5), "the hint is the real wait: {after:?}");
+        assert_eq!(provider.calls(), 5, "the provider never saw the throttled call");
+    }
+}

@@ -159,6 +159,8 @@ impl Local {
             Err(_) | Ok("offline") => Arc::new(OfflineProvider::new(|l| latency[l.index()])),
             Ok(_) => crate::llm::from_env(Duration::ZERO)?,
         };
+        let limiter = adapters.limiter(&crate::llm::limiter_name(), clock.clone())?;
+        let llm = crate::llm::limited(llm, limiter, Duration::from_secs(30));
         Ok(Self::with_adapters(opts, adapters, llm, clock))
     }
 

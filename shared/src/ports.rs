@@ -294,3 +294,10 @@ pub trait LlmClient: Send + Sync {
     /// Runs one completion. Dropping the future aborts the request.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
 }
+
+#[async_trait]
+impl<T: LlmClient + ?Sized> LlmClient for std::sync::Arc<T> {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        (**self).complete(request).await
+    }
+}

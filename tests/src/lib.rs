@@ -363,16 +363,22 @@ pub enum Backend {
 impl Stack {
     /// Starts the servers and `lanes dev` with `flags`.
     pub async fn start(backend: Backend, flags: &[&str]) -> Self {
+        Self::start_with_env(backend, flags, Vec::new()).await
+    }
+
+    /// Like [`Stack::start`], with extra environment for `lanes dev` (an LLM provider, limits).
+    pub async fn start_with_env(backend: Backend, flags: &[&str], extra_env: Vec<(String, String)>) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let data = dir.path().join("data");
         match backend {
             Backend::Embedded => {
-                Self { server: DevServer::start(&data, flags).await, moto: None, redis: None, _dir: dir }
+                let server = DevServer::start_with_env(&data, flags, extra_env).await;
+                Self { server, moto: None, redis: None, _dir: dir }
             }
             Backend::Aws => {
                 let moto = MotoServer::start();
                 let redis = RedisServer::start();
-                let env = [moto.env(), vec![("REDIS_URL".into(), redis.url())]].concat();
+                let env = [moto.env(), vec![("REDIS_URL".into(), redis.url())], extra_env].concat();
                 let mut args = vec!["--backend", "aws", "--create"];
                 args.extend_from_slice(flags);
                 let server = DevServer::start_with_env(&data, &args, env).await;

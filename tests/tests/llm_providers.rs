@@ -137,3 +137,64 @@ async fn a_slow_provider_times_out_as_retryable() {
     let e = client.complete(&request()).await.unwrap_err();
     assert!(matches!(&e, LlmError::Retryable { message, .. } if message.contains("timed out")), "{e}");
 }
+
+/// The whole flow on production adapters with a real HTTP provider (the mock) behind the shared
+/// Redis limiter: answers come from the provider, budget is taken and reconciled in Redis.
+#[tokio::test]
+async fn lanes_dev_on_aws_with_an_openai_compatible_provider_and_the_shared_limiter() {
+    use lanes_tests::{Backend, Stack};
+    let mock = MockLlm::start().await;
+    let env = [
+        ("LANES_LLM_PROVIDER", "openai".to_owned()),
+        ("LANES_LLM_MODEL", "gpt-test".to_owned()),
+        ("LANES_LLM_BASE_URL", format!("{}/v1", mock.url)),
+        ("LANES_LLM_RPM", "6000".to_owned()),
+        ("LANES_LLM_TPM", "1000000".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec();
+    mock.script([Scripted::Status(429, vec![("retry-after-ms", "50".into())])]);
+    let stack = Stack::start_with_env(Backend::Aws, &[], env).await;
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let body =
+            serde_json::json!({"project_id":"p","kind":"explain","prompt":format!("q{i}"),"target_files":[]});
+        let v: serde_json::Value = client
+            .post(format!("{}/v1/tasks", stack.server.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ids.push(v["task_id"].as_str().unwrap().to_owned());
+    }
+    for id in &ids {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v: serde_json::Value = reqwest::get(format!("{}/v1/tasks/{id}", stack.server.url))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if v["status"] == "COMPLETED" {
+                assert_eq!(
+                    (v["result"]["text"].as_str(), v["result"]["model"].as_str()),
+                    (Some("mock answer"), Some("gpt-test"))
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "{v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(mock.seen().len(), 11, "ten answers and one retried 429");
+    let limiter_calls = stack
+        .server
+        .metric("lanes_aws_requests_total{operation=\"EVALSHA limiter\",service=\"redis\"}")
+        .await;
+    assert!(limiter_calls >= 20.0, "budget taken and reconciled in Redis ({limiter_calls})");
+}

@@ -42,6 +42,28 @@ pub fn user_message(request: &crate::ports::LlmRequest) -> String {
     }
 }
 
+/// Puts the limiter (if any) in front of `llm`. A budget wait longer than `max_wait` hands the task
+/// back to its queue.
+pub fn limited(
+    llm: std::sync::Arc<dyn crate::ports::LlmClient>,
+    limiter: Option<std::sync::Arc<dyn crate::limiter::RateLimiter>>,
+    max_wait: std::time::Duration,
+) -> std::sync::Arc<dyn crate::ports::LlmClient> {
+    match limiter {
+        Some(limiter) => std::sync::Arc::new(crate::limiter::Limited::new(llm, limiter, max_wait)),
+        None => llm,
+    }
+}
+
+/// The limiter's name for the configured provider and model: one shared budget per model.
+pub fn limiter_name() -> String {
+    format!(
+        "{}:{}",
+        std::env::var("LANES_LLM_PROVIDER").unwrap_or_else(|_| "offline".into()),
+        std::env::var("LANES_LLM_MODEL").unwrap_or_default()
+    )
+}
+
 /// Chooses the provider from the environment, once per process:
 /// `LANES_LLM_PROVIDER` = `offline` (default) | `openai` | `anthropic`; `LANES_LLM_MODEL` (required for
 /// the HTTP providers); `LANES_LLM_BASE_URL` (defaults to the vendor's); `OPENAI_API_KEY` (optional, for
