@@ -52,12 +52,14 @@ pub struct LimiterConfig {
     pub interactive_share: f64,
     /// A bucket lends only what it holds above this fraction of its capacity.
     pub lend_above: f64,
+    /// The period the limits are per, in ms: 60000 for providers' per-minute limits; tests shorten it.
+    pub window_ms: f64,
 }
 
 impl LimiterConfig {
     /// Limits with the default 70/30 reservation.
     pub fn new(rpm: f64, tpm: f64) -> Self {
-        Self { rpm, tpm, interactive_share: 0.7, lend_above: 0.5 }
+        Self { rpm, tpm, interactive_share: 0.7, lend_above: 0.5, window_ms: 60_000.0 }
     }
 
     /// Capacities of the four buckets: requests (interactive, background), tokens (same order).
@@ -96,7 +98,7 @@ fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
     let caps = config.caps();
     let elapsed = now_ms.saturating_sub(state.at_ms) as f64;
     for (level, cap) in state.levels.iter_mut().zip(caps) {
-        *level = (*level + elapsed * cap / 60_000.0).min(cap);
+        *level = (*level + elapsed * cap / config.window_ms).min(cap);
     }
     state.at_ms = state.at_ms.max(now_ms);
 }
@@ -132,9 +134,9 @@ pub fn decide(
             takes[other] = need_now - have;
             continue;
         }
-        let rate = caps[own] / 60_000.0;
+        let rate = caps[own] / config.window_ms;
         let missing = need_now - state.levels[own];
-        wait_ms = wait_ms.max(if rate > 0.0 { missing / rate } else { 60_000.0 });
+        wait_ms = wait_ms.max(if rate > 0.0 { missing / rate } else { config.window_ms });
     }
     if wait_ms > 0.0 {
         return Decision::Wait(Duration::from_millis(wait_ms.ceil() as u64));
@@ -193,11 +195,11 @@ impl RateLimiter for MemoryLimiter {
 
 /// [`decide`] and [`reconcile`] as one Lua script over one hash key, so every worker shares the
 /// buckets atomically. ARGV: op (`take`/`put`), now_ms, class (0/1), tokens, estimated, rpm, tpm,
-/// interactive share, lend_above. Returns the wait in ms (0 = granted).
+/// interactive share, lend_above, window_ms. Returns the wait in ms (0 = granted).
 const LIMITER_LUA: &str = r"
 local k = KEYS[1]
 local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local rpm, tpm, share, lend = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local rpm, tpm, share, lend, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local caps = {rpm * share, rpm * (1 - share), tpm * share, tpm * (1 - share)}
 local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at')
 local levels, at = {}, tonumber(raw[5])
@@ -208,7 +210,7 @@ else
   for i = 1, 4 do levels[i] = tonumber(raw[i]) end
 end
 local elapsed = math.max(0, now - at)
-for i = 1, 4 do levels[i] = math.min(levels[i] + elapsed * caps[i] / 60000, caps[i]) end
+for i = 1, 4 do levels[i] = math.min(levels[i] + elapsed * caps[i] / window, caps[i]) end
 at = math.max(at, now)
 local wait = 0
 if op == 'put' then
@@ -230,8 +232,8 @@ else
         takes[own] = have + (need - need_now)
         takes[other] = need_now - have
       else
-        local rate = caps[own] / 60000
-        local w = 60000
+        local rate = caps[own] / window
+        local w = window
         if rate > 0 then w = (need_now - levels[own]) / rate end
         wait = math.max(wait, w)
       end
@@ -242,7 +244,7 @@ else
   end
 end
 redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at))
-redis.call('PEXPIRE', k, 120000)
+redis.call('PEXPIRE', k, math.ceil(2 * window))
 return math.ceil(wait)
 ";
 
@@ -283,6 +285,7 @@ impl RedisLimiter {
             .arg(c.tpm)
             .arg(c.interactive_share)
             .arg(c.lend_above)
+            .arg(c.window_ms)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
@@ -313,7 +316,7 @@ pub fn simulate(
     let mut now = 0u64;
     let mut got = [0u64; 2];
     let mut next = [0u64; 2];
-    let end = minutes * 60_000;
+    let end = (minutes as f64 * config.window_ms) as u64;
     while now < end {
         for (i, class) in [Class::Interactive, Class::Background].into_iter().enumerate() {
             if !active[i] || next[i] > now {

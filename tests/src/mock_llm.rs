@@ -1,6 +1,7 @@
 //! A mock LLM provider on loopback speaking the OpenAI chat-completions and Anthropic Messages shapes.
-//! It answers from a script (statuses with headers, slow answers) and then normally, and records every
-//! request it got.
+//! It answers from a script (statuses with headers, slow answers) and then normally, records every
+//! request it got, and can enforce its own requests/tokens per window like a provider, answering 429
+//! with `retry-after-ms` when a request would exceed them.
 
 use axum::Json;
 use axum::extract::State;
@@ -32,10 +33,70 @@ pub struct Seen {
     pub body: Value,
 }
 
+/// A provider's own limits: requests and tokens per window, as continuously refilled buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct MockLimits {
+    /// Requests per window.
+    pub rpm: f64,
+    /// Tokens (prompt + completion) per window.
+    pub tpm: f64,
+    /// The window.
+    pub window: Duration,
+}
+
+struct Buckets {
+    limits: MockLimits,
+    levels: [f64; 2],
+    at: std::time::Instant,
+}
+
+/// What the mock's limiter saw.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MockUsage {
+    /// Requests answered.
+    pub served: u64,
+    /// Tokens answered.
+    pub tokens: u64,
+    /// Requests refused with 429 for exceeding the limits.
+    pub throttled: u64,
+}
+
 #[derive(Default)]
 struct MockState {
     script: Mutex<VecDeque<Scripted>>,
     seen: Mutex<Vec<Seen>>,
+    buckets: Mutex<Option<Buckets>>,
+    usage: Mutex<MockUsage>,
+}
+
+impl MockState {
+    /// Charges one request of `tokens`; `Err(wait)` when it would exceed the limits.
+    fn charge(&self, tokens: u64) -> Result<(), Duration> {
+        let mut guard = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = guard.as_mut() {
+            let now = std::time::Instant::now();
+            let window = b.limits.window.as_secs_f64();
+            let elapsed = now.duration_since(b.at).as_secs_f64();
+            let caps = [b.limits.rpm, b.limits.tpm];
+            for (level, cap) in b.levels.iter_mut().zip(caps) {
+                *level = (*level + elapsed * cap / window).min(cap);
+            }
+            b.at = now;
+            let need = [1.0, tokens as f64];
+            if b.levels[0] < need[0] || b.levels[1] < need[1] {
+                usage.throttled += 1;
+                let wait =
+                    (0..2).map(|i| (need[i] - b.levels[i]).max(0.0) / (caps[i] / window)).fold(0.0, f64::max);
+                return Err(Duration::from_secs_f64(wait));
+            }
+            b.levels[0] -= need[0];
+            b.levels[1] -= need[1];
+        }
+        usage.served += 1;
+        usage.tokens += tokens;
+        Ok(())
+    }
 }
 
 /// The running mock.
@@ -61,6 +122,19 @@ impl MockLlm {
             let _ = axum::serve(listener, app).await;
         });
         Self { url, state, task }
+    }
+
+    /// Starts on a free loopback port, enforcing `limits` (buckets start full, as a provider's do).
+    pub async fn start_limited(limits: MockLimits) -> Self {
+        let mock = Self::start().await;
+        *mock.state.buckets.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Buckets { limits, levels: [limits.rpm, limits.tpm], at: std::time::Instant::now() });
+        mock
+    }
+
+    /// Requests and tokens served, requests throttled.
+    pub fn usage(&self) -> MockUsage {
+        *self.state.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Queues scripted answers.
@@ -108,6 +182,16 @@ async fn record_and_script(
     }
 }
 
+fn throttled(wait: Duration) -> Response {
+    let mut resp =
+        (StatusCode::TOO_MANY_REQUESTS, Json(json!({"error": {"message": "rate limit exceeded"}})))
+            .into_response();
+    if let Ok(v) = (wait.as_millis() as u64 + 1).to_string().parse() {
+        resp.headers_mut().insert("retry-after-ms", v);
+    }
+    resp
+}
+
 fn tokens(s: &str) -> u64 {
     s.len().div_ceil(4) as u64
 }
@@ -122,6 +206,9 @@ async fn openai(
     }
     let prompt: String =
         body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_str()).collect();
+    if let Err(wait) = state.charge(tokens(&prompt) + 2) {
+        return throttled(wait);
+    }
     Json(json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
@@ -149,6 +236,9 @@ async fn anthropic(
         body["system"].as_str().unwrap_or(""),
         body["messages"][0]["content"].as_str().unwrap_or("")
     );
+    if let Err(wait) = state.charge(tokens(&prompt) + 2) {
+        return throttled(wait);
+    }
     Json(json!({
         "id": "msg_mock",
         "type": "message",

@@ -198,3 +198,128 @@ async fn lanes_dev_on_aws_with_an_openai_compatible_provider_and_the_shared_limi
         .await;
     assert!(limiter_calls >= 20.0, "budget taken and reconciled in Redis ({limiter_calls})");
 }
+
+mod under_provider_limits {
+    use super::*;
+    use lanes_core::clock::SystemClock;
+    use lanes_core::limiter::{Limited, LimiterConfig, MemoryLimiter, RateLimiter};
+    use lanes_tests::mock_llm::MockLimits;
+    use std::sync::Arc;
+
+    // Limits per one-second window so the run takes seconds, not minutes; the algorithm is the same.
+    const RPM: f64 = 400.0;
+    const TPM: f64 = 40_000.0;
+
+    async fn setup() -> (MockLlm, Arc<Limited<OpenAiClient>>) {
+        let mock =
+            MockLlm::start_limited(MockLimits { rpm: RPM, tpm: TPM, window: Duration::from_secs(1) }).await;
+        let config = LimiterConfig { window_ms: 1_000.0, ..LimiterConfig::new(RPM, TPM) };
+        let limiter: Arc<dyn RateLimiter> = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
+        let provider =
+            OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap();
+        (mock, Arc::new(Limited::new(provider, limiter, Duration::from_secs(10))))
+    }
+
+    fn call(lane: Lane, i: usize) -> LlmRequest {
+        LlmRequest {
+            lane,
+            kind: if lane == Lane::Interactive { Kind::Explain } else { Kind::Refactor },
+            prompt: "x".repeat(200 + (i * 397) % 1800), // 50 to 500 tokens, mixed
+            target_files: vec![],
+            max_tokens: 16,
+        }
+    }
+
+    /// Eight workers (five interactive, three background) running until `until`, or for `count` calls
+    /// each; returns (lane, tokens, finished at) per call.
+    async fn run(
+        client: &Arc<Limited<OpenAiClient>>,
+        lanes: &[Lane],
+        count: usize,
+        until: Instant,
+    ) -> Vec<(Lane, u64, Instant)> {
+        let mut handles = Vec::new();
+        for (w, &lane) in lanes.iter().enumerate() {
+            let client = client.clone();
+            handles.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                for i in 0..count {
+                    if Instant::now() >= until {
+                        break;
+                    }
+                    let r = client.complete(&call(lane, w * 1000 + i)).await.unwrap();
+                    out.push((lane, r.usage.prompt + r.usage.completion, Instant::now()));
+                }
+                out
+            }));
+        }
+        let mut all = Vec::new();
+        for h in handles {
+            all.extend(h.await.unwrap());
+        }
+        all
+    }
+
+    const MIXED: [Lane; 8] = [
+        Lane::Interactive,
+        Lane::Interactive,
+        Lane::Interactive,
+        Lane::Interactive,
+        Lane::Interactive,
+        Lane::Synthesis,
+        Lane::Synthesis,
+        Lane::Commits,
+    ];
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_mixed_requests_from_eight_workers_get_no_429_and_use_the_budget() {
+        let (mock, client) = setup().await;
+        let started = Instant::now();
+        let calls = run(&client, &MIXED, 125, started + Duration::from_secs(120)).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        let usage = mock.usage();
+        assert_eq!(calls.len(), 1000);
+        assert_eq!(usage.throttled, 0, "no request over the provider's limits");
+        let throughput = usage.tokens as f64 / elapsed;
+        eprintln!(
+            "1000 requests, 8 workers: {} tokens in {elapsed:.2} s = {throughput:.0}/s against a limit of {TPM}/s ({:.0}%), 0 x 429",
+            usage.tokens,
+            100.0 * throughput / TPM
+        );
+        assert!(throughput >= 0.9 * TPM, "throughput {throughput:.0}/s");
+    }
+
+    /// Tokens per lane class finished after the first window (the initial full buckets left out).
+    fn steady(calls: &[(Lane, u64, Instant)], from: Instant) -> (u64, u64) {
+        calls
+            .iter()
+            .filter(|c| c.2 >= from)
+            .fold((0, 0), |(i, b), c| if c.0 == Lane::Interactive { (i + c.1, b) } else { (i, b + c.1) })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reservations_hold_under_saturation_and_idle_share_is_lent() {
+        let (mock, client) = setup().await;
+        let t0 = Instant::now();
+        let calls = run(&client, &MIXED, usize::MAX, t0 + Duration::from_secs(4)).await;
+        let (i, b) = steady(&calls, t0 + Duration::from_secs(1));
+        let share = i as f64 / (i + b) as f64;
+        assert_eq!(mock.usage().throttled, 0);
+
+        let (mock, client) = setup().await;
+        let t1 = Instant::now();
+        let background_only = [Lane::Synthesis, Lane::Synthesis, Lane::Synthesis, Lane::Commits];
+        let calls = run(&client, &background_only, usize::MAX, t1 + Duration::from_secs(4)).await;
+        let last = calls.iter().map(|c| c.2).max().unwrap();
+        let (_, alone) = steady(&calls, t1 + Duration::from_secs(1));
+        let rate = alone as f64 / last.duration_since(t1 + Duration::from_secs(1)).as_secs_f64();
+        eprintln!(
+            "both saturated: interactive {:.1}% of tokens; interactive idle: background {:.1}% of the limit",
+            share * 100.0,
+            100.0 * rate / TPM
+        );
+        assert!(share >= 0.65, "interactive share {share:.3}");
+        assert!(rate >= 0.9 * TPM, "background alone {rate:.0}/s");
+        assert_eq!(mock.usage().throttled, 0);
+    }
+}
