@@ -88,18 +88,18 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
-    /// The RPM/TPM limiter's lane reservations on a simulated clock (the algorithm the Redis script
-    /// and the in-process limiter share): both lanes saturated, then interactive idle.
+    /// The RPM/TPM limiter against the provider emulator on loopback, which enforces the same limits
+    /// per one-second window and answers 429 past them: 429s, throughput, and the 70/30 reservation.
     Limiter {
-        /// Requests per minute.
-        #[arg(long, default_value_t = 500.0)]
+        /// Requests per (one-second) window.
+        #[arg(long, default_value_t = 400.0)]
         rpm: f64,
-        /// Tokens per minute.
-        #[arg(long, default_value_t = 200_000.0)]
+        /// Tokens per (one-second) window.
+        #[arg(long, default_value_t = 40_000.0)]
         tpm: f64,
-        /// Simulated minutes per scenario.
-        #[arg(long, default_value_t = 30)]
-        minutes: u64,
+        /// Requests in the throughput run (eight workers).
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -164,48 +164,32 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|e| format!("cannot reach {url}: {e}"))?;
             print_response(resp).await
         }
-        Command::Bench { what: Bench::Limiter { rpm, tpm, minutes, json } } => {
-            use lanes_core::limiter::{LimiterConfig, simulate};
-            let config = LimiterConfig::new(rpm, tpm);
-            let calls = [600, 2_400]; // interactive and background tokens per call
-            let both = simulate(config, minutes, calls, [true, true]);
-            let idle = simulate(config, minutes, calls, [false, true]);
-            let mins = minutes as f64;
-            let interactive_share = both[0] as f64 / (both[0] + both[1]).max(1) as f64;
-            let saturated_tpm = (both[0] + both[1]) as f64 / mins / tpm;
-            let background_alone = idle[1] as f64 / mins / tpm;
-            let cmd = format!("lanes bench limiter --rpm {rpm} --tpm {tpm} --minutes {minutes}");
+        Command::Bench { what: Bench::Limiter { rpm, tpm, requests, json } } => {
+            let r = lanes_core::bench::limiter_report(rpm, tpm, requests).await?;
             if json {
-                let report = serde_json::json!({
-                    "command": cmd, "rpm": rpm, "tpm": tpm, "minutes": minutes,
-                    "both_saturated": {"interactive_tokens": both[0], "background_tokens": both[1],
-                                       "interactive_share": interactive_share, "throughput_of_tpm": saturated_tpm},
-                    "interactive_idle": {"background_tokens": idle[1], "background_share_of_tpm": background_alone},
-                });
-                println!("{report}");
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
             } else {
-                println!("limiter reservations, simulated clock ({cmd})");
-                println!("{:<34} {:>12} {:>12} {:>10}", "scenario", "interactive", "background", "of TPM");
+                println!("LLM limiter against the provider emulator ({})", r.command);
+                println!("{:<58} {:>10}", "measure", "value");
                 println!(
-                    "{:<34} {:>12} {:>12} {:>9.1}%",
-                    "both lanes saturated",
-                    both[0],
-                    both[1],
-                    saturated_tpm * 100.0
+                    "{:<58} {:>10}",
+                    format!("{} requests from {} workers: 429 answers", r.requests, r.workers),
+                    r.throttled
                 );
                 println!(
-                    "{:<34} {:>12} {:>12} {:>9.1}%",
-                    "interactive idle",
-                    idle[0],
-                    idle[1],
-                    background_alone * 100.0
+                    "{:<58} {:>9.1}%",
+                    "token throughput, of the limit (initial buckets included)",
+                    r.throughput_of_limit * 100.0
                 );
                 println!(
-                    "interactive share when both saturated: {:.1}% (reserved 70%)",
-                    interactive_share * 100.0
+                    "{:<58} {:>9.1}%",
+                    "both lanes saturated: interactive share (reserved 70%)",
+                    r.interactive_share_saturated * 100.0
                 );
                 println!(
-                    "(throughput includes the buckets' initial fill: one minute of budget over the run)"
+                    "{:<58} {:>9.1}%",
+                    "interactive idle: background throughput, of the limit",
+                    r.background_alone_of_limit * 100.0
                 );
             }
             Ok(())

@@ -28,6 +28,7 @@
 
 pub mod adapters;
 pub mod backend;
+pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod domain;

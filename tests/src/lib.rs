@@ -3,7 +3,10 @@
 //! It also runs real `redis-server` and `moto_server` (SQS and DynamoDB emulation) on free loopback
 //! ports, each stopped when its handle drops. `make test` installs both first (`scripts/test-deps.sh`).
 
-pub mod mock_llm;
+/// The provider emulator, re-exported for the tests.
+pub mod mock_llm {
+    pub use lanes_core::llm::mock::*;
+}
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -31,7 +31,7 @@ fn fast() -> RetryPolicy {
 
 #[tokio::test]
 async fn openai_shape_usage_and_auth() {
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     let client = OpenAiClient::new(
         &format!("{}/v1", mock.url),
         "gpt-test",
@@ -51,7 +51,7 @@ async fn openai_shape_usage_and_auth() {
 
 #[tokio::test]
 async fn anthropic_shape_usage_and_headers() {
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     let client =
         AnthropicClient::new(&mock.url, "claude-test", "key".into(), Duration::from_secs(5)).unwrap();
     let r = client.complete(&request()).await.unwrap();
@@ -64,7 +64,7 @@ async fn anthropic_shape_usage_and_headers() {
 
 #[tokio::test]
 async fn throttles_and_server_errors_are_retried_honouring_the_hint() {
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     mock.script([
         Scripted::Status(429, vec![("retry-after-ms", "150".into())]),
         Scripted::Status(500, vec![]),
@@ -83,7 +83,7 @@ async fn throttles_and_server_errors_are_retried_honouring_the_hint() {
 
 #[tokio::test]
 async fn client_errors_are_never_retried() {
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     for code in [400, 401, 403, 404] {
         mock.script([Scripted::Status(code, vec![])]);
     }
@@ -100,7 +100,7 @@ async fn client_errors_are_never_retried() {
 
 #[tokio::test]
 async fn a_storm_is_bounded_and_overlong_hints_hand_the_task_back() {
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     mock.script((0..10).map(|_| Scripted::Status(529, vec![])));
     let client = Retrying::new(
         AnthropicClient::new(&mock.url, "m", "k".into(), Duration::from_secs(5)).unwrap(),
@@ -109,7 +109,7 @@ async fn a_storm_is_bounded_and_overlong_hints_hand_the_task_back() {
     assert!(matches!(client.complete(&request()).await, Err(LlmError::Retryable { .. })));
     assert_eq!(mock.seen().len(), 4, "max_attempts");
 
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     let reset = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + Duration::from_secs(120))
         .to_string();
     mock.script([Scripted::Status(429, vec![("anthropic-ratelimit-tokens-reset", reset)])]);
@@ -130,7 +130,7 @@ async fn a_storm_is_bounded_and_overlong_hints_hand_the_task_back() {
 
 #[tokio::test]
 async fn a_slow_provider_times_out_as_retryable() {
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     mock.script([Scripted::Slow(Duration::from_secs(3))]);
     let client =
         OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_millis(300)).unwrap();
@@ -143,7 +143,7 @@ async fn a_slow_provider_times_out_as_retryable() {
 #[tokio::test]
 async fn lanes_dev_on_aws_with_an_openai_compatible_provider_and_the_shared_limiter() {
     use lanes_tests::{Backend, Stack};
-    let mock = MockLlm::start().await;
+    let mock = MockLlm::start().await.unwrap();
     let env = [
         ("LANES_LLM_PROVIDER", "openai".to_owned()),
         ("LANES_LLM_MODEL", "gpt-test".to_owned()),
@@ -201,81 +201,17 @@ async fn lanes_dev_on_aws_with_an_openai_compatible_provider_and_the_shared_limi
 
 mod under_provider_limits {
     use super::*;
-    use lanes_core::clock::SystemClock;
-    use lanes_core::limiter::{Limited, LimiterConfig, MemoryLimiter, RateLimiter};
-    use lanes_tests::mock_llm::MockLimits;
-    use std::sync::Arc;
+    use lanes_core::bench::{MIXED, limited_setup, run_workers, steady};
 
     // Limits per one-second window so the run takes seconds, not minutes; the algorithm is the same.
     const RPM: f64 = 400.0;
     const TPM: f64 = 40_000.0;
 
-    async fn setup() -> (MockLlm, Arc<Limited<OpenAiClient>>) {
-        let mock =
-            MockLlm::start_limited(MockLimits { rpm: RPM, tpm: TPM, window: Duration::from_secs(1) }).await;
-        let config = LimiterConfig { window_ms: 1_000.0, ..LimiterConfig::new(RPM, TPM) };
-        let limiter: Arc<dyn RateLimiter> = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
-        let provider =
-            OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap();
-        (mock, Arc::new(Limited::new(provider, limiter, Duration::from_secs(10))))
-    }
-
-    fn call(lane: Lane, i: usize) -> LlmRequest {
-        LlmRequest {
-            lane,
-            kind: if lane == Lane::Interactive { Kind::Explain } else { Kind::Refactor },
-            prompt: "x".repeat(200 + (i * 397) % 1800), // 50 to 500 tokens, mixed
-            target_files: vec![],
-            max_tokens: 16,
-        }
-    }
-
-    /// Eight workers (five interactive, three background) running until `until`, or for `count` calls
-    /// each; returns (lane, tokens, finished at) per call.
-    async fn run(
-        client: &Arc<Limited<OpenAiClient>>,
-        lanes: &[Lane],
-        count: usize,
-        until: Instant,
-    ) -> Vec<(Lane, u64, Instant)> {
-        let mut handles = Vec::new();
-        for (w, &lane) in lanes.iter().enumerate() {
-            let client = client.clone();
-            handles.push(tokio::spawn(async move {
-                let mut out = Vec::new();
-                for i in 0..count {
-                    if Instant::now() >= until {
-                        break;
-                    }
-                    let r = client.complete(&call(lane, w * 1000 + i)).await.unwrap();
-                    out.push((lane, r.usage.prompt + r.usage.completion, Instant::now()));
-                }
-                out
-            }));
-        }
-        let mut all = Vec::new();
-        for h in handles {
-            all.extend(h.await.unwrap());
-        }
-        all
-    }
-
-    const MIXED: [Lane; 8] = [
-        Lane::Interactive,
-        Lane::Interactive,
-        Lane::Interactive,
-        Lane::Interactive,
-        Lane::Interactive,
-        Lane::Synthesis,
-        Lane::Synthesis,
-        Lane::Commits,
-    ];
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_thousand_mixed_requests_from_eight_workers_get_no_429_and_use_the_budget() {
-        let (mock, client) = setup().await;
+        let (mock, client) = limited_setup(RPM, TPM).await.unwrap();
         let started = Instant::now();
-        let calls = run(&client, &MIXED, 125, started + Duration::from_secs(120)).await;
+        let calls = run_workers(client, &MIXED, 125, started + Duration::from_secs(120)).await.unwrap();
         let elapsed = started.elapsed().as_secs_f64();
         let usage = mock.usage();
         assert_eq!(calls.len(), 1000);
@@ -289,28 +225,21 @@ mod under_provider_limits {
         assert!(throughput >= 0.9 * TPM, "throughput {throughput:.0}/s");
     }
 
-    /// Tokens per lane class finished after the first window (the initial full buckets left out).
-    fn steady(calls: &[(Lane, u64, Instant)], from: Instant) -> (u64, u64) {
-        calls
-            .iter()
-            .filter(|c| c.2 >= from)
-            .fold((0, 0), |(i, b), c| if c.0 == Lane::Interactive { (i + c.1, b) } else { (i, b + c.1) })
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reservations_hold_under_saturation_and_idle_share_is_lent() {
-        let (mock, client) = setup().await;
+        let (mock, client) = limited_setup(RPM, TPM).await.unwrap();
         let t0 = Instant::now();
-        let calls = run(&client, &MIXED, usize::MAX, t0 + Duration::from_secs(4)).await;
+        let calls = run_workers(client, &MIXED, usize::MAX, t0 + Duration::from_secs(4)).await.unwrap();
         let (i, b) = steady(&calls, t0 + Duration::from_secs(1));
         let share = i as f64 / (i + b) as f64;
         assert_eq!(mock.usage().throttled, 0);
 
-        let (mock, client) = setup().await;
+        let (mock, client) = limited_setup(RPM, TPM).await.unwrap();
         let t1 = Instant::now();
         let background_only = [Lane::Synthesis, Lane::Synthesis, Lane::Synthesis, Lane::Commits];
-        let calls = run(&client, &background_only, usize::MAX, t1 + Duration::from_secs(4)).await;
-        let last = calls.iter().map(|c| c.2).max().unwrap();
+        let calls =
+            run_workers(client, &background_only, usize::MAX, t1 + Duration::from_secs(4)).await.unwrap();
+        let last = calls.iter().map(|c| c.at).max().unwrap();
         let (_, alone) = steady(&calls, t1 + Duration::from_secs(1));
         let rate = alone as f64 / last.duration_since(t1 + Duration::from_secs(1)).as_secs_f64();
         eprintln!(

@@ -4,6 +4,7 @@
 //! backoff honouring the provider's reset headers, bounded attempts).
 
 mod anthropic;
+pub mod mock;
 mod offline;
 mod openai;
 pub mod retry;

@@ -1,4 +1,6 @@
-//! A mock LLM provider on loopback speaking the OpenAI chat-completions and Anthropic Messages shapes.
+//! A provider emulator on loopback speaking the OpenAI chat-completions and Anthropic Messages shapes,
+//! for tests and for `lanes bench limiter` (which must measure against something that enforces limits
+//! like a provider, offline).
 //! It answers from a script (statuses with headers, slow answers) and then normally, records every
 //! request it got, and can enforce its own requests/tokens per window like a provider, answering 429
 //! with `retry-after-ms` when a request would exceed them.
@@ -109,7 +111,7 @@ pub struct MockLlm {
 
 impl MockLlm {
     /// Starts on a free loopback port.
-    pub async fn start() -> Self {
+    pub async fn start() -> std::io::Result<Self> {
         let state = Arc::new(MockState::default());
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(openai))
@@ -121,15 +123,15 @@ impl MockLlm {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { url, state, task }
+        Ok(Self { url, state, task })
     }
 
     /// Starts on a free loopback port, enforcing `limits` (buckets start full, as a provider's do).
-    pub async fn start_limited(limits: MockLimits) -> Self {
-        let mock = Self::start().await;
+    pub async fn start_limited(limits: MockLimits) -> std::io::Result<Self> {
+        let mock = Self::start().await?;
         *mock.state.buckets.lock().unwrap_or_else(|e| e.into_inner()) =
             Some(Buckets { limits, levels: [limits.rpm, limits.tpm], at: std::time::Instant::now() });
-        mock
+        Ok(mock)
     }
 
     /// Requests and tokens served, requests throttled.
