@@ -141,7 +141,7 @@ impl WorkerFunction {
         config.validate()?;
         let adapters = adapters_from_env("worker", &[lane]).await?;
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
-        let llm = crate::llm::from_env(latency)?;
+        let llm = crate::llm::from_env(latency).await?;
         // A budget wait is bounded well inside the lease; longer ones go back to the queue.
         let limiter = adapters.limiter(&crate::llm::limiter_name(), Arc::new(SystemClock))?;
         let llm = crate::llm::limited(llm, limiter, Duration::from_secs(20));

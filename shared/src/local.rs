@@ -157,7 +157,7 @@ impl Local {
         let latency = opts.offline_latency;
         let llm: Arc<dyn LlmClient> = match std::env::var("LANES_LLM_PROVIDER").as_deref() {
             Err(_) | Ok("offline") => Arc::new(OfflineProvider::new(|l| latency[l.index()])),
-            Ok(_) => crate::llm::from_env(Duration::ZERO)?,
+            Ok(_) => crate::llm::from_env(Duration::ZERO).await?,
         };
         let limiter = adapters.limiter(&crate::llm::limiter_name(), clock.clone())?;
         let llm = crate::llm::limited(llm, limiter, Duration::from_secs(30));

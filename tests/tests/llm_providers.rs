@@ -252,3 +252,75 @@ mod under_provider_limits {
         assert_eq!(mock.usage().throttled, 0);
     }
 }
+
+mod bedrock_and_secrets {
+    use super::*;
+    use lanes_core::adapters::{AwsSettings, sdk_config};
+    use lanes_core::llm::BedrockClient;
+    use lanes_tests::MotoServer;
+
+    async fn client(mock: &MockLlm) -> BedrockClient {
+        let settings = AwsSettings {
+            endpoint: Some(mock.url.clone()),
+            region: Some("us-east-1".into()),
+            static_credentials: Some(("AKIDTEST".into(), "secret".into())),
+        };
+        BedrockClient::new(&sdk_config(&settings).await, "anthropic.claude-test-v1:0")
+    }
+
+    #[tokio::test]
+    async fn converse_against_a_recorded_response_on_loopback() {
+        let mock = MockLlm::start().await.unwrap();
+        let r = client(&mock).await.complete(&request()).await.unwrap();
+        assert_eq!(r.text, "main parses the command line, reads the config and starts the HTTP server.");
+        assert_eq!((r.usage.prompt, r.usage.completion), (41, 15));
+        let seen = mock.seen();
+        assert_eq!(seen[0].path, "/converse");
+        assert!(
+            seen[0].headers["authorization"].to_str().unwrap().starts_with("AWS4-HMAC-SHA256"),
+            "SigV4-signed"
+        );
+        assert_eq!(seen[0].body["inferenceConfig"]["maxTokens"], 64);
+        assert!(seen[0].body["system"][0]["text"].as_str().unwrap().starts_with("Explain"));
+        assert!(seen[0].body["messages"][0]["content"][0]["text"].as_str().unwrap().contains("src/main.rs"));
+    }
+
+    #[tokio::test]
+    async fn bedrock_errors_carry_retry_intent_and_are_retried_once_by_us() {
+        let mock = MockLlm::start().await.unwrap();
+        mock.script([Scripted::Status(429, vec![]), Scripted::Status(400, vec![])]);
+        let c = client(&mock).await;
+        assert!(
+            matches!(c.complete(&request()).await, Err(LlmError::Retryable { message, .. }) if message.contains("ThrottlingException"))
+        );
+        assert!(
+            matches!(c.complete(&request()).await, Err(LlmError::Permanent(m)) if m.contains("ValidationException"))
+        );
+        assert_eq!(mock.seen().len(), 2, "the SDK's own retries are off: one request per call");
+        mock.script([Scripted::Status(503, vec![])]);
+        let retrying = Retrying::new(c, fast());
+        assert_eq!(retrying.complete(&request()).await.unwrap().usage.completion, 15);
+        assert_eq!(mock.seen().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn api_keys_come_from_secrets_manager() {
+        let moto = MotoServer::start();
+        let sdk = sdk_config(&moto.aws_settings()).await;
+        let sm = aws_sdk_secretsmanager::Client::new(&sdk);
+        sm.create_secret().name("lanes/openai").secret_string("sk-plain").send().await.unwrap();
+        sm.create_secret()
+            .name("lanes/anthropic")
+            .secret_string(r#"{"api_key":"sk-json"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(lanes_core::llm::fetch_secret(&sm, "lanes/openai").await.unwrap(), "sk-plain");
+        assert_eq!(lanes_core::llm::fetch_secret(&sm, "lanes/anthropic").await.unwrap(), "sk-json");
+        let missing = lanes_core::llm::fetch_secret(&sm, "lanes/none").await.unwrap_err().to_string();
+        assert!(
+            missing.contains("LANES_LLM_API_KEY_SECRET") && missing.contains("ResourceNotFound"),
+            "{missing}"
+        );
+    }
+}

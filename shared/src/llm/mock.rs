@@ -116,6 +116,7 @@ impl MockLlm {
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
+            .route("/model/{model}/converse", post(converse))
             .with_state(state.clone());
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
@@ -251,4 +252,34 @@ async fn anthropic(
         "usage": {"input_tokens": tokens(&prompt), "output_tokens": 2}
     }))
     .into_response()
+}
+
+/// A Converse response as Bedrock returns it (recorded shape, in `events/`).
+pub const RECORDED_CONVERSE: &str = include_str!("../../../events/bedrock-converse-response.json");
+
+async fn converse(
+    State(state): State<Arc<MockState>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if headers.get("authorization").is_none() {
+        return (StatusCode::FORBIDDEN, Json(json!({"message": "missing signature"}))).into_response();
+    }
+    if let Some(r) = record_and_script(&state, "/converse", headers, body).await {
+        // Bedrock names the error in a header; the SDK maps it to the operation's error variant.
+        let (mut parts, b) = r.into_parts();
+        let kind = match parts.status.as_u16() {
+            429 => "ThrottlingException",
+            400 => "ValidationException",
+            403 => "AccessDeniedException",
+            503 => "ServiceUnavailableException",
+            _ => "InternalServerException",
+        };
+        if let Ok(v) = kind.parse() {
+            parts.headers.insert("x-amzn-errortype", v);
+        }
+        return Response::from_parts(parts, b);
+    }
+    let recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
+    Json(recorded).into_response()
 }

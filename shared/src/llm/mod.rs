@@ -4,12 +4,14 @@
 //! backoff honouring the provider's reset headers, bounded attempts).
 
 mod anthropic;
+mod bedrock;
 pub mod mock;
 mod offline;
 mod openai;
 pub mod retry;
 
 pub use anthropic::AnthropicClient;
+pub use bedrock::BedrockClient;
 pub use offline::{OFFLINE_MODEL, OfflineProvider};
 pub use openai::OpenAiClient;
 pub use retry::{RetryPolicy, Retrying};
@@ -65,12 +67,36 @@ pub fn limiter_name() -> String {
     )
 }
 
+/// Reads an API key from AWS Secrets Manager (a plain string secret, or JSON with an `api_key` field).
+pub async fn fetch_secret(
+    client: &aws_sdk_secretsmanager::Client,
+    secret_id: &str,
+) -> Result<String, crate::config::ConfigError> {
+    use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
+    crate::metrics::aws_request("secretsmanager", "GetSecretValue");
+    let invalid =
+        |reason: String| crate::config::ConfigError::Invalid { name: "LANES_LLM_API_KEY_SECRET", reason };
+    let out = client.get_secret_value().secret_id(secret_id).send().await.map_err(|e| {
+        invalid(format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default()))
+    })?;
+    let raw = out.secret_string().ok_or_else(|| invalid("the secret has no string value".into()))?;
+    match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(serde_json::Value::Object(m)) => m
+            .get("api_key")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| invalid("the JSON secret has no `api_key` string".into())),
+        _ => Ok(raw.trim().to_owned()),
+    }
+}
+
 /// Chooses the provider from the environment, once per process:
-/// `LANES_LLM_PROVIDER` = `offline` (default) | `openai` | `anthropic`; `LANES_LLM_MODEL` (required for
-/// the HTTP providers); `LANES_LLM_BASE_URL` (defaults to the vendor's); `OPENAI_API_KEY` (optional, for
-/// vLLM/Ollama) or `ANTHROPIC_API_KEY`; `LANES_LLM_TIMEOUT_MS` (default 120000). HTTP providers are
-/// wrapped in [`Retrying`] with the default [`RetryPolicy`].
-pub fn from_env(
+/// `LANES_LLM_PROVIDER` = `offline` (default) | `openai` | `anthropic` | `bedrock`; `LANES_LLM_MODEL`
+/// (required but for offline; the model id for Bedrock); `LANES_LLM_BASE_URL` (defaults to the
+/// vendor's); the key from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets
+/// Manager secret named by `LANES_LLM_API_KEY_SECRET` (fetched once per container);
+/// `LANES_LLM_TIMEOUT_MS` (default 120000). Real providers are wrapped in [`Retrying`].
+pub async fn from_env(
     offline_latency: std::time::Duration,
 ) -> Result<std::sync::Arc<dyn crate::ports::LlmClient>, crate::config::ConfigError> {
     use crate::config::{ConfigError, require_env};
@@ -87,31 +113,49 @@ pub fn from_env(
         name: "LANES_LLM_PROVIDER",
         reason: e.to_string(),
     };
+    let key = |var: &'static str| async move {
+        if let Ok(k) = std::env::var(var) {
+            return Ok::<Option<String>, ConfigError>(Some(k));
+        }
+        match std::env::var("LANES_LLM_API_KEY_SECRET") {
+            Err(_) => Ok(None),
+            Ok(secret) => {
+                let sdk = crate::adapters::sdk_config(&Default::default()).await;
+                Ok(Some(fetch_secret(&aws_sdk_secretsmanager::Client::new(&sdk), &secret).await?))
+            }
+        }
+    };
     match std::env::var("LANES_LLM_PROVIDER").unwrap_or_else(|_| "offline".into()).as_str() {
         "offline" => Ok(Arc::new(OfflineProvider::new(|_| offline_latency))),
         "openai" => {
             let client = OpenAiClient::new(
                 &base("https://api.openai.com/v1"),
                 &require_env("LANES_LLM_MODEL")?,
-                std::env::var("OPENAI_API_KEY").ok(),
+                key("OPENAI_API_KEY").await?,
                 timeout,
             )
             .map_err(invalid)?;
             Ok(Arc::new(Retrying::new(client, RetryPolicy::default())))
         }
         "anthropic" => {
+            let api_key = key("ANTHROPIC_API_KEY").await?.ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
             let client = AnthropicClient::new(
                 &base("https://api.anthropic.com"),
                 &require_env("LANES_LLM_MODEL")?,
-                require_env("ANTHROPIC_API_KEY")?,
+                api_key,
                 timeout,
             )
             .map_err(invalid)?;
             Ok(Arc::new(Retrying::new(client, RetryPolicy::default())))
         }
+        "bedrock" => {
+            let sdk = crate::adapters::sdk_config(&Default::default()).await;
+            let client = BedrockClient::new(&sdk, &require_env("LANES_LLM_MODEL")?);
+            Ok(Arc::new(Retrying::new(client, RetryPolicy::default())))
+        }
         other => Err(ConfigError::Invalid {
             name: "LANES_LLM_PROVIDER",
-            reason: format!("`{other}`; expected offline, openai or anthropic"),
+            reason: format!("`{other}`; expected offline, openai, anthropic or bedrock"),
         }),
     }
 }

@@ -1,0 +1,96 @@
+//! AWS Bedrock Converse (`aws-sdk-bedrockruntime`). Throttling, unavailability, model timeouts and
+//! not-ready models are retryable; validation, access and missing models are permanent. Usage is read
+//! from every response.
+
+use super::{system_prompt, user_message};
+use crate::domain::TokenUsage;
+use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use async_trait::async_trait;
+use aws_sdk_bedrockruntime::Client;
+use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_bedrockruntime::operation::converse::ConverseError;
+use aws_sdk_bedrockruntime::types::{
+    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message, SystemContentBlock,
+};
+
+/// A Converse client for one model.
+#[derive(Debug, Clone)]
+pub struct BedrockClient {
+    client: Client,
+    model_id: String,
+}
+
+impl BedrockClient {
+    /// A client for `model_id` (a model or inference-profile id). The SDK's own retries are turned
+    /// off: [`super::Retrying`] owns retries, so attempts stay bounded and jittered in one place.
+    pub fn new(sdk: &aws_config::SdkConfig, model_id: &str) -> Self {
+        let config = aws_sdk_bedrockruntime::config::Builder::from(sdk)
+            .retry_config(aws_sdk_bedrockruntime::config::retry::RetryConfig::disabled())
+            .build();
+        Self { client: Client::from_conf(config), model_id: model_id.to_owned() }
+    }
+}
+
+fn map_error(e: SdkError<ConverseError>) -> LlmError {
+    let message = format!("bedrock: {}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default());
+    match e.as_service_error() {
+        Some(
+            ConverseError::ThrottlingException(_)
+            | ConverseError::ServiceUnavailableException(_)
+            | ConverseError::InternalServerException(_)
+            | ConverseError::ModelNotReadyException(_)
+            | ConverseError::ModelTimeoutException(_),
+        ) => LlmError::Retryable { message, retry_after: None },
+        Some(_) => LlmError::Permanent(message),
+        // Timeouts, dispatch and response failures: the request may succeed later.
+        None => LlmError::Retryable { message: format!("bedrock: {e}"), retry_after: None },
+    }
+}
+
+#[async_trait]
+impl LlmClient for BedrockClient {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let message = Message::builder()
+            .role(ConversationRole::User)
+            .content(ContentBlock::Text(user_message(request)))
+            .build()
+            .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
+        let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
+        let out = self
+            .client
+            .converse()
+            .model_id(&self.model_id)
+            .system(SystemContentBlock::Text(system_prompt(request.kind).to_owned()))
+            .messages(message)
+            .inference_config(InferenceConfiguration::builder().max_tokens(max_tokens).build())
+            .send()
+            .await
+            .map_err(map_error)?;
+        let text: String = match out.output() {
+            Some(ConverseOutput::Message(m)) => m
+                .content()
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::Text(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect(),
+            _ => String::new(),
+        };
+        if text.is_empty() {
+            return Err(LlmError::Retryable {
+                message: "bedrock: answer without text".into(),
+                retry_after: None,
+            });
+        }
+        let usage = out.usage();
+        Ok(LlmResponse {
+            text,
+            model: self.model_id.clone(),
+            usage: TokenUsage {
+                prompt: usage.map_or(0, |u| u.input_tokens().max(0) as u64),
+                completion: usage.map_or(0, |u| u.output_tokens().max(0) as u64),
+            },
+        })
+    }
+}
