@@ -324,3 +324,28 @@ mod bedrock_and_secrets {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_429_and_500_storm_every_call_finishes_with_bounded_jittered_attempts() {
+    let mock = MockLlm::start().await.unwrap();
+    // Thirty failures spread over ten concurrent calls: 429s with a short hint, bare 500s and 503s.
+    mock.script((0..30).map(|i| match i % 3 {
+        0 => Scripted::Status(429, vec![("retry-after-ms", "30".into())]),
+        1 => Scripted::Status(500, vec![]),
+        _ => Scripted::Status(503, vec![]),
+    }));
+    let policy = RetryPolicy { max_attempts: 10, ..fast() };
+    let client = std::sync::Arc::new(Retrying::new(
+        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap(),
+        policy,
+    ));
+    let mut handles = Vec::new();
+    for _ in 0..10 {
+        let client = client.clone();
+        handles.push(tokio::spawn(async move { client.complete(&request()).await }));
+    }
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap().text, "mock answer", "every call finishes");
+    }
+    assert_eq!(mock.seen().len(), 40, "each failure retried once, no extra requests");
+}

@@ -192,6 +192,9 @@ fn throttled(wait: Duration) -> Response {
     if let Ok(v) = (wait.as_millis() as u64 + 1).to_string().parse() {
         resp.headers_mut().insert("retry-after-ms", v);
     }
+    if let Ok(v) = wait.as_secs_f64().ceil().max(1.0).to_string().parse() {
+        resp.headers_mut().insert("retry-after", v);
+    }
     resp
 }
 
