@@ -16,6 +16,16 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+async fn redis_conn(redis: &RedisServer, cluster: bool) -> lanes_core::adapters::redis::RedisConn {
+    let settings = RedisSettings {
+        url: redis.url(),
+        cluster,
+        prefix: "lanes:".into(),
+        timeout: Duration::from_millis(500),
+    };
+    connect(&settings).await.unwrap()
+}
+
 fn record(prompt: &str) -> TaskRecord {
     let req = TaskRequest::from_value(
         json!({"project_id":"p","kind":"explain","prompt":prompt,"target_files":["a.rs"]}),
@@ -178,13 +188,7 @@ async fn dynamodb_adapter_against_moto() {
 #[tokio::test]
 async fn redis_lock_and_cache_against_redis_server() {
     let mut redis = RedisServer::start();
-    let settings = RedisSettings {
-        url: redis.url(),
-        cluster: false,
-        prefix: "lanes:".into(),
-        timeout: Duration::from_millis(500),
-    };
-    let conn = connect(&settings).await.unwrap();
+    let conn = redis_conn(&redis, false).await;
     let lock = RedisLock::new(conn.clone(), "lanes:");
     let cache = RedisCache::new(conn.clone(), "lanes:");
     let ttl = Duration::from_millis(300);
@@ -229,13 +233,7 @@ async fn redis_lock_and_cache_against_redis_server() {
 #[tokio::test]
 async fn redis_lock_and_cache_in_cluster_mode() {
     let redis = RedisServer::start_cluster();
-    let settings = RedisSettings {
-        url: redis.url(),
-        cluster: true,
-        prefix: "lanes:".into(),
-        timeout: Duration::from_millis(500),
-    };
-    let conn = connect(&settings).await.unwrap();
+    let conn = redis_conn(&redis, true).await;
     let lock = RedisLock::new(conn.clone(), "lanes:");
     let cache = RedisCache::new(conn, "lanes:");
     for i in 0..20 {
@@ -258,13 +256,7 @@ async fn redis_limiter_matches_the_in_process_one() {
     use lanes_core::domain::Lane;
     use lanes_core::limiter::{Decision, LimiterConfig, MemoryLimiter, RateLimiter, RedisLimiter};
     let redis = RedisServer::start();
-    let settings = RedisSettings {
-        url: redis.url(),
-        cluster: false,
-        prefix: "lanes:".into(),
-        timeout: Duration::from_millis(500),
-    };
-    let conn = connect(&settings).await.unwrap();
+    let conn = redis_conn(&redis, false).await;
     let clock = ManualClock::new(1_000_000);
     let config = LimiterConfig::new(60.0, 6_000.0);
     let shared = RedisLimiter::new(conn, "lanes:", "openai:gpt", config, clock.clone());

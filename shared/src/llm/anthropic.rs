@@ -1,7 +1,7 @@
 //! Anthropic Messages (`POST {base}/v1/messages`, `anthropic-version: 2023-06-01`). Usage is read
 //! from every response; 429/529 carry the `anthropic-ratelimit-*-reset` or `retry-after` hint.
 
-use super::openai::{status_error, transport_error};
+use super::openai::{http_client, status_error, transport_error};
 use super::{system_prompt, user_message};
 use crate::domain::TokenUsage;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
@@ -21,12 +21,8 @@ pub struct AnthropicClient {
 impl AnthropicClient {
     /// A client for `base_url` (e.g. `https://api.anthropic.com`) and `model`.
     pub fn new(base_url: &str, model: &str, api_key: String, timeout: Duration) -> Result<Self, LlmError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))?;
         Ok(Self {
-            http,
+            http: http_client(timeout)?,
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             api_key,

@@ -26,10 +26,7 @@ impl OpenAiClient {
         api_key: Option<String>,
         timeout: Duration,
     ) -> Result<Self, LlmError> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))?;
+        let http = http_client(timeout)?;
         Ok(Self {
             http,
             base_url: base_url.trim_end_matches('/').to_owned(),
@@ -37,6 +34,14 @@ impl OpenAiClient {
             api_key,
         })
     }
+}
+
+/// One HTTP client per provider, with the per-request timeout.
+pub(super) fn http_client(timeout: Duration) -> Result<reqwest::Client, LlmError> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))
 }
 
 /// Maps a transport error: timeouts and connection failures are worth retrying.
