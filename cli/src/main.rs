@@ -142,8 +142,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             opts.queue.default_visibility = Duration::from_secs(queue_visibility_secs);
             opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
             opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
-            opts.worker.lease_ttl = Duration::from_millis(lease_ttl_ms);
-            opts.worker.renew_interval = Duration::from_millis((lease_ttl_ms / 3).max(1));
+            opts.worker = opts.worker.with_lease(Duration::from_millis(lease_ttl_ms));
             let local = Local::build(&opts).await.map_err(|e| e.to_string())?;
             let shutdown = CancellationToken::new();
             let stop = shutdown.clone();

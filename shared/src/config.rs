@@ -56,6 +56,12 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// The same settings with a lease of `ttl`, renewed every third of it (two renewals may fail
+    /// before the lease runs out).
+    pub fn with_lease(self, ttl: Duration) -> Self {
+        Self { lease_ttl: ttl, renew_interval: (ttl / 3).max(Duration::from_millis(1)), ..self }
+    }
+
     /// Checks that a heartbeat can keep the lease alive.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.renew_interval.is_zero() || self.renew_interval * 2 > self.lease_ttl {

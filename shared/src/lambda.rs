@@ -133,11 +133,7 @@ impl WorkerFunction {
         let lane = lane_from_env()?;
         let concurrency = parse_env("LANES_WORKER_CONCURRENCY", 10)? as usize;
         let lease_ms = parse_env("LANES_LEASE_TTL_MS", 15_000)?;
-        let config = WorkerConfig {
-            lease_ttl: Duration::from_millis(lease_ms),
-            renew_interval: Duration::from_millis((lease_ms / 3).max(1)),
-            ..WorkerConfig::default()
-        };
+        let config = WorkerConfig::default().with_lease(Duration::from_millis(lease_ms));
         config.validate()?;
         let adapters = adapters_from_env("worker", &[lane]).await?;
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
@@ -218,11 +214,18 @@ pub async fn handle_batch(
         set.spawn(async move {
             let id = message.message_id.clone();
             let receipt = message.receipt.clone();
-            let waiting = AbortOnDrop(hold_while_waiting(queue.clone(), receipt.clone(), &worker.config));
-            let q = queue.clone();
+            let (q, lease_receipt) = (queue.clone(), receipt.clone());
             let run = async move {
-                let _slot = slots.acquire_owned().await;
-                drop(waiting);
+                // A message with a free slot starts its lease in the worker; only one that must wait
+                // for a slot gets a holder, so no message pays for its lease start twice.
+                let _slot = match slots.clone().try_acquire_owned() {
+                    Ok(slot) => Ok(slot),
+                    Err(_) => {
+                        let _holding =
+                            AbortOnDrop(hold_while_waiting(q.clone(), lease_receipt, &worker.config));
+                        slots.acquire_owned().await
+                    }
+                };
                 worker.process(q, message).await
             };
             match tokio::time::timeout_at(deadline, run).await {

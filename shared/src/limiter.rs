@@ -304,37 +304,44 @@ impl RateLimiter for RedisLimiter {
     }
 }
 
-/// Drives a limiter with two saturated (or one idle) classes on a simulated clock and returns the
-/// tokens each class got over `minutes`. Shared by the tests and `lanes bench limiter`.
-pub fn simulate(
-    config: LimiterConfig,
-    minutes: u64,
-    tokens_per_call: [u64; 2],
-    active: [bool; 2],
-) -> [u64; 2] {
-    let mut state = BucketState::full(&config, 0);
-    let mut now = 0u64;
-    let mut got = [0u64; 2];
-    let mut next = [0u64; 2];
-    let end = (minutes as f64 * config.window_ms) as u64;
-    while now < end {
-        for (i, class) in [Class::Interactive, Class::Background].into_iter().enumerate() {
-            if !active[i] || next[i] > now {
-                continue;
-            }
-            match decide(&config, &mut state, now, class, tokens_per_call[i]) {
-                Decision::Granted => got[i] += tokens_per_call[i],
-                Decision::Wait(d) => next[i] = now + d.as_millis().max(1) as u64,
-            }
-        }
-        now = next.iter().zip(active).filter(|(_, a)| *a).map(|(n, _)| *n).min().unwrap_or(end).max(now + 1);
-    }
-    got
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Drives a limiter with two saturated (or one idle) classes on a simulated clock and returns the
+    /// tokens each class got over `minutes` windows.
+    fn simulate(
+        config: LimiterConfig,
+        minutes: u64,
+        tokens_per_call: [u64; 2],
+        active: [bool; 2],
+    ) -> [u64; 2] {
+        let mut state = BucketState::full(&config, 0);
+        let mut now = 0u64;
+        let mut got = [0u64; 2];
+        let mut next = [0u64; 2];
+        let end = (minutes as f64 * config.window_ms) as u64;
+        while now < end {
+            for (i, class) in [Class::Interactive, Class::Background].into_iter().enumerate() {
+                if !active[i] || next[i] > now {
+                    continue;
+                }
+                match decide(&config, &mut state, now, class, tokens_per_call[i]) {
+                    Decision::Granted => got[i] += tokens_per_call[i],
+                    Decision::Wait(d) => next[i] = now + d.as_millis().max(1) as u64,
+                }
+            }
+            now = next
+                .iter()
+                .zip(active)
+                .filter(|(_, a)| *a)
+                .map(|(n, _)| *n)
+                .min()
+                .unwrap_or(end)
+                .max(now + 1);
+        }
+        got
+    }
 
     #[test]
     fn both_saturated_interactive_keeps_its_reservation() {

@@ -46,15 +46,12 @@ impl Problem {
         }
     }
 
-    /// 400 listing every field problem.
+    /// 400 listing every field problem. (An oversized body never gets here: ingress stops reading at the
+    /// limit and answers 413 itself.)
     pub fn validation(errors: Vec<FieldError>) -> Self {
         let detail =
             errors.iter().map(|e| format!("{}: {}", e.field, e.reason)).collect::<Vec<_>>().join("; ");
-        let status = if errors.iter().any(|e| e.field == "body" && e.reason.starts_with("body is")) {
-            StatusCode::PAYLOAD_TOO_LARGE
-        } else {
-            StatusCode::BAD_REQUEST
-        };
+        let status = StatusCode::BAD_REQUEST;
         let mut p = Self::new(status, "invalid-request", "The request is invalid", detail);
         p.field = errors.first().map(|e| e.field.clone());
         p.errors = errors;

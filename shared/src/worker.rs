@@ -216,13 +216,8 @@ impl Worker {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
                 if message.receive_count >= queue.max_receive_count() {
                     let reason = format!("gave up after {} attempts: {e}", message.receive_count);
-                    return match self
-                        .finish(queue, message, &record, Completion::Failed(reason.clone()))
-                        .await
-                    {
-                        Outcome::Acked => Outcome::DeadLettered { reason },
-                        other => other,
-                    };
+                    // finish() dead-letters a failure on the last attempt.
+                    return self.finish(queue, message, &record, Completion::Failed(reason)).await;
                 }
                 let hint = match &e {
                     LlmError::Retryable { retry_after, .. } => retry_after.unwrap_or_default(),

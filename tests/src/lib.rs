@@ -32,6 +32,44 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// `POST /v1/tasks` with a raw JSON body: status, `Location`, and the JSON answer.
+pub async fn post_task(url: &str, body: &str) -> (reqwest::StatusCode, Option<String>, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/tasks"))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("post: {e}"));
+    let status = r.status();
+    let location = r.headers().get("location").map(|v| v.to_str().unwrap_or_default().to_owned());
+    (status, location, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// Submits a task of `kind` for project `p1` and returns its id (a 202 or a 200 is expected).
+pub async fn submit(url: &str, kind: &str, prompt: &str) -> String {
+    let body = serde_json::json!({"project_id":"p1","kind":kind,"prompt":prompt,"target_files":[]});
+    let (status, _, v) = post_task(url, &body.to_string()).await;
+    assert!(status == reqwest::StatusCode::ACCEPTED || status == reqwest::StatusCode::OK, "{status} {v}");
+    v["task_id"].as_str().unwrap_or_else(|| panic!("no task_id in {v}")).to_owned()
+}
+
+/// Polls `GET /v1/tasks/{id}` until its status is `want`; returns the task.
+pub async fn wait_status(url: &str, id: &str, want: &str, within: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let v: serde_json::Value = match reqwest::get(format!("{url}/v1/tasks/{id}")).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(e) => panic!("get {id}: {e}"),
+        };
+        if v["status"] == want {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "task {id} never reached {want}: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A free loopback port (bound, then released for the child to take).
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));

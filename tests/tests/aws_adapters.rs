@@ -68,17 +68,7 @@ async fn sqs_adapter_against_moto() {
 
     // Dead-lettering with a reason moves it to the DLQ and removes it here.
     q.dead_letter(&again[0], "undecodable message: expected value").await.unwrap();
-    let dlq_url = client
-        .get_queue_url()
-        .queue_name("interactive-dlq")
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_owned();
-    let dlq = SqsQueue::connect(client.clone(), &dlq_url).await.unwrap();
-    let dead = dlq.receive(10).await.unwrap();
+    let dead = q.dead_letter_queue().unwrap().receive(10).await.unwrap();
     assert_eq!(dead[0].body, "m1");
     assert_eq!(dead[0].attributes[DEAD_LETTER_REASON], "undecodable message: expected value");
     assert_eq!(q.depth().await.unwrap(), QueueDepth::default());

@@ -3,38 +3,12 @@
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use lanes_tests::{Backend, Stack};
+use lanes_tests::{Backend, Stack, post_task, wait_status};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const OK_LLM: &str = "lanes_llm_requests_total{lane=\"interactive\",status=\"ok\"}";
-
-async fn post(url: &str, body: &str) -> (StatusCode, Option<String>, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{url}/v1/tasks"))
-        .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("post");
-    let status = r.status();
-    let location = r.headers().get("location").map(|v| v.to_str().unwrap_or_default().to_owned());
-    (status, location, r.json().await.unwrap_or(Value::Null))
-}
-
-async fn wait_completed(url: &str, id: &str, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let v: Value =
-            reqwest::get(format!("{url}/v1/tasks/{id}")).await.expect("get").json().await.expect("json");
-        if v["status"] == "COMPLETED" {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "task {id} not completed: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Each check runs on both backends: the embedded default and `--backend aws --create` against moto
 /// and redis-server.
@@ -60,29 +34,29 @@ async fn submit_dedupe_complete_and_replay(backend: Backend) {
     let stack = Stack::start(backend, &[]).await;
     let server = &stack.server;
     let body = json!({"project_id":"p1","kind":"explain","prompt":"what does main do?","target_files":["src/main.rs","src/lib.rs"]});
-    let (s1, loc, v1) = post(&server.url, &body.to_string()).await;
+    let (s1, loc, v1) = post_task(&server.url, &body.to_string()).await;
     assert_eq!(s1, StatusCode::ACCEPTED);
     let id = v1["task_id"].as_str().unwrap().to_owned();
     assert_eq!(loc.as_deref(), Some(format!("/v1/tasks/{id}").as_str()));
     assert_eq!((v1["lane"].as_str(), v1["status"].as_str()), (Some("interactive"), Some("PENDING")));
 
     let messy = json!({"project_id":"p1","kind":"explain","prompt":"\n  what does main do?   ","target_files":["src/lib.rs","src/main.rs","src/lib.rs"]});
-    let (s2, _, v2) = post(&server.url, &messy.to_string()).await;
+    let (s2, _, v2) = post_task(&server.url, &messy.to_string()).await;
     assert!(s2 == StatusCode::ACCEPTED || s2 == StatusCode::OK, "{s2}");
     assert_eq!(v2["task_id"], id.as_str());
 
-    let done = wait_completed(&server.url, &id, Duration::from_secs(10)).await;
+    let done = wait_status(&server.url, &id, "COMPLETED", Duration::from_secs(10)).await;
     assert!(done["result"]["text"].as_str().unwrap().contains("NOT an LLM"));
     assert!(done["result"]["tokens"]["completion"].as_u64().unwrap() > 0);
 
-    let (s3, _, v3) = post(&server.url, &body.to_string()).await;
+    let (s3, _, v3) = post_task(&server.url, &body.to_string()).await;
     assert_eq!(s3, StatusCode::OK);
     assert_eq!(v3["result"], done["result"]);
     assert_eq!(server.metric(OK_LLM).await, 1.0, "one provider call for three submissions");
     assert!(server.metric("lanes_task_latency_seconds_count{lane=\"interactive\"}").await >= 1.0);
 
     let other_kind = json!({"project_id":"p1","kind":"refactor","prompt":"what does main do?","target_files":["src/main.rs","src/lib.rs"]});
-    let (s4, _, v4) = post(&server.url, &other_kind.to_string()).await;
+    let (s4, _, v4) = post_task(&server.url, &other_kind.to_string()).await;
     assert_eq!((s4, v4["lane"].as_str()), (StatusCode::ACCEPTED, Some("synthesis")));
     assert_ne!(v4["task_id"], id.as_str());
 }
@@ -95,7 +69,7 @@ async fn two_hundred_concurrent_duplicates_make_one_task_and_one_call(backend: B
     let mut handles = Vec::new();
     for _ in 0..200 {
         let (url, body) = (server.url.clone(), body.clone());
-        handles.push(tokio::spawn(async move { post(&url, &body).await }));
+        handles.push(tokio::spawn(async move { post_task(&url, &body).await }));
     }
     let mut ids = std::collections::BTreeSet::new();
     for h in handles {
@@ -105,7 +79,7 @@ async fn two_hundred_concurrent_duplicates_make_one_task_and_one_call(backend: B
     }
     assert_eq!(ids.len(), 1, "one task id in every response");
     let id = ids.into_iter().next().unwrap();
-    wait_completed(&server.url, &id, Duration::from_secs(10)).await;
+    wait_status(&server.url, &id, "COMPLETED", Duration::from_secs(10)).await;
     // Let any stray duplicate delivery run before counting.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(server.metric(OK_LLM).await, 1.0, "exactly one provider call");
@@ -207,7 +181,7 @@ async fn kill_9_while_queued_or_running_then_restart_completes_every_task(backen
         let kind = if i % 3 == 0 { "refactor" } else { "explain" };
         let body =
             json!({"project_id":"p1","kind":kind,"prompt":format!("task {i}"),"target_files":[]}).to_string();
-        let (status, _, v) = post(&server.url, &body).await;
+        let (status, _, v) = post_task(&server.url, &body).await;
         assert_eq!(status, StatusCode::ACCEPTED);
         ids.push(v["task_id"].as_str().unwrap().to_owned());
     }
@@ -222,6 +196,6 @@ async fn kill_9_while_queued_or_running_then_restart_completes_every_task(backen
     server.kill9();
     server.restart().await;
     for id in &ids {
-        wait_completed(&server.url, id, Duration::from_secs(60)).await;
+        wait_status(&server.url, id, "COMPLETED", Duration::from_secs(60)).await;
     }
 }

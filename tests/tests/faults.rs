@@ -19,44 +19,23 @@ use lanes_core::llm::OfflineProvider;
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{QueueConsume, QueueSend, TaskStore};
 use lanes_core::worker::Worker;
-use lanes_tests::{Backend, DevServer, MotoServer, Stack, now_ms};
+use lanes_tests::{Backend, DevServer, MotoServer, Stack, now_ms, submit, wait_status};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-async fn submit(server: &DevServer, kind: &str, prompt: &str) -> String {
-    let body = json!({"project_id":"p1","kind":kind,"prompt":prompt,"target_files":[]});
-    let r = reqwest::Client::new().post(format!("{}/v1/tasks", server.url)).json(&body).send().await.unwrap();
-    assert!(r.status() == StatusCode::ACCEPTED || r.status() == StatusCode::OK, "{}", r.status());
-    let v: Value = r.json().await.unwrap();
-    v["task_id"].as_str().unwrap().to_owned()
-}
-
-async fn status(server: &DevServer, id: &str) -> String {
-    let v: Value = reqwest::get(format!("{}/v1/tasks/{id}", server.url)).await.unwrap().json().await.unwrap();
-    v["status"].as_str().unwrap_or_default().to_owned()
-}
-
-async fn wait_status(server: &DevServer, id: &str, want: &str, within: Duration) {
-    let deadline = Instant::now() + within;
-    while status(server, id).await != want {
-        assert!(Instant::now() < deadline, "task {id} never reached {want}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test]
 async fn worker_killed_mid_task_comes_back_within_the_lease_and_completes_once() {
     // Lease 2 s; the queue's own visibility is 900 s, so only the lease can bring the message back.
     let flags = ["--synthesis-latency-ms", "3000", "--lease-ttl-ms", "2000"];
     let mut stack = Stack::start(Backend::Aws, &flags).await;
-    let id = submit(&stack.server, "refactor", "split main").await;
-    wait_status(&stack.server, &id, "PROCESSING", Duration::from_secs(10)).await;
+    let id = submit(&stack.server.url, "refactor", "split main").await;
+    wait_status(&stack.server.url, &id, "PROCESSING", Duration::from_secs(10)).await;
     stack.server.kill9();
     let killed_at = now_ms();
     let peer = stack.start_peer(&flags).await;
-    wait_status(&peer, &id, "COMPLETED", Duration::from_secs(20)).await;
+    wait_status(&peer.url, &id, "COMPLETED", Duration::from_secs(20)).await;
     let rec = stack.dynamo().await.get(&id, now_ms()).await.unwrap().unwrap();
     let reclaimed_after = rec.started_at_ms.unwrap() - killed_at;
     // Lease TTL, plus SQS's one-second granularity and the poll interval.
@@ -73,8 +52,8 @@ async fn llm_slower_than_the_queue_visibility_is_held_by_heartbeats_with_one_cal
     let flags = ["--synthesis-latency-ms", "5000", "--lease-ttl-ms", "1000", "--queue-visibility-secs", "2"];
     let stack = Stack::start(Backend::Aws, &flags).await;
     let peer = stack.start_peer(&flags).await;
-    let id = submit(&stack.server, "agent", "do the thing").await;
-    wait_status(&stack.server, &id, "COMPLETED", Duration::from_secs(20)).await;
+    let id = submit(&stack.server.url, "agent", "do the thing").await;
+    wait_status(&stack.server.url, &id, "COMPLETED", Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let calls = |s: &DevServer| {
         let s = s.url.clone();
@@ -100,20 +79,20 @@ async fn redis_lost_and_back_every_task_completes_with_one_write() {
     let mut stack = Stack::start(Backend::Aws, &flags).await;
     let mut ids = Vec::new();
     for i in 0..12 {
-        ids.push(submit(&stack.server, "explain", &format!("before {i}")).await);
+        ids.push(submit(&stack.server.url, "explain", &format!("before {i}")).await);
     }
     stack.redis.as_mut().unwrap().stop();
     // Ingress and workers keep going on DynamoDB, SQS and the fence.
     for i in 0..12 {
-        ids.push(submit(&stack.server, "explain", &format!("during {i}")).await);
+        ids.push(submit(&stack.server.url, "explain", &format!("during {i}")).await);
     }
     tokio::time::sleep(Duration::from_millis(800)).await;
     stack.redis.as_mut().unwrap().restart();
     for i in 0..6 {
-        ids.push(submit(&stack.server, "explain", &format!("after {i}")).await);
+        ids.push(submit(&stack.server.url, "explain", &format!("after {i}")).await);
     }
     for id in &ids {
-        wait_status(&stack.server, id, "COMPLETED", Duration::from_secs(60)).await;
+        wait_status(&stack.server.url, id, "COMPLETED", Duration::from_secs(60)).await;
     }
     assert!(
         stack.server.metric("lanes_degraded_operations_total{component=\"lock\"}").await > 0.0,
@@ -130,7 +109,7 @@ async fn redis_lost_and_back_every_task_completes_with_one_write() {
     let stale = stack.server.metric("lanes_stale_writes_rejected_total{lane=\"interactive\"}").await;
     assert_eq!(ok - stale, ids.len() as f64, "one accepted write per task");
     // Recovered without a restart: the cache answers again.
-    let again = submit(&stack.server, "explain", "before 0").await;
+    let again = submit(&stack.server.url, "explain", "before 0").await;
     assert_eq!(again, ids[0]);
 }
 
@@ -187,16 +166,7 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
     for id in &ids {
         assert_eq!(store.get(id, now_ms()).await.unwrap().unwrap().status, TaskStatus::Completed);
     }
-    let dlq_url = sqs
-        .get_queue_url()
-        .queue_name("interactive-dlq")
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_owned();
-    let dead = SqsQueue::connect(sqs, &dlq_url).await.unwrap().receive(10).await.unwrap();
+    let dead = queue.dead_letter_queue().unwrap().receive(10).await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].body, "{\"task_id\": 42");
     assert!(dead[0].attributes[DEAD_LETTER_REASON].starts_with("undecodable message"));
@@ -290,12 +260,12 @@ async fn aws_requests_per_task_are_counted() {
     };
     // Ingress for a new task, measured alone (nothing else is running yet).
     let t0 = aws_requests(s).await;
-    let first = submit(s, "agent", "long one").await;
+    let first = submit(&s.url, "agent", "long one").await;
     let t1 = aws_requests(s).await;
     // A duplicate while it runs (its worker is past its start-up requests and before any renewal).
     tokio::time::sleep(Duration::from_millis(600)).await;
     let t2 = aws_requests(s).await;
-    submit(s, "agent", "long one").await;
+    submit(&s.url, "agent", "long one").await;
     let t3 = aws_requests(s).await;
     wait_done(first).await;
     // The whole life of ten new tasks, divided by ten.
@@ -303,7 +273,7 @@ async fn aws_requests_per_task_are_counted() {
     let t4 = aws_requests(s).await;
     let mut ids = Vec::new();
     for i in 0..10 {
-        ids.push(submit(s, "explain", &format!("count {i}")).await);
+        ids.push(submit(&s.url, "explain", &format!("count {i}")).await);
     }
     for id in &ids {
         wait_done(id.clone()).await;
@@ -311,7 +281,7 @@ async fn aws_requests_per_task_are_counted() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t5 = aws_requests(s).await;
     // A duplicate of a completed task.
-    submit(s, "explain", "count 0").await;
+    submit(&s.url, "explain", "count 0").await;
     let t6 = aws_requests(s).await;
 
     let new = delta(&t0, &t1);
@@ -353,7 +323,7 @@ async fn heartbeat_requests_per_minute_are_counted() {
         Stack::start(Backend::Aws, &["--synthesis-latency-ms", "3000", "--lease-ttl-ms", "1500"]).await;
     let (s, store) = (&stack.server, stack.dynamo().await);
     let t0 = aws_requests(s).await;
-    let id = submit(s, "refactor", "heartbeat me").await;
+    let id = submit(&s.url, "refactor", "heartbeat me").await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let rec = loop {
         let rec = store.get(&id, now_ms()).await.unwrap().unwrap();

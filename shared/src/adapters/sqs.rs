@@ -97,6 +97,12 @@ impl SqsQueue {
         &self.url
     }
 
+    /// A consumer of this queue's DLQ (the twin of the embedded queue's), when it has one.
+    pub fn dead_letter_queue(&self) -> Option<SqsQueue> {
+        let url = self.dlq_url.as_deref()?;
+        Some(SqsQueue::sender(self.client.clone(), url))
+    }
+
     /// Sends many messages in batches of ten, retrying entries SQS failed (up to three rounds).
     /// Returns the bodies that still failed.
     pub async fn send_batch(
