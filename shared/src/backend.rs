@@ -2,7 +2,7 @@
 //! and cache) or AWS (SQS, DynamoDB, Redis). Reads and validates the AWS configuration from the
 //! environment, naming any missing variable, and can create the queues and the table (`--create`).
 
-use crate::adapters::dynamodb::DynamoStore;
+use crate::adapters::dynamodb::{DynamoStore, DynamoSummaries};
 use crate::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
 use crate::adapters::sqs::{SqsQueue, create_queue_with_dlq};
 use crate::adapters::{AwsSettings, sdk_config};
@@ -10,9 +10,10 @@ use crate::clock::SharedClock;
 use crate::config::{ConfigError, require_env};
 use crate::domain::Lane;
 use crate::embedded::{
-    EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
+    EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, MemoryCache, MemoryLock,
+    QueueSettings,
 };
-use crate::ports::{Cache, LeaseLock, QueueConsume, QueueSend, TaskStore};
+use crate::ports::{Cache, LeaseLock, QueueConsume, QueueSend, SummaryStore, TaskStore};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub enum BackendError {
 pub struct Adapters {
     /// Durable records.
     pub store: Arc<dyn TaskStore>,
+    /// Commit summaries and webhook delivery markers.
+    pub summaries: Arc<dyn SummaryStore>,
     /// Lease lock.
     pub lock: Arc<dyn LeaseLock>,
     /// Hot cache.
@@ -86,10 +89,12 @@ pub async fn embedded(
 ) -> Result<(Adapters, [EmbeddedQueue; 3]), BackendError> {
     let db = EmbeddedDb::open(data_dir)?;
     let store = EmbeddedStore::new(db.clone());
+    let summaries = EmbeddedSummaries::new(db.clone());
     let all = EmbeddedQueues::open(db, clock.clone(), settings).await?;
     let queues = Lane::ALL.map(|l| all.queue(l.as_str(), &format!("{}-dlq", l.as_str())));
     let adapters = Adapters {
         store: Arc::new(store),
+        summaries: Arc::new(summaries),
         lock: Arc::new(MemoryLock::new(clock.clone())),
         cache: Arc::new(MemoryCache::new(clock)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
@@ -173,7 +178,8 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
     }
     let queues: [SqsQueue; 3] = consume.try_into().map_err(|_| ConfigError::Missing("queues"))?;
     Ok(Adapters {
-        store: Arc::new(DynamoStore::new(dynamo, &config.table)),
+        store: Arc::new(DynamoStore::new(dynamo.clone(), &config.table)),
+        summaries: Arc::new(DynamoSummaries::new(dynamo, &config.table)),
         lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
         cache: Arc::new(RedisCache::new(conn.clone(), &config.redis.prefix)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),

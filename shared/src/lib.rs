@@ -30,6 +30,7 @@ pub mod adapters;
 pub mod backend;
 pub mod bench;
 pub mod clock;
+pub mod commits;
 pub mod config;
 pub mod domain;
 pub mod embedded;

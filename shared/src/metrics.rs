@@ -53,6 +53,8 @@ pub struct Metrics {
     pub lock_contended_total: IntCounterVec,
     /// Messages moved to a DLQ, by lane and reason (`undecodable`, `attempts`).
     pub dead_lettered_total: IntCounterVec,
+    /// Webhook deliveries by host and result (`accepted`, `duplicate`, `ping`, `ignored`, `unauthorized`).
+    pub webhook_deliveries_total: IntCounterVec,
     /// Operations done without an accelerator (lock or cache unreachable), by component.
     pub degraded_operations_total: IntCounterVec,
 }
@@ -104,6 +106,11 @@ impl Metrics {
                 &["lane", "status"],
             ),
             llm_tokens_total: counter("lanes_llm_tokens_total", "LLM tokens", &["lane", "type"]),
+            webhook_deliveries_total: counter(
+                "lanes_webhook_deliveries_total",
+                "Webhook deliveries by host and result",
+                &["provider", "result"],
+            ),
             duplicates_total: counter("lanes_duplicates_total", "Duplicate submissions", &["stage"]),
             lease_renewals_total: counter("lanes_lease_renewals_total", "Heartbeat renewals", &["lane"]),
             leases_lost_total: counter("lanes_leases_lost_total", "Leases lost mid-task", &["lane"]),

@@ -67,6 +67,23 @@ pub struct QueueDepth {
 pub trait QueueSend: Send + Sync {
     /// Sends one message; returns its id.
     async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError>;
+    /// Sends many messages (SQS: 10 a request, failed entries retried); returns the bodies that
+    /// could still not be sent.
+    async fn send_batch(
+        &self,
+        messages: &[(String, BTreeMap<String, String>)],
+    ) -> Result<Vec<String>, QueueError> {
+        let mut unsent = Vec::new();
+        for (body, attributes) in messages {
+            if let Err(e) = self.send(body, attributes.clone()).await {
+                if !e.is_retryable() {
+                    return Err(e);
+                }
+                unsent.push(body.clone());
+            }
+        }
+        Ok(unsent)
+    }
 }
 
 /// Consuming side of a lane queue (workers, the local poller).
@@ -300,4 +317,76 @@ impl<T: LlmClient + ?Sized> LlmClient for std::sync::Arc<T> {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         (**self).complete(request).await
     }
+}
+
+// ---------------------------------------------------------------- commits
+
+/// A page of a repository's summaries, newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryPage {
+    /// The summaries.
+    pub items: Vec<crate::commits::CommitSummary>,
+    /// Opaque cursor of the next page, when there is one.
+    pub next: Option<String>,
+}
+
+/// Whether a summary write took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOnce {
+    /// Written now.
+    Written,
+    /// A summary already existed (written by another worker); it was left as it is.
+    Exists,
+}
+
+/// Durable, immutable commit summaries and webhook delivery markers (DynamoDB in AWS, redb locally).
+#[async_trait]
+pub trait SummaryStore: Send + Sync {
+    /// Reads summaries by `(repo_id, sha)` (DynamoDB `BatchGetItem`); absent ones are left out.
+    async fn get_summaries(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<Vec<crate::commits::CommitSummary>, StoreError>;
+    /// Writes a summary once (`attribute_not_exists`).
+    async fn put_summary(&self, summary: &crate::commits::CommitSummary) -> Result<WriteOnce, StoreError>;
+    /// A repository's summaries, newest first, `limit` per page.
+    async fn list_summaries(
+        &self,
+        repo_id: &str,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<SummaryPage, StoreError>;
+    /// Records a webhook delivery id for `ttl_secs`; false when it was already recorded (a replay).
+    async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError>;
+    /// Forgets a delivery id (its commits could not be enqueued, so a redelivery must be accepted).
+    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError>;
+}
+
+/// Errors fetching a diff.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    /// Throttled, 5xx, or unreachable: try again later (after `retry_after` when the host said).
+    #[error("diff source temporarily failed: {message}")]
+    Retryable {
+        /// What happened.
+        message: String,
+        /// The host's own hint.
+        retry_after: Option<Duration>,
+    },
+    /// Not found, forbidden, or not a diff: retrying will not help.
+    #[error("diff unavailable: {0}")]
+    Permanent(String),
+}
+
+impl RetryIntent for DiffError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, DiffError::Retryable { .. })
+    }
+}
+
+/// Where a commit's unified diff comes from (GitHub, GitLab, a local repository).
+#[async_trait]
+pub trait DiffSource: Send + Sync {
+    /// The unified diff of `commit` against its first parent (the full tree for a root commit).
+    async fn diff(&self, commit: &crate::commits::CommitMessage) -> Result<String, DiffError>;
 }

@@ -340,14 +340,7 @@ impl Worker {
     }
 
     async fn ack(&self, queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome {
-        match queue.delete(&message.receipt).await {
-            Ok(()) => Outcome::Acked,
-            // The record is terminal: the next delivery will find it so and ack then.
-            Err(e) => {
-                warn!(error = %e, "delete failed; the message will return and be acked then");
-                Outcome::Retry { after: Duration::ZERO, reason: "delete failed".into() }
-            }
-        }
+        ack(queue, message).await
     }
 
     async fn hand_back(
@@ -357,10 +350,7 @@ impl Worker {
         after: Duration,
         reason: &str,
     ) -> Outcome {
-        if let Err(e) = queue.change_visibility(&message.receipt, after).await {
-            warn!(error = %e, "could not set the retry delay; the lease TTL applies");
-        }
-        Outcome::Retry { after, reason: reason.to_owned() }
+        hand_back(queue, message, after, reason).await
     }
 
     async fn store_failure(
@@ -382,16 +372,53 @@ impl Worker {
         lane: &str,
         why: &str,
     ) -> Outcome {
-        warn!(%reason, "moving message to the DLQ");
-        match queue.dead_letter(message, &reason).await {
-            Ok(()) => {
-                self.metrics.dead_lettered_total.with_label_values(&[lane, why]).inc();
-                Outcome::DeadLettered { reason }
-            }
-            Err(e) => {
-                warn!(error = %e, "dead-lettering failed; redrive will move it after maxReceiveCount");
-                Outcome::Retry { after: Duration::ZERO, reason }
-            }
+        dead_letter(&self.metrics, queue, message, reason, lane, why).await
+    }
+}
+
+/// Acknowledges a delivery whose record is terminal.
+pub(crate) async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome {
+    match queue.delete(&message.receipt).await {
+        Ok(()) => Outcome::Acked,
+        // The record is terminal: the next delivery will find it so and ack then.
+        Err(e) => {
+            warn!(error = %e, "delete failed; the message will return and be acked then");
+            Outcome::Retry { after: Duration::ZERO, reason: "delete failed".into() }
+        }
+    }
+}
+
+/// Hands a delivery back to come again after `after`.
+pub(crate) async fn hand_back(
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    after: Duration,
+    reason: &str,
+) -> Outcome {
+    if let Err(e) = queue.change_visibility(&message.receipt, after).await {
+        warn!(error = %e, "could not set the retry delay; the lease TTL applies");
+    }
+    Outcome::Retry { after, reason: reason.to_owned() }
+}
+
+/// Moves a delivery to the DLQ with `reason`, counted by lane and `why`.
+pub(crate) async fn dead_letter(
+    metrics: &Metrics,
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    reason: String,
+    lane: &str,
+    why: &str,
+) -> Outcome {
+    warn!(%reason, "moving message to the DLQ");
+    match queue.dead_letter(message, &reason).await {
+        Ok(()) => {
+            metrics.dead_lettered_total.with_label_values(&[lane, why]).inc();
+            Outcome::DeadLettered { reason }
+        }
+        Err(e) => {
+            warn!(error = %e, "dead-lettering failed; redrive will move it after maxReceiveCount");
+            Outcome::Retry { after: Duration::ZERO, reason }
         }
     }
 }

@@ -12,8 +12,9 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType, KeysAndAttributes,
-    ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TimeToLiveSpecification,
+    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+    KeysAndAttributes, Projection, ProjectionType, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    ScalarAttributeType, TimeToLiveSpecification,
 };
 use flate2::Compression;
 use flate2::read::GzDecoder;
@@ -142,8 +143,55 @@ pub struct DynamoStore {
     table: String,
 }
 
+fn key_element(name: &str, kind: KeyType) -> Result<KeySchemaElement, StoreError> {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
 fn key(task_id: &str) -> AttributeValue {
     s(format!("task#{task_id}"))
+}
+
+/// `BatchGetItem` over any number of keys: 100 a request, consistent reads, unprocessed keys retried
+/// with full-jitter backoff (bounded).
+async fn batch_get(client: &Client, table: &str, keys: Vec<Item>) -> Result<Vec<Item>, StoreError> {
+    let mut out = Vec::new();
+    for chunk in keys.chunks(100) {
+        let mut request = Some(
+            KeysAndAttributes::builder()
+                .set_keys(Some(chunk.to_vec()))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        );
+        let mut attempt = 0u32;
+        while let Some(keys) = request.take() {
+            crate::metrics::aws_request("dynamodb", "BatchGetItem");
+            let resp = client
+                .batch_get_item()
+                .request_items(table, keys)
+                .send()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            out.extend(resp.responses().and_then(|r| r.get(table)).into_iter().flatten().cloned());
+            request =
+                resp.unprocessed_keys().and_then(|u| u.get(table)).filter(|k| !k.keys().is_empty()).cloned();
+            if request.is_some() {
+                attempt += 1;
+                if attempt > 8 {
+                    return Err(StoreError::Unavailable(
+                        "BatchGetItem kept returning unprocessed keys".into(),
+                    ));
+                }
+                let cap = 50u64 << attempt.min(6);
+                tokio::time::sleep(Duration::from_millis(rand::random_range(0..=cap))).await;
+            }
+        }
+    }
+    Ok(out)
 }
 
 impl DynamoStore {
@@ -159,48 +207,12 @@ impl DynamoStore {
         ids: &[String],
         now_ms: u64,
     ) -> Result<HashMap<String, TaskRecord>, StoreError> {
+        let keys = ids.iter().map(|id| HashMap::from([("pk".to_owned(), key(id))])).collect();
         let mut out = HashMap::new();
-        for chunk in ids.chunks(100) {
-            let keys: Vec<Item> =
-                chunk.iter().map(|id| HashMap::from([("pk".to_owned(), key(id))])).collect();
-            let mut request = Some(
-                KeysAndAttributes::builder()
-                    .set_keys(Some(keys))
-                    .consistent_read(true)
-                    .build()
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            );
-            let mut attempt = 0u32;
-            while let Some(keys) = request.take() {
-                crate::metrics::aws_request("dynamodb", "BatchGetItem");
-                let resp = self
-                    .client
-                    .batch_get_item()
-                    .request_items(&self.table, keys)
-                    .send()
-                    .await
-                    .map_err(|e| unavailable(&e))?;
-                for item in resp.responses().and_then(|r| r.get(&self.table)).into_iter().flatten() {
-                    let rec = record(item)?;
-                    if !rec.is_expired(now_ms) {
-                        out.insert(rec.task_id.clone(), rec);
-                    }
-                }
-                request = resp
-                    .unprocessed_keys()
-                    .and_then(|u| u.get(&self.table))
-                    .filter(|k| !k.keys().is_empty())
-                    .cloned();
-                if request.is_some() {
-                    attempt += 1;
-                    if attempt > 8 {
-                        return Err(StoreError::Unavailable(
-                            "BatchGetItem kept returning unprocessed keys".into(),
-                        ));
-                    }
-                    let cap = 50u64 << attempt.min(6);
-                    tokio::time::sleep(Duration::from_millis(rand::random_range(0..=cap))).await;
-                }
+        for item in batch_get(&self.client, &self.table, keys).await? {
+            let rec = record(&item)?;
+            if !rec.is_expired(now_ms) {
+                out.insert(rec.task_id.clone(), rec);
             }
         }
         Ok(out)
@@ -212,17 +224,25 @@ impl DynamoStore {
             .create_table()
             .table_name(table)
             .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name("pk")
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name("pk")
-                    .key_type(KeyType::Hash)
+            .set_attribute_definitions(Some(
+                ["pk", REPO_PK, REPO_SK]
+                    .iter()
+                    .map(|a| {
+                        AttributeDefinition::builder()
+                            .attribute_name(*a)
+                            .attribute_type(ScalarAttributeType::S)
+                            .build()
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ))
+            .key_schema(key_element("pk", KeyType::Hash)?)
+            .global_secondary_indexes(
+                GlobalSecondaryIndex::builder()
+                    .index_name(BY_REPO_INDEX)
+                    .key_schema(key_element(REPO_PK, KeyType::Hash)?)
+                    .key_schema(key_element(REPO_SK, KeyType::Range)?)
+                    .projection(Projection::builder().projection_type(ProjectionType::All).build())
                     .build()
                     .map_err(|e| StoreError::Corrupt(e.to_string()))?,
             )
@@ -517,5 +537,185 @@ impl TaskStore for DynamoStore {
         let out =
             self.update(task_id, expression, "#st = :processing AND fence = :fence", values, &names).await?;
         Ok(if out.is_ok() { FinishOutcome::Written } else { FinishOutcome::StaleFence })
+    }
+}
+
+// ---------------------------------------------------------------- commit summaries
+
+/// Index listing a repository's summaries newest first.
+pub const BY_REPO_INDEX: &str = "by_repo";
+const REPO_PK: &str = "repo_pk";
+const REPO_SK: &str = "repo_sk";
+
+/// DynamoDB adapter of the summary store, in the same table as the tasks: a summary is
+/// `pk = commit#<repo_id>#<sha>` with the JSON in `summary` and `repo_pk`/`repo_sk` for the
+/// [`BY_REPO_INDEX`] index; a delivery marker is `pk = delivery#<id>` with `expires_at`.
+#[derive(Debug, Clone)]
+pub struct DynamoSummaries {
+    client: Client,
+    table: String,
+}
+
+fn summary_pk(repo_id: &str, sha: &str) -> AttributeValue {
+    s(format!("commit#{repo_id}#{sha}"))
+}
+
+fn summary_of(item: &Item) -> Result<crate::commits::CommitSummary, StoreError> {
+    serde_json::from_str(get_s(item, "summary")?).map_err(|e| StoreError::Corrupt(format!("summary: {e}")))
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Cursor {
+    pk: String,
+    repo_pk: String,
+    repo_sk: String,
+}
+
+impl DynamoSummaries {
+    /// A store on `table` (created by [`DynamoStore::create_table`], which adds the index).
+    pub fn new(client: Client, table: &str) -> Self {
+        Self { client, table: table.to_owned() }
+    }
+}
+
+#[async_trait]
+impl crate::ports::SummaryStore for DynamoSummaries {
+    async fn get_summaries(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<Vec<crate::commits::CommitSummary>, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let items: Vec<Item> = keys
+            .iter()
+            .filter(|k| seen.insert((*k).clone()))
+            .map(|(r, sha)| HashMap::from([("pk".to_owned(), summary_pk(r, sha))]))
+            .collect();
+        batch_get(&self.client, &self.table, items).await?.iter().map(summary_of).collect()
+    }
+
+    async fn put_summary(
+        &self,
+        summary: &crate::commits::CommitSummary,
+    ) -> Result<crate::ports::WriteOnce, StoreError> {
+        let json = serde_json::to_string(summary).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        crate::metrics::aws_request("dynamodb", "PutItem");
+        let out = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", summary_pk(&summary.repo_id, &summary.sha))
+            .item(REPO_PK, s(&summary.repo_id))
+            .item(REPO_SK, s(summary.order_key()))
+            .item("summary", s(json))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(crate::ports::WriteOnce::Written),
+            Err(e) if e.code() == Some("ConditionalCheckFailedException") => {
+                Ok(crate::ports::WriteOnce::Exists)
+            }
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    async fn list_summaries(
+        &self,
+        repo_id: &str,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<crate::ports::SummaryPage, StoreError> {
+        use base64::Engine;
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let start = match cursor {
+            None => None,
+            Some(c) => {
+                let bytes = engine.decode(c).map_err(|_| StoreError::Corrupt("cursor".into()))?;
+                let c: Cursor =
+                    serde_json::from_slice(&bytes).map_err(|_| StoreError::Corrupt("cursor".into()))?;
+                if c.repo_pk != repo_id {
+                    return Err(StoreError::Corrupt("cursor of another repository".into()));
+                }
+                Some(HashMap::from([
+                    ("pk".to_owned(), s(c.pk)),
+                    (REPO_PK.to_owned(), s(c.repo_pk)),
+                    (REPO_SK.to_owned(), s(c.repo_sk)),
+                ]))
+            }
+        };
+        // One more than asked, so a next cursor is only given when there is a next item.
+        let want = limit + 1;
+        let mut items: Vec<Item> = Vec::new();
+        let mut exclusive = start;
+        loop {
+            crate::metrics::aws_request("dynamodb", "Query");
+            let resp = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(BY_REPO_INDEX)
+                .key_condition_expression("#r = :r")
+                .expression_attribute_names("#r", REPO_PK)
+                .expression_attribute_values(":r", s(repo_id))
+                .scan_index_forward(false)
+                .limit((want - items.len()) as i32)
+                .set_exclusive_start_key(exclusive.take())
+                .send()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            items.extend(resp.items().iter().cloned());
+            match resp.last_evaluated_key() {
+                Some(k) if items.len() < want && !k.is_empty() => exclusive = Some(k.clone()),
+                _ => break,
+            }
+        }
+        let more = items.len() > limit;
+        items.truncate(limit);
+        let next = match items.last() {
+            Some(last) if more => {
+                let c = Cursor {
+                    pk: get_s(last, "pk")?.to_owned(),
+                    repo_pk: get_s(last, REPO_PK)?.to_owned(),
+                    repo_sk: get_s(last, REPO_SK)?.to_owned(),
+                };
+                Some(engine.encode(serde_json::to_vec(&c).map_err(|e| StoreError::Corrupt(e.to_string()))?))
+            }
+            _ => None,
+        };
+        let items = items.iter().map(summary_of).collect::<Result<Vec<_>, _>>()?;
+        Ok(crate::ports::SummaryPage { items, next })
+    }
+
+    async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError> {
+        crate::metrics::aws_request("dynamodb", "PutItem");
+        let now = now_ms / 1000;
+        let out = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(format!("delivery#{delivery}")))
+            .item("expires_at", n(now + ttl_secs))
+            // DynamoDB's TTL deletes lazily: an expired marker still present counts as absent.
+            .condition_expression("attribute_not_exists(pk) OR expires_at < :now")
+            .expression_attribute_values(":now", n(now))
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some("ConditionalCheckFailedException") => Ok(false),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
+        crate::metrics::aws_request("dynamodb", "DeleteItem");
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("delivery#{delivery}")))
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(())
     }
 }

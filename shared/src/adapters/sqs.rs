@@ -168,6 +168,13 @@ impl QueueSend for SqsQueue {
             .map_err(|e| unavailable(&e))?;
         Ok(out.message_id().unwrap_or_default().to_owned())
     }
+
+    async fn send_batch(
+        &self,
+        messages: &[(String, BTreeMap<String, String>)],
+    ) -> Result<Vec<String>, QueueError> {
+        SqsQueue::send_batch(self, messages).await
+    }
 }
 
 #[async_trait]

@@ -6,9 +6,11 @@ mod db;
 mod lock;
 mod queue;
 mod store;
+mod summaries;
 
 pub use cache::MemoryCache;
 pub use db::{DbOpenError, EmbeddedDb};
 pub use lock::MemoryLock;
 pub use queue::{DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, EmbeddedQueue, EmbeddedQueues, QueueSettings};
 pub use store::EmbeddedStore;
+pub use summaries::EmbeddedSummaries;

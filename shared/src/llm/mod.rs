@@ -32,7 +32,10 @@ pub fn system_prompt(kind: Kind) -> &'static str {
         Kind::MultiFile => "Make the requested change across the files. Answer with a unified diff.",
         Kind::Refactor => "Refactor as requested without changing behaviour. Answer with a unified diff.",
         Kind::Agent => "Plan and carry out the task step by step. Answer with the result.",
-        Kind::CommitSummary => "Summarize the commit in one or two sentences for a changelog.",
+        Kind::CommitSummary => {
+            "You summarize Git commits for a changelog, one or two sentences each. Answer with only a JSON \
+             array of {\"sha\", \"summary\"} objects, one per commit in the prompt."
+        }
     }
 }
 
@@ -72,10 +75,37 @@ pub async fn fetch_secret(
     client: &aws_sdk_secretsmanager::Client,
     secret_id: &str,
 ) -> Result<String, crate::config::ConfigError> {
+    fetch_named_secret(client, secret_id, "LANES_LLM_API_KEY_SECRET").await
+}
+
+/// A value from the variable `var`, else from the Secrets Manager secret named by `secret_var`
+/// (fetched once, at cold start), else `None`.
+pub async fn env_or_secret(
+    var: &'static str,
+    secret_var: &'static str,
+) -> Result<Option<String>, crate::config::ConfigError> {
+    if let Ok(v) = std::env::var(var) {
+        return Ok(Some(v));
+    }
+    match std::env::var(secret_var) {
+        Err(_) => Ok(None),
+        Ok(secret) => {
+            let sdk = crate::adapters::sdk_config(&Default::default()).await;
+            let client = aws_sdk_secretsmanager::Client::new(&sdk);
+            Ok(Some(fetch_named_secret(&client, &secret, secret_var).await?))
+        }
+    }
+}
+
+/// [`fetch_secret`], naming `var` in its errors.
+pub async fn fetch_named_secret(
+    client: &aws_sdk_secretsmanager::Client,
+    secret_id: &str,
+    var: &'static str,
+) -> Result<String, crate::config::ConfigError> {
     use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
     crate::metrics::aws_request("secretsmanager", "GetSecretValue");
-    let invalid =
-        |reason: String| crate::config::ConfigError::Invalid { name: "LANES_LLM_API_KEY_SECRET", reason };
+    let invalid = |reason: String| crate::config::ConfigError::Invalid { name: var, reason };
     let out = client.get_secret_value().secret_id(secret_id).send().await.map_err(|e| {
         invalid(format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default()))
     })?;
@@ -113,18 +143,7 @@ pub async fn from_env(
         name: "LANES_LLM_PROVIDER",
         reason: e.to_string(),
     };
-    let key = |var: &'static str| async move {
-        if let Ok(k) = std::env::var(var) {
-            return Ok::<Option<String>, ConfigError>(Some(k));
-        }
-        match std::env::var("LANES_LLM_API_KEY_SECRET") {
-            Err(_) => Ok(None),
-            Ok(secret) => {
-                let sdk = crate::adapters::sdk_config(&Default::default()).await;
-                Ok(Some(fetch_secret(&aws_sdk_secretsmanager::Client::new(&sdk), &secret).await?))
-            }
-        }
-    };
+    let key = |var: &'static str| env_or_secret(var, "LANES_LLM_API_KEY_SECRET");
     match std::env::var("LANES_LLM_PROVIDER").unwrap_or_else(|_| "offline".into()).as_str() {
         "offline" => Ok(Arc::new(OfflineProvider::new(|_| offline_latency))),
         "openai" => {

@@ -47,6 +47,13 @@ impl LlmClient for OfflineProvider {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        if request.kind == crate::domain::Kind::CommitSummary {
+            // A valid answer to the batch prompt, so the commits pipeline runs end to end offline.
+            let text = crate::commits::prompt::offline_answer(&request.prompt);
+            let usage =
+                TokenUsage { prompt: approx_tokens(&request.prompt), completion: approx_tokens(&text) };
+            return Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage });
+        }
         let digest = sha256_hex(request.prompt.as_bytes());
         let files = if request.target_files.is_empty() {
             "no files".to_owned()

@@ -1,0 +1,431 @@
+//! Diff sources behind [`DiffSource`]: GitHub REST (`Accept: application/vnd.github.diff`), GitLab
+//! REST (`/projects/:id/repository/commits/:sha/diff`, paginated, rebuilt as a unified diff), and a
+//! local repository through the `git` CLI. [`DiffSources`] routes a commit to its provider's source;
+//! a provider without one is a permanent error, so a deployment never reads what it was not given.
+
+use super::{CommitMessage, Provider};
+use crate::config::ConfigError;
+use crate::llm::retry::retry_hint;
+use crate::ports::{DiffError, DiffSource};
+use async_trait::async_trait;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Diffs larger than this are refused by the sources (the budget would keep a sliver of them anyway).
+pub const MAX_DIFF_BYTES: usize = 64 * 1024 * 1024;
+
+fn http(timeout: Duration) -> Result<reqwest::Client, ConfigError> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .user_agent("lanes-commit-summaries")
+        .build()
+        .map_err(|e| ConfigError::Invalid { name: "http client", reason: e.to_string() })
+}
+
+fn transport(e: &reqwest::Error) -> DiffError {
+    DiffError::Retryable { message: format!("request failed: {e}"), retry_after: None }
+}
+
+/// Maps a non-success answer: 429, 5xx and rate-limit 403s are retryable (with the host's reset
+/// hint); everything else (401, 404, 422…) is permanent.
+async fn status_error(host: &str, resp: reqwest::Response) -> DiffError {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let rate_limited = status == 429
+        || (status == 403
+            && (headers.get("x-ratelimit-remaining").is_some_and(|v| v.as_bytes() == b"0")
+                || headers.contains_key("retry-after")));
+    let hint = retry_hint(&headers, SystemTime::now()).or_else(|| {
+        // GitHub's primary limit: `x-ratelimit-reset` is an epoch second.
+        let reset: u64 = headers.get("x-ratelimit-reset")?.to_str().ok()?.parse().ok()?;
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs();
+        Some(Duration::from_secs(reset.saturating_sub(now)))
+    });
+    let body = resp.text().await.unwrap_or_default();
+    let detail: String = body.chars().take(200).collect();
+    if rate_limited || status == 408 || status >= 500 {
+        DiffError::Retryable { message: format!("{host} answered {status}"), retry_after: hint }
+    } else {
+        DiffError::Permanent(format!("{host} answered {status}: {detail}"))
+    }
+}
+
+async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, DiffError> {
+    if resp.content_length().is_some_and(|n| n as usize > MAX_DIFF_BYTES) {
+        return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
+    }
+    let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
+    if bytes.len() > MAX_DIFF_BYTES {
+        return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
+    }
+    Ok(bytes.to_vec())
+}
+
+/// GitHub's REST API (github.com or Enterprise).
+#[derive(Debug, Clone)]
+pub struct GitHubSource {
+    http: reqwest::Client,
+    api: String,
+    token: Option<String>,
+}
+
+impl GitHubSource {
+    /// A source on `api` (e.g. `https://api.github.com`) with an optional token.
+    pub fn new(api: &str, token: Option<String>, timeout: Duration) -> Result<Self, ConfigError> {
+        Ok(Self { http: http(timeout)?, api: api.trim_end_matches('/').to_owned(), token })
+    }
+}
+
+#[async_trait]
+impl DiffSource for GitHubSource {
+    async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
+        // `owner/name` only: the path is built from it, so nothing else may pass. A renamed repository
+        // answers with a redirect, which the client follows.
+        let valid = commit.repo.split_once('/').is_some_and(|(o, n)| {
+            [o, n].iter().all(|p| {
+                !p.is_empty()
+                    && *p != ".."
+                    && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            })
+        });
+        if !valid {
+            return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", commit.repo)));
+        }
+        let url = format!("{}/repos/{}/commits/{}", self.api, commit.repo, commit.sha);
+        let mut req = self
+            .http
+            .get(url)
+            .header("accept", "application/vnd.github.diff")
+            .header("x-github-api-version", "2022-11-28");
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| transport(&e))?;
+        if !resp.status().is_success() {
+            return Err(status_error("GitHub", resp).await);
+        }
+        Ok(String::from_utf8_lossy(&read_limited(resp).await?).into_owned())
+    }
+}
+
+/// GitLab's REST API (gitlab.com or self-managed).
+#[derive(Debug, Clone)]
+pub struct GitLabSource {
+    http: reqwest::Client,
+    api: String,
+    token: Option<String>,
+}
+
+impl GitLabSource {
+    /// A source on `base` (e.g. `https://gitlab.com`) with an optional token.
+    pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Self, ConfigError> {
+        Ok(Self { http: http(timeout)?, api: base.trim_end_matches('/').to_owned(), token })
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct GitLabDiff {
+    old_path: String,
+    new_path: String,
+    #[serde(default)]
+    diff: String,
+    #[serde(default)]
+    new_file: bool,
+    #[serde(default)]
+    deleted_file: bool,
+    #[serde(default)]
+    renamed_file: bool,
+    #[serde(default)]
+    a_mode: Option<String>,
+    #[serde(default)]
+    b_mode: Option<String>,
+}
+
+/// GitLab answers hunks per file; this rebuilds the `diff --git` headers the budget keys on.
+fn gitlab_unified(files: &[GitLabDiff]) -> String {
+    let mut out = String::new();
+    for f in files {
+        out.push_str(&format!("diff --git a/{} b/{}\n", f.old_path, f.new_path));
+        if f.new_file {
+            out.push_str(&format!("new file mode {}\n", f.b_mode.as_deref().unwrap_or("100644")));
+        } else if f.deleted_file {
+            out.push_str(&format!("deleted file mode {}\n", f.a_mode.as_deref().unwrap_or("100644")));
+        } else if f.renamed_file {
+            out.push_str(&format!("rename from {}\nrename to {}\n", f.old_path, f.new_path));
+        }
+        let old = if f.new_file { "/dev/null".to_owned() } else { format!("a/{}", f.old_path) };
+        let new = if f.deleted_file { "/dev/null".to_owned() } else { format!("b/{}", f.new_path) };
+        if f.diff.is_empty() {
+            continue;
+        }
+        if f.diff.starts_with("Binary files") {
+            out.push_str(&f.diff);
+        } else {
+            out.push_str(&format!("--- {old}\n+++ {new}\n{}", f.diff));
+        }
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[async_trait]
+impl DiffSource for GitLabSource {
+    async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
+        let id = commit.repo_id.trim_start_matches("gitlab:");
+        let mut files: Vec<GitLabDiff> = Vec::new();
+        let mut page = 1u32;
+        let mut bytes = 0usize;
+        loop {
+            let url = format!(
+                "{}/api/v4/projects/{id}/repository/commits/{}/diff?per_page=100&page={page}",
+                self.api, commit.sha
+            );
+            let mut req = self.http.get(url);
+            if let Some(t) = &self.token {
+                req = req.header("private-token", t);
+            }
+            let resp = req.send().await.map_err(|e| transport(&e))?;
+            if !resp.status().is_success() {
+                return Err(status_error("GitLab", resp).await);
+            }
+            let next = resp
+                .headers()
+                .get("x-next-page")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u32>().ok());
+            let body = read_limited(resp).await?;
+            bytes += body.len();
+            if bytes > MAX_DIFF_BYTES {
+                return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
+            }
+            let chunk: Vec<GitLabDiff> = serde_json::from_slice(&body)
+                .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
+            files.extend(chunk);
+            match next {
+                Some(n) if n > page && n < 10_000 => page = n,
+                _ => break,
+            }
+        }
+        Ok(gitlab_unified(&files))
+    }
+}
+
+/// A repository on this machine, read with the `git` CLI (`commit.repo` is its path).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalGit;
+
+#[async_trait]
+impl DiffSource for LocalGit {
+    async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
+        let out = tokio::process::Command::new("git")
+            .arg("-C")
+            .arg(&commit.repo)
+            .args([
+                "show",
+                "--format=",
+                "--no-color",
+                "--no-ext-diff",
+                "--no-textconv",
+                "--diff-merges=first-parent",
+            ])
+            .arg(&commit.sha)
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| DiffError::Permanent(format!("cannot run git: {e}")))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(DiffError::Permanent(format!("git show {}: {}", commit.sha, err.trim())));
+        }
+        if out.stdout.len() > MAX_DIFF_BYTES {
+            return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// Routes each commit to its provider's source.
+#[derive(Clone, Default)]
+pub struct DiffSources {
+    /// GitHub, when configured.
+    pub github: Option<Arc<dyn DiffSource>>,
+    /// GitLab, when configured.
+    pub gitlab: Option<Arc<dyn DiffSource>>,
+    /// Local repositories (only `lanes dev` and `lanes summarize`).
+    pub local: Option<Arc<dyn DiffSource>>,
+}
+
+impl DiffSources {
+    /// GitHub and GitLab from the environment: `LANES_GITHUB_API_URL` (default
+    /// `https://api.github.com`), `LANES_GITHUB_TOKEN` or the secret `LANES_GITHUB_TOKEN_SECRET`;
+    /// `LANES_GITLAB_URL` (default `https://gitlab.com`), `LANES_GITLAB_API_TOKEN` or the secret
+    /// `LANES_GITLAB_API_TOKEN_SECRET`. With `local`, local repositories too.
+    pub async fn from_env(local: bool) -> Result<Self, ConfigError> {
+        let timeout = Duration::from_secs(20);
+        let github_url =
+            std::env::var("LANES_GITHUB_API_URL").unwrap_or_else(|_| "https://api.github.com".into());
+        let github_token =
+            crate::llm::env_or_secret("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET").await?;
+        let gitlab_url = std::env::var("LANES_GITLAB_URL").unwrap_or_else(|_| "https://gitlab.com".into());
+        let gitlab_token =
+            crate::llm::env_or_secret("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET").await?;
+        Ok(Self {
+            github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout)?)),
+            gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout)?)),
+            local: local.then(|| Arc::new(LocalGit) as Arc<dyn DiffSource>),
+        })
+    }
+
+    /// Only local repositories.
+    pub fn local_only() -> Self {
+        Self { local: Some(Arc::new(LocalGit)), ..Self::default() }
+    }
+}
+
+#[async_trait]
+impl DiffSource for DiffSources {
+    async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
+        let source = match commit.provider {
+            Provider::Github => &self.github,
+            Provider::Gitlab => &self.gitlab,
+            Provider::Local => &self.local,
+        };
+        match source {
+            Some(s) => s.diff(commit).await,
+            None => Err(DiffError::Permanent(format!("no diff source for {} here", commit.provider))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::{Path, Query};
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use std::collections::HashMap;
+
+    const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    fn msg(provider: Provider, repo_id: &str, repo: &str) -> CommitMessage {
+        CommitMessage {
+            provider,
+            repo_id: repo_id.into(),
+            repo: repo.into(),
+            sha: SHA.into(),
+            subject: String::new(),
+            committed_at_ms: 0,
+        }
+    }
+
+    async fn serve(router: axum::Router) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn github_rest_on_a_fake_server() {
+        let router = axum::Router::new().route(
+            "/repos/{owner}/{id}/commits/{sha}",
+            get(|Path((_owner, id, sha)): Path<(String, String, String)>, headers: HeaderMap| async move {
+                let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or("");
+                let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+                match id.as_str() {
+                    "1" if accept == "application/vnd.github.diff" && auth == "Bearer t0k" => {
+                        format!("diff --git a/x b/x\n@@ -1 +1 @@\n+{sha}\n").into_response()
+                    }
+                    "2" => (StatusCode::NOT_FOUND, r#"{"message":"Not Found"}"#).into_response(),
+                    "3" => {
+                        (StatusCode::FORBIDDEN, [("x-ratelimit-remaining", "0"), ("retry-after", "7")], "")
+                            .into_response()
+                    }
+                    _ => (StatusCode::BAD_GATEWAY, "").into_response(),
+                }
+            }),
+        );
+        let base = serve(router).await;
+        let gh = GitHubSource::new(&base, Some("t0k".into()), Duration::from_secs(5)).unwrap();
+        let d = gh.diff(&msg(Provider::Github, "github:1", "o/1")).await.unwrap();
+        assert!(d.contains(SHA));
+        assert!(matches!(
+            gh.diff(&msg(Provider::Github, "github:2", "o/2")).await,
+            Err(DiffError::Permanent(_))
+        ));
+        match gh.diff(&msg(Provider::Github, "github:3", "o/3")).await {
+            Err(DiffError::Retryable { retry_after, .. }) => {
+                assert_eq!(retry_after, Some(Duration::from_secs(7)))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            gh.diff(&msg(Provider::Github, "github:4", "o/4")).await.unwrap_err().to_string().contains("502")
+        );
+        assert!(
+            gh.diff(&msg(Provider::Github, "github:1", "o/../x"))
+                .await
+                .unwrap_err()
+                .to_string()
+                .contains("owner/name")
+        );
+    }
+
+    #[tokio::test]
+    async fn gitlab_rest_pages_are_rebuilt_as_one_unified_diff() {
+        let router = axum::Router::new().route(
+            "/api/v4/projects/{id}/repository/commits/{sha}/diff",
+            get(|Query(q): Query<HashMap<String, String>>, headers: HeaderMap| async move {
+                assert_eq!(headers.get("private-token").unwrap(), "glpat");
+                let page = q.get("page").cloned().unwrap_or_default();
+                let body = if page == "1" {
+                    serde_json::json!([{"old_path":"a.rs","new_path":"a.rs","diff":"@@ -1 +1 @@\n-x\n+y\n"}])
+                } else {
+                    serde_json::json!([{"old_path":"b.rs","new_path":"b.rs","diff":"@@ -0,0 +1 @@\n+z\n","new_file":true,"b_mode":"100644"}])
+                };
+                let next = if page == "1" { "2" } else { "" };
+                ([("x-next-page", next)], axum::Json(body)).into_response()
+            }),
+        );
+        let base = serve(router).await;
+        let gl = GitLabSource::new(&base, Some("glpat".into()), Duration::from_secs(5)).unwrap();
+        let d = gl.diff(&msg(Provider::Gitlab, "gitlab:42", "g/p")).await.unwrap();
+        assert_eq!(
+            d,
+            "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1 +1 @@\n-x\n+y\n\
+             diff --git a/b.rs b/b.rs\nnew file mode 100644\n--- /dev/null\n+++ b/b.rs\n@@ -0,0 +1 @@\n+z\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_local_repository_through_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            let out =
+                std::process::Command::new("git").arg("-C").arg(dir.path()).args(args).output().unwrap();
+            assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        git(&["init", "-q"]);
+        std::fs::write(dir.path().join("a.txt"), "hello\n").unwrap();
+        git(&["add", "."]);
+        git(&["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first"]);
+        std::fs::write(dir.path().join("a.txt"), "hello\nworld\n").unwrap();
+        git(&["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "second"]);
+        let head = git(&["rev-parse", "HEAD"]).trim().to_owned();
+        let root = git(&["rev-parse", "HEAD~1"]).trim().to_owned();
+        let mut m = msg(Provider::Local, "local:01234567", dir.path().to_str().unwrap());
+        m.sha = head;
+        let d = LocalGit.diff(&m).await.unwrap();
+        assert!(d.starts_with("diff --git a/a.txt b/a.txt") && d.contains("+world"), "{d}");
+        m.sha = root;
+        assert!(LocalGit.diff(&m).await.unwrap().contains("+hello"), "the root commit diffs against nothing");
+        m.sha = "f".repeat(40);
+        assert!(matches!(LocalGit.diff(&m).await, Err(DiffError::Permanent(_))));
+        let none = DiffSources::default();
+        assert!(none.diff(&m).await.unwrap_err().to_string().contains("no diff source for local"));
+    }
+}

@@ -1,0 +1,271 @@
+//! `lanes summarize --repo PATH`: a local repository's commits through the real commits pipeline on
+//! embedded defaults (design §7): one message per commit onto the embedded `commits` queue, drained by
+//! the commits worker in batches of up to 100, summaries written to the redb store under the data dir.
+//! A second run answers from the store and makes no LLM call.
+
+use super::sources::DiffSources;
+use super::worker::{CommitsConfig, CommitsWorker, Served};
+use super::{CommitMessage, Provider, commit_key};
+use crate::backend::Adapters;
+use crate::clock::SharedClock;
+use crate::config::WorkerConfig;
+use crate::domain::Lane;
+use crate::metrics::Metrics;
+use crate::ports::{LlmClient, QueueConsume, ReceivedMessage};
+use crate::worker::Outcome;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors of `lanes summarize`, each saying what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum SummarizeError {
+    /// `git` failed or the path is not a repository.
+    #[error("{0}")]
+    Git(String),
+    /// The queue or store failed.
+    #[error("{0}")]
+    Pipeline(String),
+}
+
+/// Which commits.
+#[derive(Debug, Clone)]
+pub enum Range {
+    /// The newest N commits reachable from HEAD.
+    Last(usize),
+    /// Commits reachable from HEAD and not from REV.
+    Since(String),
+}
+
+async fn git(repo: &Path, args: &[&str]) -> Result<String, SummarizeError> {
+    let out = tokio::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| SummarizeError::Git(format!("cannot run git: {e}")))?;
+    if !out.status.success() {
+        return Err(SummarizeError::Git(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The repository's identity: `local:` + the first 16 hex digits of its oldest root commit, so two
+/// clones of one repository share summaries and two repositories never do.
+pub async fn repo_id(repo: &Path) -> Result<String, SummarizeError> {
+    let roots = git(repo, &["rev-list", "--max-parents=0", "HEAD"]).await?;
+    let mut roots: Vec<&str> = roots.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    roots.sort_unstable();
+    let root = roots.first().ok_or_else(|| SummarizeError::Git("the repository has no commits".into()))?;
+    Ok(format!("local:{}", &root[..16.min(root.len())]))
+}
+
+/// The commits of `range`, newest first, as queue messages.
+pub async fn list_commits(repo: &Path, range: &Range) -> Result<Vec<CommitMessage>, SummarizeError> {
+    let top = git(repo, &["rev-parse", "--show-toplevel"]).await?;
+    let top = PathBuf::from(top.trim());
+    let repo_id = repo_id(&top).await?;
+    let mut args = vec!["log".to_owned(), "--format=%H%x1f%ct%x1f%s".to_owned()];
+    match range {
+        Range::Last(n) => args.push(format!("--max-count={n}")),
+        Range::Since(rev) => {
+            if rev.starts_with('-') {
+                return Err(SummarizeError::Git(format!("`{rev}` is not a revision")));
+            }
+            args.push(format!("{rev}..HEAD"));
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let log = git(&top, &args).await?;
+    let repo = top.display().to_string();
+    Ok(log
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, '\u{1f}');
+            let (sha, at, subject) = (parts.next()?, parts.next()?, parts.next().unwrap_or(""));
+            Some(CommitMessage {
+                provider: Provider::Local,
+                repo_id: repo_id.clone(),
+                repo: repo.clone(),
+                sha: sha.to_owned(),
+                subject: super::subject_of(subject),
+                committed_at_ms: at.parse::<u64>().unwrap_or(0) * 1000,
+            })
+        })
+        .collect())
+}
+
+/// One row of the result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Commit id.
+    pub sha: String,
+    /// First line of its message.
+    pub subject: String,
+    /// The summary (or why there is none).
+    pub summary: String,
+    /// Tokens this commit cost (its share of its call), 0 when answered from cache.
+    pub tokens: u64,
+    /// `llm`, `rule`, `cache`, or `failed`.
+    pub source: &'static str,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Repository path.
+    pub repo: String,
+    /// Its `repo_id`.
+    pub repo_id: String,
+    /// Commits asked for.
+    pub commits: usize,
+    /// Model calls made.
+    pub llm_calls: u64,
+    /// Commits answered from the cache or the store.
+    pub cache_hits: u64,
+    /// Commits summarized by rule (noise only), without the model.
+    pub rule_summaries: u64,
+    /// Prompt tokens reported by the model.
+    pub prompt_tokens: u64,
+    /// Completion tokens reported by the model.
+    pub completion_tokens: u64,
+    /// Prompt-token budget of one call.
+    pub batch_tokens: usize,
+    /// Commits that could not be summarized (moved to the DLQ).
+    pub failed: usize,
+    /// One row per commit, newest first.
+    pub summaries: Vec<Row>,
+}
+
+/// Receives up to `max` messages (SQS gives at most 10 a call), each leased for `visibility`.
+pub async fn receive_batch(
+    queue: &dyn QueueConsume,
+    max: usize,
+    visibility: Duration,
+) -> Result<Vec<ReceivedMessage>, crate::ports::QueueError> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        let got = queue.receive_for((max - out.len()).min(10), Some(visibility)).await?;
+        if got.is_empty() {
+            break;
+        }
+        out.extend(got);
+    }
+    Ok(out)
+}
+
+/// Runs the pipeline over `commits` on `adapters`, calling `progress(done, total)` as commits finish.
+pub async fn run(
+    commits: Vec<CommitMessage>,
+    adapters: &Adapters,
+    llm: Arc<dyn LlmClient>,
+    clock: SharedClock,
+    progress: impl Fn(usize, usize),
+) -> Result<Report, SummarizeError> {
+    let queue = adapters.consume[Lane::Commits.index()].clone();
+    let lease = WorkerConfig::default();
+    let worker = CommitsWorker {
+        summaries: adapters.summaries.clone(),
+        cache: adapters.cache.clone(),
+        lock: adapters.lock.clone(),
+        llm,
+        diffs: Arc::new(DiffSources::local_only()),
+        metrics: Metrics::new(),
+        clock,
+        lease,
+        config: CommitsConfig::default(),
+    };
+    let mut report = Report {
+        commits: commits.len(),
+        batch_tokens: worker.config.batch_tokens,
+        repo: commits.first().map(|c| c.repo.clone()).unwrap_or_default(),
+        repo_id: commits.first().map(|c| c.repo_id.clone()).unwrap_or_default(),
+        ..Report::default()
+    };
+    let messages: Vec<(String, BTreeMap<String, String>)> = commits
+        .iter()
+        .filter_map(|c| serde_json::to_string(c).ok())
+        .map(|b| (b, BTreeMap::from([("lane".to_owned(), "commits".to_owned())])))
+        .collect();
+    let unsent = adapters.send[Lane::Commits.index()]
+        .send_batch(&messages)
+        .await
+        .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+    if !unsent.is_empty() {
+        return Err(SummarizeError::Pipeline(format!("{} commits could not be queued", unsent.len())));
+    }
+    let wanted: HashSet<String> = commits.iter().map(CommitMessage::key).collect();
+    let mut rows: HashMap<String, Row> = HashMap::new();
+    let total = wanted.len();
+    progress(0, total);
+    while rows.len() < total {
+        let batch = receive_batch(&*queue, 100, lease.lease_ttl)
+            .await
+            .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+        if batch.is_empty() {
+            // Handed-back commits (a throttled model) come back after their delay.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let bodies: HashMap<String, String> =
+            batch.iter().map(|m| (m.message_id.clone(), m.body.clone())).collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+        let (outcomes, r) = worker.process_batch(queue.clone(), batch, deadline).await;
+        report.llm_calls += r.llm_calls;
+        report.prompt_tokens += r.prompt_tokens;
+        report.completion_tokens += r.completion_tokens;
+        for done in r.done {
+            let key = done.summary.key();
+            if !wanted.contains(&key) || rows.contains_key(&key) {
+                continue;
+            }
+            let source = match done.served {
+                Served::Llm => "llm",
+                Served::Rule => "rule",
+                Served::Cache | Served::Store => "cache",
+            };
+            match done.served {
+                Served::Cache | Served::Store => report.cache_hits += 1,
+                Served::Rule => report.rule_summaries += 1,
+                Served::Llm => {}
+            }
+            let tokens = match done.served {
+                Served::Llm => done.summary.tokens.prompt + done.summary.tokens.completion,
+                _ => 0,
+            };
+            rows.insert(
+                key,
+                Row {
+                    sha: done.summary.sha,
+                    subject: done.summary.subject,
+                    summary: done.summary.summary,
+                    tokens,
+                    source,
+                },
+            );
+        }
+        for (id, outcome) in outcomes {
+            if let Outcome::DeadLettered { reason } = outcome
+                && let Some(c) = bodies.get(&id).and_then(|b| serde_json::from_str::<CommitMessage>(b).ok())
+                && wanted.contains(&c.key())
+                && !rows.contains_key(&c.key())
+            {
+                report.failed += 1;
+                rows.insert(
+                    c.key(),
+                    Row { sha: c.sha, subject: c.subject, summary: reason, tokens: 0, source: "failed" },
+                );
+            }
+        }
+        progress(rows.len(), total);
+    }
+    report.summaries = commits.iter().filter_map(|c| rows.remove(&commit_key(&c.repo_id, &c.sha))).collect();
+    Ok(report)
+}

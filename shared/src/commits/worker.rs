@@ -1,0 +1,764 @@
+//! The commits lane's worker (design §1, §3, §4): a whole batch of commit messages at once. Every
+//! message is leased at receipt and renewed by one heartbeat (visibility and lock together); each
+//! distinct `repo_id:sha` is answered from the hot cache, then the store (`BatchGetItem`), and only
+//! the rest are locked, diffed, trimmed, packed into as few LLM calls as the budget allows, validated,
+//! written once (`attribute_not_exists`), cached for 24 h and acknowledged. Nothing is dropped: a
+//! commit held by another worker, or failing for a reason that may pass, goes back to the queue.
+
+use super::budget::{self, Trimmed};
+use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
+use super::{CommitMessage, CommitSummary, SummarySource, summary_cache_key};
+use crate::clock::SharedClock;
+use crate::config::WorkerConfig;
+use crate::domain::{Kind, Lane, TokenUsage};
+use crate::metrics::Metrics;
+use crate::ports::{
+    Acquire, Cache, DiffError, DiffSource, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
+    QueueError, ReceivedMessage, SummaryStore, WriteOnce,
+};
+use crate::worker::{Outcome, ack, dead_letter, full_jitter_backoff, hand_back};
+use futures::future::join_all;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+const LANE: &str = "commits";
+
+/// Tunables of the commits worker.
+#[derive(Debug, Clone, Copy)]
+pub struct CommitsConfig {
+    /// Per-commit diff budget in tokens.
+    pub diff_tokens: usize,
+    /// Prompt-token budget of one call (commit sections).
+    pub batch_tokens: usize,
+    /// Most commits per call.
+    pub max_commits_per_call: usize,
+    /// Lifetime of a summary in the hot cache.
+    pub cache_ttl: Duration,
+    /// Diffs fetched at once.
+    pub diff_concurrency: usize,
+    /// LLM calls at once (the shared limiter still applies).
+    pub llm_concurrency: usize,
+}
+
+impl Default for CommitsConfig {
+    fn default() -> Self {
+        Self {
+            diff_tokens: budget::DIFF_TOKENS,
+            batch_tokens: prompt::BATCH_TOKENS,
+            max_commits_per_call: prompt::MAX_COMMITS_PER_CALL,
+            cache_ttl: Duration::from_secs(24 * 3600),
+            diff_concurrency: 8,
+            llm_concurrency: 4,
+        }
+    }
+}
+
+/// Where a commit's summary came from in this batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Served {
+    /// Written now by the model.
+    Llm,
+    /// Written now by a rule (noise-only commit).
+    Rule,
+    /// Found in the hot cache.
+    Cache,
+    /// Found in the durable store.
+    Store,
+}
+
+/// One commit finished in this batch.
+#[derive(Debug, Clone, Serialize)]
+pub struct Done {
+    /// How it was answered.
+    pub served: Served,
+    /// The stored summary.
+    pub summary: CommitSummary,
+}
+
+/// What a batch did (for metrics, logs, `lanes summarize` and benchmarks).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BatchReport {
+    /// Distinct commits in the batch.
+    pub commits: usize,
+    /// Model calls made.
+    pub llm_calls: u64,
+    /// Answered from the hot cache.
+    pub cache_hits: u64,
+    /// Answered from the durable store.
+    pub store_hits: u64,
+    /// Summarized by rule, no model.
+    pub rule_summaries: u64,
+    /// Prompt tokens reported by the model.
+    pub prompt_tokens: u64,
+    /// Completion tokens reported by the model.
+    pub completion_tokens: u64,
+    /// Commits whose summary another worker wrote first.
+    pub lost_races: u64,
+    /// Commits finished.
+    pub done: Vec<Done>,
+}
+
+/// The commits worker, built once per process.
+#[derive(Clone)]
+pub struct CommitsWorker {
+    /// Immutable summaries.
+    pub summaries: Arc<dyn SummaryStore>,
+    /// Hot cache.
+    pub cache: Arc<dyn Cache>,
+    /// Lease lock.
+    pub lock: Arc<dyn LeaseLock>,
+    /// The model (behind the shared limiter).
+    pub llm: Arc<dyn LlmClient>,
+    /// Where diffs come from.
+    pub diffs: Arc<dyn DiffSource>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Time.
+    pub clock: SharedClock,
+    /// Lease and backoff settings (shared with the task worker).
+    pub lease: WorkerConfig,
+    /// Budgets.
+    pub config: CommitsConfig,
+}
+
+/// One distinct commit of the batch and the deliveries carrying it.
+struct Group {
+    commit: CommitMessage,
+    /// Highest receive count among its deliveries (drives the backoff).
+    receives: u32,
+    members: Vec<usize>,
+    lost: CancellationToken,
+    lock: Option<(String, String)>,
+    outcome: Option<GroupEnd>,
+}
+
+enum GroupEnd {
+    Done(Box<Done>),
+    Retry { after: Duration, reason: String },
+    DeadLetter(String),
+    Lost,
+}
+
+/// A commit waiting for the model.
+struct Pending {
+    group: usize,
+    trimmed: Trimmed,
+    section: String,
+    section_tokens: usize,
+}
+
+struct HeartbeatGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for HeartbeatGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One delivery's lease as the heartbeat sees it.
+#[derive(Clone)]
+struct LeaseEntry {
+    receipt: String,
+    group: usize,
+    lost: CancellationToken,
+    /// The commit's lock, carried by one delivery of its group.
+    lock: Option<(String, String)>,
+}
+
+type Leases = Arc<Mutex<Vec<LeaseEntry>>>;
+
+impl CommitsWorker {
+    /// Processes a batch before `deadline`; returns each message's outcome (by message id) and what
+    /// was done. Commits still waiting at the deadline are handed back at once.
+    pub async fn process_batch(
+        &self,
+        queue: Arc<dyn QueueConsume>,
+        messages: Vec<ReceivedMessage>,
+        deadline: Instant,
+    ) -> (Vec<(String, Outcome)>, BatchReport) {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
+        let mut report = BatchReport::default();
+
+        // Decode; group by key.
+        let mut groups: Vec<Group> = Vec::new();
+        let mut by_key: HashMap<String, usize> = HashMap::new();
+        for (i, m) in messages.iter().enumerate() {
+            let commit = serde_json::from_str::<CommitMessage>(&m.body)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()));
+            match commit {
+                Ok(c) => {
+                    let g = *by_key.entry(c.key()).or_insert_with(|| {
+                        groups.push(Group {
+                            commit: c.clone(),
+                            receives: 0,
+                            members: Vec::new(),
+                            lost: CancellationToken::new(),
+                            lock: None,
+                            outcome: None,
+                        });
+                        groups.len() - 1
+                    });
+                    groups[g].members.push(i);
+                    groups[g].receives = groups[g].receives.max(m.receive_count);
+                }
+                Err(e) => {
+                    let reason = format!("undecodable commit message: {e}");
+                    outcomes[i] =
+                        Some(dead_letter(&self.metrics, &*queue, m, reason, LANE, "undecodable").await);
+                }
+            }
+        }
+        report.commits = groups.len();
+
+        // Lease every delivery now: the queue's own visibility is long; ours is short and renewed.
+        let ttl = self.lease.lease_ttl;
+        let starts = join_all(groups.iter().flat_map(|g| g.members.iter()).map(|&i| {
+            let q = queue.clone();
+            let receipt = messages[i].receipt.clone();
+            async move { (i, q.change_visibility(&receipt, ttl).await) }
+        }))
+        .await;
+        let leases: Leases = Arc::new(Mutex::new(Vec::new()));
+        for (i, r) in starts {
+            let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
+            match r {
+                Ok(()) => {}
+                Err(QueueError::ReceiptInvalid) => groups[g].lost.cancel(),
+                Err(e) => {
+                    warn!(error = %e, "could not start the lease");
+                    groups[g].outcome =
+                        Some(GroupEnd::Retry { after: Duration::ZERO, reason: "queue unavailable".into() });
+                }
+            }
+            if let Ok(mut l) = leases.lock() {
+                l.push(LeaseEntry {
+                    receipt: messages[i].receipt.clone(),
+                    group: g,
+                    lost: groups[g].lost.clone(),
+                    lock: None,
+                });
+            }
+        }
+        let _heartbeat = HeartbeatGuard(self.spawn_heartbeat(queue.clone(), leases.clone()));
+
+        self.answer_known(&mut groups, &mut report).await;
+        self.lock_rest(&mut groups, &leases).await;
+        let pending = self.fetch_and_trim(&mut groups).await;
+        self.summarize(&mut groups, pending, &mut report, deadline).await;
+
+        // Settle every delivery by its group's end.
+        for g in &mut groups {
+            let end = match g.outcome.take() {
+                Some(e) => e,
+                None => GroupEnd::Retry {
+                    after: Duration::ZERO,
+                    reason: "not reached before the deadline".into(),
+                },
+            };
+            let end = if g.lost.is_cancelled() && matches!(end, GroupEnd::Retry { .. }) {
+                GroupEnd::Lost
+            } else {
+                end
+            };
+            for &i in &g.members {
+                let m = &messages[i];
+                outcomes[i] = Some(match &end {
+                    GroupEnd::Done(_) => ack(&*queue, m).await,
+                    GroupEnd::Lost => Outcome::LeaseLost,
+                    GroupEnd::Retry { after, reason } => {
+                        if m.receive_count >= queue.max_receive_count() {
+                            let reason = format!("gave up after {} attempts: {reason}", m.receive_count);
+                            dead_letter(&self.metrics, &*queue, m, reason, LANE, "attempts").await
+                        } else {
+                            hand_back(&*queue, m, *after, reason).await
+                        }
+                    }
+                    GroupEnd::DeadLetter(reason) => {
+                        dead_letter(&self.metrics, &*queue, m, reason.clone(), LANE, "permanent").await
+                    }
+                });
+            }
+            if let (Some((key, token)), false) = (&g.lock, matches!(end, GroupEnd::Lost))
+                && let Err(e) = self.lock.release(key, token).await
+            {
+                warn!(error = %e, "lock release failed; it expires with its TTL");
+            }
+            if let GroupEnd::Done(done) = end {
+                report.done.push(*done);
+            }
+        }
+        let out = messages
+            .iter()
+            .zip(outcomes)
+            .map(|(m, o)| (m.message_id.clone(), o.unwrap_or(Outcome::LeaseLost)))
+            .collect();
+        info!(
+            commits = report.commits,
+            llm_calls = report.llm_calls,
+            cache_hits = report.cache_hits,
+            store_hits = report.store_hits,
+            "commit batch done"
+        );
+        (out, report)
+    }
+
+    fn open(groups: &[Group]) -> impl Iterator<Item = usize> + '_ {
+        groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.outcome.is_none() && !g.lost.is_cancelled())
+            .map(|(i, _)| i)
+    }
+
+    /// Hot cache, then one `BatchGetItem` for the misses.
+    async fn answer_known(&self, groups: &mut [Group], report: &mut BatchReport) {
+        let open: Vec<usize> = Self::open(groups).collect();
+        let hits = join_all(open.iter().map(|&g| {
+            let key = summary_cache_key(&groups[g].commit.repo_id, &groups[g].commit.sha);
+            let cache = self.cache.clone();
+            async move { (g, cache.get(&key).await) }
+        }))
+        .await;
+        for (g, hit) in hits {
+            match hit {
+                Ok(Some(json)) => {
+                    if let Ok(summary) = serde_json::from_str::<CommitSummary>(&json) {
+                        report.cache_hits += 1;
+                        self.metrics.duplicates_total.with_label_values(&["commit_cache"]).inc();
+                        groups[g].outcome =
+                            Some(GroupEnd::Done(Box::new(Done { served: Served::Cache, summary })));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(error = %e, "cache unavailable; reading the store");
+                    self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
+                }
+            }
+        }
+        let open: Vec<usize> = Self::open(groups).collect();
+        if open.is_empty() {
+            return;
+        }
+        let keys: Vec<(String, String)> =
+            open.iter().map(|&g| (groups[g].commit.repo_id.clone(), groups[g].commit.sha.clone())).collect();
+        match self.summaries.get_summaries(&keys).await {
+            Ok(found) => {
+                for summary in found {
+                    let Some(&g) = open.iter().find(|&&g| groups[g].commit.key() == summary.key()) else {
+                        continue;
+                    };
+                    report.store_hits += 1;
+                    self.metrics.duplicates_total.with_label_values(&["commit_store"]).inc();
+                    self.fill_cache(&summary).await;
+                    groups[g].outcome =
+                        Some(GroupEnd::Done(Box::new(Done { served: Served::Store, summary })));
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "store unavailable");
+                for &g in &open {
+                    let after = full_jitter_backoff(&self.lease, groups[g].receives);
+                    groups[g].outcome = Some(GroupEnd::Retry { after, reason: "store unavailable".into() });
+                }
+            }
+        }
+    }
+
+    /// Locks each remaining commit; one held elsewhere goes back for when that lease would end.
+    async fn lock_rest(&self, groups: &mut [Group], leases: &Leases) {
+        let open: Vec<usize> = Self::open(groups).collect();
+        let ttl = self.lease.lease_ttl;
+        let results = join_all(open.iter().map(|&g| {
+            let key = format!("lease:{{commit:{}}}", groups[g].commit.key());
+            let lock = self.lock.clone();
+            async move { (g, key.clone(), lock.acquire(&key, ttl).await) }
+        }))
+        .await;
+        for (g, key, r) in results {
+            match r {
+                Ok(Acquire::Acquired(token)) => {
+                    groups[g].lock = Some((key.clone(), token.clone()));
+                    if let Ok(mut l) = leases.lock()
+                        && let Some(entry) = l.iter_mut().find(|e| e.group == g)
+                    {
+                        entry.lock = Some((key, token));
+                    }
+                }
+                Ok(Acquire::Held { remaining }) => {
+                    self.metrics.lock_contended_total.with_label_values(&[LANE]).inc();
+                    let jitter = rand::random_range(0..=self.lease.lock_jitter_max.as_millis() as u64);
+                    let after = remaining + Duration::from_millis(jitter);
+                    groups[g].outcome =
+                        Some(GroupEnd::Retry { after, reason: "lease held by another worker".into() });
+                }
+                Err(e) => {
+                    warn!(error = %e, "lock unavailable; running degraded");
+                    self.metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
+                }
+            }
+        }
+    }
+
+    /// Fetches and trims the remaining diffs; noise-only commits are summarized by rule here.
+    async fn fetch_and_trim(&self, groups: &mut [Group]) -> Vec<Pending> {
+        let open: Vec<usize> = Self::open(groups).collect();
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.config.diff_concurrency.max(1)));
+        let max_tokens = self.config.diff_tokens;
+        let fetched = join_all(open.iter().map(|&g| {
+            let (diffs, slots, commit) = (self.diffs.clone(), slots.clone(), groups[g].commit.clone());
+            async move {
+                let _slot = slots.acquire_owned().await;
+                let diff = diffs.diff(&commit).await?;
+                // Tokenizing a large diff is CPU work: off the async workers.
+                let trimmed =
+                    tokio::task::spawn_blocking(move || budget::trim(&diff, max_tokens)).await.map_err(
+                        |e| DiffError::Retryable { message: format!("trim task: {e}"), retry_after: None },
+                    )?;
+                Ok::<_, DiffError>((g, trimmed))
+            }
+        }))
+        .await;
+        let mut pending = Vec::new();
+        for (r, &g) in fetched.into_iter().zip(&open) {
+            let commit = &groups[g].commit;
+            match r {
+                Ok((_, trimmed)) if trimmed.noise_only => {
+                    let summary = self.summary(
+                        commit,
+                        trimmed.rule_summary(),
+                        "rule",
+                        SummarySource::Rule,
+                        TokenUsage::default(),
+                        &trimmed,
+                    );
+                    groups[g].outcome = Some(self.write(&groups[g], summary, Served::Rule).await);
+                }
+                Ok((_, trimmed)) => {
+                    let subject = if commit.subject.is_empty() { "(unknown)" } else { &commit.subject };
+                    let section = prompt::section(&commit.sha, subject, &trimmed.text);
+                    let section_tokens = budget::count_tokens(&section);
+                    pending.push(Pending { group: g, trimmed, section, section_tokens });
+                }
+                Err(DiffError::Permanent(reason)) => {
+                    groups[g].outcome = Some(GroupEnd::DeadLetter(format!("diff unavailable: {reason}")));
+                }
+                Err(DiffError::Retryable { message, retry_after }) => {
+                    let after = full_jitter_backoff(&self.lease, groups[g].receives)
+                        .max(retry_after.unwrap_or_default());
+                    groups[g].outcome =
+                        Some(GroupEnd::Retry { after, reason: format!("diff source: {message}") });
+                }
+            }
+        }
+        pending
+    }
+
+    /// Packs the pending commits into calls, runs them, retries missing answers alone, writes.
+    async fn summarize(
+        &self,
+        groups: &mut [Group],
+        pending: Vec<Pending>,
+        report: &mut BatchReport,
+        deadline: Instant,
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        let sizes: Vec<usize> = pending.iter().map(|p| p.section_tokens).collect();
+        let bins = prompt::pack(&sizes, self.config.batch_tokens, self.config.max_commits_per_call);
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
+        let calls = join_all(bins.iter().map(|bin| {
+            let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
+            let tokens: Vec<CancellationToken> = items.iter().map(|p| groups[p.group].lost.clone()).collect();
+            let slots = slots.clone();
+            async move {
+                let _slot = slots.acquire_owned().await;
+                let r = self.call(&items, &tokens, deadline).await;
+                (items, r)
+            }
+        }))
+        .await;
+        let mut singles: Vec<&Pending> = Vec::new();
+        let mut answered: Vec<(&Pending, String, TokenUsage, String)> = Vec::new();
+        for (items, r) in calls {
+            match r {
+                CallResult::Answered { answers, usage, model } => {
+                    report.llm_calls += 1;
+                    report.prompt_tokens += usage.prompt;
+                    report.completion_tokens += usage.completion;
+                    let ok: Vec<&Pending> = items
+                        .iter()
+                        .copied()
+                        .filter(|p| answers.contains_key(&groups[p.group].commit.sha))
+                        .collect();
+                    let prompts = prompt::apportion(
+                        usage.prompt,
+                        &ok.iter().map(|p| p.section_tokens as u64).collect::<Vec<_>>(),
+                    );
+                    let completions = prompt::apportion(
+                        usage.completion,
+                        &ok.iter()
+                            .map(|p| budget::count_tokens(&answers[&groups[p.group].commit.sha]) as u64)
+                            .collect::<Vec<_>>(),
+                    );
+                    for ((p, pt), ct) in ok.iter().zip(prompts).zip(completions) {
+                        let text = answers[&groups[p.group].commit.sha].clone();
+                        answered.push((p, text, TokenUsage { prompt: pt, completion: ct }, model.clone()));
+                    }
+                    singles.extend(
+                        items.iter().copied().filter(|p| !answers.contains_key(&groups[p.group].commit.sha)),
+                    );
+                }
+                CallResult::Failed(LlmError::Permanent(e)) if items.len() > 1 => {
+                    report.llm_calls += 1;
+                    warn!(error = %e, commits = items.len(), "batch call refused; retrying each commit alone");
+                    singles.extend(items);
+                }
+                CallResult::Failed(e) => {
+                    report.llm_calls += 1;
+                    for p in items {
+                        groups[p.group].outcome = Some(self.llm_failure(&e, groups[p.group].receives));
+                    }
+                }
+                CallResult::Cancelled(reason) => {
+                    for p in items {
+                        groups[p.group].outcome =
+                            Some(GroupEnd::Retry { after: Duration::ZERO, reason: reason.clone() });
+                    }
+                }
+            }
+        }
+        // A commit the batch answer left out or mangled is asked about alone, once.
+        let retried = join_all(singles.iter().map(|p| {
+            let token = vec![groups[p.group].lost.clone()];
+            async move { (*p, self.call(&[*p], &token, deadline).await) }
+        }))
+        .await;
+        for (p, r) in retried {
+            match r {
+                CallResult::Answered { answers, usage, model } => {
+                    report.llm_calls += 1;
+                    report.prompt_tokens += usage.prompt;
+                    report.completion_tokens += usage.completion;
+                    match answers.get(&groups[p.group].commit.sha) {
+                        Some(text) => answered.push((p, text.clone(), usage, model)),
+                        None => {
+                            let after = full_jitter_backoff(&self.lease, groups[p.group].receives);
+                            groups[p.group].outcome = Some(GroupEnd::Retry {
+                                after,
+                                reason: "the model's answer had no valid summary".into(),
+                            });
+                        }
+                    }
+                }
+                CallResult::Failed(e) => {
+                    report.llm_calls += 1;
+                    groups[p.group].outcome = Some(self.llm_failure(&e, groups[p.group].receives));
+                }
+                CallResult::Cancelled(reason) => {
+                    groups[p.group].outcome = Some(GroupEnd::Retry { after: Duration::ZERO, reason });
+                }
+            }
+        }
+        for (p, text, usage, model) in answered {
+            let g = p.group;
+            if groups[g].lost.is_cancelled() {
+                info!(key = %groups[g].commit.key(), "lease lost mid-batch; not writing");
+                self.metrics.leases_lost_total.with_label_values(&[LANE]).inc();
+                groups[g].outcome = Some(GroupEnd::Lost);
+                continue;
+            }
+            let summary =
+                self.summary(&groups[g].commit, text, &model, SummarySource::Llm, usage, &p.trimmed);
+            groups[g].outcome = Some(self.write(&groups[g], summary, Served::Llm).await);
+        }
+        for g in groups.iter() {
+            if let Some(GroupEnd::Done(d)) = &g.outcome
+                && d.served == Served::Rule
+            {
+                report.rule_summaries += 1;
+            }
+        }
+    }
+
+    fn llm_failure(&self, e: &LlmError, receives: u32) -> GroupEnd {
+        match e {
+            LlmError::Permanent(reason) => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "permanent"]).inc();
+                GroupEnd::DeadLetter(format!("the model refused the commit: {reason}"))
+            }
+            LlmError::Retryable { message, retry_after } => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "retryable"]).inc();
+                let after = full_jitter_backoff(&self.lease, receives).max(retry_after.unwrap_or_default());
+                GroupEnd::Retry { after, reason: format!("model: {message}") }
+            }
+        }
+    }
+
+    /// One model call for `items`, abandoned when every item's lease is lost or the deadline comes.
+    async fn call(&self, items: &[&Pending], lost: &[CancellationToken], deadline: Instant) -> CallResult {
+        let request = LlmRequest {
+            lane: Lane::Commits,
+            kind: Kind::CommitSummary,
+            prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
+            target_files: Vec::new(),
+            max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
+        };
+        let all_lost = async {
+            for t in lost {
+                t.cancelled().await;
+            }
+        };
+        let r = tokio::select! {
+            biased;
+            _ = all_lost => return CallResult::Cancelled("lease lost".into()),
+            _ = tokio::time::sleep_until(deadline) => return CallResult::Cancelled("invocation deadline".into()),
+            r = self.llm.complete(&request) => r,
+        };
+        match r {
+            Ok(resp) => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "ok"]).inc();
+                self.metrics.llm_tokens_total.with_label_values(&[LANE, "prompt"]).inc_by(resp.usage.prompt);
+                self.metrics
+                    .llm_tokens_total
+                    .with_label_values(&[LANE, "completion"])
+                    .inc_by(resp.usage.completion);
+                let shas: Vec<&str> = items.iter().map(|p| sha_of(&p.section)).collect();
+                let answers = prompt::parse_answer(&resp.text, &shas);
+                CallResult::Answered { answers, usage: resp.usage, model: resp.model }
+            }
+            Err(e) => CallResult::Failed(e),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn summary(
+        &self,
+        commit: &CommitMessage,
+        text: String,
+        model: &str,
+        source: SummarySource,
+        tokens: TokenUsage,
+        trimmed: &Trimmed,
+    ) -> CommitSummary {
+        CommitSummary {
+            repo_id: commit.repo_id.clone(),
+            sha: commit.sha.clone(),
+            repo: commit.repo.clone(),
+            subject: commit.subject.clone(),
+            summary: text,
+            model: model.to_owned(),
+            source,
+            tokens,
+            diff_tokens: trimmed.tokens as u64,
+            diff_cut: trimmed.cut,
+            committed_at_ms: commit.committed_at_ms,
+            created_at_ms: self.clock.now_ms(),
+        }
+    }
+
+    /// Write once; when another worker won the race, its summary is the one kept and served.
+    async fn write(&self, group: &Group, summary: CommitSummary, served: Served) -> GroupEnd {
+        match self.summaries.put_summary(&summary).await {
+            Ok(WriteOnce::Written) => {
+                self.fill_cache(&summary).await;
+                GroupEnd::Done(Box::new(Done { served, summary }))
+            }
+            Ok(WriteOnce::Exists) => {
+                self.metrics.stale_writes_rejected_total.with_label_values(&[LANE]).inc();
+                let key = [(summary.repo_id.clone(), summary.sha.clone())];
+                match self.summaries.get_summaries(&key).await {
+                    Ok(mut found) if !found.is_empty() => {
+                        let kept = found.remove(0);
+                        self.fill_cache(&kept).await;
+                        GroupEnd::Done(Box::new(Done { served: Served::Store, summary: kept }))
+                    }
+                    _ => GroupEnd::Done(Box::new(Done { served: Served::Store, summary })),
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, key = %group.commit.key(), "summary write failed");
+                GroupEnd::Retry {
+                    after: full_jitter_backoff(&self.lease, group.receives),
+                    reason: "store unavailable".into(),
+                }
+            }
+        }
+    }
+
+    async fn fill_cache(&self, summary: &CommitSummary) {
+        let Ok(json) = serde_json::to_string(summary) else { return };
+        let key = summary_cache_key(&summary.repo_id, &summary.sha);
+        if let Err(e) = self.cache.set(&key, &json, self.config.cache_ttl).await {
+            warn!(error = %e, "cache fill failed");
+            self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
+        }
+    }
+
+    /// One heartbeat for the whole batch: every live delivery's visibility and every held lock are
+    /// renewed together; a refusal cancels that commit's work.
+    fn spawn_heartbeat(&self, queue: Arc<dyn QueueConsume>, leases: Leases) -> tokio::task::JoinHandle<()> {
+        let lock = self.lock.clone();
+        let metrics = self.metrics.clone();
+        let (ttl, every) = (self.lease.lease_ttl, self.lease.renew_interval);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let live: Vec<_> = match leases.lock() {
+                    Ok(l) => l.iter().filter(|e| !e.lost.is_cancelled()).cloned().collect(),
+                    Err(_) => return,
+                };
+                join_all(live.into_iter().map(|LeaseEntry { receipt, lost, lock: held, .. }| {
+                    let (queue, lock, metrics) = (queue.clone(), lock.clone(), metrics.clone());
+                    async move {
+                        match queue.change_visibility(&receipt, ttl).await {
+                            Ok(()) => {}
+                            Err(QueueError::ReceiptInvalid) => {
+                                warn!("visibility renewal refused: lease lost");
+                                lost.cancel();
+                                return;
+                            }
+                            Err(e) => warn!(error = %e, "visibility renewal failed; retrying next beat"),
+                        }
+                        if let Some((key, token)) = held {
+                            match lock.renew(&key, &token, ttl).await {
+                                Ok(true) => {}
+                                Ok(false) => {
+                                    warn!(%key, "lock renewal refused: lease lost");
+                                    lost.cancel();
+                                    return;
+                                }
+                                Err(e) => {
+                                    warn!(error = %e, "lock renewal failed; running degraded");
+                                    metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
+                                }
+                            }
+                        }
+                        metrics.lease_renewals_total.with_label_values(&[LANE]).inc();
+                    }
+                }))
+                .await;
+            }
+        })
+    }
+}
+
+fn sha_of(section: &str) -> &str {
+    section.lines().next().and_then(|l| l.strip_prefix("=== commit ")).unwrap_or("").trim()
+}
+
+enum CallResult {
+    Answered { answers: HashMap<String, String>, usage: TokenUsage, model: String },
+    Failed(LlmError),
+    Cancelled(String),
+}

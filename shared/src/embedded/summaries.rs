@@ -1,0 +1,245 @@
+//! Embedded summary store: immutable commit summaries and webhook delivery markers in the same redb
+//! file as the queues, with the DynamoDB adapter's semantics (write once, newest-first pages, delivery
+//! markers that expire).
+
+use super::db::EmbeddedDb;
+use crate::commits::CommitSummary;
+use crate::ports::{StoreError, SummaryPage, SummaryStore, WriteOnce};
+use async_trait::async_trait;
+use base64::Engine;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+/// Key `repo_id \0 order_key` -> summary JSON, so one range scan lists a repository in time order.
+const BY_REPO: TableDefinition<&str, &[u8]> = TableDefinition::new("summaries_by_repo");
+/// Key `repo_id:sha` -> `order_key`.
+const BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("summaries");
+/// Delivery id -> expiry (Unix ms).
+const DELIVERIES: TableDefinition<&str, u64> = TableDefinition::new("deliveries");
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+/// The embedded summary store.
+#[derive(Debug, Clone)]
+pub struct EmbeddedSummaries {
+    db: EmbeddedDb,
+}
+
+impl EmbeddedSummaries {
+    /// A store in `db`.
+    pub fn new(db: EmbeddedDb) -> Self {
+        Self { db }
+    }
+}
+
+fn repo_key(repo_id: &str, order: &str) -> String {
+    format!("{repo_id}\u{0}{order}")
+}
+
+#[async_trait]
+impl SummaryStore for EmbeddedSummaries {
+    async fn get_summaries(&self, keys: &[(String, String)]) -> Result<Vec<CommitSummary>, StoreError> {
+        let keys = keys.to_vec();
+        self.db
+            .run(move |db| {
+                let txn = db.begin_read().map_err(unavailable)?;
+                let (by_key, by_repo) = match (txn.open_table(BY_KEY), txn.open_table(BY_REPO)) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(redb::TableError::TableDoesNotExist(_)), _) => return Ok(Vec::new()),
+                    (Err(e), _) | (_, Err(e)) => return Err(unavailable(e)),
+                };
+                let mut out = Vec::new();
+                for (repo_id, sha) in keys {
+                    let Some(order) = by_key
+                        .get(crate::commits::commit_key(&repo_id, &sha).as_str())
+                        .map_err(unavailable)?
+                    else {
+                        continue;
+                    };
+                    let order = order.value().to_owned();
+                    if let Some(bytes) =
+                        by_repo.get(repo_key(&repo_id, &order).as_str()).map_err(unavailable)?
+                    {
+                        out.push(
+                            serde_json::from_slice(bytes.value())
+                                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                        );
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn put_summary(&self, summary: &CommitSummary) -> Result<WriteOnce, StoreError> {
+        let summary = summary.clone();
+        self.db
+            .run(move |db| {
+                let txn = db.begin_write().map_err(unavailable)?;
+                let key = summary.key();
+                let order = summary.order_key();
+                {
+                    let mut by_key = txn.open_table(BY_KEY).map_err(unavailable)?;
+                    if by_key.get(key.as_str()).map_err(unavailable)?.is_some() {
+                        drop(by_key);
+                        txn.abort().map_err(unavailable)?;
+                        return Ok(WriteOnce::Exists);
+                    }
+                    by_key.insert(key.as_str(), order.as_str()).map_err(unavailable)?;
+                    let mut by_repo = txn.open_table(BY_REPO).map_err(unavailable)?;
+                    let bytes = serde_json::to_vec(&summary).map_err(unavailable)?;
+                    by_repo
+                        .insert(repo_key(&summary.repo_id, &order).as_str(), bytes.as_slice())
+                        .map_err(unavailable)?;
+                }
+                txn.commit().map_err(unavailable)?;
+                Ok(WriteOnce::Written)
+            })
+            .await
+    }
+
+    async fn list_summaries(
+        &self,
+        repo_id: &str,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<SummaryPage, StoreError> {
+        let upper = match cursor {
+            Some(c) => {
+                let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(c)
+                    .map_err(|_| StoreError::Corrupt("cursor".into()))?;
+                String::from_utf8(bytes).map_err(|_| StoreError::Corrupt("cursor".into()))?
+            }
+            None => repo_key(repo_id, "\u{10FFFF}"),
+        };
+        let lower = repo_key(repo_id, "");
+        if !upper.starts_with(&lower) {
+            return Err(StoreError::Corrupt("cursor of another repository".into()));
+        }
+        self.db
+            .run(move |db| {
+                let txn = db.begin_read().map_err(unavailable)?;
+                let table = match txn.open_table(BY_REPO) {
+                    Ok(t) => t,
+                    Err(redb::TableError::TableDoesNotExist(_)) => {
+                        return Ok(SummaryPage { items: Vec::new(), next: None });
+                    }
+                    Err(e) => return Err(unavailable(e)),
+                };
+                let mut items = Vec::new();
+                let mut last = None;
+                let mut more = false;
+                for entry in table.range(lower.as_str()..upper.as_str()).map_err(unavailable)?.rev() {
+                    let (k, v) = entry.map_err(unavailable)?;
+                    if items.len() == limit {
+                        more = true;
+                        break;
+                    }
+                    items.push(
+                        serde_json::from_slice::<CommitSummary>(v.value())
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    );
+                    last = Some(k.value().to_owned());
+                }
+                let next = last
+                    .filter(|_| more)
+                    .map(|k| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(k.as_bytes()));
+                Ok(SummaryPage { items, next })
+            })
+            .await
+    }
+
+    async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError> {
+        let id = delivery.to_owned();
+        self.db
+            .run(move |db| {
+                let txn = db.begin_write().map_err(unavailable)?;
+                let fresh = {
+                    let mut t = txn.open_table(DELIVERIES).map_err(unavailable)?;
+                    let live = t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms);
+                    if !live {
+                        t.insert(id.as_str(), now_ms + ttl_secs * 1000).map_err(unavailable)?;
+                    }
+                    !live
+                };
+                txn.commit().map_err(unavailable)?;
+                Ok(fresh)
+            })
+            .await
+    }
+
+    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
+        let id = delivery.to_owned();
+        self.db
+            .run(move |db| {
+                let txn = db.begin_write().map_err(unavailable)?;
+                txn.open_table(DELIVERIES).map_err(unavailable)?.remove(id.as_str()).map_err(unavailable)?;
+                txn.commit().map_err(unavailable)?;
+                Ok(())
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::TokenUsage;
+
+    pub(crate) fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {
+        CommitSummary {
+            repo_id: repo.into(),
+            sha: sha.into(),
+            repo: "o/r".into(),
+            subject: "s".into(),
+            summary: format!("summary of {sha}"),
+            model: "m".into(),
+            source: crate::commits::SummarySource::Llm,
+            tokens: TokenUsage { prompt: 10, completion: 2 },
+            diff_tokens: 8,
+            diff_cut: false,
+            committed_at_ms: at,
+            created_at_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn write_once_pages_and_deliveries() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = EmbeddedSummaries::new(EmbeddedDb::open(dir.path()).unwrap());
+        let shas: Vec<String> = (0..5).map(|i| format!("{i:040x}")).collect();
+        for (i, sha) in shas.iter().enumerate() {
+            assert_eq!(
+                s.put_summary(&summary("github:1", sha, 1000 + i as u64)).await.unwrap(),
+                WriteOnce::Written
+            );
+        }
+        let mut other = summary("github:1", &shas[0], 5);
+        other.summary = "changed".into();
+        assert_eq!(s.put_summary(&other).await.unwrap(), WriteOnce::Exists);
+        s.put_summary(&summary("github:2", &shas[0], 1)).await.unwrap();
+
+        let got = s
+            .get_summaries(&[("github:1".into(), shas[0].clone()), ("github:9".into(), shas[0].clone())])
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].summary, format!("summary of {}", shas[0]), "immutable");
+
+        let p1 = s.list_summaries("github:1", 2, None).await.unwrap();
+        assert_eq!(p1.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[4], &shas[3]]);
+        let p2 = s.list_summaries("github:1", 2, p1.next.as_deref()).await.unwrap();
+        assert_eq!(p2.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[2], &shas[1]]);
+        let p3 = s.list_summaries("github:1", 2, p2.next.as_deref()).await.unwrap();
+        assert_eq!((p3.items.len(), p3.next), (1, None));
+        assert!(s.list_summaries("github:2", 2, p1.next.as_deref()).await.is_err(), "cursor of another repo");
+
+        assert!(s.mark_delivery("github:d1", 1_000, 60).await.unwrap());
+        assert!(!s.mark_delivery("github:d1", 2_000, 60).await.unwrap(), "replay");
+        assert!(s.mark_delivery("github:d1", 62_000, 60).await.unwrap(), "expired");
+        s.unmark_delivery("github:d1").await.unwrap();
+        assert!(s.mark_delivery("github:d1", 62_001, 60).await.unwrap());
+    }
+}
