@@ -3,6 +3,10 @@
 
 use crate::backend::{Adapters, AwsBackendConfig};
 use crate::clock::{Clock, SharedClock, SystemClock};
+use crate::commits::api::{self, SummariesApi};
+use crate::commits::sources::DiffSources;
+use crate::commits::webhook::{Webhook, WebhookConfig};
+use crate::commits::worker::{CommitsConfig, CommitsWorker};
 use crate::config::{ConfigError, require_env};
 use crate::config::{IngressConfig, WorkerConfig};
 use crate::domain::Lane;
@@ -61,19 +65,25 @@ pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
     }
 }
 
-/// The webhook function's router until the commits pipeline exists: a 501 problem for every request,
-/// so a misrouted delivery is visible to the sender (GitHub shows it and can redeliver).
-pub fn webhook_router() -> axum::Router {
-    use crate::problem::Problem;
-    use axum::http::StatusCode;
-    axum::Router::new().fallback(|| async {
-        Problem::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "not-implemented",
-            "Webhooks are not handled yet",
-            "this deployment does not process push events yet; the delivery was not accepted",
+/// The webhook function's router, from the environment: the `commits` queue and the store of the
+/// backend, and the secrets ([`WebhookConfig::from_env`]). Refuses to start with no secret at all, since
+/// it could then accept nothing.
+pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
+    let config = WebhookConfig::from_env().await?;
+    if config.github_secret.is_none() && config.gitlab_token.is_none() {
+        return Err(ConfigError::Missing(
+            "LANES_GITHUB_WEBHOOK_SECRET(_ID) or LANES_GITLAB_WEBHOOK_TOKEN(_ID)",
         )
-    })
+        .into());
+    }
+    let adapters = adapters_from_env("webhook", &[]).await?;
+    Ok(crate::commits::webhook::router(Webhook {
+        queue: adapters.send[Lane::Commits.index()].clone(),
+        store: adapters.summaries,
+        metrics: Metrics::new(),
+        clock: Arc::new(SystemClock),
+        config,
+    }))
 }
 
 /// Reads the worker's lane from `LANES_LANE`.
@@ -106,6 +116,8 @@ async fn adapters_from_env(function: &str, consume: &[Lane]) -> Result<Adapters,
 /// The ingress function's router, from the environment (`LANES_BACKEND`, then the backend's variables).
 pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
     let adapters = adapters_from_env("ingress", &[]).await?;
+    let read =
+        api::router(SummariesApi { summaries: adapters.summaries.clone(), cache: adapters.cache.clone() });
     Ok(router(Ingress {
         store: adapters.store,
         cache: adapters.cache,
@@ -113,7 +125,8 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         metrics: Metrics::new(),
         clock: Arc::new(SystemClock),
         config: IngressConfig::default(),
-    }))
+    })
+    .merge(read))
 }
 
 /// What the worker function builds once per container.
@@ -124,6 +137,8 @@ pub struct WorkerFunction {
     pub queue: Arc<dyn QueueConsume>,
     /// Messages processed at once.
     pub concurrency: usize,
+    /// The batch worker, when this is the commits lane.
+    pub commits: Option<CommitsWorker>,
 }
 
 impl WorkerFunction {
@@ -141,16 +156,32 @@ impl WorkerFunction {
         // A budget wait is bounded well inside the lease; longer ones go back to the queue.
         let limiter = adapters.limiter(&crate::llm::limiter_name(), Arc::new(SystemClock))?;
         let llm = crate::llm::limited(llm, limiter, Duration::from_secs(20));
+        let metrics = Metrics::new();
+        let commits = match lane {
+            Lane::Commits => Some(CommitsWorker {
+                summaries: adapters.summaries.clone(),
+                cache: adapters.cache.clone(),
+                lock: adapters.lock.clone(),
+                llm: llm.clone(),
+                diffs: Arc::new(DiffSources::from_env(false).await?),
+                metrics: metrics.clone(),
+                clock: Arc::new(SystemClock),
+                lease: config,
+                config: CommitsConfig::default(),
+            }),
+            _ => None,
+        };
         let worker = Worker {
             store: adapters.store,
             lock: adapters.lock,
             cache: adapters.cache,
             llm,
-            metrics: Metrics::new(),
+            metrics,
             clock: Arc::new(SystemClock),
             config,
         };
-        Ok(Self { worker, queue: adapters.consume[lane.index()].clone(), concurrency: concurrency.max(1) })
+        let queue = adapters.consume[lane.index()].clone();
+        Ok(Self { worker, queue, concurrency: concurrency.max(1), commits })
     }
 
     /// Handles one SQS batch before `deadline_ms` (Unix ms, from the invocation context).
@@ -160,7 +191,10 @@ impl WorkerFunction {
         // Stop early enough to hand unfinished messages back before Lambda kills the invocation.
         let budget = remaining.saturating_sub((remaining / 10).min(Duration::from_secs(2)));
         tracing::info!(records = records.len(), budget_ms = budget.as_millis() as u64, "batch received");
-        handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await
+        match &self.commits {
+            Some(commits) => handle_commit_batch(commits, &self.queue, records, budget).await,
+            None => handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await,
+        }
     }
 }
 
@@ -257,6 +291,41 @@ pub async fn handle_batch(
             outcomes.push((id.to_owned(), Outcome::LeaseLost));
         }
     }
+    batch_response(outcomes.iter().map(|(id, o)| (id.as_str(), o)))
+}
+
+/// Processes a commits batch as one unit within `budget`: the worker hands back at the deadline
+/// whatever it has not finished.
+pub async fn handle_commit_batch(
+    worker: &CommitsWorker,
+    queue: &Arc<dyn QueueConsume>,
+    records: &[SqsMessage],
+    budget: Duration,
+) -> SqsBatchResponse {
+    let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+    let mut messages = Vec::with_capacity(records.len());
+    for record in records {
+        match received_from_sqs(record) {
+            Ok(m) => messages.push(m),
+            Err(e) => {
+                warn!(error = %e, "unusable SQS record");
+                if let Some(id) = record.message_id.clone().filter(|s| !s.is_empty()) {
+                    outcomes.push((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }));
+                }
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + budget;
+    let (done, report) = worker.process_batch(queue.clone(), messages, deadline).await;
+    tracing::info!(
+        commits = report.commits,
+        llm_calls = report.llm_calls,
+        cache_hits = report.cache_hits,
+        store_hits = report.store_hits,
+        prompt_tokens = report.prompt_tokens,
+        "commit batch done"
+    );
+    outcomes.extend(done);
     batch_response(outcomes.iter().map(|(id, o)| (id.as_str(), o)))
 }
 

@@ -6,6 +6,10 @@
 use crate::adapters::AwsSettings;
 use crate::backend::{Adapters, AwsBackendConfig, BackendError, create_aws_resources, redis_from_env};
 use crate::clock::{SharedClock, SystemClock};
+use crate::commits::api::{self, SummariesApi};
+use crate::commits::sources::DiffSources;
+use crate::commits::webhook::{self, Webhook, WebhookConfig};
+use crate::commits::worker::{CommitsConfig, CommitsWorker};
 use crate::config::{ConfigError, IngressConfig, WorkerConfig};
 use crate::domain::Lane;
 use crate::embedded::QueueSettings;
@@ -13,6 +17,7 @@ use crate::ingress::{Ingress, router};
 use crate::llm::OfflineProvider;
 use crate::metrics::Metrics;
 use crate::pool::{DEFAULT_SHARES, Pool};
+use crate::ports::DiffSource;
 use crate::ports::{LlmClient, QueueConsume};
 use crate::worker::Worker;
 use axum::Router;
@@ -63,6 +68,31 @@ pub enum DevBackend {
         /// SDK settings (endpoint from `AWS_ENDPOINT_URL` when unset).
         aws: AwsSettings,
     },
+}
+
+/// The model of local runs: the offline provider (with a simulated latency per lane) unless
+/// `LANES_LLM_PROVIDER` names another, behind the limiter when `LANES_LLM_RPM`/`TPM` are set.
+pub async fn local_llm(
+    adapters: &Adapters,
+    clock: SharedClock,
+    offline_latency: [Duration; 3],
+) -> Result<Arc<dyn LlmClient>, ConfigError> {
+    let llm: Arc<dyn LlmClient> = match std::env::var("LANES_LLM_PROVIDER").as_deref() {
+        Err(_) | Ok("offline") => Arc::new(OfflineProvider::new(|l| offline_latency[l.index()])),
+        Ok(_) => crate::llm::from_env(Duration::ZERO).await?,
+    };
+    let limiter = adapters.limiter(&crate::llm::limiter_name(), clock)?;
+    Ok(crate::llm::limited(llm, limiter, Duration::from_secs(30)))
+}
+
+/// The Git side of local mode: webhook secrets and diff sources (GitHub, GitLab and local
+/// repositories).
+#[derive(Clone)]
+pub struct GitConfig {
+    /// Webhook secrets.
+    pub webhook: WebhookConfig,
+    /// Where diffs come from.
+    pub diffs: Arc<dyn DiffSource>,
 }
 
 /// Settings of `lanes dev`.
@@ -154,22 +184,21 @@ impl Local {
                 crate::backend::aws(&config, &Lane::ALL).await?
             }
         };
-        let latency = opts.offline_latency;
-        let llm: Arc<dyn LlmClient> = match std::env::var("LANES_LLM_PROVIDER").as_deref() {
-            Err(_) | Ok("offline") => Arc::new(OfflineProvider::new(|l| latency[l.index()])),
-            Ok(_) => crate::llm::from_env(Duration::ZERO).await?,
+        let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
+        let git = GitConfig {
+            webhook: WebhookConfig::from_env().await?,
+            diffs: Arc::new(DiffSources::from_env(true).await?),
         };
-        let limiter = adapters.limiter(&crate::llm::limiter_name(), clock.clone())?;
-        let llm = crate::llm::limited(llm, limiter, Duration::from_secs(30));
-        Ok(Self::with_adapters(opts, adapters, llm, clock))
+        Ok(Self::with_adapters(opts, adapters, llm, clock, git))
     }
 
-    /// Wires ingress, workers and the pool over given adapters.
+    /// Wires ingress, the webhook, the read API, workers and the pool over given adapters.
     pub fn with_adapters(
         opts: &DevOptions,
         adapters: Adapters,
         llm: Arc<dyn LlmClient>,
         clock: SharedClock,
+        git: GitConfig,
     ) -> Self {
         let metrics = Metrics::new();
         let worker = Worker {
@@ -183,7 +212,32 @@ impl Local {
         };
         let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
             Lane::ALL.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
-        let pool = Arc::new(Pool::new(opts.capacity, opts.shares, consumers, worker, opts.poll_interval));
+        let commits = CommitsWorker {
+            summaries: adapters.summaries.clone(),
+            cache: adapters.cache.clone(),
+            lock: adapters.lock.clone(),
+            llm: llm.clone(),
+            diffs: git.diffs.clone(),
+            metrics: metrics.clone(),
+            clock: clock.clone(),
+            lease: opts.worker,
+            config: CommitsConfig::default(),
+        };
+        let pool = Arc::new(
+            Pool::new(opts.capacity, opts.shares, consumers, worker, opts.poll_interval)
+                .with_commits(commits),
+        );
+        let hooks = webhook::router(Webhook {
+            queue: adapters.send[Lane::Commits.index()].clone(),
+            store: adapters.summaries.clone(),
+            metrics: metrics.clone(),
+            clock: clock.clone(),
+            config: git.webhook,
+        });
+        let read = api::router(SummariesApi {
+            summaries: adapters.summaries.clone(),
+            cache: adapters.cache.clone(),
+        });
         let ingress = Ingress {
             store: adapters.store.clone(),
             cache: adapters.cache.clone(),
@@ -194,7 +248,7 @@ impl Local {
         };
         let m = metrics.clone();
         let router =
-            router(ingress).route(
+            router(ingress).merge(hooks).merge(read).route(
                 "/metrics",
                 get(move || {
                     let m = m.clone();

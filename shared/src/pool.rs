@@ -3,6 +3,7 @@
 //! background lanes 30%; a lane borrows what another leaves idle and gives it back as its tasks finish
 //! (no preemption).
 
+use crate::commits::worker::CommitsWorker;
 use crate::domain::Lane;
 use crate::metrics::Metrics;
 use crate::ports::QueueConsume;
@@ -13,6 +14,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
+
+/// Commits one slot of the commits lane takes at once (Lambda's batch size for that lane).
+const COMMIT_BATCH: usize = 100;
 
 /// Default reservations: interactive 0.7; synthesis and commits share the background 0.3.
 pub const DEFAULT_SHARES: [f64; 3] = [0.7, 0.2, 0.1];
@@ -91,6 +95,7 @@ pub struct Pool {
     running: Arc<[AtomicUsize; 3]>,
     wake: Arc<Notify>,
     poll_interval: Duration,
+    commits: Option<CommitsWorker>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -118,7 +123,14 @@ impl Pool {
             running: Arc::new(Default::default()),
             wake: Arc::new(Notify::new()),
             poll_interval,
+            commits: None,
         }
+    }
+
+    /// Runs the commits lane with the batch worker: one slot takes up to 100 commits at once.
+    pub fn with_commits(mut self, worker: CommitsWorker) -> Self {
+        self.commits = Some(worker);
+        self
     }
 
     /// Tasks running per lane now.
@@ -162,6 +174,35 @@ impl Pool {
             let i = lane.index();
             let room = allowed[i].saturating_sub(running[i]).min(self.capacity.saturating_sub(total));
             if room == 0 || backlog[i] == 0 {
+                continue;
+            }
+            if *lane == Lane::Commits
+                && let Some(commits) = &self.commits
+            {
+                // One slot, one batch: commits share an LLM call, so they travel together.
+                let batch = match crate::commits::summarize::receive_batch(
+                    &**queue,
+                    COMMIT_BATCH,
+                    commits.lease.lease_ttl,
+                )
+                .await
+                {
+                    Ok(b) if !b.is_empty() => b,
+                    Ok(_) => continue,
+                    Err(e) => {
+                        warn!(lane = %lane, error = %e, "receive failed");
+                        continue;
+                    }
+                };
+                total += 1;
+                self.running[i].fetch_add(1, Ordering::SeqCst);
+                let (worker, queue, running, wake) =
+                    (commits.clone(), queue.clone(), self.running.clone(), self.wake.clone());
+                tokio::spawn(async move {
+                    let _slot = SlotGuard { running, lane: i, wake };
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
+                    worker.process_batch(queue, batch, deadline).await;
+                });
                 continue;
             }
             // Received straight into a lease: if this process dies before the worker's heartbeat

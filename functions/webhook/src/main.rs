@@ -1,10 +1,12 @@
-//! `webhook`: the Git push endpoint behind a Lambda function URL. Until the commits pipeline lands it
-//! answers every request with a 501 problem, so a misrouted delivery is visible rather than lost.
+//! `webhook`: the Git push endpoint behind a Lambda function URL. Configuration (secrets from Secrets
+//! Manager, the commits queue, the store) is read once at cold start; each delivery is handed to the
+//! lanes-core webhook router, which verifies it before reading it.
 
-use lanes_core::lambda::init_tracing;
+use lanes_core::lambda::{init_tracing, webhook_from_env};
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
     init_tracing();
-    lambda_http::run(lanes_core::lambda::webhook_router()).await
+    let router = webhook_from_env().await?;
+    lambda_http::run(router).await
 }

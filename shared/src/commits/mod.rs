@@ -4,11 +4,13 @@
 //!
 //! - [`webhook`]: signature checks, push parsing, delivery dedupe, enqueueing one message per commit.
 //! - [`sources`]: where diffs come from: GitHub REST, GitLab REST, a local repository.
+//! - [`api`]: the read API (one summary, a repository's summaries newest first).
 //! - [`budget`]: noise filtering and the 4,000-token cut, counted by a real BPE tokenizer.
 //! - [`prompt`]: the batch prompt, first-fit-decreasing packing, answer validation, token apportioning.
 //! - [`worker`]: the commits lane's batch worker (cache -> store -> lease -> diffs -> LLM -> write once).
 //! - [`summarize`]: `lanes summarize`: the pipeline over a local repository on embedded defaults.
 
+pub mod api;
 pub mod budget;
 pub mod prompt;
 pub mod sources;

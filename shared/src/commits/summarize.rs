@@ -269,3 +269,26 @@ pub async fn run(
     report.summaries = commits.iter().filter_map(|c| rows.remove(&commit_key(&c.repo_id, &c.sha))).collect();
     Ok(report)
 }
+
+/// `lanes summarize`: lists the commits of `range` in `repo`, opens the embedded backend in
+/// `data_dir`, and runs the pipeline with the local model ([`crate::local::local_llm`]).
+pub async fn run_local(
+    repo: &Path,
+    range: &Range,
+    data_dir: &Path,
+    progress: impl Fn(usize, usize),
+) -> Result<Report, SummarizeError> {
+    let commits = list_commits(repo, range).await?;
+    let clock: SharedClock = Arc::new(crate::clock::SystemClock);
+    let (adapters, _) = crate::backend::embedded(data_dir, Default::default(), clock.clone())
+        .await
+        .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+    let llm = crate::local::local_llm(&adapters, clock.clone(), [Duration::ZERO; 3])
+        .await
+        .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+    let mut report = run(commits, &adapters, llm, clock, progress).await?;
+    if report.repo.is_empty() {
+        report.repo = repo.display().to_string();
+    }
+    Ok(report)
+}

@@ -34,9 +34,9 @@ impl OfflineProvider {
     }
 }
 
-/// Rough token count (4 bytes a token) for the offline provider, which has no tokenizer of a model.
+/// Tokens as a real model would count them (`o200k_base`), so offline runs report honest usage.
 fn approx_tokens(s: &str) -> u64 {
-    s.len().div_ceil(4) as u64
+    crate::commits::budget::count_tokens(s) as u64
 }
 
 #[async_trait]

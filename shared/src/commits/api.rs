@@ -1,0 +1,184 @@
+//! The summaries read API, served beside the task API (`/v1/*` behind API Gateway; `lanes dev`):
+//! `GET /v1/repos/{repo_id}/commits/{sha}/summary` (hot cache, then the store) and
+//! `GET /v1/repos/{repo_id}/summaries?limit=&cursor=` (newest first, paginated with an opaque cursor).
+
+use super::{CommitSummary, summary_cache_key, validate_repo_id, validate_sha};
+use crate::ports::{Cache, StoreError, SummaryStore};
+use crate::problem::Problem;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use std::sync::Arc;
+use tracing::warn;
+
+/// What the read API needs.
+#[derive(Clone)]
+pub struct SummariesApi {
+    /// Durable summaries.
+    pub summaries: Arc<dyn SummaryStore>,
+    /// Hot cache.
+    pub cache: Arc<dyn Cache>,
+}
+
+/// The read routes; merge them into the task router.
+pub fn router(api: SummariesApi) -> Router {
+    Router::new()
+        .route("/v1/repos/{repo_id}/commits/{sha}/summary", get(get_summary))
+        .route("/v1/repos/{repo_id}/summaries", get(list))
+        .with_state(Arc::new(api))
+}
+
+fn bad(field: &str, detail: String) -> Response {
+    Problem::new(StatusCode::BAD_REQUEST, "invalid-parameter", "Invalid parameter", detail)
+        .with_field(field)
+        .into_response()
+}
+
+fn unavailable(e: &StoreError) -> Response {
+    warn!(error = %e, "summary store failed");
+    match e {
+        StoreError::Unavailable(_) => {
+            Problem::unavailable("the summary store is unavailable; retry later", 5).into_response()
+        }
+        StoreError::Corrupt(_) => Problem::internal().into_response(),
+    }
+}
+
+async fn get_summary(
+    State(api): State<Arc<SummariesApi>>,
+    Path((repo_id, sha)): Path<(String, String)>,
+) -> Response {
+    if let Err(e) = validate_repo_id(&repo_id) {
+        return bad("repo_id", e.reason);
+    }
+    if let Err(e) = validate_sha(&sha) {
+        return bad("sha", e.reason);
+    }
+    if let Ok(Some(json)) = api.cache.get(&summary_cache_key(&repo_id, &sha)).await
+        && let Ok(s) = serde_json::from_str::<CommitSummary>(&json)
+    {
+        return Json(s).into_response();
+    }
+    match api.summaries.get_summaries(&[(repo_id, sha)]).await {
+        Ok(mut found) if !found.is_empty() => Json(found.remove(0)).into_response(),
+        Ok(_) => Problem::new(
+            StatusCode::NOT_FOUND,
+            "summary-not-found",
+            "Summary not found",
+            "no summary for this commit yet (it may still be queued)",
+        )
+        .with_field("sha")
+        .into_response(),
+        Err(e) => unavailable(&e),
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+async fn list(
+    State(api): State<Arc<SummariesApi>>,
+    Path(repo_id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    if let Err(e) = validate_repo_id(&repo_id) {
+        return bad("repo_id", e.reason);
+    }
+    let limit = match q.limit.as_deref() {
+        None => 20,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=100).contains(&n) => n,
+            _ => return bad("limit", format!("`{v}` is not a whole number from 1 to 100")),
+        },
+    };
+    if let Some(c) = &q.cursor
+        && (c.len() > 2048 || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+    {
+        return bad("cursor", "not a cursor this API returned".into());
+    }
+    match api.summaries.list_summaries(&repo_id, limit, q.cursor.as_deref()).await {
+        Ok(page) => Json(serde_json::json!({"items": page.items, "next_cursor": page.next})).into_response(),
+        Err(StoreError::Corrupt(_)) if q.cursor.is_some() => {
+            bad("cursor", "not a cursor this API returned for this repository".into())
+        }
+        Err(e) => unavailable(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::commits::SummarySource;
+    use crate::domain::TokenUsage;
+    use crate::embedded::{EmbeddedDb, EmbeddedSummaries, MemoryCache};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn get_json(r: &Router, uri: &str) -> (StatusCode, serde_json::Value) {
+        let req = axum::http::Request::get(uri).body(axum::body::Body::empty()).unwrap();
+        let resp = r.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn read_one_list_pages_and_reject_bad_parameters() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedSummaries::new(EmbeddedDb::open(dir.path()).unwrap());
+        for i in 0..3u64 {
+            store
+                .put_summary(&CommitSummary {
+                    repo_id: "github:7".into(),
+                    sha: format!("{i:040x}"),
+                    repo: "o/r".into(),
+                    subject: format!("c{i}"),
+                    summary: format!("s{i}"),
+                    model: "m".into(),
+                    source: SummarySource::Llm,
+                    tokens: TokenUsage::default(),
+                    diff_tokens: 1,
+                    diff_cut: false,
+                    committed_at_ms: 1_000 + i,
+                    created_at_ms: 0,
+                })
+                .await
+                .unwrap();
+        }
+        let r = router(SummariesApi {
+            summaries: Arc::new(store),
+            cache: Arc::new(MemoryCache::new(Arc::new(SystemClock))),
+        });
+        let sha = format!("{:040x}", 1);
+        let (status, v) = get_json(&r, &format!("/v1/repos/github:7/commits/{sha}/summary")).await;
+        assert_eq!((status, v["summary"].as_str()), (StatusCode::OK, Some("s1")));
+        let (status, v) = get_json(&r, &format!("/v1/repos/github:8/commits/{sha}/summary")).await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::NOT_FOUND, Some("sha")));
+        let (status, v) = get_json(&r, "/v1/repos/github:7/commits/xyz/summary").await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("sha")));
+        let (status, v) = get_json(&r, &format!("/v1/repos/nope/commits/{sha}/summary")).await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("repo_id")));
+
+        let (status, v) = get_json(&r, "/v1/repos/github:7/summaries?limit=2").await;
+        assert_eq!(status, StatusCode::OK);
+        let subjects: Vec<&str> =
+            v["items"].as_array().unwrap().iter().map(|i| i["subject"].as_str().unwrap()).collect();
+        assert_eq!(subjects, ["c2", "c1"], "newest first");
+        let cursor = v["next_cursor"].as_str().unwrap().to_owned();
+        let (_, v) = get_json(&r, &format!("/v1/repos/github:7/summaries?limit=2&cursor={cursor}")).await;
+        assert_eq!((v["items"].as_array().unwrap().len(), v["next_cursor"].is_null()), (1, true));
+        let (status, v) = get_json(&r, "/v1/repos/github:7/summaries?limit=0").await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("limit")));
+        let (status, v) = get_json(&r, "/v1/repos/github:7/summaries?cursor=%2F%2F").await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("cursor")));
+        let (status, v) = get_json(&r, &format!("/v1/repos/github:9/summaries?cursor={cursor}")).await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("cursor")));
+    }
+}
