@@ -291,6 +291,9 @@ impl CommitsWorker {
                 warn!(error = %e, "lock release failed; it expires with its TTL");
             }
             if let GroupEnd::Done(done) = end {
+                if done.served == Served::Rule {
+                    report.rule_summaries += 1;
+                }
                 report.done.push(*done);
             }
         }
@@ -580,13 +583,6 @@ impl CommitsWorker {
                 self.summary(&groups[g].commit, text, &model, SummarySource::Llm, usage, &p.trimmed);
             groups[g].outcome = Some(self.write(&groups[g], summary, Served::Llm).await);
         }
-        for g in groups.iter() {
-            if let Some(GroupEnd::Done(d)) = &g.outcome
-                && d.served == Served::Rule
-            {
-                report.rule_summaries += 1;
-            }
-        }
     }
 
     fn llm_failure(&self, e: &LlmError, receives: u32) -> GroupEnd {
@@ -761,4 +757,216 @@ enum CallResult {
     Answered { answers: HashMap<String, String>, usage: TokenUsage, model: String },
     Failed(LlmError),
     Cancelled(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::commits::Provider;
+    use crate::embedded::{
+        EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedSummaries, MemoryCache, MemoryLock,
+    };
+    use crate::llm::OfflineProvider;
+    use crate::ports::{LlmResponse, QueueSend};
+    use async_trait::async_trait;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Diffs by sha; an unknown sha is a 404 (permanent).
+    #[derive(Default)]
+    struct FakeDiffs {
+        diffs: HashMap<String, String>,
+        calls: AtomicU64,
+    }
+
+    #[async_trait]
+    impl DiffSource for FakeDiffs {
+        async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.diffs.get(&commit.sha).cloned().ok_or_else(|| DiffError::Permanent("404".into()))
+        }
+    }
+
+    /// The offline answer with some shas left out of batch answers (answered when asked alone).
+    struct Forgetful {
+        inner: OfflineProvider,
+        forget: String,
+        calls: AtomicU64,
+        commits_asked: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl LlmClient for Forgetful {
+        async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let shas: Vec<String> = request
+                .prompt
+                .lines()
+                .filter_map(|l| l.strip_prefix("=== commit ").map(str::to_owned))
+                .collect();
+            if let Ok(mut asked) = self.commits_asked.lock() {
+                asked.extend(shas.iter().cloned());
+            }
+            let mut resp = self.inner.complete(request).await?;
+            if shas.len() > 1 {
+                let mut v: Vec<serde_json::Value> = serde_json::from_str(&resp.text).unwrap_or_default();
+                v.retain(|e| e["sha"].as_str() != Some(self.forget.as_str()));
+                resp.text = serde_json::to_string(&v).unwrap_or_default();
+            }
+            Ok(resp)
+        }
+    }
+
+    fn diff(path: &str, lines: usize) -> String {
+        let body: String = (0..lines).map(|i| format!("+line {i} of {path}\n")).collect();
+        format!("diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -0,0 +1,{lines} @@\n{body}")
+    }
+
+    fn sha(i: u32) -> String {
+        format!("{i:040x}")
+    }
+
+    struct Rig {
+        _dir: tempfile::TempDir,
+        worker: CommitsWorker,
+        queue: EmbeddedQueue,
+        llm: Arc<Forgetful>,
+        diffs: Arc<FakeDiffs>,
+    }
+
+    async fn rig(diffs: HashMap<String, String>, forget: &str) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let queues = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
+        let queue = queues.queue("commits", "commits-dlq");
+        let llm = Arc::new(Forgetful {
+            inner: OfflineProvider::new(|_| Duration::ZERO),
+            forget: forget.to_owned(),
+            calls: AtomicU64::new(0),
+            commits_asked: Mutex::new(Vec::new()),
+        });
+        let diffs = Arc::new(FakeDiffs { diffs, calls: AtomicU64::new(0) });
+        let worker = CommitsWorker {
+            summaries: Arc::new(EmbeddedSummaries::new(db)),
+            cache: Arc::new(MemoryCache::new(clock.clone())),
+            lock: Arc::new(MemoryLock::new(clock.clone())),
+            llm: llm.clone(),
+            diffs: diffs.clone(),
+            metrics: Metrics::new(),
+            clock,
+            lease: WorkerConfig::default().with_lease(Duration::from_millis(600)),
+            config: CommitsConfig { batch_tokens: 2_000, ..CommitsConfig::default() },
+        };
+        Rig { _dir: dir, worker, queue, llm, diffs }
+    }
+
+    fn message(repo_id: &str, sha: &str) -> String {
+        serde_json::to_string(&CommitMessage {
+            provider: Provider::Github,
+            repo_id: repo_id.into(),
+            repo: "o/r".into(),
+            sha: sha.into(),
+            subject: format!("subject {}", &sha[36..]),
+            committed_at_ms: 1,
+        })
+        .unwrap()
+    }
+
+    async fn drain(r: &Rig) -> (Vec<Outcome>, BatchReport) {
+        let batch =
+            crate::commits::summarize::receive_batch(&r.queue, 100, Duration::from_secs(5)).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (outcomes, report) = r.worker.process_batch(Arc::new(r.queue.clone()), batch, deadline).await;
+        (outcomes.into_iter().map(|(_, o)| o).collect(), report)
+    }
+
+    #[tokio::test]
+    async fn each_distinct_commit_is_summarized_once_in_as_few_calls_as_fit() {
+        let diffs: HashMap<String, String> =
+            (0..12).map(|i| (sha(i), diff(&format!("src/f{i}.rs"), 40))).collect();
+        let r = rig(diffs, "").await;
+        // Every commit twice (a replayed push), and commit 0 also under a second repository.
+        for i in 0..12 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        r.queue.send(&message("github:2", &sha(0)), Default::default()).await.unwrap();
+        let (outcomes, report) = drain(&r).await;
+        assert_eq!(outcomes.len(), 25);
+        assert!(outcomes.iter().all(|o| *o == Outcome::Acked), "{outcomes:?}");
+        assert_eq!(report.commits, 13, "12 commits of one repository + the same sha in another");
+        assert_eq!(report.done.iter().filter(|d| d.served == Served::Llm).count(), 13);
+        let asked = r.llm.commits_asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), 13, "each commit in exactly one prompt: {asked:?}");
+        let section_tokens: u64 = report.done.iter().map(|d| d.summary.tokens.prompt).sum();
+        assert_eq!(section_tokens, report.prompt_tokens, "tokens apportioned exactly");
+        let calls = r.llm.calls.load(Ordering::SeqCst);
+        let bound = report.prompt_tokens.div_ceil(r.worker.config.batch_tokens as u64) + 2;
+        assert!(calls >= 2 && calls <= bound, "{calls} calls, bound {bound}");
+
+        // Redelivered later: answered from the cache, no diff, no model.
+        let diff_calls = r.diffs.calls.load(Ordering::SeqCst);
+        for i in 0..12 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        let (outcomes, report) = drain(&r).await;
+        assert!(outcomes.iter().all(|o| *o == Outcome::Acked));
+        assert_eq!((report.cache_hits, report.llm_calls), (12, 0));
+        assert_eq!(r.diffs.calls.load(Ordering::SeqCst), diff_calls);
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), calls);
+    }
+
+    #[tokio::test]
+    async fn a_commit_missing_from_the_answer_is_asked_alone() {
+        let diffs: HashMap<String, String> = (0..3).map(|i| (sha(i), diff("src/a.rs", 5))).collect();
+        let r = rig(diffs, &sha(1)).await;
+        for i in 0..3 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        let (outcomes, report) = drain(&r).await;
+        assert!(outcomes.iter().all(|o| *o == Outcome::Acked), "{outcomes:?}");
+        assert_eq!(report.llm_calls, 2, "one batch, one retry alone");
+        let asked = r.llm.commits_asked.lock().unwrap().clone();
+        assert_eq!(asked.iter().filter(|s| **s == sha(1)).count(), 2);
+        assert_eq!(report.done.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn noise_needs_no_model_and_unknown_commits_go_to_the_dlq() {
+        let lock: String = (0..200_000).map(|i| format!("+checksum = \"{i:064x}\"\n")).collect();
+        let lockfile = format!(
+            "diff --git a/Cargo.lock b/Cargo.lock\n--- a/Cargo.lock\n+++ b/Cargo.lock\n@@ -1 +1,200000 @@\n{lock}"
+        );
+        assert!(lockfile.len() > 5_000_000);
+        let r = rig(HashMap::from([(sha(1), lockfile)]), "").await;
+        r.queue.send(&message("github:1", &sha(1)), Default::default()).await.unwrap();
+        r.queue.send(&message("github:1", &sha(2)), Default::default()).await.unwrap();
+        r.queue.send("{not json", Default::default()).await.unwrap();
+        let (outcomes, report) = drain(&r).await;
+        assert_eq!(report.llm_calls, 0, "a lockfile-only commit spends no token");
+        assert_eq!((report.rule_summaries, report.prompt_tokens), (1, 0));
+        assert!(report.done[0].summary.summary.contains("Cargo.lock"));
+        let dead = outcomes.iter().filter(|o| matches!(o, Outcome::DeadLettered { .. })).count();
+        assert_eq!(dead, 2, "unknown commit (404) and undecodable message: {outcomes:?}");
+        assert_eq!(r.queue.depth().await.unwrap(), Default::default());
+    }
+
+    #[tokio::test]
+    async fn a_commit_leased_elsewhere_goes_back_to_the_queue() {
+        let r = rig(HashMap::from([(sha(1), diff("a.rs", 3))]), "").await;
+        let key = format!("lease:{{commit:{}}}", crate::commits::commit_key("github:1", &sha(1)));
+        let Acquire::Acquired(_) = r.worker.lock.acquire(&key, Duration::from_secs(30)).await.unwrap() else {
+            panic!("lock")
+        };
+        r.queue.send(&message("github:1", &sha(1)), Default::default()).await.unwrap();
+        let (outcomes, report) = drain(&r).await;
+        match &outcomes[0] {
+            Outcome::Retry { after, .. } => assert!(*after >= Duration::from_secs(29), "{after:?}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(report.llm_calls, 0);
+        let d = r.queue.depth().await.unwrap();
+        assert_eq!(d.visible + d.in_flight, 1, "kept, not dropped");
+    }
 }
