@@ -475,8 +475,27 @@ impl CommitsWorker {
         if pending.is_empty() {
             return;
         }
-        let sizes: Vec<usize> = pending.iter().map(|p| p.section_tokens).collect();
-        let bins = prompt::pack(&sizes, self.config.batch_tokens, self.config.max_commits_per_call);
+        // The answer is keyed by sha, so one call never carries the same sha twice (the same commit in
+        // two repositories, e.g. a fork): the second one goes into another layer of calls.
+        let mut layers: Vec<Vec<usize>> = Vec::new();
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for (i, p) in pending.iter().enumerate() {
+            let n = seen.entry(groups[p.group].commit.sha.as_str()).or_insert(0);
+            if layers.len() <= *n {
+                layers.push(Vec::new());
+            }
+            layers[*n].push(i);
+            *n += 1;
+        }
+        let bins: Vec<Vec<usize>> = layers
+            .iter()
+            .flat_map(|layer| {
+                let sizes: Vec<usize> = layer.iter().map(|&i| pending[i].section_tokens).collect();
+                prompt::pack(&sizes, self.config.batch_tokens, self.config.max_commits_per_call)
+                    .into_iter()
+                    .map(|bin| bin.into_iter().map(|j| layer[j]).collect::<Vec<usize>>())
+            })
+            .collect();
         let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
         let calls = join_all(bins.iter().map(|bin| {
             let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();

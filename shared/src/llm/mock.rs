@@ -212,15 +212,25 @@ async fn openai(
     }
     let prompt: String =
         body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_str()).collect();
-    if let Err(wait) = state.charge(tokens(&prompt) + 2) {
+    // A commit-summary prompt gets a well-formed JSON array, as a model following it would answer.
+    let (content, completion) = if prompt.contains("=== commit ") {
+        let a = crate::commits::prompt::offline_answer(&prompt)
+            .replace("[offline heuristic, not an LLM]", "[mock]");
+        let n = tokens(&a);
+        (a, n)
+    } else {
+        ("mock answer".to_owned(), 2)
+    };
+    if let Err(wait) = state.charge(tokens(&prompt) + completion) {
         return throttled(wait);
     }
     Json(json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
         "model": body["model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "mock answer"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": tokens(&prompt), "completion_tokens": 2, "total_tokens": tokens(&prompt) + 2}
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": tokens(&prompt), "completion_tokens": completion,
+                  "total_tokens": tokens(&prompt) + completion}
     }))
     .into_response()
 }

@@ -1,0 +1,265 @@
+//! The commits flow against real services: webhook deliveries -> SQS (moto) -> the commits worker
+//! with Redis (redis-server) for the lock and cache, DynamoDB (moto) for the summaries, a fake GitHub
+//! REST API and the provider emulator on loopback for diffs and the model. Counts every LLM summary.
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use lanes_core::adapters::redis::RedisSettings;
+use lanes_core::backend::{Adapters, AwsBackendConfig, create_aws_resources};
+use lanes_core::clock::{SharedClock, SystemClock};
+use lanes_core::commits::sources::{DiffSources, GitHubSource};
+use lanes_core::commits::summarize::receive_batch;
+use lanes_core::commits::webhook::{Webhook, WebhookConfig, github_signature};
+use lanes_core::commits::worker::{CommitsConfig, CommitsWorker};
+use lanes_core::config::WorkerConfig;
+use lanes_core::domain::Lane;
+use lanes_core::embedded::QueueSettings;
+use lanes_core::llm::OpenAiClient;
+use lanes_core::metrics::Metrics;
+use lanes_tests::mock_llm::MockLlm;
+use lanes_tests::{MotoServer, RedisServer};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tower::ServiceExt;
+
+const SECRET: &str = "lanes-local-webhook-secret";
+
+fn sha(c: char) -> String {
+    c.to_string().repeat(40)
+}
+
+/// A fake GitHub REST API: a distinct diff per repository and commit, counting fetches.
+async fn fake_github(fetches: Arc<Mutex<HashMap<String, u64>>>) -> String {
+    let router = axum::Router::new()
+        .route(
+            "/repos/{owner}/{name}/commits/{sha}",
+            axum::routing::get(
+                |State(f): State<Arc<Mutex<HashMap<String, u64>>>>,
+                 Path((owner, name, sha)): Path<(String, String, String)>| async move {
+                    *f.lock().unwrap().entry(format!("{owner}/{name}@{sha}")).or_default() += 1;
+                    let body: String =
+                        (0..30).map(|i| format!("+    let v{i} = \"{owner}/{name} {}\";\n", &sha[..7])).collect();
+                    let diff = format!(
+                        "diff --git a/src/{name}.rs b/src/{name}.rs\n--- a/src/{name}.rs\n+++ b/src/{name}.rs\n@@ -0,0 +1,30 @@\n{body}"
+                    );
+                    (StatusCode::OK, diff).into_response()
+                },
+            ),
+        )
+        .with_state(fetches);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
+}
+
+fn push(repo_id: u64, full_name: &str, shas: &[String]) -> String {
+    let commits: Vec<serde_json::Value> = shas
+        .iter()
+        .map(|s| {
+            serde_json::json!({"id": s, "distinct": true, "message": format!("Commit {}", &s[..7]),
+                "timestamp": "2026-11-30T09:00:00Z"})
+        })
+        .collect();
+    let after = shas.last().cloned().unwrap_or_default();
+    serde_json::json!({"ref": "refs/heads/main", "before": "0".repeat(39) + "1", "after": after,
+        "repository": {"id": repo_id, "full_name": full_name}, "commits": commits})
+    .to_string()
+}
+
+struct Rig {
+    _moto: MotoServer,
+    _redis: RedisServer,
+    mock: MockLlm,
+    adapters: Adapters,
+    webhook: axum::Router,
+    worker: CommitsWorker,
+    fetches: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+async fn rig() -> Rig {
+    let moto = MotoServer::start();
+    let redis = RedisServer::start();
+    let aws = moto.aws_settings();
+    let settings = QueueSettings { default_visibility: Duration::from_secs(60), max_receive_count: 5 };
+    let queue_urls = create_aws_resources(&aws, "c", "lanes-commits-test", settings).await.unwrap();
+    let config = AwsBackendConfig {
+        aws,
+        table: "lanes-commits-test".into(),
+        queue_urls,
+        redis: RedisSettings {
+            url: redis.url(),
+            cluster: false,
+            prefix: "lanes:".into(),
+            timeout: Duration::from_millis(500),
+        },
+    };
+    let adapters = lanes_core::backend::aws(&config, &[Lane::Commits]).await.unwrap();
+    let fetches = Arc::new(Mutex::new(HashMap::new()));
+    let github = fake_github(fetches.clone()).await;
+    let mock = MockLlm::start().await.unwrap();
+    let llm = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(10)).unwrap();
+    let clock: SharedClock = Arc::new(SystemClock);
+    let webhook = lanes_core::commits::webhook::router(Webhook {
+        queue: adapters.send[Lane::Commits.index()].clone(),
+        store: adapters.summaries.clone(),
+        metrics: Metrics::new(),
+        clock: clock.clone(),
+        config: WebhookConfig { github_secret: Some(SECRET.into()), gitlab_token: None },
+    });
+    let worker = CommitsWorker {
+        summaries: adapters.summaries.clone(),
+        cache: adapters.cache.clone(),
+        lock: adapters.lock.clone(),
+        llm: Arc::new(llm),
+        diffs: Arc::new(DiffSources {
+            github: Some(Arc::new(
+                GitHubSource::new(&github, Some("t".into()), Duration::from_secs(5)).unwrap(),
+            )),
+            ..DiffSources::default()
+        }),
+        metrics: Metrics::new(),
+        clock,
+        lease: WorkerConfig::default().with_lease(Duration::from_secs(3)),
+        config: CommitsConfig::default(),
+    };
+    Rig { _moto: moto, _redis: redis, mock, adapters, webhook, worker, fetches }
+}
+
+async fn deliver(r: &Rig, delivery: &str, body: &str) -> (StatusCode, serde_json::Value) {
+    let req = axum::http::Request::post("/")
+        .header("x-github-event", "push")
+        .header("x-github-delivery", delivery)
+        .header("x-hub-signature-256", github_signature(SECRET.as_bytes(), body.as_bytes()))
+        .body(axum::body::Body::from(body.to_owned()))
+        .unwrap();
+    let resp = r.webhook.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or_default())
+}
+
+/// Runs `workers` commits workers at once until the queue is empty.
+async fn drain(r: &Rig, workers: usize) {
+    let queue = r.adapters.consume[Lane::Commits.index()].clone();
+    for _ in 0..60 {
+        let runs = (0..workers).map(|_| {
+            let (queue, worker) = (queue.clone(), r.worker.clone());
+            async move {
+                let batch = receive_batch(&*queue, 3, Duration::from_secs(3)).await.unwrap();
+                if !batch.is_empty() {
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                    worker.process_batch(queue, batch, deadline).await;
+                }
+            }
+        });
+        futures::future::join_all(runs).await;
+        let d = queue.depth().await.unwrap();
+        if d.visible + d.in_flight == 0 {
+            return;
+        }
+        // Handed-back commits (lock held elsewhere) come back after the holder's lease.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("the commits queue did not drain");
+}
+
+/// Every commit section the model was sent, by sha.
+fn sections(mock: &MockLlm) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for seen in mock.seen() {
+        for m in seen.body["messages"].as_array().unwrap() {
+            for line in m["content"].as_str().unwrap_or("").lines() {
+                if let Some(s) = line.strip_prefix("=== commit ") {
+                    *out.entry(s.to_owned()).or_default() += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn each_distinct_commit_gets_exactly_one_llm_summary() {
+    let r = rig().await;
+    let (a, b, c, d) = (sha('a'), sha('b'), sha('c'), sha('d'));
+    let p1 = push(101, "octo/one", &[a.clone(), b.clone(), c.clone()]);
+
+    // The same push three times: a replay of one delivery id, and a re-send under a new id.
+    let (status, v) = deliver(&r, "d-1", &p1).await;
+    assert_eq!((status, v["enqueued"].as_u64()), (StatusCode::ACCEPTED, Some(3)), "{v}");
+    let (status, v) = deliver(&r, "d-1", &p1).await;
+    assert_eq!((status, v["status"].as_str()), (StatusCode::OK, Some("duplicate")));
+    let (status, _) = deliver(&r, "d-2", &p1).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "a new delivery id is enqueued; the worker dedupes");
+    drain(&r, 2).await;
+
+    // The same commits in a second branch's push, plus a new one; then the same sha in a fork.
+    let p2 = push(101, "octo/one", &[a.clone(), b.clone(), d.clone()]);
+    deliver(&r, "d-3", &p2).await;
+    deliver(&r, "d-4", &p2).await;
+    let fork = push(202, "fork/two", &[a.clone()]);
+    deliver(&r, "d-5", &fork).await;
+    drain(&r, 2).await;
+
+    let sent = sections(&r.mock);
+    assert_eq!(sent.get(&a), Some(&2), "a: once per repository; all sent: {sent:?}");
+    for s in [&b, &c, &d] {
+        assert_eq!(sent.get(s), Some(&1), "{}: exactly one summary; all sent: {sent:?}", &s[..7]);
+    }
+    let fetched = r.fetches.lock().unwrap().clone();
+    assert_eq!(fetched.len(), 5, "{fetched:?}");
+    assert!(fetched.values().all(|&n| n == 1), "each diff fetched once: {fetched:?}");
+
+    let keys: Vec<(String, String)> =
+        [("github:101", &a), ("github:101", &b), ("github:101", &c), ("github:101", &d), ("github:202", &a)]
+            .iter()
+            .map(|(r, s)| ((*r).to_owned(), (*s).clone()))
+            .collect();
+    let stored = r.adapters.summaries.get_summaries(&keys).await.unwrap();
+    assert_eq!(stored.len(), 5);
+    let one_a = stored.iter().find(|s| s.repo_id == "github:101" && s.sha == a).unwrap();
+    let two_a = stored.iter().find(|s| s.repo_id == "github:202" && s.sha == a).unwrap();
+    assert!(one_a.summary.contains("touches src/one.rs") && two_a.summary.contains("touches src/two.rs"));
+    assert!(stored.iter().all(|s| s.tokens.prompt > 0 && s.tokens.completion > 0), "tokens apportioned");
+
+    // Read back through the API, newest first, paginated (DynamoDB index on moto).
+    let page = r.adapters.summaries.list_summaries("github:101", 3, None).await.unwrap();
+    assert_eq!(page.items.len(), 3);
+    let rest = r.adapters.summaries.list_summaries("github:101", 3, page.next.as_deref()).await.unwrap();
+    assert_eq!((rest.items.len(), rest.next), (1, None));
+    let api = lanes_core::commits::api::router(lanes_core::commits::api::SummariesApi {
+        summaries: r.adapters.summaries.clone(),
+        cache: r.adapters.cache.clone(),
+    });
+    let req = axum::http::Request::get(format!("/v1/repos/github:202/commits/{a}/summary"))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = api.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn concurrent_workers_on_the_same_new_commits_spend_once() {
+    let r = rig().await;
+    let shas: Vec<String> = "ef1234".chars().map(sha).collect();
+    let p = push(303, "octo/three", &shas);
+    // Four deliveries of the same push under different ids: 24 messages for 6 commits.
+    for d in ["x-1", "x-2", "x-3", "x-4"] {
+        let (status, v) = deliver(&r, d, &p).await;
+        assert_eq!((status, v["enqueued"].as_u64()), (StatusCode::ACCEPTED, Some(6)), "{v}");
+    }
+    let llm_requests = AtomicU64::new(r.mock.seen().len() as u64);
+    drain(&r, 4).await;
+    let sent = sections(&r.mock);
+    for s in &shas {
+        assert_eq!(sent.get(s), Some(&1), "{}: {sent:?}", &s[..7]);
+    }
+    assert!(r.mock.seen().len() as u64 > llm_requests.load(Ordering::SeqCst));
+}
