@@ -493,3 +493,32 @@ impl Drop for LambdaWatch {
         let _ = self.child.wait();
     }
 }
+
+/// Diff fetches per `owner/name@sha`, as the fake GitHub counted them.
+pub type Fetches = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>;
+
+/// A fake GitHub REST API on loopback: a distinct diff per repository and commit, counting fetches.
+pub async fn fake_github(fetches: Fetches) -> String {
+    let router = axum::Router::new()
+        .route(
+            "/repos/{owner}/{name}/commits/{sha}",
+            axum::routing::get(
+                |axum::extract::State(f): axum::extract::State<Fetches>,
+                 axum::extract::Path((owner, name, sha)): axum::extract::Path<(String, String, String)>| async move {
+                    if let Ok(mut f) = f.lock() {
+                        *f.entry(format!("{owner}/{name}@{sha}")).or_default() += 1;
+                    }
+                    let body: String =
+                        (0..30).map(|i| format!("+    let v{i} = \"{owner}/{name} {}\";\n", &sha[..7])).collect();
+                    format!(
+                        "diff --git a/src/{name}.rs b/src/{name}.rs\n--- a/src/{name}.rs\n+++ b/src/{name}.rs\n@@ -0,0 +1,30 @@\n{body}"
+                    )
+                },
+            ),
+        )
+        .with_state(fetches);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
+}

@@ -5,9 +5,7 @@
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use lanes_core::adapters::redis::RedisSettings;
 use lanes_core::backend::{Adapters, AwsBackendConfig, create_aws_resources};
 use lanes_core::clock::{SharedClock, SystemClock};
@@ -21,7 +19,7 @@ use lanes_core::embedded::QueueSettings;
 use lanes_core::llm::OpenAiClient;
 use lanes_core::metrics::Metrics;
 use lanes_tests::mock_llm::MockLlm;
-use lanes_tests::{MotoServer, RedisServer};
+use lanes_tests::{MotoServer, RedisServer, fake_github};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,31 +30,6 @@ const SECRET: &str = "lanes-local-webhook-secret";
 
 fn sha(c: char) -> String {
     c.to_string().repeat(40)
-}
-
-/// A fake GitHub REST API: a distinct diff per repository and commit, counting fetches.
-async fn fake_github(fetches: Arc<Mutex<HashMap<String, u64>>>) -> String {
-    let router = axum::Router::new()
-        .route(
-            "/repos/{owner}/{name}/commits/{sha}",
-            axum::routing::get(
-                |State(f): State<Arc<Mutex<HashMap<String, u64>>>>,
-                 Path((owner, name, sha)): Path<(String, String, String)>| async move {
-                    *f.lock().unwrap().entry(format!("{owner}/{name}@{sha}")).or_default() += 1;
-                    let body: String =
-                        (0..30).map(|i| format!("+    let v{i} = \"{owner}/{name} {}\";\n", &sha[..7])).collect();
-                    let diff = format!(
-                        "diff --git a/src/{name}.rs b/src/{name}.rs\n--- a/src/{name}.rs\n+++ b/src/{name}.rs\n@@ -0,0 +1,30 @@\n{body}"
-                    );
-                    (StatusCode::OK, diff).into_response()
-                },
-            ),
-        )
-        .with_state(fetches);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    format!("http://{addr}")
 }
 
 fn push(repo_id: u64, full_name: &str, shas: &[String]) -> String {

@@ -81,3 +81,88 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     assert_eq!(done["status"], "COMPLETED");
     assert!(done["result"]["text"].as_str().unwrap().contains("NOT an LLM"));
 }
+
+/// The `webhook` binary with `events/webhook-*.json` (signed with the README's local secrets), then the
+/// `worker` binary on the commits lane with the SQS batch built from what the webhook sent; diffs from
+/// a fake GitHub API on loopback, the offline model.
+#[tokio::test]
+async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
+    let moto = MotoServer::start();
+    let redis = RedisServer::start();
+    let settings = moto.aws_settings();
+    let urls =
+        create_aws_resources(&settings, "hooks", "lanes-hooks", QueueSettings::default()).await.unwrap();
+    let fetches = lanes_tests::Fetches::default();
+    let github = lanes_tests::fake_github(fetches.clone()).await;
+    let mut env = moto.env();
+    env.extend(
+        [
+            ("LANES_BACKEND", "aws".to_owned()),
+            ("LANES_TABLE", "lanes-hooks".to_owned()),
+            ("LANES_QUEUE_URL_INTERACTIVE", urls[0].clone()),
+            ("LANES_QUEUE_URL_SYNTHESIS", urls[1].clone()),
+            ("LANES_QUEUE_URL_COMMITS", urls[2].clone()),
+            ("REDIS_URL", redis.url()),
+            ("LANES_LANE", "commits".to_owned()),
+            ("LANES_GITHUB_WEBHOOK_SECRET", "lanes-local-webhook-secret".to_owned()),
+            ("LANES_GITLAB_WEBHOOK_TOKEN", "lanes-local-gitlab-token".to_owned()),
+            ("LANES_GITHUB_API_URL", github),
+            // A closed loopback port: GitLab is down for this test (and no test leaves the machine).
+            ("LANES_GITLAB_URL", "http://127.0.0.1:9".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let watch = LambdaWatch::start(&env);
+    let read = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(workspace_root().join("events").join(name)).unwrap())
+            .unwrap()
+    };
+    let push = read("webhook-github-push.json");
+    let first = watch.invoke("webhook", &push).await;
+    assert_eq!(first["statusCode"], 202, "{first}");
+    let body: Value = serde_json::from_str(first["body"].as_str().unwrap()).unwrap();
+    assert_eq!((body["enqueued"].as_u64(), body["repo_id"].as_str()), (Some(2), Some("github:1296269")));
+    let replay = watch.invoke("webhook", &push).await;
+    assert_eq!(replay["statusCode"], 200, "replayed delivery: {replay}");
+    let gitlab = watch.invoke("webhook", &read("webhook-gitlab-push.json")).await;
+    assert_eq!(gitlab["statusCode"], 202, "{gitlab}");
+    let mut forged = push.clone();
+    forged["body"] = Value::String(forged["body"].as_str().unwrap().replace("French", "German"));
+    let forged = watch.invoke("webhook", &forged).await;
+    assert_eq!(forged["statusCode"], 401, "{forged}");
+
+    let config = sdk_config(&settings).await;
+    let queue = SqsQueue::connect(aws_sdk_sqs::Client::new(&config), &urls[2]).await.unwrap();
+    let received =
+        lanes_core::commits::summarize::receive_batch(&queue, 100, std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+    assert_eq!(received.len(), 3, "two GitHub commits and one GitLab commit");
+    let records: Vec<Value> = received
+        .iter()
+        .map(|m| {
+            json!({
+                "messageId": m.message_id, "receiptHandle": m.receipt, "body": m.body,
+                "attributes": {"ApproximateReceiveCount": m.receive_count.to_string(), "SentTimestamp": m.sent_at_ms.to_string()},
+                "messageAttributes": {"lane": {"stringValue": "commits", "dataType": "String"}},
+                "md5OfBody": "", "eventSource": "aws:sqs", "awsRegion": "us-east-1",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:lanes-commits"
+            })
+        })
+        .collect();
+    let answer = watch.invoke("worker", &json!({ "Records": records })).await;
+    // GitLab is unreachable: its commit is a retryable failure, handed back (a batch item failure);
+    // the two GitHub commits are summarized and acked.
+    let failures = answer["batchItemFailures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{answer}");
+    let summaries = lanes_core::adapters::dynamodb::DynamoSummaries::new(
+        aws_sdk_dynamodb::Client::new(&config),
+        "lanes-hooks",
+    );
+    use lanes_core::ports::SummaryStore;
+    let page = summaries.list_summaries("github:1296269", 10, None).await.unwrap();
+    assert_eq!(page.items.len(), 2, "{page:?}");
+    assert!(page.items.iter().all(|s| s.summary.contains("not an LLM")), "offline model, labelled");
+    assert_eq!(fetches.lock().unwrap().len(), 2);
+}
