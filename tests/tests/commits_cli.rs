@@ -1,0 +1,163 @@
+//! The commits flow through the real `lanes` binary: `lanes summarize` over a real temporary
+//! repository (twice: the second run makes no LLM call), and `lanes dev` taking a signed GitHub push
+//! at `/webhooks/github` and serving the summaries at `/v1/repos/...` (diffs from a fake GitHub API).
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use lanes_core::commits::webhook::github_signature;
+use lanes_tests::{DevServer, Fetches, fake_github, workspace_bin};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=Lanes Test", "-c", "user.email=test@lanes.invalid"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn summarize(repo: &Path, data: &Path) -> Value {
+    let out = Command::new(workspace_bin("lanes"))
+        .args(["summarize", "--json", "--last", "50", "--repo"])
+        .arg(repo)
+        .arg("--data-dir")
+        .arg(data)
+        .env("RUST_LOG", "warn")
+        .env_remove("LANES_LLM_PROVIDER")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "lanes summarize: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn lanes_summarize_twice_over_a_real_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    for i in 0..6 {
+        let src: String = (0..20).map(|l| format!("fn f{i}_{l}() -> u32 {{ {l} }}\n")).collect();
+        std::fs::write(repo.join(format!("m{i}.rs")), src).unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", &format!("Add module {i}")]);
+    }
+    // A commit that only rewrites a 5 MB lockfile, and one with a huge source diff.
+    let lock: String = (0..80_000)
+        .map(|i| format!("[[package]]\nname = \"crate-{i}\"\nchecksum = \"{i:064x}\"\n"))
+        .collect();
+    assert!(lock.len() > 5_000_000);
+    std::fs::write(repo.join("Cargo.lock"), lock).unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "Update the lockfile"]);
+    let huge: String =
+        (0..30_000).map(|l| format!("pub const C{l}: &str = \"value number {l}\";\n")).collect();
+    std::fs::write(repo.join("consts.rs"), huge).unwrap();
+    git(&repo, &["add", "."]);
+    git(&repo, &["commit", "-qm", "Add generated-looking constants by hand"]);
+
+    let data = dir.path().join("data");
+    let first = summarize(&repo, &data);
+    assert_eq!(first["commits"], 8, "{first}");
+    let rows = first["summaries"].as_array().unwrap();
+    assert_eq!(rows.len(), 8);
+    let lockfile = rows.iter().find(|r| r["subject"] == "Update the lockfile").unwrap();
+    assert_eq!(
+        (lockfile["source"].as_str(), lockfile["tokens"].as_u64()),
+        (Some("rule"), Some(0)),
+        "{lockfile}"
+    );
+    let huge = rows.iter().find(|r| r["subject"] == "Add generated-looking constants by hand").unwrap();
+    assert_eq!(huge["source"], "llm");
+    assert!(
+        rows.iter()
+            .filter(|r| r["source"] == "llm")
+            .all(|r| r["summary"].as_str().unwrap().contains("not an LLM"))
+    );
+    let (calls, prompt, budget) = (
+        first["llm_calls"].as_u64().unwrap(),
+        first["prompt_tokens"].as_u64().unwrap(),
+        first["batch_tokens"].as_u64().unwrap(),
+    );
+    assert!(calls >= 1 && calls <= prompt.div_ceil(budget) + 2, "{calls} calls for {prompt} prompt tokens");
+    // The huge diff was cut to its 4,000-token budget: the whole prompt stays near 7 x small + 4,000.
+    assert!(prompt < 9_000, "prompt tokens {prompt}");
+    assert!(first["completion_tokens"].as_u64().unwrap() > 0);
+
+    let second = summarize(&repo, &data);
+    assert_eq!((second["llm_calls"].as_u64(), second["cache_hits"].as_u64()), (Some(0), Some(8)), "{second}");
+    assert_eq!(second["rule_summaries"], 0);
+    assert!(second["summaries"].as_array().unwrap().iter().all(|r| r["source"] == "cache"));
+}
+
+#[tokio::test]
+async fn lanes_dev_takes_a_signed_push_and_serves_the_summaries() {
+    let fetches = Fetches::default();
+    let github = fake_github(fetches.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = vec![
+        ("LANES_GITHUB_WEBHOOK_SECRET".to_owned(), "lanes-local-webhook-secret".to_owned()),
+        ("LANES_GITHUB_API_URL".to_owned(), github),
+    ];
+    let server = DevServer::start_with_env(&dir.path().join("data"), &[], env).await;
+    let event: Value = serde_json::from_str(
+        &std::fs::read_to_string(lanes_tests::workspace_root().join("events/webhook-github-push.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let body = event["body"].as_str().unwrap().to_owned();
+    let client = reqwest::Client::new();
+    let post = |sig: String| {
+        client
+            .post(format!("{}/webhooks/github", server.url))
+            .header("x-github-event", "push")
+            .header("x-github-delivery", "dev-1")
+            .header("x-hub-signature-256", sig)
+            .body(body.clone())
+            .send()
+    };
+    let resp = post("sha256=00".into()).await.unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = post(github_signature(b"lanes-local-webhook-secret", body.as_bytes())).await.unwrap();
+    assert_eq!(resp.status(), 202);
+    let sha = "3f786850e387550fdab836ed7e6dc881de23001b";
+    let url = format!("{}/v1/repos/github:1296269/commits/{sha}/summary", server.url);
+    let started = Instant::now();
+    let summary: Value = loop {
+        let resp = client.get(&url).send().await.unwrap();
+        if resp.status() == 200 {
+            break resp.json().await.unwrap();
+        }
+        assert_eq!(resp.status(), 404);
+        assert!(started.elapsed() < Duration::from_secs(30), "no summary: {}", server.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(summary["subject"], "Add the greeting module");
+    assert!(summary["summary"].as_str().unwrap().contains("touches src/hello-world.rs"), "{summary}");
+    let list: Value = loop {
+        let list: Value = client
+            .get(format!("{}/v1/repos/github:1296269/summaries?limit=1", server.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if !list["next_cursor"].is_null() || started.elapsed() > Duration::from_secs(30) {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(list["items"][0]["subject"], "Greet in French too", "newest first: {list}");
+    assert!(
+        server.metric("lanes_webhook_deliveries_total{provider=\"github\",result=\"accepted\"}").await >= 1.0
+    );
+}
