@@ -177,7 +177,7 @@ async fn each_distinct_commit_gets_exactly_one_llm_summary() {
     let p2 = push(101, "octo/one", &[a.clone(), b.clone(), d.clone()]);
     deliver(&r, "d-3", &p2).await;
     deliver(&r, "d-4", &p2).await;
-    let fork = push(202, "fork/two", &[a.clone()]);
+    let fork = push(202, "fork/two", std::slice::from_ref(&a));
     deliver(&r, "d-5", &fork).await;
     drain(&r, 2).await;
 

@@ -103,53 +103,65 @@ impl SqsQueue {
         Some(SqsQueue::sender(self.client.clone(), url))
     }
 
-    /// Sends many messages in batches of ten, retrying entries SQS failed (up to three rounds).
-    /// Returns the bodies that still failed.
+    /// Sends many messages in batches of ten (eight batches in flight, so a webhook with thousands of
+    /// commits still answers within the sender's timeout), retrying entries SQS failed (up to three
+    /// rounds). Returns the bodies that still failed.
     pub async fn send_batch(
         &self,
         messages: &[(String, BTreeMap<String, String>)],
     ) -> Result<Vec<String>, QueueError> {
+        use futures::StreamExt;
+        let sends: Vec<_> = messages.chunks(10).map(|c| self.send_chunk(c)).collect();
+        let results: Vec<Result<Vec<String>, QueueError>> =
+            futures::stream::iter(sends).buffer_unordered(8).collect().await;
         let mut failed = Vec::new();
-        for chunk in messages.chunks(10) {
-            let mut pending: Vec<(usize, &OutgoingMessage)> = chunk.iter().enumerate().collect();
-            for _ in 0..3 {
-                if pending.is_empty() {
-                    break;
-                }
-                let entries = pending
-                    .iter()
-                    .map(|(i, (body, attrs))| {
-                        SendMessageBatchRequestEntry::builder()
-                            .id(i.to_string())
-                            .message_body(body)
-                            .set_message_attributes(Some(attributes(attrs)?))
-                            .build()
-                            .map_err(|e| QueueError::Rejected(e.to_string()))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                crate::metrics::aws_request("sqs", "SendMessageBatch");
-                let out = self
-                    .client
-                    .send_message_batch()
-                    .queue_url(&self.url)
-                    .set_entries(Some(entries))
-                    .send()
-                    .await
-                    .map_err(|e| unavailable(&e))?;
-                let again: Vec<String> =
-                    out.failed().iter().filter(|f| !f.sender_fault()).map(|f| f.id().to_owned()).collect();
-                if let Some(f) = out.failed().iter().find(|f| f.sender_fault()) {
-                    return Err(QueueError::Rejected(format!(
-                        "{}: {}",
-                        f.code(),
-                        f.message().unwrap_or_default()
-                    )));
-                }
-                pending.retain(|(i, _)| again.contains(&i.to_string()));
-            }
-            failed.extend(pending.into_iter().map(|(_, (body, _))| body.clone()));
+        for r in results {
+            failed.extend(r?);
         }
         Ok(failed)
+    }
+
+    async fn send_chunk(
+        &self,
+        chunk: &[(String, BTreeMap<String, String>)],
+    ) -> Result<Vec<String>, QueueError> {
+        let mut pending: Vec<(usize, &OutgoingMessage)> = chunk.iter().enumerate().collect();
+        for _ in 0..3 {
+            if pending.is_empty() {
+                break;
+            }
+            let entries = pending
+                .iter()
+                .map(|(i, (body, attrs))| {
+                    SendMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .message_body(body)
+                        .set_message_attributes(Some(attributes(attrs)?))
+                        .build()
+                        .map_err(|e| QueueError::Rejected(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            crate::metrics::aws_request("sqs", "SendMessageBatch");
+            let out = self
+                .client
+                .send_message_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            let again: Vec<String> =
+                out.failed().iter().filter(|f| !f.sender_fault()).map(|f| f.id().to_owned()).collect();
+            if let Some(f) = out.failed().iter().find(|f| f.sender_fault()) {
+                return Err(QueueError::Rejected(format!(
+                    "{}: {}",
+                    f.code(),
+                    f.message().unwrap_or_default()
+                )));
+            }
+            pending.retain(|(i, _)| again.contains(&i.to_string()));
+        }
+        Ok(pending.into_iter().map(|(_, (body, _))| body.clone()).collect())
     }
 }
 

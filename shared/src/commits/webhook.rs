@@ -332,9 +332,20 @@ struct GitLabCommit {
     timestamp: String,
 }
 
-fn bad_payload(e: serde_json::Error) -> Problem {
+/// Why a push payload was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PushError(String);
+
+impl From<PushError> for Problem {
+    fn from(e: PushError) -> Self {
+        Problem::new(StatusCode::BAD_REQUEST, "bad-payload", "Push payload not understood", e.0)
+    }
+}
+
+fn bad_payload(e: serde_json::Error) -> PushError {
     // serde's message names the missing or mistyped field and where; it says nothing internal.
-    Problem::new(StatusCode::BAD_REQUEST, "bad-payload", "Push payload not understood", format!("{e}"))
+    PushError(e.to_string())
 }
 
 /// Unix ms of an RFC 3339 time with `Z` or a numeric offset; 0 when unparseable.
@@ -361,7 +372,7 @@ pub fn rfc3339_ms(s: &str) -> u64 {
 const ZERO_SHA: &str = "0000000000000000000000000000000000000000";
 
 /// Parses a push event into commit messages.
-pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, Problem> {
+pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
     let mut skipped = 0;
     let mut commits = Vec::new();
     let mut add = |repo_id: &str, repo: &str, id: &str, message: &str, timestamp: &str| {
@@ -408,10 +419,9 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, Problem> {
             (repo_id, deleted)
         }
         Provider::Local => {
-            return Err(Problem::new(StatusCode::BAD_REQUEST, "bad-payload", "Unknown host", "local pushes"));
+            return Err(PushError("pushes from local repositories are not webhooks".into()));
         }
     };
-    drop(add);
     Ok(Push { repo_id, commits, skipped, deleted })
 }
 
