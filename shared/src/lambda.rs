@@ -181,6 +181,9 @@ impl WorkerFunction {
             config,
         };
         let queue = adapters.consume[lane.index()].clone();
+        if commits.is_some() {
+            crate::commits::budget::warm();
+        }
         Ok(Self { worker, queue, concurrency: concurrency.max(1), commits })
     }
 

@@ -341,7 +341,9 @@ async fn heartbeat_requests_per_minute_are_counted() {
     eprintln!(
         "heartbeat: {renewals} renewals in {run_secs:.1} s at a 0.5 s interval = {per_minute:.0}/min, each one SQS ChangeMessageVisibility + one Redis renew: {d:?}"
     );
-    assert!((4.0..=7.0).contains(&renewals), "{renewals} renewals");
+    // One renewal per 0.5 s of run time (the first after 0.5 s), whatever the machine's speed.
+    let expected = (run_secs / 0.5).floor();
+    assert!(renewals >= 4.0 && (renewals - expected).abs() <= 2.0, "{renewals} renewals in {run_secs} s");
     assert_eq!(
         d.get("sqs ChangeMessageVisibility"),
         Some(&(renewals + 1.0)),
