@@ -185,8 +185,6 @@ impl Local {
             }
         };
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
-        // Off the request path: the first commit batch would otherwise load the vocabulary.
-        tokio::task::spawn_blocking(crate::commits::budget::warm);
         let git = GitConfig {
             webhook: WebhookConfig::from_env().await?,
             diffs: Arc::new(DiffSources::from_env(true).await?),
