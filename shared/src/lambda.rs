@@ -86,6 +86,59 @@ pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
     }))
 }
 
+/// The controller function's state, built once per container.
+pub struct ControllerFunction {
+    /// The controller core.
+    pub controller: crate::controller::Controller,
+}
+
+impl ControllerFunction {
+    /// Reads `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `LANES_MAPPING_{INTERACTIVE,SYNTHESIS,COMMITS}`
+    /// (event source mapping UUIDs) and `LANES_CONCURRENCY_BUDGET` (default 30).
+    pub async fn from_env() -> Result<Self, ColdStartError> {
+        let budget = parse_env("LANES_CONCURRENCY_BUDGET", 30)? as usize;
+        let mut urls = Vec::with_capacity(3);
+        let mut mappings = Vec::with_capacity(3);
+        for (q, m) in [
+            ("LANES_QUEUE_URL_INTERACTIVE", "LANES_MAPPING_INTERACTIVE"),
+            ("LANES_QUEUE_URL_SYNTHESIS", "LANES_MAPPING_SYNTHESIS"),
+            ("LANES_QUEUE_URL_COMMITS", "LANES_MAPPING_COMMITS"),
+        ] {
+            urls.push(require_env(q)?);
+            mappings.push(require_env(m)?);
+        }
+        let sdk = crate::adapters::sdk_config(&Default::default()).await;
+        let sqs = aws_sdk_sqs::Client::new(&sdk);
+        let queues: Vec<Arc<dyn QueueConsume>> = urls
+            .iter()
+            .map(|u| {
+                Arc::new(crate::adapters::sqs::SqsQueue::sender(sqs.clone(), u)) as Arc<dyn QueueConsume>
+            })
+            .collect();
+        let queues: [Arc<dyn QueueConsume>; 3] =
+            queues.try_into().map_err(|_| ConfigError::Missing("LANES_QUEUE_URL_*"))?;
+        let mappings: [String; 3] =
+            mappings.try_into().map_err(|_| ConfigError::Missing("LANES_MAPPING_*"))?;
+        let control =
+            Arc::new(crate::adapters::lambda::LambdaMappings::new(aws_sdk_lambda::Client::new(&sdk)));
+        Ok(Self { controller: crate::controller::Controller::new(queues, mappings, control, budget.max(6)) })
+    }
+
+    /// One scheduled tick: the decisions, logged and emitted as metrics.
+    pub async fn handle(&self) -> Vec<crate::controller::LaneDecision> {
+        let decisions = self.controller.tick().await;
+        for d in &decisions {
+            match &d.error {
+                None => {
+                    tracing::info!(lane = d.lane, backlog = d.backlog, in_flight = d.in_flight, current = ?d.current, target = d.target, changed = d.changed, "lane concurrency")
+                }
+                Some(e) => warn!(lane = d.lane, error = %e, "lane skipped this tick"),
+            }
+        }
+        decisions
+    }
+}
+
 /// Reads the worker's lane from `LANES_LANE`.
 pub fn lane_from_env() -> Result<Lane, ConfigError> {
     require_env("LANES_LANE")?.parse().map_err(|reason| ConfigError::Invalid { name: "LANES_LANE", reason })

@@ -22,6 +22,9 @@
 //! - [`metrics`]: Prometheus registry with per-lane metrics.
 //! - [`problem`]: RFC 9457 problem+json responses.
 //! - [`config`]: tunables with defaults and their validation.
+//! - [`controller`]: the per-minute concurrency controller over the lanes' event source mappings.
+//! - [`commits`]: the commit-summary flow: webhook, diff sources, diff budget, micro-batching, the
+//!   commits worker, the read API and `lanes summarize`.
 //! - [`local`]: `lanes dev`: everything above wired together in one process, on either backend.
 //! - [`lambda`]: cold-start configuration and Lambda events to the core (used by `functions/*`):
 //!   the ingress router, the SQS batch handler with its partial failures and deadline hand-back.
@@ -32,6 +35,7 @@ pub mod bench;
 pub mod clock;
 pub mod commits;
 pub mod config;
+pub mod controller;
 pub mod domain;
 pub mod embedded;
 pub mod ingress;

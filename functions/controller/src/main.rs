@@ -1,11 +1,18 @@
-//! `controller`: every minute, sets each lane's event-source-mapping concurrency from queue depth with
-//! the weighted pool policy (`lanes_core::pool::allocate`). Refuses at cold start until the Lambda
-//! event-source-mapping adapter exists (the deployable-stack issue).
+//! `controller`: on an EventBridge schedule (every minute), sets each lane's event-source-mapping
+//! `MaximumConcurrency` from queue depth with the weighted pool policy. Configuration is read once at
+//! cold start; each tick is handed to lanes-core.
 
-use lanes_core::lambda::{init_tracing, not_built_yet};
+use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
+use lambda_runtime::{Error, LambdaEvent, service_fn};
+use lanes_core::lambda::{ControllerFunction, init_tracing};
 
 #[tokio::main]
-async fn main() -> Result<(), lambda_runtime::Error> {
+async fn main() -> Result<(), Error> {
     init_tracing();
-    Err(not_built_yet("controller", "the Lambda event-source-mapping adapter").into())
+    let function = ControllerFunction::from_env().await?;
+    let function = &function;
+    lambda_runtime::run(service_fn(move |_event: LambdaEvent<CloudWatchEvent>| async move {
+        Ok::<_, Error>(serde_json::json!({ "lanes": function.handle().await }))
+    }))
+    .await
 }

@@ -1,7 +1,9 @@
-//! Production adapters of the ports: SQS, DynamoDB, and Redis/Valkey (ElastiCache). Only this module
+//! Production adapters of the ports: SQS, DynamoDB, Redis/Valkey (ElastiCache) and Lambda event source
+//! mappings. Only this module
 //! touches an SDK; each adapter has an embedded twin in `crate::embedded`.
 
 pub mod dynamodb;
+pub mod lambda;
 pub mod redis;
 pub mod sqs;
 
