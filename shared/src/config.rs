@@ -108,6 +108,13 @@ impl Default for IngressConfig {
 }
 
 /// Reads a required environment variable.
+/// An optional variable: unset and empty (CloudFormation's way of leaving a parameter out) are both
+/// `None`.
+pub fn optional_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// A required variable, named in the error when missing or empty.
 pub fn require_env(name: &'static str) -> Result<String, ConfigError> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name))
 }

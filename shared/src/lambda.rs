@@ -77,13 +77,16 @@ pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
         .into());
     }
     let adapters = adapters_from_env("webhook", &[]).await?;
-    Ok(crate::commits::webhook::router(Webhook {
+    let metrics = Metrics::new();
+    metrics.enable_emf();
+    let router = crate::commits::webhook::router(Webhook {
         queue: adapters.send[Lane::Commits.index()].clone(),
         store: adapters.summaries,
-        metrics: Metrics::new(),
+        metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
         config,
-    }))
+    });
+    Ok(with_emf(router, metrics))
 }
 
 /// The controller function's state, built once per container.
@@ -127,7 +130,19 @@ impl ControllerFunction {
     /// One scheduled tick: the decisions, logged and emitted as metrics.
     pub async fn handle(&self) -> Vec<crate::controller::LaneDecision> {
         let decisions = self.controller.tick().await;
+        let now = SystemClock.now_ms();
         for d in &decisions {
+            // One EMF document per lane: what the controller saw and set.
+            let doc = serde_json::json!({
+                "_aws": {"Timestamp": now, "CloudWatchMetrics": [{"Namespace": metrics_namespace(),
+                    "Dimensions": [["lane"]], "Metrics": [
+                        {"Name": "queue_depth", "Unit": "Count"},
+                        {"Name": "queue_in_flight", "Unit": "Count"},
+                        {"Name": "max_concurrency", "Unit": "Count"}]}]},
+                "lane": d.lane, "queue_depth": d.backlog, "queue_in_flight": d.in_flight,
+                "max_concurrency": d.target,
+            });
+            println!("{doc}");
             match &d.error {
                 None => {
                     tracing::info!(lane = d.lane, backlog = d.backlog, in_flight = d.in_flight, current = ?d.current, target = d.target, changed = d.changed, "lane concurrency")
@@ -137,6 +152,20 @@ impl ControllerFunction {
         }
         decisions
     }
+}
+
+/// The CloudWatch namespace of the EMF metrics: `LANES_METRICS_NAMESPACE` (default `Lanes`).
+pub fn metrics_namespace() -> String {
+    crate::config::optional_env("LANES_METRICS_NAMESPACE").unwrap_or_else(|| "Lanes".into())
+}
+
+/// Metrics that flush as EMF after each request (for the HTTP functions).
+fn with_emf(router: axum::Router, metrics: Metrics) -> axum::Router {
+    let namespace = metrics_namespace();
+    router.layer(axum::middleware::map_response(move |resp: axum::response::Response| {
+        metrics.flush_emf(&namespace);
+        async move { resp }
+    }))
 }
 
 /// Reads the worker's lane from `LANES_LANE`.
@@ -171,15 +200,18 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
     let adapters = adapters_from_env("ingress", &[]).await?;
     let read =
         api::router(SummariesApi { summaries: adapters.summaries.clone(), cache: adapters.cache.clone() });
-    Ok(router(Ingress {
+    let metrics = Metrics::new();
+    metrics.enable_emf();
+    let router = router(Ingress {
         store: adapters.store,
         cache: adapters.cache,
         queues: adapters.send,
-        metrics: Metrics::new(),
+        metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
         config: IngressConfig::default(),
     })
-    .merge(read))
+    .merge(read);
+    Ok(with_emf(router, metrics))
 }
 
 /// What the worker function builds once per container.
@@ -210,6 +242,7 @@ impl WorkerFunction {
         let limiter = adapters.limiter(&crate::llm::limiter_name(), Arc::new(SystemClock))?;
         let llm = crate::llm::limited(llm, limiter, Duration::from_secs(20));
         let metrics = Metrics::new();
+        metrics.enable_emf();
         let commits = match lane {
             Lane::Commits => Some(CommitsWorker {
                 summaries: adapters.summaries.clone(),
@@ -247,10 +280,12 @@ impl WorkerFunction {
         // Stop early enough to hand unfinished messages back before Lambda kills the invocation.
         let budget = remaining.saturating_sub((remaining / 10).min(Duration::from_secs(2)));
         tracing::info!(records = records.len(), budget_ms = budget.as_millis() as u64, "batch received");
-        match &self.commits {
+        let response = match &self.commits {
             Some(commits) => handle_commit_batch(commits, &self.queue, records, budget).await,
             None => handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await,
-        }
+        };
+        self.worker.metrics.flush_emf(&metrics_namespace());
+        response
     }
 }
 

@@ -446,9 +446,9 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
 pub fn config_from_env() -> Result<Option<LimiterConfig>, crate::config::ConfigError> {
     use crate::config::ConfigError;
     let read = |name: &'static str| -> Result<Option<f64>, ConfigError> {
-        match std::env::var(name) {
-            Err(_) => Ok(None),
-            Ok(v) => match v.trim().parse::<f64>() {
+        match crate::config::optional_env(name) {
+            None => Ok(None),
+            Some(v) => match v.trim().parse::<f64>() {
                 Ok(n) if n > 0.0 => Ok(Some(n)),
                 _ => Err(ConfigError::Invalid { name, reason: format!("`{v}` is not a positive number") }),
             },

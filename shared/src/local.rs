@@ -77,9 +77,9 @@ pub async fn local_llm(
     clock: SharedClock,
     offline_latency: [Duration; 3],
 ) -> Result<Arc<dyn LlmClient>, ConfigError> {
-    let llm: Arc<dyn LlmClient> = match std::env::var("LANES_LLM_PROVIDER").as_deref() {
-        Err(_) | Ok("offline") => Arc::new(OfflineProvider::new(|l| offline_latency[l.index()])),
-        Ok(_) => crate::llm::from_env(Duration::ZERO).await?,
+    let llm: Arc<dyn LlmClient> = match crate::config::optional_env("LANES_LLM_PROVIDER").as_deref() {
+        None | Some("offline") => Arc::new(OfflineProvider::new(|l| offline_latency[l.index()])),
+        Some(_) => crate::llm::from_env(Duration::ZERO).await?,
     };
     let limiter = adapters.limiter(&crate::llm::limiter_name(), clock)?;
     Ok(crate::llm::limited(llm, limiter, Duration::from_secs(30)))

@@ -1,5 +1,7 @@
 //! Metrics: one Prometheus registry per process with the per-lane series of design §6, rendered as
-//! Prometheus text at `/metrics` locally.
+//! Prometheus text at `/metrics` locally, and as CloudWatch Embedded Metric Format documents in Lambda
+//! ([`Metrics::emf_documents`], printed after each invocation): counters as deltas since the last
+//! flush, latencies as the raw observations (so CloudWatch computes p99 itself).
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -21,10 +23,39 @@ pub fn aws_request(service: &str, operation: &str) {
     AWS_REQUESTS.with_label_values(&[service, operation]).inc();
 }
 
+/// The latency histograms, for [`Metrics::observe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Latency {
+    /// Submission to claim.
+    Wait,
+    /// Claim to completion.
+    Run,
+    /// Submission to completion.
+    Total,
+}
+
+impl Latency {
+    fn name(self) -> &'static str {
+        match self {
+            Latency::Wait => "task_wait_seconds",
+            Latency::Run => "task_run_seconds",
+            Latency::Total => "task_latency_seconds",
+        }
+    }
+}
+
+#[derive(Default)]
+struct EmfState {
+    enabled: bool,
+    observations: Vec<(&'static str, String, f64)>,
+    last: std::collections::HashMap<String, f64>,
+}
+
 /// Every metric the core records.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
+    emf: std::sync::Arc<std::sync::Mutex<EmfState>>,
     /// Visible messages per lane.
     pub queue_depth: IntGaugeVec,
     /// Received, not yet acknowledged, per lane.
@@ -135,6 +166,7 @@ impl Metrics {
                 &["component"],
             ),
             registry,
+            emf: Default::default(),
         };
         if let Err(e) = metrics.registry.register(Box::new(AWS_REQUESTS.clone())) {
             tracing::warn!(error = %e, "could not register lanes_aws_requests_total");
@@ -152,6 +184,122 @@ impl Metrics {
         metrics
     }
 
+    /// Records a latency (seconds) for `lane`; kept raw for EMF too once [`Metrics::enable_emf`] ran.
+    pub fn observe(&self, which: Latency, lane: &str, seconds: f64) {
+        let hist = match which {
+            Latency::Wait => &self.task_wait_seconds,
+            Latency::Run => &self.task_run_seconds,
+            Latency::Total => &self.task_latency_seconds,
+        };
+        hist.with_label_values(&[lane]).observe(seconds);
+        if let Ok(mut emf) = self.emf.lock()
+            && emf.enabled
+        {
+            emf.observations.push((which.name(), lane.to_owned(), seconds));
+        }
+    }
+
+    /// Starts keeping what [`Metrics::emf_documents`] reports (Lambda only; locally nobody flushes).
+    pub fn enable_emf(&self) {
+        if let Ok(mut emf) = self.emf.lock() {
+            emf.enabled = true;
+        }
+    }
+
+    /// CloudWatch Embedded Metric Format documents (one JSON line each) for everything since the
+    /// last call, in `namespace`: per lane (dimension `lane`) or without dimensions. Counter names
+    /// drop `lanes_` and `_total` and append their other labels (`llm_tokens_total{type="prompt"}` ->
+    /// `llm_tokens_prompt`).
+    pub fn emf_documents(&self, namespace: &str, now_ms: u64) -> Vec<String> {
+        use std::collections::BTreeMap;
+        // lane ("" = none) -> metric -> (unit, values)
+        let mut groups: BTreeMap<String, BTreeMap<String, (&'static str, Vec<f64>)>> = BTreeMap::new();
+        let Ok(mut emf) = self.emf.lock() else { return Vec::new() };
+        for (name, lane, v) in emf.observations.drain(..) {
+            groups
+                .entry(lane)
+                .or_default()
+                .entry(name.to_owned())
+                .or_insert(("Seconds", Vec::new()))
+                .1
+                .push(v);
+        }
+        for family in self.registry.gather() {
+            if family.get_field_type() != prometheus::proto::MetricType::COUNTER {
+                continue;
+            }
+            let base = family.name().trim_start_matches("lanes_").trim_end_matches("_total").to_owned();
+            for m in family.get_metric() {
+                let mut lane = String::new();
+                let mut name = base.clone();
+                let mut key = family.name().to_owned();
+                for l in m.get_label() {
+                    key.push_str(&format!(",{}={}", l.name(), l.value()));
+                    if l.name() == "lane" {
+                        lane = l.value().to_owned();
+                    } else {
+                        name.push('_');
+                        name.push_str(l.value());
+                    }
+                }
+                let value = m.get_counter().get_value();
+                let before = emf.last.insert(key, value).unwrap_or(0.0);
+                if value > before {
+                    groups.entry(lane).or_default().insert(name, ("Count", vec![value - before]));
+                }
+            }
+        }
+        drop(emf);
+        let mut docs = Vec::new();
+        for (lane, metrics) in groups {
+            let mut metrics: Vec<(String, (&str, Vec<f64>))> = metrics.into_iter().collect();
+            // EMF allows 100 metrics per document and 100 values per metric.
+            while !metrics.is_empty() {
+                let mut doc = serde_json::Map::new();
+                let mut defs = Vec::new();
+                let mut rest = Vec::new();
+                for (name, (unit, mut values)) in metrics.drain(..) {
+                    if defs.len() == 100 {
+                        rest.push((name, (unit, values)));
+                        continue;
+                    }
+                    let tail = if values.len() > 100 { values.split_off(100) } else { Vec::new() };
+                    defs.push(serde_json::json!({"Name": name, "Unit": unit}));
+                    let value = if values.len() == 1 {
+                        serde_json::json!(values[0])
+                    } else {
+                        serde_json::json!(values)
+                    };
+                    doc.insert(name.clone(), value);
+                    if !tail.is_empty() {
+                        rest.push((name, (unit, tail)));
+                    }
+                }
+                metrics = rest;
+                let dims =
+                    if lane.is_empty() { serde_json::json!([[]]) } else { serde_json::json!([["lane"]]) };
+                if !lane.is_empty() {
+                    doc.insert("lane".into(), serde_json::json!(lane));
+                }
+                doc.insert(
+                    "_aws".into(),
+                    serde_json::json!({"Timestamp": now_ms, "CloudWatchMetrics": [
+                        {"Namespace": namespace, "Dimensions": dims, "Metrics": defs}]}),
+                );
+                docs.push(serde_json::Value::Object(doc).to_string());
+            }
+        }
+        docs
+    }
+
+    /// Prints [`Metrics::emf_documents`] to stdout, where Lambda's log capture picks them up.
+    pub fn flush_emf(&self, namespace: &str) {
+        let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+        for doc in self.emf_documents(namespace, now) {
+            println!("{doc}");
+        }
+    }
+
     /// Prometheus text exposition of every series.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
@@ -165,5 +313,46 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emf_documents_carry_deltas_and_raw_latencies() {
+        let m = Metrics::new();
+        m.enable_emf();
+        m.observe(Latency::Total, "interactive", 1.5);
+        m.observe(Latency::Total, "interactive", 0.5);
+        m.llm_tokens_total.with_label_values(&["interactive", "prompt"]).inc_by(120);
+        m.duplicates_total.with_label_values(&["cache"]).inc();
+        let docs: Vec<serde_json::Value> =
+            m.emf_documents("Lanes/test", 1_000).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+        let lane = docs.iter().find(|d| d["lane"] == "interactive").unwrap();
+        assert_eq!(lane["task_latency_seconds"], serde_json::json!([1.5, 0.5]));
+        assert_eq!(lane["llm_tokens_prompt"], 120.0);
+        let aws = &lane["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(
+            (aws["Namespace"].as_str(), aws["Dimensions"][0][0].as_str()),
+            (Some("Lanes/test"), Some("lane"))
+        );
+        assert!(
+            aws["Metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["Name"] == "task_latency_seconds" && d["Unit"] == "Seconds")
+        );
+        let global = docs.iter().find(|d| d.get("lane").is_none()).unwrap();
+        assert_eq!(global["duplicates_cache"], 1.0);
+        // Deltas: nothing new, nothing reported.
+        m.llm_tokens_total.with_label_values(&["interactive", "prompt"]).inc_by(5);
+        let again: Vec<serde_json::Value> =
+            m.emf_documents("Lanes/test", 2_000).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0]["llm_tokens_prompt"], 5.0);
+        assert!(again[0].get("task_latency_seconds").is_none());
     }
 }

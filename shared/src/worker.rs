@@ -5,7 +5,7 @@
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
 use crate::domain::{TaskMessage, TaskRecord, TaskResult};
-use crate::metrics::Metrics;
+use crate::metrics::{Latency, Metrics};
 use crate::ports::{
     Acquire, Cache, ClaimOutcome, Completion, FinishOutcome, LeaseLock, LlmClient, LlmError, LlmRequest,
     QueueConsume, QueueError, ReceivedMessage, StoreError, TaskStore,
@@ -166,10 +166,8 @@ impl Worker {
             }
             Err(e) => return self.store_failure(&**queue, message, e).await,
         };
-        self.metrics
-            .task_wait_seconds
-            .with_label_values(&[lane])
-            .observe(now.saturating_sub(record.created_at_ms) as f64 / 1000.0);
+        let waited = now.saturating_sub(record.created_at_ms) as f64 / 1000.0;
+        self.metrics.observe(Latency::Wait, lane, waited);
 
         let cancel = CancellationToken::new();
         let _heartbeat = HeartbeatGuard(self.spawn_heartbeat(
@@ -266,15 +264,9 @@ impl Worker {
             Err(e) => return self.store_failure(&**queue, message, e).await,
         }
         if let Some(started) = record.started_at_ms {
-            self.metrics
-                .task_run_seconds
-                .with_label_values(&[lane])
-                .observe(now.saturating_sub(started) as f64 / 1000.0);
+            self.metrics.observe(Latency::Run, lane, now.saturating_sub(started) as f64 / 1000.0);
         }
-        self.metrics
-            .task_latency_seconds
-            .with_label_values(&[lane])
-            .observe(now.saturating_sub(record.created_at_ms) as f64 / 1000.0);
+        self.metrics.observe(Latency::Total, lane, now.saturating_sub(record.created_at_ms) as f64 / 1000.0);
         if let Some(done) = done {
             self.fill_cache(&done).await;
         }

@@ -436,6 +436,7 @@ pub struct LambdaWatch {
     /// Its port.
     pub port: u16,
     _env_file: tempfile::NamedTempFile,
+    log_path: PathBuf,
 }
 
 impl LambdaWatch {
@@ -464,7 +465,12 @@ impl LambdaWatch {
             .spawn()
             .unwrap_or_else(|e| panic!("cargo lambda watch: {e}"));
         wait_for_port(port, "cargo lambda watch", &mut child);
-        Self { child, port, _env_file: env_file }
+        Self { child, port, _env_file: env_file, log_path }
+    }
+
+    /// What the emulator and the functions printed so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
     /// Invokes `function` with `payload` through the Lambda invoke API, as `cargo lambda invoke` does.

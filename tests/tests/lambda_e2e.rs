@@ -75,6 +75,17 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     assert_eq!((rec.status, rec.fence), (TaskStatus::Completed, 1));
     assert_eq!(queue.depth().await.unwrap().visible + queue.depth().await.unwrap().in_flight, 0, "acked");
 
+    // Both functions printed CloudWatch EMF documents: the worker's latency per lane, raw.
+    let emf: Vec<Value> = watch
+        .log_text()
+        .lines()
+        .filter_map(|l| l.find("{\"_aws\"").map(|i| &l[i..]))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(
+        emf.iter().any(|d| d["lane"] == "interactive" && d["task_latency_seconds"].is_number()),
+        "no EMF latency in the log: {emf:?}"
+    );
     let again = watch.invoke("ingress", &event).await;
     assert_eq!(again["statusCode"], 200, "{again}");
     let done: Value = serde_json::from_str(again["body"].as_str().unwrap()).unwrap();

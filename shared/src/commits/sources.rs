@@ -264,11 +264,12 @@ impl DiffSources {
     /// `LANES_GITLAB_API_TOKEN_SECRET`. With `local`, local repositories too.
     pub async fn from_env(local: bool) -> Result<Self, ConfigError> {
         let timeout = Duration::from_secs(20);
-        let github_url =
-            std::env::var("LANES_GITHUB_API_URL").unwrap_or_else(|_| "https://api.github.com".into());
+        let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
+            .unwrap_or_else(|| "https://api.github.com".into());
         let github_token =
             crate::llm::env_or_secret("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET").await?;
-        let gitlab_url = std::env::var("LANES_GITLAB_URL").unwrap_or_else(|_| "https://gitlab.com".into());
+        let gitlab_url =
+            crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
         let gitlab_token =
             crate::llm::env_or_secret("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET").await?;
         Ok(Self {

@@ -65,7 +65,7 @@ pub fn limited(
 pub fn limiter_name() -> String {
     format!(
         "{}:{}",
-        std::env::var("LANES_LLM_PROVIDER").unwrap_or_else(|_| "offline".into()),
+        crate::config::optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into()),
         std::env::var("LANES_LLM_MODEL").unwrap_or_default()
     )
 }
@@ -84,12 +84,12 @@ pub async fn env_or_secret(
     var: &'static str,
     secret_var: &'static str,
 ) -> Result<Option<String>, crate::config::ConfigError> {
-    if let Ok(v) = std::env::var(var) {
+    if let Some(v) = crate::config::optional_env(var) {
         return Ok(Some(v));
     }
-    match std::env::var(secret_var) {
-        Err(_) => Ok(None),
-        Ok(secret) => {
+    match crate::config::optional_env(secret_var) {
+        None => Ok(None),
+        Some(secret) => {
             let sdk = crate::adapters::sdk_config(&Default::default()).await;
             let client = aws_sdk_secretsmanager::Client::new(&sdk);
             Ok(Some(fetch_named_secret(&client, &secret, secret_var).await?))
@@ -138,13 +138,15 @@ pub async fn from_env(
             reason: format!("`{v}` is not a whole number"),
         })?),
     };
-    let base = |default: &str| std::env::var("LANES_LLM_BASE_URL").unwrap_or_else(|_| default.to_owned());
+    let base = |default: &str| {
+        crate::config::optional_env("LANES_LLM_BASE_URL").unwrap_or_else(|| default.to_owned())
+    };
     let invalid = |e: crate::ports::LlmError| ConfigError::Invalid {
         name: "LANES_LLM_PROVIDER",
         reason: e.to_string(),
     };
     let key = |var: &'static str| env_or_secret(var, "LANES_LLM_API_KEY_SECRET");
-    match std::env::var("LANES_LLM_PROVIDER").unwrap_or_else(|_| "offline".into()).as_str() {
+    match crate::config::optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into()).as_str() {
         "offline" => Ok(Arc::new(OfflineProvider::new(|_| offline_latency))),
         "openai" => {
             let client = OpenAiClient::new(
