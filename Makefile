@@ -5,7 +5,9 @@ CARGO ?= cargo
 ADDR ?= 127.0.0.1:3000
 DATA_DIR ?= .lanes
 
-.PHONY: dev test toolchain test-deps fmt lint build
+VENV ?= $(or $(LANES_VENV),$(CURDIR)/.venv)
+
+.PHONY: dev test toolchain test-deps fmt lint build stack-check
 
 toolchain:
 	@command -v $(CARGO) >/dev/null || { echo "make: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
@@ -29,5 +31,12 @@ test-deps:
 build: toolchain
 	$(CARGO) build --workspace --locked
 
-test: fmt lint build test-deps
+# The stack as AWS would see it: cfn-lint with no errors or warnings, `sam validate --lint` (as the
+# README's deploy steps run it), and the arm64 release build of every function (cargo-lambda + zig).
+stack-check: test-deps
+	$(VENV)/bin/cfn-lint template.yaml
+	PATH="$(VENV)/bin:$$PATH" SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1 $(VENV)/bin/sam validate --lint
+	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/cargo-lambda lambda build --release --arm64 --locked -p lanes-ingress -p lanes-webhook -p lanes-worker -p lanes-controller
+
+test: fmt lint build test-deps stack-check
 	$(CARGO) test --workspace --all-targets --locked

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the integration and end-to-end tests need, idempotently, and says what it could not:
-# redis-server (Debian package) and a project venv (.venv) with moto[server], cargo-lambda and cfn-lint.
+# redis-server (Debian package), a project venv (.venv) with moto[server], cargo-lambda (+ ziglang, its
+# cross linker), cfn-lint and aws-sam-cli, and Rust's aarch64 Linux target for the arm64 Lambda builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${LANES_VENV:-$PWD/.venv}"
@@ -20,9 +21,20 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "test-deps: creating $VENV"
   python3 -m venv "$VENV" || { echo "test-deps: python3 -m venv failed; install python3-venv" >&2; exit 1; }
 fi
-if ! "$VENV/bin/python" -c 'import moto, cfnlint' >/dev/null 2>&1 || [ ! -x "$VENV/bin/cargo-lambda" ]; then
-  echo "test-deps: installing moto[server], cargo-lambda and cfn-lint into $VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check 'moto[server]>=5.2,<6' 'cargo-lambda>=1.9,<2' 'cfn-lint>=1,<2' \
+if ! "$VENV/bin/python" -c 'import moto, cfnlint, samcli, samtranslator, ziglang' >/dev/null 2>&1 || [ ! -x "$VENV/bin/cargo-lambda" ]; then
+  echo "test-deps: installing moto[server], cargo-lambda, ziglang, cfn-lint and aws-sam-cli into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check 'moto[server]>=5.2,<6' 'cargo-lambda>=1.9,<2' \
+    'ziglang>=0.13,<0.15' 'cfn-lint>=1,<2' 'aws-sam-cli>=1.130,<2' \
     || { echo "test-deps: pip install failed (is the package index reachable?)" >&2; exit 1; }
+fi
+
+if command -v rustup >/dev/null 2>&1; then
+  if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+    echo "test-deps: adding Rust's aarch64-unknown-linux-gnu target (arm64 Lambda builds)"
+    rustup target add aarch64-unknown-linux-gnu \
+      || { echo "test-deps: rustup target add aarch64-unknown-linux-gnu failed" >&2; exit 1; }
+  fi
+else
+  echo "test-deps: rustup not found; install the aarch64-unknown-linux-gnu target for the arm64 builds" >&2; exit 1
 fi
 echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" --version 2>/dev/null | head -n 1 || true)"

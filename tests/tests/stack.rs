@@ -1,0 +1,429 @@
+//! Checks of the deployable stack that AWS only makes at deploy time (design §9.5), on
+//! `template.yaml` as written: every lane queue has a DLQ and a visibility at least its consumer's
+//! timeout; every event source mapping reports batch item failures with `MaximumConcurrency` >= 2 and
+//! the batching of design §2; every function gets the variables its configuration requires; IAM
+//! allows every AWS call the code makes. Also: every sample in `events/` decodes as the event its
+//! function takes. (`cfn-lint`, `sam validate --lint` and the arm64 builds run in `make test` too.)
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use lanes_tests::workspace_root;
+use serde_yaml::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+fn template() -> Value {
+    serde_yaml::from_str(&std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap()).unwrap()
+}
+
+fn resources(t: &Value) -> BTreeMap<String, Value> {
+    t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.as_str().unwrap().to_owned(), v.clone()))
+        .collect()
+}
+
+/// The logical id a `!Ref X` or `!GetAtt X.Attr` points at.
+fn target(v: &Value) -> String {
+    match v {
+        Value::Tagged(t) if t.tag == "!Ref" || t.tag == "!GetAtt" => {
+            t.value.as_str().unwrap().split('.').next().unwrap().to_owned()
+        }
+        other => panic!("expected !Ref or !GetAtt, got {other:?}"),
+    }
+}
+
+fn num(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v:?}"))
+}
+
+fn functions(t: &Value) -> BTreeMap<String, Value> {
+    resources(t).into_iter().filter(|(_, r)| r["Type"] == "AWS::Serverless::Function").collect()
+}
+
+fn timeout(t: &Value, f: &Value) -> u64 {
+    num(if f["Properties"]["Timeout"].is_null() {
+        &t["Globals"]["Function"]["Timeout"]
+    } else {
+        &f["Properties"]["Timeout"]
+    })
+}
+
+fn env(t: &Value, f: &Value) -> BTreeMap<String, Value> {
+    let mut vars = BTreeMap::new();
+    for source in
+        [&t["Globals"]["Function"]["Environment"]["Variables"], &f["Properties"]["Environment"]["Variables"]]
+    {
+        if let Some(m) = source.as_mapping() {
+            for (k, v) in m {
+                vars.insert(k.as_str().unwrap().to_owned(), v.clone());
+            }
+        }
+    }
+    vars
+}
+
+fn binary(f: &Value) -> String {
+    f["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap().to_owned()
+}
+
+/// Every `Action` allowed to the function, with the resources it is allowed on (`!If` branches
+/// included: a conditional statement counts as allowed).
+fn allowed(f: &Value) -> BTreeMap<String, Vec<Value>> {
+    let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut statements: Vec<Value> = Vec::new();
+    for policy in f["Properties"]["Policies"].as_sequence().unwrap() {
+        for s in policy["Statement"].as_sequence().unwrap() {
+            match s {
+                Value::Tagged(t) if t.tag == "!If" => {
+                    statements.push(t.value.as_sequence().unwrap()[1].clone())
+                }
+                s => statements.push(s.clone()),
+            }
+        }
+    }
+    for s in statements {
+        assert_eq!(s["Effect"], "Allow");
+        let resources = match &s["Resource"] {
+            Value::Sequence(r) => r.clone(),
+            r => vec![r.clone()],
+        };
+        let actions = match &s["Action"] {
+            Value::Sequence(a) => a.iter().map(|a| a.as_str().unwrap().to_owned()).collect(),
+            a => vec![a.as_str().unwrap().to_owned()],
+        };
+        for a in actions {
+            assert!(!a.contains('*'), "no wildcard actions: {a}");
+            out.entry(a).or_default().extend(resources.clone());
+        }
+    }
+    out
+}
+
+const LANES: [(&str, &str); 3] =
+    [("interactive", "Interactive"), ("synthesis", "Synthesis"), ("commits", "Commits")];
+
+#[test]
+fn every_lane_queue_has_a_dlq_and_outlasts_its_consumer() {
+    let t = template();
+    let r = resources(&t);
+    let mappings: Vec<(&String, &Value)> =
+        r.iter().filter(|(_, v)| v["Type"] == "AWS::Lambda::EventSourceMapping").collect();
+    assert_eq!(mappings.len(), 3, "one mapping per lane");
+    for (lane, title) in LANES {
+        let queue_id = format!("{title}Queue");
+        let queue = &r[&queue_id];
+        assert_eq!(queue["Properties"]["SqsManagedSseEnabled"], true, "{queue_id}: SSE");
+        let redrive = &queue["Properties"]["RedrivePolicy"];
+        let dlq = target(&redrive["deadLetterTargetArn"]);
+        assert_eq!(r[&dlq]["Type"], "AWS::SQS::Queue", "{queue_id}: DLQ");
+        assert_eq!(r[&dlq]["Properties"]["SqsManagedSseEnabled"], true, "{dlq}: SSE");
+        assert_eq!(target(&redrive["maxReceiveCount"]), "MaxReceiveCount");
+
+        let (id, m) = mappings
+            .iter()
+            .find(|(_, m)| target(&m["Properties"]["EventSourceArn"]) == queue_id)
+            .unwrap_or_else(|| panic!("no mapping for {queue_id}"));
+        let p = &m["Properties"];
+        let function_id = target(&p["FunctionName"]);
+        let function = &r[&function_id];
+        assert_eq!(binary(function), "worker");
+        assert_eq!(env(&t, function)["LANES_LANE"], lane, "{function_id} consumes {queue_id}");
+        let visibility = num(&queue["Properties"]["VisibilityTimeout"]);
+        let timeout = timeout(&t, function);
+        assert!(
+            visibility >= timeout,
+            "{queue_id}: visibility {visibility} < {function_id} timeout {timeout}"
+        );
+        assert!(num(&p["ScalingConfig"]["MaximumConcurrency"]) >= 2, "{id}: MaximumConcurrency >= 2");
+        assert_eq!(p["FunctionResponseTypes"][0], "ReportBatchItemFailures", "{id}");
+        let (batch, window) = (num(&p["BatchSize"]), num(&p["MaximumBatchingWindowInSeconds"]));
+        assert!(batch <= 10 || window >= 1, "{id}: a batch over 10 needs a batching window");
+        let want = match lane {
+            "interactive" => (1..=10).contains(&batch) && window == 0 && timeout == 30,
+            "synthesis" => batch == 1 && window == 0 && timeout == 900,
+            _ => batch == 100 && window == 2 && timeout == 300,
+        };
+        assert!(want, "{id}: batch {batch}, window {window}, timeout {timeout} differ from design section 2");
+        assert!(
+            t["Resources"]["ControllerFunction"]["Properties"]["Environment"]["Variables"]
+                [format!("LANES_MAPPING_{}", lane.to_uppercase()).as_str()]
+            .is_tagged(),
+            "the controller knows {id}"
+        );
+    }
+}
+
+trait Tagged {
+    fn is_tagged(&self) -> bool;
+}
+
+impl Tagged for Value {
+    fn is_tagged(&self) -> bool {
+        matches!(self, Value::Tagged(_))
+    }
+}
+
+#[test]
+fn every_function_gets_the_variables_its_configuration_requires() {
+    let t = template();
+    let backend = [
+        "LANES_BACKEND",
+        "LANES_TABLE",
+        "LANES_QUEUE_URL_INTERACTIVE",
+        "LANES_QUEUE_URL_SYNTHESIS",
+        "LANES_QUEUE_URL_COMMITS",
+        "REDIS_URL",
+    ];
+    for (id, f) in functions(&t) {
+        let vars = env(&t, &f);
+        let mut need: Vec<&str> = match binary(&f).as_str() {
+            "ingress" => backend.to_vec(),
+            "webhook" => {
+                [&backend[..], &["LANES_GITHUB_WEBHOOK_SECRET_ID", "LANES_GITLAB_WEBHOOK_TOKEN_ID"]].concat()
+            }
+            "worker" => {
+                [&backend[..], &["LANES_LANE", "LANES_LLM_PROVIDER", "LANES_LLM_API_KEY_SECRET"]].concat()
+            }
+            "controller" => vec![
+                "LANES_QUEUE_URL_INTERACTIVE",
+                "LANES_QUEUE_URL_SYNTHESIS",
+                "LANES_QUEUE_URL_COMMITS",
+                "LANES_MAPPING_INTERACTIVE",
+                "LANES_MAPPING_SYNTHESIS",
+                "LANES_MAPPING_COMMITS",
+                "LANES_CONCURRENCY_BUDGET",
+            ],
+            other => panic!("{id}: unknown binary {other}"),
+        };
+        if vars.get("LANES_LANE").is_some_and(|l| l == "commits") {
+            need.extend(["LANES_GITHUB_TOKEN_SECRET", "LANES_GITLAB_API_TOKEN_SECRET"]);
+        }
+        for n in need {
+            assert!(vars.contains_key(n), "{id} lacks {n}");
+        }
+        assert_eq!(vars["LANES_BACKEND"], "aws");
+        let redis = format!("{:?}", vars["REDIS_URL"]);
+        assert!(redis.contains("rediss://"), "{id}: TLS to the cache: {redis}");
+    }
+    // Whatever the code requires by name is set somewhere in the template.
+    let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
+    for file in ["shared/src/backend.rs", "shared/src/lambda.rs"] {
+        let src = std::fs::read_to_string(workspace_root().join(file)).unwrap();
+        for part in src.split("require_env(\"").skip(1) {
+            let name = part.split('"').next().unwrap();
+            assert!(
+                text.contains(&format!("{name}:")),
+                "{file} requires {name}, which template.yaml never sets"
+            );
+        }
+    }
+}
+
+#[test]
+fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
+    let t = template();
+    let fs = functions(&t);
+    let by_id = |id: &str| allowed(&fs[id]);
+    let need: &[(&str, &[&str])] = &[
+        (
+            "IngressFunction",
+            &[
+                "dynamodb:PutItem",
+                "dynamodb:GetItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:BatchGetItem",
+                "dynamodb:Query",
+                "sqs:SendMessage",
+            ],
+        ),
+        (
+            "WebhookFunction",
+            &["dynamodb:PutItem", "dynamodb:DeleteItem", "sqs:SendMessage", "secretsmanager:GetSecretValue"],
+        ),
+        (
+            "InteractiveWorkerFunction",
+            &[
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:GetQueueAttributes",
+                "sqs:GetQueueUrl",
+                "sqs:SendMessage",
+                "dynamodb:GetItem",
+                "dynamodb:UpdateItem",
+                "secretsmanager:GetSecretValue",
+                "bedrock:InvokeModel",
+            ],
+        ),
+        (
+            "SynthesisWorkerFunction",
+            &[
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:GetQueueAttributes",
+                "sqs:GetQueueUrl",
+                "sqs:SendMessage",
+                "dynamodb:GetItem",
+                "dynamodb:UpdateItem",
+                "secretsmanager:GetSecretValue",
+                "bedrock:InvokeModel",
+            ],
+        ),
+        (
+            "CommitsWorkerFunction",
+            &[
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:GetQueueAttributes",
+                "sqs:GetQueueUrl",
+                "sqs:SendMessage",
+                "dynamodb:BatchGetItem",
+                "dynamodb:PutItem",
+                "secretsmanager:GetSecretValue",
+                "bedrock:InvokeModel",
+            ],
+        ),
+        (
+            "ControllerFunction",
+            &["sqs:GetQueueAttributes", "lambda:GetEventSourceMapping", "lambda:UpdateEventSourceMapping"],
+        ),
+    ];
+    let mut granted = BTreeSet::new();
+    for (id, actions) in need {
+        let allowed = by_id(id);
+        for a in *actions {
+            assert!(allowed.contains_key(*a), "{id} may not {a}");
+        }
+        granted.extend(allowed.keys().cloned());
+        // Least privilege: nothing on "*" except where the API has no resource-level permissions.
+        for (a, resources) in &allowed {
+            for r in resources {
+                assert_ne!(r.as_str(), Some("*"), "{id}: {a} on *");
+            }
+        }
+    }
+    // Every AWS operation the adapters count (design §6) is granted to some function; operations
+    // only `lanes dev --create` makes are not deployed.
+    let local_only =
+        ["sqs:CreateQueue", "sqs:SetQueueAttributes", "dynamodb:CreateTable", "dynamodb:UpdateTimeToLive"];
+    let mut calls = BTreeSet::new();
+    for dir in ["shared/src", "shared/src/adapters", "shared/src/llm", "shared/src/commits"] {
+        for entry in std::fs::read_dir(workspace_root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                let src = std::fs::read_to_string(&path).unwrap();
+                for part in src.split("aws_request(\"").skip(1) {
+                    let mut it = part.split('"');
+                    let (service, op) = (it.next().unwrap(), it.nth(1).unwrap());
+                    if service != "redis" {
+                        // SQS batch calls are authorized by the single-message action.
+                        let op = op.trim_end_matches("Batch");
+                        calls.insert(format!("{service}:{op}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(calls.len() >= 12, "{calls:?}");
+    for call in calls.iter().filter(|c| !local_only.contains(&c.as_str())) {
+        assert!(granted.contains(call), "the code calls {call}; no function may");
+    }
+}
+
+#[test]
+fn the_api_is_iam_or_jwt_and_the_webhook_url_is_open_by_design() {
+    let t = template();
+    let r = resources(&t);
+    let route = &r["V1Route"]["Properties"];
+    assert_eq!(route["RouteKey"], "ANY /v1/{proxy+}");
+    let auth = format!("{:?}", route["AuthorizationType"]);
+    assert!(auth.contains("JWT") && auth.contains("AWS_IAM"), "IAM by default, JWT when configured: {auth}");
+    assert_eq!(r["WebhookFunction"]["Properties"]["FunctionUrlConfig"]["AuthType"], "NONE");
+    let table = &r["Table"]["Properties"];
+    assert_eq!(table["BillingMode"], "PAY_PER_REQUEST");
+    assert_eq!(table["TimeToLiveSpecification"]["AttributeName"], "expires_at");
+    assert_eq!(table["PointInTimeRecoverySpecification"]["PointInTimeRecoveryEnabled"], true);
+    assert_eq!(table["SSESpecification"]["SSEEnabled"], true);
+    assert_eq!(table["GlobalSecondaryIndexes"][0]["IndexName"], "by_repo");
+    assert_eq!(r["Cache"]["Properties"]["Engine"], "valkey");
+    for f in functions(&t).values() {
+        let runtime = if f["Properties"]["Runtime"].is_null() {
+            &t["Globals"]["Function"]["Runtime"]
+        } else {
+            &f["Properties"]["Runtime"]
+        };
+        assert_eq!(runtime, "provided.al2023");
+        assert_eq!(t["Globals"]["Function"]["Architectures"][0], "arm64");
+        assert_eq!(f["Metadata"]["BuildMethod"], "rust-cargolambda");
+        assert!(f["Properties"]["LoggingConfig"]["LogGroup"].is_tagged(), "log group with retention");
+    }
+    let outputs: Vec<&str> = t["Outputs"].as_mapping().unwrap().keys().map(|k| k.as_str().unwrap()).collect();
+    for o in
+        ["ApiUrl", "WebhookUrl", "InteractiveQueueUrl", "SynthesisQueueUrl", "CommitsQueueUrl", "TableName"]
+    {
+        assert!(outputs.contains(&o), "output {o}");
+    }
+}
+
+#[test]
+fn every_sample_event_decodes_as_its_function_takes_it() {
+    use aws_lambda_events::event::cloudwatch_events::CloudWatchEvent;
+    use aws_lambda_events::event::sqs::SqsEvent;
+    let read = |name: &str| std::fs::read_to_string(workspace_root().join("events").join(name)).unwrap();
+    for (file, lane) in [
+        ("sqs-interactive.json", "interactive"),
+        ("sqs-synthesis.json", "synthesis"),
+        ("sqs-commits.json", "commits"),
+    ] {
+        let e: SqsEvent = serde_json::from_str(&read(file)).unwrap();
+        let m = lanes_core::lambda::received_from_sqs(&e.records[0]).unwrap();
+        assert_eq!(m.attributes["lane"], lane, "{file}");
+        if lane == "commits" {
+            let c: lanes_core::commits::CommitMessage = serde_json::from_str(&m.body).unwrap();
+            c.validate().unwrap();
+        } else {
+            let t: lanes_core::domain::TaskMessage = serde_json::from_str(&m.body).unwrap();
+            assert_eq!(t.lane.as_str(), lane, "{file}");
+        }
+    }
+    let tick: CloudWatchEvent = serde_json::from_str(&read("scheduled-controller.json")).unwrap();
+    assert_eq!(tick.detail_type.as_deref(), Some("Scheduled Event"));
+    for (file, method) in [("api-post-task.json", "POST"), ("api-get-task.json", "GET")] {
+        let req: lambda_http::request::LambdaRequest = serde_json::from_str(&read(file)).unwrap();
+        let req: lambda_http::Request = req.into();
+        assert_eq!(req.method().as_str(), method, "{file}");
+        assert!(req.uri().path().starts_with("/v1/tasks"), "{file}");
+    }
+    for (file, secret) in [
+        ("webhook-github-push.json", "lanes-local-webhook-secret"),
+        ("webhook-gitlab-push.json", "lanes-local-gitlab-token"),
+    ] {
+        let req: lambda_http::request::LambdaRequest = serde_json::from_str(&read(file)).unwrap();
+        let req: lambda_http::Request = req.into();
+        let body = req.body().to_vec();
+        let h = |n: &str| req.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        if let Some(sig) = h("x-hub-signature-256") {
+            assert!(
+                lanes_core::commits::webhook::verify_github(secret.as_bytes(), &body, Some(&sig)),
+                "{file}"
+            );
+            let push = lanes_core::commits::webhook::parse_push(lanes_core::commits::Provider::Github, &body)
+                .unwrap();
+            assert_eq!(push.commits.len(), 2);
+        } else {
+            assert!(
+                lanes_core::commits::webhook::verify_gitlab(secret, h("x-gitlab-token").as_deref()),
+                "{file}"
+            );
+            let push = lanes_core::commits::webhook::parse_push(lanes_core::commits::Provider::Gitlab, &body)
+                .unwrap();
+            assert_eq!(push.commits.len(), 1);
+        }
+    }
+}
