@@ -107,6 +107,23 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Micro-batching: synthetic commits through the real commits worker against the provider emulator
+    /// (its limits per one-second window, 429 past them) behind the limiter, micro-batched and then one
+    /// call per commit: LLM calls, tokens, 429s, time.
+    Batching {
+        /// Commits per run.
+        #[arg(long, default_value_t = 500)]
+        commits: usize,
+        /// Requests per (one-second) window.
+        #[arg(long, default_value_t = 50.0)]
+        rpm: f64,
+        /// Tokens per (one-second) window.
+        #[arg(long, default_value_t = 200_000.0)]
+        tpm: f64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The RPM/TPM limiter against the provider emulator on loopback, which enforces the same limits
     /// per one-second window and answers 429 past them: 429s, throughput, and the 70/30 reservation.
     Limiter {
@@ -181,6 +198,31 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))?;
             print_response(resp).await
+        }
+        Command::Bench { what: Bench::Batching { commits, rpm, tpm, json } } => {
+            let r = lanes_core::bench::batching_report(commits, rpm, tpm).await?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                return Ok(());
+            }
+            println!("Commit micro-batching against the provider emulator ({})", r.command);
+            println!(
+                "{:<20} {:>9} {:>13} {:>17} {:>8} {:>6} {:>8}",
+                "mode", "LLM calls", "prompt tokens", "completion tokens", "by rule", "429s", "seconds"
+            );
+            for run in &r.runs {
+                println!(
+                    "{:<20} {:>9} {:>13} {:>17} {:>8} {:>6} {:>8.1}",
+                    run.mode,
+                    run.llm_calls,
+                    run.prompt_tokens,
+                    run.completion_tokens,
+                    run.rule_summaries,
+                    run.throttled,
+                    run.seconds
+                );
+            }
+            Ok(())
         }
         Command::Bench { what: Bench::Limiter { rpm, tpm, requests, json } } => {
             let r = lanes_core::bench::limiter_report(rpm, tpm, requests).await?;

@@ -6,8 +6,10 @@
 use serde::Deserialize;
 use std::collections::HashMap;
 
-/// Default prompt-token budget of one summary call (sections only; the instructions come on top).
-pub const BATCH_TOKENS: usize = 24_000;
+/// Default prompt-token budget of one summary call (sections only; the instructions come on top): six
+/// commits cut to the full 4,000-token diff budget, each with its ~100-token section frame and subject,
+/// fit one call exactly, so big commits do not leave a sixth of every call empty.
+pub const BATCH_TOKENS: usize = 6 * (crate::commits::budget::DIFF_TOKENS + 100);
 /// Most commits in one call, so the answer fits the completion limit.
 pub const MAX_COMMITS_PER_CALL: usize = 40;
 /// Completion tokens reserved per commit in a call.

@@ -1,0 +1,18 @@
+//! The benchmarks' own checks (their figures are reported by `lanes bench`, not asserted as timings):
+//! micro-batching makes far fewer LLM calls than one call per commit, spends fewer prompt tokens, and
+//! draws no 429 from a rate-limited provider behind the limiter.
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+#[tokio::test]
+async fn micro_batching_spends_fewer_calls_and_tokens_and_no_429() {
+    let r = lanes_core::bench::batching_report(120, 40.0, 150_000.0).await.unwrap();
+    let (batched, single) = (&r.runs[0], &r.runs[1]);
+    assert_eq!(batched.mode, "micro-batched");
+    assert_eq!((batched.throttled, single.throttled), (0, 0), "{r:?}");
+    assert!(batched.llm_calls * 5 <= single.llm_calls, "{r:?}");
+    assert!(batched.prompt_tokens < single.prompt_tokens, "{r:?}");
+    assert_eq!(batched.rule_summaries, single.rule_summaries, "noise-only commits never reach the model");
+    assert_eq!(single.llm_calls as usize + single.rule_summaries as usize, 120, "{r:?}");
+}
