@@ -107,6 +107,22 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Duplicate spend: N deliveries of one task and of one commit, three pollers, a model slower than
+    /// the visibility window: LLM calls with the renewed lease and with a static visibility.
+    Duplicates {
+        /// Deliveries of each.
+        #[arg(long, default_value_t = 10)]
+        deliveries: usize,
+        /// Model latency, ms.
+        #[arg(long, default_value_t = 1_500)]
+        llm_ms: u64,
+        /// Visibility window (and lease), ms.
+        #[arg(long, default_value_t = 400)]
+        visibility_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Micro-batching: synthetic commits through the real commits worker against the provider emulator
     /// (its limits per one-second window, 429 past them) behind the limiter, micro-batched and then one
     /// call per commit: LLM calls, tokens, 429s, time.
@@ -198,6 +214,34 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))?;
             print_response(resp).await
+        }
+        Command::Bench { what: Bench::Duplicates { deliveries, llm_ms, visibility_ms, json } } => {
+            let r = lanes_core::bench::duplicates_report(deliveries, llm_ms, visibility_ms).await?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                return Ok(());
+            }
+            println!(
+                "Duplicate deliveries, model {} ms, visibility {} ms, {} pollers ({})",
+                r.llm_ms, r.visibility_ms, r.pollers, r.command
+            );
+            println!(
+                "{:<8} {:<20} {:>10} {:>9} {:>16} {:>8} {:>9}",
+                "flow", "config", "deliveries", "LLM calls", "rejected writes", "seconds", "finished"
+            );
+            for run in &r.runs {
+                println!(
+                    "{:<8} {:<20} {:>10} {:>9} {:>16} {:>8.1} {:>9}",
+                    run.flow,
+                    run.config,
+                    run.deliveries,
+                    run.llm_calls,
+                    run.rejected_writes,
+                    run.seconds,
+                    run.finished
+                );
+            }
+            Ok(())
         }
         Command::Bench { what: Bench::Batching { commits, rpm, tpm, json } } => {
             let r = lanes_core::bench::batching_report(commits, rpm, tpm).await?;

@@ -16,3 +16,15 @@ async fn micro_batching_spends_fewer_calls_and_tokens_and_no_429() {
     assert_eq!(batched.rule_summaries, single.rule_summaries, "noise-only commits never reach the model");
     assert_eq!(single.llm_calls as usize + single.rule_summaries as usize, 120, "{r:?}");
 }
+
+#[tokio::test]
+async fn a_renewed_lease_makes_one_llm_call_for_ten_deliveries() {
+    let r = lanes_core::bench::duplicates_report(10, 900, 300).await.unwrap();
+    for run in &r.runs {
+        if run.config == "lease + heartbeat" {
+            assert_eq!((run.llm_calls, run.finished), (1, true), "{run:?}");
+        } else {
+            assert!(run.llm_calls > 1, "a static visibility shorter than the model pays again: {run:?}");
+        }
+    }
+}
