@@ -7,7 +7,7 @@ DATA_DIR ?= .lanes
 
 VENV ?= $(or $(LANES_VENV),$(CURDIR)/.venv)
 
-.PHONY: dev test toolchain test-deps fmt lint build stack-check
+.PHONY: dev test toolchain test-deps fmt lint build stack-check bench
 
 toolchain:
 	@command -v $(CARGO) >/dev/null || { echo "make: cargo not found; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
@@ -40,3 +40,15 @@ stack-check: test-deps
 
 test: fmt lint build test-deps stack-check
 	$(CARGO) test --workspace --all-targets --locked
+
+# Benchmarks: each prints JSON into bench/, then bench/REPORT.md with tables and PNG plots (matplotlib
+# from the venv). The commands behind each section are in the report.
+LANES_BIN = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/lanes
+bench: build test-deps
+	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/pip install -q --disable-pip-version-check 'matplotlib>=3.8,<4' \
+	  || { echo "make: could not install matplotlib into $(VENV)" >&2; exit 1; }
+	mkdir -p bench
+	$(LANES_BIN) bench limiter --json > bench/limiter.json
+	$(LANES_BIN) bench batching --json > bench/batching.json
+	$(LANES_BIN) bench duplicates --json > bench/duplicates.json
+	$(VENV)/bin/python scripts/bench-report.py bench

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Writes bench/REPORT.md and the PNG plots from the JSON that `lanes bench NAME --json` printed.
+
+Usage: bench-report.py DIR   (DIR holds limiter.json, batching.json, duplicates.json)
+"""
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(d, name):
+    p = d / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def bar(path, title, labels, series, ylabel):
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(series)
+    for k, (name, values) in enumerate(series):
+        xs = [i + k * width for i in range(len(labels))]
+        bars = ax.bar(xs, values, width, label=name)
+        ax.bar_label(bars, fmt="%g", fontsize=8)
+    ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(labels))], labels)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    if len(series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    d = Path(sys.argv[1])
+    out = ["# Lanes benchmarks", "",
+           "Written by `make bench` (debug build, this machine). Each section names the command that reproduces it.", ""]
+    b = load(d, "batching")
+    if b:
+        runs = b["runs"]
+        bar(d / "batching.png", f"{b['commits']} commits: LLM calls", [r["mode"] for r in runs],
+            [("LLM calls", [r["llm_calls"] for r in runs])], "calls")
+        out += ["## Batching", "", f"`{b['command']}`", "",
+                "| mode | LLM calls | prompt tokens | completion tokens | by rule | 429s | seconds |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['mode']} | {r['llm_calls']} | {r['prompt_tokens']} | {r['completion_tokens']} | "
+                f"{r['rule_summaries']} | {r['throttled']} | {r['seconds']:.1f} |" for r in runs]
+        m, s = runs[0], runs[1]
+        out += ["", f"Micro-batching: {s['llm_calls'] / max(m['llm_calls'], 1):.1f}x fewer calls, "
+                f"{100 * (1 - m['prompt_tokens'] / max(s['prompt_tokens'], 1)):.1f}% fewer prompt tokens; "
+                f"429s: {m['throttled']} (target 0).", "", "![batching](batching.png)", ""]
+    du = load(d, "duplicates")
+    if du:
+        runs = du["runs"]
+        labels = [f"{r['flow']}\n{r['config']}" for r in runs]
+        bar(d / "duplicates.png", f"{runs[0]['deliveries']} deliveries, model {du['llm_ms']} ms > visibility "
+            f"{du['visibility_ms']} ms", labels, [("LLM calls", [r["llm_calls"] for r in runs])], "calls")
+        out += ["## Duplicates", "", f"`{du['command']}`", "",
+                "| flow | config | deliveries | LLM calls | rejected writes | finished | seconds |",
+                "|---|---|---:|---:|---:|---|---:|"]
+        out += [f"| {r['flow']} | {r['config']} | {r['deliveries']} | {r['llm_calls']} | {r['rejected_writes']} | "
+                f"{r['finished']} | {r['seconds']:.1f} |" for r in runs]
+        ok = all(r["llm_calls"] == 1 for r in runs if r["config"] == "lease + heartbeat")
+        out += ["", f"Target: exactly 1 LLM call with the renewed lease: {'met' if ok else 'NOT met'}. With a static "
+                "visibility shorter than the model every redelivery pays again; the fence (tasks) and the "
+                "write-once condition (commits) still keep a single stored result, and a task can livelock "
+                "(each redelivery moves the fence past the worker still running).", "",
+                "![duplicates](duplicates.png)", ""]
+    li = load(d, "limiter")
+    if li:
+        out += ["## LLM limiter", "", f"`{li['command']}`", "", "| measure | value |", "|---|---:|",
+                f"| {li['requests']} requests from {li['workers']} workers: 429s | {li['throttled']} |",
+                f"| token throughput, of the limit | {100 * li['throughput_of_limit']:.1f}% |",
+                f"| both lanes saturated: interactive share (reserved 70%) | {100 * li['interactive_share_saturated']:.1f}% |",
+                f"| interactive idle: background throughput, of the limit | {100 * li['background_alone_of_limit']:.1f}% |", ""]
+    out += ["## Not measured yet", "",
+            "Head-of-line blocking (`hol`), crash recovery (`recovery`) and throughput (`throughput`) have no "
+            "benchmark yet (issue 7 is open).", ""]
+    (d / "REPORT.md").write_text("\n".join(out))
+    print(f"wrote {d / 'REPORT.md'}")
+
+
+if __name__ == "__main__":
+    main()
