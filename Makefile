@@ -48,6 +48,7 @@ bench: build test-deps
 	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/pip install -q --disable-pip-version-check 'matplotlib>=3.8,<4' \
 	  || { echo "make: could not install matplotlib into $(VENV)" >&2; exit 1; }
 	mkdir -p bench
+	$(LANES_BIN) bench hol --json > bench/hol.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json
 	$(LANES_BIN) bench batching --json > bench/batching.json
 	$(LANES_BIN) bench duplicates --json > bench/duplicates.json

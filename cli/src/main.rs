@@ -107,6 +107,22 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Head-of-line blocking: the seeds' workload time-scaled through the real pool and embedded queues,
+    /// under one FIFO, a static 50:50 split and 70/30 with borrowing.
+    Hol {
+        /// Worker slots.
+        #[arg(long, default_value_t = 10)]
+        slots: usize,
+        /// Seconds of arrivals (real time).
+        #[arg(long, default_value_t = 8.0)]
+        seconds: f64,
+        /// Real ms per workload second.
+        #[arg(long, default_value_t = 20)]
+        scale_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Duplicate spend: N deliveries of one task and of one commit, three pollers, a model slower than
     /// the visibility window: LLM calls with the renewed lease and with a static visibility.
     Duplicates {
@@ -214,6 +230,45 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))?;
             print_response(resp).await
+        }
+        Command::Bench { what: Bench::Hol { slots, seconds, scale_ms, json } } => {
+            let r = lanes_core::bench::hol_report(slots, seconds, scale_ms).await?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                return Ok(());
+            }
+            println!(
+                "Head-of-line blocking, {} slots, 1 s = {} ms, {} interactive + {} synthesis tasks ({})",
+                r.slots, r.scale_ms, r.tasks[0], r.tasks[1], r.command
+            );
+            println!(
+                "{:<16} {:>14} {:>17} {:>16} {:>13} {:>11} {:>9}",
+                "policy",
+                "int. wait p99",
+                "int. latency p50",
+                "int. latency p99",
+                "synthesis/s",
+                "utilization",
+                "makespan"
+            );
+            for run in &r.runs {
+                println!(
+                    "{:<16} {:>11.0} ms {:>14.0} ms {:>13.0} ms {:>13.2} {:>10.0}% {:>7.1} s",
+                    run.policy,
+                    run.interactive_wait_ms[1],
+                    run.interactive_latency_ms[0],
+                    run.interactive_latency_ms[1],
+                    run.synthesis_per_s,
+                    run.utilization * 100.0,
+                    run.makespan_s
+                );
+            }
+            println!(
+                "70/30 interactive p99 / its service p99: {:.2} (target <= 1.2); FIFO / 70/30 p99: {:.1} (target >= 10); \
+                 70/30 synthesis throughput / FIFO's: {:.2} (target >= 0.95)",
+                r.interactive_p99_over_service, r.fifo_over_weighted, r.synthesis_vs_fifo
+            );
+            Ok(())
         }
         Command::Bench { what: Bench::Duplicates { deliveries, llm_ms, visibility_ms, json } } => {
             let r = lanes_core::bench::duplicates_report(deliveries, llm_ms, visibility_ms).await?;

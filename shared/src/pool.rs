@@ -96,6 +96,7 @@ pub struct Pool {
     wake: Arc<Notify>,
     poll_interval: Duration,
     commits: Option<CommitsWorker>,
+    borrow: bool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -124,7 +125,15 @@ impl Pool {
             wake: Arc::new(Notify::new()),
             poll_interval,
             commits: None,
+            borrow: true,
         }
+    }
+
+    /// A static split instead: each lane keeps to its reservation even when others are idle (the
+    /// baseline `lanes bench hol` compares against).
+    pub fn without_borrowing(mut self) -> Self {
+        self.borrow = false;
+        self
     }
 
     /// Runs the commits lane with the batch worker: one slot takes up to 100 commits at once.
@@ -168,7 +177,11 @@ impl Pool {
             }
         }
         let running = self.running();
-        let allowed = allocate(self.capacity, self.shares, running, backlog);
+        let allowed = if self.borrow {
+            allocate(self.capacity, self.shares, running, backlog)
+        } else {
+            reserved(self.capacity, self.shares)
+        };
         let mut total: usize = running.iter().sum();
         for (lane, queue) in &self.queues {
             let i = lane.index();
