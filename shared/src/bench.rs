@@ -612,7 +612,9 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
         };
         let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
             lanes.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
-        let mut pool = crate::pool::Pool::new(slots, shares, consumers, worker, Duration::from_millis(2));
+        // Interactive stays "active" for ten workload seconds after its last task.
+        let mut pool = crate::pool::Pool::new(slots, shares, consumers, worker, Duration::from_millis(2))
+            .with_idle_grace(Duration::from_millis(10 * scale_ms));
         if policy == "static 50:50" {
             pool = pool.without_borrowing();
         }

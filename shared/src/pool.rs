@@ -51,7 +51,8 @@ const GROUP: [usize; 3] = [0, 1, 1];
 
 /// How many slots each lane may occupy now. Each lane gets its demand (running + backlog) up to its
 /// reservation; an idle share goes first to lanes of its own group, then to any lane with unmet
-/// demand, slot by slot, the lane furthest below its weight first. A lane already running more than
+/// demand, slot by slot, the lane furthest below its weight first, except that an interactive lane with
+/// work keeps [`INTERACTIVE_HEADROOM`] of its reservation free for its next burst. A lane already running more than
 /// its allowance keeps its tasks (no preemption) but starts no new one until it is back under.
 pub fn allocate(capacity: usize, shares: [f64; 3], running: [usize; 3], backlog: [usize; 3]) -> [usize; 3] {
     let reserve = reserved(capacity, shares);
@@ -61,10 +62,22 @@ pub fn allocate(capacity: usize, shares: [f64; 3], running: [usize; 3], backlog:
         let idle: usize = (0..3).filter(|&i| GROUP[i] == group).map(|i| reserve[i] - allowed[i]).sum();
         water_fill(&mut allowed, idle, demand, shares, |i| GROUP[i] == group);
     }
-    let spare = capacity.saturating_sub(allowed.iter().sum());
+    // An active interactive lane keeps headroom for its next burst: without preemption, a slot lent
+    // to a 45-180 s synthesis task is gone for that long. A truly idle lane (no demand) lends all.
+    let headroom = if demand[0] > 0 {
+        // Rounded down: a small pool (reservation 1-3) keeps no headroom rather than starve the others.
+        ((reserve[0] as f64 * INTERACTIVE_HEADROOM).floor() as usize).min(reserve[0] - allowed[0])
+    } else {
+        0
+    };
+    let spare = capacity.saturating_sub(allowed.iter().sum::<usize>() + headroom);
     water_fill(&mut allowed, spare, demand, shares, |_| true);
     allowed
 }
+
+/// Share of interactive's reservation it does not lend while it has work (see [`allocate`]); measured
+/// with `lanes bench hol`.
+pub const INTERACTIVE_HEADROOM: f64 = 0.3;
 
 /// Gives up to `slots` slots, one at a time, to eligible lanes with unmet demand, lowest
 /// allowed/weight first (ties to the higher-priority lane).
@@ -97,6 +110,8 @@ pub struct Pool {
     poll_interval: Duration,
     commits: Option<CommitsWorker>,
     borrow: bool,
+    idle_grace: Duration,
+    interactive_seen: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -126,7 +141,17 @@ impl Pool {
             poll_interval,
             commits: None,
             borrow: true,
+            idle_grace: Duration::from_secs(10),
+            interactive_seen: std::sync::Mutex::new(None),
         }
+    }
+
+    /// How long interactive counts as active after its last task, keeping its headroom (default
+    /// 10 s): a gap between two requests is not idleness, and a slot lent to synthesis is gone for
+    /// minutes.
+    pub fn with_idle_grace(mut self, grace: Duration) -> Self {
+        self.idle_grace = grace;
+        self
     }
 
     /// A static split instead: each lane keeps to its reservation even when others are idle (the
@@ -177,8 +202,22 @@ impl Pool {
             }
         }
         let running = self.running();
+        let active = match self.interactive_seen.lock() {
+            Ok(mut seen) => {
+                if running[0] + backlog[0] > 0 {
+                    *seen = Some(std::time::Instant::now());
+                }
+                seen.is_some_and(|t| t.elapsed() < self.idle_grace)
+            }
+            Err(_) => false,
+        };
         let allowed = if self.borrow {
-            allocate(self.capacity, self.shares, running, backlog)
+            // A recently active interactive lane is treated as having work, so it keeps its headroom.
+            let mut demand_backlog = backlog;
+            if active && running[0] + backlog[0] == 0 {
+                demand_backlog[0] = 1;
+            }
+            allocate(self.capacity, self.shares, running, demand_backlog)
         } else {
             reserved(self.capacity, self.shares)
         };
@@ -314,11 +353,18 @@ mod tests {
                 want: [10, 0, 0],
             },
             Case {
-                name: "light interactive: the rest is lent",
+                name: "light interactive: the rest is lent but its headroom (2 of 7)",
                 cap: 10,
                 running: [1, 0, 0],
                 backlog: [2, 50, 50],
-                want: [3, 5, 2],
+                want: [3, 4, 1],
+            },
+            Case {
+                name: "interactive bursting past its reservation: no headroom kept",
+                cap: 10,
+                running: [7, 0, 0],
+                backlog: [5, 50, 0],
+                want: [7, 3, 0],
             },
             Case {
                 name: "spare goes by weight",
@@ -409,7 +455,11 @@ mod tests {
             .iter()
             .map(|&l| (l, Arc::new(queues[l.index()].clone()) as Arc<dyn QueueConsume>))
             .collect();
-        let pool = Arc::new(Pool::new(10, DEFAULT_SHARES, consumers, worker, Duration::from_millis(5)));
+        // A short grace: this test is about lending once interactive is really idle.
+        let pool = Arc::new(
+            Pool::new(10, DEFAULT_SHARES, consumers, worker, Duration::from_millis(5))
+                .with_idle_grace(Duration::from_millis(50)),
+        );
         let stop = CancellationToken::new();
         let runner = {
             let (pool, stop) = (pool.clone(), stop.clone());
