@@ -49,6 +49,8 @@ bench: build test-deps
 	  || { echo "make: could not install matplotlib into $(VENV)" >&2; exit 1; }
 	mkdir -p bench
 	$(LANES_BIN) bench hol --json > bench/hol.json
+	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
+	LANES_VENV=$(VENV) $(LANES_BIN) bench throughput --tasks 1000 --json > bench/throughput.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json
 	$(LANES_BIN) bench batching --json > bench/batching.json
 	$(LANES_BIN) bench duplicates --json > bench/duplicates.json

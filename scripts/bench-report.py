@@ -71,6 +71,39 @@ def main():
                 "target is out of reach at this time scale for a structural reason the static split shows too: "
                 "the embedded queue and store add a few ms per operation (redb commits) to 10-40 ms tasks.", "",
                 "![hol](hol.png)", ""]
+    rc = load(d, "recovery")
+    if rc:
+        runs = rc["runs"]
+        bar(d / "recovery.png", f"Kill 5 s into a 90 s task: time to takeover (1 s = {rc['scale_ms']} ms)",
+            [r["config"] for r in runs], [("takeover, workload s", [round(r["takeover_workload_s"], 1) for r in runs]),
+                                          ("bound, workload s", [r["bound_workload_s"] for r in runs])], "workload seconds")
+        out += ["## Crash recovery", "", f"`{rc['command']}`", "",
+                "| config | takeover (real) | takeover (workload) | bound |", "|---|---:|---:|---:|"]
+        out += [f"| {r['config']} | {r['takeover_ms']:.0f} ms | {r['takeover_workload_s']:.1f} s | "
+                f"{r['bound_workload_s']:.0f} s |" for r in runs]
+        lease = runs[0]
+        ok = lease["takeover_workload_s"] <= lease["bound_workload_s"]
+        out += ["", f"Target: takeover <= lease TTL + renew interval (20 s): {'met' if ok else '**not met**'}. Two "
+                "workers on SQS (moto) and Redis; the one running the task is SIGKILLed. SQS counts visibility in "
+                "whole seconds and the adapter rounds up, so at this scale the 1.5 s lease becomes 2 s (20 "
+                "workload s) and the other worker's poll adds a little more: up to 10 workload seconds of the "
+                "figure are rounding that a real 15 s lease does not have. The static 120 s visibility leaves the "
+                "task stuck for the expected ~115 s.", "", "![recovery](recovery.png)", ""]
+    tp = load(d, "throughput")
+    if tp:
+        runs = tp["runs"]
+        bar(d / "throughput.png", f"Throughput, {tp['clients']} clients", [r["backend"] for r in runs],
+            [("ingress/s", [round(r["ingress_per_s"]) for r in runs]), ("tasks/s", [round(r["tasks_per_s"]) for r in runs])],
+            "per second")
+        out += ["## Throughput", "", f"`{tp['command']}`", "",
+                "| backend | tasks | ingress/s | ingress p50 / p99 | tasks/s | task latency p50 / p99 | peak memory |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['backend']} | {r['tasks']} | {r['ingress_per_s']:.0f} | {r['ingress_latency_ms'][0]:.1f} / "
+                f"{r['ingress_latency_ms'][1]:.1f} ms | {r['tasks_per_s']:.0f} | {r['task_latency_ms'][0]:.0f} / "
+                f"{r['task_latency_ms'][1]:.0f} ms | {r['peak_rss_mib']:.0f} MiB |" for r in runs]
+        out += ["", "Debug build, offline model with no latency, 16 worker slots; task latency is the server's "
+                "histogram (bucket upper bounds); moto is an emulator, so the Redis + moto row measures the "
+                "code paths, not AWS's speed.", "", "![throughput](throughput.png)", ""]
     b = load(d, "batching")
     if b:
         runs = b["runs"]
@@ -109,8 +142,6 @@ def main():
                 f"| token throughput, of the limit | {100 * li['throughput_of_limit']:.1f}% |",
                 f"| both lanes saturated: interactive share (reserved 70%) | {100 * li['interactive_share_saturated']:.1f}% |",
                 f"| interactive idle: background throughput, of the limit | {100 * li['background_alone_of_limit']:.1f}% |", ""]
-    out += ["## Not measured yet", "",
-            "Crash recovery (`recovery`) and throughput (`throughput`) have no benchmark yet (issue 7 is open).", ""]
     (d / "REPORT.md").write_text("\n".join(out))
     print(f"wrote {d / 'REPORT.md'}")
 

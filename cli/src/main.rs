@@ -107,6 +107,30 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Crash recovery: a 90 s synthesis task (time-scaled) on SQS (moto) and Redis with two workers;
+    /// the one running it is killed 5 s in: time until the other takes it over, with the 15 s lease
+    /// and with a static 120 s visibility.
+    Recovery {
+        /// Real ms per workload second (SQS visibility is whole seconds: keep it >= 100).
+        #[arg(long, default_value_t = 100)]
+        scale_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Throughput: concurrent clients submitting interactive tasks to `lanes dev` (offline model, no
+    /// latency) on embedded defaults and on Redis + moto: ingress and end-to-end rates, latency, memory.
+    Throughput {
+        /// Tasks per backend.
+        #[arg(long, default_value_t = 2000)]
+        tasks: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 32)]
+        clients: usize,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Head-of-line blocking: the seeds' workload time-scaled through the real pool and embedded queues,
     /// under one FIFO, a static 50:50 split and 70/30 with borrowing.
     Hol {
@@ -230,6 +254,57 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("cannot reach {url}: {e}"))?;
             print_response(resp).await
+        }
+        Command::Bench { what: Bench::Recovery { scale_ms, json } } => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let r = lanes_core::bench::recovery_report(&exe, scale_ms).await?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                return Ok(());
+            }
+            println!("Crash recovery, 1 s = {} ms ({})", r.scale_ms, r.command);
+            println!("{:<26} {:>12} {:>20} {:>14}", "config", "takeover ms", "takeover (workload)", "bound");
+            for run in &r.runs {
+                println!(
+                    "{:<26} {:>12.0} {:>18.1} s {:>12.0} s",
+                    run.config, run.takeover_ms, run.takeover_workload_s, run.bound_workload_s
+                );
+            }
+            Ok(())
+        }
+        Command::Bench { what: Bench::Throughput { tasks, clients, json } } => {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let r = lanes_core::bench::throughput_report(&exe, tasks, clients).await?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+                return Ok(());
+            }
+            println!("Throughput, {} clients ({})", r.clients, r.command);
+            println!(
+                "{:<14} {:>7} {:>11} {:>22} {:>9} {:>22} {:>10}",
+                "backend",
+                "tasks",
+                "ingress/s",
+                "ingress p50/p99 ms",
+                "tasks/s",
+                "task p50/p99 ms",
+                "peak MiB"
+            );
+            for run in &r.runs {
+                println!(
+                    "{:<14} {:>7} {:>11.0} {:>14.1} / {:>5.1} {:>9.0} {:>14.0} / {:>5.0} {:>10.1}",
+                    run.backend,
+                    run.tasks,
+                    run.ingress_per_s,
+                    run.ingress_latency_ms[0],
+                    run.ingress_latency_ms[1],
+                    run.tasks_per_s,
+                    run.task_latency_ms[0],
+                    run.task_latency_ms[1],
+                    run.peak_rss_mib
+                );
+            }
+            Ok(())
         }
         Command::Bench { what: Bench::Hol { slots, seconds, scale_ms, json } } => {
             let r = lanes_core::bench::hol_report(slots, seconds, scale_ms).await?;

@@ -702,3 +702,384 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
         runs,
     })
 }
+
+// ---------------------------------------------------------------- processes of the real binary
+
+/// A `lanes dev` child process on a free loopback port (killed when dropped).
+struct DevProcess {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for DevProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+async fn start_dev(
+    lanes: &std::path::Path,
+    data_dir: &std::path::Path,
+    args: &[String],
+    env: &[(String, String)],
+) -> Result<DevProcess, String> {
+    let port = free_port()?;
+    let child = std::process::Command::new(lanes)
+        .arg("dev")
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .env("RUST_LOG", "error")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", lanes.display()))?;
+    let p = DevProcess { child, url: format!("http://127.0.0.1:{port}") };
+    let client = reqwest::Client::new();
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        if client.get(format!("{}/healthz", p.url)).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(p);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err("lanes dev did not answer /healthz within 60 s".into())
+}
+
+async fn submit_task(
+    client: &reqwest::Client,
+    url: &str,
+    kind: &str,
+    prompt: &str,
+) -> Result<String, String> {
+    let body = serde_json::json!({"project_id": "bench", "kind": kind, "prompt": prompt, "target_files": []});
+    let resp = client.post(format!("{url}/v1/tasks")).json(&body).send().await.map_err(|e| e.to_string())?;
+    let v: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+    v["task_id"].as_str().map(str::to_owned).ok_or_else(|| format!("no task id in {v}"))
+}
+
+async fn status(client: &reqwest::Client, url: &str, id: &str) -> Option<String> {
+    let v: serde_json::Value =
+        client.get(format!("{url}/v1/tasks/{id}")).send().await.ok()?.json().await.ok()?;
+    v["status"].as_str().map(str::to_owned)
+}
+
+/// One configuration's result in `lanes bench recovery`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryRun {
+    /// `lease 15 s + heartbeat` or `static visibility 120 s`.
+    pub config: String,
+    /// Kill to takeover, real ms (the second worker's start; completion minus the model's latency).
+    pub takeover_ms: f64,
+    /// The same in workload seconds.
+    pub takeover_workload_s: f64,
+    /// Upper bound the design promises, workload seconds (lease TTL + renew interval), or the static
+    /// visibility's expected 115 s.
+    pub bound_workload_s: f64,
+}
+
+/// What `lanes bench recovery` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryReport {
+    /// The command that reproduces it.
+    pub command: String,
+    /// Real ms per workload second.
+    pub scale_ms: u64,
+    /// Lease and static runs.
+    pub runs: Vec<RecoveryRun>,
+}
+
+/// A synthesis task of 90 workload seconds on SQS (moto) and Redis, two `lanes dev` workers; the one
+/// running it is SIGKILLed 5 s in and the other takes it over. With the 15 s lease (renewed every
+/// 5 s) and with a static 120 s visibility. SQS counts visibility in whole seconds, hence the default
+/// scale of 100 ms per workload second.
+pub async fn recovery_report(lanes: &std::path::Path, scale_ms: u64) -> Result<RecoveryReport, String> {
+    let client = reqwest::Client::new();
+    let scaled = |s: f64| (s * scale_ms as f64).round() as u64;
+    let mut runs = Vec::new();
+    for (config, lease_s, bound_s) in
+        [("lease 15 s + heartbeat", 15.0, 20.0), ("static visibility 120 s", 120.0, 115.0)]
+    {
+        let Some((_moto, _redis, env)) = aws_services().await? else {
+            return Err("recovery needs moto_server and redis-server (make test-deps)".into());
+        };
+        let args: Vec<String> = [
+            "--backend",
+            "aws",
+            "--create",
+            "--capacity",
+            "2",
+            "--synthesis-latency-ms",
+            &scaled(90.0).to_string(),
+            "--lease-ttl-ms",
+            &scaled(lease_s).to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let dirs = [tempfile_dir().map_err(|e| e.to_string())?, tempfile_dir().map_err(|e| e.to_string())?];
+        let first = start_dev(lanes, &dirs[0], &args, &env).await?;
+        let id = submit_task(&client, &first.url, "refactor", "recover me").await?;
+        let until = Instant::now() + Duration::from_secs(60);
+        while status(&client, &first.url, &id).await.as_deref() != Some("PROCESSING") {
+            if Instant::now() > until {
+                return Err("the task never started".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let running_since = Instant::now();
+        // The second worker, ready before the kill.
+        let second = start_dev(lanes, &dirs[1], &args, &env).await?;
+        let kill_at = running_since + Duration::from_millis(scaled(5.0));
+        tokio::time::sleep_until(kill_at.into()).await;
+        drop(first); // SIGKILL: no shutdown path runs, its lease is left to expire
+        let killed = Instant::now();
+        let until = Instant::now() + Duration::from_secs(600);
+        while status(&client, &second.url, &id).await.as_deref() != Some("COMPLETED") {
+            if Instant::now() > until {
+                return Err("the task was never taken over".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let takeover_ms = (killed.elapsed().as_secs_f64() * 1000.0 - scaled(90.0) as f64).max(0.0);
+        drop(second);
+        for d in &dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        runs.push(RecoveryRun {
+            config: config.into(),
+            takeover_ms,
+            takeover_workload_s: takeover_ms / scale_ms as f64,
+            bound_workload_s: bound_s,
+        });
+    }
+    Ok(RecoveryReport { command: format!("lanes bench recovery --scale-ms {scale_ms}"), scale_ms, runs })
+}
+
+/// One backend's result in `lanes bench throughput`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThroughputRun {
+    /// `embedded` or `redis + moto`.
+    pub backend: String,
+    /// Tasks submitted.
+    pub tasks: usize,
+    /// `POST /v1/tasks` answered per second (concurrent clients).
+    pub ingress_per_s: f64,
+    /// `POST /v1/tasks` latency p50 and p99, ms.
+    pub ingress_latency_ms: [f64; 2],
+    /// Tasks completed per second, first submission to last completion.
+    pub tasks_per_s: f64,
+    /// Submission to completion, p50 and p99, ms (upper bounds of the server's histogram buckets).
+    pub task_latency_ms: [f64; 2],
+    /// Peak resident memory of the server (VmHWM), MiB.
+    pub peak_rss_mib: f64,
+}
+
+/// What `lanes bench throughput` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThroughputReport {
+    /// The command that reproduces it.
+    pub command: String,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// One run per backend.
+    pub runs: Vec<ThroughputRun>,
+}
+
+fn vm_hwm_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// A loopback server process started for the benchmark (killed when dropped).
+struct Helper(std::process::Child);
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_port(port: u16) -> bool {
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// `tasks` interactive tasks from `clients` concurrent clients against `lanes dev` (offline model, no
+/// simulated latency): on embedded defaults, then on Redis + moto when `redis-server` and the venv's
+/// `moto_server` are there (`make test-deps` installs both). Ingress rate and latency, end-to-end rate
+/// and latency, peak memory of the server.
+pub async fn throughput_report(
+    lanes: &std::path::Path,
+    tasks: usize,
+    clients: usize,
+) -> Result<ThroughputReport, String> {
+    let mut runs = vec![throughput_run(lanes, "embedded", &[], &[], tasks, clients).await?];
+    if let Some((_moto, _redis, env)) = aws_services().await? {
+        let args = ["--backend".to_owned(), "aws".to_owned(), "--create".to_owned()];
+        runs.push(throughput_run(lanes, "redis + moto", &args, &env, tasks, clients).await?);
+    }
+    Ok(ThroughputReport {
+        command: format!("lanes bench throughput --tasks {tasks} --clients {clients}"),
+        clients,
+        runs,
+    })
+}
+
+/// `moto_server` (from the venv, `LANES_VENV` or `.venv`) and `redis-server` on free loopback ports,
+/// with the environment `lanes dev --backend aws` needs to reach them; `None` when either is missing.
+async fn aws_services() -> Result<Option<(Helper, Helper, Vec<(String, String)>)>, String> {
+    let venv = std::env::var("LANES_VENV").map(std::path::PathBuf::from).unwrap_or_else(|_| ".venv".into());
+    let moto_bin = venv.join("bin/moto_server");
+    let redis_ok = std::process::Command::new("redis-server").arg("--version").output().is_ok();
+    if !moto_bin.exists() || !redis_ok {
+        return Ok(None);
+    }
+    let (moto_port, redis_port) = (free_port()?, free_port()?);
+    let quiet = std::process::Stdio::null;
+    let moto = Helper(
+        std::process::Command::new(&moto_bin)
+            .args(["-H", "127.0.0.1", "-p", &moto_port.to_string()])
+            .stdout(quiet())
+            .stderr(quiet())
+            .spawn()
+            .map_err(|e| e.to_string())?,
+    );
+    let redis = Helper(
+        std::process::Command::new("redis-server")
+            .args(["--port", &redis_port.to_string(), "--save", "", "--appendonly", "no"])
+            .stdout(quiet())
+            .stderr(quiet())
+            .spawn()
+            .map_err(|e| e.to_string())?,
+    );
+    if !(wait_port(moto_port).await && wait_port(redis_port).await) {
+        return Err("moto_server or redis-server did not start".into());
+    }
+    let env: Vec<(String, String)> = [
+        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{moto_port}")),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ACCESS_KEY_ID", "bench".into()),
+        ("AWS_SECRET_ACCESS_KEY", "bench".into()),
+        ("REDIS_URL", format!("redis://127.0.0.1:{redis_port}")),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .into();
+    Ok(Some((moto, redis, env)))
+}
+
+async fn throughput_run(
+    lanes: &std::path::Path,
+    backend: &str,
+    extra: &[String],
+    env: &[(String, String)],
+    tasks: usize,
+    clients: usize,
+) -> Result<ThroughputRun, String> {
+    let dir = tempfile_dir().map_err(|e| e.to_string())?;
+    let mut args: Vec<String> =
+        ["--interactive-latency-ms", "0", "--capacity", "16"].iter().map(|s| s.to_string()).collect();
+    args.extend(extra.iter().cloned());
+    let server = start_dev(lanes, &dir, &args, env).await?;
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..clients {
+        let (client, url, next) = (client.clone(), server.url.clone(), next.clone());
+        handles.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= tasks {
+                    return Ok::<_, String>(out);
+                }
+                let t = Instant::now();
+                let id = submit_task(&client, &url, "explain", &format!("throughput task {i}")).await?;
+                out.push((id, t.elapsed().as_secs_f64() * 1000.0));
+            }
+        }));
+    }
+    let mut submitted = Vec::new();
+    for h in handles {
+        submitted.extend(h.await.map_err(|e| e.to_string())??);
+    }
+    let ingress_s = started.elapsed().as_secs_f64();
+    let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
+    // Completion by polling; the latency figures come from the server's own histogram.
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut pending: Vec<&String> = submitted.iter().map(|(id, _)| id).collect();
+    while !pending.is_empty() && Instant::now() < until {
+        let mut still = Vec::new();
+        for id in pending {
+            if status(&client, &server.url, id).await.as_deref() != Some("COMPLETED") {
+                still.push(id);
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let done_s = started.elapsed().as_secs_f64();
+    let peak = vm_hwm_mib(server.child.id());
+    let metrics = client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .text()
+        .await
+        .map_err(|e| e.to_string())?;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ThroughputRun {
+        backend: backend.into(),
+        tasks,
+        ingress_per_s: tasks as f64 / ingress_s,
+        ingress_latency_ms: [percentile(&mut ingress_ms, 50.0), percentile(&mut ingress_ms, 99.0)],
+        tasks_per_s: (tasks - pending.len()) as f64 / done_s,
+        task_latency_ms: histogram_quantiles(&metrics, "lanes_task_latency_seconds", "interactive"),
+        peak_rss_mib: peak,
+    })
+}
+
+/// p50 and p99 (ms, bucket upper bounds) of a Prometheus histogram for `lane`, from `/metrics` text.
+fn histogram_quantiles(text: &str, name: &str, lane: &str) -> [f64; 2] {
+    let prefix = format!("{name}_bucket{{lane=\"{lane}\",le=\"");
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    let q = |p: f64| buckets.iter().find(|(_, c)| *c >= total * p).map(|(le, _)| le * 1000.0).unwrap_or(0.0);
+    [q(0.5), q(0.99)]
+}
