@@ -227,6 +227,29 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
     let t = template();
     let fs = functions(&t);
     let by_id = |id: &str| allowed(&fs[id]);
+    const QUEUE: [&str; 6] = [
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:GetQueueAttributes",
+        "sqs:GetQueueUrl",
+        "sqs:SendMessage",
+    ];
+    let task_worker = [
+        &QUEUE[..],
+        &["dynamodb:GetItem", "dynamodb:UpdateItem", "secretsmanager:GetSecretValue", "bedrock:InvokeModel"],
+    ]
+    .concat();
+    let commits_worker = [
+        &QUEUE[..],
+        &[
+            "dynamodb:BatchGetItem",
+            "dynamodb:PutItem",
+            "secretsmanager:GetSecretValue",
+            "bedrock:InvokeModel",
+        ],
+    ]
+    .concat();
     let need: &[(&str, &[&str])] = &[
         (
             "IngressFunction",
@@ -244,51 +267,9 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
             "WebhookFunction",
             &["dynamodb:PutItem", "dynamodb:DeleteItem", "sqs:SendMessage", "secretsmanager:GetSecretValue"],
         ),
-        (
-            "InteractiveWorkerFunction",
-            &[
-                "sqs:ReceiveMessage",
-                "sqs:DeleteMessage",
-                "sqs:ChangeMessageVisibility",
-                "sqs:GetQueueAttributes",
-                "sqs:GetQueueUrl",
-                "sqs:SendMessage",
-                "dynamodb:GetItem",
-                "dynamodb:UpdateItem",
-                "secretsmanager:GetSecretValue",
-                "bedrock:InvokeModel",
-            ],
-        ),
-        (
-            "SynthesisWorkerFunction",
-            &[
-                "sqs:ReceiveMessage",
-                "sqs:DeleteMessage",
-                "sqs:ChangeMessageVisibility",
-                "sqs:GetQueueAttributes",
-                "sqs:GetQueueUrl",
-                "sqs:SendMessage",
-                "dynamodb:GetItem",
-                "dynamodb:UpdateItem",
-                "secretsmanager:GetSecretValue",
-                "bedrock:InvokeModel",
-            ],
-        ),
-        (
-            "CommitsWorkerFunction",
-            &[
-                "sqs:ReceiveMessage",
-                "sqs:DeleteMessage",
-                "sqs:ChangeMessageVisibility",
-                "sqs:GetQueueAttributes",
-                "sqs:GetQueueUrl",
-                "sqs:SendMessage",
-                "dynamodb:BatchGetItem",
-                "dynamodb:PutItem",
-                "secretsmanager:GetSecretValue",
-                "bedrock:InvokeModel",
-            ],
-        ),
+        ("InteractiveWorkerFunction", &task_worker),
+        ("SynthesisWorkerFunction", &task_worker),
+        ("CommitsWorkerFunction", &commits_worker),
         (
             "ControllerFunction",
             &["sqs:GetQueueAttributes", "lambda:GetEventSourceMapping", "lambda:UpdateEventSourceMapping"],

@@ -37,6 +37,17 @@ fn unavailable<E: std::fmt::Debug + ProvideErrorMetadata>(e: &SdkError<E>) -> St
     }
 }
 
+/// The outcome of a conditional write: `Ok(true)` written, `Ok(false)` the condition failed.
+fn conditional<T, E: std::fmt::Debug + ProvideErrorMetadata>(
+    out: Result<T, SdkError<E>>,
+) -> Result<bool, StoreError> {
+    match out {
+        Ok(_) => Ok(true),
+        Err(e) if e.code() == Some("ConditionalCheckFailedException") => Ok(false),
+        Err(e) => Err(unavailable(&e)),
+    }
+}
+
 fn s(v: impl Into<String>) -> AttributeValue {
     AttributeValue::S(v.into())
 }
@@ -430,11 +441,7 @@ impl TaskStore for DynamoStore {
             .expression_attribute_values(":nonce", s(nonce))
             .send()
             .await;
-        match out {
-            Ok(_) => Ok(true),
-            Err(e) if e.code() == Some("ConditionalCheckFailedException") => Ok(false),
-            Err(e) => Err(unavailable(&e)),
-        }
+        conditional(out)
     }
 
     async fn mark_enqueued(&self, task_id: &str, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
@@ -610,13 +617,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
             .condition_expression("attribute_not_exists(pk)")
             .send()
             .await;
-        match out {
-            Ok(_) => Ok(crate::ports::WriteOnce::Written),
-            Err(e) if e.code() == Some("ConditionalCheckFailedException") => {
-                Ok(crate::ports::WriteOnce::Exists)
-            }
-            Err(e) => Err(unavailable(&e)),
-        }
+        Ok(if conditional(out)? { crate::ports::WriteOnce::Written } else { crate::ports::WriteOnce::Exists })
     }
 
     async fn list_summaries(
@@ -700,11 +701,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
             .expression_attribute_values(":now", n(now))
             .send()
             .await;
-        match out {
-            Ok(_) => Ok(true),
-            Err(e) if e.code() == Some("ConditionalCheckFailedException") => Ok(false),
-            Err(e) => Err(unavailable(&e)),
-        }
+        conditional(out)
     }
 
     async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
