@@ -248,15 +248,15 @@ pub async fn batching_report(commits: usize, rpm: f64, tpm: f64) -> Result<Batch
             crate::backend::embedded(&dir, Default::default(), clock.clone()).await.map_err(|e| err(&e))?;
         let (mock, llm) = limited_setup(rpm, tpm).await.map_err(|e| err(&e))?;
         let worker = CommitsWorker {
-            summaries: adapters.summaries.clone(),
-            cache: adapters.cache.clone(),
-            lock: adapters.lock.clone(),
-            llm,
-            diffs: Arc::new(SyntheticDiffs),
-            metrics: crate::metrics::Metrics::new(),
-            clock,
-            lease: crate::config::WorkerConfig::default(),
             config: CommitsConfig { max_commits_per_call: per_call, ..CommitsConfig::default() },
+            ..CommitsWorker::new(
+                &adapters,
+                llm,
+                Arc::new(SyntheticDiffs),
+                crate::metrics::Metrics::new(),
+                clock,
+                crate::config::WorkerConfig::default(),
+            )
         };
         let queue = &queues[Lane::Commits.index()];
         let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = (0..commits)
@@ -361,7 +361,7 @@ pub async fn duplicates_report(
     llm_ms: u64,
     visibility_ms: u64,
 ) -> Result<DuplicatesReport, String> {
-    use crate::commits::worker::{CommitsConfig, CommitsWorker};
+    use crate::commits::worker::CommitsWorker;
     use crate::commits::{CommitMessage, Provider};
     use crate::domain::{TaskMessage, TaskRecord, TaskRequest};
     use crate::ports::{QueueConsume, QueueSend};
@@ -425,17 +425,14 @@ pub async fn duplicates_report(
                 clock: clock.clone(),
                 config: lease,
             };
-            let commits = CommitsWorker {
-                summaries: adapters.summaries.clone(),
-                cache: adapters.cache.clone(),
-                lock: adapters.lock.clone(),
-                llm: llm.clone(),
-                diffs: Arc::new(SyntheticDiffs),
-                metrics: metrics.clone(),
-                clock: clock.clone(),
+            let commits = CommitsWorker::new(
+                &adapters,
+                llm.clone(),
+                Arc::new(SyntheticDiffs),
+                metrics.clone(),
+                clock.clone(),
                 lease,
-                config: CommitsConfig::default(),
-            };
+            );
             let started = Instant::now();
             // Long enough for a renewed lease to finish many times over.
             let stop = started + Duration::from_millis(llm_ms * 6).max(Duration::from_secs(3));

@@ -6,7 +6,7 @@ use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::commits::api::{self, SummariesApi};
 use crate::commits::sources::DiffSources;
 use crate::commits::webhook::{Webhook, WebhookConfig};
-use crate::commits::worker::{CommitsConfig, CommitsWorker};
+use crate::commits::worker::CommitsWorker;
 use crate::config::{ConfigError, require_env};
 use crate::config::{IngressConfig, WorkerConfig};
 use crate::domain::Lane;
@@ -244,17 +244,14 @@ impl WorkerFunction {
         let metrics = Metrics::new();
         metrics.enable_emf();
         let commits = match lane {
-            Lane::Commits => Some(CommitsWorker {
-                summaries: adapters.summaries.clone(),
-                cache: adapters.cache.clone(),
-                lock: adapters.lock.clone(),
-                llm: llm.clone(),
-                diffs: Arc::new(DiffSources::from_env(false).await?),
-                metrics: metrics.clone(),
-                clock: Arc::new(SystemClock),
-                lease: config,
-                config: CommitsConfig::default(),
-            }),
+            Lane::Commits => Some(CommitsWorker::new(
+                &adapters,
+                llm.clone(),
+                Arc::new(DiffSources::from_env(false).await?),
+                metrics.clone(),
+                Arc::new(SystemClock),
+                config,
+            )),
             _ => None,
         };
         let worker = Worker {

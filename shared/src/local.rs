@@ -9,7 +9,7 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::commits::api::{self, SummariesApi};
 use crate::commits::sources::DiffSources;
 use crate::commits::webhook::{self, Webhook, WebhookConfig};
-use crate::commits::worker::{CommitsConfig, CommitsWorker};
+use crate::commits::worker::CommitsWorker;
 use crate::config::{ConfigError, IngressConfig, WorkerConfig};
 use crate::domain::Lane;
 use crate::embedded::QueueSettings;
@@ -212,17 +212,14 @@ impl Local {
         };
         let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
             Lane::ALL.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
-        let commits = CommitsWorker {
-            summaries: adapters.summaries.clone(),
-            cache: adapters.cache.clone(),
-            lock: adapters.lock.clone(),
-            llm: llm.clone(),
-            diffs: git.diffs.clone(),
-            metrics: metrics.clone(),
-            clock: clock.clone(),
-            lease: opts.worker,
-            config: CommitsConfig::default(),
-        };
+        let commits = CommitsWorker::new(
+            &adapters,
+            llm.clone(),
+            git.diffs.clone(),
+            metrics.clone(),
+            clock.clone(),
+            opts.worker,
+        );
         let pool = Arc::new(
             Pool::new(opts.capacity, opts.shares, consumers, worker, opts.poll_interval)
                 .with_commits(commits),

@@ -100,7 +100,7 @@ impl Worker {
             Ok(t) => t,
             Err(e) => {
                 let reason = format!("undecodable message: {e}");
-                return self.dead_letter(&*queue, &message, reason, "unknown", "undecodable").await;
+                return dead_letter(&self.metrics, &*queue, &message, reason, "unknown", "undecodable").await;
             }
         };
         let span = tracing::Span::current();
@@ -128,7 +128,7 @@ impl Worker {
                 self.metrics.lock_contended_total.with_label_values(&[lane]).inc();
                 let jitter = rand::random_range(0..=self.config.lock_jitter_max.as_millis() as u64);
                 let after = remaining + Duration::from_millis(jitter);
-                return self.hand_back(&*queue, &message, after, "lease held by another worker").await;
+                return hand_back(&*queue, &message, after, "lease held by another worker").await;
             }
             Err(e) => {
                 // Redis is an accelerator: without it, SQS visibility plus the fence still keep
@@ -162,7 +162,7 @@ impl Worker {
             Ok(ClaimOutcome::Terminal(_)) | Ok(ClaimOutcome::Missing) => {
                 // Terminal: a duplicate delivery. Missing: ingress removed the record after a failed
                 // send, or it expired; there is nothing left to do for this message.
-                return self.ack(&**queue, message).await;
+                return ack(&**queue, message).await;
             }
             Err(e) => return self.store_failure(&**queue, message, e).await,
         };
@@ -222,7 +222,7 @@ impl Worker {
                     LlmError::Permanent(_) => Duration::ZERO,
                 };
                 let after = full_jitter_backoff(&self.config, message.receive_count).max(hint);
-                self.hand_back(&**queue, message, after, &e.to_string()).await
+                hand_back(&**queue, message, after, &e.to_string()).await
             }
         }
     }
@@ -272,9 +272,9 @@ impl Worker {
         }
         match failed_reason {
             Some(reason) if message.receive_count >= queue.max_receive_count() => {
-                self.dead_letter(&**queue, message, reason, lane, "attempts").await
+                dead_letter(&self.metrics, &**queue, message, reason, lane, "attempts").await
             }
-            _ => self.ack(&**queue, message).await,
+            _ => ack(&**queue, message).await,
         }
     }
 
@@ -331,20 +331,6 @@ impl Worker {
         })
     }
 
-    async fn ack(&self, queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome {
-        ack(queue, message).await
-    }
-
-    async fn hand_back(
-        &self,
-        queue: &dyn QueueConsume,
-        message: &ReceivedMessage,
-        after: Duration,
-        reason: &str,
-    ) -> Outcome {
-        hand_back(queue, message, after, reason).await
-    }
-
     async fn store_failure(
         &self,
         queue: &dyn QueueConsume,
@@ -353,18 +339,7 @@ impl Worker {
     ) -> Outcome {
         warn!(error = %e, "store failure");
         let after = full_jitter_backoff(&self.config, message.receive_count);
-        self.hand_back(queue, message, after, "store unavailable").await
-    }
-
-    async fn dead_letter(
-        &self,
-        queue: &dyn QueueConsume,
-        message: &ReceivedMessage,
-        reason: String,
-        lane: &str,
-        why: &str,
-    ) -> Outcome {
-        dead_letter(&self.metrics, queue, message, reason, lane, why).await
+        hand_back(queue, message, after, "store unavailable").await
     }
 }
 

@@ -4,7 +4,7 @@
 //! A second run answers from the store and makes no LLM call.
 
 use super::sources::DiffSources;
-use super::worker::{CommitsConfig, CommitsWorker, Served};
+use super::worker::{CommitsWorker, Served};
 use super::{CommitMessage, Provider, commit_key};
 use crate::backend::Adapters;
 use crate::clock::SharedClock;
@@ -171,17 +171,8 @@ pub async fn run(
 ) -> Result<Report, SummarizeError> {
     let queue = adapters.consume[Lane::Commits.index()].clone();
     let lease = WorkerConfig::default();
-    let worker = CommitsWorker {
-        summaries: adapters.summaries.clone(),
-        cache: adapters.cache.clone(),
-        lock: adapters.lock.clone(),
-        llm,
-        diffs: Arc::new(DiffSources::local_only()),
-        metrics: Metrics::new(),
-        clock,
-        lease,
-        config: CommitsConfig::default(),
-    };
+    let worker =
+        CommitsWorker::new(adapters, llm, Arc::new(DiffSources::local_only()), Metrics::new(), clock, lease);
     let mut report = Report {
         commits: commits.len(),
         batch_tokens: worker.config.batch_tokens,

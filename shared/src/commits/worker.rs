@@ -174,6 +174,28 @@ struct LeaseEntry {
 type Leases = Arc<Mutex<Vec<LeaseEntry>>>;
 
 impl CommitsWorker {
+    /// A worker on one backend's adapters (summaries, cache, lock) with the default budgets.
+    pub fn new(
+        adapters: &crate::backend::Adapters,
+        llm: Arc<dyn LlmClient>,
+        diffs: Arc<dyn DiffSource>,
+        metrics: Metrics,
+        clock: SharedClock,
+        lease: WorkerConfig,
+    ) -> Self {
+        Self {
+            summaries: adapters.summaries.clone(),
+            cache: adapters.cache.clone(),
+            lock: adapters.lock.clone(),
+            llm,
+            diffs,
+            metrics,
+            clock,
+            lease,
+            config: CommitsConfig::default(),
+        }
+    }
+
     /// Processes a batch before `deadline`; returns each message's outcome (by message id) and what
     /// was done. Commits still waiting at the deadline are handed back at once.
     pub async fn process_batch(
