@@ -53,6 +53,9 @@ pub struct Adapters {
     pub send: [Arc<dyn QueueSend>; 3],
     /// Consumers per lane.
     pub consume: [Arc<dyn QueueConsume>; 3],
+    /// Each lane's dead-letter queue, where this backend reads it (embedded: always; AWS: for the
+    /// lanes consumed, from their redrive policy).
+    pub dlq: [Option<Arc<dyn QueueConsume>>; 3],
     /// The Redis connection, on the AWS backend (for the shared LLM limiter).
     pub redis: Option<crate::adapters::redis::RedisConn>,
     /// The key prefix of that connection.
@@ -99,6 +102,7 @@ pub async fn embedded(
         cache: Arc::new(MemoryCache::new(clock)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
         consume: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
+        dlq: queues.clone().map(|q| Some(Arc::new(q.dead_letter_queue()) as Arc<dyn QueueConsume>)),
         redis: None,
         redis_prefix: String::new(),
     };
@@ -183,6 +187,7 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
         lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
         cache: Arc::new(RedisCache::new(conn.clone(), &config.redis.prefix)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
+        dlq: queues.clone().map(|q| q.dead_letter_queue().map(|d| Arc::new(d) as Arc<dyn QueueConsume>)),
         consume: queues.map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
         redis: Some(conn),
         redis_prefix: config.redis.prefix.clone(),

@@ -44,6 +44,7 @@ pub fn mixed_request(lane: Lane, i: usize) -> LlmRequest {
         prompt: "x".repeat(200 + (i * 397) % 1800),
         target_files: vec![],
         max_tokens: 16,
+        params: Default::default(),
     }
 }
 
@@ -503,6 +504,7 @@ impl LlmClient for SleepLlm {
             request.prompt.strip_prefix("ms=").and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(1);
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Ok(crate::ports::LlmResponse {
+            truncated: false,
             text: "done".into(),
             model: "sleep".into(),
             usage: crate::domain::TokenUsage { prompt: 1, completion: 1 },

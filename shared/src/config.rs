@@ -1,6 +1,7 @@
 //! Tunables of the core with their defaults (design §3, §4) and the checks that keep them coherent.
 //! Binaries build these once at start; tests shrink the durations to milliseconds.
 
+use crate::domain::Lane;
 use std::time::Duration;
 
 /// Errors in configuration: always permanent, always naming the setting.
@@ -32,12 +33,42 @@ pub struct WorkerConfig {
     pub backoff_max: Duration,
     /// Upper bound of the jitter added to a contended lock's remaining TTL.
     pub lock_jitter_max: Duration,
-    /// TTL of terminal records.
+    /// TTL of claimed and terminal records (at least a pending record's, see [`pending_ttl_for`]).
     pub record_ttl_secs: u64,
     /// TTL of the hot-cache entry of a completed task.
     pub result_cache_ttl: Duration,
-    /// Completion token cap per call.
-    pub max_completion_tokens: u32,
+    /// What each lane allows a task, indexed by [`Lane::index`].
+    pub lanes: [LanePolicy; 3],
+}
+
+/// What a lane allows one task before it ends `FAILED`. Waiting (throttling, a lock held elsewhere, a
+/// deadline hand-back) uses none of it; only provider calls that fail do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LanePolicy {
+    /// Failed provider calls allowed (the task fails at this count).
+    pub attempt_budget: u32,
+    /// Oldest a task may be (from its submission) when a worker starts it; older ones fail unrun.
+    pub max_age: Duration,
+    /// Completion token cap of one call (a task's `params.max_tokens` may lower it, never raise it).
+    pub max_tokens: u32,
+}
+
+impl LanePolicy {
+    /// The documented defaults: interactive 5 attempts / 1 h / 1,024 tokens; synthesis 5 attempts /
+    /// 24 h / 16,384 tokens; commits 5 attempts / 7 days (its calls size their own token cap).
+    pub const fn default_for(lane: Lane) -> Self {
+        match lane {
+            Lane::Interactive => {
+                Self { attempt_budget: 5, max_age: Duration::from_secs(3600), max_tokens: 1024 }
+            }
+            Lane::Synthesis => {
+                Self { attempt_budget: 5, max_age: Duration::from_secs(24 * 3600), max_tokens: 16_384 }
+            }
+            Lane::Commits => {
+                Self { attempt_budget: 5, max_age: Duration::from_secs(7 * 24 * 3600), max_tokens: 4096 }
+            }
+        }
+    }
 }
 
 impl Default for WorkerConfig {
@@ -48,14 +79,44 @@ impl Default for WorkerConfig {
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(900),
             lock_jitter_max: Duration::from_secs(1),
-            record_ttl_secs: 7 * 24 * 3600,
+            // At least a pending record's TTL: a claim never shortens the life of a record whose
+            // message can still come back.
+            record_ttl_secs: 15 * 24 * 3600,
             result_cache_ttl: Duration::from_secs(3600),
-            max_completion_tokens: 1024,
+            lanes: Lane::ALL.map(LanePolicy::default_for),
         }
     }
 }
 
 impl WorkerConfig {
+    /// The policy of `lane`.
+    pub fn lane(&self, lane: Lane) -> &LanePolicy {
+        &self.lanes[lane.index()]
+    }
+
+    /// The same settings with each lane's policy read from `LANES_ATTEMPTS_<LANE>`,
+    /// `LANES_MAX_AGE_SECS_<LANE>` and `LANES_MAX_TOKENS_<LANE>` (`<LANE>` = `INTERACTIVE`,
+    /// `SYNTHESIS`, `COMMITS`), where set.
+    pub fn lanes_from_env(mut self) -> Result<Self, ConfigError> {
+        const NAMES: [[&str; 3]; 3] = [
+            ["LANES_ATTEMPTS_INTERACTIVE", "LANES_MAX_AGE_SECS_INTERACTIVE", "LANES_MAX_TOKENS_INTERACTIVE"],
+            ["LANES_ATTEMPTS_SYNTHESIS", "LANES_MAX_AGE_SECS_SYNTHESIS", "LANES_MAX_TOKENS_SYNTHESIS"],
+            ["LANES_ATTEMPTS_COMMITS", "LANES_MAX_AGE_SECS_COMMITS", "LANES_MAX_TOKENS_COMMITS"],
+        ];
+        for (policy, [attempts, age, tokens]) in self.lanes.iter_mut().zip(NAMES) {
+            if let Some(n) = env_number(attempts, 1, 1000)? {
+                policy.attempt_budget = n as u32;
+            }
+            if let Some(n) = env_number(age, 1, 14 * 24 * 3600)? {
+                policy.max_age = Duration::from_secs(n);
+            }
+            if let Some(n) = env_number(tokens, 1, crate::domain::MAX_PARAM_TOKENS as u64)? {
+                policy.max_tokens = n as u32;
+            }
+        }
+        Ok(self)
+    }
+
     /// The same settings with a lease of `ttl`, renewed every third of it (two renewals may fail
     /// before the lease runs out).
     pub fn with_lease(self, ttl: Duration) -> Self {
@@ -88,7 +149,8 @@ impl WorkerConfig {
 pub struct IngressConfig {
     /// A `PENDING` record older than this that no worker claimed is sent again.
     pub enqueue_grace: Duration,
-    /// TTL of a `PENDING` record (the seed's 1 h).
+    /// TTL of a `PENDING` record: at least the queues' retention, so a record never expires while
+    /// its message can still be delivered.
     pub pending_ttl_secs: u64,
     /// TTL of the hot-cache entry refilled on a duplicate of a completed task.
     pub result_cache_ttl: Duration,
@@ -100,14 +162,42 @@ impl Default for IngressConfig {
     fn default() -> Self {
         Self {
             enqueue_grace: Duration::from_secs(60),
-            pending_ttl_secs: 3600,
+            pending_ttl_secs: pending_ttl_for(DEFAULT_QUEUE_RETENTION_SECS),
             result_cache_ttl: Duration::from_secs(3600),
             retry_after_secs: 2,
         }
     }
 }
 
-/// Reads a required environment variable.
+/// The queues' message retention when `LANES_QUEUE_RETENTION_SECS` is unset: SQS's maximum, 14 days,
+/// as the template sets it.
+pub const DEFAULT_QUEUE_RETENTION_SECS: u64 = 14 * 24 * 3600;
+
+/// A `PENDING` record outlives its message by an hour: SQS counts retention from the first send.
+pub const fn pending_ttl_for(retention_secs: u64) -> u64 {
+    retention_secs + 3600
+}
+
+impl IngressConfig {
+    /// The defaults, with the record TTL from `LANES_QUEUE_RETENTION_SECS` where set.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut config = Self::default();
+        if let Some(retention) = env_number("LANES_QUEUE_RETENTION_SECS", 60, 14 * 24 * 3600)? {
+            config.pending_ttl_secs = pending_ttl_for(retention);
+        }
+        Ok(config)
+    }
+}
+
+/// An optional whole number within `min..=max`, named in the error.
+pub fn env_number(name: &'static str, min: u64, max: u64) -> Result<Option<u64>, ConfigError> {
+    let Some(v) = optional_env(name) else { return Ok(None) };
+    match v.trim().parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+        _ => Err(ConfigError::Invalid { name, reason: format!("`{v}` is not a whole number in {min}..={max}") }),
+    }
+}
+
 /// An optional variable: unset and empty (CloudFormation's way of leaving a parameter out) are both
 /// `None`.
 pub fn optional_env(name: &str) -> Option<String> {
@@ -128,5 +218,14 @@ mod tests {
         assert!(WorkerConfig::default().validate().is_ok());
         let bad = WorkerConfig { renew_interval: Duration::from_secs(10), ..WorkerConfig::default() };
         assert!(matches!(bad.validate(), Err(ConfigError::Invalid { name: "renew_interval", .. })));
+    }
+
+    #[test]
+    fn records_outlive_the_queue_retention() {
+        assert!(IngressConfig::default().pending_ttl_secs > DEFAULT_QUEUE_RETENTION_SECS);
+        assert!(WorkerConfig::default().record_ttl_secs >= IngressConfig::default().pending_ttl_secs);
+        let c = WorkerConfig::default();
+        assert_eq!(c.lane(Lane::Synthesis).max_tokens, 16_384);
+        assert!(c.lane(Lane::Interactive).max_age < c.lane(Lane::Synthesis).max_age);
     }
 }

@@ -119,6 +119,11 @@ impl Kind {
         }
     }
 
+    /// Whether `POST /v1/tasks` accepts this kind (kinds of the commits lane come from the webhook).
+    pub fn is_task(self) -> bool {
+        self.lane() != Lane::Commits
+    }
+
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -175,9 +180,81 @@ pub struct TaskRequest {
     pub prompt: String,
     /// Relative paths, sorted and deduplicated.
     pub target_files: Vec<String>,
-    /// Free-form JSON object passed to the model; `null` when absent.
+    /// Sampling parameters passed to the model (see [`ModelParams`]); `null` when absent.
     pub params: Value,
 }
+
+/// The documented shape of `params`: every key optional, unknown keys refused (a typo would otherwise
+/// be silently ignored by the model and still change the task id).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelParams {
+    /// Sampling temperature, 0 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Completion token cap, at most the lane's own cap (which applies when this is absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Up to four stop sequences.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Sampling seed, where the provider supports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+}
+
+/// Keys `params` may have.
+pub const PARAM_KEYS: [&str; 5] = ["max_tokens", "seed", "stop", "temperature", "top_p"];
+
+impl ModelParams {
+    /// Reads validated `params` (`null` is the empty set). Validation happened at ingress, so a value
+    /// that does not decode (an old record) counts as no parameters rather than failing the task.
+    pub fn from_value(v: &Value) -> Self {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    }
+
+    /// Checks `params`, one error per bad key, each naming `params.<key>`.
+    pub fn validate(obj: &Map<String, Value>) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        for (key, value) in obj {
+            let field = format!("params.{key}");
+            let bad = |reason: &str| FieldError::new(field.clone(), reason);
+            match key.as_str() {
+                "temperature" => match value.as_f64() {
+                    Some(t) if (0.0..=2.0).contains(&t) => {}
+                    _ => errors.push(bad("expected a number from 0 to 2")),
+                },
+                "top_p" => match value.as_f64() {
+                    Some(t) if (0.0..=1.0).contains(&t) => {}
+                    _ => errors.push(bad("expected a number from 0 to 1")),
+                },
+                "max_tokens" => match value.as_u64() {
+                    Some(n) if (1..=MAX_PARAM_TOKENS as u64).contains(&n) => {}
+                    _ => errors.push(bad(&format!("expected a whole number from 1 to {MAX_PARAM_TOKENS}"))),
+                },
+                "seed" => {
+                    if value.as_i64().is_none() {
+                        errors.push(bad("expected a whole number"));
+                    }
+                }
+                "stop" => match value {
+                    Value::String(s) if !s.is_empty() => {}
+                    Value::Array(items)
+                        if items.len() <= 4
+                            && items.iter().all(|i| i.as_str().is_some_and(|s| !s.is_empty())) => {}
+                    _ => errors.push(bad("expected a non-empty string or an array of at most 4 of them")),
+                },
+                _ => errors.push(bad(&format!("unknown parameter; expected one of: {}", PARAM_KEYS.join(", ")))),
+            }
+        }
+        errors
+    }
+}
+
+/// Largest `params.max_tokens` accepted (a lane's own cap may be lower; the lower one applies).
+pub const MAX_PARAM_TOKENS: u32 = 128_000;
 
 const ALLOWED_FIELDS: [&str; 5] = ["project_id", "kind", "prompt", "target_files", "params"];
 
@@ -215,9 +292,19 @@ impl TaskRequest {
                 }
             });
         let kind = take_string(&mut obj, "kind", &mut errors).and_then(|k| match k.parse::<Kind>() {
+            Ok(kind) if kind.lane() == Lane::Commits => {
+                errors.push(FieldError::new(
+                    "kind",
+                    format!(
+                        "`{k}` runs in the commits lane, fed by the Git webhook; it cannot be submitted \
+                         as a task"
+                    ),
+                ));
+                None
+            }
             Ok(kind) => Some(kind),
             Err(()) => {
-                let known: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+                let known: Vec<&str> = Kind::ALL.iter().filter(|k| k.is_task()).map(|k| k.as_str()).collect();
                 errors.push(FieldError::new(
                     "kind",
                     format!("unknown kind `{k}`; expected one of: {}", known.join(", ")),
@@ -247,7 +334,19 @@ impl TaskRequest {
         };
         let params = match obj.remove("params") {
             None | Some(Value::Null) => Some(Value::Null),
-            Some(v @ Value::Object(_)) => Some(v),
+            Some(Value::Object(mut m)) => {
+                let problems = ModelParams::validate(&m);
+                if problems.is_empty() {
+                    // One stop sequence is the same request as a list of one.
+                    if let Some(Value::String(s)) = m.get("stop").cloned() {
+                        m.insert("stop".into(), Value::Array(vec![Value::String(s)]));
+                    }
+                    Some(Value::Object(m))
+                } else {
+                    errors.extend(problems);
+                    None
+                }
+            }
             Some(_) => {
                 errors.push(FieldError::new("params", "expected a JSON object or null"));
                 None
@@ -409,6 +508,8 @@ pub enum TaskStatus {
     Completed,
     /// Terminal for this submission: retrying cannot fix it. A new submission may start it again.
     Failed,
+    /// Terminal: the client cancelled it. A new submission may start it again.
+    Cancelled,
 }
 
 impl TaskStatus {
@@ -419,25 +520,36 @@ impl TaskStatus {
             TaskStatus::Processing => "PROCESSING",
             TaskStatus::Completed => "COMPLETED",
             TaskStatus::Failed => "FAILED",
+            TaskStatus::Cancelled => "CANCELLED",
         }
     }
 
     /// Whether no worker will touch the record again.
     pub fn is_terminal(self) -> bool {
-        matches!(self, TaskStatus::Completed | TaskStatus::Failed)
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled)
+    }
+
+    /// Whether a new submission of the same payload replaces the record and runs again.
+    pub fn is_resubmittable(self) -> bool {
+        matches!(self, TaskStatus::Failed | TaskStatus::Cancelled)
     }
 
     /// The legal transitions. `Processing -> Processing` is a re-claim after a lost lease (the fence
-    /// grows); `Failed -> Pending` is a new submission of a failed task; `Completed` is final.
+    /// grows); `Pending -> Failed` is the DLQ sweep or the age limit failing a task no worker finished;
+    /// `Failed|Cancelled -> Pending` is a new submission; `Completed` is final.
     pub fn can_become(self, next: TaskStatus) -> bool {
         use TaskStatus::*;
         matches!(
             (self, next),
             (Pending, Processing)
+                | (Pending, Failed)
+                | (Pending, Cancelled)
                 | (Processing, Processing)
                 | (Processing, Completed)
                 | (Processing, Failed)
+                | (Processing, Cancelled)
                 | (Failed, Pending)
+                | (Cancelled, Pending)
         )
     }
 }
@@ -451,6 +563,9 @@ pub struct TaskResult {
     pub model: String,
     /// Prompt plus completion tokens.
     pub tokens: TokenUsage,
+    /// The model stopped at its token cap (`finish_reason`/`stop_reason` = length): the text is cut.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// Tokens spent on one answer.
@@ -477,7 +592,7 @@ pub struct TaskRecord {
     pub status: TaskStatus,
     /// Incremented by every claim; the final write must carry the current value.
     pub fence: u64,
-    /// Claims so far.
+    /// Provider calls that failed for a reason other than throttling (the lane's attempt budget).
     pub attempts: u32,
     /// Random per submission: lets ingress delete only the record it wrote.
     pub nonce: String,
@@ -533,6 +648,7 @@ impl TaskRecord {
             kind: self.request.kind,
             result: self.result.clone(),
             error: self.error.clone(),
+            attempts: self.attempts,
         }
     }
 }
@@ -552,6 +668,9 @@ pub struct TaskView {
     pub result: Option<TaskResult>,
     /// Reason when failed.
     pub error: Option<String>,
+    /// Provider calls that failed (throttling excluded).
+    #[serde(default)]
+    pub attempts: u32,
 }
 
 /// The body of a queue message: small on purpose; the worker reads the request from the store.
@@ -621,10 +740,10 @@ mod tests {
         );
         assert_ne!(base.task_id(None), other_project.task_id(None));
         let params_a = req(
-            json!({"project_id":"p1","kind":"explain","prompt":"x","target_files":[],"params":{"b":1,"a":{"d":2,"c":3}}}),
+            json!({"project_id":"p1","kind":"explain","prompt":"x","target_files":[],"params":{"top_p":1,"seed":7,"stop":"END"}}),
         );
         let params_b = req(
-            json!({"project_id":"p1","kind":"explain","prompt":"x","target_files":[],"params":{"a":{"c":3,"d":2},"b":1}}),
+            json!({"project_id":"p1","kind":"explain","prompt":"x","target_files":[],"params":{"stop":["END"],"seed":7,"top_p":1}}),
         );
         assert_eq!(params_a.task_id(None), params_b.task_id(None));
         // The header scopes the key to the project and ignores the payload.
@@ -645,6 +764,23 @@ mod tests {
                 "project_id",
             ),
             (json!({"project_id":"p","kind":"poem","prompt":"x","target_files":[]}), "kind"),
+            (json!({"project_id":"p","kind":"commit_summary","prompt":"x","target_files":[]}), "kind"),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"temperature":3}}),
+                "params.temperature",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"max_tokens":0}}),
+                "params.max_tokens",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"stop":["a","b","c","d","e"]}}),
+                "params.stop",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"temprature":1}}),
+                "params.temprature",
+            ),
             (json!({"project_id":"p","kind":"explain","prompt":"   ","target_files":[]}), "prompt"),
             (json!({"project_id":"p","kind":"explain","prompt":7,"target_files":[]}), "prompt"),
             (json!({"project_id":"p","kind":"explain","prompt":"x"}), "target_files"),
@@ -699,20 +835,25 @@ mod tests {
     #[test]
     fn state_machine_allows_only_legal_transitions() {
         use TaskStatus::*;
-        let all = [Pending, Processing, Completed, Failed];
+        let all = [Pending, Processing, Completed, Failed, Cancelled];
         let legal = [
             (Pending, Processing),
+            (Pending, Failed),
+            (Pending, Cancelled),
             (Processing, Processing),
             (Processing, Completed),
             (Processing, Failed),
+            (Processing, Cancelled),
             (Failed, Pending),
+            (Cancelled, Pending),
         ];
         for from in all {
             for to in all {
                 assert_eq!(from.can_become(to), legal.contains(&(from, to)), "{from:?} -> {to:?}");
             }
         }
-        assert!(Completed.is_terminal() && Failed.is_terminal());
+        assert!(Completed.is_terminal() && Failed.is_terminal() && Cancelled.is_terminal());
+        assert!(Failed.is_resubmittable() && Cancelled.is_resubmittable() && !Completed.is_resubmittable());
         assert!(!Pending.is_terminal() && !Processing.is_terminal());
     }
 

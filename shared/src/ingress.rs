@@ -1,6 +1,8 @@
-//! The task API as an axum router (design §4): `POST /v1/tasks`, `GET /v1/tasks/{id}`, `GET /healthz`.
-//! It owns the ingress side of idempotency: hot cache, conditional put of `PENDING`, duplicate answers,
-//! re-send of a stale unclaimed `PENDING`, and the undo of a put whose enqueue failed.
+//! The task API as an axum router: `POST /v1/tasks`, `GET /v1/tasks/{id}[?wait=N]`,
+//! `DELETE /v1/tasks/{id}`, `GET /healthz`. It owns the ingress side of idempotency (hot cache,
+//! conditional put of `PENDING`, duplicate answers, the undo of a put whose enqueue failed), the
+//! re-send of an orphaned `PENDING` record (by a duplicate POST or by a GET), cancellation, and the
+//! long-poll.
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
@@ -9,17 +11,18 @@ use crate::domain::{
     validate_idempotency_key,
 };
 use crate::metrics::Metrics;
-use crate::ports::{Cache, PutOutcome, QueueSend, StoreError, TaskStore};
+use crate::ports::{Cache, CancelOutcome, PutOutcome, QueueSend, StoreError, TaskStore};
 use crate::problem::Problem;
-use crate::worker::cache_key;
+use crate::worker::{HINT_TTL, cache_key, cancel_key, done_key};
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tracing::{error, warn};
 
 /// Everything ingress needs, built once.
@@ -43,7 +46,7 @@ pub struct Ingress {
 pub fn router(ingress: Ingress) -> Router {
     Router::new()
         .route("/v1/tasks", post(post_task))
-        .route("/v1/tasks/{id}", get(get_task))
+        .route("/v1/tasks/{id}", get(get_task).delete(cancel_task))
         .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -57,12 +60,23 @@ pub fn router(ingress: Ingress) -> Router {
         .with_state(Arc::new(ingress))
 }
 
+/// Longest long-poll a GET may ask for, in seconds (API Gateway's own limit is 30 s).
+pub const MAX_WAIT_SECS: u64 = 20;
+
+/// A task as JSON. An unfinished task answers `202` with `Location` and a `Retry-After` sized to its
+/// lane (when to poll again), a finished one `200`.
 fn view_response(status: StatusCode, view: &TaskView) -> Response {
+    let status = if status == StatusCode::OK && !view.status.is_terminal() { StatusCode::ACCEPTED } else { status };
     let mut resp = (status, Json(view)).into_response();
-    if status == StatusCode::ACCEPTED
-        && let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", view.task_id))
-    {
-        resp.headers_mut().insert(header::LOCATION, v);
+    if status == StatusCode::ACCEPTED {
+        if let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", view.task_id)) {
+            resp.headers_mut().insert(header::LOCATION, v);
+        }
+        let secs = match view.lane {
+            crate::domain::Lane::Interactive => 1,
+            _ => 5,
+        };
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
 }
@@ -181,28 +195,35 @@ async fn accept(ing: &Ingress, headers: &HeaderMap, body: Body) -> Result<Respon
                     Ok(view_response(StatusCode::OK, &existing.view()))
                 }
                 TaskStatus::Pending => {
-                    let grace = ing.config.enqueue_grace.as_millis() as u64;
-                    if now.saturating_sub(existing.enqueued_at_ms) >= grace {
-                        // Unclaimed past the grace: the message may be lost. Workers are idempotent,
-                        // so a second message is harmless and a lost one is not.
-                        match send(ing, &existing).await {
-                            Ok(_) => {
-                                if let Err(e) =
-                                    ing.store.mark_enqueued(&existing.task_id, existing.fence, now).await
-                                {
-                                    warn!(error = %e, "could not record the re-send");
-                                }
-                            }
-                            Err(e) => warn!(error = %e, "re-send of a stale PENDING task failed"),
-                        }
-                    }
+                    resend_if_orphaned(ing, &existing, now).await;
                     Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
                 }
-                TaskStatus::Processing | TaskStatus::Failed => {
+                // The store replaces FAILED and CANCELLED records, so these only show in a race.
+                TaskStatus::Processing | TaskStatus::Failed | TaskStatus::Cancelled => {
                     Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
                 }
             }
         }
+    }
+}
+
+/// Re-sends a `PENDING` record that no worker claimed within the enqueue grace: its message may be
+/// lost (a crash between the put and the send, a purge). Workers are idempotent, so a second message
+/// is harmless and a lost one is not.
+async fn resend_if_orphaned(ing: &Ingress, record: &TaskRecord, now: u64) {
+    let grace = ing.config.enqueue_grace.as_millis() as u64;
+    if record.status != TaskStatus::Pending || now.saturating_sub(record.enqueued_at_ms) < grace {
+        return;
+    }
+    match send(ing, record).await {
+        Ok(_) => {
+            ing.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc();
+            let ttl = ing.config.pending_ttl_secs;
+            if let Err(e) = ing.store.mark_enqueued(&record.task_id, record.fence, now, ttl).await {
+                warn!(error = %e, "could not record the re-send");
+            }
+        }
+        Err(e) => warn!(error = %e, "re-send of an orphaned PENDING task failed"),
     }
 }
 
@@ -220,32 +241,117 @@ async fn send(ing: &Ingress, record: &TaskRecord) -> Result<String, crate::ports
     queue.send(&body, attributes).await
 }
 
-async fn get_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) -> Response {
-    if !is_task_id(&id) {
-        return Problem::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-task-id",
-            "Invalid task id",
-            "a task id is 64 lowercase hex digits",
-        )
+fn invalid_id() -> Response {
+    Problem::new(StatusCode::BAD_REQUEST, "invalid-task-id", "Invalid task id", "a task id is 64 lowercase hex digits")
         .with_field("task_id")
-        .into_response();
+        .into_response()
+}
+
+fn not_found() -> Response {
+    Problem::new(StatusCode::NOT_FOUND, "task-not-found", "Task not found", "no task has this id (or it expired)")
+        .with_field("task_id")
+        .into_response()
+}
+
+/// Reads `wait` from the query: whole seconds, `0..=MAX_WAIT_SECS`. Other parameters are refused, so
+/// a typo is not silently a plain GET.
+fn parse_wait(query: Option<&str>) -> Result<u64, Problem> {
+    let bad = |reason: String| {
+        Problem::new(StatusCode::BAD_REQUEST, "invalid-query", "Invalid query parameter", reason)
+    };
+    let mut wait = 0;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "wait" {
+            let key: String = key.chars().take(40).collect();
+            return Err(bad(format!("unknown query parameter `{key}`; only `wait` is accepted")).with_field(&key));
+        }
+        wait = match value.parse::<u64>() {
+            Ok(n) if n <= MAX_WAIT_SECS => n,
+            _ => return Err(bad(format!("`wait` must be whole seconds from 0 to {MAX_WAIT_SECS}")).with_field("wait")),
+        };
     }
+    Ok(wait)
+}
+
+async fn get_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>, RawQuery(query): RawQuery) -> Response {
+    if !is_task_id(&id) {
+        return invalid_id();
+    }
+    let wait = match parse_wait(query.as_deref()) {
+        Ok(w) => w,
+        Err(p) => return p.into_response(),
+    };
+    // A completed record never changes again, so the cache may answer for it.
     if let Ok(Some(json)) = ing.cache.get(&cache_key(&id)).await
         && let Ok(rec) = serde_json::from_str::<TaskRecord>(&json)
+        && rec.status == TaskStatus::Completed
     {
         return view_response(StatusCode::OK, &rec.view());
     }
-    match ing.store.get(&id, ing.clock.now_ms()).await {
-        Ok(Some(rec)) => view_response(StatusCode::OK, &rec.view()),
-        Ok(None) => Problem::new(
-            StatusCode::NOT_FOUND,
-            "task-not-found",
-            "Task not found",
-            "no task has this id (or it expired)",
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    let mut record = match read(&ing, &id).await {
+        Ok(Some(rec)) => rec,
+        Ok(None) => return not_found(),
+        Err(resp) => return resp,
+    };
+    resend_if_orphaned(&ing, &record, ing.clock.now_ms()).await;
+    // The long-poll: a cheap hint (written by the worker or the cancellation) wakes it, the store
+    // answers; the store is also re-read now and then in case the hint was lost. Each waiter is a
+    // parked future, not a thread.
+    let mut since_store = Duration::ZERO;
+    while !record.status.is_terminal() && tokio::time::Instant::now() < deadline {
+        let step = LONG_POLL_TICK.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        tokio::time::sleep(step).await;
+        since_store += step;
+        let hinted = matches!(ing.cache.get(&done_key(&id)).await, Ok(Some(_)));
+        if hinted || since_store >= LONG_POLL_STORE_EVERY || tokio::time::Instant::now() >= deadline {
+            since_store = Duration::ZERO;
+            record = match read(&ing, &id).await {
+                Ok(Some(rec)) => rec,
+                Ok(None) => return not_found(),
+                Err(resp) => return resp,
+            };
+        }
+    }
+    view_response(StatusCode::OK, &record.view())
+}
+
+/// How often a long-poll looks at the wake-up hint.
+const LONG_POLL_TICK: Duration = Duration::from_millis(200);
+/// How often a long-poll re-reads the store without a hint.
+const LONG_POLL_STORE_EVERY: Duration = Duration::from_secs(5);
+
+async fn read(ing: &Ingress, id: &str) -> Result<Option<TaskRecord>, Response> {
+    ing.store.get(id, ing.clock.now_ms()).await.map_err(|e| store_problem(&e, ing.config.retry_after_secs).into_response())
+}
+
+async fn cancel_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) -> Response {
+    if !is_task_id(&id) {
+        return invalid_id();
+    }
+    let now = ing.clock.now_ms();
+    match ing.store.cancel(&id, now, ing.config.pending_ttl_secs).await {
+        Ok(CancelOutcome::Cancelled(rec)) => {
+            ing.metrics.cancellations_total.with_label_values(&[rec.lane.as_str()]).inc();
+            // Hints for the running worker's heartbeat and for long-polls; the store already holds
+            // the truth, so a cache that is down only delays the worker's noticing.
+            for key in [cancel_key(&id), done_key(&id)] {
+                if let Err(e) = ing.cache.set(&key, "CANCELLED", HINT_TTL).await {
+                    warn!(error = %e, "cancellation hint not written");
+                }
+            }
+            view_response(StatusCode::OK, &rec.view())
+        }
+        Ok(CancelOutcome::Terminal(rec)) => Problem::new(
+            StatusCode::CONFLICT,
+            "task-finished",
+            "Task already finished",
+            format!("the task is {} and can no longer be cancelled", rec.status.as_str()),
         )
         .with_field("task_id")
         .into_response(),
+        Ok(CancelOutcome::Missing) => not_found(),
         Err(e) => store_problem(&e, ing.config.retry_after_secs).into_response(),
     }
 }

@@ -13,7 +13,8 @@ use crate::domain::Lane;
 use crate::ingress::{Ingress, router};
 use crate::metrics::Metrics;
 use crate::ports::{QueueConsume, ReceivedMessage};
-use crate::worker::{Outcome, Worker};
+use crate::lease::{self, Outcome};
+use crate::worker::Worker;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -93,6 +94,15 @@ pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
 pub struct ControllerFunction {
     /// The controller core.
     pub controller: crate::controller::Controller,
+    /// The task lanes' DLQs (interactive, synthesis) and the store, for the sweep.
+    pub sweep: Option<DlqSweep>,
+}
+
+/// What the controller needs to sweep the task lanes' DLQs each tick.
+pub struct DlqSweep {
+    dlqs: Vec<(Lane, Arc<dyn QueueConsume>)>,
+    store: Arc<dyn crate::ports::TaskStore>,
+    metrics: Metrics,
 }
 
 impl ControllerFunction {
@@ -124,7 +134,25 @@ impl ControllerFunction {
             mappings.try_into().map_err(|_| ConfigError::Missing("LANES_MAPPING_*"))?;
         let control =
             Arc::new(crate::adapters::lambda::LambdaMappings::new(aws_sdk_lambda::Client::new(&sdk)));
-        Ok(Self { controller: crate::controller::Controller::new(queues, mappings, control, budget.max(6)) })
+        // The sweep needs the table; without LANES_TABLE the controller only sets concurrency.
+        let sweep = match crate::config::optional_env("LANES_TABLE") {
+            None => None,
+            Some(table) => {
+                let mut dlqs = Vec::new();
+                for lane in [Lane::Interactive, Lane::Synthesis] {
+                    let q = crate::adapters::sqs::SqsQueue::connect(sqs.clone(), &urls[lane.index()])
+                        .await
+                        .map_err(crate::backend::BackendError::Queue)?;
+                    if let Some(dlq) = q.dead_letter_queue() {
+                        dlqs.push((lane, Arc::new(dlq) as Arc<dyn QueueConsume>));
+                    }
+                }
+                let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
+                let store = Arc::new(crate::adapters::dynamodb::DynamoStore::new(dynamo, &table));
+                Some(DlqSweep { dlqs, store, metrics: Metrics::new() })
+            }
+        };
+        Ok(Self { controller: crate::controller::Controller::new(queues, mappings, control, budget.max(6)), sweep })
     }
 
     /// One scheduled tick: the decisions, logged and emitted as metrics.
@@ -149,6 +177,17 @@ impl ControllerFunction {
                 }
                 Some(e) => warn!(lane = d.lane, error = %e, "lane skipped this tick"),
             }
+        }
+        if let Some(sweep) = &self.sweep {
+            let clock: SharedClock = Arc::new(SystemClock);
+            let ttl = WorkerConfig::default().record_ttl_secs;
+            for (lane, dlq) in &sweep.dlqs {
+                match crate::dlq::sweep(*lane, &**dlq, &*sweep.store, &sweep.metrics, &clock, ttl, 100).await {
+                    Ok(r) => tracing::info!(lane = %lane, seen = r.seen, marked_failed = r.marked_failed, "DLQ swept"),
+                    Err(e) => warn!(lane = %lane, error = %e, "DLQ sweep failed; the next tick retries"),
+                }
+            }
+            sweep.metrics.flush_emf(&metrics_namespace());
         }
         decisions
     }
@@ -208,7 +247,7 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         queues: adapters.send,
         metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
-        config: IngressConfig::default(),
+        config: IngressConfig::from_env()?,
     })
     .merge(read);
     Ok(with_emf(router, metrics))
@@ -233,7 +272,7 @@ impl WorkerFunction {
         let lane = lane_from_env()?;
         let concurrency = parse_env("LANES_WORKER_CONCURRENCY", 10)? as usize;
         let lease_ms = parse_env("LANES_LEASE_TTL_MS", 15_000)?;
-        let config = WorkerConfig::default().with_lease(Duration::from_millis(lease_ms));
+        let config = WorkerConfig::default().with_lease(Duration::from_millis(lease_ms)).lanes_from_env()?;
         config.validate()?;
         let adapters = adapters_from_env("worker", &[lane]).await?;
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
@@ -335,16 +374,15 @@ pub async fn handle_batch(
         let (worker, queue, slots) = (worker.clone(), queue.clone(), slots.clone());
         set.spawn(async move {
             let id = message.message_id.clone();
-            let receipt = message.receipt.clone();
-            let (q, lease_receipt) = (queue.clone(), receipt.clone());
+            let delivery = message.clone();
+            let q = queue.clone();
             let run = async move {
                 // A message with a free slot starts its lease in the worker; only one that must wait
                 // for a slot gets a holder, so no message pays for its lease start twice.
                 let _slot = match slots.clone().try_acquire_owned() {
                     Ok(slot) => Ok(slot),
                     Err(_) => {
-                        let _holding =
-                            AbortOnDrop(hold_while_waiting(q.clone(), lease_receipt, &worker.config));
+                        let _holding = lease::hold(q.clone(), message.receipt.clone(), &worker.config);
                         slots.acquire_owned().await
                     }
                 };
@@ -356,11 +394,11 @@ pub async fn handle_batch(
                     (id, outcome)
                 }
                 Err(_) => {
+                    // Not a failure: put off at once (a fresh copy on its last delivery), so the
+                    // deadline never uses up the message's receives.
                     warn!(message_id = %id, "invocation deadline near: handing the message back");
-                    if let Err(e) = queue.change_visibility(&receipt, Duration::ZERO).await {
-                        warn!(error = %e, "could not hand the message back; its lease expires instead");
-                    }
-                    (id, Outcome::Retry { after: Duration::ZERO, reason: "invocation deadline".into() })
+                    let outcome = lease::retry_later(&*queue, &delivery, Duration::ZERO, "invocation deadline").await;
+                    (id, outcome)
                 }
             }
         });
@@ -415,31 +453,6 @@ pub async fn handle_commit_batch(
     );
     outcomes.extend(done);
     batch_response(outcomes.iter().map(|(id, o)| (id.as_str(), o)))
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Starts the lease of a message that waits for a slot, renewing its visibility until aborted.
-fn hold_while_waiting(
-    queue: Arc<dyn QueueConsume>,
-    receipt: String,
-    config: &WorkerConfig,
-) -> tokio::task::JoinHandle<()> {
-    let (ttl, every) = (config.lease_ttl, config.renew_interval);
-    tokio::spawn(async move {
-        loop {
-            if queue.change_visibility(&receipt, ttl).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(every).await;
-        }
-    })
 }
 
 /// Why an SQS record could not become a [`ReceivedMessage`].

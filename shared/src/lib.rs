@@ -17,7 +17,12 @@
 //! - [`llm`]: LLM providers (offline, OpenAI-compatible, Anthropic) and the retry policy.
 //! - [`limiter`]: the shared RPM/TPM limiter with lane reservations (in process and in Redis).
 //! - [`ingress`]: the task API as an axum router (`POST /v1/tasks`, `GET /v1/tasks/{id}`, `/healthz`).
-//! - [`worker`]: processing one message under a lease: heartbeat, lock, fence, the ack rule, backoff.
+//! - [`lease`]: a delivery's lease: its start, the heartbeat (visibility and lock together), the hold
+//!   of a message waiting for a slot, ack / hand-back / requeue / dead-letter and the backoff. The
+//!   only module, besides the queue adapters, that changes a message's visibility.
+//! - [`worker`]: one task message from claim to the fenced final write: attempts, waits, age,
+//!   cancellation.
+//! - [`dlq`]: the sweep that marks the records of dead-lettered tasks `FAILED`, and the redrive.
 //! - [`pool`]: the weighted allocation policy and the in-process pool that runs workers with it.
 //! - [`metrics`]: Prometheus registry with per-lane metrics.
 //! - [`problem`]: RFC 9457 problem+json responses.
@@ -36,10 +41,12 @@ pub mod clock;
 pub mod commits;
 pub mod config;
 pub mod controller;
+pub mod dlq;
 pub mod domain;
 pub mod embedded;
 pub mod ingress;
 pub mod lambda;
+pub mod lease;
 pub mod limiter;
 pub mod llm;
 pub mod local;

@@ -417,7 +417,7 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
                 Ok(Decision::Granted) => break,
                 Ok(Decision::Wait(wait)) => {
                     if tokio::time::Instant::now() + wait > deadline {
-                        return Err(crate::ports::LlmError::Retryable {
+                        return Err(crate::ports::LlmError::Throttled {
                             message: "LLM rate budget exhausted for this lane".into(),
                             retry_after: Some(wait),
                         });
@@ -484,13 +484,14 @@ mod limited_tests {
             prompt: "x".into(),
             target_files: vec![],
             max_tokens: 10,
+            params: Default::default(),
         };
         // Four from its own share, a fifth borrowed from the idle background's upper half.
         for _ in 0..5 {
             client.complete(&request).await.unwrap();
         }
         let started = std::time::Instant::now();
-        let Err(LlmError::Retryable { retry_after: Some(after), .. }) = client.complete(&request).await
+        let Err(LlmError::Throttled { retry_after: Some(after), .. }) = client.complete(&request).await
         else {
             panic!("the sixth call must be handed back")
         };

@@ -118,6 +118,9 @@ pub struct DevOptions {
     pub queue: QueueSettings,
     /// How often the pool looks at idle queues.
     pub poll_interval: Duration,
+    /// How often the task lanes' DLQs are swept (records behind dead-lettered messages marked
+    /// `FAILED`).
+    pub dlq_sweep_interval: Duration,
 }
 
 impl Default for DevOptions {
@@ -137,6 +140,7 @@ impl Default for DevOptions {
             ingress: IngressConfig::default(),
             queue: QueueSettings::default(),
             poll_interval: Duration::from_millis(50),
+            dlq_sweep_interval: Duration::from_secs(30),
         }
     }
 }
@@ -153,6 +157,8 @@ pub struct Local {
     pub adapters: Adapters,
     /// Metrics.
     pub metrics: Metrics,
+    /// The DLQ sweep and redrive.
+    pub dlq: crate::dlq::Admin,
 }
 
 impl Local {
@@ -235,6 +241,13 @@ impl Local {
             summaries: adapters.summaries.clone(),
             cache: adapters.cache.clone(),
         });
+        let dlq = crate::dlq::Admin {
+            adapters: adapters.clone(),
+            metrics: metrics.clone(),
+            clock: clock.clone(),
+            pending_ttl_secs: opts.ingress.pending_ttl_secs,
+            record_ttl_secs: opts.worker.record_ttl_secs,
+        };
         let ingress = Ingress {
             store: adapters.store.clone(),
             cache: adapters.cache.clone(),
@@ -245,7 +258,7 @@ impl Local {
         };
         let m = metrics.clone();
         let router =
-            router(ingress).merge(hooks).merge(read).route(
+            router(ingress).merge(hooks).merge(read).merge(crate::dlq::admin_router(dlq.clone())).route(
                 "/metrics",
                 get(move || {
                     let m = m.clone();
@@ -254,7 +267,7 @@ impl Local {
                     }
                 }),
             );
-        Self { router, pool, llm, adapters, metrics }
+        Self { router, pool, llm, adapters, metrics, dlq }
     }
 
     /// Serves on `opts.addr` and runs the pool until `shutdown`.
@@ -267,6 +280,18 @@ impl Local {
         let pool = self.pool.clone();
         let pool_stop = shutdown.clone();
         let pool_task = tokio::spawn(async move { pool.run(pool_stop).await });
+        let (dlq, every, sweep_stop) = (self.dlq.clone(), opts.dlq_sweep_interval, shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = sweep_stop.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                if let Err(e) = dlq.sweep_all(crate::dlq::ADMIN_MAX).await {
+                    tracing::warn!(error = %e, "DLQ sweep failed; next round retries");
+                }
+            }
+        });
         let stop = shutdown.clone();
         let served = axum::serve(listener, self.router)
             .with_graceful_shutdown(async move { stop.cancelled().await })

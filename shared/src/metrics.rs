@@ -88,6 +88,22 @@ pub struct Metrics {
     pub webhook_deliveries_total: IntCounterVec,
     /// Operations done without an accelerator (lock or cache unreachable), by component.
     pub degraded_operations_total: IntCounterVec,
+    /// Tasks that ended, by lane and terminal status (`COMPLETED`, `FAILED`, `CANCELLED`).
+    pub tasks_finished_total: IntCounterVec,
+    /// Deliveries acked because no live record was left for them (expired, or removed after a failed
+    /// send), by lane. Should stay at zero: a record outlives its message.
+    pub tasks_missing_total: IntCounterVec,
+    /// Work put off without using an attempt, by lane and why (`throttled`, `lock`, `deadline`,
+    /// `store`, `queue`).
+    pub waits_total: IntCounterVec,
+    /// Provider calls abandoned before their answer, by lane and why (`cancelled`, `lease`).
+    pub llm_calls_dropped_total: IntCounterVec,
+    /// Records the DLQ sweep marked `FAILED`, by lane.
+    pub dlq_marked_failed_total: IntCounterVec,
+    /// Orphaned `PENDING` tasks sent again, by lane.
+    pub resends_total: IntCounterVec,
+    /// Tasks cancelled by their clients, by lane.
+    pub cancellations_total: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -165,6 +181,29 @@ impl Metrics {
                 "Operations done without an unreachable accelerator",
                 &["component"],
             ),
+            tasks_finished_total: counter(
+                "lanes_tasks_finished_total",
+                "Tasks ended, by terminal status",
+                &["lane", "status"],
+            ),
+            tasks_missing_total: counter(
+                "lanes_tasks_missing_total",
+                "Deliveries acked with no live record",
+                &["lane"],
+            ),
+            waits_total: counter("lanes_waits_total", "Work put off without using an attempt", &["lane", "why"]),
+            llm_calls_dropped_total: counter(
+                "lanes_llm_calls_dropped_total",
+                "Provider calls abandoned before their answer",
+                &["lane", "why"],
+            ),
+            dlq_marked_failed_total: counter(
+                "lanes_dlq_marked_failed_total",
+                "Records of dead-lettered messages marked FAILED",
+                &["lane"],
+            ),
+            resends_total: counter("lanes_resends_total", "Orphaned PENDING tasks sent again", &["lane"]),
+            cancellations_total: counter("lanes_cancellations_total", "Tasks cancelled by clients", &["lane"]),
             registry,
             emf: Default::default(),
         };
@@ -177,6 +216,7 @@ impl Metrics {
             metrics.queue_depth.with_label_values(&[l]);
             metrics.queue_in_flight.with_label_values(&[l]);
             metrics.task_latency_seconds.with_label_values(&[l]);
+            metrics.tasks_missing_total.with_label_values(&[l]);
             for status in ["ok", "retryable", "permanent"] {
                 metrics.llm_requests_total.with_label_values(&[l, status]);
             }

@@ -106,6 +106,10 @@ pub trait QueueConsume: Send + Sync {
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError>;
     /// Acknowledges (deletes) a delivery.
     async fn delete(&self, receipt: &str) -> Result<(), QueueError>;
+    /// Sends a fresh copy of a delivery (receive count 1, visible after `delay`, at most 15 min) and
+    /// deletes this one: how a wait on the last delivery avoids the redrive to the DLQ. Waiting is not
+    /// failing, so it must not use up receives.
+    async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError>;
     /// Moves a delivery to the DLQ now, recording why (undecodable or out of attempts).
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError>;
     /// Current depth.
@@ -136,7 +140,7 @@ impl RetryIntent for StoreError {
 /// Result of the conditional put of a `PENDING` record.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PutOutcome {
-    /// The record was written (the key was absent, expired, or `FAILED`).
+    /// The record was written (the key was absent, expired, `FAILED` or `CANCELLED`).
     Created,
     /// A live record exists; here it is (DynamoDB's `ReturnValuesOnConditionCheckFailure`).
     Exists(Box<TaskRecord>),
@@ -163,29 +167,64 @@ pub enum Completion {
 }
 
 /// Result of the fenced final write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum FinishOutcome {
-    /// Written.
-    Written,
+    /// Written; the record as the store now holds it (what the hot cache may repeat: a result too
+    /// large to store ends `FAILED` here, never `COMPLETED` in the cache).
+    Written(Box<TaskRecord>),
     /// The fence moved on (another worker claimed the task) or the record is no longer `PROCESSING`:
     /// nothing was written.
     StaleFence,
 }
 
+/// Result of a cancellation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// The record is now `CANCELLED` (it was `PENDING` or `PROCESSING`); the fence moved on, so a
+    /// worker still running it can write nothing.
+    Cancelled(Box<TaskRecord>),
+    /// Already terminal; the current record.
+    Terminal(Box<TaskRecord>),
+    /// No live record.
+    Missing,
+}
+
 /// The durable task store (DynamoDB in AWS, a redb file locally).
 #[async_trait]
 pub trait TaskStore: Send + Sync {
-    /// Writes `record` (status `PENDING`) if the key is absent, expired, or `FAILED`; else returns the
-    /// existing record. Atomic.
+    /// Writes `record` (status `PENDING`) if the key is absent, expired, `FAILED` or `CANCELLED`; else
+    /// returns the existing record. A replaced record keeps its fence. Atomic.
     async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError>;
     /// Reads a live (unexpired) record.
     async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError>;
     /// Deletes a `PENDING`, never-claimed record carrying `nonce` (undoes a put whose enqueue failed).
     async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError>;
-    /// Records a re-send of a stale `PENDING` record that no worker claimed; false if it changed.
-    async fn mark_enqueued(&self, task_id: &str, fence: u64, now_ms: u64) -> Result<bool, StoreError>;
-    /// Claims the task: `PENDING|PROCESSING -> PROCESSING`, fence + 1, attempts + 1.
+    /// Records a re-send of a stale `PENDING` record that no worker claimed, and extends its TTL to
+    /// at least `ttl_secs` from now (the new message's retention); false if it changed.
+    async fn mark_enqueued(
+        &self,
+        task_id: &str,
+        fence: u64,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError>;
+    /// Claims the task: `PENDING|PROCESSING -> PROCESSING`, fence + 1; the TTL becomes at least
+    /// `ttl_secs` from now. Attempts are not claims: see [`TaskStore::note_attempt`].
     async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError>;
+    /// Counts one failed provider attempt of the claim holding `fence` and keeps its reason; the new
+    /// count, or `None` when the fence moved on.
+    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError>;
+    /// `PENDING|PROCESSING -> CANCELLED`, fence + 1.
+    async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError>;
+    /// `PENDING|PROCESSING -> FAILED` with `reason` whatever the fence, fence + 1: for a message that
+    /// reached its DLQ, where no claim is left to finish it. False when the record is terminal or gone.
+    async fn fail_unfinished(
+        &self,
+        task_id: &str,
+        reason: &str,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError>;
     /// Final write, conditional on `status = PROCESSING` and `fence = fence`.
     async fn finish(
         &self,
@@ -271,11 +310,29 @@ pub enum LlmError {
     /// 400/401/403/404 and the like: retrying will not help.
     #[error("provider rejected the request: {0}")]
     Permanent(String),
+    /// The provider (429) or our own limiter said "not now": waiting, never a failed attempt.
+    #[error("provider throttled: {message}")]
+    Throttled {
+        /// What happened.
+        message: String,
+        /// When to come back, when known.
+        retry_after: Option<Duration>,
+    },
 }
 
 impl RetryIntent for LlmError {
     fn is_retryable(&self) -> bool {
-        matches!(self, LlmError::Retryable { .. })
+        matches!(self, LlmError::Retryable { .. } | LlmError::Throttled { .. })
+    }
+}
+
+impl LlmError {
+    /// The provider's hint of when to come back, for either retryable kind.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            LlmError::Retryable { retry_after, .. } | LlmError::Throttled { retry_after, .. } => *retry_after,
+            LlmError::Permanent(_) => None,
+        }
     }
 }
 
@@ -292,6 +349,8 @@ pub struct LlmRequest {
     pub target_files: Vec<String>,
     /// Upper bound on completion tokens.
     pub max_tokens: u32,
+    /// Sampling parameters from the task's `params`.
+    pub params: crate::domain::ModelParams,
 }
 
 /// A model's answer.
@@ -303,6 +362,8 @@ pub struct LlmResponse {
     pub model: String,
     /// Usage as reported (or counted, for the offline provider).
     pub usage: TokenUsage,
+    /// The model stopped at `max_tokens` (`finish_reason` / `stop_reason` = length / max_tokens).
+    pub truncated: bool,
 }
 
 /// A model provider.

@@ -1,50 +1,30 @@
-//! The worker core (design §3): one message under a short lease. It owns the heartbeat (visibility and
-//! lock renewed together, work cancelled when either says the lease is lost), the claim that returns
-//! the fence, the fenced final write, the ack rule, full-jitter backoff through visibility, and DLQs.
+//! The task worker: one message of the interactive or synthesis lane, from claim to the fenced final
+//! write. The lease itself (start, heartbeat, hand-back, requeue, DLQ) is [`crate::lease`]'s; this
+//! module decides what a delivery's outcome is:
+//!
+//! - the claim returns the fence; a terminal record (a duplicate, or a task cancelled while pending)
+//!   is acked, and so is a delivery with no live record, logged and counted;
+//! - a task older than its lane's maximum age ends `FAILED` unrun;
+//! - waiting never uses an attempt: a throttled provider, a lock held elsewhere or an unreachable
+//!   store put the message off; only a provider call that fails counts, in the record, against the
+//!   lane's attempt budget;
+//! - the client's cancellation, seen at a heartbeat, drops the provider call;
+//! - the record is written once, fenced, and only then cached and acked.
 
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
-use crate::domain::{TaskMessage, TaskRecord, TaskResult};
+use crate::domain::{ModelParams, TaskMessage, TaskRecord, TaskResult, TaskStatus};
+use crate::lease::{self, CancelProbe, Heartbeat, Leased};
+pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
 use crate::ports::{
     Acquire, Cache, ClaimOutcome, Completion, FinishOutcome, LeaseLock, LlmClient, LlmError, LlmRequest,
-    QueueConsume, QueueError, ReceivedMessage, StoreError, TaskStore,
+    QueueConsume, ReceivedMessage, TaskStore,
 };
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
-
-/// What became of one message. Only `Acked` and `DeadLettered` remove it from its queue; everything
-/// else leaves it to come back (a batch item failure in Lambda).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// The record is terminal and the message was deleted.
-    Acked,
-    /// Handed back to come again after `after` (retryable failure or a lock held elsewhere).
-    Retry {
-        /// The visibility set on the message.
-        after: Duration,
-        /// Why.
-        reason: String,
-    },
-    /// The lease was lost (or the fence moved): nothing was written, the message is left to its next
-    /// delivery.
-    LeaseLost,
-    /// Moved to the DLQ (undecodable, or out of attempts with the record marked `FAILED`).
-    DeadLettered {
-        /// Why.
-        reason: String,
-    },
-}
-
-impl Outcome {
-    /// Whether the message stays in its queue (an `SQSBatchItemFailure` in Lambda).
-    pub fn is_batch_item_failure(&self) -> bool {
-        !matches!(self, Outcome::Acked | Outcome::DeadLettered { .. })
-    }
-}
 
 /// Everything a worker needs, built once per process.
 #[derive(Clone)]
@@ -53,7 +33,7 @@ pub struct Worker {
     pub store: Arc<dyn TaskStore>,
     /// Lease lock.
     pub lock: Arc<dyn LeaseLock>,
-    /// Hot cache of completed tasks.
+    /// Hot cache of completed tasks, and the cancellation and wake-up hints.
     pub cache: Arc<dyn Cache>,
     /// The model.
     pub llm: Arc<dyn LlmClient>,
@@ -61,31 +41,55 @@ pub struct Worker {
     pub metrics: Metrics,
     /// Time.
     pub clock: SharedClock,
-    /// Lease and retry settings.
+    /// Lease, retry and per-lane settings.
     pub config: WorkerConfig,
 }
 
-/// Cache key of a task's record in the hot cache.
+/// Cache key of a completed task's record in the hot cache. Only `COMPLETED` records are cached:
+/// that status is final, so the cache can never contradict the store.
 pub fn cache_key(task_id: &str) -> String {
     format!("task:{task_id}")
 }
 
-/// Full-jitter backoff: uniform in `[0, min(max, base * 2^(receive_count - 1))]`, never below 1 ms so a
-/// retry is never an immediate redelivery loop.
-pub fn full_jitter_backoff(config: &WorkerConfig, receive_count: u32) -> Duration {
-    let exp = receive_count.saturating_sub(1).min(30);
-    let cap = config.backoff_base.saturating_mul(1u32 << exp).min(config.backoff_max);
-    let ms = cap.as_millis().max(1) as u64;
-    Duration::from_millis(rand::random_range(1..=ms))
+/// Cache key of the hint that a task was cancelled (read by the running worker's heartbeat).
+pub fn cancel_key(task_id: &str) -> String {
+    format!("cancel:{task_id}")
 }
 
-/// Aborts the heartbeat task on every exit path (success, error, panic, cancellation).
-struct HeartbeatGuard(JoinHandle<()>);
+/// Cache key of the hint that a task became terminal (read by long-polls, which then re-read the
+/// store: the hint wakes them, the store answers).
+pub fn done_key(task_id: &str) -> String {
+    format!("done:{task_id}")
+}
 
-impl Drop for HeartbeatGuard {
-    fn drop(&mut self) {
-        self.0.abort();
+/// How long the cancellation and wake-up hints live: longer than any lease or long-poll.
+pub const HINT_TTL: Duration = Duration::from_secs(3600);
+
+/// The heartbeat's cancellation check: the cache's hint, or the store when the cache is down.
+struct CancelHint {
+    cache: Arc<dyn Cache>,
+    store: Arc<dyn TaskStore>,
+    clock: SharedClock,
+}
+
+#[async_trait::async_trait]
+impl CancelProbe for CancelHint {
+    async fn is_cancelled(&self, task_id: &str) -> bool {
+        match self.cache.get(&cancel_key(task_id)).await {
+            Ok(hint) => hint.is_some(),
+            Err(_) => matches!(
+                self.store.get(task_id, self.clock.now_ms()).await,
+                Ok(Some(r)) if r.status == TaskStatus::Cancelled
+            ),
+        }
     }
+}
+
+/// How one provider call ended, from the worker's point of view.
+enum Call {
+    Answered(Result<crate::ports::LlmResponse, LlmError>),
+    LeaseLost,
+    Cancelled,
 }
 
 impl Worker {
@@ -100,35 +104,30 @@ impl Worker {
             Ok(t) => t,
             Err(e) => {
                 let reason = format!("undecodable message: {e}");
-                return dead_letter(&self.metrics, &*queue, &message, reason, "unknown", "undecodable").await;
+                return lease::dead_letter(&self.metrics, &*queue, &message, reason, "unknown", "undecodable")
+                    .await;
             }
         };
         let span = tracing::Span::current();
         span.record("task_id", task.task_id.as_str());
         span.record("lane", task.lane.as_str());
         let lane = task.lane.as_str();
-        let ttl = self.config.lease_ttl;
 
         // The queue's own visibility stays long (Lambda requires it); the lease is made short here.
-        match queue.change_visibility(&message.receipt, ttl).await {
-            Ok(()) => {}
-            Err(QueueError::ReceiptInvalid) => return Outcome::LeaseLost,
-            Err(e) => {
-                warn!(error = %e, "could not start the lease");
-                return Outcome::Retry { after: Duration::ZERO, reason: "queue unavailable".into() };
-            }
+        if let Err(outcome) = lease::start(&*queue, &message, &self.config).await {
+            self.metrics.waits_total.with_label_values(&[lane, "queue"]).inc();
+            return outcome;
         }
 
         let lock_key = format!("lease:{{task:{}}}", task.task_id);
-        let token = match self.lock.acquire(&lock_key, ttl).await {
+        let token = match self.lock.acquire(&lock_key, self.config.lease_ttl).await {
             Ok(Acquire::Acquired(token)) => Some(token),
             Ok(Acquire::Held { remaining }) => {
-                // Another live worker has it: hand the message back for when its lease would have
-                // ended. Never dropped: if that worker dies, this delivery finishes the task.
+                // Another live worker has it: look again when its lease would have ended. Never
+                // dropped: if that worker dies, this delivery finishes the task.
                 self.metrics.lock_contended_total.with_label_values(&[lane]).inc();
-                let jitter = rand::random_range(0..=self.config.lock_jitter_max.as_millis() as u64);
-                let after = remaining + Duration::from_millis(jitter);
-                return hand_back(&*queue, &message, after, "lease held by another worker").await;
+                let after = lease::after_holder(&self.config, remaining);
+                return self.wait(&*queue, &message, &task, None, after, "lock", "lease held by another worker").await;
             }
             Err(e) => {
                 // Redis is an accelerator: without it, SQS visibility plus the fence still keep
@@ -156,44 +155,90 @@ impl Worker {
         token: Option<&str>,
     ) -> Outcome {
         let lane = task.lane.as_str();
+        let policy = *self.config.lane(task.lane);
         let now = self.clock.now_ms();
         let record = match self.store.claim(&task.task_id, now, self.config.record_ttl_secs).await {
             Ok(ClaimOutcome::Claimed(r)) => r,
-            Ok(ClaimOutcome::Terminal(_)) | Ok(ClaimOutcome::Missing) => {
-                // Terminal: a duplicate delivery. Missing: ingress removed the record after a failed
-                // send, or it expired; there is nothing left to do for this message.
-                return ack(&**queue, message).await;
+            // A duplicate delivery, or a task cancelled while it waited: nothing left to do.
+            Ok(ClaimOutcome::Terminal(_)) => return lease::ack(&**queue, message).await,
+            Ok(ClaimOutcome::Missing) => {
+                // A record outlives its message (TTL >= retention), so this is a message whose send
+                // ingress undid, or a record deleted by hand. Never silent.
+                warn!(sent_at_ms = message.sent_at_ms, "no live record for this message; acking it");
+                self.metrics.tasks_missing_total.with_label_values(&[lane]).inc();
+                return lease::ack(&**queue, message).await;
             }
-            Err(e) => return self.store_failure(&**queue, message, e).await,
+            Err(e) => {
+                warn!(error = %e, "claim failed");
+                let after = full_jitter_backoff(&self.config, message.receive_count);
+                return self.wait(&**queue, message, task, None, after, "store", "store unavailable").await;
+            }
         };
-        let waited = now.saturating_sub(record.created_at_ms) as f64 / 1000.0;
-        self.metrics.observe(Latency::Wait, lane, waited);
+        let age = Duration::from_millis(now.saturating_sub(record.created_at_ms));
+        self.metrics.observe(Latency::Wait, lane, age.as_secs_f64());
+        if age > policy.max_age {
+            let reason = format!(
+                "not started within the {} lane's maximum task age ({} s)",
+                lane,
+                policy.max_age.as_secs()
+            );
+            return self.finish(queue, message, &record, Completion::Failed(reason)).await;
+        }
 
-        let cancel = CancellationToken::new();
-        let _heartbeat = HeartbeatGuard(self.spawn_heartbeat(
+        let (lost, cancelled) = (CancellationToken::new(), CancellationToken::new());
+        let probe: Arc<dyn CancelProbe> = Arc::new(CancelHint {
+            cache: self.cache.clone(),
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+        });
+        let leased = Leased {
+            receipt: message.receipt.clone(),
+            lock: token.map(|t| (lock_key.to_owned(), t.to_owned())),
+            lost: lost.clone(),
+            watch: Some((task.task_id.clone(), cancelled.clone())),
+        };
+        let _heartbeat = Heartbeat::start(
             queue.clone(),
-            message.receipt.clone(),
-            lock_key.to_owned(),
-            token.map(str::to_owned),
-            lane,
-            cancel.clone(),
-        ));
+            self.lock.clone(),
+            Some(probe),
+            self.metrics.clone(),
+            task.lane.as_str(),
+            &self.config,
+            vec![leased],
+        );
+        let params = ModelParams::from_value(&record.request.params);
         let request = LlmRequest {
             lane: task.lane,
             kind: record.request.kind,
             prompt: record.request.prompt.clone(),
             target_files: record.request.target_files.clone(),
-            max_tokens: self.config.max_completion_tokens,
+            max_tokens: params.max_tokens.map_or(policy.max_tokens, |m| m.min(policy.max_tokens)),
+            params,
         };
-        let answer = tokio::select! {
+        let call = tokio::select! {
             biased;
-            _ = cancel.cancelled() => None,
-            r = self.llm.complete(&request) => Some(r),
+            _ = lost.cancelled() => Call::LeaseLost,
+            _ = cancelled.cancelled() => Call::Cancelled,
+            r = self.llm.complete(&request) => Call::Answered(r),
         };
-        let Some(answer) = answer.filter(|_| !cancel.is_cancelled()) else {
-            info!("lease lost mid-task; dropping the work, writing nothing");
-            self.metrics.leases_lost_total.with_label_values(&[lane]).inc();
-            return Outcome::LeaseLost;
+        let answer = match call {
+            Call::Answered(_) if lost.is_cancelled() => Call::LeaseLost,
+            other => other,
+        };
+        let answer = match answer {
+            Call::Answered(a) => a,
+            Call::LeaseLost => {
+                info!("lease lost mid-task; dropping the work, writing nothing");
+                self.metrics.leases_lost_total.with_label_values(&[lane]).inc();
+                self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "lease"]).inc();
+                return Outcome::LeaseLost;
+            }
+            Call::Cancelled => {
+                // The record is CANCELLED (the cancellation moved the fence): nothing to write.
+                info!("task cancelled by its client; dropping the provider call");
+                self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "cancelled"]).inc();
+                return lease::ack(&**queue, message).await;
+            }
         };
         match answer {
             Ok(resp) => {
@@ -203,32 +248,84 @@ impl Worker {
                     .llm_tokens_total
                     .with_label_values(&[lane, "completion"])
                     .inc_by(resp.usage.completion);
-                let result = TaskResult { text: resp.text, model: resp.model, tokens: resp.usage };
+                let result =
+                    TaskResult { text: resp.text, model: resp.model, tokens: resp.usage, truncated: resp.truncated };
                 self.finish(queue, message, &record, Completion::Completed(result)).await
             }
             Err(e @ LlmError::Permanent(_)) => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "permanent"]).inc();
                 self.finish(queue, message, &record, Completion::Failed(e.to_string())).await
             }
+            Err(e @ LlmError::Throttled { .. }) => {
+                // Throttling is waiting, not failing: no attempt is used.
+                self.metrics.llm_requests_total.with_label_values(&[lane, "throttled"]).inc();
+                let after = e
+                    .retry_after()
+                    .unwrap_or_else(|| full_jitter_backoff(&self.config, message.receive_count));
+                self.wait(&**queue, message, task, Some(&record), after, "throttled", &e.to_string()).await
+            }
             Err(e @ LlmError::Retryable { .. }) => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
-                if message.receive_count >= queue.max_receive_count() {
-                    let reason = format!("gave up after {} attempts: {e}", message.receive_count);
-                    // finish() dead-letters a failure on the last attempt.
+                let reason = e.to_string();
+                let attempts = match self.store.note_attempt(&task.task_id, record.fence, &reason).await {
+                    Ok(Some(n)) => n,
+                    Ok(None) => {
+                        self.metrics.stale_writes_rejected_total.with_label_values(&[lane]).inc();
+                        return Outcome::LeaseLost;
+                    }
+                    Err(store) => {
+                        warn!(error = %store, "could not count the attempt");
+                        record.attempts + 1
+                    }
+                };
+                if attempts >= policy.attempt_budget {
+                    let reason = format!("gave up after {attempts} failed provider attempts: {reason}");
                     return self.finish(queue, message, &record, Completion::Failed(reason)).await;
                 }
-                let hint = match &e {
-                    LlmError::Retryable { retry_after, .. } => retry_after.unwrap_or_default(),
-                    LlmError::Permanent(_) => Duration::ZERO,
-                };
-                let after = full_jitter_backoff(&self.config, message.receive_count).max(hint);
-                hand_back(&**queue, message, after, &e.to_string()).await
+                let after = full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
+                self.wait(&**queue, message, task, Some(&record), after, "failed", &reason).await
             }
         }
     }
 
-    /// Fenced final write, then cache, then ack. Attempts exhausted are also dead-lettered so
-    /// operators see them in the DLQ.
+    /// Puts the delivery off for `after` ([`lease::retry_later`]). If even that could not keep it
+    /// from its last delivery's redrive, the record is settled `FAILED` first, so no task is left
+    /// `PROCESSING` behind a message in the DLQ.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait(
+        &self,
+        queue: &dyn QueueConsume,
+        message: &ReceivedMessage,
+        task: &TaskMessage,
+        claimed: Option<&TaskRecord>,
+        after: Duration,
+        why: &str,
+        reason: &str,
+    ) -> Outcome {
+        if why != "failed" {
+            self.metrics.waits_total.with_label_values(&[task.lane.as_str(), why]).inc();
+        }
+        let outcome = lease::retry_later(queue, message, after, reason).await;
+        if matches!(outcome, Outcome::Retry { .. }) && lease::is_last_delivery(queue, message) {
+            let reason = format!("last delivery could not be put off ({reason})");
+            let now = self.clock.now_ms();
+            let ttl = self.config.record_ttl_secs;
+            let settled = match claimed {
+                Some(r) => self
+                    .store
+                    .finish(&r.task_id, r.fence, Completion::Failed(reason), now, ttl)
+                    .await
+                    .map(|o| matches!(o, FinishOutcome::Written(_))),
+                None => self.store.fail_unfinished(&task.task_id, &reason, now, ttl).await,
+            };
+            if let Err(e) = settled {
+                warn!(error = %e, "could not settle the record; the DLQ sweep will");
+            }
+        }
+        outcome
+    }
+
+    /// Fenced final write, then the hints and the cache from what the store wrote, then ack.
     async fn finish(
         &self,
         queue: &Arc<dyn QueueConsume>,
@@ -238,154 +335,51 @@ impl Worker {
     ) -> Outcome {
         let lane = record.lane.as_str();
         let now = self.clock.now_ms();
-        let (failed_reason, done) = match &completion {
-            Completion::Failed(r) => (Some(r.clone()), None),
-            Completion::Completed(result) => {
-                // The record as the fenced write leaves it, built here so the cache costs no read.
-                let mut done = record.clone();
-                done.status = crate::domain::TaskStatus::Completed;
-                done.result = Some(result.clone());
-                done.finished_at_ms = Some(now);
-                done.expires_at = now / 1000 + self.config.record_ttl_secs;
-                (None, Some(done))
-            }
-        };
         let written = self
             .store
             .finish(&record.task_id, record.fence, completion, now, self.config.record_ttl_secs)
             .await;
-        match written {
-            Ok(FinishOutcome::Written) => {}
+        let done = match written {
+            Ok(FinishOutcome::Written(done)) => done,
             Ok(FinishOutcome::StaleFence) => {
+                // Another claim, or the client's cancellation, moved the fence on.
                 warn!(fence = record.fence, "final write rejected by the fence");
                 self.metrics.stale_writes_rejected_total.with_label_values(&[lane]).inc();
-                return Outcome::LeaseLost;
+                return match self.store.get(&record.task_id, now).await {
+                    Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
+                    _ => Outcome::LeaseLost,
+                };
             }
-            Err(e) => return self.store_failure(&**queue, message, e).await,
-        }
+            Err(e) => {
+                warn!(error = %e, "final write failed");
+                let after = full_jitter_backoff(&self.config, message.receive_count);
+                self.metrics.waits_total.with_label_values(&[lane, "store"]).inc();
+                // The claim is kept: the next delivery re-claims (the fence grows) and runs again.
+                return lease::retry_later(&**queue, message, after, "store unavailable").await;
+            }
+        };
         if let Some(started) = record.started_at_ms {
             self.metrics.observe(Latency::Run, lane, now.saturating_sub(started) as f64 / 1000.0);
         }
         self.metrics.observe(Latency::Total, lane, now.saturating_sub(record.created_at_ms) as f64 / 1000.0);
-        if let Some(done) = done {
-            self.fill_cache(&done).await;
-        }
-        match failed_reason {
-            Some(reason) if message.receive_count >= queue.max_receive_count() => {
-                dead_letter(&self.metrics, &**queue, message, reason, lane, "attempts").await
-            }
-            _ => ack(&**queue, message).await,
-        }
+        self.metrics.tasks_finished_total.with_label_values(&[lane, done.status.as_str()]).inc();
+        self.publish(&done).await;
+        lease::ack(&**queue, message).await
     }
 
-    async fn fill_cache(&self, done: &TaskRecord) {
-        let Ok(json) = serde_json::to_string(done) else { return };
-        if let Err(e) = self.cache.set(&cache_key(&done.task_id), &json, self.config.result_cache_ttl).await {
+    /// Caches a completed record and leaves the wake-up hint for long-polls. Best effort: the store
+    /// already holds the truth.
+    async fn publish(&self, done: &TaskRecord) {
+        if done.status == TaskStatus::Completed
+            && let Ok(json) = serde_json::to_string(done)
+            && let Err(e) = self.cache.set(&cache_key(&done.task_id), &json, self.config.result_cache_ttl).await
+        {
             warn!(error = %e, "cache fill failed");
             self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
+            return;
         }
-    }
-
-    fn spawn_heartbeat(
-        &self,
-        queue: Arc<dyn QueueConsume>,
-        receipt: String,
-        lock_key: String,
-        token: Option<String>,
-        lane: &'static str,
-        cancel: CancellationToken,
-    ) -> JoinHandle<()> {
-        let lock = self.lock.clone();
-        let metrics = self.metrics.clone();
-        let (ttl, every) = (self.config.lease_ttl, self.config.renew_interval);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match queue.change_visibility(&receipt, ttl).await {
-                    Ok(()) => {}
-                    Err(QueueError::ReceiptInvalid) => {
-                        warn!("visibility renewal refused: lease lost");
-                        cancel.cancel();
-                        return;
-                    }
-                    Err(e) => warn!(error = %e, "visibility renewal failed; retrying next beat"),
-                }
-                if let Some(token) = &token {
-                    match lock.renew(&lock_key, token, ttl).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            warn!("lock renewal refused: lease lost");
-                            cancel.cancel();
-                            return;
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "lock renewal failed; running degraded");
-                            metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
-                        }
-                    }
-                }
-                metrics.lease_renewals_total.with_label_values(&[lane]).inc();
-            }
-        })
-    }
-
-    async fn store_failure(
-        &self,
-        queue: &dyn QueueConsume,
-        message: &ReceivedMessage,
-        e: StoreError,
-    ) -> Outcome {
-        warn!(error = %e, "store failure");
-        let after = full_jitter_backoff(&self.config, message.receive_count);
-        hand_back(queue, message, after, "store unavailable").await
-    }
-}
-
-/// Acknowledges a delivery whose record is terminal.
-pub(crate) async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome {
-    match queue.delete(&message.receipt).await {
-        Ok(()) => Outcome::Acked,
-        // The record is terminal: the next delivery will find it so and ack then.
-        Err(e) => {
-            warn!(error = %e, "delete failed; the message will return and be acked then");
-            Outcome::Retry { after: Duration::ZERO, reason: "delete failed".into() }
-        }
-    }
-}
-
-/// Hands a delivery back to come again after `after`.
-pub(crate) async fn hand_back(
-    queue: &dyn QueueConsume,
-    message: &ReceivedMessage,
-    after: Duration,
-    reason: &str,
-) -> Outcome {
-    if let Err(e) = queue.change_visibility(&message.receipt, after).await {
-        warn!(error = %e, "could not set the retry delay; the lease TTL applies");
-    }
-    Outcome::Retry { after, reason: reason.to_owned() }
-}
-
-/// Moves a delivery to the DLQ with `reason`, counted by lane and `why`.
-pub(crate) async fn dead_letter(
-    metrics: &Metrics,
-    queue: &dyn QueueConsume,
-    message: &ReceivedMessage,
-    reason: String,
-    lane: &str,
-    why: &str,
-) -> Outcome {
-    warn!(%reason, "moving message to the DLQ");
-    match queue.dead_letter(message, &reason).await {
-        Ok(()) => {
-            metrics.dead_lettered_total.with_label_values(&[lane, why]).inc();
-            Outcome::DeadLettered { reason }
-        }
-        Err(e) => {
-            warn!(error = %e, "dead-lettering failed; redrive will move it after maxReceiveCount");
-            Outcome::Retry { after: Duration::ZERO, reason }
+        if let Err(e) = self.cache.set(&done_key(&done.task_id), done.status.as_str(), HINT_TTL).await {
+            warn!(error = %e, "wake-up hint not written");
         }
     }
 }
@@ -394,11 +388,12 @@ pub(crate) async fn dead_letter(
 mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock, SystemClock};
-    use crate::domain::{TaskRequest, TaskStatus};
+    use crate::config::IngressConfig;
+    use crate::domain::{Lane, TaskRequest, TaskStatus};
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };
-    use crate::ports::{LlmResponse, PutOutcome, QueueSend};
+    use crate::ports::{CancelOutcome, LlmResponse, PutOutcome, QueueSend};
     use async_trait::async_trait;
     use serde_json::json;
     use std::collections::{BTreeMap, VecDeque};
@@ -411,12 +406,15 @@ mod tests {
         delay: Duration,
         failures: Mutex<VecDeque<LlmError>>,
         calls: AtomicU64,
+        truncated: bool,
+        seen: Mutex<Vec<LlmRequest>>,
     }
 
     #[async_trait]
     impl LlmClient for ScriptedLlm {
         async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            self.seen.lock().unwrap().push(request.clone());
             tokio::time::sleep(self.delay).await;
             if let Some(e) = self.failures.lock().unwrap().pop_front() {
                 return Err(e);
@@ -425,6 +423,7 @@ mod tests {
                 text: format!("answer to {}", request.prompt),
                 model: "scripted".into(),
                 usage: Default::default(),
+                truncated: self.truncated,
             })
         }
     }
@@ -439,20 +438,21 @@ mod tests {
         task_id: String,
     }
 
-    async fn rig(clock: SharedClock, llm: ScriptedLlm, config: WorkerConfig) -> Rig {
+    const MAX_RECEIVES: u32 = 3;
+
+    async fn rig_with(clock: SharedClock, llm: ScriptedLlm, config: WorkerConfig, body: serde_json::Value) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let store = EmbeddedStore::new(db.clone());
-        let settings = QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: 3 };
+        let settings =
+            QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: MAX_RECEIVES };
         let queue = EmbeddedQueues::open(db, clock.clone(), settings)
             .await
             .unwrap()
             .queue("interactive", "interactive-dlq");
-        let request = TaskRequest::from_value(
-            json!({"project_id":"p","kind":"explain","prompt":"why","target_files":[]}),
-        )
-        .unwrap();
-        let record = TaskRecord::pending(request.task_id(None), request, clock.now_ms(), 3600);
+        let request = TaskRequest::from_value(body).unwrap();
+        let ttl = IngressConfig::default().pending_ttl_secs;
+        let record = TaskRecord::pending(request.task_id(None), request, clock.now_ms(), ttl);
         assert_eq!(store.put_pending(&record, clock.now_ms()).await.unwrap(), PutOutcome::Created);
         let body = json!({"task_id": record.task_id, "lane": "interactive", "kind": "explain"}).to_string();
         queue.send(&body, BTreeMap::new()).await.unwrap();
@@ -470,6 +470,11 @@ mod tests {
         Rig { _dir: dir, worker, queue, store, lock, llm, task_id: record.task_id }
     }
 
+    async fn rig(clock: SharedClock, llm: ScriptedLlm, config: WorkerConfig) -> Rig {
+        let body = json!({"project_id":"p","kind":"explain","prompt":"why","target_files":[]});
+        rig_with(clock, llm, config, body).await
+    }
+
     fn fast() -> WorkerConfig {
         WorkerConfig {
             lease_ttl: Duration::from_millis(300),
@@ -481,17 +486,27 @@ mod tests {
         }
     }
 
+    fn interactive(config: &mut WorkerConfig) -> &mut crate::config::LanePolicy {
+        &mut config.lanes[Lane::Interactive.index()]
+    }
+
     impl Rig {
         async fn receive(&self) -> ReceivedMessage {
             let mut got = self.queue.receive(1).await.unwrap();
             assert_eq!(got.len(), 1, "expected a visible message");
             got.remove(0)
         }
+        async fn record(&self) -> TaskRecord {
+            self.store.get(&self.task_id, self.worker.clock.now_ms()).await.unwrap().unwrap()
+        }
         async fn status(&self) -> TaskStatus {
-            self.store.get(&self.task_id, 0).await.unwrap().unwrap().status
+            self.record().await.status
         }
         fn queue(&self) -> Arc<dyn QueueConsume> {
             Arc::new(self.queue.clone())
+        }
+        fn count(&self, c: &prometheus::IntCounterVec, labels: &[&str]) -> u64 {
+            c.with_label_values(labels).get()
         }
     }
 
@@ -500,11 +515,32 @@ mod tests {
         let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
         let m = r.receive().await;
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
-        let rec = r.store.get(&r.task_id, 0).await.unwrap().unwrap();
-        assert_eq!((rec.status, rec.fence), (TaskStatus::Completed, 1));
-        assert_eq!(rec.result.unwrap().text, "answer to why");
+        let rec = r.record().await;
+        assert_eq!((rec.status, rec.fence, rec.attempts), (TaskStatus::Completed, 1, 0));
+        assert_eq!(rec.result.as_ref().unwrap().text, "answer to why");
+        assert!(!rec.result.unwrap().truncated);
         assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_some());
+        assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("COMPLETED"));
         assert_eq!(r.queue.depth().await.unwrap().visible + r.queue.depth().await.unwrap().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn params_and_the_lane_token_cap_reach_the_model_and_truncation_is_flagged() {
+        let llm = ScriptedLlm { truncated: true, ..Default::default() };
+        let body = json!({"project_id":"p","kind":"explain","prompt":"why","target_files":[],
+            "params":{"temperature":0.2,"max_tokens":99999,"stop":"END","seed":7}});
+        let mut config = fast();
+        interactive(&mut config).max_tokens = 512;
+        let r = rig_with(Arc::new(SystemClock), llm, config, body).await;
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        let seen = r.llm.seen.lock().unwrap()[0].clone();
+        assert_eq!(seen.max_tokens, 512, "params.max_tokens never raises the lane's cap");
+        assert_eq!(seen.params.temperature, Some(0.2));
+        assert_eq!((seen.params.stop.clone(), seen.params.seed), (vec!["END".to_owned()], Some(7)));
+        let rec = r.record().await;
+        assert_eq!(rec.status, TaskStatus::Completed);
+        assert!(rec.result.unwrap().truncated, "a cut answer is stored flagged, not as a whole one");
     }
 
     #[tokio::test]
@@ -543,7 +579,7 @@ mod tests {
         let key = format!("lease:{{task:{}}}", r.task_id);
         assert!(matches!(r.lock.acquire(&key, Duration::from_secs(10)).await.unwrap(), Acquire::Acquired(_)));
         assert_eq!(run.await.unwrap(), Outcome::LeaseLost);
-        let rec = r.store.get(&r.task_id, clock.now_ms()).await.unwrap().unwrap();
+        let rec = r.record().await;
         assert_eq!((rec.status, rec.result), (TaskStatus::Processing, None), "nothing written");
         assert_eq!(r.worker.metrics.leases_lost_total.with_label_values(&["interactive"]).get(), 1);
         assert_eq!(r.queue.depth().await.unwrap().in_flight, 1, "the message is left to its next delivery");
@@ -558,15 +594,16 @@ mod tests {
         let run = tokio::spawn(async move { w.process(q, m).await });
         tokio::time::sleep(Duration::from_millis(30)).await;
         // Another worker claimed the task (Redis was down, so the lock did not stop it).
-        let ClaimOutcome::Claimed(theirs) = r.store.claim(&r.task_id, 0, 3600).await.unwrap() else {
+        let now = SystemClock.now_ms();
+        let ClaimOutcome::Claimed(theirs) = r.store.claim(&r.task_id, now, 3600).await.unwrap() else {
             panic!()
         };
         assert_eq!(theirs.fence, 2);
         assert_eq!(run.await.unwrap(), Outcome::LeaseLost);
         assert_eq!(r.status().await, TaskStatus::Processing);
         assert_eq!(r.worker.metrics.stale_writes_rejected_total.with_label_values(&["interactive"]).get(), 1);
-        let done = r.store.finish(&r.task_id, 2, Completion::Failed("theirs".into()), 0, 3600).await.unwrap();
-        assert_eq!(done, FinishOutcome::Written, "the current fence still writes");
+        let done = r.store.finish(&r.task_id, 2, Completion::Failed("theirs".into()), now, 3600).await.unwrap();
+        assert!(matches!(done, FinishOutcome::Written(_)), "the current fence still writes");
     }
 
     #[tokio::test]
@@ -591,35 +628,59 @@ mod tests {
         assert_eq!(m.receive_count, 2);
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
         assert_eq!(r.status().await, TaskStatus::Completed);
+        assert_eq!(r.count(&r.worker.metrics.waits_total, &["interactive", "lock"]), 1);
     }
 
     #[tokio::test]
-    async fn retryable_failures_back_off_then_fail_into_the_dlq() {
-        let storm = || LlmError::Retryable { message: "429".into(), retry_after: None };
-        let llm = ScriptedLlm {
-            failures: Mutex::new(VecDeque::from([storm(), storm(), storm()])),
-            ..Default::default()
-        };
-        let r = rig(Arc::new(SystemClock), llm, fast()).await;
+    async fn failed_attempts_are_counted_in_the_record_and_the_budget_fails_the_task() {
+        let err = || LlmError::Retryable { message: "502".into(), retry_after: None };
+        let llm = ScriptedLlm { failures: Mutex::new(VecDeque::from([err(), err(), err()])), ..Default::default() };
+        let mut config = fast();
+        interactive(&mut config).attempt_budget = 3;
+        let r = rig(Arc::new(SystemClock), llm, config).await;
         for attempt in 1..=2u32 {
             let m = r.receive().await;
-            assert_eq!(m.receive_count, attempt);
             let Outcome::Retry { after, .. } = r.worker.process(r.queue(), m).await else { panic!("retry") };
-            assert!(
-                after <= Duration::from_millis(50 << (attempt - 1)),
-                "full jitter within the cap: {after:?}"
-            );
-            assert_eq!(r.status().await, TaskStatus::Processing);
+            assert!(after <= Duration::from_millis(50 << (attempt - 1)), "full jitter within the cap: {after:?}");
+            let rec = r.record().await;
+            assert_eq!((rec.status, rec.attempts), (TaskStatus::Processing, attempt));
             tokio::time::sleep(after).await;
         }
         let m = r.receive().await;
-        assert_eq!(m.receive_count, 3);
-        let Outcome::DeadLettered { reason } = r.worker.process(r.queue(), m).await else { panic!("dlq") };
-        assert!(reason.contains("gave up after 3 attempts"));
-        let rec = r.store.get(&r.task_id, 0).await.unwrap().unwrap();
-        assert_eq!(rec.status, TaskStatus::Failed);
-        assert_eq!(rec.error.as_deref(), Some(reason.as_str()));
-        assert_eq!(r.queue.dead_letter_queue().peek_all().await.len(), 1);
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked, "a failed task is settled, not dead-lettered");
+        let rec = r.record().await;
+        assert_eq!((rec.status, rec.attempts), (TaskStatus::Failed, 3));
+        assert!(rec.error.unwrap().contains("gave up after 3 failed provider attempts"));
+        assert!(r.queue.dead_letter_queue().peek_all().await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn throttling_never_uses_an_attempt_nor_reaches_the_dlq() {
+        // Twice as many 429s as the queue has receives: the last delivery puts itself off with a fresh
+        // copy instead of being redriven.
+        let throttled = || LlmError::Throttled { message: "429".into(), retry_after: Some(Duration::from_millis(5)) };
+        let storm: VecDeque<LlmError> = (0..2 * MAX_RECEIVES).map(|_| throttled()).collect();
+        let llm = ScriptedLlm { failures: Mutex::new(storm), ..Default::default() };
+        let mut config = fast();
+        interactive(&mut config).attempt_budget = 1;
+        let r = rig(Arc::new(SystemClock), llm, config).await;
+        let mut requeued = 0;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let Some(m) = r.queue.receive(1).await.unwrap().pop() else { continue };
+            assert!(m.receive_count <= MAX_RECEIVES);
+            match r.worker.process(r.queue(), m).await {
+                Outcome::Acked => break,
+                Outcome::Requeued { .. } => requeued += 1,
+                Outcome::Retry { .. } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        let rec = r.record().await;
+        assert_eq!((rec.status, rec.attempts), (TaskStatus::Completed, 0), "waiting is not failing");
+        assert!(requeued >= 1, "the last delivery was requeued");
+        assert!(r.queue.dead_letter_queue().peek_all().await.is_empty());
+        assert_eq!(r.count(&r.worker.metrics.waits_total, &["interactive", "throttled"]), 2 * MAX_RECEIVES as u64);
     }
 
     #[tokio::test]
@@ -632,6 +693,70 @@ mod tests {
         let m = r.receive().await;
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
         assert_eq!(r.status().await, TaskStatus::Failed);
+        assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("FAILED"));
+        assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_none(), "only COMPLETED is cached");
+    }
+
+    #[tokio::test]
+    async fn a_backlog_older_than_an_hour_is_not_lost() {
+        let clock = ManualClock::new(1_000_000_000);
+        let mut config = fast();
+        interactive(&mut config).max_age = Duration::from_secs(24 * 3600);
+        let r = rig(clock.clone(), ScriptedLlm::default(), config).await;
+        clock.advance_ms(3 * 3600 * 1000);
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!(r.status().await, TaskStatus::Completed);
+        assert_eq!(r.count(&r.worker.metrics.tasks_missing_total, &["interactive"]), 0);
+    }
+
+    #[tokio::test]
+    async fn a_task_older_than_its_lane_allows_fails_unrun_and_a_missing_record_is_counted() {
+        let clock = ManualClock::new(1_000_000_000);
+        let r = rig(clock.clone(), ScriptedLlm::default(), fast()).await;
+        clock.advance_ms(3600 * 1000 + 1);
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        let rec = r.record().await;
+        assert_eq!(rec.status, TaskStatus::Failed);
+        assert!(rec.error.unwrap().contains("maximum task age"));
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 0);
+
+        // A message whose record is gone is acked, logged and counted: never silently.
+        let ghost = json!({"task_id": "f".repeat(64), "lane": "interactive", "kind": "explain"}).to_string();
+        r.queue.send(&ghost, BTreeMap::new()).await.unwrap();
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!(r.count(&r.worker.metrics.tasks_missing_total, &["interactive"]), 1);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_pending_task_is_acked_unrun() {
+        let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
+        let cancelled = r.store.cancel(&r.task_id, SystemClock.now_ms(), 3600).await.unwrap();
+        assert!(matches!(cancelled, CancelOutcome::Cancelled(_)));
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!((r.status().await, r.llm.calls.load(Ordering::SeqCst)), (TaskStatus::Cancelled, 0));
+    }
+
+    #[tokio::test]
+    async fn a_running_task_cancelled_by_its_client_drops_the_call_at_the_next_heartbeat() {
+        let llm = ScriptedLlm { delay: Duration::from_secs(30), ..Default::default() };
+        let r = rig(Arc::new(SystemClock), llm, fast()).await;
+        let m = r.receive().await;
+        let (w, q) = (r.worker.clone(), r.queue());
+        let run = tokio::spawn(async move { w.process(q, m).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(r.status().await, TaskStatus::Processing);
+        let now = SystemClock.now_ms();
+        assert!(matches!(r.store.cancel(&r.task_id, now, 3600).await.unwrap(), CancelOutcome::Cancelled(_)));
+        r.worker.cache.set(&cancel_key(&r.task_id), "1", HINT_TTL).await.unwrap();
+        let outcome = tokio::time::timeout(Duration::from_secs(2), run).await.expect("dropped within a beat");
+        assert_eq!(outcome.unwrap(), Outcome::Acked);
+        assert_eq!(r.status().await, TaskStatus::Cancelled);
+        assert_eq!(r.count(&r.worker.metrics.llm_calls_dropped_total, &["interactive", "cancelled"]), 1);
+        assert_eq!(r.queue.depth().await.unwrap().in_flight, 0);
     }
 
     #[tokio::test]
@@ -650,17 +775,5 @@ mod tests {
             Outcome::Acked,
             "the others succeed"
         );
-    }
-
-    #[test]
-    fn backoff_is_full_jitter_under_a_growing_cap() {
-        let c = fast();
-        for n in 1..=10 {
-            let cap = (50u64 << (n - 1)).min(400);
-            for _ in 0..50 {
-                let d = full_jitter_backoff(&c, n).as_millis() as u64;
-                assert!((1..=cap).contains(&d), "attempt {n}: {d} not in 1..={cap}");
-            }
-        }
     }
 }

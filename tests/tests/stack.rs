@@ -272,7 +272,15 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
         ("CommitsWorkerFunction", &commits_worker),
         (
             "ControllerFunction",
-            &["sqs:GetQueueAttributes", "lambda:GetEventSourceMapping", "lambda:UpdateEventSourceMapping"],
+            &[
+                "sqs:GetQueueAttributes",
+                "sqs:GetQueueUrl",
+                "sqs:ReceiveMessage",
+                "sqs:ChangeMessageVisibility",
+                "dynamodb:UpdateItem",
+                "lambda:GetEventSourceMapping",
+                "lambda:UpdateEventSourceMapping",
+            ],
         ),
     ];
     let mut granted = BTreeSet::new();

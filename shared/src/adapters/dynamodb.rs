@@ -6,7 +6,7 @@
 //! still does not fit an item ends the task `FAILED` with that reason, never truncated.
 
 use crate::domain::{Lane, TaskRecord, TaskRequest, TaskResult, TaskStatus};
-use crate::ports::{ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore};
+use crate::ports::{CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -365,11 +365,11 @@ impl TaskStore for DynamoStore {
             // Real DynamoDB returns the whole old item; an emulator racing with the writer may not.
             _ => self.get(&rec.task_id, 0).await?,
         };
-        if let Some(old) = old.filter(|o| !o.is_expired(now_ms) && o.status != TaskStatus::Failed) {
+        if let Some(old) = old.filter(|o| !o.is_expired(now_ms) && !o.status.is_resubmittable()) {
             return Ok(PutOutcome::Exists(Box::new(old)));
         }
 
-        // Expired or FAILED: replace it in place. UpdateItem rather than PutItem: the fence must carry
+        // Expired, FAILED or CANCELLED: replace it in place. UpdateItem rather than PutItem: the fence must carry
         // over, so a worker still holding a fence from the old run can never finish the new one.
         let (set_req, remove_req) =
             if req_name == "request" { ("#req", "request_z") } else { ("request_z", "#req") };
@@ -382,10 +382,11 @@ impl TaskStore for DynamoStore {
             .update(
                 &rec.task_id,
                 expression,
-                "attribute_not_exists(pk) OR expires_at <= :now_s OR #st = :failed",
+                "attribute_not_exists(pk) OR expires_at <= :now_s OR #st = :failed OR #st = :cancelled",
                 vec![
                     (":pending", s("PENDING")),
                     (":failed", s("FAILED")),
+                    (":cancelled", s("CANCELLED")),
                     (":zero", n(0)),
                     (":nonce", s(&rec.nonce)),
                     (":ph", s(&rec.payload_hash)),
@@ -444,14 +445,23 @@ impl TaskStore for DynamoStore {
         conditional(out)
     }
 
-    async fn mark_enqueued(&self, task_id: &str, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
+    async fn mark_enqueued(
+        &self,
+        task_id: &str,
+        fence: u64,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError> {
+        // The new message's retention starts now: the record must live at least as long. (A pending
+        // record's TTL is never longer than `now + ttl_secs`, so no max() is needed.)
         let out = self
             .update(
                 task_id,
-                "SET enqueued_at_ms = :now".into(),
+                "SET enqueued_at_ms = :now, expires_at = :exp".into(),
                 "#st = :pending AND fence = :fence AND expires_at > :now_s",
                 vec![
                     (":now", n(now_ms)),
+                    (":exp", n(now_ms / 1000 + ttl_secs)),
                     (":pending", s("PENDING")),
                     (":fence", n(fence)),
                     (":now_s", n(now_ms / 1000)),
@@ -466,7 +476,7 @@ impl TaskStore for DynamoStore {
         let out = self
             .update(
                 task_id,
-                "SET #st = :processing, started_at_ms = :now, expires_at = :exp ADD fence :one, attempts :one".into(),
+                "SET #st = :processing, started_at_ms = :now, expires_at = :exp ADD fence :one".into(),
                 "attribute_exists(pk) AND expires_at > :now_s AND (#st = :pending OR #st = :processing)",
                 vec![
                     (":processing", s("PROCESSING")),
@@ -543,7 +553,91 @@ impl TaskStore for DynamoStore {
             .collect();
         let out =
             self.update(task_id, expression, "#st = :processing AND fence = :fence", values, &names).await?;
-        Ok(if out.is_ok() { FinishOutcome::Written } else { FinishOutcome::StaleFence })
+        Ok(match out {
+            Ok(item) => FinishOutcome::Written(Box::new(record(&item)?)),
+            Err(_) => FinishOutcome::StaleFence,
+        })
+    }
+
+    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError> {
+        let out = self
+            .update(
+                task_id,
+                "SET #err = :err ADD attempts :one".into(),
+                "#st = :processing AND fence = :fence",
+                vec![
+                    (":err", s(reason.chars().take(4096).collect::<String>())),
+                    (":one", n(1)),
+                    (":processing", s("PROCESSING")),
+                    (":fence", n(fence)),
+                ],
+                &[NAMES[0], NAMES[2]],
+            )
+            .await?;
+        match out {
+            Ok(item) => Ok(Some(get_n(&item, "attempts")?.unwrap_or(1) as u32)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError> {
+        let out = self.settle(task_id, "CANCELLED", None, now_ms, ttl_secs).await?;
+        Ok(match out {
+            Ok(item) => CancelOutcome::Cancelled(Box::new(record(&item)?)),
+            Err(Some(old)) => {
+                let rec = record(&old)?;
+                if rec.is_expired(now_ms) { CancelOutcome::Missing } else { CancelOutcome::Terminal(Box::new(rec)) }
+            }
+            Err(None) => CancelOutcome::Missing,
+        })
+    }
+
+    async fn fail_unfinished(
+        &self,
+        task_id: &str,
+        reason: &str,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(self.settle(task_id, "FAILED", Some(reason), now_ms, ttl_secs).await?.is_ok())
+    }
+}
+
+impl DynamoStore {
+    /// `PENDING|PROCESSING -> status` (with `reason` as the error) whatever the fence, moving the fence
+    /// on so no claim still running can finish it. One conditional update.
+    async fn settle(
+        &self,
+        task_id: &str,
+        status: &str,
+        reason: Option<&str>,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<Result<Item, Option<Item>>, StoreError> {
+        let mut values = vec![
+            (":st", s(status)),
+            (":pending", s("PENDING")),
+            (":processing", s("PROCESSING")),
+            (":now", n(now_ms)),
+            (":now_s", n(now_ms / 1000)),
+            (":exp", n(now_ms / 1000 + ttl_secs)),
+            (":one", n(1)),
+        ];
+        let mut expression = "SET #st = :st, finished_at_ms = :now, expires_at = :exp".to_owned();
+        if let Some(reason) = reason {
+            values.push((":err", s(reason.chars().take(4096).collect::<String>())));
+            expression.push_str(", #err = :err");
+        }
+        expression.push_str(" ADD fence :one");
+        let names: Vec<(&str, &str)> = if reason.is_some() { vec![NAMES[0], NAMES[2]] } else { vec![NAMES[0]] };
+        self.update(
+            task_id,
+            expression,
+            "attribute_exists(pk) AND expires_at > :now_s AND (#st = :pending OR #st = :processing)",
+            values,
+            &names,
+        )
+        .await
     }
 }
 

@@ -271,6 +271,21 @@ impl QueueConsume for SqsQueue {
         }
     }
 
+    async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
+        crate::metrics::aws_request("sqs", "SendMessage");
+        self.client
+            .send_message()
+            .queue_url(&self.url)
+            .message_body(&message.body)
+            .delay_seconds(delay.as_secs().min(900) as i32)
+            .set_message_attributes(Some(attributes(&message.attributes)?))
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        // A failed delete leaves two copies; the task's claim and fence make the second a no-op.
+        self.delete(&message.receipt).await
+    }
+
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
         let Some(dlq) = &self.dlq_url else {
             return Err(QueueError::Rejected(format!("{} has no redrive policy", self.url)));

@@ -16,11 +16,11 @@ use crate::ports::{
     Acquire, Cache, DiffError, DiffSource, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
     QueueError, ReceivedMessage, SummaryStore, WriteOnce,
 };
-use crate::worker::{Outcome, ack, dead_letter, full_jitter_backoff, hand_back};
+use crate::lease::{self, Heartbeat, Leased, Outcome, after_holder, full_jitter_backoff};
 use futures::future::join_all;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -139,6 +139,9 @@ struct Group {
 }
 
 enum GroupEnd {
+    /// Put off without a failure (a lock held elsewhere, throttling, the deadline): never uses up
+    /// the commit's deliveries.
+    Wait { after: Duration, reason: String },
     Done(Box<Done>),
     Retry { after: Duration, reason: String },
     DeadLetter(String),
@@ -152,26 +155,6 @@ struct Pending {
     section: String,
     section_tokens: usize,
 }
-
-struct HeartbeatGuard(tokio::task::JoinHandle<()>);
-
-impl Drop for HeartbeatGuard {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// One delivery's lease as the heartbeat sees it.
-#[derive(Clone)]
-struct LeaseEntry {
-    receipt: String,
-    group: usize,
-    lost: CancellationToken,
-    /// The commit's lock, carried by one delivery of its group.
-    lock: Option<(String, String)>,
-}
-
-type Leases = Arc<Mutex<Vec<LeaseEntry>>>;
 
 impl CommitsWorker {
     /// A worker on one backend's adapters (summaries, cache, lock) with the default budgets.
@@ -233,7 +216,7 @@ impl CommitsWorker {
                 Err(e) => {
                     let reason = format!("undecodable commit message: {e}");
                     outcomes[i] =
-                        Some(dead_letter(&self.metrics, &*queue, m, reason, LANE, "undecodable").await);
+                        Some(lease::dead_letter(&self.metrics, &*queue, m, reason, LANE, "undecodable").await);
                 }
             }
         }
@@ -247,7 +230,7 @@ impl CommitsWorker {
             async move { (i, q.change_visibility(&receipt, ttl).await) }
         }))
         .await;
-        let leases: Leases = Arc::new(Mutex::new(Vec::new()));
+        let mut leases = Vec::new();
         for (i, r) in starts {
             let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
             match r {
@@ -255,23 +238,24 @@ impl CommitsWorker {
                 Err(QueueError::ReceiptInvalid) => groups[g].lost.cancel(),
                 Err(e) => {
                     warn!(error = %e, "could not start the lease");
-                    groups[g].outcome =
-                        Some(GroupEnd::Retry { after: Duration::ZERO, reason: "queue unavailable".into() });
+                    let after = full_jitter_backoff(&self.lease, groups[g].receives);
+                    groups[g].outcome = Some(GroupEnd::Wait { after, reason: "queue unavailable".into() });
                 }
             }
-            if let Ok(mut l) = leases.lock() {
-                l.push(LeaseEntry {
-                    receipt: messages[i].receipt.clone(),
-                    group: g,
-                    lost: groups[g].lost.clone(),
-                    lock: None,
-                });
-            }
+            leases.push(Leased::new(messages[i].receipt.clone(), groups[g].lost.clone()));
         }
-        let _heartbeat = HeartbeatGuard(self.spawn_heartbeat(queue.clone(), leases.clone()));
+        let heartbeat = Heartbeat::start(
+            queue.clone(),
+            self.lock.clone(),
+            None,
+            self.metrics.clone(),
+            LANE,
+            &self.lease,
+            leases,
+        );
 
         self.answer_known(&mut groups, &mut report).await;
-        self.lock_rest(&mut groups, &leases).await;
+        self.lock_rest(&mut groups, &messages, &heartbeat).await;
         let pending = self.fetch_and_trim(&mut groups).await;
         self.summarize(&mut groups, pending, &mut report, deadline).await;
 
@@ -279,12 +263,9 @@ impl CommitsWorker {
         for g in &mut groups {
             let end = match g.outcome.take() {
                 Some(e) => e,
-                None => GroupEnd::Retry {
-                    after: Duration::ZERO,
-                    reason: "not reached before the deadline".into(),
-                },
+                None => GroupEnd::Wait { after: Duration::ZERO, reason: "not reached before the deadline".into() },
             };
-            let end = if g.lost.is_cancelled() && matches!(end, GroupEnd::Retry { .. }) {
+            let end = if g.lost.is_cancelled() && matches!(end, GroupEnd::Retry { .. } | GroupEnd::Wait { .. }) {
                 GroupEnd::Lost
             } else {
                 end
@@ -292,18 +273,20 @@ impl CommitsWorker {
             for &i in &g.members {
                 let m = &messages[i];
                 outcomes[i] = Some(match &end {
-                    GroupEnd::Done(_) => ack(&*queue, m).await,
+                    GroupEnd::Done(_) => lease::ack(&*queue, m).await,
                     GroupEnd::Lost => Outcome::LeaseLost,
+                    GroupEnd::Wait { after, reason } => lease::retry_later(&*queue, m, *after, reason).await,
                     GroupEnd::Retry { after, reason } => {
-                        if m.receive_count >= queue.max_receive_count() {
+                        // A commit has no record: its deliveries are its attempts.
+                        if lease::is_last_delivery(&*queue, m) {
                             let reason = format!("gave up after {} attempts: {reason}", m.receive_count);
-                            dead_letter(&self.metrics, &*queue, m, reason, LANE, "attempts").await
+                            lease::dead_letter(&self.metrics, &*queue, m, reason, LANE, "attempts").await
                         } else {
-                            hand_back(&*queue, m, *after, reason).await
+                            lease::hand_back(&*queue, m, *after, reason).await
                         }
                     }
                     GroupEnd::DeadLetter(reason) => {
-                        dead_letter(&self.metrics, &*queue, m, reason.clone(), LANE, "permanent").await
+                        lease::dead_letter(&self.metrics, &*queue, m, reason.clone(), LANE, "permanent").await
                     }
                 });
             }
@@ -398,7 +381,7 @@ impl CommitsWorker {
     }
 
     /// Locks each remaining commit; one held elsewhere goes back for when that lease would end.
-    async fn lock_rest(&self, groups: &mut [Group], leases: &Leases) {
+    async fn lock_rest(&self, groups: &mut [Group], messages: &[ReceivedMessage], heartbeat: &Heartbeat) {
         let open: Vec<usize> = Self::open(groups).collect();
         let ttl = self.lease.lease_ttl;
         let results = join_all(open.iter().map(|&g| {
@@ -411,18 +394,15 @@ impl CommitsWorker {
             match r {
                 Ok(Acquire::Acquired(token)) => {
                     groups[g].lock = Some((key.clone(), token.clone()));
-                    if let Ok(mut l) = leases.lock()
-                        && let Some(entry) = l.iter_mut().find(|e| e.group == g)
-                    {
-                        entry.lock = Some((key, token));
+                    // One delivery of the group carries the lock on the heartbeat.
+                    if let Some(&first) = groups[g].members.first() {
+                        heartbeat.set_lock(&messages[first].receipt, key, token);
                     }
                 }
                 Ok(Acquire::Held { remaining }) => {
                     self.metrics.lock_contended_total.with_label_values(&[LANE]).inc();
-                    let jitter = rand::random_range(0..=self.lease.lock_jitter_max.as_millis() as u64);
-                    let after = remaining + Duration::from_millis(jitter);
-                    groups[g].outcome =
-                        Some(GroupEnd::Retry { after, reason: "lease held by another worker".into() });
+                    let after = after_holder(&self.lease, remaining);
+                    groups[g].outcome = Some(GroupEnd::Wait { after, reason: "lease held by another worker".into() });
                 }
                 Err(e) => {
                     warn!(error = %e, "lock unavailable; running degraded");
@@ -574,8 +554,7 @@ impl CommitsWorker {
                 }
                 CallResult::Cancelled(reason) => {
                     for p in items {
-                        groups[p.group].outcome =
-                            Some(GroupEnd::Retry { after: Duration::ZERO, reason: reason.clone() });
+                        groups[p.group].outcome = Some(GroupEnd::Wait { after: Duration::ZERO, reason: reason.clone() });
                     }
                 }
             }
@@ -608,7 +587,7 @@ impl CommitsWorker {
                     groups[p.group].outcome = Some(self.llm_failure(&e, groups[p.group].receives));
                 }
                 CallResult::Cancelled(reason) => {
-                    groups[p.group].outcome = Some(GroupEnd::Retry { after: Duration::ZERO, reason });
+                    groups[p.group].outcome = Some(GroupEnd::Wait { after: Duration::ZERO, reason });
                 }
             }
         }
@@ -637,6 +616,12 @@ impl CommitsWorker {
                 let after = full_jitter_backoff(&self.lease, receives).max(retry_after.unwrap_or_default());
                 GroupEnd::Retry { after, reason: format!("model: {message}") }
             }
+            LlmError::Throttled { message, retry_after } => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "throttled"]).inc();
+                self.metrics.waits_total.with_label_values(&[LANE, "throttled"]).inc();
+                let after = retry_after.unwrap_or_else(|| full_jitter_backoff(&self.lease, receives));
+                GroupEnd::Wait { after, reason: format!("model: {message}") }
+            }
         }
     }
 
@@ -648,6 +633,7 @@ impl CommitsWorker {
             prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
             target_files: Vec::new(),
             max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
+            params: Default::default(),
         };
         let all_lost = async {
             for t in lost {
@@ -739,55 +725,6 @@ impl CommitsWorker {
             self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
         }
     }
-
-    /// One heartbeat for the whole batch: every live delivery's visibility and every held lock are
-    /// renewed together; a refusal cancels that commit's work.
-    fn spawn_heartbeat(&self, queue: Arc<dyn QueueConsume>, leases: Leases) -> tokio::task::JoinHandle<()> {
-        let lock = self.lock.clone();
-        let metrics = self.metrics.clone();
-        let (ttl, every) = (self.lease.lease_ttl, self.lease.renew_interval);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(Instant::now() + every, every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let live: Vec<_> = match leases.lock() {
-                    Ok(l) => l.iter().filter(|e| !e.lost.is_cancelled()).cloned().collect(),
-                    Err(_) => return,
-                };
-                join_all(live.into_iter().map(|LeaseEntry { receipt, lost, lock: held, .. }| {
-                    let (queue, lock, metrics) = (queue.clone(), lock.clone(), metrics.clone());
-                    async move {
-                        match queue.change_visibility(&receipt, ttl).await {
-                            Ok(()) => {}
-                            Err(QueueError::ReceiptInvalid) => {
-                                warn!("visibility renewal refused: lease lost");
-                                lost.cancel();
-                                return;
-                            }
-                            Err(e) => warn!(error = %e, "visibility renewal failed; retrying next beat"),
-                        }
-                        if let Some((key, token)) = held {
-                            match lock.renew(&key, &token, ttl).await {
-                                Ok(true) => {}
-                                Ok(false) => {
-                                    warn!(%key, "lock renewal refused: lease lost");
-                                    lost.cancel();
-                                    return;
-                                }
-                                Err(e) => {
-                                    warn!(error = %e, "lock renewal failed; running degraded");
-                                    metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
-                                }
-                            }
-                        }
-                        metrics.lease_renewals_total.with_label_values(&[LANE]).inc();
-                    }
-                }))
-                .await;
-            }
-        })
-    }
 }
 
 fn sha_of(section: &str) -> &str {
@@ -811,6 +748,7 @@ mod tests {
     use crate::llm::OfflineProvider;
     use crate::ports::{LlmResponse, QueueSend};
     use async_trait::async_trait;
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Diffs by sha; an unknown sha is a 404 (permanent).

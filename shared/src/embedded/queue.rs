@@ -41,10 +41,15 @@ pub struct QueueSettings {
 }
 
 impl Default for QueueSettings {
+    /// Receives are not attempts (those are counted in the task record), so the redrive only has to
+    /// catch poison and crash loops: ten deliveries, as the template's default.
     fn default() -> Self {
-        Self { default_visibility: Duration::from_secs(900), max_receive_count: 5 }
+        Self { default_visibility: Duration::from_secs(900), max_receive_count: 10 }
     }
 }
+
+/// SQS's longest `DelaySeconds`.
+const MAX_DELAY: Duration = Duration::from_secs(900);
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct StoredMessage {
@@ -266,7 +271,9 @@ impl QueueConsume for EmbeddedQueue {
                 .queues
                 .get(&self.name)
                 .and_then(|q| q.get(&seq))
-                .is_some_and(|e| e.stored.receive_count >= settings.max_receive_count);
+                .is_some_and(|e| e.stored.receive_count >= settings.max_receive_count)
+                // A DLQ has no redrive of its own (as in SQS): peeking it never moves anything.
+                && self.name != self.dlq;
             if over {
                 let reason = format!("maxReceiveCount ({}) exceeded", settings.max_receive_count);
                 ops.extend(self.move_to_dlq(&mut state, seq, &reason)?);
@@ -318,6 +325,37 @@ impl QueueConsume for EmbeddedQueue {
         state.receipts.remove(receipt);
         if let Some(q) = state.queues.get_mut(&queue) {
             q.remove(&seq);
+        }
+        Ok(())
+    }
+
+    async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
+        let now = self.queues.clock.now_ms();
+        let delay = delay.min(MAX_DELAY);
+        let mut state = self.queues.state.lock().await;
+        let (queue, seq) = Self::lookup(&state, &message.receipt)?;
+        let Some(old) = state.queues.get(&queue).and_then(|q| q.get(&seq)) else {
+            return Err(QueueError::ReceiptInvalid);
+        };
+        let new_seq = state.next_seq;
+        let mut stored = old.stored.clone();
+        stored.seq = new_seq;
+        stored.receive_count = 0;
+        stored.sent_at_ms = now;
+        stored.attributes.insert("SentTimestamp".into(), now.to_string());
+        let copy = Entry {
+            id: uuid::Uuid::new_v4().to_string(),
+            stored,
+            visible_at_ms: now + delay.as_millis() as u64,
+            receipt: None,
+        };
+        // One persistence batch: the copy and the delete land together or not at all.
+        self.queues.persist(vec![put_op(&copy)?, Op::Delete(old.id.clone())]).await?;
+        state.next_seq += 1;
+        state.receipts.remove(&message.receipt);
+        if let Some(q) = state.queues.get_mut(&queue) {
+            q.remove(&seq);
+            q.insert(new_seq, copy);
         }
         Ok(())
     }

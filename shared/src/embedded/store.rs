@@ -3,7 +3,7 @@
 
 use super::db::EmbeddedDb;
 use crate::domain::{TaskRecord, TaskStatus};
-use crate::ports::{ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore};
+use crate::ports::{CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore};
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
@@ -109,7 +109,7 @@ impl TaskStore for EmbeddedStore {
     async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
         let mut record = record.clone();
         self.update(&record.task_id.clone(), now_ms, move |current| match current {
-            Some(existing) if existing.status != TaskStatus::Failed => {
+            Some(existing) if !existing.status.is_resubmittable() => {
                 (None, PutOutcome::Exists(Box::new(existing)))
             }
             previous => {
@@ -149,10 +149,17 @@ impl TaskStore for EmbeddedStore {
         .await
     }
 
-    async fn mark_enqueued(&self, task_id: &str, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
+    async fn mark_enqueued(
+        &self,
+        task_id: &str,
+        fence: u64,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError> {
         self.update(task_id, now_ms, move |current| match current {
             Some(mut r) if r.status == TaskStatus::Pending && r.fence == fence => {
                 r.enqueued_at_ms = now_ms;
+                r.expires_at = r.expires_at.max(now_ms / 1000 + ttl_secs);
                 (Some(Write::Put(Box::new(r))), true)
             }
             _ => (None, false),
@@ -167,7 +174,6 @@ impl TaskStore for EmbeddedStore {
             Some(mut r) => {
                 r.status = TaskStatus::Processing;
                 r.fence += 1;
-                r.attempts += 1;
                 r.started_at_ms = Some(now_ms);
                 r.expires_at = r.expires_at.max(now_ms / 1000 + ttl_secs);
                 (Some(Write::Put(Box::new(r.clone()))), ClaimOutcome::Claimed(Box::new(r)))
@@ -199,13 +205,67 @@ impl TaskStore for EmbeddedStore {
                 }
                 r.finished_at_ms = Some(now_ms);
                 r.expires_at = now_ms / 1000 + ttl_secs;
-                (Some(Write::Put(Box::new(r))), FinishOutcome::Written)
+                (Some(Write::Put(Box::new(r.clone()))), FinishOutcome::Written(Box::new(r)))
             }
             _ => (None, FinishOutcome::StaleFence),
         })
         .await
     }
+
+    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError> {
+        let reason = reason.chars().take(MAX_ERROR_CHARS).collect::<String>();
+        self.update(task_id, 0, move |current| match current {
+            Some(mut r) if r.status == TaskStatus::Processing && r.fence == fence => {
+                r.attempts += 1;
+                r.error = Some(reason);
+                let n = r.attempts;
+                (Some(Write::Put(Box::new(r))), Some(n))
+            }
+            _ => (None, None),
+        })
+        .await
+    }
+
+    async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError> {
+        self.update(task_id, now_ms, move |current| match current {
+            None => (None, CancelOutcome::Missing),
+            Some(r) if r.status.is_terminal() => (None, CancelOutcome::Terminal(Box::new(r))),
+            Some(mut r) => {
+                r.status = TaskStatus::Cancelled;
+                r.fence += 1;
+                r.finished_at_ms = Some(now_ms);
+                r.expires_at = now_ms / 1000 + ttl_secs;
+                (Some(Write::Put(Box::new(r.clone()))), CancelOutcome::Cancelled(Box::new(r)))
+            }
+        })
+        .await
+    }
+
+    async fn fail_unfinished(
+        &self,
+        task_id: &str,
+        reason: &str,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError> {
+        let reason = reason.chars().take(MAX_ERROR_CHARS).collect::<String>();
+        self.update(task_id, now_ms, move |current| match current {
+            Some(mut r) if !r.status.is_terminal() => {
+                r.status = TaskStatus::Failed;
+                r.fence += 1;
+                r.error = Some(reason);
+                r.finished_at_ms = Some(now_ms);
+                r.expires_at = now_ms / 1000 + ttl_secs;
+                (Some(Write::Put(Box::new(r))), true)
+            }
+            _ => (None, false),
+        })
+        .await
+    }
 }
+
+/// Longest stored failure reason (as DynamoDB's adapter keeps it).
+const MAX_ERROR_CHARS: usize = 4096;
 
 #[cfg(test)]
 mod tests {
@@ -222,7 +282,12 @@ mod tests {
     }
 
     fn result() -> TaskResult {
-        TaskResult { text: "t".into(), model: "m".into(), tokens: TokenUsage { prompt: 1, completion: 2 } }
+        TaskResult {
+            text: "t".into(),
+            model: "m".into(),
+            tokens: TokenUsage { prompt: 1, completion: 2 },
+            truncated: false,
+        }
     }
 
     #[tokio::test]
@@ -239,13 +304,13 @@ mod tests {
 
         let ClaimOutcome::Claimed(c1) = store.claim(&id, 3_000, 3600).await.unwrap() else { panic!() };
         let ClaimOutcome::Claimed(c2) = store.claim(&id, 4_000, 3600).await.unwrap() else { panic!() };
-        assert_eq!((c1.fence, c2.fence, c2.attempts), (1, 2, 2));
+        assert_eq!((c1.fence, c2.fence, c2.attempts), (1, 2, 0), "a claim is not an attempt");
         // The first claimant lost its lease: its write is rejected and changes nothing.
         let stale = store.finish(&id, c1.fence, Completion::Completed(result()), 5_000, 3600).await.unwrap();
         assert_eq!(stale, FinishOutcome::StaleFence);
         assert_eq!(store.get(&id, 5_000).await.unwrap().unwrap().status, TaskStatus::Processing);
         let ok = store.finish(&id, c2.fence, Completion::Completed(result()), 5_000, 3600).await.unwrap();
-        assert_eq!(ok, FinishOutcome::Written);
+        assert!(matches!(ok, FinishOutcome::Written(r) if r.status == TaskStatus::Completed));
         assert!(matches!(store.claim(&id, 6_000, 3600).await.unwrap(), ClaimOutcome::Terminal(_)));
         assert_eq!(
             store.finish(&id, c2.fence, Completion::Failed("late".into()), 6_000, 3600).await.unwrap(),
@@ -263,7 +328,7 @@ mod tests {
             let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
             store.put_pending(&r, 1_000).await.unwrap();
             assert!(!store.delete_pending(&id, "someone else").await.unwrap());
-            assert!(store.mark_enqueued(&id, 0, 70_000).await.unwrap());
+            assert!(store.mark_enqueued(&id, 0, 70_000, 3600).await.unwrap());
         }
         let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
         let back = store.get(&id, 70_000).await.unwrap().unwrap();

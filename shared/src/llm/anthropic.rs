@@ -33,12 +33,24 @@ impl AnthropicClient {
 #[async_trait]
 impl LlmClient for AnthropicClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let body = json!({
+        let mut body = json!({
             "model": self.model,
             "max_tokens": request.max_tokens,
             "system": system_prompt(request.kind),
             "messages": [{"role": "user", "content": user_message(request)}],
         });
+        // The Messages API has no seed.
+        let p = &request.params;
+        if let Some(t) = p.temperature {
+            // Anthropic's range is 0 to 1.
+            body["temperature"] = json!(t.min(1.0));
+        }
+        if let Some(t) = p.top_p {
+            body["top_p"] = json!(t);
+        }
+        if !p.stop.is_empty() {
+            body["stop_sequences"] = json!(p.stop);
+        }
         let resp = self
             .http
             .post(format!("{}/v1/messages", self.base_url))
@@ -65,6 +77,7 @@ impl LlmClient for AnthropicClient {
             });
         }
         Ok(LlmResponse {
+            truncated: v["stop_reason"] == "max_tokens",
             text,
             model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
             usage: TokenUsage {

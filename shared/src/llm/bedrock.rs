@@ -34,9 +34,9 @@ impl BedrockClient {
 fn map_error(e: SdkError<ConverseError>) -> LlmError {
     let message = format!("bedrock: {}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default());
     match e.as_service_error() {
+        Some(ConverseError::ThrottlingException(_)) => LlmError::Throttled { message, retry_after: None },
         Some(
-            ConverseError::ThrottlingException(_)
-            | ConverseError::ServiceUnavailableException(_)
+            ConverseError::ServiceUnavailableException(_)
             | ConverseError::InternalServerException(_)
             | ConverseError::ModelNotReadyException(_)
             | ConverseError::ModelTimeoutException(_),
@@ -45,6 +45,17 @@ fn map_error(e: SdkError<ConverseError>) -> LlmError {
         // Timeouts, dispatch and response failures: the request may succeed later.
         None => LlmError::Retryable { message: format!("bedrock: {e}"), retry_after: None },
     }
+}
+
+/// Converse's inference settings from the task's parameters (Converse has no seed).
+fn inference_config(request: &LlmRequest, max_tokens: i32) -> InferenceConfiguration {
+    let p = &request.params;
+    InferenceConfiguration::builder()
+        .max_tokens(max_tokens)
+        .set_temperature(p.temperature.map(|t| t as f32))
+        .set_top_p(p.top_p.map(|t| t as f32))
+        .set_stop_sequences((!p.stop.is_empty()).then(|| p.stop.clone()))
+        .build()
 }
 
 #[async_trait]
@@ -62,7 +73,7 @@ impl LlmClient for BedrockClient {
             .model_id(&self.model_id)
             .system(SystemContentBlock::Text(system_prompt(request.kind).to_owned()))
             .messages(message)
-            .inference_config(InferenceConfiguration::builder().max_tokens(max_tokens).build())
+            .inference_config(inference_config(request, max_tokens))
             .send()
             .await
             .map_err(map_error)?;
@@ -85,6 +96,11 @@ impl LlmClient for BedrockClient {
         }
         let usage = out.usage();
         Ok(LlmResponse {
+            truncated: matches!(
+                out.stop_reason(),
+                aws_sdk_bedrockruntime::types::StopReason::MaxTokens
+                    | aws_sdk_bedrockruntime::types::StopReason::ModelContextWindowExceeded
+            ),
             text,
             model: self.model_id.clone(),
             usage: TokenUsage {

@@ -53,7 +53,8 @@ impl LlmClient for OfflineProvider {
             let text = crate::commits::prompt::offline_answer(&request.prompt);
             let usage =
                 TokenUsage { prompt: approx_tokens(&request.prompt), completion: approx_tokens(&text) };
-            return Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage });
+            let truncated = usage.completion > u64::from(request.max_tokens);
+            return Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage, truncated });
         }
         let digest = sha256_hex(request.prompt.as_bytes());
         let files = if request.target_files.is_empty() {
@@ -76,7 +77,8 @@ impl LlmClient for OfflineProvider {
                 + request.target_files.iter().map(|f| approx_tokens(f)).sum::<u64>(),
             completion: approx_tokens(&text),
         };
-        Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage })
+        let truncated = usage.completion > u64::from(request.max_tokens);
+        Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage, truncated })
     }
 }
 
@@ -94,6 +96,7 @@ mod tests {
             prompt: "what does main do?".into(),
             target_files: vec!["src/main.rs".into()],
             max_tokens: 100,
+            params: Default::default(),
         };
         let a = p.complete(&req).await.unwrap();
         let b = p.complete(&req).await.unwrap();

@@ -36,6 +36,13 @@ impl OpenAiClient {
     }
 }
 
+impl OpenAiClient {
+    /// Whether this is OpenAI's own API (by host), rather than a compatible server.
+    fn is_openai(&self) -> bool {
+        reqwest::Url::parse(&self.base_url).is_ok_and(|u| u.host_str() == Some("api.openai.com"))
+    }
+}
+
 /// One HTTP client per provider, with the per-request timeout.
 pub(super) fn http_client(timeout: Duration) -> Result<reqwest::Client, LlmError> {
     reqwest::Client::builder()
@@ -59,7 +66,9 @@ pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> Llm
     let body: Value = resp.json().await.unwrap_or(Value::Null);
     let detail = body["error"]["message"].as_str().unwrap_or("").chars().take(300).collect::<String>();
     let message = format!("{provider} answered {status}: {detail}");
-    if is_retryable_status(status) {
+    if status == 429 {
+        LlmError::Throttled { message, retry_after: hint }
+    } else if is_retryable_status(status) {
         LlmError::Retryable { message, retry_after: hint }
     } else {
         LlmError::Permanent(message)
@@ -69,14 +78,30 @@ pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> Llm
 #[async_trait]
 impl LlmClient for OpenAiClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let body = json!({
+        let mut body = json!({
             "model": self.model,
-            "max_tokens": request.max_tokens,
             "messages": [
                 {"role": "system", "content": system_prompt(request.kind)},
                 {"role": "user", "content": user_message(request)},
             ],
         });
+        // OpenAI's own API deprecated `max_tokens` (its reasoning models refuse it); compatible
+        // servers (vLLM, Ollama, LiteLLM) still expect it.
+        let cap = if self.is_openai() { "max_completion_tokens" } else { "max_tokens" };
+        body[cap] = json!(request.max_tokens);
+        let p = &request.params;
+        if let Some(t) = p.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(t) = p.top_p {
+            body["top_p"] = json!(t);
+        }
+        if !p.stop.is_empty() {
+            body["stop"] = json!(p.stop);
+        }
+        if let Some(seed) = p.seed {
+            body["seed"] = json!(seed);
+        }
         let mut req = self.http.post(format!("{}/chat/completions", self.base_url)).json(&body);
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
@@ -94,6 +119,7 @@ impl LlmClient for OpenAiClient {
             })?
             .to_owned();
         Ok(LlmResponse {
+            truncated: v["choices"][0]["finish_reason"] == "length",
             text,
             model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
             usage: TokenUsage {

@@ -128,14 +128,16 @@ impl<C: LlmClient> LlmClient for Retrying<C> {
         let mut attempt = 1;
         loop {
             match self.inner.complete(request).await {
-                Err(LlmError::Retryable { message, retry_after }) if attempt < self.policy.max_attempts => {
-                    let hint = retry_after.unwrap_or_default();
+                Err(e @ (LlmError::Retryable { .. } | LlmError::Throttled { .. }))
+                    if attempt < self.policy.max_attempts =>
+                {
+                    let hint = e.retry_after().unwrap_or_default();
                     if hint > self.policy.max_hint {
                         // Waiting here would hold a worker: let the queue bring the task back later.
-                        return Err(LlmError::Retryable { message, retry_after });
+                        return Err(e);
                     }
                     let wait = self.policy.backoff(attempt).max(hint);
-                    tracing::warn!(attempt, wait_ms = wait.as_millis() as u64, %message, "provider failed; retrying");
+                    tracing::warn!(attempt, wait_ms = wait.as_millis() as u64, error = %e, "provider failed; retrying");
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }

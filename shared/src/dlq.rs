@@ -1,0 +1,394 @@
+//! The task lanes' dead-letter queues: the sweep that settles the record of every task message found
+//! there, the listing and the redrive.
+//!
+//! Workers settle a task's record before they dead-letter its message, and put waits off with a
+//! fresh copy instead of letting them reach the redrive, so a message reaches a DLQ with its record
+//! unsettled only when a worker crashed on the last delivery or the message is poison. The sweep
+//! closes that gap: each record found `PENDING` or `PROCESSING` behind a dead-lettered message ends
+//! `FAILED` with the DLQ's reason, so its client sees an answer and may resubmit.
+//!
+//! Why a sweep that leaves the messages where they are, rather than a consumer that deletes them:
+//! the DLQ is what operators look at (its alarm, `lanes dlq list`) and what they redrive from. The
+//! sweep peeks (receives with a short visibility, then makes each message visible again) and only
+//! writes records; `FAILED` records are not written again (the write is conditional), so sweeping
+//! the same message twice costs one conditional write and changes nothing. In Lambda the controller
+//! runs it every minute; `lanes dev` runs it in its own loop.
+
+use crate::clock::SharedClock;
+use crate::domain::{Lane, TaskMessage, TaskRecord, TaskStatus};
+use crate::embedded::DEAD_LETTER_REASON;
+use crate::metrics::Metrics;
+use crate::ports::{PutOutcome, QueueConsume, QueueError, QueueSend, ReceivedMessage, StoreError, TaskStore};
+use serde::Serialize;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// How long a peeked message stays hidden while it is looked at (made visible again right after).
+const PEEK_VISIBILITY: Duration = Duration::from_secs(30);
+
+/// Errors of a DLQ operation.
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    /// The queue failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The lane has no DLQ here (a queue without a redrive policy).
+    #[error("the {0} lane has no dead-letter queue")]
+    NoDlq(Lane),
+}
+
+/// One message of a DLQ, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DlqEntry {
+    /// The message id.
+    pub message_id: String,
+    /// The task it carries, when the body decodes.
+    pub task_id: Option<String>,
+    /// Why it is there.
+    pub reason: String,
+    /// The task record's status now, when there is one.
+    pub status: Option<String>,
+    /// Unix ms when the message was sent to the DLQ.
+    pub sent_at_ms: u64,
+}
+
+/// Why a message is in the DLQ: the worker's recorded reason, or the queue's own redrive.
+pub fn reason_of(message: &ReceivedMessage) -> String {
+    message.attributes.get(DEAD_LETTER_REASON).cloned().unwrap_or_else(|| {
+        "redriven by the queue after maxReceiveCount deliveries (a crashed worker or a poison message)".into()
+    })
+}
+
+/// Receives up to `max` distinct messages of `dlq`, each hidden only while it is looked at. Call
+/// [`release`] with them when done.
+async fn peek(dlq: &dyn QueueConsume, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
+    let mut out: Vec<ReceivedMessage> = Vec::new();
+    while out.len() < max {
+        let got = dlq.receive_for((max - out.len()).min(10), Some(PEEK_VISIBILITY)).await?;
+        if got.is_empty() {
+            break;
+        }
+        out.extend(got);
+    }
+    Ok(out)
+}
+
+/// Makes peeked messages visible again.
+async fn release(dlq: &dyn QueueConsume, messages: &[ReceivedMessage]) {
+    for m in messages {
+        if let Err(e) = dlq.change_visibility(&m.receipt, Duration::ZERO).await {
+            warn!(error = %e, "peeked DLQ message stays hidden until its visibility ends");
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// Messages looked at.
+    pub seen: usize,
+    /// Records marked `FAILED` now.
+    pub marked_failed: usize,
+}
+
+/// Marks `FAILED` (with the DLQ's reason) the record of each task message in `dlq` that is still
+/// `PENDING` or `PROCESSING`; looks at up to `max` messages. The messages stay in the DLQ.
+pub async fn sweep(
+    lane: Lane,
+    dlq: &dyn QueueConsume,
+    store: &dyn TaskStore,
+    metrics: &Metrics,
+    clock: &SharedClock,
+    ttl_secs: u64,
+    max: usize,
+) -> Result<SweepReport, DlqError> {
+    let messages = peek(dlq, max).await?;
+    let mut report = SweepReport { seen: messages.len(), ..Default::default() };
+    let mut failure = None;
+    for m in &messages {
+        let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else { continue };
+        let reason = format!("dead-lettered: {}", reason_of(m));
+        match store.fail_unfinished(&task.task_id, &reason, clock.now_ms(), ttl_secs).await {
+            Ok(true) => {
+                info!(task_id = %task.task_id, %reason, "record of a dead-lettered task marked FAILED");
+                metrics.dlq_marked_failed_total.with_label_values(&[lane.as_str()]).inc();
+                metrics.tasks_finished_total.with_label_values(&[lane.as_str(), "FAILED"]).inc();
+                report.marked_failed += 1;
+            }
+            Ok(false) => {}
+            Err(e) => failure = Some(e),
+        }
+    }
+    release(dlq, &messages).await;
+    match failure {
+        Some(e) => Err(e.into()),
+        None => Ok(report),
+    }
+}
+
+/// Lists up to `max` messages of `dlq` with their task's status; the messages stay.
+pub async fn list(
+    dlq: &dyn QueueConsume,
+    store: &dyn TaskStore,
+    clock: &SharedClock,
+    max: usize,
+) -> Result<Vec<DlqEntry>, DlqError> {
+    let messages = peek(dlq, max).await?;
+    let mut out = Vec::with_capacity(messages.len());
+    for m in &messages {
+        let task_id = serde_json::from_str::<TaskMessage>(&m.body).ok().map(|t| t.task_id);
+        let status = match &task_id {
+            Some(id) => store.get(id, clock.now_ms()).await?.map(|r| r.status.as_str().to_owned()),
+            None => None,
+        };
+        out.push(DlqEntry {
+            message_id: m.message_id.clone(),
+            task_id,
+            reason: reason_of(m),
+            status,
+            sent_at_ms: m.sent_at_ms,
+        });
+    }
+    release(dlq, &messages).await;
+    Ok(out)
+}
+
+/// What one redrive did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RedriveReport {
+    /// Tasks sent back to their lane with their record reset to `PENDING`.
+    pub redriven: usize,
+    /// Messages of tasks already `COMPLETED`, deleted without running again.
+    pub already_completed: usize,
+    /// Messages left in the DLQ (undecodable, or no record to run), with why.
+    pub left: Vec<(String, String)>,
+}
+
+/// Moves up to `max` task messages from `dlq` back to `lane_queue`, resetting each record so the task
+/// runs again: a `FAILED` or `CANCELLED` record becomes a fresh `PENDING` one (the fence carries
+/// over); a `PENDING` or `PROCESSING` one is simply sent again. Each message is deleted from the DLQ
+/// only after its copy was sent.
+#[allow(clippy::too_many_arguments)]
+pub async fn redrive(
+    dlq: &dyn QueueConsume,
+    lane_queue: &dyn QueueSend,
+    store: &dyn TaskStore,
+    clock: &SharedClock,
+    pending_ttl_secs: u64,
+    max: usize,
+) -> Result<RedriveReport, DlqError> {
+    let messages = peek(dlq, max).await?;
+    let mut report = RedriveReport::default();
+    let mut keep = Vec::new();
+    for m in messages {
+        let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else {
+            report.left.push((m.message_id.clone(), "undecodable message".into()));
+            keep.push(m);
+            continue;
+        };
+        let now = clock.now_ms();
+        let Some(record) = store.get(&task.task_id, now).await? else {
+            report.left.push((m.message_id.clone(), "no live record for the task".into()));
+            keep.push(m);
+            continue;
+        };
+        if record.status == TaskStatus::Completed {
+            dlq.delete(&m.receipt).await?;
+            report.already_completed += 1;
+            continue;
+        }
+        if record.status.is_resubmittable() {
+            let fresh = TaskRecord::pending(record.task_id.clone(), record.request.clone(), now, pending_ttl_secs);
+            if let PutOutcome::Exists(_) = store.put_pending(&fresh, now).await? {
+                // Resubmitted by its client meanwhile: that submission's own message runs it.
+                dlq.delete(&m.receipt).await?;
+                continue;
+            }
+        }
+        // Only the routing attributes travel: the DLQ's own (reason, source) must not.
+        let attributes = m
+            .attributes
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        lane_queue.send(&m.body, attributes).await?;
+        dlq.delete(&m.receipt).await?;
+        report.redriven += 1;
+    }
+    release(dlq, &keep).await;
+    Ok(report)
+}
+
+/// What the admin routes work on (only `lanes dev` serves them: in Lambda the DLQ is operated with
+/// `lanes dlq --backend aws`, under IAM).
+#[derive(Clone)]
+pub struct Admin {
+    /// The backend's adapters.
+    pub adapters: crate::backend::Adapters,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Time.
+    pub clock: SharedClock,
+    /// TTL of a `PENDING` record.
+    pub pending_ttl_secs: u64,
+    /// TTL of a settled record.
+    pub record_ttl_secs: u64,
+}
+
+impl Admin {
+    fn dlq(&self, lane: Lane) -> Result<&std::sync::Arc<dyn QueueConsume>, DlqError> {
+        self.adapters.dlq[lane.index()].as_ref().ok_or(DlqError::NoDlq(lane))
+    }
+
+    /// Sweeps the task lanes' DLQs once (see [`sweep`]).
+    pub async fn sweep_all(&self, max: usize) -> Result<SweepReport, DlqError> {
+        let mut total = SweepReport::default();
+        for lane in [Lane::Interactive, Lane::Synthesis] {
+            let r = sweep(lane, &**self.dlq(lane)?, &*self.adapters.store, &self.metrics, &self.clock, self.record_ttl_secs, max)
+                .await?;
+            total.seen += r.seen;
+            total.marked_failed += r.marked_failed;
+        }
+        Ok(total)
+    }
+
+    /// Lists a task lane's DLQ.
+    pub async fn list(&self, lane: Lane, max: usize) -> Result<Vec<DlqEntry>, DlqError> {
+        list(&**self.dlq(lane)?, &*self.adapters.store, &self.clock, max).await
+    }
+
+    /// Redrives a task lane's DLQ.
+    pub async fn redrive(&self, lane: Lane, max: usize) -> Result<RedriveReport, DlqError> {
+        let dlq = self.dlq(lane)?;
+        redrive(&**dlq, &*self.adapters.send[lane.index()], &*self.adapters.store, &self.clock, self.pending_ttl_secs, max)
+            .await
+    }
+}
+
+/// Most messages one admin call looks at.
+pub const ADMIN_MAX: usize = 1000;
+
+/// `GET /admin/dlq/{lane}` (list) and `POST /admin/dlq/{lane}/redrive`, for `lanes dlq --server`.
+pub fn admin_router(admin: Admin) -> axum::Router {
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    use crate::problem::Problem;
+    type Shared = std::sync::Arc<Admin>;
+
+    fn task_lane(lane: &str) -> Result<Lane, Problem> {
+        match lane.parse::<Lane>() {
+            Ok(l @ (Lane::Interactive | Lane::Synthesis)) => Ok(l),
+            _ => Err(Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-lane",
+                "Invalid lane",
+                "the task lanes with a DLQ are `interactive` and `synthesis`",
+            )
+            .with_field("lane")),
+        }
+    }
+    fn failure(e: DlqError) -> Problem {
+        warn!(error = %e, "DLQ operation failed");
+        match e {
+            DlqError::NoDlq(_) => Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue"),
+            _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
+        }
+    }
+    async fn list_route(State(a): State<Shared>, Path(lane): Path<String>) -> axum::response::Response {
+        let lane = match task_lane(&lane) {
+            Ok(l) => l,
+            Err(p) => return p.into_response(),
+        };
+        match a.list(lane, ADMIN_MAX).await {
+            Ok(entries) => axum::Json(serde_json::json!({"lane": lane, "messages": entries})).into_response(),
+            Err(e) => failure(e).into_response(),
+        }
+    }
+    async fn redrive_route(State(a): State<Shared>, Path(lane): Path<String>) -> axum::response::Response {
+        let lane = match task_lane(&lane) {
+            Ok(l) => l,
+            Err(p) => return p.into_response(),
+        };
+        match a.redrive(lane, ADMIN_MAX).await {
+            Ok(report) => axum::Json(serde_json::json!({"lane": lane, "report": report})).into_response(),
+            Err(e) => failure(e).into_response(),
+        }
+    }
+    axum::Router::new()
+        .route("/admin/dlq/{lane}", get(list_route))
+        .route("/admin/dlq/{lane}/redrive", post(redrive_route))
+        .with_state(std::sync::Arc::new(admin))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::domain::TaskRequest;
+    use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, QueueSettings};
+    use crate::ports::{ClaimOutcome, Completion};
+    use serde_json::json;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn the_sweep_fails_unsettled_records_and_the_redrive_runs_them_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let store = EmbeddedStore::new(db.clone());
+        let settings = QueueSettings { default_visibility: Duration::from_millis(1), max_receive_count: 1 };
+        let queue = EmbeddedQueues::open(db, clock.clone(), settings).await.unwrap().queue("synthesis", "synthesis-dlq");
+        let mut ids = Vec::new();
+        for i in 0..3 {
+            let req = TaskRequest::from_value(json!({"project_id":"p","kind":"refactor","prompt":format!("{i}"),"target_files":[]})).unwrap();
+            let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3600);
+            store.put_pending(&rec, clock.now_ms()).await.unwrap();
+            let body = serde_json::to_string(&TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind }).unwrap();
+            queue.send(&body, BTreeMap::from([("lane".to_owned(), "synthesis".to_owned())])).await.unwrap();
+            ids.push(rec.task_id);
+        }
+        queue.send("poison", BTreeMap::new()).await.unwrap();
+        // Task 0 ran to COMPLETED before its message was redriven anyway; 1 crashed mid-run; 2 never ran.
+        let ClaimOutcome::Claimed(c) = store.claim(&ids[0], clock.now_ms(), 3600).await.unwrap() else { panic!() };
+        let done = crate::domain::TaskResult { text: "t".into(), model: "m".into(), tokens: Default::default(), truncated: false };
+        store.finish(&ids[0], c.fence, Completion::Completed(done), clock.now_ms(), 3600).await.unwrap();
+        store.claim(&ids[1], clock.now_ms(), 3600).await.unwrap();
+        // One receive each (a crashed worker), then the queue's redrive moves all four.
+        assert_eq!(queue.receive(10).await.unwrap().len(), 4);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(queue.receive(10).await.unwrap().is_empty());
+        let dlq = queue.dead_letter_queue();
+        assert_eq!(dlq.peek_all().await.len(), 4);
+
+        let metrics = Metrics::new();
+        let report = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
+        assert_eq!(report, SweepReport { seen: 4, marked_failed: 2 });
+        for (id, want) in ids.iter().zip([TaskStatus::Completed, TaskStatus::Failed, TaskStatus::Failed]) {
+            let rec = store.get(id, clock.now_ms()).await.unwrap().unwrap();
+            assert_eq!(rec.status, want, "every task behind a DLQ message has an answer");
+        }
+        let rec = store.get(&ids[2], clock.now_ms()).await.unwrap().unwrap();
+        assert!(rec.error.unwrap().contains("maxReceiveCount"), "the reason is the DLQ's");
+        let again = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
+        assert_eq!(again.marked_failed, 0, "a second sweep changes nothing");
+
+        let listed = list(&dlq, &store, &clock, 100).await.unwrap();
+        assert_eq!(listed.len(), 4, "the sweep and the listing leave the messages in place");
+        assert_eq!(listed.iter().filter(|e| e.status.as_deref() == Some("FAILED")).count(), 2);
+
+        let report = redrive(&dlq, &queue, &store, &clock, 3600, 100).await.unwrap();
+        assert_eq!((report.redriven, report.already_completed, report.left.len()), (2, 1, 1), "{report:?}");
+        for id in &ids[1..] {
+            assert_eq!(store.get(id, clock.now_ms()).await.unwrap().unwrap().status, TaskStatus::Pending);
+        }
+        assert_eq!(queue.peek_all().await.len(), 2, "back in their lane");
+        assert_eq!(dlq.peek_all().await.len(), 1, "the poison message stays");
+    }
+}

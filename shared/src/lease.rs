@@ -1,0 +1,346 @@
+//! The lease on a delivery, for both flows and the Lambda glue: starting it, the heartbeat that
+//! renews it, the hold of a message waiting for a slot, and the three ways a delivery ends (ack,
+//! hand-back, dead-letter) with the backoff of a hand-back. Outside the queue adapters and their
+//! twins, this is the only module that changes a message's visibility.
+//!
+//! Why a lease at all: Lambda wants the queue's own visibility timeout at least as long as the
+//! function's, so a crashed worker would hide its message for that long. The worker shortens it
+//! at receipt (`ChangeMessageVisibility(lease_ttl)`) and the heartbeat extends it every
+//! `renew_interval` (a third of the TTL, so two renewals may fail before it runs out). The lock in
+//! Redis is renewed on the same beat: either refusing means another worker owns the work now, and
+//! the work is cancelled rather than finished twice.
+
+use crate::config::WorkerConfig;
+use crate::metrics::Metrics;
+use crate::ports::{LeaseLock, QueueConsume, QueueError, ReceivedMessage};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// What became of one delivery. Only `Acked` and `DeadLettered` remove it from its queue; everything
+/// else leaves it to come back (a batch item failure in Lambda).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The record is terminal and the message was deleted.
+    Acked,
+    /// Handed back to come again after `after` (a failure worth retrying, or a wait).
+    Retry {
+        /// The visibility set on the message.
+        after: Duration,
+        /// Why.
+        reason: String,
+    },
+    /// On its last delivery, put off by a fresh copy of the message (see [`retry_later`]); this
+    /// delivery is deleted.
+    Requeued {
+        /// The copy's delay.
+        after: Duration,
+        /// Why.
+        reason: String,
+    },
+    /// The lease was lost (or the fence moved): nothing was written, the message is left to its next
+    /// delivery.
+    LeaseLost,
+    /// Moved to the DLQ (undecodable, or out of attempts with the record marked `FAILED`).
+    DeadLettered {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// Whether the message stays in its queue (an `SQSBatchItemFailure` in Lambda).
+    pub fn is_batch_item_failure(&self) -> bool {
+        !matches!(self, Outcome::Acked | Outcome::Requeued { .. } | Outcome::DeadLettered { .. })
+    }
+}
+
+/// Full-jitter backoff: uniform in `[0, min(max, base * 2^(n - 1))]`, never below 1 ms so a retry is
+/// never an immediate redelivery loop. `n` is the count of failures so far (a receive count or an
+/// attempt count).
+pub fn full_jitter_backoff(config: &WorkerConfig, n: u32) -> Duration {
+    let exp = n.saturating_sub(1).min(30);
+    let cap = config.backoff_base.saturating_mul(1u32 << exp).min(config.backoff_max);
+    let ms = cap.as_millis().max(1) as u64;
+    Duration::from_millis(rand::random_range(1..=ms))
+}
+
+/// When to look again at work whose lock another worker holds for `remaining`: just after that
+/// lease would end, jittered so the waiters do not all come back at once.
+pub fn after_holder(config: &WorkerConfig, remaining: Duration) -> Duration {
+    let jitter = rand::random_range(0..=config.lock_jitter_max.as_millis() as u64);
+    remaining + Duration::from_millis(jitter)
+}
+
+/// The longest visibility SQS accepts (12 h).
+pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
+
+/// Starts the lease of a delivery: its visibility becomes `lease_ttl` from now. A queue that does not
+/// answer is asked twice more (briefly); if it still fails, the delivery is handed back with backoff,
+/// so it does not hide for the queue's long default.
+pub async fn start(queue: &dyn QueueConsume, message: &ReceivedMessage, config: &WorkerConfig) -> Result<(), Outcome> {
+    let mut last = None;
+    for attempt in 0..3u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(20..=100u64 << attempt))).await;
+        }
+        match queue.change_visibility(&message.receipt, config.lease_ttl).await {
+            Ok(()) => return Ok(()),
+            Err(QueueError::ReceiptInvalid) => return Err(Outcome::LeaseLost),
+            Err(e) => last = Some(e),
+        }
+    }
+    let reason = last.map_or_else(|| "queue unavailable".to_owned(), |e| e.to_string());
+    warn!(error = %reason, "could not start the lease");
+    let after = full_jitter_backoff(config, message.receive_count);
+    Err(hand_back(queue, message, after, "queue unavailable at lease start").await)
+}
+
+/// Acknowledges a delivery whose work is done (or whose record is terminal).
+pub async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome {
+    match queue.delete(&message.receipt).await {
+        Ok(()) => Outcome::Acked,
+        // The record is terminal: the next delivery will find it so and ack then.
+        Err(e) => {
+            warn!(error = %e, "delete failed; the message will return and be acked then");
+            Outcome::Retry { after: Duration::ZERO, reason: "delete failed".into() }
+        }
+    }
+}
+
+/// Hands a delivery back to come again after `after` (at most 12 h, SQS's limit).
+pub async fn hand_back(
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    after: Duration,
+    reason: &str,
+) -> Outcome {
+    let after = after.min(MAX_VISIBILITY);
+    if let Err(e) = queue.change_visibility(&message.receipt, after).await {
+        warn!(error = %e, "could not set the retry delay; the lease TTL applies");
+    }
+    Outcome::Retry { after, reason: reason.to_owned() }
+}
+
+/// Puts a delivery off for `after`. Usually a hand-back; on the last delivery before the redrive, a
+/// fresh copy of the message instead, so waiting (throttling, a lock held elsewhere, a deadline)
+/// never sends work to the DLQ. `Retry` from here on the last delivery means the copy could not be
+/// sent: the caller must settle the record before the redrive does.
+pub async fn retry_later(
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    after: Duration,
+    reason: &str,
+) -> Outcome {
+    if is_last_delivery(queue, message) {
+        match queue.requeue(message, after).await {
+            Ok(()) => return Outcome::Requeued { after: after.min(MAX_DELAY), reason: reason.to_owned() },
+            Err(e) => warn!(error = %e, "could not requeue the last delivery"),
+        }
+    }
+    hand_back(queue, message, after, reason).await
+}
+
+/// SQS's longest message delay: a copy comes back after at most this, and is put off again if its
+/// wait is longer.
+pub const MAX_DELAY: Duration = Duration::from_secs(900);
+
+/// Moves a delivery to the DLQ with `reason`, counted by lane and `why`.
+pub async fn dead_letter(
+    metrics: &Metrics,
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    reason: String,
+    lane: &str,
+    why: &str,
+) -> Outcome {
+    warn!(%reason, "moving message to the DLQ");
+    match queue.dead_letter(message, &reason).await {
+        Ok(()) => {
+            metrics.dead_lettered_total.with_label_values(&[lane, why]).inc();
+            Outcome::DeadLettered { reason }
+        }
+        Err(e) => {
+            warn!(error = %e, "dead-lettering failed; redrive will move it after maxReceiveCount");
+            Outcome::Retry { after: Duration::ZERO, reason }
+        }
+    }
+}
+
+/// Whether this is the last delivery the queue will make before its redrive policy moves the message
+/// to the DLQ: what would be a hand-back must then settle the record first.
+pub fn is_last_delivery(queue: &dyn QueueConsume, message: &ReceivedMessage) -> bool {
+    message.receive_count >= queue.max_receive_count()
+}
+
+/// Aborts a background task on every exit path (success, error, panic, cancellation).
+pub struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Keeps the lease of a message that waits for a worker slot, until dropped.
+pub fn hold(queue: Arc<dyn QueueConsume>, receipt: String, config: &WorkerConfig) -> AbortOnDrop {
+    let (ttl, every) = (config.lease_ttl, config.renew_interval);
+    AbortOnDrop(tokio::spawn(async move {
+        loop {
+            if queue.change_visibility(&receipt, ttl).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+    }))
+}
+
+/// Asks, on each beat, whether the work under a lease was cancelled by its client.
+#[async_trait::async_trait]
+pub trait CancelProbe: Send + Sync {
+    /// True once the work named `id` is cancelled.
+    async fn is_cancelled(&self, id: &str) -> bool;
+}
+
+/// One delivery under the heartbeat.
+#[derive(Clone)]
+pub struct Leased {
+    /// The delivery's receipt handle.
+    pub receipt: String,
+    /// The lock carried with it (`key`, `token`), once taken.
+    pub lock: Option<(String, String)>,
+    /// Cancelled when the queue or the lock says the lease is gone.
+    pub lost: CancellationToken,
+    /// What to ask the [`CancelProbe`] about, with the token cancelled when it says yes.
+    pub watch: Option<(String, CancellationToken)>,
+}
+
+impl Leased {
+    /// A delivery with no lock yet and nothing watched.
+    pub fn new(receipt: String, lost: CancellationToken) -> Self {
+        Self { receipt, lock: None, lost, watch: None }
+    }
+}
+
+/// The heartbeat of a set of leases: every beat renews each live delivery's visibility and lock
+/// together and asks the probe about watched work. Stops when dropped.
+pub struct Heartbeat {
+    leases: Arc<Mutex<Vec<Leased>>>,
+    _task: AbortOnDrop,
+}
+
+impl Heartbeat {
+    /// Starts beating every `renew_interval` (the first beat one interval from now).
+    pub fn start(
+        queue: Arc<dyn QueueConsume>,
+        lock: Arc<dyn LeaseLock>,
+        probe: Option<Arc<dyn CancelProbe>>,
+        metrics: Metrics,
+        lane: &'static str,
+        config: &WorkerConfig,
+        leases: Vec<Leased>,
+    ) -> Self {
+        let leases = Arc::new(Mutex::new(leases));
+        let shared = leases.clone();
+        let (ttl, every) = (config.lease_ttl, config.renew_interval);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let live: Vec<Leased> = match shared.lock() {
+                    Ok(l) => l.iter().filter(|e| !e.lost.is_cancelled()).cloned().collect(),
+                    Err(_) => return,
+                };
+                futures::future::join_all(live.into_iter().map(|entry| {
+                    let (queue, lock, metrics, probe) = (queue.clone(), lock.clone(), metrics.clone(), probe.clone());
+                    async move { beat(&*queue, &*lock, probe.as_deref(), &metrics, lane, ttl, entry).await }
+                }))
+                .await;
+            }
+        });
+        Self { leases, _task: AbortOnDrop(task) }
+    }
+
+    /// Records the lock taken for the delivery with `receipt`, so the next beats renew it too.
+    pub fn set_lock(&self, receipt: &str, key: String, token: String) {
+        if let Ok(mut l) = self.leases.lock()
+            && let Some(entry) = l.iter_mut().find(|e| e.receipt == receipt)
+        {
+            entry.lock = Some((key, token));
+        }
+    }
+}
+
+async fn beat(
+    queue: &dyn QueueConsume,
+    lock: &dyn LeaseLock,
+    probe: Option<&dyn CancelProbe>,
+    metrics: &Metrics,
+    lane: &'static str,
+    ttl: Duration,
+    entry: Leased,
+) {
+    match queue.change_visibility(&entry.receipt, ttl).await {
+        Ok(()) => {}
+        Err(QueueError::ReceiptInvalid) => {
+            warn!("visibility renewal refused: lease lost");
+            entry.lost.cancel();
+            return;
+        }
+        Err(e) => warn!(error = %e, "visibility renewal failed; retrying next beat"),
+    }
+    if let Some((key, token)) = &entry.lock {
+        match lock.renew(key, token, ttl).await {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!(%key, "lock renewal refused: lease lost");
+                entry.lost.cancel();
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "lock renewal failed; running degraded");
+                metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
+            }
+        }
+    }
+    metrics.lease_renewals_total.with_label_values(&[lane]).inc();
+    if let (Some(probe), Some((id, cancelled))) = (probe, &entry.watch)
+        && !cancelled.is_cancelled()
+        && probe.is_cancelled(id).await
+    {
+        cancelled.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_full_jitter_under_a_growing_cap() {
+        let c = WorkerConfig {
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(400),
+            ..WorkerConfig::default()
+        };
+        for n in 1..=10 {
+            let cap = (50u64 << (n - 1)).min(400);
+            for _ in 0..50 {
+                let d = full_jitter_backoff(&c, n).as_millis() as u64;
+                assert!((1..=cap).contains(&d), "failure {n}: {d} not in 1..={cap}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_contended_lock_is_retried_just_after_its_holder() {
+        let c = WorkerConfig { lock_jitter_max: Duration::from_millis(10), ..WorkerConfig::default() };
+        for _ in 0..50 {
+            let d = after_holder(&c, Duration::from_millis(100));
+            assert!((Duration::from_millis(100)..=Duration::from_millis(110)).contains(&d), "{d:?}");
+        }
+    }
+}
