@@ -1,6 +1,8 @@
 //! `lanes`: the command-line entry point. `dev` runs the whole task flow in one process on embedded
 //! defaults; `submit` and `status` are thin HTTP clients of a running server.
 
+mod dlq;
+
 use clap::{Parser, Subcommand};
 use lanes_core::CancellationToken;
 use lanes_core::local::{DevBackend, DevOptions, Local};
@@ -45,8 +47,9 @@ enum Command {
         /// With `--backend aws`: create the queues (lanes-<lane>, with DLQs) and the table (lanes-tasks).
         #[arg(long)]
         create: bool,
-        /// With `--backend aws`: the queues' maxReceiveCount when created.
-        #[arg(long, default_value_t = 5)]
+        /// The queues' maxReceiveCount (embedded, or with `--backend aws --create`). Receives are not
+        /// attempts: only crash loops and poison reach the DLQ.
+        #[arg(long, default_value_t = 10)]
         max_receive_count: u32,
         /// The queues' own (default) visibility timeout in seconds, when created. Kept long, as Lambda
         /// requires; the worker's lease is what makes redelivery fast.
@@ -94,6 +97,11 @@ enum Command {
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// A task lane's dead-letter queue: list it, or redrive it.
+    Dlq {
+        #[command(subcommand)]
+        what: dlq::DlqCommand,
     },
     /// Show a task.
     Status {
@@ -435,6 +443,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             };
             summarize(&repo, &range, &data_dir, json).await
         }
+        Command::Dlq { what } => dlq::run(what).await.map_err(|e| e.to_string()),
         Command::Status { url, task_id } => {
             let resp = reqwest::get(format!("{}/v1/tasks/{task_id}", url.trim_end_matches('/')))
                 .await

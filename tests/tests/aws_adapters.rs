@@ -35,7 +35,7 @@ fn record(prompt: &str) -> TaskRecord {
 }
 
 fn result(text: String) -> TaskResult {
-    TaskResult { text, model: "m".into(), tokens: TokenUsage { prompt: 1, completion: 2 } }
+    TaskResult { text, model: "m".into(), tokens: TokenUsage { prompt: 1, completion: 2 }, truncated: false }
 }
 
 #[tokio::test]
@@ -109,18 +109,18 @@ async fn dynamodb_adapter_against_moto() {
     assert_eq!(store.get(&id, now).await.unwrap().unwrap().request, r.request);
 
     assert!(!store.delete_pending(&id, "not mine").await.unwrap());
-    assert!(store.mark_enqueued(&id, 0, now + 61_000).await.unwrap());
+    assert!(store.mark_enqueued(&id, 0, now + 61_000, 3600).await.unwrap());
     assert_eq!(store.get(&id, now).await.unwrap().unwrap().enqueued_at_ms, now + 61_000);
 
     let ClaimOutcome::Claimed(c1) = store.claim(&id, now, 86_400).await.unwrap() else { panic!("claim") };
     let ClaimOutcome::Claimed(c2) = store.claim(&id, now, 86_400).await.unwrap() else { panic!("claim") };
-    assert_eq!((c1.fence, c2.fence, c2.attempts, c2.status), (1, 2, 2, TaskStatus::Processing));
-    assert!(!store.mark_enqueued(&id, 2, now).await.unwrap(), "only PENDING is re-sent");
+    assert_eq!((c1.fence, c2.fence, c2.attempts, c2.status), (1, 2, 0, TaskStatus::Processing));
+    assert!(!store.mark_enqueued(&id, 2, now, 3600).await.unwrap(), "only PENDING is re-sent");
     let stale =
         store.finish(&id, 1, Completion::Completed(result("late".into())), now, 86_400).await.unwrap();
     assert_eq!(stale, FinishOutcome::StaleFence);
     let ok = store.finish(&id, 2, Completion::Completed(result("done".into())), now, 86_400).await.unwrap();
-    assert_eq!(ok, FinishOutcome::Written);
+    assert!(matches!(ok, FinishOutcome::Written(r) if r.status == TaskStatus::Completed));
     let done = store.get(&id, now).await.unwrap().unwrap();
     assert_eq!((done.status, done.result.unwrap().text.as_str()), (TaskStatus::Completed, "done"));
     assert!(matches!(store.claim(&id, now, 86_400).await.unwrap(), ClaimOutcome::Terminal(_)));

@@ -17,6 +17,7 @@ fn request() -> LlmRequest {
         prompt: "what does main do?".into(),
         target_files: vec!["src/main.rs".into()],
         max_tokens: 64,
+        params: Default::default(),
     }
 }
 
@@ -60,6 +61,36 @@ async fn anthropic_shape_usage_and_headers() {
     let seen = mock.seen();
     assert_eq!(seen[0].headers["anthropic-version"], "2023-06-01");
     assert!(seen[0].body["system"].as_str().unwrap().starts_with("Explain"));
+}
+
+/// A request with sampling parameters and a completion cap of one token.
+fn capped_request() -> LlmRequest {
+    let params = serde_json::from_value(serde_json::json!({"temperature": 0.3, "top_p": 0.9, "stop": ["END"], "seed": 7}))
+        .unwrap();
+    LlmRequest { max_tokens: 1, params, ..request() }
+}
+
+#[tokio::test]
+async fn params_reach_the_provider_and_a_cut_answer_is_flagged() {
+    let mock = MockLlm::start().await.unwrap();
+    let openai = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap();
+    let r = openai.complete(&capped_request()).await.unwrap();
+    assert!(r.truncated, "finish_reason length -> truncated");
+    assert!(!openai.complete(&request()).await.unwrap().truncated);
+    let body = &mock.seen()[0].body;
+    assert_eq!((body["temperature"].as_f64(), body["top_p"].as_f64()), (Some(0.3), Some(0.9)));
+    assert_eq!((body["stop"][0].as_str(), body["seed"].as_i64()), (Some("END"), Some(7)));
+    assert_eq!(body["max_tokens"], 1, "a compatible server gets max_tokens");
+    assert!(body.get("max_completion_tokens").is_none());
+
+    let mock = MockLlm::start().await.unwrap();
+    let anthropic = AnthropicClient::new(&mock.url, "c", "k".into(), Duration::from_secs(5)).unwrap();
+    let r = anthropic.complete(&capped_request()).await.unwrap();
+    assert!(r.truncated, "stop_reason max_tokens -> truncated");
+    assert!(!anthropic.complete(&request()).await.unwrap().truncated);
+    let body = &mock.seen()[0].body;
+    assert_eq!((body["temperature"].as_f64(), body["stop_sequences"][0].as_str()), (Some(0.3), Some("END")));
+    assert!(body.get("seed").is_none(), "the Messages API has no seed");
 }
 
 #[tokio::test]
@@ -118,8 +149,8 @@ async fn a_storm_is_bounded_and_overlong_hints_hand_the_task_back() {
         fast(),
     );
     let started = Instant::now();
-    let Err(LlmError::Retryable { retry_after: Some(after), .. }) = client.complete(&request()).await else {
-        panic!("retryable")
+    let Err(LlmError::Throttled { retry_after: Some(after), .. }) = client.complete(&request()).await else {
+        panic!("a 429 is a throttle, not a failure")
     };
     assert!(
         after > Duration::from_secs(100) && started.elapsed() < Duration::from_secs(2),
@@ -291,7 +322,7 @@ mod bedrock_and_secrets {
         mock.script([Scripted::Status(429, vec![]), Scripted::Status(400, vec![])]);
         let c = client(&mock).await;
         assert!(
-            matches!(c.complete(&request()).await, Err(LlmError::Retryable { message, .. }) if message.contains("ThrottlingException"))
+            matches!(c.complete(&request()).await, Err(LlmError::Throttled { message, .. }) if message.contains("ThrottlingException"))
         );
         assert!(
             matches!(c.complete(&request()).await, Err(LlmError::Permanent(m)) if m.contains("ValidationException"))

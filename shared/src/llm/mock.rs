@@ -221,6 +221,9 @@ async fn openai(
     } else {
         ("mock answer".to_owned(), 2)
     };
+    // A model stops at its cap and says so, as the API documents (`finish_reason: "length"`).
+    let cap = body["max_completion_tokens"].as_u64().or(body["max_tokens"].as_u64()).unwrap_or(u64::MAX);
+    let (content, completion, finish) = cut_at(content, completion, cap, "stop", "length");
     if let Err(wait) = state.charge(tokens(&prompt) + completion) {
         return throttled(wait);
     }
@@ -228,7 +231,7 @@ async fn openai(
         "id": "chatcmpl-mock",
         "object": "chat.completion",
         "model": body["model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
         "usage": {"prompt_tokens": tokens(&prompt), "completion_tokens": completion,
                   "total_tokens": tokens(&prompt) + completion}
     }))
@@ -252,19 +255,35 @@ async fn anthropic(
         body["system"].as_str().unwrap_or(""),
         body["messages"][0]["content"].as_str().unwrap_or("")
     );
-    if let Err(wait) = state.charge(tokens(&prompt) + 2) {
+    let cap = body["max_tokens"].as_u64().unwrap_or(u64::MAX);
+    let (text, completion, stop) = cut_at("mock answer".to_owned(), 2, cap, "end_turn", "max_tokens");
+    if let Err(wait) = state.charge(tokens(&prompt) + completion) {
         return throttled(wait);
     }
+    let content: Vec<Value> = text
+        .split_inclusive(' ')
+        .map(|part| json!({"type": "text", "text": part}))
+        .collect();
     Json(json!({
         "id": "msg_mock",
         "type": "message",
         "role": "assistant",
         "model": body["model"],
-        "content": [{"type": "text", "text": "mock "}, {"type": "text", "text": "answer"}],
-        "stop_reason": "end_turn",
-        "usage": {"input_tokens": tokens(&prompt), "output_tokens": 2}
+        "content": content,
+        "stop_reason": stop,
+        "usage": {"input_tokens": tokens(&prompt), "output_tokens": completion}
     }))
     .into_response()
+}
+
+/// An answer cut to `cap` completion tokens (one word a token here), with the stop reason a provider
+/// gives for a whole answer (`done`) or a cut one (`cut`).
+fn cut_at(text: String, tokens: u64, cap: u64, done: &'static str, cut: &'static str) -> (String, u64, &'static str) {
+    if tokens <= cap {
+        return (text, tokens, done);
+    }
+    let kept: Vec<&str> = text.split_whitespace().take(cap as usize).collect();
+    (kept.join(" "), cap, cut)
 }
 
 /// A Converse response as Bedrock returns it (recorded shape, in `events/`).

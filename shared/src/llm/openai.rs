@@ -129,3 +129,16 @@ impl LlmClient for OpenAiClient {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openais_own_api_gets_max_completion_tokens_and_compatible_servers_max_tokens() {
+        let c = |url: &str| OpenAiClient::new(url, "m", None, Duration::from_secs(1)).unwrap();
+        assert!(c("https://api.openai.com/v1").is_openai());
+        assert!(!c("http://127.0.0.1:8000/v1").is_openai());
+        assert!(!c("https://api.openai.com.example.org/v1").is_openai());
+    }
+}

@@ -1,0 +1,140 @@
+//! `lanes dlq list|redrive --lane L`: a task lane's dead-letter queue, through a running `lanes dev`
+//! (its admin routes) or straight on AWS with the functions' environment (`--backend aws`).
+
+use clap::{Args, Subcommand, ValueEnum};
+use lanes_core::clock::SystemClock;
+use lanes_core::config::{IngressConfig, WorkerConfig};
+use lanes_core::dlq::{ADMIN_MAX, Admin};
+use lanes_core::domain::Lane;
+use std::sync::Arc;
+
+/// `lanes dlq …`.
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// List the messages of a task lane's DLQ with their task's status (the messages stay).
+    List(Target),
+    /// Send a task lane's DLQ messages back to the lane, resetting each task's record so it runs again.
+    Redrive(Target),
+}
+
+/// Which DLQ, where.
+#[derive(Args)]
+pub struct Target {
+    /// The task lane.
+    #[arg(long, value_enum)]
+    lane: TaskLane,
+    /// A running `lanes dev`.
+    #[arg(long, default_value = "http://127.0.0.1:3000", conflicts_with = "backend")]
+    server: String,
+    /// `aws`: SQS and DynamoDB from the functions' environment (LANES_TABLE, LANES_QUEUE_URL_*,
+    /// REDIS_URL, the AWS credentials chain) instead of a server.
+    #[arg(long, value_parser = ["aws"])]
+    backend: Option<String>,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The lanes that have task DLQs.
+#[derive(Clone, Copy, ValueEnum)]
+enum TaskLane {
+    Interactive,
+    Synthesis,
+}
+
+impl From<TaskLane> for Lane {
+    fn from(l: TaskLane) -> Self {
+        match l {
+            TaskLane::Interactive => Lane::Interactive,
+            TaskLane::Synthesis => Lane::Synthesis,
+        }
+    }
+}
+
+/// Errors of `lanes dlq`.
+#[derive(Debug, thiserror::Error)]
+pub enum DlqCliError {
+    /// The server could not be reached or answered an error.
+    #[error("{0}")]
+    Server(String),
+    /// Building the AWS adapters failed.
+    #[error("AWS backend: {0}")]
+    Backend(String),
+    /// The operation failed.
+    #[error(transparent)]
+    Dlq(#[from] lanes_core::dlq::DlqError),
+}
+
+/// Runs one `lanes dlq` command and prints its result.
+pub async fn run(command: DlqCommand) -> Result<(), DlqCliError> {
+    let (redrive, target) = match command {
+        DlqCommand::List(t) => (false, t),
+        DlqCommand::Redrive(t) => (true, t),
+    };
+    let lane: Lane = target.lane.into();
+    let answer = match target.backend {
+        Some(_) => on_aws(lane, redrive).await?,
+        None => on_server(&target.server, lane, redrive).await?,
+    };
+    if target.json {
+        println!("{answer}");
+    } else if redrive {
+        let r = &answer["report"];
+        println!(
+            "{lane}: {} task(s) sent back, {} already completed (deleted), {} left in the DLQ",
+            r["redriven"], r["already_completed"], r["left"].as_array().map_or(0, Vec::len)
+        );
+        for left in r["left"].as_array().into_iter().flatten() {
+            println!("  left {}: {}", left[0].as_str().unwrap_or(""), left[1].as_str().unwrap_or(""));
+        }
+    } else {
+        let messages = answer["messages"].as_array().cloned().unwrap_or_default();
+        println!("{:<36}  {:<12}  {:<10}  reason", "message", "task", "status");
+        for m in &messages {
+            println!(
+                "{:<36}  {:<12}  {:<10}  {}",
+                m["message_id"].as_str().unwrap_or(""),
+                m["task_id"].as_str().map_or("-", |t| &t[..12.min(t.len())]),
+                m["status"].as_str().unwrap_or("-"),
+                m["reason"].as_str().unwrap_or("")
+            );
+        }
+        println!("{} message(s) in the {lane} DLQ", messages.len());
+    }
+    Ok(())
+}
+
+async fn on_server(server: &str, lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqCliError> {
+    let base = server.trim_end_matches('/');
+    let client = reqwest::Client::new();
+    let request = if redrive {
+        client.post(format!("{base}/admin/dlq/{lane}/redrive"))
+    } else {
+        client.get(format!("{base}/admin/dlq/{lane}"))
+    };
+    let resp = request.send().await.map_err(|e| DlqCliError::Server(format!("cannot reach {base}: {e}")))?;
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.map_err(|e| DlqCliError::Server(e.to_string()))?;
+    if !status.is_success() {
+        return Err(DlqCliError::Server(format!("server answered {status}: {body}")));
+    }
+    Ok(body)
+}
+
+async fn on_aws(lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqCliError> {
+    let config = lanes_core::backend::AwsBackendConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?;
+    let adapters =
+        lanes_core::backend::aws(&config, &[lane]).await.map_err(|e| DlqCliError::Backend(e.to_string()))?;
+    let admin = Admin {
+        adapters,
+        metrics: lanes_core::metrics::Metrics::new(),
+        clock: Arc::new(SystemClock),
+        pending_ttl_secs: IngressConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?.pending_ttl_secs,
+        record_ttl_secs: WorkerConfig::default().record_ttl_secs,
+    };
+    Ok(if redrive {
+        serde_json::json!({"lane": lane, "report": admin.redrive(lane, ADMIN_MAX).await?})
+    } else {
+        serde_json::json!({"lane": lane, "messages": admin.list(lane, ADMIN_MAX).await?})
+    })
+}
