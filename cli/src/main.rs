@@ -55,6 +55,9 @@ enum Command {
         /// requires; the worker's lease is what makes redelivery fast.
         #[arg(long, default_value_t = 900)]
         queue_visibility_secs: u64,
+        /// How often the task lanes' DLQs are swept (records of dead-lettered tasks marked FAILED).
+        #[arg(long, default_value_t = 30)]
+        dlq_sweep_secs: u64,
     },
     /// Submit a task to a running server.
     Submit {
@@ -231,6 +234,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             create,
             max_receive_count,
             queue_visibility_secs,
+            dlq_sweep_secs,
         } => {
             let backend = match backend.as_str() {
                 "aws" => DevBackend::Aws { create, aws: Default::default() },
@@ -242,7 +246,10 @@ async fn run(cli: Cli) -> Result<(), String> {
             opts.queue.default_visibility = Duration::from_secs(queue_visibility_secs);
             opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
             opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
-            opts.worker = opts.worker.with_lease(Duration::from_millis(lease_ttl_ms));
+            opts.worker =
+                opts.worker.with_lease(Duration::from_millis(lease_ttl_ms)).lanes_from_env().map_err(|e| e.to_string())?;
+            opts.ingress = lanes_core::config::IngressConfig::from_env().map_err(|e| e.to_string())?;
+            opts.dlq_sweep_interval = Duration::from_secs(dlq_sweep_secs.max(1));
             let local = Local::build(&opts).await.map_err(|e| e.to_string())?;
             let shutdown = CancellationToken::new();
             let stop = shutdown.clone();

@@ -501,4 +501,97 @@ mod tests {
         let resp = r.router.clone().oneshot(get("/healthz")).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
     }
+
+    async fn call(r: &Rig, method: &str, uri: &str) -> (StatusCode, HeaderMap, serde_json::Value) {
+        let req = Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+        let resp = r.router.clone().oneshot(req).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (parts.status, parts.headers, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    #[tokio::test]
+    async fn commit_summaries_are_not_tasks() {
+        let r = rig().await;
+        let body = BODY.replace("explain", "commit_summary");
+        let (status, _, problem) = post(&r, &body, None).await;
+        assert_eq!((status, problem["errors"][0]["field"].as_str()), (StatusCode::BAD_REQUEST, Some("kind")));
+        assert!(r.store.all(r.clock.now_ms()).await.unwrap().is_empty(), "nothing stored");
+    }
+
+    #[tokio::test]
+    async fn every_202_says_when_to_look_again() {
+        let r = rig().await;
+        let (status, headers, body) = post(&r, BODY, None).await;
+        assert_eq!((status, &headers[header::RETRY_AFTER]), (StatusCode::ACCEPTED, &HeaderValue::from(1)));
+        let (status, headers, _) = call(&r, "GET", &format!("/v1/tasks/{}", body["task_id"].as_str().unwrap())).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "an unfinished task is 202 on GET too");
+        assert!(headers.contains_key(header::RETRY_AFTER) && headers.contains_key(header::LOCATION));
+    }
+
+    #[tokio::test]
+    async fn cancellation_of_a_pending_task_then_a_resubmission_runs_again() {
+        let r = rig().await;
+        let (_, _, body) = post(&r, BODY, None).await;
+        let id = body["task_id"].as_str().unwrap().to_owned();
+        let uri = format!("/v1/tasks/{id}");
+        let (status, _, view) = call(&r, "DELETE", &uri).await;
+        assert_eq!((status, view["status"].as_str()), (StatusCode::OK, Some("CANCELLED")));
+        let (status, headers, problem) = call(&r, "DELETE", &uri).await;
+        assert_eq!((status, problem["field"].as_str()), (StatusCode::CONFLICT, Some("task_id")));
+        assert_eq!(headers[header::CONTENT_TYPE], crate::problem::PROBLEM_JSON);
+        assert_eq!(r.store.get(&id, r.clock.now_ms()).await.unwrap().unwrap().status, TaskStatus::Cancelled);
+        let (status, _, _) = call(&r, "DELETE", &format!("/v1/tasks/{}", "b".repeat(64))).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, _, _) = call(&r, "DELETE", "/v1/tasks/NOT-AN-ID").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        // The same payload again: a new run of the same task id.
+        let (status, _, again) = post(&r, BODY, None).await;
+        assert_eq!((status, again["task_id"].as_str(), again["status"].as_str()), (StatusCode::ACCEPTED, Some(id.as_str()), Some("PENDING")));
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 2, "the resubmission was sent");
+    }
+
+    #[tokio::test]
+    async fn a_get_re_sends_an_orphaned_pending_task() {
+        let r = rig().await;
+        let (_, _, body) = post(&r, BODY, None).await;
+        let uri = format!("/v1/tasks/{}", body["task_id"].as_str().unwrap());
+        // The message is lost (a crash between the put and the send would leave the same state).
+        let lost = r.interactive.receive(10).await.unwrap();
+        r.interactive.delete(&lost[0].receipt).await.unwrap();
+        call(&r, "GET", &uri).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 0, "within the grace, nothing is re-sent");
+        r.clock.advance_ms(60_000);
+        call(&r, "GET", &uri).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "a poll re-sends it");
+        call(&r, "GET", &uri).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "once per grace");
+    }
+
+    #[tokio::test]
+    async fn long_poll_answers_when_the_task_ends_and_bad_waits_are_refused() {
+        let r = rig().await;
+        let (_, _, body) = post(&r, BODY, None).await;
+        let id = body["task_id"].as_str().unwrap().to_owned();
+        for bad in ["wait=21", "wait=-1", "wait=soon", "wiat=3"] {
+            let (status, _, problem) = call(&r, "GET", &format!("/v1/tasks/{id}?{bad}")).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+            assert!(problem["field"].is_string(), "{bad}: {problem}");
+        }
+        let (router, uri) = (r.router.clone(), format!("/v1/tasks/{id}?wait=10"));
+        let started = std::time::Instant::now();
+        let poll = tokio::spawn(async move {
+            let resp = router.oneshot(Request::get(uri).body(Body::empty()).unwrap()).await.unwrap();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!poll.is_finished(), "an unfinished task holds the long-poll");
+        // A client cancels it: the long-poll answers at once (the hint wakes it, the store answers).
+        let (status, _, _) = call(&r, "DELETE", &format!("/v1/tasks/{id}")).await;
+        assert_eq!(status, StatusCode::OK);
+        let view = poll.await.unwrap();
+        assert_eq!(view["status"], "CANCELLED");
+        assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    }
 }

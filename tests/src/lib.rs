@@ -3,6 +3,7 @@
 //! It also runs real `redis-server` and `moto_server` (SQS and DynamoDB emulation) on free loopback
 //! ports, each stopped when its handle drops. `make test` installs both first (`scripts/test-deps.sh`).
 
+pub mod contract;
 /// The provider emulator, re-exported for the tests.
 pub mod mock_llm {
     pub use lanes_core::llm::mock::*;
@@ -151,6 +152,22 @@ impl DevServer {
     /// The server's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The data dir it was started on.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Peak resident memory (`VmHWM`) of the process, in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?.trim().parse().ok())
     }
 
     /// SIGKILL: no shutdown code runs.

@@ -18,9 +18,21 @@ pub struct AwsSettings {
     pub static_credentials: Option<(String, String)>,
 }
 
-/// Loads the SDK configuration once per process.
+/// Timeouts of every AWS call the adapters make. Without them a call to an endpoint that stopped
+/// answering hangs until the Lambda deadline, with a task's record written and its message unsent.
+/// An attempt (one HTTP request; every call here is short: receives do not long-poll) gets 5 s, the
+/// whole operation with the SDK's retries 15 s; connecting gets 3 s.
+pub fn timeouts() -> aws_config::timeout::TimeoutConfig {
+    aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(std::time::Duration::from_secs(3))
+        .operation_attempt_timeout(std::time::Duration::from_secs(5))
+        .operation_timeout(std::time::Duration::from_secs(15))
+        .build()
+}
+
+/// Loads the SDK configuration once per process, with [`timeouts`].
 pub async fn sdk_config(settings: &AwsSettings) -> aws_config::SdkConfig {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).timeout_config(timeouts());
     if let Some(endpoint) = &settings.endpoint {
         loader = loader.endpoint_url(endpoint);
     }

@@ -26,6 +26,13 @@ impl BedrockClient {
     pub fn new(sdk: &aws_config::SdkConfig, model_id: &str) -> Self {
         let config = aws_sdk_bedrockruntime::config::Builder::from(sdk)
             .retry_config(aws_sdk_bedrockruntime::config::retry::RetryConfig::disabled())
+            // A generation takes minutes, not the seconds the other AWS calls are given.
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(std::time::Duration::from_secs(3))
+                    .operation_timeout(std::time::Duration::from_secs(600))
+                    .build(),
+            )
             .build();
         Self { client: Client::from_conf(config), model_id: model_id.to_owned() }
     }

@@ -1,0 +1,46 @@
+//! Each port's contract (`lanes_tests::contract`) against each of its implementations: the embedded
+//! twin, and the AWS adapter on a real `moto_server`.
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use lanes_core::adapters::dynamodb::DynamoStore;
+use lanes_core::adapters::sdk_config;
+use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
+use lanes_core::clock::SystemClock;
+use lanes_core::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, QueueSettings};
+use lanes_tests::{MotoServer, contract, now_ms};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[tokio::test]
+async fn task_store_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    contract::task_store(&EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap()), now_ms()).await;
+}
+
+#[tokio::test]
+async fn task_store_dynamodb() {
+    let moto = MotoServer::start();
+    let client = aws_sdk_dynamodb::Client::new(&sdk_config(&moto.aws_settings()).await);
+    DynamoStore::create_table(&client, "contract").await.unwrap();
+    contract::task_store(&DynamoStore::new(client, "contract"), now_ms()).await;
+}
+
+#[tokio::test]
+async fn queue_requeue_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: 10 };
+    let queues = EmbeddedQueues::open(EmbeddedDb::open(dir.path()).unwrap(), Arc::new(SystemClock), settings)
+        .await
+        .unwrap();
+    contract::queue_requeue(&queues.queue("interactive", "interactive-dlq")).await;
+}
+
+#[tokio::test]
+async fn queue_requeue_sqs() {
+    let moto = MotoServer::start();
+    let client = aws_sdk_sqs::Client::new(&sdk_config(&moto.aws_settings()).await);
+    let url = create_queue_with_dlq(&client, "contract", Duration::from_secs(900), 10).await.unwrap();
+    contract::queue_requeue(&SqsQueue::connect(client, &url).await.unwrap()).await;
+}

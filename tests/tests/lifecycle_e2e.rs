@@ -1,0 +1,133 @@
+//! The task lifecycle as a client meets it, on the real `lanes dev` binary over HTTP, on both backends
+//! (embedded, and moto + redis-server): a worker SIGKILLed on every delivery until the queue redrives
+//! the message, the DLQ sweep answering the client with `FAILED`, `lanes dlq` listing and redriving it;
+//! cancellation of a running task; two hundred long-polls on one task.
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use lanes_tests::{Backend, DevServer, Stack, submit, wait_status, workspace_bin};
+use reqwest::StatusCode;
+use serde_json::Value;
+use std::time::Duration;
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Embedded).await })*
+        }
+        mod aws {
+            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Aws).await })*
+        }
+    };
+}
+
+on_both_backends!(
+    a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it,
+    a_running_task_cancelled_by_its_client_drops_its_provider_call,
+    two_hundred_long_polls_on_one_task_are_woken_by_its_end,
+);
+
+/// Runs `lanes dlq ARGS --json` against `server`.
+fn lanes_dlq(args: &[&str], server: &str) -> Value {
+    let out = std::process::Command::new(workspace_bin("lanes"))
+        .arg("dlq")
+        .args(args)
+        .args(["--json", "--server", server])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "lanes dlq {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+async fn status_of(url: &str, id: &str) -> Value {
+    reqwest::get(format!("{url}/v1/tasks/{id}")).await.unwrap().json().await.unwrap()
+}
+
+async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend: Backend) {
+    // Two deliveries allowed; each one's worker is SIGKILLed mid-call (a poison task that kills its
+    // worker), so the queue's own redrive moves the message to the DLQ with the record PROCESSING.
+    let slow = [
+        "--max-receive-count", "2", "--lease-ttl-ms", "1000", "--queue-visibility-secs", "2",
+        "--synthesis-latency-ms", "60000", "--dlq-sweep-secs", "1",
+    ];
+    let mut stack = Stack::start(backend, &slow).await;
+    let id = submit(&stack.server.url, "agent", "crash me").await;
+    let claims = "lanes_task_wait_seconds_count{lane=\"synthesis\"}";
+    for delivery in 1..=2 {
+        // This process claimed it (the lease of the worker killed before ran out first).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while stack.server.metric(claims).await < 1.0 {
+            assert!(std::time::Instant::now() < deadline, "delivery {delivery} never claimed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(status_of(&stack.server.url, &id).await["status"], "PROCESSING");
+        stack.server.kill9();
+        stack.server.restart().await;
+    }
+    // The third receive finds the message over its count: the queue redrives it, the sweep answers.
+    let failed = wait_status(&stack.server.url, &id, "FAILED", Duration::from_secs(30)).await;
+    assert!(failed["error"].as_str().unwrap().starts_with("dead-lettered:"), "{failed}");
+    assert_eq!(failed["attempts"], 0, "a crash is not a provider failure");
+
+    let listed = lanes_dlq(&["list", "--lane", "synthesis"], &stack.server.url);
+    let messages = listed["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "{listed}");
+    assert_eq!((messages[0]["task_id"].as_str(), messages[0]["status"].as_str()), (Some(id.as_str()), Some("FAILED")));
+
+    // A worker that does not crash, then the redrive: the task runs again and completes.
+    stack.server.kill9();
+    let fast = ["--max-receive-count", "2", "--lease-ttl-ms", "1000", "--synthesis-latency-ms", "50"];
+    let server = match backend {
+        Backend::Embedded => DevServer::start(&stack.server.data_dir().to_owned(), &fast).await,
+        Backend::Aws => stack.start_peer(&fast).await,
+    };
+    let redriven = lanes_dlq(&["redrive", "--lane", "synthesis"], &server.url);
+    assert_eq!(redriven["report"]["redriven"], 1, "{redriven}");
+    let done = wait_status(&server.url, &id, "COMPLETED", Duration::from_secs(20)).await;
+    assert!(done["result"]["text"].is_string());
+    let after = lanes_dlq(&["list", "--lane", "synthesis"], &server.url);
+    assert_eq!(after["messages"].as_array().unwrap().len(), 0, "{after}");
+}
+
+async fn a_running_task_cancelled_by_its_client_drops_its_provider_call(backend: Backend) {
+    let stack = Stack::start(backend, &["--lease-ttl-ms", "900", "--synthesis-latency-ms", "60000"]).await;
+    let url = &stack.server.url;
+    let id = submit(url, "refactor", "cancel me").await;
+    wait_status(url, &id, "PROCESSING", Duration::from_secs(15)).await;
+    let client = reqwest::Client::new();
+    let resp = client.delete(format!("{url}/v1/tasks/{id}")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.json::<Value>().await.unwrap()["status"], "CANCELLED");
+    let again = client.delete(format!("{url}/v1/tasks/{id}")).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::CONFLICT, "cancelling twice changes nothing");
+    // The worker's next heartbeat (every 300 ms) sees it and drops the 60 s call.
+    let dropped = "lanes_llm_calls_dropped_total{lane=\"synthesis\",why=\"cancelled\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while stack.server.metric(dropped).await < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "the provider call was never dropped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status_of(url, &id).await["status"], "CANCELLED");
+    assert_eq!(stack.server.metric("lanes_llm_requests_total{lane=\"synthesis\",status=\"ok\"}").await, 0.0);
+}
+
+async fn two_hundred_long_polls_on_one_task_are_woken_by_its_end(backend: Backend) {
+    let stack = Stack::start(backend, &["--interactive-latency-ms", "2000"]).await;
+    let url = stack.server.url.clone();
+    let id = submit(&url, "explain", "wait for me").await;
+    let before = stack.server.peak_rss_kib().unwrap();
+    let polls: Vec<_> = (0..200)
+        .map(|_| {
+            let uri = format!("{url}/v1/tasks/{id}?wait=20");
+            tokio::spawn(async move { reqwest::get(uri).await.unwrap().json::<Value>().await.unwrap() })
+        })
+        .collect();
+    for p in polls {
+        // Each answers with the finished task: woken by its end, not by its own 20 s running out.
+        assert_eq!(p.await.unwrap()["status"], "COMPLETED");
+    }
+    let after = stack.server.peak_rss_kib().unwrap();
+    // A parked future per waiter, not a thread: 200 waiters cost little memory.
+    assert!(after.saturating_sub(before) < 32 * 1024, "peak RSS grew {} KiB", after - before);
+}
