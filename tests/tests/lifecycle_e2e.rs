@@ -40,6 +40,25 @@ fn lanes_dlq(args: &[&str], server: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Runs `lanes dlq list --lane synthesis --backend aws --json` with the environment a function has.
+async fn lanes_dlq_on_aws(stack: &Stack) -> Value {
+    let moto = stack.moto.as_ref().unwrap();
+    let sqs = aws_sdk_sqs::Client::new(&lanes_core::adapters::sdk_config(&moto.aws_settings()).await);
+    let mut env = stack.env();
+    env.push(("LANES_TABLE".into(), "lanes-tasks".into()));
+    for lane in ["interactive", "synthesis", "commits"] {
+        let url = sqs.get_queue_url().queue_name(format!("lanes-{lane}")).send().await.unwrap();
+        env.push((format!("LANES_QUEUE_URL_{}", lane.to_uppercase()), url.queue_url().unwrap().to_owned()));
+    }
+    let out = std::process::Command::new(workspace_bin("lanes"))
+        .args(["dlq", "list", "--lane", "synthesis", "--backend", "aws", "--json"])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "lanes dlq --backend aws: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 async fn status_of(url: &str, id: &str) -> Value {
     reqwest::get(format!("{url}/v1/tasks/{id}")).await.unwrap().json().await.unwrap()
 }
@@ -70,6 +89,11 @@ async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend
     assert!(failed["error"].as_str().unwrap().starts_with("dead-lettered:"), "{failed}");
     assert_eq!(failed["attempts"], 0, "a crash is not a provider failure");
 
+    if backend == Backend::Aws {
+        // Straight on AWS, with the functions' environment instead of a server.
+        let listed = lanes_dlq_on_aws(&stack).await;
+        assert_eq!(listed["messages"][0]["status"], "FAILED", "{listed}");
+    }
     let listed = lanes_dlq(&["list", "--lane", "synthesis"], &stack.server.url);
     let messages = listed["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 1, "{listed}");
@@ -77,7 +101,11 @@ async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend
 
     // A worker that does not crash, then the redrive: the task runs again and completes.
     stack.server.kill9();
-    let fast = ["--max-receive-count", "2", "--lease-ttl-ms", "1000", "--synthesis-latency-ms", "50"];
+    // The same queue settings (a peer's `--create` must find the queues it would create).
+    let fast = [
+        "--max-receive-count", "2", "--lease-ttl-ms", "1000", "--queue-visibility-secs", "2",
+        "--synthesis-latency-ms", "50",
+    ];
     let server = match backend {
         Backend::Embedded => DevServer::start(&stack.server.data_dir().to_owned(), &fast).await,
         Backend::Aws => stack.start_peer(&fast).await,
