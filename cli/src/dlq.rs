@@ -82,7 +82,9 @@ pub async fn run(command: DlqCommand) -> Result<(), DlqCliError> {
         let r = &answer["report"];
         println!(
             "{lane}: {} task(s) sent back, {} already completed (deleted), {} left in the DLQ",
-            r["redriven"], r["already_completed"], r["left"].as_array().map_or(0, Vec::len)
+            r["redriven"],
+            r["already_completed"],
+            r["left"].as_array().map_or(0, Vec::len)
         );
         for left in r["left"].as_array().into_iter().flatten() {
             println!("  left {}: {}", left[0].as_str().unwrap_or(""), left[1].as_str().unwrap_or(""));
@@ -122,14 +124,17 @@ async fn on_server(server: &str, lane: Lane, redrive: bool) -> Result<serde_json
 }
 
 async fn on_aws(lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqCliError> {
-    let config = lanes_core::backend::AwsBackendConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?;
+    let config =
+        lanes_core::backend::AwsBackendConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?;
     let adapters =
         lanes_core::backend::aws(&config, &[lane]).await.map_err(|e| DlqCliError::Backend(e.to_string()))?;
     let admin = Admin {
         adapters,
         metrics: lanes_core::metrics::Metrics::new(),
         clock: Arc::new(SystemClock),
-        pending_ttl_secs: IngressConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?.pending_ttl_secs,
+        pending_ttl_secs: IngressConfig::from_env()
+            .map_err(|e| DlqCliError::Backend(e.to_string()))?
+            .pending_ttl_secs,
         record_ttl_secs: WorkerConfig::default().record_ttl_secs,
     };
     Ok(if redrive {

@@ -246,8 +246,11 @@ async fn run(cli: Cli) -> Result<(), String> {
             opts.queue.default_visibility = Duration::from_secs(queue_visibility_secs);
             opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
             opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
-            opts.worker =
-                opts.worker.with_lease(Duration::from_millis(lease_ttl_ms)).lanes_from_env().map_err(|e| e.to_string())?;
+            opts.worker = opts
+                .worker
+                .with_lease(Duration::from_millis(lease_ttl_ms))
+                .lanes_from_env()
+                .map_err(|e| e.to_string())?;
             opts.ingress = lanes_core::config::IngressConfig::from_env().map_err(|e| e.to_string())?;
             opts.dlq_sweep_interval = Duration::from_secs(dlq_sweep_secs.max(1));
             let local = Local::build(&opts).await.map_err(|e| e.to_string())?;

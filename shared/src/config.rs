@@ -194,7 +194,10 @@ pub fn env_number(name: &'static str, min: u64, max: u64) -> Result<Option<u64>,
     let Some(v) = optional_env(name) else { return Ok(None) };
     match v.trim().parse::<u64>() {
         Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
-        _ => Err(ConfigError::Invalid { name, reason: format!("`{v}` is not a whole number in {min}..={max}") }),
+        _ => Err(ConfigError::Invalid {
+            name,
+            reason: format!("`{v}` is not a whole number in {min}..={max}"),
+        }),
     }
 }
 

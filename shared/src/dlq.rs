@@ -201,7 +201,8 @@ pub async fn redrive(
             continue;
         }
         if record.status.is_resubmittable() {
-            let fresh = TaskRecord::pending(record.task_id.clone(), record.request.clone(), now, pending_ttl_secs);
+            let fresh =
+                TaskRecord::pending(record.task_id.clone(), record.request.clone(), now, pending_ttl_secs);
             if let PutOutcome::Exists(_) = store.put_pending(&fresh, now).await? {
                 // Resubmitted by its client meanwhile: that submission's own message runs it.
                 dlq.delete(&m.receipt).await?;
@@ -248,8 +249,16 @@ impl Admin {
     pub async fn sweep_all(&self, max: usize) -> Result<SweepReport, DlqError> {
         let mut total = SweepReport::default();
         for lane in [Lane::Interactive, Lane::Synthesis] {
-            let r = sweep(lane, &**self.dlq(lane)?, &*self.adapters.store, &self.metrics, &self.clock, self.record_ttl_secs, max)
-                .await?;
+            let r = sweep(
+                lane,
+                &**self.dlq(lane)?,
+                &*self.adapters.store,
+                &self.metrics,
+                &self.clock,
+                self.record_ttl_secs,
+                max,
+            )
+            .await?;
             total.seen += r.seen;
             total.marked_failed += r.marked_failed;
         }
@@ -264,8 +273,15 @@ impl Admin {
     /// Redrives a task lane's DLQ.
     pub async fn redrive(&self, lane: Lane, max: usize) -> Result<RedriveReport, DlqError> {
         let dlq = self.dlq(lane)?;
-        redrive(&**dlq, &*self.adapters.send[lane.index()], &*self.adapters.store, &self.clock, self.pending_ttl_secs, max)
-            .await
+        redrive(
+            &**dlq,
+            &*self.adapters.send[lane.index()],
+            &*self.adapters.store,
+            &self.clock,
+            self.pending_ttl_secs,
+            max,
+        )
+        .await
     }
 }
 
@@ -274,14 +290,14 @@ pub const ADMIN_MAX: usize = 1000;
 
 /// `GET /admin/dlq/{lane}` (list) and `POST /admin/dlq/{lane}/redrive`, for `lanes dlq --server`.
 pub fn admin_router(admin: Admin) -> axum::Router {
+    use crate::problem::Problem;
     use axum::extract::{Path, State};
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     use axum::routing::{get, post};
-    use crate::problem::Problem;
     type Shared = std::sync::Arc<Admin>;
 
-    fn task_lane(lane: &str) -> Result<Lane, Problem> {
+    fn task_lane(lane: &str) -> Result<Lane, Box<Problem>> {
         match lane.parse::<Lane>() {
             Ok(l @ (Lane::Interactive | Lane::Synthesis)) => Ok(l),
             _ => Err(Problem::new(
@@ -290,20 +306,23 @@ pub fn admin_router(admin: Admin) -> axum::Router {
                 "Invalid lane",
                 "the task lanes with a DLQ are `interactive` and `synthesis`",
             )
-            .with_field("lane")),
+            .with_field("lane")
+            .into()),
         }
     }
     fn failure(e: DlqError) -> Problem {
         warn!(error = %e, "DLQ operation failed");
         match e {
-            DlqError::NoDlq(_) => Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue"),
+            DlqError::NoDlq(_) => {
+                Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue")
+            }
             _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
         }
     }
     async fn list_route(State(a): State<Shared>, Path(lane): Path<String>) -> axum::response::Response {
         let lane = match task_lane(&lane) {
             Ok(l) => l,
-            Err(p) => return p.into_response(),
+            Err(problem) => return problem.into_response(),
         };
         match a.list(lane, ADMIN_MAX).await {
             Ok(entries) => axum::Json(serde_json::json!({"lane": lane, "messages": entries})).into_response(),
@@ -313,7 +332,7 @@ pub fn admin_router(admin: Admin) -> axum::Router {
     async fn redrive_route(State(a): State<Shared>, Path(lane): Path<String>) -> axum::response::Response {
         let lane = match task_lane(&lane) {
             Ok(l) => l,
-            Err(p) => return p.into_response(),
+            Err(problem) => return problem.into_response(),
         };
         match a.redrive(lane, ADMIN_MAX).await {
             Ok(report) => axum::Json(serde_json::json!({"lane": lane, "report": report})).into_response(),
@@ -344,20 +363,38 @@ mod tests {
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let store = EmbeddedStore::new(db.clone());
         let settings = QueueSettings { default_visibility: Duration::from_millis(1), max_receive_count: 1 };
-        let queue = EmbeddedQueues::open(db, clock.clone(), settings).await.unwrap().queue("synthesis", "synthesis-dlq");
+        let queue = EmbeddedQueues::open(db, clock.clone(), settings)
+            .await
+            .unwrap()
+            .queue("synthesis", "synthesis-dlq");
         let mut ids = Vec::new();
         for i in 0..3 {
-            let req = TaskRequest::from_value(json!({"project_id":"p","kind":"refactor","prompt":format!("{i}"),"target_files":[]})).unwrap();
+            let req = TaskRequest::from_value(
+                json!({"project_id":"p","kind":"refactor","prompt":format!("{i}"),"target_files":[]}),
+            )
+            .unwrap();
             let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3600);
             store.put_pending(&rec, clock.now_ms()).await.unwrap();
-            let body = serde_json::to_string(&TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind }).unwrap();
+            let body = serde_json::to_string(&TaskMessage {
+                task_id: rec.task_id.clone(),
+                lane: rec.lane,
+                kind: rec.request.kind,
+            })
+            .unwrap();
             queue.send(&body, BTreeMap::from([("lane".to_owned(), "synthesis".to_owned())])).await.unwrap();
             ids.push(rec.task_id);
         }
         queue.send("poison", BTreeMap::new()).await.unwrap();
         // Task 0 ran to COMPLETED before its message was redriven anyway; 1 crashed mid-run; 2 never ran.
-        let ClaimOutcome::Claimed(c) = store.claim(&ids[0], clock.now_ms(), 3600).await.unwrap() else { panic!() };
-        let done = crate::domain::TaskResult { text: "t".into(), model: "m".into(), tokens: Default::default(), truncated: false };
+        let ClaimOutcome::Claimed(c) = store.claim(&ids[0], clock.now_ms(), 3600).await.unwrap() else {
+            panic!()
+        };
+        let done = crate::domain::TaskResult {
+            text: "t".into(),
+            model: "m".into(),
+            tokens: Default::default(),
+            truncated: false,
+        };
         store.finish(&ids[0], c.fence, Completion::Completed(done), clock.now_ms(), 3600).await.unwrap();
         store.claim(&ids[1], clock.now_ms(), 3600).await.unwrap();
         // One receive each (a crashed worker), then the queue's redrive moves all four.

@@ -246,7 +246,8 @@ impl ModelParams {
                             && items.iter().all(|i| i.as_str().is_some_and(|s| !s.is_empty())) => {}
                     _ => errors.push(bad("expected a non-empty string or an array of at most 4 of them")),
                 },
-                _ => errors.push(bad(&format!("unknown parameter; expected one of: {}", PARAM_KEYS.join(", ")))),
+                _ => errors
+                    .push(bad(&format!("unknown parameter; expected one of: {}", PARAM_KEYS.join(", ")))),
             }
         }
         errors

@@ -66,7 +66,8 @@ pub const MAX_WAIT_SECS: u64 = 20;
 /// A task as JSON. An unfinished task answers `202` with `Location` and a `Retry-After` sized to its
 /// lane (when to poll again), a finished one `200`.
 fn view_response(status: StatusCode, view: &TaskView) -> Response {
-    let status = if status == StatusCode::OK && !view.status.is_terminal() { StatusCode::ACCEPTED } else { status };
+    let status =
+        if status == StatusCode::OK && !view.status.is_terminal() { StatusCode::ACCEPTED } else { status };
     let mut resp = (status, Json(view)).into_response();
     if status == StatusCode::ACCEPTED {
         if let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", view.task_id)) {
@@ -242,20 +243,30 @@ async fn send(ing: &Ingress, record: &TaskRecord) -> Result<String, crate::ports
 }
 
 fn invalid_id() -> Response {
-    Problem::new(StatusCode::BAD_REQUEST, "invalid-task-id", "Invalid task id", "a task id is 64 lowercase hex digits")
-        .with_field("task_id")
-        .into_response()
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "invalid-task-id",
+        "Invalid task id",
+        "a task id is 64 lowercase hex digits",
+    )
+    .with_field("task_id")
+    .into_response()
 }
 
 fn not_found() -> Response {
-    Problem::new(StatusCode::NOT_FOUND, "task-not-found", "Task not found", "no task has this id (or it expired)")
-        .with_field("task_id")
-        .into_response()
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "task-not-found",
+        "Task not found",
+        "no task has this id (or it expired)",
+    )
+    .with_field("task_id")
+    .into_response()
 }
 
 /// Reads `wait` from the query: whole seconds, `0..=MAX_WAIT_SECS`. Other parameters are refused, so
 /// a typo is not silently a plain GET.
-fn parse_wait(query: Option<&str>) -> Result<u64, Problem> {
+fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
     let bad = |reason: String| {
         Problem::new(StatusCode::BAD_REQUEST, "invalid-query", "Invalid query parameter", reason)
     };
@@ -264,23 +275,33 @@ fn parse_wait(query: Option<&str>) -> Result<u64, Problem> {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         if key != "wait" {
             let key: String = key.chars().take(40).collect();
-            return Err(bad(format!("unknown query parameter `{key}`; only `wait` is accepted")).with_field(&key));
+            return Err(bad(format!("unknown query parameter `{key}`; only `wait` is accepted"))
+                .with_field(&key)
+                .into());
         }
         wait = match value.parse::<u64>() {
             Ok(n) if n <= MAX_WAIT_SECS => n,
-            _ => return Err(bad(format!("`wait` must be whole seconds from 0 to {MAX_WAIT_SECS}")).with_field("wait")),
+            _ => {
+                return Err(bad(format!("`wait` must be whole seconds from 0 to {MAX_WAIT_SECS}"))
+                    .with_field("wait")
+                    .into());
+            }
         };
     }
     Ok(wait)
 }
 
-async fn get_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>, RawQuery(query): RawQuery) -> Response {
+async fn get_task(
+    State(ing): State<Arc<Ingress>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
     if !is_task_id(&id) {
         return invalid_id();
     }
     let wait = match parse_wait(query.as_deref()) {
         Ok(w) => w,
-        Err(p) => return p.into_response(),
+        Err(problem) => return problem.into_response(),
     };
     // A completed record never changes again, so the cache may answer for it.
     if let Ok(Some(json)) = ing.cache.get(&cache_key(&id)).await
@@ -323,7 +344,10 @@ const LONG_POLL_TICK: Duration = Duration::from_millis(200);
 const LONG_POLL_STORE_EVERY: Duration = Duration::from_secs(5);
 
 async fn read(ing: &Ingress, id: &str) -> Result<Option<TaskRecord>, Response> {
-    ing.store.get(id, ing.clock.now_ms()).await.map_err(|e| store_problem(&e, ing.config.retry_after_secs).into_response())
+    ing.store
+        .get(id, ing.clock.now_ms())
+        .await
+        .map_err(|e| store_problem(&e, ing.config.retry_after_secs).into_response())
 }
 
 async fn cancel_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) -> Response {
@@ -524,7 +548,8 @@ mod tests {
         let r = rig().await;
         let (status, headers, body) = post(&r, BODY, None).await;
         assert_eq!((status, &headers[header::RETRY_AFTER]), (StatusCode::ACCEPTED, &HeaderValue::from(1)));
-        let (status, headers, _) = call(&r, "GET", &format!("/v1/tasks/{}", body["task_id"].as_str().unwrap())).await;
+        let (status, headers, _) =
+            call(&r, "GET", &format!("/v1/tasks/{}", body["task_id"].as_str().unwrap())).await;
         assert_eq!(status, StatusCode::ACCEPTED, "an unfinished task is 202 on GET too");
         assert!(headers.contains_key(header::RETRY_AFTER) && headers.contains_key(header::LOCATION));
     }
@@ -547,7 +572,10 @@ mod tests {
         assert_eq!(status, StatusCode::BAD_REQUEST);
         // The same payload again: a new run of the same task id.
         let (status, _, again) = post(&r, BODY, None).await;
-        assert_eq!((status, again["task_id"].as_str(), again["status"].as_str()), (StatusCode::ACCEPTED, Some(id.as_str()), Some("PENDING")));
+        assert_eq!(
+            (status, again["task_id"].as_str(), again["status"].as_str()),
+            (StatusCode::ACCEPTED, Some(id.as_str()), Some("PENDING"))
+        );
         assert_eq!(r.interactive.depth().await.unwrap().visible, 2, "the resubmission was sent");
     }
 

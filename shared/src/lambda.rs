@@ -11,9 +11,9 @@ use crate::config::{ConfigError, require_env};
 use crate::config::{IngressConfig, WorkerConfig};
 use crate::domain::Lane;
 use crate::ingress::{Ingress, router};
+use crate::lease::{self, Outcome};
 use crate::metrics::Metrics;
 use crate::ports::{QueueConsume, ReceivedMessage};
-use crate::lease::{self, Outcome};
 use crate::worker::Worker;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use std::collections::BTreeMap;
@@ -152,7 +152,10 @@ impl ControllerFunction {
                 Some(DlqSweep { dlqs, store, metrics: Metrics::new() })
             }
         };
-        Ok(Self { controller: crate::controller::Controller::new(queues, mappings, control, budget.max(6)), sweep })
+        Ok(Self {
+            controller: crate::controller::Controller::new(queues, mappings, control, budget.max(6)),
+            sweep,
+        })
     }
 
     /// One scheduled tick: the decisions, logged and emitted as metrics.
@@ -182,8 +185,11 @@ impl ControllerFunction {
             let clock: SharedClock = Arc::new(SystemClock);
             let ttl = WorkerConfig::default().record_ttl_secs;
             for (lane, dlq) in &sweep.dlqs {
-                match crate::dlq::sweep(*lane, &**dlq, &*sweep.store, &sweep.metrics, &clock, ttl, 100).await {
-                    Ok(r) => tracing::info!(lane = %lane, seen = r.seen, marked_failed = r.marked_failed, "DLQ swept"),
+                match crate::dlq::sweep(*lane, &**dlq, &*sweep.store, &sweep.metrics, &clock, ttl, 100).await
+                {
+                    Ok(r) => {
+                        tracing::info!(lane = %lane, seen = r.seen, marked_failed = r.marked_failed, "DLQ swept")
+                    }
                     Err(e) => warn!(lane = %lane, error = %e, "DLQ sweep failed; the next tick retries"),
                 }
             }
@@ -397,7 +403,8 @@ pub async fn handle_batch(
                     // Not a failure: put off at once (a fresh copy on its last delivery), so the
                     // deadline never uses up the message's receives.
                     warn!(message_id = %id, "invocation deadline near: handing the message back");
-                    let outcome = lease::retry_later(&*queue, &delivery, Duration::ZERO, "invocation deadline").await;
+                    let outcome =
+                        lease::retry_later(&*queue, &delivery, Duration::ZERO, "invocation deadline").await;
                     (id, outcome)
                 }
             }

@@ -80,7 +80,11 @@ pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 /// Starts the lease of a delivery: its visibility becomes `lease_ttl` from now. A queue that does not
 /// answer is asked twice more (briefly); if it still fails, the delivery is handed back with backoff,
 /// so it does not hide for the queue's long default.
-pub async fn start(queue: &dyn QueueConsume, message: &ReceivedMessage, config: &WorkerConfig) -> Result<(), Outcome> {
+pub async fn start(
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    config: &WorkerConfig,
+) -> Result<(), Outcome> {
     let mut last = None;
     for attempt in 0..3u32 {
         if attempt > 0 {
@@ -255,7 +259,8 @@ impl Heartbeat {
                     Err(_) => return,
                 };
                 futures::future::join_all(live.into_iter().map(|entry| {
-                    let (queue, lock, metrics, probe) = (queue.clone(), lock.clone(), metrics.clone(), probe.clone());
+                    let (queue, lock, metrics, probe) =
+                        (queue.clone(), lock.clone(), metrics.clone(), probe.clone());
                     async move { beat(&*queue, &*lock, probe.as_deref(), &metrics, lane, ttl, entry).await }
                 }))
                 .await;

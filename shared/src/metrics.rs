@@ -191,7 +191,11 @@ impl Metrics {
                 "Deliveries acked with no live record",
                 &["lane"],
             ),
-            waits_total: counter("lanes_waits_total", "Work put off without using an attempt", &["lane", "why"]),
+            waits_total: counter(
+                "lanes_waits_total",
+                "Work put off without using an attempt",
+                &["lane", "why"],
+            ),
             llm_calls_dropped_total: counter(
                 "lanes_llm_calls_dropped_total",
                 "Provider calls abandoned before their answer",
@@ -203,7 +207,11 @@ impl Metrics {
                 &["lane"],
             ),
             resends_total: counter("lanes_resends_total", "Orphaned PENDING tasks sent again", &["lane"]),
-            cancellations_total: counter("lanes_cancellations_total", "Tasks cancelled by clients", &["lane"]),
+            cancellations_total: counter(
+                "lanes_cancellations_total",
+                "Tasks cancelled by clients",
+                &["lane"],
+            ),
             registry,
             emf: Default::default(),
         };

@@ -104,8 +104,15 @@ impl Worker {
             Ok(t) => t,
             Err(e) => {
                 let reason = format!("undecodable message: {e}");
-                return lease::dead_letter(&self.metrics, &*queue, &message, reason, "unknown", "undecodable")
-                    .await;
+                return lease::dead_letter(
+                    &self.metrics,
+                    &*queue,
+                    &message,
+                    reason,
+                    "unknown",
+                    "undecodable",
+                )
+                .await;
             }
         };
         let span = tracing::Span::current();
@@ -127,7 +134,9 @@ impl Worker {
                 // dropped: if that worker dies, this delivery finishes the task.
                 self.metrics.lock_contended_total.with_label_values(&[lane]).inc();
                 let after = lease::after_holder(&self.config, remaining);
-                return self.wait(&*queue, &message, &task, None, after, "lock", "lease held by another worker").await;
+                return self
+                    .wait(&*queue, &message, &task, None, after, "lock", "lease held by another worker")
+                    .await;
             }
             Err(e) => {
                 // Redis is an accelerator: without it, SQS visibility plus the fence still keep
@@ -248,8 +257,12 @@ impl Worker {
                     .llm_tokens_total
                     .with_label_values(&[lane, "completion"])
                     .inc_by(resp.usage.completion);
-                let result =
-                    TaskResult { text: resp.text, model: resp.model, tokens: resp.usage, truncated: resp.truncated };
+                let result = TaskResult {
+                    text: resp.text,
+                    model: resp.model,
+                    tokens: resp.usage,
+                    truncated: resp.truncated,
+                };
                 self.finish(queue, message, &record, Completion::Completed(result)).await
             }
             Err(e @ LlmError::Permanent(_)) => {
@@ -282,7 +295,8 @@ impl Worker {
                     let reason = format!("gave up after {attempts} failed provider attempts: {reason}");
                     return self.finish(queue, message, &record, Completion::Failed(reason)).await;
                 }
-                let after = full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
+                let after =
+                    full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
                 self.wait(&**queue, message, task, Some(&record), after, "failed", &reason).await
             }
         }
@@ -372,7 +386,8 @@ impl Worker {
     async fn publish(&self, done: &TaskRecord) {
         if done.status == TaskStatus::Completed
             && let Ok(json) = serde_json::to_string(done)
-            && let Err(e) = self.cache.set(&cache_key(&done.task_id), &json, self.config.result_cache_ttl).await
+            && let Err(e) =
+                self.cache.set(&cache_key(&done.task_id), &json, self.config.result_cache_ttl).await
         {
             warn!(error = %e, "cache fill failed");
             self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
@@ -440,7 +455,12 @@ mod tests {
 
     const MAX_RECEIVES: u32 = 3;
 
-    async fn rig_with(clock: SharedClock, llm: ScriptedLlm, config: WorkerConfig, body: serde_json::Value) -> Rig {
+    async fn rig_with(
+        clock: SharedClock,
+        llm: ScriptedLlm,
+        config: WorkerConfig,
+        body: serde_json::Value,
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let store = EmbeddedStore::new(db.clone());
@@ -602,7 +622,8 @@ mod tests {
         assert_eq!(run.await.unwrap(), Outcome::LeaseLost);
         assert_eq!(r.status().await, TaskStatus::Processing);
         assert_eq!(r.worker.metrics.stale_writes_rejected_total.with_label_values(&["interactive"]).get(), 1);
-        let done = r.store.finish(&r.task_id, 2, Completion::Failed("theirs".into()), now, 3600).await.unwrap();
+        let done =
+            r.store.finish(&r.task_id, 2, Completion::Failed("theirs".into()), now, 3600).await.unwrap();
         assert!(matches!(done, FinishOutcome::Written(_)), "the current fence still writes");
     }
 
@@ -634,20 +655,28 @@ mod tests {
     #[tokio::test]
     async fn failed_attempts_are_counted_in_the_record_and_the_budget_fails_the_task() {
         let err = || LlmError::Retryable { message: "502".into(), retry_after: None };
-        let llm = ScriptedLlm { failures: Mutex::new(VecDeque::from([err(), err(), err()])), ..Default::default() };
+        let llm =
+            ScriptedLlm { failures: Mutex::new(VecDeque::from([err(), err(), err()])), ..Default::default() };
         let mut config = fast();
         interactive(&mut config).attempt_budget = 3;
         let r = rig(Arc::new(SystemClock), llm, config).await;
         for attempt in 1..=2u32 {
             let m = r.receive().await;
             let Outcome::Retry { after, .. } = r.worker.process(r.queue(), m).await else { panic!("retry") };
-            assert!(after <= Duration::from_millis(50 << (attempt - 1)), "full jitter within the cap: {after:?}");
+            assert!(
+                after <= Duration::from_millis(50 << (attempt - 1)),
+                "full jitter within the cap: {after:?}"
+            );
             let rec = r.record().await;
             assert_eq!((rec.status, rec.attempts), (TaskStatus::Processing, attempt));
             tokio::time::sleep(after).await;
         }
         let m = r.receive().await;
-        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked, "a failed task is settled, not dead-lettered");
+        assert_eq!(
+            r.worker.process(r.queue(), m).await,
+            Outcome::Acked,
+            "a failed task is settled, not dead-lettered"
+        );
         let rec = r.record().await;
         assert_eq!((rec.status, rec.attempts), (TaskStatus::Failed, 3));
         assert!(rec.error.unwrap().contains("gave up after 3 failed provider attempts"));
@@ -658,7 +687,8 @@ mod tests {
     async fn throttling_never_uses_an_attempt_nor_reaches_the_dlq() {
         // Twice as many 429s as the queue has receives: the last delivery puts itself off with a fresh
         // copy instead of being redriven.
-        let throttled = || LlmError::Throttled { message: "429".into(), retry_after: Some(Duration::from_millis(5)) };
+        let throttled =
+            || LlmError::Throttled { message: "429".into(), retry_after: Some(Duration::from_millis(5)) };
         let storm: VecDeque<LlmError> = (0..2 * MAX_RECEIVES).map(|_| throttled()).collect();
         let llm = ScriptedLlm { failures: Mutex::new(storm), ..Default::default() };
         let mut config = fast();
@@ -680,7 +710,10 @@ mod tests {
         assert_eq!((rec.status, rec.attempts), (TaskStatus::Completed, 0), "waiting is not failing");
         assert!(requeued >= 1, "the last delivery was requeued");
         assert!(r.queue.dead_letter_queue().peek_all().await.is_empty());
-        assert_eq!(r.count(&r.worker.metrics.waits_total, &["interactive", "throttled"]), 2 * MAX_RECEIVES as u64);
+        assert_eq!(
+            r.count(&r.worker.metrics.waits_total, &["interactive", "throttled"]),
+            2 * MAX_RECEIVES as u64
+        );
     }
 
     #[tokio::test]
@@ -694,7 +727,10 @@ mod tests {
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
         assert_eq!(r.status().await, TaskStatus::Failed);
         assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("FAILED"));
-        assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_none(), "only COMPLETED is cached");
+        assert!(
+            r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_none(),
+            "only COMPLETED is cached"
+        );
     }
 
     #[tokio::test]

@@ -62,7 +62,8 @@ pub async fn task_store(store: &dyn TaskStore, now: u64) {
     let rc = claimed(store.claim(&run.task_id, now, 7200).await.unwrap());
     let CancelOutcome::Cancelled(cr) = store.cancel(&run.task_id, now, 7200).await.unwrap() else { panic!() };
     assert_eq!(cr.fence, rc.fence + 1, "cancelling moves the fence on");
-    let late = store.finish(&run.task_id, rc.fence, Completion::Completed(result()), now, 7200).await.unwrap();
+    let late =
+        store.finish(&run.task_id, rc.fence, Completion::Completed(result()), now, 7200).await.unwrap();
     assert_eq!(late, FinishOutcome::StaleFence, "the running worker can write nothing after it");
     assert!(matches!(store.cancel(&run.task_id, now, 7200).await.unwrap(), CancelOutcome::Terminal(_)));
     assert_eq!(store.cancel(&"0".repeat(64), now, 7200).await.unwrap(), CancelOutcome::Missing);
@@ -82,7 +83,10 @@ pub async fn task_store(store: &dyn TaskStore, now: u64) {
     assert_eq!((failed.status, failed.error.as_deref()), (TaskStatus::Failed, Some("dead-lettered: crash")));
     assert!(failed.fence > dc.fence);
     assert_eq!(store.put_pending(&record("dead-lettered", now), now).await.unwrap(), PutOutcome::Created);
-    assert!(!store.fail_unfinished(&done.task_id, "x", now, 7200).await.unwrap(), "COMPLETED is never failed");
+    assert!(
+        !store.fail_unfinished(&done.task_id, "x", now, 7200).await.unwrap(),
+        "COMPLETED is never failed"
+    );
 
     // A re-send extends the life of a pending record to the new message's retention.
     let e = record("re-sent", now);
@@ -109,9 +113,17 @@ pub async fn queue_requeue<Q: QueueConsume + QueueSend>(queue: &Q) {
     queue.requeue(&last, Duration::from_secs(1)).await.unwrap();
     assert!(queue.receive_for(1, Some(Duration::from_secs(5))).await.unwrap().is_empty(), "delayed");
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let copy = queue.receive_for(1, Some(Duration::from_secs(5))).await.unwrap().pop().unwrap_or_else(|| panic!("copy"));
+    let copy = queue
+        .receive_for(1, Some(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .pop()
+        .unwrap_or_else(|| panic!("copy"));
     assert_eq!((copy.body.as_str(), copy.receive_count), ("requeue me", 1));
     assert_eq!(copy.attributes.get("lane").map(String::as_str), Some("interactive"));
-    assert!(queue.change_visibility(&last.receipt, Duration::ZERO).await.is_err(), "the old delivery is gone");
+    assert!(
+        queue.change_visibility(&last.receipt, Duration::ZERO).await.is_err(),
+        "the old delivery is gone"
+    );
     queue.delete(&copy.receipt).await.unwrap();
 }

@@ -67,8 +67,16 @@ async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend
     // Two deliveries allowed; each one's worker is SIGKILLed mid-call (a poison task that kills its
     // worker), so the queue's own redrive moves the message to the DLQ with the record PROCESSING.
     let slow = [
-        "--max-receive-count", "2", "--lease-ttl-ms", "1000", "--queue-visibility-secs", "2",
-        "--synthesis-latency-ms", "60000", "--dlq-sweep-secs", "1",
+        "--max-receive-count",
+        "2",
+        "--lease-ttl-ms",
+        "1000",
+        "--queue-visibility-secs",
+        "2",
+        "--synthesis-latency-ms",
+        "60000",
+        "--dlq-sweep-secs",
+        "1",
     ];
     let mut stack = Stack::start(backend, &slow).await;
     let id = submit(&stack.server.url, "agent", "crash me").await;
@@ -97,17 +105,26 @@ async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend
     let listed = lanes_dlq(&["list", "--lane", "synthesis"], &stack.server.url);
     let messages = listed["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 1, "{listed}");
-    assert_eq!((messages[0]["task_id"].as_str(), messages[0]["status"].as_str()), (Some(id.as_str()), Some("FAILED")));
+    assert_eq!(
+        (messages[0]["task_id"].as_str(), messages[0]["status"].as_str()),
+        (Some(id.as_str()), Some("FAILED"))
+    );
 
     // A worker that does not crash, then the redrive: the task runs again and completes.
     stack.server.kill9();
     // The same queue settings (a peer's `--create` must find the queues it would create).
     let fast = [
-        "--max-receive-count", "2", "--lease-ttl-ms", "1000", "--queue-visibility-secs", "2",
-        "--synthesis-latency-ms", "50",
+        "--max-receive-count",
+        "2",
+        "--lease-ttl-ms",
+        "1000",
+        "--queue-visibility-secs",
+        "2",
+        "--synthesis-latency-ms",
+        "50",
     ];
     let server = match backend {
-        Backend::Embedded => DevServer::start(&stack.server.data_dir().to_owned(), &fast).await,
+        Backend::Embedded => DevServer::start(stack.server.data_dir(), &fast).await,
         Backend::Aws => stack.start_peer(&fast).await,
     };
     let redriven = lanes_dlq(&["redrive", "--lane", "synthesis"], &server.url);
@@ -158,4 +175,47 @@ async fn two_hundred_long_polls_on_one_task_are_woken_by_its_end(backend: Backen
     let after = stack.server.peak_rss_kib().unwrap();
     // A parked future per waiter, not a thread: 200 waiters cost little memory.
     assert!(after.saturating_sub(before) < 32 * 1024, "peak RSS grew {} KiB", after - before);
+}
+
+/// A provider that throttles (the emulator: 10 requests per one-second window, 429 with a hint past
+/// it) under six times that load, with no limits configured, one attempt allowed and three deliveries
+/// before the redrive: throttling is waiting, so every task completes and none fails or is
+/// dead-lettered.
+#[tokio::test]
+async fn a_throttling_provider_fails_no_task() {
+    use lanes_tests::mock_llm::{MockLimits, MockLlm};
+    let mock = MockLlm::start_limited(MockLimits { rpm: 10.0, tpm: 1e9, window: Duration::from_secs(1) })
+        .await
+        .unwrap();
+    let env = [
+        ("LANES_LLM_PROVIDER", "openai".to_owned()),
+        ("LANES_LLM_MODEL", "gpt-test".to_owned()),
+        ("LANES_LLM_BASE_URL", format!("{}/v1", mock.url)),
+        ("LANES_ATTEMPTS_INTERACTIVE", "1".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec();
+    let stack = Stack::start_with_env(
+        Backend::Embedded,
+        &["--max-receive-count", "3", "--lease-ttl-ms", "3000"],
+        env,
+    )
+    .await;
+    let url = &stack.server.url;
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        ids.push(submit(url, "classify", &format!("is change {i} a bug?")).await);
+    }
+    for id in &ids {
+        let done = wait_status(url, id, "COMPLETED", Duration::from_secs(90)).await;
+        assert_eq!(done["attempts"], 0, "{done}");
+    }
+    let throttled = mock.seen().len() - 60;
+    assert!(throttled > 0, "the provider did throttle");
+    assert_eq!(
+        stack.server.metric("lanes_tasks_finished_total{lane=\"interactive\",status=\"FAILED\"}").await,
+        0.0
+    );
+    let dlq = lanes_dlq(&["list", "--lane", "interactive"], url);
+    assert_eq!(dlq["messages"].as_array().unwrap().len(), 0, "{dlq}");
 }

@@ -65,8 +65,10 @@ async fn anthropic_shape_usage_and_headers() {
 
 /// A request with sampling parameters and a completion cap of one token.
 fn capped_request() -> LlmRequest {
-    let params = serde_json::from_value(serde_json::json!({"temperature": 0.3, "top_p": 0.9, "stop": ["END"], "seed": 7}))
-        .unwrap();
+    let params = serde_json::from_value(
+        serde_json::json!({"temperature": 0.3, "top_p": 0.9, "stop": ["END"], "seed": 7}),
+    )
+    .unwrap();
     LlmRequest { max_tokens: 1, params, ..request() }
 }
 

@@ -6,7 +6,9 @@
 //! still does not fit an item ends the task `FAILED` with that reason, never truncated.
 
 use crate::domain::{Lane, TaskRecord, TaskRequest, TaskResult, TaskStatus};
-use crate::ports::{CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore};
+use crate::ports::{
+    CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore,
+};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
@@ -586,7 +588,11 @@ impl TaskStore for DynamoStore {
             Ok(item) => CancelOutcome::Cancelled(Box::new(record(&item)?)),
             Err(Some(old)) => {
                 let rec = record(&old)?;
-                if rec.is_expired(now_ms) { CancelOutcome::Missing } else { CancelOutcome::Terminal(Box::new(rec)) }
+                if rec.is_expired(now_ms) {
+                    CancelOutcome::Missing
+                } else {
+                    CancelOutcome::Terminal(Box::new(rec))
+                }
             }
             Err(None) => CancelOutcome::Missing,
         })
@@ -629,7 +635,8 @@ impl DynamoStore {
             expression.push_str(", #err = :err");
         }
         expression.push_str(" ADD fence :one");
-        let names: Vec<(&str, &str)> = if reason.is_some() { vec![NAMES[0], NAMES[2]] } else { vec![NAMES[0]] };
+        let names: Vec<(&str, &str)> =
+            if reason.is_some() { vec![NAMES[0], NAMES[2]] } else { vec![NAMES[0]] };
         self.update(
             task_id,
             expression,

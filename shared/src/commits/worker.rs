@@ -11,12 +11,12 @@ use super::{CommitMessage, CommitSummary, SummarySource, summary_cache_key};
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
 use crate::domain::{Kind, Lane, TokenUsage};
+use crate::lease::{self, Heartbeat, Leased, Outcome, after_holder, full_jitter_backoff};
 use crate::metrics::Metrics;
 use crate::ports::{
     Acquire, Cache, DiffError, DiffSource, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
     QueueError, ReceivedMessage, SummaryStore, WriteOnce,
 };
-use crate::lease::{self, Heartbeat, Leased, Outcome, after_holder, full_jitter_backoff};
 use futures::future::join_all;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -141,9 +141,15 @@ struct Group {
 enum GroupEnd {
     /// Put off without a failure (a lock held elsewhere, throttling, the deadline): never uses up
     /// the commit's deliveries.
-    Wait { after: Duration, reason: String },
+    Wait {
+        after: Duration,
+        reason: String,
+    },
     Done(Box<Done>),
-    Retry { after: Duration, reason: String },
+    Retry {
+        after: Duration,
+        reason: String,
+    },
     DeadLetter(String),
     Lost,
 }
@@ -215,8 +221,9 @@ impl CommitsWorker {
                 }
                 Err(e) => {
                     let reason = format!("undecodable commit message: {e}");
-                    outcomes[i] =
-                        Some(lease::dead_letter(&self.metrics, &*queue, m, reason, LANE, "undecodable").await);
+                    outcomes[i] = Some(
+                        lease::dead_letter(&self.metrics, &*queue, m, reason, LANE, "undecodable").await,
+                    );
                 }
             }
         }
@@ -263,13 +270,16 @@ impl CommitsWorker {
         for g in &mut groups {
             let end = match g.outcome.take() {
                 Some(e) => e,
-                None => GroupEnd::Wait { after: Duration::ZERO, reason: "not reached before the deadline".into() },
+                None => {
+                    GroupEnd::Wait { after: Duration::ZERO, reason: "not reached before the deadline".into() }
+                }
             };
-            let end = if g.lost.is_cancelled() && matches!(end, GroupEnd::Retry { .. } | GroupEnd::Wait { .. }) {
-                GroupEnd::Lost
-            } else {
-                end
-            };
+            let end =
+                if g.lost.is_cancelled() && matches!(end, GroupEnd::Retry { .. } | GroupEnd::Wait { .. }) {
+                    GroupEnd::Lost
+                } else {
+                    end
+                };
             for &i in &g.members {
                 let m = &messages[i];
                 outcomes[i] = Some(match &end {
@@ -402,7 +412,8 @@ impl CommitsWorker {
                 Ok(Acquire::Held { remaining }) => {
                     self.metrics.lock_contended_total.with_label_values(&[LANE]).inc();
                     let after = after_holder(&self.lease, remaining);
-                    groups[g].outcome = Some(GroupEnd::Wait { after, reason: "lease held by another worker".into() });
+                    groups[g].outcome =
+                        Some(GroupEnd::Wait { after, reason: "lease held by another worker".into() });
                 }
                 Err(e) => {
                     warn!(error = %e, "lock unavailable; running degraded");
@@ -554,7 +565,8 @@ impl CommitsWorker {
                 }
                 CallResult::Cancelled(reason) => {
                     for p in items {
-                        groups[p.group].outcome = Some(GroupEnd::Wait { after: Duration::ZERO, reason: reason.clone() });
+                        groups[p.group].outcome =
+                            Some(GroupEnd::Wait { after: Duration::ZERO, reason: reason.clone() });
                     }
                 }
             }

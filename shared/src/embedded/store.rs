@@ -3,7 +3,9 @@
 
 use super::db::EmbeddedDb;
 use crate::domain::{TaskRecord, TaskStatus};
-use crate::ports::{CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore};
+use crate::ports::{
+    CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore,
+};
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 

@@ -260,10 +260,8 @@ async fn anthropic(
     if let Err(wait) = state.charge(tokens(&prompt) + completion) {
         return throttled(wait);
     }
-    let content: Vec<Value> = text
-        .split_inclusive(' ')
-        .map(|part| json!({"type": "text", "text": part}))
-        .collect();
+    let content: Vec<Value> =
+        text.split_inclusive(' ').map(|part| json!({"type": "text", "text": part})).collect();
     Json(json!({
         "id": "msg_mock",
         "type": "message",
@@ -278,7 +276,13 @@ async fn anthropic(
 
 /// An answer cut to `cap` completion tokens (one word a token here), with the stop reason a provider
 /// gives for a whole answer (`done`) or a cut one (`cut`).
-fn cut_at(text: String, tokens: u64, cap: u64, done: &'static str, cut: &'static str) -> (String, u64, &'static str) {
+fn cut_at(
+    text: String,
+    tokens: u64,
+    cap: u64,
+    done: &'static str,
+    cut: &'static str,
+) -> (String, u64, &'static str) {
     if tokens <= cap {
         return (text, tokens, done);
     }
