@@ -4,6 +4,20 @@
 //! ports, each stopped when its handle drops. `make test` installs both first (`scripts/test-deps.sh`).
 
 pub mod contract;
+
+/// Runs each named `async fn(Backend)` as two tests, `embedded::NAME` and `aws::NAME`: the embedded
+/// default and `--backend aws --create` against moto and redis-server.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(#[tokio::test] async fn $name() { super::$name($crate::Backend::Embedded).await })*
+        }
+        mod aws {
+            $(#[tokio::test] async fn $name() { super::$name($crate::Backend::Aws).await })*
+        }
+    };
+}
 /// The provider emulator, re-exported for the tests.
 pub mod mock_llm {
     pub use lanes_core::llm::mock::*;
@@ -182,6 +196,15 @@ impl DevServer {
     pub async fn restart(&mut self) {
         self.kill9();
         self.spawn().await;
+    }
+
+    /// Polls `/metrics` until `sample` is at least `at_least`.
+    pub async fn wait_metric(&self, sample: &str, at_least: f64, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.metric(sample).await < at_least {
+            assert!(Instant::now() < deadline, "{sample} never reached {at_least}: {}", self.log_text());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Value of a Prometheus sample, e.g. `lanes_llm_requests_total{lane="interactive",status="ok"}`.

@@ -10,18 +10,7 @@ use std::time::Duration;
 
 const OK_LLM: &str = "lanes_llm_requests_total{lane=\"interactive\",status=\"ok\"}";
 
-/// Each check runs on both backends: the embedded default and `--backend aws --create` against moto
-/// and redis-server.
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Embedded).await })*
-        }
-        mod aws {
-            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Aws).await })*
-        }
-    };
-}
+use lanes_tests::on_both_backends;
 
 on_both_backends!(
     submit_dedupe_complete_and_replay,

@@ -11,22 +11,17 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use std::time::Duration;
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Embedded).await })*
-        }
-        mod aws {
-            $(#[tokio::test] async fn $name() { super::$name(lanes_tests::Backend::Aws).await })*
-        }
-    };
-}
+use lanes_tests::on_both_backends;
 
 on_both_backends!(
     a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it,
     a_running_task_cancelled_by_its_client_drops_its_provider_call,
     two_hundred_long_polls_on_one_task_are_woken_by_its_end,
 );
+
+/// Two deliveries before the redrive, a 1 s lease, a 2 s queue visibility.
+const QUEUE_FLAGS: &[&str] =
+    &["--max-receive-count", "2", "--lease-ttl-ms", "1000", "--queue-visibility-secs", "2"];
 
 /// Runs `lanes dlq ARGS --json` against `server`.
 fn lanes_dlq(args: &[&str], server: &str) -> Value {
@@ -66,28 +61,13 @@ async fn status_of(url: &str, id: &str) -> Value {
 async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend: Backend) {
     // Two deliveries allowed; each one's worker is SIGKILLed mid-call (a poison task that kills its
     // worker), so the queue's own redrive moves the message to the DLQ with the record PROCESSING.
-    let slow = [
-        "--max-receive-count",
-        "2",
-        "--lease-ttl-ms",
-        "1000",
-        "--queue-visibility-secs",
-        "2",
-        "--synthesis-latency-ms",
-        "60000",
-        "--dlq-sweep-secs",
-        "1",
-    ];
+    let slow = [QUEUE_FLAGS, &["--synthesis-latency-ms", "60000", "--dlq-sweep-secs", "1"]].concat();
     let mut stack = Stack::start(backend, &slow).await;
     let id = submit(&stack.server.url, "agent", "crash me").await;
     let claims = "lanes_task_wait_seconds_count{lane=\"synthesis\"}";
-    for delivery in 1..=2 {
+    for _delivery in 1..=2 {
         // This process claimed it (the lease of the worker killed before ran out first).
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while stack.server.metric(claims).await < 1.0 {
-            assert!(std::time::Instant::now() < deadline, "delivery {delivery} never claimed");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        stack.server.wait_metric(claims, 1.0, Duration::from_secs(20)).await;
         assert_eq!(status_of(&stack.server.url, &id).await["status"], "PROCESSING");
         stack.server.kill9();
         stack.server.restart().await;
@@ -113,16 +93,7 @@ async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend
     // A worker that does not crash, then the redrive: the task runs again and completes.
     stack.server.kill9();
     // The same queue settings (a peer's `--create` must find the queues it would create).
-    let fast = [
-        "--max-receive-count",
-        "2",
-        "--lease-ttl-ms",
-        "1000",
-        "--queue-visibility-secs",
-        "2",
-        "--synthesis-latency-ms",
-        "50",
-    ];
+    let fast = [QUEUE_FLAGS, &["--synthesis-latency-ms", "50"]].concat();
     let server = match backend {
         Backend::Embedded => DevServer::start(stack.server.data_dir(), &fast).await,
         Backend::Aws => stack.start_peer(&fast).await,
@@ -148,11 +119,7 @@ async fn a_running_task_cancelled_by_its_client_drops_its_provider_call(backend:
     assert_eq!(again.status(), StatusCode::CONFLICT, "cancelling twice changes nothing");
     // The worker's next heartbeat (every 300 ms) sees it and drops the 60 s call.
     let dropped = "lanes_llm_calls_dropped_total{lane=\"synthesis\",why=\"cancelled\"}";
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while stack.server.metric(dropped).await < 1.0 {
-        assert!(std::time::Instant::now() < deadline, "the provider call was never dropped");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    stack.server.wait_metric(dropped, 1.0, Duration::from_secs(10)).await;
     assert_eq!(status_of(url, &id).await["status"], "CANCELLED");
     assert_eq!(stack.server.metric("lanes_llm_requests_total{lane=\"synthesis\",status=\"ok\"}").await, 0.0);
 }
