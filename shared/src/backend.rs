@@ -2,10 +2,9 @@
 //! and cache) or AWS (SQS, DynamoDB, Redis). Reads and validates the AWS configuration from the
 //! environment, naming any missing variable, and can create the queues and the table (`--create`).
 
-use crate::adapters::dynamodb::{DynamoStore, DynamoSummaries};
 use crate::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
-use crate::adapters::sqs::{SqsQueue, create_queue_with_dlq};
-use crate::adapters::{AwsSettings, sdk_config};
+use crate::adapters::sqs::SqsQueue;
+use crate::adapters::{AwsClients, AwsSettings};
 use crate::clock::SharedClock;
 use crate::config::{ConfigError, require_env};
 use crate::domain::Lane;
@@ -63,6 +62,28 @@ pub struct Adapters {
 }
 
 impl Adapters {
+    /// The commits worker on these adapters (summaries, cache, lock), with the default budgets.
+    pub fn commits_worker(
+        &self,
+        llm: Arc<dyn crate::ports::LlmClient>,
+        diffs: Arc<dyn crate::ports::DiffSource>,
+        metrics: crate::metrics::Metrics,
+        clock: SharedClock,
+        lease: crate::config::WorkerConfig,
+    ) -> crate::commits::worker::CommitsWorker {
+        crate::commits::worker::CommitsWorker {
+            summaries: self.summaries.clone(),
+            cache: self.cache.clone(),
+            lock: self.lock.clone(),
+            llm,
+            diffs,
+            metrics,
+            clock,
+            lease,
+            config: Default::default(),
+        }
+    }
+
     /// The LLM limiter for this backend, when `LANES_LLM_RPM`/`LANES_LLM_TPM` are set: shared in
     /// Redis on the AWS backend, in process otherwise.
     pub fn limiter(
@@ -72,7 +93,7 @@ impl Adapters {
     ) -> Result<Option<Arc<dyn crate::limiter::RateLimiter>>, ConfigError> {
         let Some(config) = crate::limiter::config_from_env()? else { return Ok(None) };
         Ok(Some(match &self.redis {
-            Some(conn) => Arc::new(crate::limiter::RedisLimiter::new(
+            Some(conn) => Arc::new(crate::adapters::redis::limiter::RedisLimiter::new(
                 conn.clone(),
                 &self.redis_prefix,
                 name,
@@ -166,24 +187,18 @@ impl AwsBackendConfig {
 /// The AWS backend. `consume_lanes` are the lanes whose queues are read (their redrive policy is
 /// fetched now); the others get send-only handles.
 pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Adapters, BackendError> {
-    let sdk = sdk_config(&config.aws).await;
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
-    let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
+    let aws = AwsClients::load(&config.aws).await;
     let conn = connect(&config.redis).await?;
     let mut consume = Vec::with_capacity(3);
     for lane in Lane::ALL {
         let url = &config.queue_urls[lane.index()];
-        let q = if consume_lanes.contains(&lane) {
-            SqsQueue::connect(sqs.clone(), url).await?
-        } else {
-            SqsQueue::sender(sqs.clone(), url)
-        };
+        let q = if consume_lanes.contains(&lane) { aws.queue(url).await? } else { aws.queue_sender(url) };
         consume.push(q);
     }
     let queues: [SqsQueue; 3] = consume.try_into().map_err(|_| ConfigError::Missing("queues"))?;
     Ok(Adapters {
-        store: Arc::new(DynamoStore::new(dynamo.clone(), &config.table)),
-        summaries: Arc::new(DynamoSummaries::new(dynamo, &config.table)),
+        store: Arc::new(aws.task_store(&config.table)),
+        summaries: Arc::new(aws.summaries(&config.table)),
         lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
         cache: Arc::new(RedisCache::new(conn.clone(), &config.redis.prefix)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
@@ -202,16 +217,78 @@ pub async fn create_aws_resources(
     table: &str,
     settings: QueueSettings,
 ) -> Result<[String; 3], BackendError> {
-    let sdk = sdk_config(aws).await;
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let aws = AwsClients::load(aws).await;
     let mut urls = Vec::with_capacity(3);
     for lane in Lane::ALL {
         let name = format!("{prefix}-{}", lane.as_str());
         urls.push(
-            create_queue_with_dlq(&sqs, &name, settings.default_visibility, settings.max_receive_count)
-                .await?,
+            aws.create_queue_with_dlq(&name, settings.default_visibility, settings.max_receive_count).await?,
         );
     }
-    DynamoStore::create_table(&aws_sdk_dynamodb::Client::new(&sdk), table).await?;
+    aws.create_table(table).await?;
     urls.try_into().map_err(|_| BackendError::Config(ConfigError::Missing("queues")))
+}
+
+/// Chooses the provider from the environment, once per process:
+/// `LANES_LLM_PROVIDER` = `offline` (default) | `openai` | `anthropic` | `bedrock`; `LANES_LLM_MODEL`
+/// (required but for offline; the model id for Bedrock); `LANES_LLM_BASE_URL` (defaults to the
+/// vendor's); the key from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets
+/// Manager secret named by `LANES_LLM_API_KEY_SECRET` (fetched once per container);
+/// `LANES_LLM_TIMEOUT_MS` (default 120000). Real providers are wrapped in [`crate::llm::Retrying`].
+pub async fn llm_from_env(
+    offline_latency: std::time::Duration,
+    batch_answer: crate::llm::BatchAnswer,
+) -> Result<std::sync::Arc<dyn crate::ports::LlmClient>, crate::config::ConfigError> {
+    use crate::config::{ConfigError, require_env};
+    use std::sync::Arc;
+    let timeout = match std::env::var("LANES_LLM_TIMEOUT_MS") {
+        Err(_) => std::time::Duration::from_secs(120),
+        Ok(v) => std::time::Duration::from_millis(v.trim().parse().map_err(|_| ConfigError::Invalid {
+            name: "LANES_LLM_TIMEOUT_MS",
+            reason: format!("`{v}` is not a whole number"),
+        })?),
+    };
+    let base = |default: &str| {
+        crate::config::optional_env("LANES_LLM_BASE_URL").unwrap_or_else(|| default.to_owned())
+    };
+    let invalid = |e: crate::ports::LlmError| ConfigError::Invalid {
+        name: "LANES_LLM_PROVIDER",
+        reason: e.to_string(),
+    };
+    let key = |var: &'static str| crate::adapters::secrets::env_or_secret(var, "LANES_LLM_API_KEY_SECRET");
+    match crate::config::optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into()).as_str() {
+        "offline" => Ok(Arc::new(
+            crate::llm::OfflineProvider::new(|_| offline_latency).answering_batches(batch_answer),
+        )),
+        "openai" => {
+            let client = crate::llm::OpenAiClient::new(
+                &base("https://api.openai.com/v1"),
+                &require_env("LANES_LLM_MODEL")?,
+                key("OPENAI_API_KEY").await?,
+                timeout,
+            )
+            .map_err(invalid)?;
+            Ok(Arc::new(crate::llm::Retrying::new(client, crate::llm::RetryPolicy::default())))
+        }
+        "anthropic" => {
+            let api_key = key("ANTHROPIC_API_KEY").await?.ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
+            let client = crate::llm::AnthropicClient::new(
+                &base("https://api.anthropic.com"),
+                &require_env("LANES_LLM_MODEL")?,
+                api_key,
+                timeout,
+            )
+            .map_err(invalid)?;
+            Ok(Arc::new(crate::llm::Retrying::new(client, crate::llm::RetryPolicy::default())))
+        }
+        "bedrock" => {
+            let aws = crate::adapters::AwsClients::load(&Default::default()).await;
+            let client = aws.bedrock(&require_env("LANES_LLM_MODEL")?);
+            Ok(Arc::new(crate::llm::Retrying::new(client, crate::llm::RetryPolicy::default())))
+        }
+        other => Err(ConfigError::Invalid {
+            name: "LANES_LLM_PROVIDER",
+            reason: format!("`{other}`; expected offline, openai, anthropic or bedrock"),
+        }),
+    }
 }

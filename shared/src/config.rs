@@ -1,4 +1,4 @@
-//! Tunables of the core with their defaults (design §3, §4) and the checks that keep them coherent.
+//! Tunables of the core with their defaults (see docs/ARCHITECTURE.md: Lease, fence and ack; Task lifecycle) and the checks that keep them coherent.
 //! Binaries build these once at start; tests shrink the durations to milliseconds.
 
 use crate::domain::Lane;
@@ -110,7 +110,7 @@ impl WorkerConfig {
             if let Some(n) = env_number(age, 1, 14 * 24 * 3600)? {
                 policy.max_age = Duration::from_secs(n);
             }
-            if let Some(n) = env_number(tokens, 1, crate::domain::MAX_PARAM_TOKENS as u64)? {
+            if let Some(n) = env_number(tokens, 1, crate::tasks::request::MAX_PARAM_TOKENS as u64)? {
                 policy.max_tokens = n as u32;
             }
         }

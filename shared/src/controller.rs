@@ -1,86 +1,19 @@
-//! The concurrency controller (design §2): every minute it reads each lane's queue depth, applies the
-//! weighted pool policy ([`crate::pool::allocate`]) to the stack's concurrency budget, and sets each
+//! The concurrency controller (see docs/ARCHITECTURE.md, Lanes): every minute it reads each lane's
+//! queue depth, applies the weighted pool policy ([`crate::pool::allocate`]) to the stack's concurrency budget, and sets each
 //! lane's event-source-mapping `ScalingConfig.MaximumConcurrency` (at least 2, Lambda's minimum) only
 //! when it changes. The mapping is a port ([`MappingControl`]) with a Lambda adapter
-//! ([`crate::adapters::lambda`]) and an in-memory twin.
+//! (`adapters::lambda`) and an in-memory twin ([`crate::embedded::MemoryMappings`]).
 
 use crate::domain::Lane;
 use crate::pool::{DEFAULT_SHARES, allocate};
-use crate::ports::{QueueConsume, QueueDepth, RetryIntent};
-use async_trait::async_trait;
+use crate::ports::{MappingControl, QueueConsume, QueueDepth};
 use serde::Serialize;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Lambda's lower bound for `MaximumConcurrency` on an SQS event source.
 pub const MIN_CONCURRENCY: u32 = 2;
 /// Lambda's upper bound.
 pub const MAX_CONCURRENCY: u32 = 1000;
-
-/// Errors of the mapping port.
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    /// Throttled or unreachable: the next tick tries again.
-    #[error("event source mapping service unavailable: {0}")]
-    Unavailable(String),
-    /// The mapping does not exist or the call is not allowed: fix the configuration.
-    #[error("event source mapping call refused: {0}")]
-    Refused(String),
-}
-
-impl RetryIntent for ControlError {
-    fn is_retryable(&self) -> bool {
-        matches!(self, ControlError::Unavailable(_))
-    }
-}
-
-/// An event source mapping's concurrency (Lambda `Get`/`UpdateEventSourceMapping`).
-#[async_trait]
-pub trait MappingControl: Send + Sync {
-    /// The mapping's current `ScalingConfig.MaximumConcurrency` (`None` when unset).
-    async fn max_concurrency(&self, mapping: &str) -> Result<Option<u32>, ControlError>;
-    /// Sets it.
-    async fn set_max_concurrency(&self, mapping: &str, value: u32) -> Result<(), ControlError>;
-}
-
-/// In-memory mappings, for tests and local runs.
-#[derive(Debug, Default, Clone)]
-pub struct MemoryMappings {
-    values: Arc<Mutex<HashMap<String, Option<u32>>>>,
-    updates: Arc<Mutex<u64>>,
-}
-
-impl MemoryMappings {
-    /// Mappings with the given current values.
-    pub fn new(initial: &[(&str, Option<u32>)]) -> Self {
-        let values = initial.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
-        Self { values: Arc::new(Mutex::new(values)), updates: Arc::default() }
-    }
-
-    /// Updates made so far.
-    pub fn updates(&self) -> u64 {
-        self.updates.lock().map(|u| *u).unwrap_or(0)
-    }
-}
-
-#[async_trait]
-impl MappingControl for MemoryMappings {
-    async fn max_concurrency(&self, mapping: &str) -> Result<Option<u32>, ControlError> {
-        let values = self.values.lock().map_err(|e| ControlError::Unavailable(e.to_string()))?;
-        values.get(mapping).copied().ok_or_else(|| ControlError::Refused(format!("no mapping {mapping}")))
-    }
-
-    async fn set_max_concurrency(&self, mapping: &str, value: u32) -> Result<(), ControlError> {
-        let mut values = self.values.lock().map_err(|e| ControlError::Unavailable(e.to_string()))?;
-        let slot =
-            values.get_mut(mapping).ok_or_else(|| ControlError::Refused(format!("no mapping {mapping}")))?;
-        *slot = Some(value);
-        if let Ok(mut u) = self.updates.lock() {
-            *u += 1;
-        }
-        Ok(())
-    }
-}
 
 /// What one tick decided for one lane.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -184,6 +117,7 @@ impl Controller {
 mod tests {
     use super::*;
     use crate::clock::{SharedClock, SystemClock};
+    use crate::embedded::MemoryMappings;
     use crate::embedded::{EmbeddedDb, EmbeddedQueues};
     use crate::ports::QueueSend;
 

@@ -15,10 +15,11 @@
 //! runs it every minute; `lanes dev` runs it in its own loop.
 
 use crate::clock::SharedClock;
-use crate::domain::{Lane, TaskMessage, TaskRecord, TaskStatus};
-use crate::embedded::DEAD_LETTER_REASON;
+use crate::domain::Lane;
 use crate::metrics::Metrics;
+use crate::ports::DEAD_LETTER_REASON;
 use crate::ports::{PutOutcome, QueueConsume, QueueError, QueueSend, ReceivedMessage, StoreError, TaskStore};
+use crate::tasks::{TaskMessage, TaskRecord, TaskStatus};
 use serde::Serialize;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -349,9 +350,9 @@ pub fn admin_router(admin: Admin) -> axum::Router {
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
-    use crate::domain::TaskRequest;
     use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, QueueSettings};
     use crate::ports::{ClaimOutcome, Completion};
+    use crate::tasks::TaskRequest;
     use serde_json::json;
     use std::collections::BTreeMap;
     use std::sync::Arc;
@@ -389,7 +390,7 @@ mod tests {
         let ClaimOutcome::Claimed(c) = store.claim(&ids[0], clock.now_ms(), 3600).await.unwrap() else {
             panic!()
         };
-        let done = crate::domain::TaskResult {
+        let done = crate::tasks::TaskResult {
             text: "t".into(),
             model: "m".into(),
             tokens: Default::default(),

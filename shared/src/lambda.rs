@@ -10,11 +10,11 @@ use crate::commits::worker::CommitsWorker;
 use crate::config::{ConfigError, require_env};
 use crate::config::{IngressConfig, WorkerConfig};
 use crate::domain::Lane;
-use crate::ingress::{Ingress, router};
 use crate::lease::{self, Outcome};
 use crate::metrics::Metrics;
 use crate::ports::{QueueConsume, ReceivedMessage};
-use crate::worker::Worker;
+use crate::tasks::ingress::{Ingress, router};
+use crate::tasks::worker::Worker;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -120,35 +120,27 @@ impl ControllerFunction {
             urls.push(require_env(q)?);
             mappings.push(require_env(m)?);
         }
-        let sdk = crate::adapters::sdk_config(&Default::default()).await;
-        let sqs = aws_sdk_sqs::Client::new(&sdk);
-        let queues: Vec<Arc<dyn QueueConsume>> = urls
-            .iter()
-            .map(|u| {
-                Arc::new(crate::adapters::sqs::SqsQueue::sender(sqs.clone(), u)) as Arc<dyn QueueConsume>
-            })
-            .collect();
+        let aws = crate::adapters::AwsClients::load(&Default::default()).await;
+        let queues: Vec<Arc<dyn QueueConsume>> =
+            urls.iter().map(|u| Arc::new(aws.queue_sender(u)) as Arc<dyn QueueConsume>).collect();
         let queues: [Arc<dyn QueueConsume>; 3] =
             queues.try_into().map_err(|_| ConfigError::Missing("LANES_QUEUE_URL_*"))?;
         let mappings: [String; 3] =
             mappings.try_into().map_err(|_| ConfigError::Missing("LANES_MAPPING_*"))?;
-        let control =
-            Arc::new(crate::adapters::lambda::LambdaMappings::new(aws_sdk_lambda::Client::new(&sdk)));
+        let control = Arc::new(aws.mappings());
         // The sweep needs the table; without LANES_TABLE the controller only sets concurrency.
         let sweep = match crate::config::optional_env("LANES_TABLE") {
             None => None,
             Some(table) => {
                 let mut dlqs = Vec::new();
                 for lane in [Lane::Interactive, Lane::Synthesis] {
-                    let q = crate::adapters::sqs::SqsQueue::connect(sqs.clone(), &urls[lane.index()])
-                        .await
-                        .map_err(crate::backend::BackendError::Queue)?;
+                    let q =
+                        aws.queue(&urls[lane.index()]).await.map_err(crate::backend::BackendError::Queue)?;
                     if let Some(dlq) = q.dead_letter_queue() {
                         dlqs.push((lane, Arc::new(dlq) as Arc<dyn QueueConsume>));
                     }
                 }
-                let dynamo = aws_sdk_dynamodb::Client::new(&sdk);
-                let store = Arc::new(crate::adapters::dynamodb::DynamoStore::new(dynamo, &table));
+                let store = Arc::new(aws.task_store(&table));
                 Some(DlqSweep { dlqs, store, metrics: Metrics::new() })
             }
         };
@@ -282,15 +274,14 @@ impl WorkerFunction {
         config.validate()?;
         let adapters = adapters_from_env("worker", &[lane]).await?;
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
-        let llm = crate::llm::from_env(latency).await?;
+        let llm = crate::backend::llm_from_env(latency, crate::commits::prompt::offline_answer).await?;
         // A budget wait is bounded well inside the lease; longer ones go back to the queue.
-        let limiter = adapters.limiter(&crate::llm::limiter_name(), Arc::new(SystemClock))?;
-        let llm = crate::llm::limited(llm, limiter, Duration::from_secs(20));
+        let limiter = adapters.limiter(&crate::limiter::limiter_name(), Arc::new(SystemClock))?;
+        let llm = crate::limiter::limited(llm, limiter, Duration::from_secs(20));
         let metrics = Metrics::new();
         metrics.enable_emf();
         let commits = match lane {
-            Lane::Commits => Some(CommitsWorker::new(
-                &adapters,
+            Lane::Commits => Some(adapters.commits_worker(
                 llm.clone(),
                 Arc::new(DiffSources::from_env(false).await?),
                 metrics.clone(),
@@ -539,7 +530,7 @@ mod tests {
             serde_json::from_str(include_str!("../../events/sqs-interactive.json")).unwrap();
         let m = received_from_sqs(&sample.records[0]).unwrap();
         assert_eq!((m.receive_count, m.attributes["lane"].as_str()), (1, "interactive"));
-        assert!(serde_json::from_str::<crate::domain::TaskMessage>(&m.body).is_ok());
+        assert!(serde_json::from_str::<crate::tasks::TaskMessage>(&m.body).is_ok());
         let ids: Vec<&str> = resp.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
         assert_eq!(ids, ["b", "c"]);
     }
@@ -548,9 +539,9 @@ mod tests {
 #[cfg(test)]
 mod batch_tests {
     use super::*;
-    use crate::domain::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
     use crate::llm::OfflineProvider;
     use crate::ports::QueueSend;
+    use crate::tasks::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
     use serde_json::json;
 
     async fn setup(

@@ -102,6 +102,24 @@ pub async fn start(
     Err(hand_back(queue, message, after, "queue unavailable at lease start").await)
 }
 
+/// Receives up to `max` messages (SQS gives at most 10 a call), each leased for `visibility` from the
+/// moment it is received, so a poller that dies before its worker starts loses nothing for long.
+pub async fn receive_batch(
+    queue: &dyn QueueConsume,
+    max: usize,
+    visibility: Duration,
+) -> Result<Vec<ReceivedMessage>, QueueError> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        let got = queue.receive_for((max - out.len()).min(10), Some(visibility)).await?;
+        if got.is_empty() {
+            break;
+        }
+        out.extend(got);
+    }
+    Ok(out)
+}
+
 /// Acknowledges a delivery whose work is done (or whose record is terminal).
 pub async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome {
     match queue.delete(&message.receipt).await {

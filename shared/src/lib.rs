@@ -5,38 +5,38 @@
 //!
 //! # Layout
 //!
-//! - [`domain`]: kinds and lanes, request validation, the canonical idempotency key, the task record
-//!   and its state machine. Pure.
+//! From the bottom up; docs/ARCHITECTURE.md (Dependency rule) draws the layers and says why:
+//!
+//! - [`domain`]: the vocabulary both flows share: lanes, kinds, token counts, commit messages and
+//!   summaries. Pure.
+//! - [`tasks`]: the task flow. Its pure half ([`tasks::request`], [`tasks::key`], [`tasks::record`]:
+//!   validation, the idempotency key, the record's state machine) sits below the ports; its
+//!   [`tasks::ingress`] (the HTTP API) and [`tasks::worker`] (claim to fenced write) above them.
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping.
-//! - [`ports`]: the small traits the core depends on (queue send/consume, task store, lease lock,
-//!   cache, LLM client), each error carrying retry intent.
-//! - [`embedded`]: local adapters for every port: queues and store in one redb file, in-process lock
-//!   and cache.
-//! - [`adapters`]: the production adapters: SQS, DynamoDB, Redis/Valkey (the only SDK users).
-//! - [`backend`]: builds one backend's adapters once per process, from the environment or for `--create`.
-//! - [`llm`]: LLM providers (offline, OpenAI-compatible, Anthropic) and the retry policy.
-//! - [`limiter`]: the shared RPM/TPM limiter with lane reservations (in process and in Redis).
-//! - [`ingress`]: the task API as an axum router (`POST /v1/tasks`, `GET /v1/tasks/{id}`, `/healthz`).
-//! - [`lease`]: a delivery's lease: its start, the heartbeat (visibility and lock together), the hold
-//!   of a message waiting for a slot, ack / hand-back / requeue / dead-letter and the backoff. The
-//!   only module, besides the queue adapters, that changes a message's visibility.
-//! - [`worker`]: one task message from claim to the fenced final write: attempts, waits, age,
-//!   cancellation.
-//! - [`dlq`]: the sweep that marks the records of dead-lettered tasks `FAILED`, and the redrive.
-//! - [`pool`]: the weighted allocation policy and the in-process pool that runs workers with it.
-//! - [`metrics`]: Prometheus registry with per-lane metrics.
-//! - [`problem`]: RFC 9457 problem+json responses.
-//! - [`config`]: tunables with defaults and their validation.
-//! - [`controller`]: the per-minute concurrency controller over the lanes' event source mappings.
-//! - [`commits`]: the commit-summary flow: webhook, diff sources, diff budget, micro-batching, the
-//!   commits worker, the read API and `lanes summarize`.
-//! - [`local`]: `lanes dev`: everything above wired together in one process, on either backend.
-//! - [`lambda`]: cold-start configuration and Lambda events to the core (used by `functions/*`):
-//!   the ingress router, the SQS batch handler with its partial failures and deadline hand-back.
+//! - [`config`]: tunables with defaults, per-lane policies, and their validation.
+//! - [`ports`]: one small trait per capability (queue send/consume, task store, summary store, lease
+//!   lock, cache, LLM client, diff source), errors carrying retry intent, and shared constants.
+//! - [`embedded`]: the twin of every port: queues and stores in one redb file, in-process lock and
+//!   cache.
+//! - [`adapters`]: SQS, DynamoDB, Redis/Valkey (lock, cache, limiter scripts), Lambda mappings,
+//!   Bedrock, Secrets Manager. The only modules that name an SDK crate.
+//! - [`metrics`], [`problem`]: Prometheus/EMF metrics; RFC 9457 problem+json responses.
+//! - [`lease`]: a delivery's lease: start, heartbeat, hold, ack / hand-back / requeue / dead-letter,
+//!   backoff. The only module besides the queue adapters that changes a message's visibility.
+//! - [`limiter`]: the RPM/TPM decision with lane reservations (pure) and the in-process limiter.
+//! - [`llm`]: providers (offline, OpenAI-compatible, Anthropic) and the retry policy.
+//! - [`pool`]: the weighted allocation (pure) and the in-process pool that runs workers with it.
+//! - [`commits`]: the commit flow: webhook, diff sources, diff budget, prompt, worker, read API.
+//! - [`dlq`]: the sweep that settles the records behind dead-lettered task messages; list and
+//!   redrive.
+//! - [`controller`]: mapping concurrency from queue depth, every minute.
+//! - [`backend`]: one process's adapters, from the environment or created for `--create`.
+//! - [`local`]: `lanes dev`, everything wired in one process; [`summarize`]: `lanes summarize`.
+//! - [`lambda`]: Lambda events to the core (used by `functions/*`): cold-start wiring, the SQS batch
+//!   handler with its partial failures and deadline hand-back.
 
 pub mod adapters;
 pub mod backend;
-pub mod bench;
 pub mod clock;
 pub mod commits;
 pub mod config;
@@ -44,7 +44,6 @@ pub mod controller;
 pub mod dlq;
 pub mod domain;
 pub mod embedded;
-pub mod ingress;
 pub mod lambda;
 pub mod lease;
 pub mod limiter;
@@ -54,7 +53,8 @@ pub mod metrics;
 pub mod pool;
 pub mod ports;
 pub mod problem;
-pub mod worker;
+pub mod summarize;
+pub mod tasks;
 
 pub use tokio_util::sync::CancellationToken;
 

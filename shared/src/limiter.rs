@@ -1,4 +1,4 @@
-//! The shared LLM rate limiter (design §5): requests per minute and tokens per minute, with lane
+//! The shared LLM rate limiter (see docs/ARCHITECTURE.md, LLM gateway): requests per minute and tokens per minute, with lane
 //! reservations. Interactive holds 70% of each budget and the background lanes 30%; a class may
 //! borrow from the other's bucket only while that bucket is above a watermark, i.e. while the other
 //! class leaves it idle. Tokens are charged with an estimate before the call and reconciled with the
@@ -7,13 +7,12 @@
 //! Each class has a token bucket per dimension, refilled continuously at its share of the per-minute
 //! limit and holding at most that share of one minute, so the sum never exceeds what a provider's
 //! own per-minute bucket allows. [`decide`] is the algorithm; [`MemoryLimiter`] runs it in process
-//! and [`RedisLimiter`] runs the same steps as one Lua script shared by every worker.
+//! and `adapters::redis::limiter::RedisLimiter` runs the same steps as one Lua script shared by every
+//! worker.
 
-use crate::adapters::redis::RedisConn;
 use crate::clock::SharedClock;
 use crate::domain::Lane;
 use async_trait::async_trait;
-use redis::Script;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -193,117 +192,6 @@ impl RateLimiter for MemoryLimiter {
     }
 }
 
-/// [`decide`] and [`reconcile`] as one Lua script over one hash key, so every worker shares the
-/// buckets atomically. ARGV: op (`take`/`put`), now_ms, class (0/1), tokens, estimated, rpm, tpm,
-/// interactive share, lend_above, window_ms. Returns the wait in ms (0 = granted).
-const LIMITER_LUA: &str = r"
-local k = KEYS[1]
-local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local rpm, tpm, share, lend, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local caps = {rpm * share, rpm * (1 - share), tpm * share, tpm * (1 - share)}
-local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at')
-local levels, at = {}, tonumber(raw[5])
-if at == nil then
-  for i = 1, 4 do levels[i] = caps[i] end
-  at = now
-else
-  for i = 1, 4 do levels[i] = tonumber(raw[i]) end
-end
-local elapsed = math.max(0, now - at)
-for i = 1, 4 do levels[i] = math.min(levels[i] + elapsed * caps[i] / window, caps[i]) end
-at = math.max(at, now)
-local wait = 0
-if op == 'put' then
-  local i = 3 + class
-  levels[i] = math.min(levels[i] + estimated - tokens, caps[i])
-else
-  local own_off, other_off = class, 1 - class
-  local takes = {0, 0, 0, 0}
-  local dims = {{1, 1}, {3, tokens}}
-  for _, d in ipairs(dims) do
-    local own, other, need = d[1] + own_off, d[1] + other_off, d[2]
-    local need_now = math.min(need, caps[own])
-    local have = math.max(levels[own], 0)
-    if have >= need_now then
-      takes[own] = need
-    else
-      local lendable = levels[other] - lend * caps[other]
-      if lendable >= need_now - have then
-        takes[own] = have + (need - need_now)
-        takes[other] = need_now - have
-      else
-        local rate = caps[own] / window
-        local w = window
-        if rate > 0 then w = (need_now - levels[own]) / rate end
-        wait = math.max(wait, w)
-      end
-    end
-  end
-  if wait == 0 then
-    for i = 1, 4 do levels[i] = levels[i] - takes[i] end
-  end
-end
-redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at))
-redis.call('PEXPIRE', k, math.ceil(2 * window))
-return math.ceil(wait)
-";
-
-/// The limiter in Redis, shared by every worker (EVALSHA with EVAL fallback on NOSCRIPT).
-#[derive(Clone)]
-pub struct RedisLimiter {
-    conn: RedisConn,
-    key: String,
-    config: LimiterConfig,
-    clock: SharedClock,
-    script: Script,
-}
-
-impl RedisLimiter {
-    /// A limiter named `name` (one per provider and model) with keys under `prefix`.
-    pub fn new(conn: RedisConn, prefix: &str, name: &str, config: LimiterConfig, clock: SharedClock) -> Self {
-        Self {
-            conn,
-            key: format!("{prefix}{{limiter:{name}}}"),
-            config,
-            clock,
-            script: Script::new(LIMITER_LUA),
-        }
-    }
-
-    async fn run(&self, op: &str, class: Class, tokens: u64, estimated: u64) -> Result<u64, LimiterError> {
-        crate::metrics::aws_request("redis", "EVALSHA limiter");
-        let mut conn = self.conn.clone();
-        let c = &self.config;
-        self.script
-            .key(&self.key)
-            .arg(op)
-            .arg(self.clock.now_ms())
-            .arg(class as u8)
-            .arg(tokens)
-            .arg(estimated)
-            .arg(c.rpm)
-            .arg(c.tpm)
-            .arg(c.interactive_share)
-            .arg(c.lend_above)
-            .arg(c.window_ms)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| LimiterError::Unavailable(e.to_string()))
-    }
-}
-
-#[async_trait]
-impl RateLimiter for RedisLimiter {
-    async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError> {
-        let wait = self.run("take", lane.into(), tokens, 0).await?;
-        Ok(if wait == 0 { Decision::Granted } else { Decision::Wait(Duration::from_millis(wait)) })
-    }
-
-    async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
-        self.run("put", lane.into(), actual, estimated).await.map(|_| ())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,6 +284,28 @@ impl<C> Limited<C> {
     pub fn new(inner: C, limiter: std::sync::Arc<dyn RateLimiter>, max_wait: Duration) -> Self {
         Self { inner, limiter, max_wait }
     }
+}
+
+/// Puts the limiter (if any) in front of `llm`. A budget wait longer than `max_wait` hands the task
+/// back to its queue.
+pub fn limited(
+    llm: std::sync::Arc<dyn crate::ports::LlmClient>,
+    limiter: Option<std::sync::Arc<dyn crate::limiter::RateLimiter>>,
+    max_wait: std::time::Duration,
+) -> std::sync::Arc<dyn crate::ports::LlmClient> {
+    match limiter {
+        Some(limiter) => std::sync::Arc::new(crate::limiter::Limited::new(llm, limiter, max_wait)),
+        None => llm,
+    }
+}
+
+/// The limiter's name for the configured provider and model: one shared budget per model.
+pub fn limiter_name() -> String {
+    format!(
+        "{}:{}",
+        crate::config::optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into()),
+        std::env::var("LANES_LLM_MODEL").unwrap_or_default()
+    )
 }
 
 /// Tokens charged before a call: the prompt at four bytes a token plus the completion cap.

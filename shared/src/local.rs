@@ -1,4 +1,4 @@
-//! Local mode (design §7): the task flow in one process — the ingress routes plus `/metrics`, the
+//! Local mode (see docs/ARCHITECTURE.md, Local mode): the task flow in one process — the ingress routes plus `/metrics`, the
 //! weighted pool and the offline provider — on embedded adapters (queues and store in
 //! `<data dir>/lanes.redb`, in-process lock and cache) or, with `--backend aws`, on SQS, DynamoDB and
 //! Redis (moto, LocalStack or a real account).
@@ -9,17 +9,16 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::commits::api::{self, SummariesApi};
 use crate::commits::sources::DiffSources;
 use crate::commits::webhook::{self, Webhook, WebhookConfig};
-use crate::commits::worker::CommitsWorker;
 use crate::config::{ConfigError, IngressConfig, WorkerConfig};
 use crate::domain::Lane;
 use crate::embedded::QueueSettings;
-use crate::ingress::{Ingress, router};
 use crate::llm::OfflineProvider;
 use crate::metrics::Metrics;
 use crate::pool::{DEFAULT_SHARES, Pool};
 use crate::ports::DiffSource;
 use crate::ports::{LlmClient, QueueConsume};
-use crate::worker::Worker;
+use crate::tasks::ingress::{Ingress, router};
+use crate::tasks::worker::Worker;
 use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -78,11 +77,16 @@ pub async fn local_llm(
     offline_latency: [Duration; 3],
 ) -> Result<Arc<dyn LlmClient>, ConfigError> {
     let llm: Arc<dyn LlmClient> = match crate::config::optional_env("LANES_LLM_PROVIDER").as_deref() {
-        None | Some("offline") => Arc::new(OfflineProvider::new(|l| offline_latency[l.index()])),
-        Some(_) => crate::llm::from_env(Duration::ZERO).await?,
+        None | Some("offline") => Arc::new(
+            OfflineProvider::new(|l| offline_latency[l.index()])
+                .answering_batches(crate::commits::prompt::offline_answer),
+        ),
+        Some(_) => {
+            crate::backend::llm_from_env(Duration::ZERO, crate::commits::prompt::offline_answer).await?
+        }
     };
-    let limiter = adapters.limiter(&crate::llm::limiter_name(), clock)?;
-    Ok(crate::llm::limited(llm, limiter, Duration::from_secs(30)))
+    let limiter = adapters.limiter(&crate::limiter::limiter_name(), clock)?;
+    Ok(crate::limiter::limited(llm, limiter, Duration::from_secs(30)))
 }
 
 /// The Git side of local mode: webhook secrets and diff sources (GitHub, GitLab and local
@@ -218,8 +222,7 @@ impl Local {
         };
         let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
             Lane::ALL.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
-        let commits = CommitsWorker::new(
-            &adapters,
+        let commits = adapters.commits_worker(
             llm.clone(),
             git.diffs.clone(),
             metrics.clone(),

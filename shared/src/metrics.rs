@@ -1,4 +1,4 @@
-//! Metrics: one Prometheus registry per process with the per-lane series of design §6, rendered as
+//! Metrics: one Prometheus registry per process with the per-lane series of docs/ARCHITECTURE.md (Metrics), rendered as
 //! Prometheus text at `/metrics` locally, and as CloudWatch Embedded Metric Format documents in Lambda
 //! ([`Metrics::emf_documents`], printed after each invocation): counters as deltas since the last
 //! flush, latencies as the raw observations (so CloudWatch computes p99 itself).

@@ -1,4 +1,4 @@
-//! The weighted dynamic pool (design §2): a pure policy that says how many slots each lane may use
+//! The weighted dynamic pool (see docs/ARCHITECTURE.md, Lanes): a pure policy that says how many slots each lane may use
 //! now, and an in-process pool of N slots that runs workers with it. Interactive holds 70%, the
 //! background lanes 30%; a lane borrows what another leaves idle and gives it back as its tasks finish
 //! (no preemption).
@@ -7,7 +7,7 @@ use crate::commits::worker::CommitsWorker;
 use crate::domain::Lane;
 use crate::metrics::Metrics;
 use crate::ports::QueueConsume;
-use crate::worker::Worker;
+use crate::tasks::worker::Worker;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -232,12 +232,8 @@ impl Pool {
                 && let Some(commits) = &self.commits
             {
                 // One slot, one batch: commits share an LLM call, so they travel together.
-                let batch = match crate::commits::summarize::receive_batch(
-                    &**queue,
-                    COMMIT_BATCH,
-                    commits.lease.lease_ttl,
-                )
-                .await
+                let batch = match crate::lease::receive_batch(&**queue, COMMIT_BATCH, commits.lease.lease_ttl)
+                    .await
                 {
                     Ok(b) if !b.is_empty() => b,
                     Ok(_) => continue,
@@ -411,12 +407,12 @@ mod tests {
     #[tokio::test]
     async fn pool_reserves_70_30_and_lends_idle_capacity() {
         use crate::clock::SystemClock;
-        use crate::domain::{TaskMessage, TaskRecord, TaskRequest};
         use crate::embedded::{
             EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
         };
         use crate::llm::OfflineProvider;
         use crate::ports::{QueueSend, TaskStore};
+        use crate::tasks::{TaskMessage, TaskRecord, TaskRequest};
         use serde_json::json;
 
         let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,10 @@
-//! Ports: the small traits the core talks to, one capability each. Every port has an embedded adapter
-//! (`crate::embedded`) and, from the AWS adapters issue on, an AWS one. Errors carry retry intent.
+//! Ports: the small traits the core talks to, one capability each, and the constants their
+//! implementations share. Every port has an embedded twin (`crate::embedded`) and an AWS adapter
+//! (`crate::adapters`), held to the same contract (`tests/src/contract.rs`). Errors carry retry
+//! intent.
 
-use crate::domain::{Lane, TaskRecord, TaskResult, TokenUsage};
+use crate::domain::{Lane, TokenUsage};
+use crate::tasks::{TaskRecord, TaskResult};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,6 +36,12 @@ impl RetryIntent for QueueError {
         matches!(self, QueueError::Unavailable(_))
     }
 }
+
+/// Message attribute naming why a message was moved to a DLQ (set by every queue adapter, read by
+/// the DLQ sweep and `lanes dlq`).
+pub const DEAD_LETTER_REASON: &str = "DeadLetterReason";
+/// Message attribute naming the queue a dead-lettered message came from.
+pub const DEAD_LETTER_SOURCE: &str = "DeadLetterSourceQueue";
 
 /// A message as received, SQS-shaped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -350,7 +359,7 @@ pub struct LlmRequest {
     /// Upper bound on completion tokens.
     pub max_tokens: u32,
     /// Sampling parameters from the task's `params`.
-    pub params: crate::domain::ModelParams,
+    pub params: crate::tasks::ModelParams,
 }
 
 /// A model's answer.
@@ -386,7 +395,7 @@ impl<T: LlmClient + ?Sized> LlmClient for std::sync::Arc<T> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SummaryPage {
     /// The summaries.
-    pub items: Vec<crate::commits::CommitSummary>,
+    pub items: Vec<crate::domain::commit::CommitSummary>,
     /// Opaque cursor of the next page, when there is one.
     pub next: Option<String>,
 }
@@ -407,9 +416,12 @@ pub trait SummaryStore: Send + Sync {
     async fn get_summaries(
         &self,
         keys: &[(String, String)],
-    ) -> Result<Vec<crate::commits::CommitSummary>, StoreError>;
+    ) -> Result<Vec<crate::domain::commit::CommitSummary>, StoreError>;
     /// Writes a summary once (`attribute_not_exists`).
-    async fn put_summary(&self, summary: &crate::commits::CommitSummary) -> Result<WriteOnce, StoreError>;
+    async fn put_summary(
+        &self,
+        summary: &crate::domain::commit::CommitSummary,
+    ) -> Result<WriteOnce, StoreError>;
     /// A repository's summaries, newest first, `limit` per page.
     async fn list_summaries(
         &self,
@@ -449,5 +461,33 @@ impl RetryIntent for DiffError {
 #[async_trait]
 pub trait DiffSource: Send + Sync {
     /// The unified diff of `commit` against its first parent (the full tree for a root commit).
-    async fn diff(&self, commit: &crate::commits::CommitMessage) -> Result<String, DiffError>;
+    async fn diff(&self, commit: &crate::domain::commit::CommitMessage) -> Result<String, DiffError>;
+}
+
+// ---------------------------------------------------------------- event source mappings
+
+/// Errors of the mapping port.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// Throttled or unreachable: the next tick tries again.
+    #[error("event source mapping service unavailable: {0}")]
+    Unavailable(String),
+    /// The mapping does not exist or the call is not allowed: fix the configuration.
+    #[error("event source mapping call refused: {0}")]
+    Refused(String),
+}
+
+impl RetryIntent for ControlError {
+    fn is_retryable(&self) -> bool {
+        matches!(self, ControlError::Unavailable(_))
+    }
+}
+
+/// An event source mapping's concurrency (Lambda `Get`/`UpdateEventSourceMapping`).
+#[async_trait]
+pub trait MappingControl: Send + Sync {
+    /// The mapping's current `ScalingConfig.MaximumConcurrency` (`None` when unset).
+    async fn max_concurrency(&self, mapping: &str) -> Result<Option<u32>, ControlError>;
+    /// Sets it.
+    async fn set_max_concurrency(&self, mapping: &str, value: u32) -> Result<(), ControlError>;
 }

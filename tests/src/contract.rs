@@ -4,10 +4,13 @@
 // Contract checks panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
+use lanes_core::domain::TokenUsage;
+use lanes_core::domain::commit::{CommitSummary, SummarySource};
 use lanes_core::ports::{
-    CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, QueueConsume, QueueSend, TaskStore,
+    Acquire, Cache, CancelOutcome, ClaimOutcome, Completion, DEAD_LETTER_REASON, FinishOutcome, LeaseLock,
+    PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
 };
+use lanes_core::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -126,4 +129,113 @@ pub async fn queue_requeue<Q: QueueConsume + QueueSend>(queue: &Q) {
         "the old delivery is gone"
     );
     queue.delete(&copy.receipt).await.unwrap();
+}
+
+/// A queue with a DLQ: attributes and receive counts travel, a received message hides for its
+/// visibility and comes back with a higher count, a delete removes it, a dead-letter moves it with
+/// its reason, and the depth counts what is visible and what is in flight.
+pub async fn queue<Q: QueueConsume + QueueSend>(queue: &Q, dlq: &dyn QueueConsume) {
+    let attributes = BTreeMap::from([("lane".to_owned(), "interactive".to_owned())]);
+    queue.send("m1", attributes.clone()).await.unwrap();
+    let got = queue.receive_for(10, Some(Duration::from_secs(1))).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].body.as_str(), got[0].receive_count), ("m1", 1));
+    assert_eq!(got[0].attributes["lane"], "interactive");
+    assert!(got[0].sent_at_ms > 0);
+    let depth = queue.depth().await.unwrap();
+    assert_eq!((depth.visible, depth.in_flight), (0, 1));
+    assert!(queue.receive_for(10, Some(Duration::from_secs(1))).await.unwrap().is_empty(), "hidden");
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let again = queue.receive_for(10, Some(Duration::from_secs(30))).await.unwrap();
+    assert_eq!(again[0].receive_count, 2, "back after its visibility, counted");
+    queue.dead_letter(&again[0], "undecodable message: expected value").await.unwrap();
+    let dead = dlq.receive_for(10, Some(Duration::from_secs(30))).await.unwrap();
+    assert_eq!((dead.len(), dead[0].body.as_str()), (1, "m1"));
+    assert_eq!(dead[0].attributes[DEAD_LETTER_REASON], "undecodable message: expected value");
+    dlq.delete(&dead[0].receipt).await.unwrap();
+    queue.send("m2", attributes).await.unwrap();
+    let m2 = queue.receive_for(1, Some(Duration::ZERO)).await.unwrap().pop().unwrap();
+    queue.change_visibility(&m2.receipt, Duration::from_secs(30)).await.unwrap();
+    queue.delete(&m2.receipt).await.unwrap();
+    let depth = queue.depth().await.unwrap();
+    assert_eq!((depth.visible, depth.in_flight), (0, 0), "deleted");
+}
+
+/// A lease lock: one holder at a time, the holder's remaining TTL told to the others, renew and
+/// release only by the holder's token, and a lease that lapses can be taken.
+pub async fn lease_lock(lock: &dyn LeaseLock) {
+    let ttl = Duration::from_millis(300);
+    let key = "lease:{task:contract}";
+    let Acquire::Acquired(token) = lock.acquire(key, ttl).await.unwrap() else { panic!("free lock") };
+    let Acquire::Held { remaining } = lock.acquire(key, ttl).await.unwrap() else { panic!("held") };
+    assert!(remaining <= ttl && remaining > Duration::from_millis(100), "{remaining:?}");
+    assert!(lock.renew(key, &token, ttl).await.unwrap());
+    assert!(!lock.renew(key, "not the token", ttl).await.unwrap());
+    assert!(!lock.release(key, "not the token").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!lock.renew(key, &token, ttl).await.unwrap(), "a lapsed lease cannot be renewed");
+    let Acquire::Acquired(next) = lock.acquire(key, ttl).await.unwrap() else { panic!("lapsed lease") };
+    assert!(!lock.release(key, &token).await.unwrap(), "an old token cannot release the new lease");
+    assert!(lock.release(key, &next).await.unwrap());
+    assert!(matches!(lock.acquire(key, ttl).await.unwrap(), Acquire::Acquired(_)));
+}
+
+/// A TTL cache: an entry reads back until its TTL passes.
+pub async fn cache(cache: &dyn Cache) {
+    cache.set("contract:x", "v", Duration::from_millis(200)).await.unwrap();
+    assert_eq!(cache.get("contract:x").await.unwrap().as_deref(), Some("v"));
+    assert_eq!(cache.get("contract:missing").await.unwrap(), None);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(cache.get("contract:x").await.unwrap(), None, "expired");
+}
+
+fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {
+    CommitSummary {
+        repo_id: repo.into(),
+        sha: sha.into(),
+        repo: "o/r".into(),
+        subject: "s".into(),
+        summary: format!("summary of {sha}"),
+        model: "m".into(),
+        source: SummarySource::Llm,
+        tokens: TokenUsage { prompt: 10, completion: 2 },
+        diff_tokens: 8,
+        diff_cut: false,
+        committed_at_ms: at,
+        created_at_ms: 1,
+    }
+}
+
+/// Summaries are written once and read back by key; a repository's list pages newest first with an
+/// opaque cursor; a webhook delivery id is marked once until its TTL passes or it is forgotten.
+pub async fn summary_store(s: &dyn SummaryStore) {
+    let shas: Vec<String> = (0..5).map(|i| format!("{i:040x}")).collect();
+    for (i, sha) in shas.iter().enumerate() {
+        assert_eq!(
+            s.put_summary(&summary("github:1", sha, 1000 + i as u64)).await.unwrap(),
+            WriteOnce::Written
+        );
+    }
+    let mut other = summary("github:1", &shas[0], 5);
+    other.summary = "changed".into();
+    assert_eq!(s.put_summary(&other).await.unwrap(), WriteOnce::Exists);
+    s.put_summary(&summary("github:2", &shas[0], 1)).await.unwrap();
+
+    let keys = [("github:1".to_owned(), shas[0].clone()), ("github:9".to_owned(), shas[0].clone())];
+    let got = s.get_summaries(&keys).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].summary, format!("summary of {}", shas[0]), "immutable");
+
+    let p1 = s.list_summaries("github:1", 2, None).await.unwrap();
+    assert_eq!(p1.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[4], &shas[3]]);
+    let p2 = s.list_summaries("github:1", 2, p1.next.as_deref()).await.unwrap();
+    assert_eq!(p2.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[2], &shas[1]]);
+    let p3 = s.list_summaries("github:1", 2, p2.next.as_deref()).await.unwrap();
+    assert_eq!((p3.items.len(), p3.next), (1, None));
+
+    assert!(s.mark_delivery("github:d1", 1_000, 60).await.unwrap());
+    assert!(!s.mark_delivery("github:d1", 2_000, 60).await.unwrap(), "replay");
+    assert!(s.mark_delivery("github:d1", 62_000, 60).await.unwrap(), "expired");
+    s.unmark_delivery("github:d1").await.unwrap();
+    assert!(s.mark_delivery("github:d1", 62_001, 60).await.unwrap());
 }

@@ -18,10 +18,7 @@ macro_rules! on_both_backends {
         }
     };
 }
-/// The provider emulator, re-exported for the tests.
-pub mod mock_llm {
-    pub use lanes_core::llm::mock::*;
-}
+pub mod mock_llm;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -31,9 +28,10 @@ use std::time::{Duration, Instant};
 /// Path of a workspace binary built next to the test executable (`make test` builds them first).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir =
-        exe.parent().and_then(Path::parent).unwrap_or_else(|| panic!("odd test path {}", exe.display()));
+    // A test runs from target/<profile>/deps/<test>, `lanes bench` from target/<profile>/lanes: the
+    // binaries are beside the latter and one level up from the former.
+    let here = exe.parent().unwrap_or_else(|| panic!("odd path {}", exe.display()));
+    let dir = if here.join(name).exists() { here } else { here.parent().unwrap_or(here) };
     let bin = dir.join(name);
     assert!(bin.exists(), "{} is missing: run `cargo build --workspace` (make test does)", bin.display());
     bin
@@ -239,6 +237,15 @@ pub fn venv_bin(name: &str) -> PathBuf {
     let bin = venv.join("bin").join(name);
     assert!(bin.exists(), "{} is missing: run scripts/test-deps.sh (make test does)", bin.display());
     bin
+}
+
+/// Whether `redis-server` and the venv's `moto_server` are installed (what [`RedisServer`] and
+/// [`MotoServer`] start), so a caller that can do without them can say so instead of panicking.
+pub fn services_available() -> bool {
+    let venv =
+        std::env::var("LANES_VENV").map(PathBuf::from).unwrap_or_else(|_| workspace_root().join(".venv"));
+    venv.join("bin/moto_server").exists()
+        && Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_ok()
 }
 
 fn wait_for_port(port: u16, what: &str, child: &mut Child) {

@@ -8,9 +8,10 @@ use lanes_core::adapters::dynamodb::DynamoStore;
 use lanes_core::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
 use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
-use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus, TokenUsage};
-use lanes_core::embedded::DEAD_LETTER_REASON;
+use lanes_core::domain::TokenUsage;
+use lanes_core::ports::DEAD_LETTER_REASON;
 use lanes_core::ports::*;
+use lanes_core::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_tests::{MotoServer, RedisServer, now_ms};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -242,9 +243,10 @@ async fn redis_lock_and_cache_in_cluster_mode() {
 
 #[tokio::test]
 async fn redis_limiter_matches_the_in_process_one() {
+    use lanes_core::adapters::redis::limiter::RedisLimiter;
     use lanes_core::clock::ManualClock;
     use lanes_core::domain::Lane;
-    use lanes_core::limiter::{Decision, LimiterConfig, MemoryLimiter, RateLimiter, RedisLimiter};
+    use lanes_core::limiter::{Decision, LimiterConfig, MemoryLimiter, RateLimiter};
     let redis = RedisServer::start();
     let conn = redis_conn(&redis, false).await;
     let clock = ManualClock::new(1_000_000);

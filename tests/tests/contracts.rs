@@ -4,12 +4,15 @@
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use lanes_core::adapters::dynamodb::DynamoStore;
+use lanes_core::adapters::dynamodb::{DynamoStore, DynamoSummaries};
+use lanes_core::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
 use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
 use lanes_core::clock::SystemClock;
-use lanes_core::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, QueueSettings};
-use lanes_tests::{MotoServer, contract, now_ms};
+use lanes_core::embedded::{
+    EmbeddedDb, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, MemoryCache, MemoryLock, QueueSettings,
+};
+use lanes_tests::{MotoServer, RedisServer, contract, now_ms};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,4 +46,58 @@ async fn queue_requeue_sqs() {
     let client = aws_sdk_sqs::Client::new(&sdk_config(&moto.aws_settings()).await);
     let url = create_queue_with_dlq(&client, "contract", Duration::from_secs(900), 10).await.unwrap();
     contract::queue_requeue(&SqsQueue::connect(client, &url).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn queue_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: 10 };
+    let queues = EmbeddedQueues::open(EmbeddedDb::open(dir.path()).unwrap(), Arc::new(SystemClock), settings)
+        .await
+        .unwrap();
+    let queue = queues.queue("interactive", "interactive-dlq");
+    contract::queue(&queue, &queue.dead_letter_queue()).await;
+}
+
+#[tokio::test]
+async fn queue_sqs() {
+    let moto = MotoServer::start();
+    let client = aws_sdk_sqs::Client::new(&sdk_config(&moto.aws_settings()).await);
+    let url = create_queue_with_dlq(&client, "contract", Duration::from_secs(900), 10).await.unwrap();
+    let queue = SqsQueue::connect(client, &url).await.unwrap();
+    contract::queue(&queue, &queue.dead_letter_queue().unwrap()).await;
+}
+
+#[tokio::test]
+async fn lease_lock_and_cache_in_process() {
+    contract::lease_lock(&MemoryLock::new(Arc::new(SystemClock))).await;
+    contract::cache(&MemoryCache::new(Arc::new(SystemClock))).await;
+}
+
+#[tokio::test]
+async fn lease_lock_and_cache_on_redis_server() {
+    let redis = RedisServer::start();
+    let settings = RedisSettings {
+        url: redis.url(),
+        cluster: false,
+        prefix: "lanes:".into(),
+        timeout: Duration::from_millis(500),
+    };
+    let conn = connect(&settings).await.unwrap();
+    contract::lease_lock(&RedisLock::new(conn.clone(), "lanes:")).await;
+    contract::cache(&RedisCache::new(conn, "lanes:")).await;
+}
+
+#[tokio::test]
+async fn summary_store_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    contract::summary_store(&EmbeddedSummaries::new(EmbeddedDb::open(dir.path()).unwrap())).await;
+}
+
+#[tokio::test]
+async fn summary_store_dynamodb() {
+    let moto = MotoServer::start();
+    let client = aws_sdk_dynamodb::Client::new(&sdk_config(&moto.aws_settings()).await);
+    DynamoStore::create_table(&client, "contract").await.unwrap();
+    contract::summary_store(&DynamoSummaries::new(client, "contract")).await;
 }

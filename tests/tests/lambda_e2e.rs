@@ -9,9 +9,9 @@ use lanes_core::adapters::dynamodb::DynamoStore;
 use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::SqsQueue;
 use lanes_core::backend::create_aws_resources;
-use lanes_core::domain::TaskStatus;
 use lanes_core::embedded::QueueSettings;
 use lanes_core::ports::{QueueConsume, TaskStore};
+use lanes_core::tasks::TaskStatus;
 use lanes_tests::{LambdaWatch, MotoServer, RedisServer, workspace_root};
 use serde_json::{Value, json};
 
@@ -146,9 +146,7 @@ async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
     let config = sdk_config(&settings).await;
     let queue = SqsQueue::connect(aws_sdk_sqs::Client::new(&config), &urls[2]).await.unwrap();
     let received =
-        lanes_core::commits::summarize::receive_batch(&queue, 100, std::time::Duration::from_secs(60))
-            .await
-            .unwrap();
+        lanes_core::lease::receive_batch(&queue, 100, std::time::Duration::from_secs(60)).await.unwrap();
     assert_eq!(received.len(), 3, "two GitHub commits and one GitLab commit");
     let records: Vec<Value> = received
         .iter()

@@ -1,7 +1,7 @@
-//! Checks of the deployable stack that AWS only makes at deploy time (design §9.5), on
+//! Checks of the deployable stack that AWS only makes at deploy time (docs/ARCHITECTURE.md, Tests), on
 //! `template.yaml` as written: every lane queue has a DLQ and a visibility at least its consumer's
 //! timeout; every event source mapping reports batch item failures with `MaximumConcurrency` >= 2 and
-//! the batching of design §2; every function gets the variables its configuration requires; IAM
+//! the batching of docs/ARCHITECTURE.md (Lanes); every function gets the variables its configuration requires; IAM
 //! allows every AWS call the code makes. Also: every sample in `events/` decodes as the event its
 //! function takes. (`cfn-lint`, `sam validate --lint` and the arm64 builds run in `make test` too.)
 
@@ -146,7 +146,10 @@ fn every_lane_queue_has_a_dlq_and_outlasts_its_consumer() {
             "synthesis" => batch == 1 && window == 0 && timeout == 900,
             _ => batch == 100 && window == 2 && timeout == 300,
         };
-        assert!(want, "{id}: batch {batch}, window {window}, timeout {timeout} differ from design section 2");
+        assert!(
+            want,
+            "{id}: batch {batch}, window {window}, timeout {timeout} differ from docs/ARCHITECTURE.md (Lanes)"
+        );
         assert!(
             t["Resources"]["ControllerFunction"]["Properties"]["Environment"]["Variables"]
                 [format!("LANES_MAPPING_{}", lane.to_uppercase()).as_str()]
@@ -297,15 +300,18 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
             }
         }
     }
-    // Every AWS operation the adapters count (design §6) is granted to some function; operations
+    // Every AWS operation the adapters count (docs/ARCHITECTURE.md, Metrics) is granted to some function; operations
     // only `lanes dev --create` makes are not deployed.
     let local_only =
         ["sqs:CreateQueue", "sqs:SetQueueAttributes", "dynamodb:CreateTable", "dynamodb:UpdateTimeToLive"];
     let mut calls = BTreeSet::new();
-    for dir in ["shared/src", "shared/src/adapters", "shared/src/llm", "shared/src/commits"] {
-        for entry in std::fs::read_dir(workspace_root().join(dir)).unwrap() {
+    let mut dirs = vec![workspace_root().join("shared/src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "rs") {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
                 let src = std::fs::read_to_string(&path).unwrap();
                 for part in src.split("aws_request(\"").skip(1) {
                     let mut it = part.split('"');
@@ -374,10 +380,10 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
         let m = lanes_core::lambda::received_from_sqs(&e.records[0]).unwrap();
         assert_eq!(m.attributes["lane"], lane, "{file}");
         if lane == "commits" {
-            let c: lanes_core::commits::CommitMessage = serde_json::from_str(&m.body).unwrap();
+            let c: lanes_core::domain::commit::CommitMessage = serde_json::from_str(&m.body).unwrap();
             c.validate().unwrap();
         } else {
-            let t: lanes_core::domain::TaskMessage = serde_json::from_str(&m.body).unwrap();
+            let t: lanes_core::tasks::TaskMessage = serde_json::from_str(&m.body).unwrap();
             assert_eq!(t.lane.as_str(), lane, "{file}");
         }
     }
@@ -402,16 +408,18 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
                 lanes_core::commits::webhook::verify_github(secret.as_bytes(), &body, Some(&sig)),
                 "{file}"
             );
-            let push = lanes_core::commits::webhook::parse_push(lanes_core::commits::Provider::Github, &body)
-                .unwrap();
+            let push =
+                lanes_core::commits::webhook::parse_push(lanes_core::domain::commit::Provider::Github, &body)
+                    .unwrap();
             assert_eq!(push.commits.len(), 2);
         } else {
             assert!(
                 lanes_core::commits::webhook::verify_gitlab(secret, h("x-gitlab-token").as_deref()),
                 "{file}"
             );
-            let push = lanes_core::commits::webhook::parse_push(lanes_core::commits::Provider::Gitlab, &body)
-                .unwrap();
+            let push =
+                lanes_core::commits::webhook::parse_push(lanes_core::domain::commit::Provider::Gitlab, &body)
+                    .unwrap();
             assert_eq!(push.commits.len(), 1);
         }
     }

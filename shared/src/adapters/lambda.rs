@@ -1,7 +1,7 @@
 //! Lambda adapter of the controller's port: `GetEventSourceMapping` and `UpdateEventSourceMapping`
 //! with `ScalingConfig.MaximumConcurrency`.
 
-use crate::controller::{ControlError, MappingControl};
+use crate::ports::{ControlError, MappingControl};
 use async_trait::async_trait;
 use aws_sdk_lambda::Client;
 use aws_sdk_lambda::error::{ProvideErrorMetadata, SdkError};

@@ -1,11 +1,75 @@
-//! Production adapters of the ports: SQS, DynamoDB, Redis/Valkey (ElastiCache) and Lambda event source
-//! mappings. Only this module
-//! touches an SDK; each adapter has an embedded twin in `crate::embedded`.
+//! Production adapters of the ports: SQS, DynamoDB, Redis/Valkey (ElastiCache), Lambda event source
+//! mappings, Bedrock and Secrets Manager. Only this module names an SDK crate (`aws_sdk_*`,
+//! `aws_config`, `redis`): the rest of the core sees the ports, and builds adapters through
+//! [`AwsClients`]. Each adapter has an embedded twin in `crate::embedded`.
 
+pub mod bedrock;
 pub mod dynamodb;
 pub mod lambda;
 pub mod redis;
+pub mod secrets;
 pub mod sqs;
+
+/// One process's AWS clients, built once from one SDK configuration, and the adapters over them.
+#[derive(Clone)]
+pub struct AwsClients {
+    sdk: aws_config::SdkConfig,
+    sqs: aws_sdk_sqs::Client,
+    dynamodb: aws_sdk_dynamodb::Client,
+}
+
+impl AwsClients {
+    /// Loads the configuration (region, credentials, endpoint, [`timeouts`]) and builds the clients.
+    pub async fn load(settings: &AwsSettings) -> Self {
+        let sdk = sdk_config(settings).await;
+        Self { sqs: aws_sdk_sqs::Client::new(&sdk), dynamodb: aws_sdk_dynamodb::Client::new(&sdk), sdk }
+    }
+
+    /// A send-only handle on the queue at `url` (no I/O).
+    pub fn queue_sender(&self, url: &str) -> sqs::SqsQueue {
+        sqs::SqsQueue::sender(self.sqs.clone(), url)
+    }
+
+    /// A consumer of the queue at `url`, with its redrive policy read once.
+    pub async fn queue(&self, url: &str) -> Result<sqs::SqsQueue, crate::ports::QueueError> {
+        sqs::SqsQueue::connect(self.sqs.clone(), url).await
+    }
+
+    /// Creates `name` with its `-dlq` and a redrive policy, idempotently; returns its URL.
+    pub async fn create_queue_with_dlq(
+        &self,
+        name: &str,
+        visibility: std::time::Duration,
+        max_receive_count: u32,
+    ) -> Result<String, crate::ports::QueueError> {
+        sqs::create_queue_with_dlq(&self.sqs, name, visibility, max_receive_count).await
+    }
+
+    /// The task store in `table`.
+    pub fn task_store(&self, table: &str) -> dynamodb::DynamoStore {
+        dynamodb::DynamoStore::new(self.dynamodb.clone(), table)
+    }
+
+    /// The summary store in `table`.
+    pub fn summaries(&self, table: &str) -> dynamodb::DynamoSummaries {
+        dynamodb::DynamoSummaries::new(self.dynamodb.clone(), table)
+    }
+
+    /// Creates `table` (with its TTL and index), idempotently.
+    pub async fn create_table(&self, table: &str) -> Result<(), crate::ports::StoreError> {
+        dynamodb::DynamoStore::create_table(&self.dynamodb, table).await
+    }
+
+    /// The event source mappings, for the controller.
+    pub fn mappings(&self) -> lambda::LambdaMappings {
+        lambda::LambdaMappings::new(aws_sdk_lambda::Client::new(&self.sdk))
+    }
+
+    /// Bedrock Converse for `model_id`.
+    pub fn bedrock(&self, model_id: &str) -> bedrock::BedrockClient {
+        bedrock::BedrockClient::new(&self.sdk, model_id)
+    }
+}
 
 /// Where and how to reach AWS (or an emulator).
 #[derive(Debug, Clone, Default)]

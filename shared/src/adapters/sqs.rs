@@ -291,8 +291,8 @@ impl QueueConsume for SqsQueue {
             return Err(QueueError::Rejected(format!("{} has no redrive policy", self.url)));
         };
         let mut attrs = message.attributes.clone();
-        attrs.insert(crate::embedded::DEAD_LETTER_REASON.into(), reason.chars().take(1024).collect());
-        attrs.insert(crate::embedded::DEAD_LETTER_SOURCE.into(), self.url.clone());
+        attrs.insert(crate::ports::DEAD_LETTER_REASON.into(), reason.chars().take(1024).collect());
+        attrs.insert(crate::ports::DEAD_LETTER_SOURCE.into(), self.url.clone());
         crate::metrics::aws_request("sqs", "SendMessage");
         self.client
             .send_message()

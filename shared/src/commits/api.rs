@@ -2,7 +2,7 @@
 //! `GET /v1/repos/{repo_id}/commits/{sha}/summary` (hot cache, then the store) and
 //! `GET /v1/repos/{repo_id}/summaries?limit=&cursor=` (newest first, paginated with an opaque cursor).
 
-use super::{CommitSummary, summary_cache_key, validate_repo_id, validate_sha};
+use crate::domain::commit::{CommitSummary, summary_cache_key, validate_repo_id, validate_sha};
 use crate::ports::{Cache, StoreError, SummaryStore};
 use crate::problem::Problem;
 use axum::extract::{Path, Query, State};
@@ -115,8 +115,8 @@ async fn list(
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
-    use crate::commits::SummarySource;
     use crate::domain::TokenUsage;
+    use crate::domain::commit::SummarySource;
     use crate::embedded::{EmbeddedDb, EmbeddedSummaries, MemoryCache};
     use http_body_util::BodyExt;
     use tower::ServiceExt;

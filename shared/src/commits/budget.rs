@@ -1,4 +1,4 @@
-//! The diff budget (design §5): drop noise first (lockfiles, vendored, generated, minified, binary
+//! The diff budget (see docs/ARCHITECTURE.md, LLM gateway): drop noise first (lockfiles, vendored, generated, minified, binary
 //! files), then cut what is left to at most `max_tokens` (4,000) tokens counted by a real BPE
 //! tokenizer (`o200k_base`), keeping every file header and the start of every hunk and marking what
 //! was cut. A commit that only touches noise needs no model at all ([`Trimmed::noise_only`]).

@@ -3,8 +3,8 @@
 //! local repository through the `git` CLI. [`DiffSources`] routes a commit to its provider's source;
 //! a provider without one is a permanent error, so a deployment never reads what it was not given.
 
-use super::{CommitMessage, Provider};
 use crate::config::ConfigError;
+use crate::domain::commit::{CommitMessage, Provider};
 use crate::llm::retry::retry_hint;
 use crate::ports::{DiffError, DiffSource};
 use async_trait::async_trait;
@@ -267,11 +267,15 @@ impl DiffSources {
         let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
             .unwrap_or_else(|| "https://api.github.com".into());
         let github_token =
-            crate::llm::env_or_secret("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET").await?;
+            crate::adapters::secrets::env_or_secret("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET")
+                .await?;
         let gitlab_url =
             crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
-        let gitlab_token =
-            crate::llm::env_or_secret("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET").await?;
+        let gitlab_token = crate::adapters::secrets::env_or_secret(
+            "LANES_GITLAB_API_TOKEN",
+            "LANES_GITLAB_API_TOKEN_SECRET",
+        )
+        .await?;
         Ok(Self {
             github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout)?)),
             gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout)?)),

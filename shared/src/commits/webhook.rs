@@ -1,13 +1,13 @@
-//! Git push webhooks (design §1, §4): GitHub (`X-Hub-Signature-256`, HMAC-SHA256 over the raw body)
+//! Git push webhooks (see docs/ARCHITECTURE.md: Flows; Idempotency): GitHub (`X-Hub-Signature-256`, HMAC-SHA256 over the raw body)
 //! and GitLab (`X-Gitlab-Token`), both checked in constant time before the body is parsed; `ping`
 //! answered, other events ignored, deleted refs and non-distinct commits skipped, replayed deliveries
 //! dropped for 7 days; one message per new commit sent to the `commits` queue in batches of 10. The
 //! same router serves `lanes dev` (`/webhooks/github`, `/webhooks/gitlab`) and the function URL, which
 //! tells the hosts apart by header.
 
-use super::{CommitMessage, Provider, subject_of, validate_sha};
 use crate::clock::SharedClock;
 use crate::config::ConfigError;
+use crate::domain::commit::{CommitMessage, Provider, subject_of, validate_sha};
 use crate::metrics::Metrics;
 use crate::ports::{QueueSend, SummaryStore};
 use crate::problem::Problem;
@@ -52,11 +52,16 @@ impl WebhookConfig {
     /// `LANES_GITHUB_WEBHOOK_SECRET` / `LANES_GITLAB_WEBHOOK_TOKEN`, or in Lambda the Secrets Manager
     /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`.
     pub async fn from_env() -> Result<Self, ConfigError> {
-        let github_secret =
-            crate::llm::env_or_secret("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID")
-                .await?;
-        let gitlab_token =
-            crate::llm::env_or_secret("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID").await?;
+        let github_secret = crate::adapters::secrets::env_or_secret(
+            "LANES_GITHUB_WEBHOOK_SECRET",
+            "LANES_GITHUB_WEBHOOK_SECRET_ID",
+        )
+        .await?;
+        let gitlab_token = crate::adapters::secrets::env_or_secret(
+            "LANES_GITLAB_WEBHOOK_TOKEN",
+            "LANES_GITLAB_WEBHOOK_TOKEN_ID",
+        )
+        .await?;
         Ok(Self {
             github_secret: github_secret.filter(|s| !s.is_empty()),
             gitlab_token: gitlab_token.filter(|s| !s.is_empty()),

@@ -1,15 +1,17 @@
-//! The commits lane's worker (design §1, §3, §4): a whole batch of commit messages at once. Every
-//! message is leased at receipt and renewed by one heartbeat (visibility and lock together); each
+//! The commits lane's worker: a whole batch of commit messages at once (see docs/ARCHITECTURE.md:
+//! Flows; Lease, fence and ack; Idempotency). Every message is leased at receipt and renewed by one heartbeat (visibility and lock together); each
 //! distinct `repo_id:sha` is answered from the hot cache, then the store (`BatchGetItem`), and only
 //! the rest are locked, diffed, trimmed, packed into as few LLM calls as the budget allows, validated,
 //! written once (`attribute_not_exists`), cached for 24 h and acknowledged. Nothing is dropped: a
 //! commit held by another worker, or failing for a reason that may pass, goes back to the queue.
 
+pub use super::CommitsConfig;
 use super::budget::{self, Trimmed};
 use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
-use super::{CommitMessage, CommitSummary, SummarySource, summary_cache_key};
+pub use super::report::{BatchReport, Done, Served};
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
+use crate::domain::commit::{CommitMessage, CommitSummary, SummarySource, summary_cache_key};
 use crate::domain::{Kind, Lane, TokenUsage};
 use crate::lease::{self, Heartbeat, Leased, Outcome, after_holder, full_jitter_backoff};
 use crate::metrics::Metrics;
@@ -18,7 +20,6 @@ use crate::ports::{
     QueueError, ReceivedMessage, SummaryStore, WriteOnce,
 };
 use futures::future::join_all;
-use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,82 +28,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 const LANE: &str = "commits";
-
-/// Tunables of the commits worker.
-#[derive(Debug, Clone, Copy)]
-pub struct CommitsConfig {
-    /// Per-commit diff budget in tokens.
-    pub diff_tokens: usize,
-    /// Prompt-token budget of one call (commit sections).
-    pub batch_tokens: usize,
-    /// Most commits per call.
-    pub max_commits_per_call: usize,
-    /// Lifetime of a summary in the hot cache.
-    pub cache_ttl: Duration,
-    /// Diffs fetched at once.
-    pub diff_concurrency: usize,
-    /// LLM calls at once (the shared limiter still applies).
-    pub llm_concurrency: usize,
-}
-
-impl Default for CommitsConfig {
-    fn default() -> Self {
-        Self {
-            diff_tokens: budget::DIFF_TOKENS,
-            batch_tokens: prompt::BATCH_TOKENS,
-            max_commits_per_call: prompt::MAX_COMMITS_PER_CALL,
-            cache_ttl: Duration::from_secs(24 * 3600),
-            diff_concurrency: 8,
-            llm_concurrency: 4,
-        }
-    }
-}
-
-/// Where a commit's summary came from in this batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Served {
-    /// Written now by the model.
-    Llm,
-    /// Written now by a rule (noise-only commit).
-    Rule,
-    /// Found in the hot cache.
-    Cache,
-    /// Found in the durable store.
-    Store,
-}
-
-/// One commit finished in this batch.
-#[derive(Debug, Clone, Serialize)]
-pub struct Done {
-    /// How it was answered.
-    pub served: Served,
-    /// The stored summary.
-    pub summary: CommitSummary,
-}
-
-/// What a batch did (for metrics, logs, `lanes summarize` and benchmarks).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct BatchReport {
-    /// Distinct commits in the batch.
-    pub commits: usize,
-    /// Model calls made.
-    pub llm_calls: u64,
-    /// Answered from the hot cache.
-    pub cache_hits: u64,
-    /// Answered from the durable store.
-    pub store_hits: u64,
-    /// Summarized by rule, no model.
-    pub rule_summaries: u64,
-    /// Prompt tokens reported by the model.
-    pub prompt_tokens: u64,
-    /// Completion tokens reported by the model.
-    pub completion_tokens: u64,
-    /// Commits whose summary another worker wrote first.
-    pub lost_races: u64,
-    /// Commits finished.
-    pub done: Vec<Done>,
-}
 
 /// The commits worker, built once per process.
 #[derive(Clone)]
@@ -163,28 +88,6 @@ struct Pending {
 }
 
 impl CommitsWorker {
-    /// A worker on one backend's adapters (summaries, cache, lock) with the default budgets.
-    pub fn new(
-        adapters: &crate::backend::Adapters,
-        llm: Arc<dyn LlmClient>,
-        diffs: Arc<dyn DiffSource>,
-        metrics: Metrics,
-        clock: SharedClock,
-        lease: WorkerConfig,
-    ) -> Self {
-        Self {
-            summaries: adapters.summaries.clone(),
-            cache: adapters.cache.clone(),
-            lock: adapters.lock.clone(),
-            llm,
-            diffs,
-            metrics,
-            clock,
-            lease,
-            config: CommitsConfig::default(),
-        }
-    }
-
     /// Processes a batch before `deadline`; returns each message's outcome (by message id) and what
     /// was done. Commits still waiting at the deadline are handed back at once.
     pub async fn process_batch(
@@ -753,7 +656,7 @@ enum CallResult {
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
-    use crate::commits::Provider;
+    use crate::domain::commit::Provider;
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedSummaries, MemoryCache, MemoryLock,
     };
@@ -832,7 +735,7 @@ mod tests {
         let queues = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
         let queue = queues.queue("commits", "commits-dlq");
         let llm = Arc::new(Forgetful {
-            inner: OfflineProvider::new(|_| Duration::ZERO),
+            inner: OfflineProvider::new(|_| Duration::ZERO).answering_batches(prompt::offline_answer),
             forget: forget.to_owned(),
             calls: AtomicU64::new(0),
             commits_asked: Mutex::new(Vec::new()),
@@ -865,8 +768,7 @@ mod tests {
     }
 
     async fn drain(r: &Rig) -> (Vec<Outcome>, BatchReport) {
-        let batch =
-            crate::commits::summarize::receive_batch(&r.queue, 100, Duration::from_secs(5)).await.unwrap();
+        let batch = crate::lease::receive_batch(&r.queue, 100, Duration::from_secs(5)).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         let (outcomes, report) = r.worker.process_batch(Arc::new(r.queue.clone()), batch, deadline).await;
         (outcomes.into_iter().map(|(_, o)| o).collect(), report)
@@ -946,7 +848,7 @@ mod tests {
     #[tokio::test]
     async fn a_commit_leased_elsewhere_goes_back_to_the_queue() {
         let r = rig(HashMap::from([(sha(1), diff("a.rs", 3))]), "").await;
-        let key = format!("lease:{{commit:{}}}", crate::commits::commit_key("github:1", &sha(1)));
+        let key = format!("lease:{{commit:{}}}", crate::domain::commit::commit_key("github:1", &sha(1)));
         let Acquire::Acquired(_) = r.worker.lock.acquire(&key, Duration::from_secs(30)).await.unwrap() else {
             panic!("lock")
         };

@@ -51,19 +51,3 @@ impl Cache for MemoryCache {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-
-    #[tokio::test]
-    async fn entries_expire() {
-        let clock = ManualClock::new(0);
-        let cache = MemoryCache::new(clock.clone());
-        cache.set("a", "1", Duration::from_millis(10)).await.unwrap();
-        assert_eq!(cache.get("a").await.unwrap().as_deref(), Some("1"));
-        clock.advance_ms(10);
-        assert_eq!(cache.get("a").await.unwrap(), None);
-    }
-}

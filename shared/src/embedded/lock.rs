@@ -59,29 +59,3 @@ impl LeaseLock for MemoryLock {
         })
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-
-    #[tokio::test]
-    async fn token_ttl_renew_release() {
-        let clock = ManualClock::new(1_000);
-        let lock = MemoryLock::new(clock.clone());
-        let ttl = Duration::from_millis(100);
-        let Acquire::Acquired(token) = lock.acquire("k", ttl).await.unwrap() else { panic!("not acquired") };
-        assert_eq!(lock.acquire("k", ttl).await.unwrap(), Acquire::Held { remaining: ttl });
-        clock.advance_ms(60);
-        assert!(lock.renew("k", &token, ttl).await.unwrap());
-        clock.advance_ms(60);
-        assert!(matches!(lock.acquire("k", ttl).await.unwrap(), Acquire::Held { .. }), "renewed lease holds");
-        assert!(!lock.renew("k", "other", ttl).await.unwrap());
-        assert!(!lock.release("k", "other").await.unwrap());
-        clock.advance_ms(100);
-        assert!(!lock.renew("k", &token, ttl).await.unwrap(), "expired lease cannot be renewed");
-        let Acquire::Acquired(t2) = lock.acquire("k", ttl).await.unwrap() else { panic!("not acquired") };
-        assert!(!lock.release("k", &token).await.unwrap(), "old token cannot release the new lease");
-        assert!(lock.release("k", &t2).await.unwrap());
-    }
-}

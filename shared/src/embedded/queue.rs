@@ -5,7 +5,9 @@
 
 use super::db::EmbeddedDb;
 use crate::clock::SharedClock;
-use crate::ports::{QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
+use crate::ports::{
+    DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage,
+};
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -15,11 +17,6 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 const MESSAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("queue_messages");
-
-/// Attribute set on a dead-lettered message, saying why.
-pub const DEAD_LETTER_REASON: &str = "DeadLetterReason";
-/// Attribute naming the queue a dead-lettered message came from.
-pub const DEAD_LETTER_SOURCE: &str = "DeadLetterSourceQueue";
 
 impl From<String> for QueueError {
     fn from(s: String) -> Self {

@@ -3,7 +3,7 @@
 //! markers that expire).
 
 use super::db::EmbeddedDb;
-use crate::commits::CommitSummary;
+use crate::domain::commit::CommitSummary;
 use crate::ports::{StoreError, SummaryPage, SummaryStore, WriteOnce};
 use async_trait::async_trait;
 use base64::Engine;
@@ -52,7 +52,7 @@ impl SummaryStore for EmbeddedSummaries {
                 let mut out = Vec::new();
                 for (repo_id, sha) in keys {
                     let Some(order) = by_key
-                        .get(crate::commits::commit_key(&repo_id, &sha).as_str())
+                        .get(crate::domain::commit::commit_key(&repo_id, &sha).as_str())
                         .map_err(unavailable)?
                     else {
                         continue;
@@ -180,66 +180,5 @@ impl SummaryStore for EmbeddedSummaries {
                 Ok(())
             })
             .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::TokenUsage;
-
-    pub(crate) fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {
-        CommitSummary {
-            repo_id: repo.into(),
-            sha: sha.into(),
-            repo: "o/r".into(),
-            subject: "s".into(),
-            summary: format!("summary of {sha}"),
-            model: "m".into(),
-            source: crate::commits::SummarySource::Llm,
-            tokens: TokenUsage { prompt: 10, completion: 2 },
-            diff_tokens: 8,
-            diff_cut: false,
-            committed_at_ms: at,
-            created_at_ms: 1,
-        }
-    }
-
-    #[tokio::test]
-    async fn write_once_pages_and_deliveries() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = EmbeddedSummaries::new(EmbeddedDb::open(dir.path()).unwrap());
-        let shas: Vec<String> = (0..5).map(|i| format!("{i:040x}")).collect();
-        for (i, sha) in shas.iter().enumerate() {
-            assert_eq!(
-                s.put_summary(&summary("github:1", sha, 1000 + i as u64)).await.unwrap(),
-                WriteOnce::Written
-            );
-        }
-        let mut other = summary("github:1", &shas[0], 5);
-        other.summary = "changed".into();
-        assert_eq!(s.put_summary(&other).await.unwrap(), WriteOnce::Exists);
-        s.put_summary(&summary("github:2", &shas[0], 1)).await.unwrap();
-
-        let got = s
-            .get_summaries(&[("github:1".into(), shas[0].clone()), ("github:9".into(), shas[0].clone())])
-            .await
-            .unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].summary, format!("summary of {}", shas[0]), "immutable");
-
-        let p1 = s.list_summaries("github:1", 2, None).await.unwrap();
-        assert_eq!(p1.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[4], &shas[3]]);
-        let p2 = s.list_summaries("github:1", 2, p1.next.as_deref()).await.unwrap();
-        assert_eq!(p2.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[2], &shas[1]]);
-        let p3 = s.list_summaries("github:1", 2, p2.next.as_deref()).await.unwrap();
-        assert_eq!((p3.items.len(), p3.next), (1, None));
-        assert!(s.list_summaries("github:2", 2, p1.next.as_deref()).await.is_err(), "cursor of another repo");
-
-        assert!(s.mark_delivery("github:d1", 1_000, 60).await.unwrap());
-        assert!(!s.mark_delivery("github:d1", 2_000, 60).await.unwrap(), "replay");
-        assert!(s.mark_delivery("github:d1", 62_000, 60).await.unwrap(), "expired");
-        s.unmark_delivery("github:d1").await.unwrap();
-        assert!(s.mark_delivery("github:d1", 62_001, 60).await.unwrap());
     }
 }

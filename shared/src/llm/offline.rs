@@ -10,17 +10,28 @@ use std::time::Duration;
 /// Model name reported by the offline provider.
 pub const OFFLINE_MODEL: &str = "offline-heuristic (not an LLM)";
 
+/// Answers a commit-summary batch prompt in the format the commits flow asks for. Injected (by the
+/// wiring) rather than imported, so the provider does not depend on the flow that uses it.
+pub type BatchAnswer = fn(&str) -> String;
+
 /// The offline provider.
 #[derive(Debug, Default)]
 pub struct OfflineProvider {
     latency: [Duration; 3],
     calls: [AtomicU64; 3],
+    batch_answer: Option<BatchAnswer>,
 }
 
 impl OfflineProvider {
     /// A provider answering after the given simulated latency per lane.
     pub fn new(latency: impl Fn(Lane) -> Duration) -> Self {
-        Self { latency: Lane::ALL.map(latency), calls: Default::default() }
+        Self { latency: Lane::ALL.map(latency), calls: Default::default(), batch_answer: None }
+    }
+
+    /// The same provider, answering commit-summary prompts with `answer` (the commits flow's format).
+    pub fn answering_batches(mut self, answer: BatchAnswer) -> Self {
+        self.batch_answer = Some(answer);
+        self
     }
 
     /// Calls made so far, over every lane.
@@ -48,9 +59,11 @@ impl LlmClient for OfflineProvider {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        if request.kind == crate::domain::Kind::CommitSummary {
+        if request.kind == crate::domain::Kind::CommitSummary
+            && let Some(answer) = self.batch_answer
+        {
             // A valid answer to the batch prompt, so the commits pipeline runs end to end offline.
-            let text = crate::commits::prompt::offline_answer(&request.prompt);
+            let text = answer(&request.prompt);
             let usage =
                 TokenUsage { prompt: approx_tokens(&request.prompt), completion: approx_tokens(&text) };
             let truncated = usage.completion > u64::from(request.max_tokens);

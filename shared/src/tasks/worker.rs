@@ -13,7 +13,6 @@
 
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
-use crate::domain::{ModelParams, TaskMessage, TaskRecord, TaskResult, TaskStatus};
 use crate::lease::{self, CancelProbe, Heartbeat, Leased};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
@@ -21,6 +20,7 @@ use crate::ports::{
     Acquire, Cache, ClaimOutcome, Completion, FinishOutcome, LeaseLock, LlmClient, LlmError, LlmRequest,
     QueueConsume, ReceivedMessage, TaskStore,
 };
+use crate::tasks::{ModelParams, TaskMessage, TaskRecord, TaskResult, TaskStatus};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -404,11 +404,12 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock, SystemClock};
     use crate::config::IngressConfig;
-    use crate::domain::{Lane, TaskRequest, TaskStatus};
+    use crate::domain::Lane;
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };
     use crate::ports::{CancelOutcome, LlmResponse, PutOutcome, QueueSend};
+    use crate::tasks::{TaskRequest, TaskStatus};
     use async_trait::async_trait;
     use serde_json::json;
     use std::collections::{BTreeMap, VecDeque};
@@ -805,7 +806,7 @@ mod tests {
         let Outcome::DeadLettered { reason } = r.worker.process(r.queue(), bad).await else { panic!() };
         assert!(reason.starts_with("undecodable message"));
         let dlq = r.queue.dead_letter_queue().peek_all().await;
-        assert_eq!(dlq[0].1[crate::embedded::DEAD_LETTER_REASON], reason);
+        assert_eq!(dlq[0].1[crate::ports::DEAD_LETTER_REASON], reason);
         assert_eq!(
             r.worker.process(r.queue(), got.pop().unwrap()).await,
             Outcome::Acked,

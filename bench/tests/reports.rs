@@ -7,7 +7,7 @@
 
 #[tokio::test]
 async fn micro_batching_spends_fewer_calls_and_tokens_and_no_429() {
-    let r = lanes_core::bench::batching_report(120, 40.0, 150_000.0).await.unwrap();
+    let r = lanes_bench::batching::batching_report(120, 40.0, 150_000.0).await.unwrap();
     let (batched, single) = (&r.runs[0], &r.runs[1]);
     assert_eq!(batched.mode, "micro-batched");
     assert_eq!((batched.throttled, single.throttled), (0, 0), "{r:?}");
@@ -19,7 +19,7 @@ async fn micro_batching_spends_fewer_calls_and_tokens_and_no_429() {
 
 #[tokio::test]
 async fn a_renewed_lease_makes_one_llm_call_for_ten_deliveries() {
-    let r = lanes_core::bench::duplicates_report(10, 900, 300).await.unwrap();
+    let r = lanes_bench::duplicates::duplicates_report(10, 900, 300).await.unwrap();
     for run in &r.runs {
         if run.config == "lease + heartbeat" {
             assert_eq!((run.llm_calls, run.finished), (1, true), "{run:?}");

@@ -6,14 +6,14 @@
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
-use crate::domain::{
-    MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, is_task_id,
-    validate_idempotency_key,
-};
 use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, PutOutcome, QueueSend, StoreError, TaskStore};
 use crate::problem::Problem;
-use crate::worker::{HINT_TTL, cache_key, cancel_key, done_key};
+use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key, done_key};
+use crate::tasks::{
+    MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, is_task_id,
+    validate_idempotency_key,
+};
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};

@@ -11,6 +11,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use std::time::Duration;
 
+pub mod limiter;
+
 /// Errors connecting to Redis at start-up.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisSetupError {
@@ -96,24 +98,14 @@ pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupEr
     Ok(RedisConn::Single(conn))
 }
 
-const RENEW: &str = r"
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0";
+/// Extends the lease only if the caller's token still holds it (compare-then-`PEXPIRE`).
+const RENEW: &str = include_str!("renew.lua");
 
-const RELEASE: &str = r"
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
-end
-return 0";
+/// Releases the lease only if the caller's token still holds it (compare-then-`DEL`).
+const RELEASE: &str = include_str!("release.lua");
 
 /// Takes the lock or reports the holder's remaining TTL, atomically.
-const ACQUIRE: &str = r"
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return -1
-end
-return redis.call('pttl', KEYS[1])";
+const ACQUIRE: &str = include_str!("acquire.lua");
 
 /// The lease lock in Redis.
 #[derive(Clone)]

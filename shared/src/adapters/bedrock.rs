@@ -2,8 +2,8 @@
 //! not-ready models are retryable; validation, access and missing models are permanent. Usage is read
 //! from every response.
 
-use super::{system_prompt, user_message};
 use crate::domain::TokenUsage;
+use crate::llm::{system_prompt, user_message};
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use aws_sdk_bedrockruntime::Client;
@@ -22,7 +22,7 @@ pub struct BedrockClient {
 
 impl BedrockClient {
     /// A client for `model_id` (a model or inference-profile id). The SDK's own retries are turned
-    /// off: [`super::Retrying`] owns retries, so attempts stay bounded and jittered in one place.
+    /// off: [`crate::llm::Retrying`] owns retries, so attempts stay bounded and jittered in one place.
     pub fn new(sdk: &aws_config::SdkConfig, model_id: &str) -> Self {
         let config = aws_sdk_bedrockruntime::config::Builder::from(sdk)
             .retry_config(aws_sdk_bedrockruntime::config::retry::RetryConfig::disabled())

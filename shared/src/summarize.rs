@@ -1,18 +1,18 @@
 //! `lanes summarize --repo PATH`: a local repository's commits through the real commits pipeline on
-//! embedded defaults (design §7): one message per commit onto the embedded `commits` queue, drained by
+//! embedded defaults: one message per commit onto the embedded `commits` queue, drained by
 //! the commits worker in batches of up to 100, summaries written to the redb store under the data dir.
 //! A second run answers from the store and makes no LLM call.
 
-use super::sources::DiffSources;
-use super::worker::{CommitsWorker, Served};
-use super::{CommitMessage, Provider, commit_key};
 use crate::backend::Adapters;
 use crate::clock::SharedClock;
+use crate::commits::sources::DiffSources;
+use crate::commits::worker::Served;
 use crate::config::WorkerConfig;
 use crate::domain::Lane;
+use crate::domain::commit::{CommitMessage, Provider, commit_key};
+use crate::lease::Outcome;
 use crate::metrics::Metrics;
-use crate::ports::{LlmClient, QueueConsume, ReceivedMessage};
-use crate::worker::Outcome;
+use crate::ports::LlmClient;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -95,7 +95,7 @@ pub async fn list_commits(repo: &Path, range: &Range) -> Result<Vec<CommitMessag
                 repo_id: repo_id.clone(),
                 repo: repo.clone(),
                 sha: sha.to_owned(),
-                subject: super::subject_of(subject),
+                subject: crate::domain::commit::subject_of(subject),
                 committed_at_ms: at.parse::<u64>().unwrap_or(0) * 1000,
             })
         })
@@ -144,23 +144,6 @@ pub struct Report {
     pub summaries: Vec<Row>,
 }
 
-/// Receives up to `max` messages (SQS gives at most 10 a call), each leased for `visibility`.
-pub async fn receive_batch(
-    queue: &dyn QueueConsume,
-    max: usize,
-    visibility: Duration,
-) -> Result<Vec<ReceivedMessage>, crate::ports::QueueError> {
-    let mut out = Vec::new();
-    while out.len() < max {
-        let got = queue.receive_for((max - out.len()).min(10), Some(visibility)).await?;
-        if got.is_empty() {
-            break;
-        }
-        out.extend(got);
-    }
-    Ok(out)
-}
-
 /// Runs the pipeline over `commits` on `adapters`, calling `progress(done, total)` as commits finish.
 pub async fn run(
     commits: Vec<CommitMessage>,
@@ -172,7 +155,7 @@ pub async fn run(
     let queue = adapters.consume[Lane::Commits.index()].clone();
     let lease = WorkerConfig::default();
     let worker =
-        CommitsWorker::new(adapters, llm, Arc::new(DiffSources::local_only()), Metrics::new(), clock, lease);
+        adapters.commits_worker(llm, Arc::new(DiffSources::local_only()), Metrics::new(), clock, lease);
     let mut report = Report {
         commits: commits.len(),
         batch_tokens: worker.config.batch_tokens,
@@ -197,7 +180,7 @@ pub async fn run(
     let total = wanted.len();
     progress(0, total);
     while rows.len() < total {
-        let batch = receive_batch(&*queue, 100, lease.lease_ttl)
+        let batch = crate::lease::receive_batch(&*queue, 100, lease.lease_ttl)
             .await
             .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
         if batch.is_empty() {

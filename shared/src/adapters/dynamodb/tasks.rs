@@ -1,112 +1,22 @@
-//! DynamoDB adapter of the task store: one table, partition key `pk` = `task#<id>`, TTL attribute
-//! `expires_at`. Every write is one conditional request: the `PENDING` put returns the old item on
-//! conflict (`ReturnValuesOnConditionCheckFailure`; replacing an expired or `FAILED` record takes a
+//! DynamoDB adapter of the task store: partition key `pk` = `task#<id>`, TTL attribute `expires_at`.
+//! Every write is one conditional request: the `PENDING` put returns the old item on conflict
+//! (`ReturnValuesOnConditionCheckFailure`; replacing an expired, `FAILED` or `CANCELLED` record takes a
 //! second, conditional update that keeps the fence), the claim increments and returns the fence, and
 //! the final write is conditional on it. Large requests and results are gzip-compressed; a result that
 //! still does not fit an item ends the task `FAILED` with that reason, never truncated.
 
-use crate::domain::{Lane, TaskRecord, TaskRequest, TaskResult, TaskStatus};
+use super::{
+    Item, MAX_ITEM_BYTES, batch_get, conditional, get_n, get_s, n, read_text, s, text_attr, unavailable,
+};
+use crate::domain::Lane;
 use crate::ports::{
     CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
+use crate::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
-    KeysAndAttributes, Projection, ProjectionType, ReturnValue, ReturnValuesOnConditionCheckFailure,
-    ScalarAttributeType, TimeToLiveSpecification,
-};
-use flate2::Compression;
-use flate2::read::GzDecoder;
-use flate2::write::GzEncoder;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::time::Duration;
-
-/// DynamoDB's item size limit is 400 KB; this leaves room for the key and the small attributes.
-pub const MAX_ITEM_BYTES: usize = 390 * 1024;
-/// Text attributes above this size are stored gzip-compressed.
-const COMPRESS_ABOVE: usize = 32 * 1024;
-
-type Item = HashMap<String, AttributeValue>;
-
-fn unavailable<E: std::fmt::Debug + ProvideErrorMetadata>(e: &SdkError<E>) -> StoreError {
-    match (e.code(), e.message()) {
-        (Some(code), message) => StoreError::Unavailable(format!("{code}: {}", message.unwrap_or_default())),
-        _ => StoreError::Unavailable(format!("{e:?}")),
-    }
-}
-
-/// The outcome of a conditional write: `Ok(true)` written, `Ok(false)` the condition failed.
-fn conditional<T, E: std::fmt::Debug + ProvideErrorMetadata>(
-    out: Result<T, SdkError<E>>,
-) -> Result<bool, StoreError> {
-    match out {
-        Ok(_) => Ok(true),
-        Err(e) if e.code() == Some("ConditionalCheckFailedException") => Ok(false),
-        Err(e) => Err(unavailable(&e)),
-    }
-}
-
-fn s(v: impl Into<String>) -> AttributeValue {
-    AttributeValue::S(v.into())
-}
-
-fn n(v: u64) -> AttributeValue {
-    AttributeValue::N(v.to_string())
-}
-
-fn gzip(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
-    let mut enc = GzEncoder::new(Vec::new(), Compression::default());
-    enc.write_all(bytes).and_then(|_| enc.finish()).map_err(|e| StoreError::Corrupt(format!("gzip: {e}")))
-}
-
-fn gunzip(bytes: &[u8]) -> Result<String, StoreError> {
-    let mut out = String::new();
-    GzDecoder::new(bytes)
-        .read_to_string(&mut out)
-        .map_err(|e| StoreError::Corrupt(format!("gunzip: {e}")))?;
-    Ok(out)
-}
-
-/// A JSON text attribute, compressed when large: `(name, value, size)` for either `<name>` or `<name>_z`.
-fn text_attr(name: &str, json: &str) -> Result<(String, AttributeValue, usize), StoreError> {
-    if json.len() <= COMPRESS_ABOVE {
-        return Ok((name.to_owned(), s(json), json.len()));
-    }
-    let z = gzip(json.as_bytes())?;
-    let len = z.len();
-    Ok((format!("{name}_z"), AttributeValue::B(Blob::new(z)), len))
-}
-
-fn read_text(item: &Item, name: &str) -> Result<Option<String>, StoreError> {
-    if let Some(AttributeValue::S(v)) = item.get(name) {
-        return Ok(Some(v.clone()));
-    }
-    match item.get(&format!("{name}_z")) {
-        Some(AttributeValue::B(b)) => gunzip(b.as_ref()).map(Some),
-        _ => Ok(None),
-    }
-}
-
-fn get_s<'a>(item: &'a Item, k: &str) -> Result<&'a str, StoreError> {
-    match item.get(k) {
-        Some(AttributeValue::S(v)) => Ok(v),
-        _ => Err(StoreError::Corrupt(format!("attribute {k} missing or not a string"))),
-    }
-}
-
-fn get_n(item: &Item, k: &str) -> Result<Option<u64>, StoreError> {
-    match item.get(k) {
-        Some(AttributeValue::N(v)) => {
-            v.parse().map(Some).map_err(|_| StoreError::Corrupt(format!("attribute {k} not a number")))
-        }
-        None => Ok(None),
-        Some(_) => Err(StoreError::Corrupt(format!("attribute {k} not a number"))),
-    }
-}
 
 fn parse_status(v: &str) -> Result<TaskStatus, StoreError> {
     serde_json::from_value(serde_json::Value::String(v.to_owned()))
@@ -156,55 +66,8 @@ pub struct DynamoStore {
     table: String,
 }
 
-fn key_element(name: &str, kind: KeyType) -> Result<KeySchemaElement, StoreError> {
-    KeySchemaElement::builder()
-        .attribute_name(name)
-        .key_type(kind)
-        .build()
-        .map_err(|e| StoreError::Corrupt(e.to_string()))
-}
-
 fn key(task_id: &str) -> AttributeValue {
     s(format!("task#{task_id}"))
-}
-
-/// `BatchGetItem` over any number of keys: 100 a request, consistent reads, unprocessed keys retried
-/// with full-jitter backoff (bounded).
-async fn batch_get(client: &Client, table: &str, keys: Vec<Item>) -> Result<Vec<Item>, StoreError> {
-    let mut out = Vec::new();
-    for chunk in keys.chunks(100) {
-        let mut request = Some(
-            KeysAndAttributes::builder()
-                .set_keys(Some(chunk.to_vec()))
-                .consistent_read(true)
-                .build()
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        );
-        let mut attempt = 0u32;
-        while let Some(keys) = request.take() {
-            crate::metrics::aws_request("dynamodb", "BatchGetItem");
-            let resp = client
-                .batch_get_item()
-                .request_items(table, keys)
-                .send()
-                .await
-                .map_err(|e| unavailable(&e))?;
-            out.extend(resp.responses().and_then(|r| r.get(table)).into_iter().flatten().cloned());
-            request =
-                resp.unprocessed_keys().and_then(|u| u.get(table)).filter(|k| !k.keys().is_empty()).cloned();
-            if request.is_some() {
-                attempt += 1;
-                if attempt > 8 {
-                    return Err(StoreError::Unavailable(
-                        "BatchGetItem kept returning unprocessed keys".into(),
-                    ));
-                }
-                let cap = 50u64 << attempt.min(6);
-                tokio::time::sleep(Duration::from_millis(rand::random_range(0..=cap))).await;
-            }
-        }
-    }
-    Ok(out)
 }
 
 impl DynamoStore {
@@ -231,55 +94,9 @@ impl DynamoStore {
         Ok(out)
     }
 
-    /// Creates the table (on-demand, TTL on `expires_at`) if it does not exist.
+    /// Creates the table (see [`super::schema`]) if it does not exist.
     pub async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
-        let created = client
-            .create_table()
-            .table_name(table)
-            .billing_mode(BillingMode::PayPerRequest)
-            .set_attribute_definitions(Some(
-                ["pk", REPO_PK, REPO_SK]
-                    .iter()
-                    .map(|a| {
-                        AttributeDefinition::builder()
-                            .attribute_name(*a)
-                            .attribute_type(ScalarAttributeType::S)
-                            .build()
-                            .map_err(|e| StoreError::Corrupt(e.to_string()))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ))
-            .key_schema(key_element("pk", KeyType::Hash)?)
-            .global_secondary_indexes(
-                GlobalSecondaryIndex::builder()
-                    .index_name(BY_REPO_INDEX)
-                    .key_schema(key_element(REPO_PK, KeyType::Hash)?)
-                    .key_schema(key_element(REPO_SK, KeyType::Range)?)
-                    .projection(Projection::builder().projection_type(ProjectionType::All).build())
-                    .build()
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            )
-            .send()
-            .await;
-        match created {
-            Ok(_) => {}
-            Err(e) if e.code() == Some("ResourceInUseException") => return Ok(()),
-            Err(e) => return Err(unavailable(&e)),
-        }
-        client
-            .update_time_to_live()
-            .table_name(table)
-            .time_to_live_specification(
-                TimeToLiveSpecification::builder()
-                    .attribute_name("expires_at")
-                    .enabled(true)
-                    .build()
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            )
-            .send()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        Ok(())
+        super::schema::create_table(client, table).await
     }
 
     async fn update(
@@ -645,175 +462,5 @@ impl DynamoStore {
             &names,
         )
         .await
-    }
-}
-
-// ---------------------------------------------------------------- commit summaries
-
-/// Index listing a repository's summaries newest first.
-pub const BY_REPO_INDEX: &str = "by_repo";
-const REPO_PK: &str = "repo_pk";
-const REPO_SK: &str = "repo_sk";
-
-/// DynamoDB adapter of the summary store, in the same table as the tasks: a summary is
-/// `pk = commit#<repo_id>#<sha>` with the JSON in `summary` and `repo_pk`/`repo_sk` for the
-/// [`BY_REPO_INDEX`] index; a delivery marker is `pk = delivery#<id>` with `expires_at`.
-#[derive(Debug, Clone)]
-pub struct DynamoSummaries {
-    client: Client,
-    table: String,
-}
-
-fn summary_pk(repo_id: &str, sha: &str) -> AttributeValue {
-    s(format!("commit#{repo_id}#{sha}"))
-}
-
-fn summary_of(item: &Item) -> Result<crate::commits::CommitSummary, StoreError> {
-    serde_json::from_str(get_s(item, "summary")?).map_err(|e| StoreError::Corrupt(format!("summary: {e}")))
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Cursor {
-    pk: String,
-    repo_pk: String,
-    repo_sk: String,
-}
-
-impl DynamoSummaries {
-    /// A store on `table` (created by [`DynamoStore::create_table`], which adds the index).
-    pub fn new(client: Client, table: &str) -> Self {
-        Self { client, table: table.to_owned() }
-    }
-}
-
-#[async_trait]
-impl crate::ports::SummaryStore for DynamoSummaries {
-    async fn get_summaries(
-        &self,
-        keys: &[(String, String)],
-    ) -> Result<Vec<crate::commits::CommitSummary>, StoreError> {
-        let mut seen = std::collections::HashSet::new();
-        let items: Vec<Item> = keys
-            .iter()
-            .filter(|k| seen.insert((*k).clone()))
-            .map(|(r, sha)| HashMap::from([("pk".to_owned(), summary_pk(r, sha))]))
-            .collect();
-        batch_get(&self.client, &self.table, items).await?.iter().map(summary_of).collect()
-    }
-
-    async fn put_summary(
-        &self,
-        summary: &crate::commits::CommitSummary,
-    ) -> Result<crate::ports::WriteOnce, StoreError> {
-        let json = serde_json::to_string(summary).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        crate::metrics::aws_request("dynamodb", "PutItem");
-        let out = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .item("pk", summary_pk(&summary.repo_id, &summary.sha))
-            .item(REPO_PK, s(&summary.repo_id))
-            .item(REPO_SK, s(summary.order_key()))
-            .item("summary", s(json))
-            .condition_expression("attribute_not_exists(pk)")
-            .send()
-            .await;
-        Ok(if conditional(out)? { crate::ports::WriteOnce::Written } else { crate::ports::WriteOnce::Exists })
-    }
-
-    async fn list_summaries(
-        &self,
-        repo_id: &str,
-        limit: usize,
-        cursor: Option<&str>,
-    ) -> Result<crate::ports::SummaryPage, StoreError> {
-        use base64::Engine;
-        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let start = match cursor {
-            None => None,
-            Some(c) => {
-                let bytes = engine.decode(c).map_err(|_| StoreError::Corrupt("cursor".into()))?;
-                let c: Cursor =
-                    serde_json::from_slice(&bytes).map_err(|_| StoreError::Corrupt("cursor".into()))?;
-                if c.repo_pk != repo_id {
-                    return Err(StoreError::Corrupt("cursor of another repository".into()));
-                }
-                Some(HashMap::from([
-                    ("pk".to_owned(), s(c.pk)),
-                    (REPO_PK.to_owned(), s(c.repo_pk)),
-                    (REPO_SK.to_owned(), s(c.repo_sk)),
-                ]))
-            }
-        };
-        // One more than asked, so a next cursor is only given when there is a next item.
-        let want = limit + 1;
-        let mut items: Vec<Item> = Vec::new();
-        let mut exclusive = start;
-        loop {
-            crate::metrics::aws_request("dynamodb", "Query");
-            let resp = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(BY_REPO_INDEX)
-                .key_condition_expression("#r = :r")
-                .expression_attribute_names("#r", REPO_PK)
-                .expression_attribute_values(":r", s(repo_id))
-                .scan_index_forward(false)
-                .limit((want - items.len()) as i32)
-                .set_exclusive_start_key(exclusive.take())
-                .send()
-                .await
-                .map_err(|e| unavailable(&e))?;
-            items.extend(resp.items().iter().cloned());
-            match resp.last_evaluated_key() {
-                Some(k) if items.len() < want && !k.is_empty() => exclusive = Some(k.clone()),
-                _ => break,
-            }
-        }
-        let more = items.len() > limit;
-        items.truncate(limit);
-        let next = match items.last() {
-            Some(last) if more => {
-                let c = Cursor {
-                    pk: get_s(last, "pk")?.to_owned(),
-                    repo_pk: get_s(last, REPO_PK)?.to_owned(),
-                    repo_sk: get_s(last, REPO_SK)?.to_owned(),
-                };
-                Some(engine.encode(serde_json::to_vec(&c).map_err(|e| StoreError::Corrupt(e.to_string()))?))
-            }
-            _ => None,
-        };
-        let items = items.iter().map(summary_of).collect::<Result<Vec<_>, _>>()?;
-        Ok(crate::ports::SummaryPage { items, next })
-    }
-
-    async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError> {
-        crate::metrics::aws_request("dynamodb", "PutItem");
-        let now = now_ms / 1000;
-        let out = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .item("pk", s(format!("delivery#{delivery}")))
-            .item("expires_at", n(now + ttl_secs))
-            // DynamoDB's TTL deletes lazily: an expired marker still present counts as absent.
-            .condition_expression("attribute_not_exists(pk) OR expires_at < :now")
-            .expression_attribute_values(":now", n(now))
-            .send()
-            .await;
-        conditional(out)
-    }
-
-    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
-        crate::metrics::aws_request("dynamodb", "DeleteItem");
-        self.client
-            .delete_item()
-            .table_name(&self.table)
-            .key("pk", s(format!("delivery#{delivery}")))
-            .send()
-            .await
-            .map_err(|e| unavailable(&e))?;
-        Ok(())
     }
 }

@@ -214,7 +214,7 @@ async fn openai(
         body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_str()).collect();
     // A commit-summary prompt gets a well-formed JSON array, as a model following it would answer.
     let (content, completion) = if prompt.contains("=== commit ") {
-        let a = crate::commits::prompt::offline_answer(&prompt)
+        let a = lanes_core::commits::prompt::offline_answer(&prompt)
             .replace("[offline heuristic, not an LLM]", "[mock]");
         let n = tokens(&a);
         (a, n)
@@ -291,7 +291,7 @@ fn cut_at(
 }
 
 /// A Converse response as Bedrock returns it (recorded shape, in `events/`).
-pub const RECORDED_CONVERSE: &str = include_str!("../../../events/bedrock-converse-response.json");
+pub const RECORDED_CONVERSE: &str = include_str!("../../events/bedrock-converse-response.json");
 
 async fn converse(
     State(state): State<Arc<MockState>>,

@@ -1,0 +1,254 @@
+//! `lanes bench hol`: a time-scaled mixed workload (Poisson arrivals, mostly short interactive tasks,
+//! a few long synthesis ones) through the real pool and embedded queues under one FIFO, a static
+//! 50:50 split and 70/30 with borrowing.
+
+use lanes_core::clock::SystemClock;
+use lanes_core::domain::Lane;
+use lanes_core::ports::{LlmClient, LlmError, LlmRequest};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One policy's result in `lanes bench hol`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HolRun {
+    /// `fifo`, `static 50:50` or `70/30 borrowing`.
+    pub policy: String,
+    /// Interactive wait (submission to claim), p50 and p99, ms.
+    pub interactive_wait_ms: [f64; 2],
+    /// Interactive latency (submission to completion), p50 and p99, ms.
+    pub interactive_latency_ms: [f64; 2],
+    /// Interactive service time (claim to completion), p99, ms.
+    pub interactive_service_p99_ms: f64,
+    /// Synthesis tasks completed per second of the run (submission of the first to completion of the
+    /// last task of any kind).
+    pub synthesis_per_s: f64,
+    /// Busy slot time over slots x makespan.
+    pub utilization: f64,
+    /// First submission to last completion, s.
+    pub makespan_s: f64,
+}
+
+/// What `lanes bench hol` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct HolReport {
+    /// The command that reproduces it.
+    pub command: String,
+    /// Worker slots.
+    pub slots: usize,
+    /// Real ms per workload second (one workload second becomes this).
+    pub scale_ms: u64,
+    /// Tasks submitted (interactive, synthesis).
+    pub tasks: [usize; 2],
+    /// One run per policy.
+    pub runs: Vec<HolRun>,
+    /// 70/30's interactive p99 latency over its service p99 (target <= 1.2).
+    pub interactive_p99_over_service: f64,
+    /// FIFO's interactive p99 latency over 70/30's (target >= 10).
+    pub fifo_over_weighted: f64,
+    /// 70/30's synthesis throughput over FIFO's (target >= 0.95).
+    pub synthesis_vs_fifo: f64,
+}
+
+/// A mixed workload time-scaled (1 s -> `scale_ms`): a Poisson stream for `seconds` of real time,
+/// 5% synthesis (45-180 s) and 95% interactive (0.5-2 s) at about 85% of `slots`, through the real
+/// pool and embedded queues and store, under three policies.
+pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<HolReport, String> {
+    use lanes_core::ports::{QueueConsume, QueueSend};
+    use lanes_core::tasks::{TaskMessage, TaskRecord, TaskRequest};
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    // A fixed pseudo-random stream, so every policy sees the same arrivals.
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mean_service = 0.95 * 1.25 + 0.05 * 112.5; // workload seconds
+    let rate = 0.85 * slots as f64 / mean_service; // arrivals per workload second
+    let mut arrivals: Vec<(f64, bool, u64)> = Vec::new(); // (real ms offset, synthesis, service ms)
+    let mut t = 0.0;
+    while t < seconds * 1000.0 {
+        t += -(1.0 - rnd()).ln() / rate * scale_ms as f64;
+        let synthesis = rnd() < 0.05;
+        let service = if synthesis { 45.0 + rnd() * 135.0 } else { 0.5 + rnd() * 1.5 };
+        arrivals.push((t, synthesis, (service * scale_ms as f64).round().max(1.0) as u64));
+    }
+    let counts = [arrivals.iter().filter(|a| !a.1).count(), arrivals.iter().filter(|a| a.1).count()];
+    let mut runs = Vec::new();
+    for policy in ["fifo", "static 50:50", "70/30 borrowing"] {
+        let dir = crate::temp_dir().map_err(|e| err(&e))?;
+        let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
+        let (adapters, queues) = lanes_core::backend::embedded(&dir, Default::default(), clock.clone())
+            .await
+            .map_err(|e| err(&e))?;
+        let worker = lanes_core::tasks::worker::Worker {
+            store: adapters.store.clone(),
+            lock: adapters.lock.clone(),
+            cache: adapters.cache.clone(),
+            llm: Arc::new(SleepLlm),
+            metrics: lanes_core::metrics::Metrics::new(),
+            clock: clock.clone(),
+            config: lanes_core::config::WorkerConfig::default(),
+        };
+        let (shares, lanes): ([f64; 3], Vec<Lane>) = match policy {
+            "fifo" => ([1.0, 0.0, 0.0], vec![Lane::Interactive]),
+            "static 50:50" => ([0.5, 0.5, 0.0], vec![Lane::Interactive, Lane::Synthesis]),
+            _ => ([0.7, 0.3, 0.0], vec![Lane::Interactive, Lane::Synthesis]),
+        };
+        let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
+            lanes.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
+        // Interactive stays "active" for ten workload seconds after its last task.
+        let mut pool =
+            lanes_core::pool::Pool::new(slots, shares, consumers, worker, Duration::from_millis(2))
+                .with_idle_grace(Duration::from_millis(10 * scale_ms));
+        if policy == "static 50:50" {
+            pool = pool.without_borrowing();
+        }
+        let pool = Arc::new(pool);
+        let stop = lanes_core::CancellationToken::new();
+        let runner = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            tokio::spawn(async move { pool.run(stop).await })
+        };
+        let started = Instant::now();
+        let mut ids = Vec::with_capacity(arrivals.len());
+        for (i, &(at, synthesis, ms)) in arrivals.iter().enumerate() {
+            let due = started + Duration::from_micros((at * 1000.0) as u64);
+            tokio::time::sleep_until(due.into()).await;
+            let kind = if synthesis { "refactor" } else { "explain" };
+            let req = TaskRequest::from_value(serde_json::json!({"project_id": "hol", "kind": kind,
+                "prompt": format!("ms={ms} task {i}"), "target_files": []}))
+            .map_err(|e| format!("{e:?}"))?;
+            let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3_600);
+            adapters.store.put_pending(&rec, clock.now_ms()).await.map_err(|e| err(&e))?;
+            // FIFO: one queue for every kind.
+            let lane = if policy == "fifo" { Lane::Interactive } else { rec.lane };
+            let msg = TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
+            queues[lane.index()]
+                .send(&serde_json::to_string(&msg).map_err(|e| err(&e))?, Default::default())
+                .await
+                .map_err(|e| err(&e))?;
+            ids.push((rec.task_id, synthesis));
+        }
+        // Drain: every task finished (or a generous cap).
+        let cap = Instant::now() + Duration::from_secs(120);
+        loop {
+            let d0 = queues[0].depth().await.map_err(|e| err(&e))?;
+            let d1 = queues[1].depth().await.map_err(|e| err(&e))?;
+            if d0.visible + d0.in_flight + d1.visible + d1.in_flight == 0 || Instant::now() > cap {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        let _ = runner.await;
+        let mut waits = Vec::new();
+        let mut latencies = Vec::new();
+        let mut services = Vec::new();
+        let (mut first, mut last, mut busy, mut synth_done) = (u64::MAX, 0u64, 0u64, 0usize);
+        for (id, synthesis) in &ids {
+            let Some(r) = adapters.store.get(id, clock.now_ms()).await.map_err(|e| err(&e))? else {
+                continue;
+            };
+            let (Some(s), Some(f)) = (r.started_at_ms, r.finished_at_ms) else { continue };
+            first = first.min(r.created_at_ms);
+            last = last.max(f);
+            busy += f.saturating_sub(s);
+            if *synthesis {
+                synth_done += 1;
+            } else {
+                waits.push(s.saturating_sub(r.created_at_ms) as f64);
+                latencies.push(f.saturating_sub(r.created_at_ms) as f64);
+                services.push(f.saturating_sub(s) as f64);
+            }
+        }
+        let makespan_s = last.saturating_sub(first) as f64 / 1000.0;
+        runs.push(HolRun {
+            policy: policy.into(),
+            interactive_wait_ms: [crate::percentile(&mut waits, 50.0), crate::percentile(&mut waits, 99.0)],
+            interactive_latency_ms: [
+                crate::percentile(&mut latencies, 50.0),
+                crate::percentile(&mut latencies, 99.0),
+            ],
+            interactive_service_p99_ms: crate::percentile(&mut services, 99.0),
+            synthesis_per_s: synth_done as f64 / makespan_s.max(1e-3),
+            utilization: busy as f64 / 1000.0 / (slots as f64 * makespan_s.max(1e-3)),
+            makespan_s,
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let weighted = &runs[2];
+    let fifo = &runs[0];
+    Ok(HolReport {
+        command: format!("lanes bench hol --slots {slots} --seconds {seconds} --scale-ms {scale_ms}"),
+        slots,
+        scale_ms,
+        tasks: counts,
+        interactive_p99_over_service: weighted.interactive_latency_ms[1]
+            / weighted.interactive_service_p99_ms.max(1e-3),
+        fifo_over_weighted: fifo.interactive_latency_ms[1] / weighted.interactive_latency_ms[1].max(1e-3),
+        synthesis_vs_fifo: weighted.synthesis_per_s / fifo.synthesis_per_s.max(1e-9),
+        runs,
+    })
+}
+
+/// A model that takes as long as its prompt says (`ms=<n>`): the scaled workload's service times.
+struct SleepLlm;
+
+#[async_trait::async_trait]
+impl LlmClient for SleepLlm {
+    async fn complete(&self, request: &LlmRequest) -> Result<lanes_core::ports::LlmResponse, LlmError> {
+        let ms: u64 =
+            request.prompt.strip_prefix("ms=").and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(1);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(lanes_core::ports::LlmResponse {
+            truncated: false,
+            text: "done".into(),
+            model: "sleep".into(),
+            usage: lanes_core::domain::TokenUsage { prompt: 1, completion: 1 },
+        })
+    }
+}
+
+impl std::fmt::Display for HolReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "Head-of-line blocking, {} slots, 1 s = {} ms, {} interactive + {} synthesis tasks ({})",
+            self.slots, self.scale_ms, self.tasks[0], self.tasks[1], self.command
+        )?;
+        writeln!(
+            f,
+            "{:<16} {:>14} {:>17} {:>16} {:>13} {:>11} {:>9}",
+            "policy",
+            "int. wait p99",
+            "int. latency p50",
+            "int. latency p99",
+            "synthesis/s",
+            "utilization",
+            "makespan"
+        )?;
+        for run in &self.runs {
+            writeln!(
+                f,
+                "{:<16} {:>11.0} ms {:>14.0} ms {:>13.0} ms {:>13.2} {:>10.0}% {:>7.1} s",
+                run.policy,
+                run.interactive_wait_ms[1],
+                run.interactive_latency_ms[0],
+                run.interactive_latency_ms[1],
+                run.synthesis_per_s,
+                run.utilization * 100.0,
+                run.makespan_s
+            )?;
+        }
+        writeln!(
+            f,
+            "70/30 interactive p99 / its service p99: {:.2} (target <= 1.2); FIFO / 70/30 p99: {:.1} (target >= 10); \
+             70/30 synthesis throughput / FIFO's: {:.2} (target >= 0.95)",
+            self.interactive_p99_over_service, self.fifo_over_weighted, self.synthesis_vs_fifo
+        )?;
+        Ok(())
+    }
+}

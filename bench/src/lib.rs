@@ -1,0 +1,71 @@
+//! `lanes bench`: the benchmarks, one module per scenario, each with a report that prints as a table
+//! (`Display`) or as JSON (`Serialize`) and names the command that reproduces it. They drive the real
+//! core (pool, workers, limiter, the `lanes dev` binary) against test services from the harness
+//! (`lanes-tests`: redis-server, moto_server, the provider emulator); none of this ships in a Lambda
+//! function.
+//!
+//! - [`limiter`]: the RPM/TPM limiter against the provider emulator: 429s, throughput, the 70/30 split.
+//! - [`batching`]: commit micro-batching vs one call per commit: calls, tokens, 429s.
+//! - [`duplicates`]: repeated deliveries with a renewed lease vs a static visibility: LLM calls.
+//! - [`hol`]: head-of-line blocking under FIFO, a static split and 70/30 with borrowing.
+//! - [`recovery`]: takeover after a SIGKILLed worker, with the lease vs a static visibility.
+//! - [`throughput`]: ingress and end-to-end rates, latency and memory of `lanes dev`.
+
+pub mod batching;
+pub mod duplicates;
+pub mod hol;
+pub mod limiter;
+pub mod recovery;
+pub mod throughput;
+
+/// A fresh directory under the system's temp dir for one run's data.
+fn temp_dir() -> std::io::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("lanes-bench-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Percentile (nearest rank) of `values`, in ms.
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * values.len() as f64).ceil().max(1.0) as usize;
+    values[rank.min(values.len()) - 1]
+}
+
+/// Submits one task to a running server; its id.
+async fn submit_task(
+    client: &reqwest::Client,
+    url: &str,
+    kind: &str,
+    prompt: &str,
+) -> Result<String, String> {
+    let body = serde_json::json!({"project_id": "bench", "kind": kind, "prompt": prompt, "target_files": []});
+    let resp = client.post(format!("{url}/v1/tasks")).json(&body).send().await.map_err(|e| e.to_string())?;
+    let v: serde_json::Value = resp.json().await.map_err(|e| e.to_string())?;
+    v["task_id"].as_str().map(str::to_owned).ok_or_else(|| format!("no task id in {v}"))
+}
+
+/// A task's status on a running server, if it answers.
+async fn status(client: &reqwest::Client, url: &str, id: &str) -> Option<String> {
+    let v: serde_json::Value =
+        client.get(format!("{url}/v1/tasks/{id}")).send().await.ok()?.json().await.ok()?;
+    v["status"].as_str().map(str::to_owned)
+}
+
+/// moto_server and redis-server, stopped when dropped, and the environment that reaches them.
+type AwsServices = (lanes_tests::MotoServer, lanes_tests::RedisServer, Vec<(String, String)>);
+
+/// moto_server and redis-server from the harness, with the environment `lanes dev --backend aws`
+/// needs to reach them; `None` when they are not installed (`make test-deps` installs both).
+fn aws_services() -> Option<AwsServices> {
+    if !lanes_tests::services_available() {
+        return None;
+    }
+    let (moto, redis) = (lanes_tests::MotoServer::start(), lanes_tests::RedisServer::start());
+    let mut env = moto.env();
+    env.push(("REDIS_URL".into(), redis.url()));
+    Some((moto, redis, env))
+}

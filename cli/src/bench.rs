@@ -1,0 +1,135 @@
+//! `lanes bench NAME [--json]`: dispatches to `lanes-bench`; each report prints itself as a table or
+//! as one JSON object, with the command that reproduces it.
+
+use crate::CliError;
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Crash recovery: a 90 s synthesis task (time-scaled) on SQS (moto) and Redis with two workers;
+    /// the one running it is killed 5 s in: time until the other takes it over, with the 15 s lease
+    /// and with a static 120 s visibility.
+    Recovery {
+        /// Real ms per workload second (SQS visibility is whole seconds: keep it >= 100).
+        #[arg(long, default_value_t = 100)]
+        scale_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Throughput: concurrent clients submitting interactive tasks to `lanes dev` (offline model, no
+    /// latency) on embedded defaults and on Redis + moto: ingress and end-to-end rates, latency, memory.
+    Throughput {
+        /// Tasks per backend.
+        #[arg(long, default_value_t = 2000)]
+        tasks: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 32)]
+        clients: usize,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Head-of-line blocking: a mixed workload (95% short interactive, 5% long synthesis) time-scaled through the real pool and embedded queues,
+    /// under one FIFO, a static 50:50 split and 70/30 with borrowing.
+    Hol {
+        /// Worker slots.
+        #[arg(long, default_value_t = 10)]
+        slots: usize,
+        /// Seconds of arrivals (real time).
+        #[arg(long, default_value_t = 8.0)]
+        seconds: f64,
+        /// Real ms per workload second.
+        #[arg(long, default_value_t = 20)]
+        scale_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Duplicate spend: N deliveries of one task and of one commit, three pollers, a model slower than
+    /// the visibility window: LLM calls with the renewed lease and with a static visibility.
+    Duplicates {
+        /// Deliveries of each.
+        #[arg(long, default_value_t = 10)]
+        deliveries: usize,
+        /// Model latency, ms.
+        #[arg(long, default_value_t = 1_500)]
+        llm_ms: u64,
+        /// Visibility window (and lease), ms.
+        #[arg(long, default_value_t = 400)]
+        visibility_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Micro-batching: synthetic commits through the real commits worker against the provider emulator
+    /// (its limits per one-second window, 429 past them) behind the limiter, micro-batched and then one
+    /// call per commit: LLM calls, tokens, 429s, time.
+    Batching {
+        /// Commits per run.
+        #[arg(long, default_value_t = 500)]
+        commits: usize,
+        /// Requests per (one-second) window.
+        #[arg(long, default_value_t = 50.0)]
+        rpm: f64,
+        /// Tokens per (one-second) window.
+        #[arg(long, default_value_t = 200_000.0)]
+        tpm: f64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The RPM/TPM limiter against the provider emulator on loopback, which enforces the same limits
+    /// per one-second window and answers 429 past them: 429s, throughput, and the 70/30 reservation.
+    Limiter {
+        /// Requests per (one-second) window.
+        #[arg(long, default_value_t = 400.0)]
+        rpm: f64,
+        /// Tokens per (one-second) window.
+        #[arg(long, default_value_t = 40_000.0)]
+        tpm: f64,
+        /// Requests in the throughput run (eight workers).
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs one benchmark and prints its report.
+pub async fn run(what: BenchCommand) -> Result<(), CliError> {
+    use lanes_bench as b;
+    match what {
+        BenchCommand::Recovery { scale_ms, json } => show(b::recovery::recovery_report(scale_ms).await, json),
+        BenchCommand::Throughput { tasks, clients, json } => {
+            show(b::throughput::throughput_report(tasks, clients).await, json)
+        }
+        BenchCommand::Hol { slots, seconds, scale_ms, json } => {
+            show(b::hol::hol_report(slots, seconds, scale_ms).await, json)
+        }
+        BenchCommand::Duplicates { deliveries, llm_ms, visibility_ms, json } => {
+            show(b::duplicates::duplicates_report(deliveries, llm_ms, visibility_ms).await, json)
+        }
+        BenchCommand::Batching { commits, rpm, tpm, json } => {
+            show(b::batching::batching_report(commits, rpm, tpm).await, json)
+        }
+        BenchCommand::Limiter { rpm, tpm, requests, json } => {
+            show(b::limiter::limiter_report(rpm, tpm, requests).await, json)
+        }
+    }
+}
+
+fn show<R: std::fmt::Display + serde::Serialize>(
+    report: Result<R, String>,
+    json: bool,
+) -> Result<(), CliError> {
+    let report = report.map_err(CliError::Bench)?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! `lanes dev`: the whole system in one process on embedded defaults (or on SQS, DynamoDB and Redis).
+
+use crate::CliError;
+use clap::Args;
+use lanes_core::CancellationToken;
+use lanes_core::local::{DevBackend, DevOptions, Local};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `lanes dev`'s flags.
+#[derive(Args)]
+pub struct DevArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    addr: SocketAddr,
+    /// Directory of the embedded database.
+    #[arg(long, default_value = ".lanes")]
+    data_dir: PathBuf,
+    /// Worker slots shared by the lanes (70% interactive, 30% background).
+    #[arg(long, default_value_t = 10)]
+    capacity: usize,
+    /// Simulated offline-provider latency for interactive tasks, in ms.
+    #[arg(long, default_value_t = 200)]
+    interactive_latency_ms: u64,
+    /// Simulated offline-provider latency for synthesis tasks, in ms.
+    #[arg(long, default_value_t = 2000)]
+    synthesis_latency_ms: u64,
+    /// Lease TTL in ms (visibility and lock); the heartbeat renews at a third of it.
+    #[arg(long, default_value_t = 15_000)]
+    lease_ttl_ms: u64,
+    /// `embedded` (a file in the data dir) or `aws` (SQS, DynamoDB, Redis; endpoint from
+    /// AWS_ENDPOINT_URL, Redis from REDIS_URL).
+    #[arg(long, default_value = "embedded", value_parser = ["embedded", "aws"])]
+    backend: String,
+    /// With `--backend aws`: create the queues (lanes-<lane>, with DLQs) and the table (lanes-tasks).
+    #[arg(long)]
+    create: bool,
+    /// The queues' maxReceiveCount (embedded, or with `--backend aws --create`). Receives are not
+    /// attempts: only crash loops and poison reach the DLQ.
+    #[arg(long, default_value_t = 10)]
+    max_receive_count: u32,
+    /// The queues' own (default) visibility timeout in seconds, when created. Kept long, as Lambda
+    /// requires; the worker's lease is what makes redelivery fast.
+    #[arg(long, default_value_t = 900)]
+    queue_visibility_secs: u64,
+    /// How often the task lanes' DLQs are swept (records of dead-lettered tasks marked FAILED).
+    #[arg(long, default_value_t = 30)]
+    dlq_sweep_secs: u64,
+}
+
+/// Serves until Ctrl-C.
+pub async fn run(args: DevArgs) -> Result<(), CliError> {
+    let DevArgs {
+        addr,
+        data_dir,
+        capacity,
+        interactive_latency_ms,
+        synthesis_latency_ms,
+        lease_ttl_ms,
+        backend,
+        create,
+        max_receive_count,
+        queue_visibility_secs,
+        dlq_sweep_secs,
+    } = args;
+    let backend = match backend.as_str() {
+        "aws" => DevBackend::Aws { create, aws: Default::default() },
+        _ if create => return Err(CliError::Usage("--create needs --backend aws".into())),
+        _ => DevBackend::Embedded,
+    };
+    let mut opts = DevOptions { addr, data_dir, capacity, backend, ..DevOptions::default() };
+    opts.queue.max_receive_count = max_receive_count;
+    opts.queue.default_visibility = Duration::from_secs(queue_visibility_secs);
+    opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
+    opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
+    opts.worker = opts.worker.with_lease(Duration::from_millis(lease_ttl_ms)).lanes_from_env()?;
+    opts.ingress = lanes_core::config::IngressConfig::from_env()?;
+    opts.dlq_sweep_interval = Duration::from_secs(dlq_sweep_secs.max(1));
+    let local = Local::build(&opts).await?;
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            stop.cancel();
+        }
+    });
+    Ok(local.serve(&opts, shutdown).await?)
+}

@@ -1,0 +1,175 @@
+//! DynamoDB adapter of the summary store, in the task table: a summary is
+//! `pk = commit#<repo_id>#<sha>` with the JSON in `summary` and `repo_pk`/`repo_sk` for the
+//! [`super::BY_REPO_INDEX`] index; a webhook delivery marker is `pk = delivery#<id>` with
+//! `expires_at`.
+
+use super::schema::{BY_REPO_INDEX, REPO_PK, REPO_SK};
+use super::{Item, batch_get, conditional, get_s, n, s, unavailable};
+use crate::ports::StoreError;
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::AttributeValue;
+use std::collections::HashMap;
+
+/// DynamoDB adapter of the summary store, in the same table as the tasks: a summary is
+/// `pk = commit#<repo_id>#<sha>` with the JSON in `summary` and `repo_pk`/`repo_sk` for the
+/// [`BY_REPO_INDEX`] index; a delivery marker is `pk = delivery#<id>` with `expires_at`.
+#[derive(Debug, Clone)]
+pub struct DynamoSummaries {
+    client: Client,
+    table: String,
+}
+
+fn summary_pk(repo_id: &str, sha: &str) -> AttributeValue {
+    s(format!("commit#{repo_id}#{sha}"))
+}
+
+fn summary_of(item: &Item) -> Result<crate::domain::commit::CommitSummary, StoreError> {
+    serde_json::from_str(get_s(item, "summary")?).map_err(|e| StoreError::Corrupt(format!("summary: {e}")))
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Cursor {
+    pk: String,
+    repo_pk: String,
+    repo_sk: String,
+}
+
+impl DynamoSummaries {
+    /// A store on `table` (created by [`DynamoStore::create_table`], which adds the index).
+    pub fn new(client: Client, table: &str) -> Self {
+        Self { client, table: table.to_owned() }
+    }
+}
+
+#[async_trait]
+impl crate::ports::SummaryStore for DynamoSummaries {
+    async fn get_summaries(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<Vec<crate::domain::commit::CommitSummary>, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let items: Vec<Item> = keys
+            .iter()
+            .filter(|k| seen.insert((*k).clone()))
+            .map(|(r, sha)| HashMap::from([("pk".to_owned(), summary_pk(r, sha))]))
+            .collect();
+        batch_get(&self.client, &self.table, items).await?.iter().map(summary_of).collect()
+    }
+
+    async fn put_summary(
+        &self,
+        summary: &crate::domain::commit::CommitSummary,
+    ) -> Result<crate::ports::WriteOnce, StoreError> {
+        let json = serde_json::to_string(summary).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        crate::metrics::aws_request("dynamodb", "PutItem");
+        let out = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", summary_pk(&summary.repo_id, &summary.sha))
+            .item(REPO_PK, s(&summary.repo_id))
+            .item(REPO_SK, s(summary.order_key()))
+            .item("summary", s(json))
+            .condition_expression("attribute_not_exists(pk)")
+            .send()
+            .await;
+        Ok(if conditional(out)? { crate::ports::WriteOnce::Written } else { crate::ports::WriteOnce::Exists })
+    }
+
+    async fn list_summaries(
+        &self,
+        repo_id: &str,
+        limit: usize,
+        cursor: Option<&str>,
+    ) -> Result<crate::ports::SummaryPage, StoreError> {
+        use base64::Engine;
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let start = match cursor {
+            None => None,
+            Some(c) => {
+                let bytes = engine.decode(c).map_err(|_| StoreError::Corrupt("cursor".into()))?;
+                let c: Cursor =
+                    serde_json::from_slice(&bytes).map_err(|_| StoreError::Corrupt("cursor".into()))?;
+                if c.repo_pk != repo_id {
+                    return Err(StoreError::Corrupt("cursor of another repository".into()));
+                }
+                Some(HashMap::from([
+                    ("pk".to_owned(), s(c.pk)),
+                    (REPO_PK.to_owned(), s(c.repo_pk)),
+                    (REPO_SK.to_owned(), s(c.repo_sk)),
+                ]))
+            }
+        };
+        // One more than asked, so a next cursor is only given when there is a next item.
+        let want = limit + 1;
+        let mut items: Vec<Item> = Vec::new();
+        let mut exclusive = start;
+        loop {
+            crate::metrics::aws_request("dynamodb", "Query");
+            let resp = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(BY_REPO_INDEX)
+                .key_condition_expression("#r = :r")
+                .expression_attribute_names("#r", REPO_PK)
+                .expression_attribute_values(":r", s(repo_id))
+                .scan_index_forward(false)
+                .limit((want - items.len()) as i32)
+                .set_exclusive_start_key(exclusive.take())
+                .send()
+                .await
+                .map_err(|e| unavailable(&e))?;
+            items.extend(resp.items().iter().cloned());
+            match resp.last_evaluated_key() {
+                Some(k) if items.len() < want && !k.is_empty() => exclusive = Some(k.clone()),
+                _ => break,
+            }
+        }
+        let more = items.len() > limit;
+        items.truncate(limit);
+        let next = match items.last() {
+            Some(last) if more => {
+                let c = Cursor {
+                    pk: get_s(last, "pk")?.to_owned(),
+                    repo_pk: get_s(last, REPO_PK)?.to_owned(),
+                    repo_sk: get_s(last, REPO_SK)?.to_owned(),
+                };
+                Some(engine.encode(serde_json::to_vec(&c).map_err(|e| StoreError::Corrupt(e.to_string()))?))
+            }
+            _ => None,
+        };
+        let items = items.iter().map(summary_of).collect::<Result<Vec<_>, _>>()?;
+        Ok(crate::ports::SummaryPage { items, next })
+    }
+
+    async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError> {
+        crate::metrics::aws_request("dynamodb", "PutItem");
+        let now = now_ms / 1000;
+        let out = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .item("pk", s(format!("delivery#{delivery}")))
+            .item("expires_at", n(now + ttl_secs))
+            // DynamoDB's TTL deletes lazily: an expired marker still present counts as absent.
+            .condition_expression("attribute_not_exists(pk) OR expires_at < :now")
+            .expression_attribute_values(":now", n(now))
+            .send()
+            .await;
+        conditional(out)
+    }
+
+    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
+        crate::metrics::aws_request("dynamodb", "DeleteItem");
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("delivery#{delivery}")))
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,52 @@
+//! AWS Secrets Manager: API keys and webhook secrets, read once per container at cold start. A secret
+//! is a plain string, or JSON with an `api_key` field.
+
+use crate::config::{ConfigError, optional_env};
+pub use aws_sdk_secretsmanager::Client;
+use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
+
+/// Reads an API key from AWS Secrets Manager (a plain string secret, or JSON with an `api_key` field).
+pub async fn fetch_secret(client: &Client, secret_id: &str) -> Result<String, ConfigError> {
+    fetch_named_secret(client, secret_id, "LANES_LLM_API_KEY_SECRET").await
+}
+
+/// A value from the variable `var`, else from the Secrets Manager secret named by `secret_var`
+/// (fetched once, at cold start), else `None`.
+pub async fn env_or_secret(
+    var: &'static str,
+    secret_var: &'static str,
+) -> Result<Option<String>, ConfigError> {
+    if let Some(v) = optional_env(var) {
+        return Ok(Some(v));
+    }
+    match optional_env(secret_var) {
+        None => Ok(None),
+        Some(secret) => {
+            let sdk = super::sdk_config(&Default::default()).await;
+            let client = Client::new(&sdk);
+            Ok(Some(fetch_named_secret(&client, &secret, secret_var).await?))
+        }
+    }
+}
+
+/// [`fetch_secret`], naming `var` in its errors.
+pub async fn fetch_named_secret(
+    client: &Client,
+    secret_id: &str,
+    var: &'static str,
+) -> Result<String, ConfigError> {
+    crate::metrics::aws_request("secretsmanager", "GetSecretValue");
+    let invalid = |reason: String| ConfigError::Invalid { name: var, reason };
+    let out = client.get_secret_value().secret_id(secret_id).send().await.map_err(|e| {
+        invalid(format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default()))
+    })?;
+    let raw = out.secret_string().ok_or_else(|| invalid("the secret has no string value".into()))?;
+    match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(serde_json::Value::Object(m)) => m
+            .get("api_key")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| invalid("the JSON secret has no `api_key` string".into())),
+        _ => Ok(raw.trim().to_owned()),
+    }
+}

@@ -1,0 +1,193 @@
+//! The vocabulary both flows share: lanes and the kinds that decide them, token counts, the
+//! field-naming error of a rejected input, and the commit types ([`commit`]). Pure: no I/O.
+
+pub mod commit;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::str::FromStr;
+
+/// A queue lane. The kind of a task decides its lane. See docs/ARCHITECTURE.md, Lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lane {
+    /// Short, latency-sensitive tasks (SLA < 3 s).
+    Interactive,
+    /// Long generation tasks (45–180 s); one per invocation.
+    Synthesis,
+    /// Commit summaries, batched.
+    Commits,
+}
+
+impl Lane {
+    /// Every lane, in priority order.
+    pub const ALL: [Lane; 3] = [Lane::Interactive, Lane::Synthesis, Lane::Commits];
+
+    /// Position in [`Lane::ALL`], for per-lane arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Lane::Interactive => 0,
+            Lane::Synthesis => 1,
+            Lane::Commits => 2,
+        }
+    }
+
+    /// The lane's name as used in queue names, metrics labels and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Interactive => "interactive",
+            Lane::Synthesis => "synthesis",
+            Lane::Commits => "commits",
+        }
+    }
+}
+
+impl fmt::Display for Lane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Lane {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Lane::ALL
+            .into_iter()
+            .find(|l| l.as_str() == s)
+            .ok_or_else(|| format!("unknown lane `{s}` (expected interactive, synthesis or commits)"))
+    }
+}
+
+/// A task kind. Unknown kinds are rejected, never guessed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Inline completion.
+    Autocomplete,
+    /// Explain code.
+    Explain,
+    /// Propose a lint fix.
+    LintPatch,
+    /// Classify a change or a file.
+    Classify,
+    /// Propose a test.
+    TestPatch,
+    /// Scaffold a project or module.
+    Scaffold,
+    /// Edit several files.
+    MultiFile,
+    /// Refactor.
+    Refactor,
+    /// Multi-step agent run.
+    Agent,
+    /// Summary of one Git commit.
+    CommitSummary,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 10] = [
+        Kind::Autocomplete,
+        Kind::Explain,
+        Kind::LintPatch,
+        Kind::Classify,
+        Kind::TestPatch,
+        Kind::Scaffold,
+        Kind::MultiFile,
+        Kind::Refactor,
+        Kind::Agent,
+        Kind::CommitSummary,
+    ];
+
+    /// The lane this kind runs in. See docs/ARCHITECTURE.md, Lanes.
+    pub fn lane(self) -> Lane {
+        match self {
+            Kind::Autocomplete | Kind::Explain | Kind::LintPatch | Kind::Classify | Kind::TestPatch => {
+                Lane::Interactive
+            }
+            Kind::Scaffold | Kind::MultiFile | Kind::Refactor | Kind::Agent => Lane::Synthesis,
+            Kind::CommitSummary => Lane::Commits,
+        }
+    }
+
+    /// Whether `POST /v1/tasks` accepts this kind (kinds of the commits lane come from the webhook).
+    pub fn is_task(self) -> bool {
+        self.lane() != Lane::Commits
+    }
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Autocomplete => "autocomplete",
+            Kind::Explain => "explain",
+            Kind::LintPatch => "lint_patch",
+            Kind::Classify => "classify",
+            Kind::TestPatch => "test_patch",
+            Kind::Scaffold => "scaffold",
+            Kind::MultiFile => "multi_file",
+            Kind::Refactor => "refactor",
+            Kind::Agent => "agent",
+            Kind::CommitSummary => "commit_summary",
+        }
+    }
+}
+
+impl FromStr for Kind {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s).ok_or(())
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One problem with a request, naming the field it is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// JSON pointer-ish name of the field (`target_files[3]`), or `body`.
+    pub field: String,
+    /// Why it was rejected, in words a client can act on.
+    pub reason: String,
+}
+
+impl FieldError {
+    pub(crate) fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { field: field.into(), reason: reason.into() }
+    }
+}
+
+/// Tokens spent on one answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsage {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Completion tokens.
+    pub completion: u64,
+}
+
+/// Hex-encoded sha256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_map_to_lanes() {
+        assert_eq!(Kind::Explain.lane(), Lane::Interactive);
+        assert_eq!(Kind::Autocomplete.lane(), Lane::Interactive);
+        assert_eq!(Kind::Refactor.lane(), Lane::Synthesis);
+        assert_eq!(Kind::Agent.lane(), Lane::Synthesis);
+        assert_eq!(Kind::CommitSummary.lane(), Lane::Commits);
+        for k in Kind::ALL {
+            assert_eq!(k.as_str().parse::<Kind>(), Ok(k));
+        }
+    }
+}

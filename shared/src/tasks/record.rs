@@ -1,0 +1,224 @@
+//! The durable record of a task and its state machine (see docs/ARCHITECTURE.md, Task lifecycle),
+//! the view a client gets, and the queue message. Pure: times are passed in.
+
+use super::request::TaskRequest;
+use crate::domain::{Kind, Lane, TokenUsage};
+use serde::{Deserialize, Serialize};
+
+/// Lifecycle of a task record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TaskStatus {
+    /// Accepted and enqueued; no worker has claimed it.
+    Pending,
+    /// Claimed by a worker (fence > 0).
+    Processing,
+    /// Terminal: result stored.
+    Completed,
+    /// Terminal for this submission: retrying cannot fix it. A new submission may start it again.
+    Failed,
+    /// Terminal: the client cancelled it. A new submission may start it again.
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "PENDING",
+            TaskStatus::Processing => "PROCESSING",
+            TaskStatus::Completed => "COMPLETED",
+            TaskStatus::Failed => "FAILED",
+            TaskStatus::Cancelled => "CANCELLED",
+        }
+    }
+
+    /// Whether no worker will touch the record again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled)
+    }
+
+    /// Whether a new submission of the same payload replaces the record and runs again.
+    pub fn is_resubmittable(self) -> bool {
+        matches!(self, TaskStatus::Failed | TaskStatus::Cancelled)
+    }
+
+    /// The legal transitions. `Processing -> Processing` is a re-claim after a lost lease (the fence
+    /// grows); `Pending -> Failed` is the DLQ sweep or the age limit failing a task no worker finished;
+    /// `Failed|Cancelled -> Pending` is a new submission; `Completed` is final.
+    pub fn can_become(self, next: TaskStatus) -> bool {
+        use TaskStatus::*;
+        matches!(
+            (self, next),
+            (Pending, Processing)
+                | (Pending, Failed)
+                | (Pending, Cancelled)
+                | (Processing, Processing)
+                | (Processing, Completed)
+                | (Processing, Failed)
+                | (Processing, Cancelled)
+                | (Failed, Pending)
+                | (Cancelled, Pending)
+        )
+    }
+}
+
+/// A model's answer as stored and returned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskResult {
+    /// The generated text.
+    pub text: String,
+    /// Which model produced it (the offline provider says so).
+    pub model: String,
+    /// Prompt plus completion tokens.
+    pub tokens: TokenUsage,
+    /// The model stopped at its token cap (`finish_reason`/`stop_reason` = length): the text is cut.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// The durable record of one task (one DynamoDB item / one embedded row).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// The idempotency key.
+    pub task_id: String,
+    /// Hash of the canonical payload; differs from `task_id` only under an `Idempotency-Key`.
+    pub payload_hash: String,
+    /// The validated request.
+    pub request: TaskRequest,
+    /// Lane, from the kind.
+    pub lane: Lane,
+    /// Where the record is in its life.
+    pub status: TaskStatus,
+    /// Incremented by every claim; the final write must carry the current value.
+    pub fence: u64,
+    /// Provider calls that failed for a reason other than throttling (the lane's attempt budget).
+    pub attempts: u32,
+    /// Random per submission: lets ingress delete only the record it wrote.
+    pub nonce: String,
+    /// Unix ms.
+    pub created_at_ms: u64,
+    /// Unix ms of the last send to the queue.
+    pub enqueued_at_ms: u64,
+    /// Unix ms of the last claim.
+    pub started_at_ms: Option<u64>,
+    /// Unix ms of the terminal write.
+    pub finished_at_ms: Option<u64>,
+    /// Set when `Completed`.
+    pub result: Option<TaskResult>,
+    /// Set when `Failed`.
+    pub error: Option<String>,
+    /// Unix seconds after which the record counts as absent (DynamoDB TTL attribute).
+    pub expires_at: u64,
+}
+
+impl TaskRecord {
+    /// A fresh `Pending` record.
+    pub fn pending(task_id: String, request: TaskRequest, now_ms: u64, ttl_secs: u64) -> Self {
+        Self {
+            payload_hash: request.payload_hash(),
+            lane: request.lane(),
+            task_id,
+            request,
+            status: TaskStatus::Pending,
+            fence: 0,
+            attempts: 0,
+            nonce: uuid::Uuid::new_v4().to_string(),
+            created_at_ms: now_ms,
+            enqueued_at_ms: now_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            result: None,
+            error: None,
+            expires_at: now_ms / 1000 + ttl_secs,
+        }
+    }
+
+    /// Whether the TTL has passed (DynamoDB deletes lazily, so reads must check too).
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at.saturating_mul(1000) <= now_ms
+    }
+
+    /// The public view of the record.
+    pub fn view(&self) -> TaskView {
+        TaskView {
+            task_id: self.task_id.clone(),
+            status: self.status,
+            lane: self.lane,
+            kind: self.request.kind,
+            result: self.result.clone(),
+            error: self.error.clone(),
+            attempts: self.attempts,
+        }
+    }
+}
+
+/// The JSON a client sees for a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskView {
+    /// The task id.
+    pub task_id: String,
+    /// Current status.
+    pub status: TaskStatus,
+    /// Lane.
+    pub lane: Lane,
+    /// Kind.
+    pub kind: Kind,
+    /// Result when completed.
+    pub result: Option<TaskResult>,
+    /// Reason when failed.
+    pub error: Option<String>,
+    /// Provider calls that failed (throttling excluded).
+    #[serde(default)]
+    pub attempts: u32,
+}
+
+/// The body of a queue message: small on purpose; the worker reads the request from the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskMessage {
+    /// Task id.
+    pub task_id: String,
+    /// Lane it was sent to.
+    pub lane: Lane,
+    /// Kind.
+    pub kind: Kind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_machine_allows_only_legal_transitions() {
+        use TaskStatus::*;
+        let all = [Pending, Processing, Completed, Failed, Cancelled];
+        let legal = [
+            (Pending, Processing),
+            (Pending, Failed),
+            (Pending, Cancelled),
+            (Processing, Processing),
+            (Processing, Completed),
+            (Processing, Failed),
+            (Processing, Cancelled),
+            (Failed, Pending),
+            (Cancelled, Pending),
+        ];
+        for from in all {
+            for to in all {
+                assert_eq!(from.can_become(to), legal.contains(&(from, to)), "{from:?} -> {to:?}");
+            }
+        }
+        assert!(Completed.is_terminal() && Failed.is_terminal() && Cancelled.is_terminal());
+        assert!(Failed.is_resubmittable() && Cancelled.is_resubmittable() && !Completed.is_resubmittable());
+        assert!(!Pending.is_terminal() && !Processing.is_terminal());
+    }
+
+    #[test]
+    fn message_round_trips_and_rejects_garbage() {
+        let m = TaskMessage { task_id: "a".repeat(64), lane: Lane::Interactive, kind: Kind::Explain };
+        let s = serde_json::to_string(&m).unwrap_or_default();
+        assert_eq!(serde_json::from_str::<TaskMessage>(&s).ok(), Some(m));
+        assert!(serde_json::from_str::<TaskMessage>("{\"task_id\":1}").is_err());
+    }
+}

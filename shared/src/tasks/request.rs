@@ -1,0 +1,379 @@
+//! A task request as a client sends it: the fields, the documented shape of `params`, and the
+//! validation that names every bad field. Pure.
+
+use crate::domain::{FieldError, Kind, Lane};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Largest accepted request body, in bytes.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Most `target_files` one task may name.
+pub const MAX_TARGET_FILES: usize = 200;
+/// Longest accepted `project_id`.
+pub const MAX_PROJECT_ID_LEN: usize = 128;
+/// Longest accepted `Idempotency-Key` header value.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// A validated task request, in canonical form (prompt trimmed, files sorted and deduplicated).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRequest {
+    /// Tenant-chosen project identifier, `[A-Za-z0-9._-]{1,128}`.
+    pub project_id: String,
+    /// What to do; decides the lane.
+    pub kind: Kind,
+    /// The instruction, trimmed.
+    pub prompt: String,
+    /// Relative paths, sorted and deduplicated.
+    pub target_files: Vec<String>,
+    /// Sampling parameters passed to the model (see [`ModelParams`]); `null` when absent.
+    pub params: Value,
+}
+
+/// The documented shape of `params`: every key optional, unknown keys refused (a typo would otherwise
+/// be silently ignored by the model and still change the task id).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelParams {
+    /// Sampling temperature, 0 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, 0 to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Completion token cap, at most the lane's own cap (which applies when this is absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Up to four stop sequences.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Sampling seed, where the provider supports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+}
+
+/// Keys `params` may have.
+pub const PARAM_KEYS: [&str; 5] = ["max_tokens", "seed", "stop", "temperature", "top_p"];
+
+impl ModelParams {
+    /// Reads validated `params` (`null` is the empty set). Validation happened at ingress, so a value
+    /// that does not decode (an old record) counts as no parameters rather than failing the task.
+    pub fn from_value(v: &Value) -> Self {
+        serde_json::from_value(v.clone()).unwrap_or_default()
+    }
+
+    /// Checks `params`, one error per bad key, each naming `params.<key>`.
+    pub fn validate(obj: &Map<String, Value>) -> Vec<FieldError> {
+        let mut errors = Vec::new();
+        for (key, value) in obj {
+            let field = format!("params.{key}");
+            let bad = |reason: &str| FieldError::new(field.clone(), reason);
+            match key.as_str() {
+                "temperature" => match value.as_f64() {
+                    Some(t) if (0.0..=2.0).contains(&t) => {}
+                    _ => errors.push(bad("expected a number from 0 to 2")),
+                },
+                "top_p" => match value.as_f64() {
+                    Some(t) if (0.0..=1.0).contains(&t) => {}
+                    _ => errors.push(bad("expected a number from 0 to 1")),
+                },
+                "max_tokens" => match value.as_u64() {
+                    Some(n) if (1..=MAX_PARAM_TOKENS as u64).contains(&n) => {}
+                    _ => errors.push(bad(&format!("expected a whole number from 1 to {MAX_PARAM_TOKENS}"))),
+                },
+                "seed" => {
+                    if value.as_i64().is_none() {
+                        errors.push(bad("expected a whole number"));
+                    }
+                }
+                "stop" => match value {
+                    Value::String(s) if !s.is_empty() => {}
+                    Value::Array(items)
+                        if items.len() <= 4
+                            && items.iter().all(|i| i.as_str().is_some_and(|s| !s.is_empty())) => {}
+                    _ => errors.push(bad("expected a non-empty string or an array of at most 4 of them")),
+                },
+                _ => errors
+                    .push(bad(&format!("unknown parameter; expected one of: {}", PARAM_KEYS.join(", ")))),
+            }
+        }
+        errors
+    }
+}
+
+/// Largest `params.max_tokens` accepted (a lane's own cap may be lower; the lower one applies).
+pub const MAX_PARAM_TOKENS: u32 = 128_000;
+
+const ALLOWED_FIELDS: [&str; 5] = ["project_id", "kind", "prompt", "target_files", "params"];
+
+impl TaskRequest {
+    /// Parses and validates a JSON body. Every problem found is reported, each naming its field.
+    pub fn from_json(body: &[u8]) -> Result<Self, Vec<FieldError>> {
+        if body.len() > MAX_BODY_BYTES {
+            return Err(vec![FieldError::new(
+                "body",
+                format!("body is {} bytes; the limit is {MAX_BODY_BYTES}", body.len()),
+            )]);
+        }
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| vec![FieldError::new("body", format!("malformed JSON: {e}"))])?;
+        Self::from_value(value)
+    }
+
+    /// Validates an already parsed JSON value.
+    pub fn from_value(value: Value) -> Result<Self, Vec<FieldError>> {
+        let Value::Object(mut obj) = value else {
+            return Err(vec![FieldError::new("body", "expected a JSON object")]);
+        };
+        let mut errors = Vec::new();
+        for key in obj.keys() {
+            if !ALLOWED_FIELDS.contains(&key.as_str()) {
+                errors.push(FieldError::new(key.clone(), "unknown field"));
+            }
+        }
+        let project_id =
+            take_string(&mut obj, "project_id", &mut errors).and_then(|p| match validate_project_id(&p) {
+                Ok(()) => Some(p),
+                Err(reason) => {
+                    errors.push(FieldError::new("project_id", reason));
+                    None
+                }
+            });
+        let kind = take_string(&mut obj, "kind", &mut errors).and_then(|k| match k.parse::<Kind>() {
+            Ok(kind) if kind.lane() == Lane::Commits => {
+                errors.push(FieldError::new(
+                    "kind",
+                    format!(
+                        "`{k}` runs in the commits lane, fed by the Git webhook; it cannot be submitted \
+                         as a task"
+                    ),
+                ));
+                None
+            }
+            Ok(kind) => Some(kind),
+            Err(()) => {
+                let known: Vec<&str> = Kind::ALL.iter().filter(|k| k.is_task()).map(|k| k.as_str()).collect();
+                errors.push(FieldError::new(
+                    "kind",
+                    format!("unknown kind `{k}`; expected one of: {}", known.join(", ")),
+                ));
+                None
+            }
+        });
+        let prompt = take_string(&mut obj, "prompt", &mut errors).and_then(|p| {
+            let trimmed = p.trim();
+            if trimmed.is_empty() {
+                errors.push(FieldError::new("prompt", "must not be empty"));
+                None
+            } else {
+                Some(trimmed.to_owned())
+            }
+        });
+        let target_files = match obj.remove("target_files") {
+            None => {
+                errors.push(FieldError::new("target_files", "missing field"));
+                None
+            }
+            Some(Value::Array(items)) => validate_target_files(items, &mut errors),
+            Some(_) => {
+                errors.push(FieldError::new("target_files", "expected an array of strings"));
+                None
+            }
+        };
+        let params = match obj.remove("params") {
+            None | Some(Value::Null) => Some(Value::Null),
+            Some(Value::Object(mut m)) => {
+                let problems = ModelParams::validate(&m);
+                if problems.is_empty() {
+                    // One stop sequence is the same request as a list of one.
+                    if let Some(Value::String(s)) = m.get("stop").cloned() {
+                        m.insert("stop".into(), Value::Array(vec![Value::String(s)]));
+                    }
+                    Some(Value::Object(m))
+                } else {
+                    errors.extend(problems);
+                    None
+                }
+            }
+            Some(_) => {
+                errors.push(FieldError::new("params", "expected a JSON object or null"));
+                None
+            }
+        };
+        match (project_id, kind, prompt, target_files, params) {
+            (Some(project_id), Some(kind), Some(prompt), Some(target_files), Some(params))
+                if errors.is_empty() =>
+            {
+                Ok(Self { project_id, kind, prompt, target_files, params })
+            }
+            _ => Err(errors),
+        }
+    }
+
+    /// The lane this request runs in.
+    pub fn lane(&self) -> Lane {
+        self.kind.lane()
+    }
+}
+
+fn take_string(obj: &mut Map<String, Value>, field: &str, errors: &mut Vec<FieldError>) -> Option<String> {
+    match obj.remove(field) {
+        None => {
+            errors.push(FieldError::new(field, "missing field"));
+            None
+        }
+        Some(Value::String(s)) => Some(s),
+        Some(_) => {
+            errors.push(FieldError::new(field, "expected a string"));
+            None
+        }
+    }
+}
+
+fn validate_project_id(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.len() > MAX_PROJECT_ID_LEN {
+        return Err(format!("must be 1 to {MAX_PROJECT_ID_LEN} characters"));
+    }
+    if !p.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+        return Err("may only contain A-Z, a-z, 0-9, '.', '_' and '-'".into());
+    }
+    Ok(())
+}
+
+fn validate_target_files(items: Vec<Value>, errors: &mut Vec<FieldError>) -> Option<Vec<String>> {
+    if items.len() > MAX_TARGET_FILES {
+        errors.push(FieldError::new(
+            "target_files",
+            format!("{} entries; at most {MAX_TARGET_FILES} are allowed", items.len()),
+        ));
+        return None;
+    }
+    let before = errors.len();
+    let mut files = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let field = format!("target_files[{i}]");
+        match item {
+            Value::String(path) => match validate_relative_path(&path) {
+                Ok(()) => files.push(path),
+                Err(reason) => errors.push(FieldError::new(field, reason)),
+            },
+            _ => errors.push(FieldError::new(field, "expected a string")),
+        }
+    }
+    if errors.len() > before {
+        return None;
+    }
+    files.sort();
+    files.dedup();
+    Some(files)
+}
+
+fn validate_relative_path(path: &str) -> Result<(), &'static str> {
+    if path.is_empty() {
+        return Err("must not be empty");
+    }
+    if path.len() > 1024 {
+        return Err("longer than 1024 bytes");
+    }
+    if path.starts_with('/') || path.starts_with('\\') {
+        return Err("must be a relative path (no leading '/')");
+    }
+    if path.chars().any(|c| c.is_control()) {
+        return Err("must not contain control characters");
+    }
+    if path.split(['/', '\\']).any(|seg| seg == "..") {
+        return Err("must not contain '..' segments");
+    }
+    if path.len() >= 2 && path.as_bytes()[1] == b':' {
+        return Err("must be a relative path (no drive letter)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn req(v: Value) -> TaskRequest {
+        match TaskRequest::from_value(v) {
+            Ok(r) => r,
+            Err(e) => panic!("unexpected validation error: {e:?}"),
+        }
+    }
+
+    fn errs(v: Value) -> Vec<FieldError> {
+        match TaskRequest::from_value(v) {
+            Ok(r) => panic!("expected an error, got {r:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn validation_names_fields() {
+        let cases: Vec<(Value, &str)> = vec![
+            (json!({"kind":"explain","prompt":"x","target_files":[]}), "project_id"),
+            (json!({"project_id":"p 1","kind":"explain","prompt":"x","target_files":[]}), "project_id"),
+            (
+                json!({"project_id":"a".repeat(129),"kind":"explain","prompt":"x","target_files":[]}),
+                "project_id",
+            ),
+            (json!({"project_id":"p","kind":"poem","prompt":"x","target_files":[]}), "kind"),
+            (json!({"project_id":"p","kind":"commit_summary","prompt":"x","target_files":[]}), "kind"),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"temperature":3}}),
+                "params.temperature",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"max_tokens":0}}),
+                "params.max_tokens",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"stop":["a","b","c","d","e"]}}),
+                "params.stop",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":{"temprature":1}}),
+                "params.temprature",
+            ),
+            (json!({"project_id":"p","kind":"explain","prompt":"   ","target_files":[]}), "prompt"),
+            (json!({"project_id":"p","kind":"explain","prompt":7,"target_files":[]}), "prompt"),
+            (json!({"project_id":"p","kind":"explain","prompt":"x"}), "target_files"),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":["../x"]}),
+                "target_files[0]",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":["a","/etc/passwd"]}),
+                "target_files[1]",
+            ),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":["a/../../b"]}),
+                "target_files[0]",
+            ),
+            (json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[1]}), "target_files[0]"),
+            (
+                json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"params":[1]}),
+                "params",
+            ),
+            (json!({"project_id":"p","kind":"explain","prompt":"x","target_files":[],"extra":1}), "extra"),
+            (json!([1, 2]), "body"),
+        ];
+        for (input, field) in cases {
+            let e = errs(input.clone());
+            assert!(e.iter().any(|fe| fe.field == field), "{input} -> {e:?}, expected field {field}");
+        }
+        let many: Vec<String> = (0..201).map(|i| format!("f{i}.rs")).collect();
+        let e = errs(json!({"project_id":"p","kind":"explain","prompt":"x","target_files":many}));
+        assert_eq!(e[0].field, "target_files");
+        let ok: Vec<String> = (0..200).map(|i| format!("f{i}.rs")).collect();
+        req(json!({"project_id":"p","kind":"explain","prompt":"x","target_files":ok}));
+    }
+
+    #[test]
+    fn body_limits_and_malformed_json() {
+        let big = vec![b' '; MAX_BODY_BYTES + 1];
+        assert_eq!(TaskRequest::from_json(&big).err().map(|e| e[0].field.clone()).as_deref(), Some("body"));
+        let e = TaskRequest::from_json(b"{\"project_id\":").err().unwrap_or_default();
+        assert_eq!(e[0].field, "body");
+        assert!(e[0].reason.contains("malformed JSON"));
+    }
+}
