@@ -73,40 +73,47 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
         total += value * factor;
         rest = &rest[unit_end..];
     }
-    Some(Duration::from_secs_f64(total))
+    seconds(total)
 }
 
-/// The provider's own "not before" hint, the latest of every header it sent, relative to `now`.
+/// The longest hint taken from a header: a provider's reset is minutes at most, and a day bounds a
+/// mistaken or hostile value (`inf`, `1e20`) without refusing the rest of the answer.
+pub const MAX_HINT: Duration = Duration::from_secs(24 * 3600);
+
+/// Seconds as a duration, clamped to `0..=MAX_HINT`; `None` for NaN. Never panics.
+pub fn seconds(secs: f64) -> Option<Duration> {
+    if secs.is_nan() {
+        return None;
+    }
+    Some(Duration::try_from_secs_f64(secs.clamp(0.0, MAX_HINT.as_secs_f64())).unwrap_or(MAX_HINT))
+}
+
+/// The provider's own "not before" hint, the latest of every header it sent, relative to `now`:
+/// `retry-after` (seconds or an HTTP date), `retry-after-ms`, the same under any vendor prefix
+/// (`x-litellm-retry-after`, `x-ratelimit-retry-after-ms`, ...), OpenAI's `x-ratelimit-reset-*` and
+/// Anthropic's `anthropic-ratelimit-*-reset`. Values that do not parse are ignored; none panics.
 pub fn retry_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     let until = |t: SystemTime| t.duration_since(now).unwrap_or(Duration::ZERO);
     let mut hints = Vec::new();
-    if let Some(v) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        hints.push(Duration::from_secs_f64(v.max(0.0) / 1000.0));
+    for (name, value) in headers {
+        let (name, Ok(v)) = (name.as_str(), value.to_str().map(str::trim)) else { continue };
+        let hint = if name.ends_with("retry-after-ms") {
+            v.parse::<f64>().ok().and_then(|ms| seconds(ms / 1000.0))
+        } else if name.ends_with("retry-after") {
+            match v.parse::<f64>() {
+                Ok(secs) => seconds(secs),
+                Err(_) => httpdate::parse_http_date(v).ok().map(until),
+            }
+        } else if name.starts_with("x-ratelimit-reset-") {
+            parse_go_duration(v)
+        } else if name.starts_with("anthropic-ratelimit-") && name.ends_with("-reset") {
+            humantime::parse_rfc3339_weak(v).ok().map(until)
+        } else {
+            None
+        };
+        hints.extend(hint);
     }
-    if let Some(v) = get("retry-after") {
-        if let Ok(secs) = v.parse::<f64>() {
-            hints.push(Duration::from_secs_f64(secs.max(0.0)));
-        } else if let Ok(t) = httpdate::parse_http_date(v) {
-            hints.push(until(t));
-        }
-    }
-    for name in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
-        if let Some(d) = get(name).and_then(parse_go_duration) {
-            hints.push(d);
-        }
-    }
-    for name in [
-        "anthropic-ratelimit-requests-reset",
-        "anthropic-ratelimit-tokens-reset",
-        "anthropic-ratelimit-input-tokens-reset",
-        "anthropic-ratelimit-output-tokens-reset",
-    ] {
-        if let Some(t) = get(name).and_then(|v| humantime::parse_rfc3339_weak(v).ok()) {
-            hints.push(until(t));
-        }
-    }
-    hints.into_iter().max()
+    hints.into_iter().max().map(|d| d.min(MAX_HINT))
 }
 
 /// A client with retries.
@@ -198,6 +205,51 @@ mod tests {
             Some(Duration::from_secs(12))
         );
         assert_eq!(retry_hint(&HeaderMap::new(), now), None);
+    }
+
+    #[test]
+    fn vendor_prefixed_hints_are_read_and_no_value_panics() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        let one = |k: &'static str, v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(k, HeaderValue::from_str(v).unwrap());
+            retry_hint(&m, now)
+        };
+        assert_eq!(one("x-litellm-retry-after", "3"), Some(Duration::from_secs(3)));
+        assert_eq!(one("x-ratelimit-retry-after-ms", "1500"), Some(Duration::from_millis(1500)));
+        assert_eq!(one("retry-after", "inf"), Some(MAX_HINT), "clamped, not a panic");
+        assert_eq!(one("retry-after", "1e20"), Some(MAX_HINT));
+        assert_eq!(one("retry-after", "-5"), Some(Duration::ZERO));
+        assert_eq!(one("retry-after", "NaN"), None);
+        assert_eq!(one("x-ratelimit-reset-requests", "99999999999h"), Some(MAX_HINT));
+        // Every printable value under every hint header: no panic.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let len = (state % 24) as usize;
+            let value: String = (0..len)
+                .map(|i| {
+                    let b = ((state >> ((i % 8) * 8)) as u8 % 95) + 32;
+                    char::from(b)
+                })
+                .collect();
+            for name in [
+                "retry-after",
+                "retry-after-ms",
+                "x-ratelimit-reset-tokens",
+                "anthropic-ratelimit-requests-reset",
+                "x-vendor-retry-after",
+            ] {
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    let mut m = HeaderMap::new();
+                    m.insert(name, v);
+                    let _ = retry_hint(&m, now);
+                }
+            }
+            let _ = parse_go_duration(&value);
+        }
     }
 
     #[test]
