@@ -205,6 +205,7 @@ impl LlmClient for SleepLlm {
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Ok(lanes_core::ports::LlmResponse {
             truncated: false,
+            limits: Default::default(),
             text: "done".into(),
             model: "sleep".into(),
             usage: lanes_core::domain::TokenUsage { prompt: 1, completion: 1 },

@@ -5,6 +5,8 @@
 //! function.
 //!
 //! - [`limiter`]: the RPM/TPM limiter against the provider emulator: 429s, throughput, the 70/30 split.
+//! - [`provider`]: the limiter against providers that count by token bucket, fixed or sliding
+//!   window, with limits configured, learned from headers, or unknown: 429s, use of the limit.
 //! - [`batching`]: commit micro-batching vs one call per commit: calls, tokens, 429s.
 //! - [`duplicates`]: repeated deliveries with a renewed lease vs a static visibility: LLM calls.
 //! - [`hol`]: head-of-line blocking under FIFO, a static split and 70/30 with borrowing.
@@ -15,6 +17,7 @@ pub mod batching;
 pub mod duplicates;
 pub mod hol;
 pub mod limiter;
+pub mod provider;
 pub mod recovery;
 pub mod throughput;
 

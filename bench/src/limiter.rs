@@ -86,7 +86,9 @@ pub fn steady(calls: &[Call], from: Instant) -> (u64, u64) {
 /// An emulated provider enforcing `rpm`/`tpm` per one-second window, and a client that goes
 /// through an in-process limiter configured with the same limits.
 pub async fn limited_setup(rpm: f64, tpm: f64) -> std::io::Result<(MockLlm, Arc<dyn LlmClient>)> {
-    let mock = MockLlm::start_limited(MockLimits { rpm, tpm, window: Duration::from_secs(1) }).await?;
+    let mock =
+        MockLlm::start_limited(MockLimits { rpm, tpm, window: Duration::from_secs(1), ..Default::default() })
+            .await?;
     let config = LimiterConfig { window_ms: 1_000.0, ..LimiterConfig::new(rpm, tpm) };
     let limiter: Arc<dyn RateLimiter> = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
     let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5))

@@ -96,6 +96,23 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The limiter against a provider emulator that counts its limits by token bucket, fixed or
+    /// sliding window, with the limits configured, learned from its headers, or unknown (slow start):
+    /// 429s, use of the limit, failures, p99 call time, interactive share.
+    Provider {
+        /// Requests per (one-second) window.
+        #[arg(long, default_value_t = 200.0)]
+        rpm: f64,
+        /// Tokens per (one-second) window.
+        #[arg(long, default_value_t = 20_000.0)]
+        tpm: f64,
+        /// Seconds of load per run.
+        #[arg(long, default_value_t = 6.0)]
+        seconds: f64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs one benchmark and prints its report.
@@ -117,6 +134,9 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         }
         BenchCommand::Limiter { rpm, tpm, requests, json } => {
             show(b::limiter::limiter_report(rpm, tpm, requests).await, json)
+        }
+        BenchCommand::Provider { rpm, tpm, seconds, json } => {
+            show(b::provider::provider_report(rpm, tpm, seconds).await, json)
         }
     }
 }

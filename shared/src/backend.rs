@@ -91,7 +91,13 @@ impl Adapters {
         name: &str,
         clock: SharedClock,
     ) -> Result<Option<Arc<dyn crate::limiter::RateLimiter>>, ConfigError> {
-        let Some(config) = crate::limiter::config_from_env()? else { return Ok(None) };
+        // A real provider is always paced: by the configured caps, or by the limits its headers say.
+        let real = crate::config::optional_env("LANES_LLM_PROVIDER").is_some_and(|p| p != "offline");
+        let config = match crate::limiter::config_from_env()? {
+            Some(config) => config,
+            None if real => crate::limiter::LimiterConfig::unknown(),
+            None => return Ok(None),
+        };
         Ok(Some(match &self.redis {
             Some(conn) => Arc::new(crate::adapters::redis::limiter::RedisLimiter::new(
                 conn.clone(),
@@ -234,10 +240,14 @@ pub async fn create_aws_resources(
 /// (required but for offline; the model id for Bedrock); `LANES_LLM_BASE_URL` (defaults to the
 /// vendor's); the key from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets
 /// Manager secret named by `LANES_LLM_API_KEY_SECRET` (fetched once per container);
-/// `LANES_LLM_TIMEOUT_MS` (default 120000). Real providers are wrapped in [`crate::llm::Retrying`].
+/// `LANES_LLM_TIMEOUT_MS` (default 120000). Real providers are `Retrying` over `Limited` (the
+/// limiter, when there is one, charges each HTTP attempt; a budget wait past `max_wait` puts the task
+/// off).
 pub async fn llm_from_env(
     offline_latency: std::time::Duration,
     batch_answer: crate::llm::BatchAnswer,
+    limiter: Option<std::sync::Arc<dyn crate::limiter::RateLimiter>>,
+    max_wait: std::time::Duration,
 ) -> Result<std::sync::Arc<dyn crate::ports::LlmClient>, crate::config::ConfigError> {
     use crate::config::{ConfigError, require_env};
     use std::sync::Arc;
@@ -256,9 +266,15 @@ pub async fn llm_from_env(
         reason: e.to_string(),
     };
     let key = |var: &'static str| crate::adapters::secrets::env_or_secret(var, "LANES_LLM_API_KEY_SECRET");
+    let paced = |client: Arc<dyn crate::ports::LlmClient>| -> Arc<dyn crate::ports::LlmClient> {
+        let limited = crate::limiter::limited(client, limiter.clone(), max_wait);
+        Arc::new(crate::llm::Retrying::new(limited, crate::llm::RetryPolicy::default()))
+    };
     match crate::config::optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into()).as_str() {
-        "offline" => Ok(Arc::new(
-            crate::llm::OfflineProvider::new(|_| offline_latency).answering_batches(batch_answer),
+        "offline" => Ok(crate::limiter::limited(
+            Arc::new(crate::llm::OfflineProvider::new(|_| offline_latency).answering_batches(batch_answer)),
+            limiter.clone(),
+            max_wait,
         )),
         "openai" => {
             let client = crate::llm::OpenAiClient::new(
@@ -268,7 +284,7 @@ pub async fn llm_from_env(
                 timeout,
             )
             .map_err(invalid)?;
-            Ok(Arc::new(crate::llm::Retrying::new(client, crate::llm::RetryPolicy::default())))
+            Ok(paced(Arc::new(client)))
         }
         "anthropic" => {
             let api_key = key("ANTHROPIC_API_KEY").await?.ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
@@ -279,12 +295,12 @@ pub async fn llm_from_env(
                 timeout,
             )
             .map_err(invalid)?;
-            Ok(Arc::new(crate::llm::Retrying::new(client, crate::llm::RetryPolicy::default())))
+            Ok(paced(Arc::new(client)))
         }
         "bedrock" => {
             let aws = crate::adapters::AwsClients::load(&Default::default()).await;
             let client = aws.bedrock(&require_env("LANES_LLM_MODEL")?);
-            Ok(Arc::new(crate::llm::Retrying::new(client, crate::llm::RetryPolicy::default())))
+            Ok(paced(Arc::new(client)))
         }
         other => Err(ConfigError::Invalid {
             name: "LANES_LLM_PROVIDER",

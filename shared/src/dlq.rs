@@ -395,6 +395,7 @@ mod tests {
             model: "m".into(),
             tokens: Default::default(),
             truncated: false,
+            cost_usd: None,
         };
         store.finish(&ids[0], c.fence, Completion::Completed(done), clock.now_ms(), 3600).await.unwrap();
         store.claim(&ids[1], clock.now_ms(), 3600).await.unwrap();

@@ -272,12 +272,13 @@ impl WorkerFunction {
         let lease_ms = parse_env("LANES_LEASE_TTL_MS", 15_000)?;
         let config = WorkerConfig::default().with_lease(Duration::from_millis(lease_ms)).lanes_from_env()?;
         config.validate()?;
+        crate::llm::price::load_from_env()?;
         let adapters = adapters_from_env("worker", &[lane]).await?;
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
-        let llm = crate::backend::llm_from_env(latency, crate::commits::prompt::offline_answer).await?;
         // A budget wait is bounded well inside the lease; longer ones go back to the queue.
         let limiter = adapters.limiter(&crate::limiter::limiter_name(), Arc::new(SystemClock))?;
-        let llm = crate::limiter::limited(llm, limiter, Duration::from_secs(20));
+        let answer = crate::commits::prompt::offline_answer;
+        let llm = crate::backend::llm_from_env(latency, answer, limiter, Duration::from_secs(20)).await?;
         let metrics = Metrics::new();
         metrics.enable_emf();
         let commits = match lane {

@@ -4,14 +4,25 @@
 //! class leaves it idle. Tokens are charged with an estimate before the call and reconciled with the
 //! provider's reported usage after it.
 //!
-//! Each class has a token bucket per dimension, refilled continuously at its share of the per-minute
-//! limit and holding at most that share of one minute, so the sum never exceeds what a provider's
-//! own per-minute bucket allows. [`decide`] is the algorithm; [`MemoryLimiter`] runs it in process
-//! and `adapters::redis::limiter::RedisLimiter` runs the same steps as one Lua script shared by every
+//! Admission is smooth, GCRA-style: each class has a bucket per dimension that holds only a small
+//! burst (5% of its share of the window's limit) and refills continuously at the rest of its share
+//! over the window. Whatever the window starts, what is admitted in it is at most the burst plus the
+//! refill, i.e. the limit, so a provider counting per calendar window, per sliding window or by token
+//! bucket never sees more than its limit; about 95% of it is used under load. A request larger than
+//! a whole burst waits for a full bucket and then runs into debt that later refills pay.
+//!
+//! Limits are the configured caps (`LANES_LLM_RPM`/`TPM`, optional) or, lower, what the provider
+//! says in its rate-limit headers ([`ProviderLimits`], learned per process from each answer). A 429
+//! (or a provider that says its budget is spent) starts a cooldown stored with the buckets, so every
+//! worker waits it out instead of each retrying on its own.
+//!
+//! [`decide`] is the algorithm; [`MemoryLimiter`] runs it in process and
+//! `adapters::redis::limiter::RedisLimiter` runs the same steps as one Lua script shared by every
 //! worker.
 
 use crate::clock::SharedClock;
 use crate::domain::Lane;
+pub use crate::ports::ProviderLimits;
 use async_trait::async_trait;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -53,18 +64,48 @@ pub struct LimiterConfig {
     pub lend_above: f64,
     /// The period the limits are per, in ms: 60000 for providers' per-minute limits; tests shorten it.
     pub window_ms: f64,
+    /// The share of a window's limit a bucket holds as its burst.
+    pub burst: f64,
 }
 
+/// A limit to stand for "not known yet": large enough never to pace, finite so the Lua script and
+/// JSON carry it.
+pub const UNKNOWN: f64 = 1e12;
+
 impl LimiterConfig {
-    /// Limits with the default 70/30 reservation.
+    /// Limits with the default 70/30 reservation and a 5% burst.
     pub fn new(rpm: f64, tpm: f64) -> Self {
-        Self { rpm, tpm, interactive_share: 0.7, lend_above: 0.5, window_ms: 60_000.0 }
+        Self { rpm, tpm, interactive_share: 0.7, lend_above: 0.5, window_ms: 60_000.0, burst: 0.05 }
     }
 
-    /// Capacities of the four buckets: requests (interactive, background), tokens (same order).
-    fn caps(&self) -> [f64; 4] {
+    /// No configured cap: pacing starts when the provider's headers say its limits.
+    pub fn unknown() -> Self {
+        Self::new(UNKNOWN, UNKNOWN)
+    }
+
+    /// Each class's share of each limit: requests (interactive, background), tokens (same order).
+    fn shares(&self) -> [f64; 4] {
         let s = self.interactive_share.clamp(0.0, 1.0);
         [self.rpm * s, self.rpm * (1.0 - s), self.tpm * s, self.tpm * (1.0 - s)]
+    }
+
+    /// Capacities of the four buckets: the burst of each share.
+    fn caps(&self) -> [f64; 4] {
+        self.shares().map(|l| l * self.burst.clamp(0.0, 1.0))
+    }
+
+    /// Refill rates of the four buckets, per ms: the rest of each share over the window.
+    fn rates(&self) -> [f64; 4] {
+        self.shares().map(|l| l * (1.0 - self.burst.clamp(0.0, 1.0)) / self.window_ms)
+    }
+
+    /// These caps lowered to what the provider said (`None` fields keep the cap).
+    pub fn within(&self, learned: &ProviderLimits) -> Self {
+        Self {
+            rpm: learned.rpm.map_or(self.rpm, |l| l.min(self.rpm)),
+            tpm: learned.tpm.map_or(self.tpm, |l| l.min(self.tpm)),
+            ..*self
+        }
     }
 }
 
@@ -75,12 +116,14 @@ pub struct BucketState {
     pub levels: [f64; 4],
     /// Unix ms of the last refill.
     pub at_ms: u64,
+    /// Unix ms until which every class waits (a provider's 429 or spent budget).
+    pub cool_until_ms: u64,
 }
 
 impl BucketState {
-    /// Full buckets at `now_ms`.
+    /// Full buckets (one burst each) at `now_ms`.
     pub fn full(config: &LimiterConfig, now_ms: u64) -> Self {
-        Self { levels: config.caps(), at_ms: now_ms }
+        Self { levels: config.caps(), at_ms: now_ms, cool_until_ms: 0 }
     }
 }
 
@@ -94,12 +137,16 @@ pub enum Decision {
 }
 
 fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
-    let caps = config.caps();
     let elapsed = now_ms.saturating_sub(state.at_ms) as f64;
-    for (level, cap) in state.levels.iter_mut().zip(caps) {
-        *level = (*level + elapsed * cap / config.window_ms).min(cap);
+    for ((level, cap), rate) in state.levels.iter_mut().zip(config.caps()).zip(config.rates()) {
+        *level = (*level + elapsed * rate).min(cap);
     }
     state.at_ms = state.at_ms.max(now_ms);
+}
+
+/// Starts (or extends) the shared cooldown to `until_ms`.
+pub fn cool_down(state: &mut BucketState, until_ms: u64) {
+    state.cool_until_ms = state.cool_until_ms.max(until_ms);
 }
 
 /// Takes one request and `tokens` for `class`, or says how long to wait. All or nothing.
@@ -110,8 +157,11 @@ pub fn decide(
     class: Class,
     tokens: u64,
 ) -> Decision {
+    if state.cool_until_ms > now_ms {
+        return Decision::Wait(Duration::from_millis(state.cool_until_ms - now_ms));
+    }
     refill(config, state, now_ms);
-    let caps = config.caps();
+    let (caps, rates) = (config.caps(), config.rates());
     let (own_off, other_off) = match class {
         Class::Interactive => (0, 1),
         Class::Background => (1, 0),
@@ -120,8 +170,10 @@ pub fn decide(
     let mut wait_ms = 0.0f64;
     for (dim, need) in [(0usize, 1.0f64), (2, tokens as f64)] {
         let (own, other) = (dim + own_off, dim + other_off);
-        // A request larger than the whole share waits for a full bucket, then runs into debt.
-        let need_now = need.min(caps[own]);
+        // A request waits for at most its class's bucket up to the lending watermark, then runs into
+        // debt that later refills pay: what the other class may borrow (above the watermark) is
+        // never what this class waits for, so an active class keeps its reservation.
+        let need_now = need.min(caps[own] * config.lend_above.clamp(0.1, 1.0));
         let have = state.levels[own].max(0.0);
         if have >= need_now {
             takes[own] = need;
@@ -129,13 +181,27 @@ pub fn decide(
         }
         let lendable = state.levels[other] - config.lend_above * caps[other];
         if lendable >= need_now - have {
-            takes[own] = have + (need - need_now);
-            takes[other] = need_now - have;
+            // The lender pays the whole shortfall, running into debt for a big request: it lends only
+            // while above its watermark, so the debt stops further loans until its refill pays it,
+            // and a borrower can never admit request after request on another class's budget.
+            takes[own] = have;
+            takes[other] = need - have;
             continue;
         }
-        let rate = caps[own] / config.window_ms;
-        let missing = need_now - state.levels[own];
-        wait_ms = wait_ms.max(if rate > 0.0 { missing / rate } else { config.window_ms });
+        // Either its own bucket fills, or (sooner, when the other class is idle) both refill until
+        // its own plus what the other may lend covers the need.
+        let own_wait =
+            if rates[own] > 0.0 { (need_now - state.levels[own]) / rates[own] } else { config.window_ms };
+        let short = need_now - have - lendable.max(0.0);
+        // A full bucket refills no further: its lendable share grows only while it is below its cap.
+        let other_rate = if state.levels[other] < caps[other] { rates[other] } else { 0.0 };
+        let both = rates[own] + other_rate;
+        let with_loan = if short <= caps[other] * (1.0 - config.lend_above) && both > 0.0 {
+            short / both
+        } else {
+            own_wait
+        };
+        wait_ms = wait_ms.max(own_wait.min(with_loan));
     }
     if wait_ms > 0.0 {
         return Decision::Wait(Duration::from_millis(wait_ms.ceil() as u64));
@@ -160,12 +226,36 @@ pub trait RateLimiter: Send + Sync {
     async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError>;
     /// Reconciles the estimate with the reported usage.
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError>;
+    /// Makes every caller wait `for_` from now (a 429's hint): the cooldown is shared.
+    async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError>;
+    /// Paces by the limits the provider said, where lower than the configured caps.
+    fn learn(&self, limits: &ProviderLimits);
+}
+
+/// Limits learned from a provider's headers, kept per process: every worker reads the same headers.
+#[derive(Debug, Default)]
+pub struct Learned(Mutex<ProviderLimits>);
+
+impl Learned {
+    /// Keeps the newest limits the provider stated.
+    pub fn learn(&self, limits: &ProviderLimits) {
+        if let Ok(mut l) = self.0.lock() {
+            l.rpm = limits.rpm.or(l.rpm);
+            l.tpm = limits.tpm.or(l.tpm);
+        }
+    }
+
+    /// `caps` lowered to what was learned.
+    pub fn apply(&self, caps: &LimiterConfig) -> LimiterConfig {
+        self.0.lock().map(|l| caps.within(&l)).unwrap_or(*caps)
+    }
 }
 
 /// The in-process limiter (local mode, tests).
 #[derive(Debug)]
 pub struct MemoryLimiter {
     config: LimiterConfig,
+    learned: Learned,
     clock: SharedClock,
     state: Mutex<BucketState>,
 }
@@ -174,21 +264,34 @@ impl MemoryLimiter {
     /// Full buckets now.
     pub fn new(config: LimiterConfig, clock: SharedClock) -> Self {
         let state = Mutex::new(BucketState::full(&config, clock.now_ms()));
-        Self { config, clock, state }
+        Self { config, learned: Learned::default(), clock, state }
+    }
+
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, BucketState>, LimiterError> {
+        self.state.lock().map_err(|_| LimiterError::Unavailable("poisoned".into()))
     }
 }
 
 #[async_trait]
 impl RateLimiter for MemoryLimiter {
     async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError> {
-        let mut s = self.state.lock().map_err(|_| LimiterError::Unavailable("poisoned".into()))?;
-        Ok(decide(&self.config, &mut s, self.clock.now_ms(), lane.into(), tokens))
+        let config = self.learned.apply(&self.config);
+        Ok(decide(&config, &mut *self.state()?, self.clock.now_ms(), lane.into(), tokens))
     }
 
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
-        let mut s = self.state.lock().map_err(|_| LimiterError::Unavailable("poisoned".into()))?;
-        reconcile(&self.config, &mut s, lane.into(), estimated, actual);
+        let config = self.learned.apply(&self.config);
+        reconcile(&config, &mut *self.state()?, lane.into(), estimated, actual);
         Ok(())
+    }
+
+    async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError> {
+        cool_down(&mut *self.state()?, self.clock.now_ms() + for_.as_millis() as u64);
+        Ok(())
+    }
+
+    fn learn(&self, limits: &ProviderLimits) {
+        self.learned.learn(limits);
     }
 }
 
@@ -238,7 +341,7 @@ mod tests {
         let share = got[0] as f64 / (got[0] + got[1]) as f64;
         assert!(share >= 0.65, "interactive got {share:.3} of the tokens");
         let total_per_min = (got[0] + got[1]) as f64 / 10.0;
-        assert!(total_per_min <= 100_000.0 * 1.1, "never past the limit (plus the first minute's burst)");
+        assert!(total_per_min <= 100_000.0, "never past the limit");
     }
 
     #[test]
@@ -251,28 +354,80 @@ mod tests {
 
     #[test]
     fn waits_are_exact_and_reconciliation_refunds() {
-        let cfg = LimiterConfig::new(60.0, 6_000.0); // interactive: 42 rpm, 4200 tpm
+        // 60 rpm, 6000 tpm, 5% burst: interactive's token bucket holds 210 and refills 3990/min;
+        // background's holds 90 and lends what is above half of it (45).
+        let cfg = LimiterConfig::new(60.0, 6_000.0);
         let mut s = BucketState::full(&cfg, 0);
-        // Background's bucket (1800) is full, so it lends what is above half (900).
-        assert_eq!(decide(&cfg, &mut s, 0, Class::Interactive, 5_000), Decision::Granted);
-        assert!(matches!(decide(&cfg, &mut s, 0, Class::Interactive, 1_000), Decision::Wait(_)));
-        reconcile(&cfg, &mut s, Class::Interactive, 5_000, 1_000);
+        assert_eq!(decide(&cfg, &mut s, 0, Class::Interactive, 200), Decision::Granted);
+        // 10 left + 45 lendable < 100: short by 45 at 3990 tokens/min (the background's bucket is
+        // full, so what it lends does not grow) = 677 ms, not the 1.354 s it would take without the
+        // loan.
+        let Decision::Wait(w) = decide(&cfg, &mut s, 0, Class::Interactive, 100) else { panic!() };
+        assert_eq!(w, Duration::from_millis(677));
+        reconcile(&cfg, &mut s, Class::Interactive, 200, 100);
         assert_eq!(
-            decide(&cfg, &mut s, 0, Class::Interactive, 1_000),
+            decide(&cfg, &mut s, 0, Class::Interactive, 100),
             Decision::Granted,
             "the overestimate came back"
         );
-        let Decision::Wait(w) = decide(&cfg, &mut s, 0, Class::Interactive, 4_200) else { panic!() };
-        // 2200 left, 900 lendable: short by 2000 at 4200 tokens/min = 28.571 s.
-        assert_eq!(w, Duration::from_millis(28_572));
+        // A cooldown makes every class wait it out, whatever its buckets hold.
+        cool_down(&mut s, 5_000);
+        assert_eq!(
+            decide(&cfg, &mut s, 1_000, Class::Background, 1),
+            Decision::Wait(Duration::from_millis(4_000))
+        );
+        assert!(matches!(decide(&cfg, &mut s, 5_000, Class::Background, 1), Decision::Granted));
+    }
+
+    #[test]
+    fn no_window_of_any_alignment_admits_more_than_the_limit() {
+        // Saturated by both classes with varied sizes; any 60 s interval, wherever it starts, stays
+        // within the limit: what a fixed-window or sliding-window provider counts.
+        let cfg = LimiterConfig::new(120.0, 20_000.0);
+        let mut s = BucketState::full(&cfg, 0);
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        let mut now = 0u64;
+        let mut i = 0u64;
+        while now < 600_000 {
+            let class = if i.is_multiple_of(3) { Class::Background } else { Class::Interactive };
+            let tokens = 50 + (i * 97) % 400;
+            match decide(&cfg, &mut s, now, class, tokens) {
+                Decision::Granted => {
+                    admitted.push((now, tokens));
+                    i += 1;
+                }
+                Decision::Wait(d) => now += d.as_millis().max(1) as u64,
+            }
+        }
+        for start in (0..540_000).step_by(1_000) {
+            let in_window = admitted.iter().filter(|(t, _)| (start..start + 60_000).contains(t));
+            let (requests, tokens) = in_window.fold((0u64, 0u64), |(r, t), (_, k)| (r + 1, t + k));
+            assert!(
+                requests <= 120 && tokens <= 20_000 + 450,
+                "window at {start}: {requests} req, {tokens} tok"
+            );
+        }
+        // One sequential caller alternating classes idles while either class waits, so this is a
+        // floor; `both_saturated_*` measures use under concurrent demand.
+        let used = admitted.iter().map(|(_, k)| k).sum::<u64>() as f64 / (10.0 * 20_000.0);
+        assert!(used >= 0.8, "uses the limit: {used:.3}");
     }
 }
 
 /// An [`LlmClient`](crate::ports::LlmClient) that takes budget from a [`RateLimiter`] before each
-/// call and reconciles it with the reported usage after. It waits for budget up to `max_wait`; a
-/// longer wait fails the call as retryable with that hint, so the worker hands the task back to its
-/// queue with a visibility delay instead of holding a slot. With the limiter unreachable it calls
-/// anyway (the provider's 429s and the retry policy are the backstop) and counts a degraded operation.
+/// HTTP attempt (it sits inside the retry loop, so a retried call is charged per attempt) and settles
+/// it after:
+///
+/// - an answer is reconciled with the reported usage, and its rate-limit headers teach the limiter
+///   the provider's limits (and start a cooldown when they say the budget is spent);
+/// - a 429 starts the shared cooldown for its hint (a second without one) and gives the tokens back:
+///   the provider refused the request, it did not run it;
+/// - a 5xx or a timeout keeps the charge: the provider may have counted it;
+/// - a refusal (400 and the like) gives the tokens back.
+///
+/// It waits for budget up to `max_wait`; a longer wait ends the call `Throttled` with that hint, so
+/// the worker puts the task off instead of holding a slot. With the limiter unreachable it calls
+/// anyway (the provider's 429s are the backstop) and counts a degraded operation.
 pub struct Limited<C> {
     inner: C,
     limiter: std::sync::Arc<dyn RateLimiter>,
@@ -287,7 +442,8 @@ impl<C> Limited<C> {
 }
 
 /// Puts the limiter (if any) in front of `llm`. A budget wait longer than `max_wait` hands the task
-/// back to its queue.
+/// back to its queue. For a provider with retries, put the limiter inside them
+/// ([`crate::llm::Retrying`] over [`Limited`]) so each HTTP attempt is charged.
 pub fn limited(
     llm: std::sync::Arc<dyn crate::ports::LlmClient>,
     limiter: Option<std::sync::Arc<dyn crate::limiter::RateLimiter>>,
@@ -343,16 +499,55 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
         }
         let result = self.inner.complete(request).await;
         if charged {
-            let actual = result.as_ref().map(|r| r.usage.prompt + r.usage.completion).unwrap_or(0);
-            if let Err(e) = self.limiter.reconcile(request.lane, estimate, actual).await {
-                tracing::warn!(error = %e, "limiter reconcile failed");
-            }
+            self.settle(request, estimate, &result).await;
         }
         result
     }
 }
 
-/// Limits from `LANES_LLM_RPM` and `LANES_LLM_TPM` (both or neither); `None` when unset.
+/// A 429 without a hint pauses everyone this long (and the retry's backoff grows from there).
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
+
+impl<C> Limited<C> {
+    async fn settle(
+        &self,
+        request: &crate::ports::LlmRequest,
+        estimate: u64,
+        result: &Result<crate::ports::LlmResponse, crate::ports::LlmError>,
+    ) {
+        use crate::ports::LlmError;
+        let lane = request.lane;
+        let actual = match result {
+            Ok(r) => {
+                self.limiter.learn(&r.limits);
+                if let Some(spent) = r.limits.exhausted_for
+                    && let Err(e) = self.limiter.cool_down(spent).await
+                {
+                    tracing::warn!(error = %e, "limiter cooldown failed");
+                }
+                Some(r.usage.prompt + r.usage.completion)
+            }
+            Err(LlmError::Throttled { retry_after, .. }) => {
+                let pause = retry_after.unwrap_or(DEFAULT_COOLDOWN);
+                tracing::info!(lane = %lane, pause_ms = pause.as_millis() as u64, "provider throttled; pausing every worker");
+                if let Err(e) = self.limiter.cool_down(pause).await {
+                    tracing::warn!(error = %e, "limiter cooldown failed");
+                }
+                Some(0)
+            }
+            Err(LlmError::Retryable { .. }) => None,
+            Err(LlmError::Permanent(_)) => Some(0),
+        };
+        if let Some(actual) = actual
+            && let Err(e) = self.limiter.reconcile(lane, estimate, actual).await
+        {
+            tracing::warn!(error = %e, "limiter reconcile failed");
+        }
+    }
+}
+
+/// Caps from `LANES_LLM_RPM` and `LANES_LLM_TPM` (either may be left out); `None` when both are
+/// unset (the limits are then learned from the provider's headers).
 pub fn config_from_env() -> Result<Option<LimiterConfig>, crate::config::ConfigError> {
     use crate::config::ConfigError;
     let read = |name: &'static str| -> Result<Option<f64>, ConfigError> {
@@ -366,9 +561,7 @@ pub fn config_from_env() -> Result<Option<LimiterConfig>, crate::config::ConfigE
     };
     match (read("LANES_LLM_RPM")?, read("LANES_LLM_TPM")?) {
         (None, None) => Ok(None),
-        (Some(rpm), Some(tpm)) => Ok(Some(LimiterConfig::new(rpm, tpm))),
-        (None, Some(_)) => Err(ConfigError::Missing("LANES_LLM_RPM")),
-        (Some(_), None) => Err(ConfigError::Missing("LANES_LLM_TPM")),
+        (rpm, tpm) => Ok(Some(LimiterConfig::new(rpm.unwrap_or(UNKNOWN), tpm.unwrap_or(UNKNOWN)))),
     }
 }
 
@@ -383,9 +576,10 @@ mod limited_tests {
 
     #[tokio::test]
     async fn calls_within_budget_pass_and_the_rest_are_handed_back_with_the_wait() {
-        // 6 rpm: interactive holds 4.2 requests, background 1.8 (lends 0.9 above its half).
-        let limiter =
-            Arc::new(MemoryLimiter::new(LimiterConfig::new(6.0, 1_000_000.0), Arc::new(SystemClock)));
+        // 6 rpm with a whole window as the burst: interactive holds 4.2 requests, background 1.8
+        // (lends 0.9 above its half).
+        let config = LimiterConfig { burst: 1.0, ..LimiterConfig::new(6.0, 1_000_000.0) };
+        let limiter = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
         let provider = Arc::new(OfflineProvider::new(|_| Duration::ZERO));
         let client = Limited::new(provider.clone(), limiter, Duration::from_millis(200));
         let request = LlmRequest {

@@ -70,23 +70,26 @@ pub enum DevBackend {
 }
 
 /// The model of local runs: the offline provider (with a simulated latency per lane) unless
-/// `LANES_LLM_PROVIDER` names another, behind the limiter when `LANES_LLM_RPM`/`TPM` are set.
+/// `LANES_LLM_PROVIDER` names another, behind the limiter (always for a real provider; for the
+/// offline one when `LANES_LLM_RPM`/`TPM` are set).
 pub async fn local_llm(
     adapters: &Adapters,
     clock: SharedClock,
     offline_latency: [Duration; 3],
 ) -> Result<Arc<dyn LlmClient>, ConfigError> {
-    let llm: Arc<dyn LlmClient> = match crate::config::optional_env("LANES_LLM_PROVIDER").as_deref() {
-        None | Some("offline") => Arc::new(
-            OfflineProvider::new(|l| offline_latency[l.index()])
-                .answering_batches(crate::commits::prompt::offline_answer),
-        ),
-        Some(_) => {
-            crate::backend::llm_from_env(Duration::ZERO, crate::commits::prompt::offline_answer).await?
-        }
-    };
     let limiter = adapters.limiter(&crate::limiter::limiter_name(), clock)?;
-    Ok(crate::limiter::limited(llm, limiter, Duration::from_secs(30)))
+    let max_wait = Duration::from_secs(30);
+    match crate::config::optional_env("LANES_LLM_PROVIDER").as_deref() {
+        None | Some("offline") => {
+            let offline = OfflineProvider::new(|l| offline_latency[l.index()])
+                .answering_batches(crate::commits::prompt::offline_answer);
+            Ok(crate::limiter::limited(Arc::new(offline), limiter, max_wait))
+        }
+        Some(_) => {
+            let answer = crate::commits::prompt::offline_answer;
+            crate::backend::llm_from_env(Duration::ZERO, answer, limiter, max_wait).await
+        }
+    }
 }
 
 /// The Git side of local mode: webhook secrets and diff sources (GitHub, GitLab and local
@@ -169,6 +172,7 @@ impl Local {
     /// Builds the adapters of `opts.backend` and wires every component.
     pub async fn build(opts: &DevOptions) -> Result<Self, LocalError> {
         opts.worker.validate()?;
+        crate::llm::price::load_from_env()?;
         let clock: SharedClock = Arc::new(SystemClock);
         let adapters = match &opts.backend {
             DevBackend::Embedded => {

@@ -4,7 +4,7 @@
 //! flush, latencies as the raw observations (so CloudWatch computes p99 itself).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Requests the adapters make to AWS services (SQS, DynamoDB, ElastiCache Redis), by service and
@@ -104,6 +104,8 @@ pub struct Metrics {
     pub resends_total: IntCounterVec,
     /// Tasks cancelled by their clients, by lane.
     pub cancellations_total: IntCounterVec,
+    /// What the provider calls cost in USD (the price table's), by lane.
+    pub llm_cost_usd_total: CounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -212,6 +214,13 @@ impl Metrics {
                 "Tasks cancelled by clients",
                 &["lane"],
             ),
+            llm_cost_usd_total: {
+                let name = "lanes_llm_cost_usd_total";
+                let c = CounterVec::new(Opts::new(name, "Provider calls' cost in USD"), &["lane"])
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                registry.register(Box::new(c.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
+                c
+            },
             registry,
             emf: Default::default(),
         };

@@ -362,8 +362,19 @@ pub struct LlmRequest {
     pub params: crate::tasks::ModelParams,
 }
 
+/// What a provider's rate-limit headers say about its limits (per window) and its budget now.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProviderLimits {
+    /// Requests per window (`x-ratelimit-limit-requests`, `anthropic-ratelimit-requests-limit`).
+    pub rpm: Option<f64>,
+    /// Tokens per window (`x-ratelimit-limit-tokens`, `anthropic-ratelimit-tokens-limit`).
+    pub tpm: Option<f64>,
+    /// Set when a `remaining-*` header says the budget is spent: until its `reset-*`.
+    pub exhausted_for: Option<Duration>,
+}
+
 /// A model's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LlmResponse {
     /// Generated text.
     pub text: String,
@@ -373,6 +384,8 @@ pub struct LlmResponse {
     pub usage: TokenUsage,
     /// The model stopped at `max_tokens` (`finish_reason` / `stop_reason` = length / max_tokens).
     pub truncated: bool,
+    /// What the provider's rate-limit headers said with this answer.
+    pub limits: ProviderLimits,
 }
 
 /// A model provider.

@@ -140,6 +140,9 @@ pub struct Report {
     pub batch_tokens: usize,
     /// Commits that could not be summarized (moved to the DLQ).
     pub failed: usize,
+    /// What the model calls cost in USD, from the price table (0 for the offline provider and for
+    /// models without a price).
+    pub cost_usd: f64,
     /// One row per commit, newest first.
     pub summaries: Vec<Row>,
 }
@@ -195,6 +198,13 @@ pub async fn run(
         report.llm_calls += r.llm_calls;
         report.prompt_tokens += r.prompt_tokens;
         report.completion_tokens += r.completion_tokens;
+        // Each summary carries its share of its call's tokens, so the shares add up to the calls.
+        report.cost_usd += r
+            .done
+            .iter()
+            .filter(|d| d.served == Served::Llm)
+            .filter_map(|d| crate::llm::price::prices().cost(&d.summary.model, d.summary.tokens))
+            .sum::<f64>();
         for done in r.done {
             let key = done.summary.key();
             if !wanted.contains(&key) || rows.contains_key(&key) {

@@ -21,7 +21,13 @@ fn record(prompt: &str, now_ms: u64) -> TaskRecord {
 }
 
 fn result() -> TaskResult {
-    TaskResult { text: "t".into(), model: "m".into(), tokens: Default::default(), truncated: true }
+    TaskResult {
+        text: "t".into(),
+        model: "m".into(),
+        tokens: Default::default(),
+        truncated: true,
+        cost_usd: Some(0.25),
+    }
 }
 
 fn claimed(outcome: ClaimOutcome) -> TaskRecord {

@@ -35,8 +35,37 @@ pub struct Seen {
     pub body: Value,
 }
 
-/// A provider's own limits: requests and tokens per window, as continuously refilled buckets.
-#[derive(Debug, Clone, Copy)]
+/// How a provider counts its limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Discipline {
+    /// Continuously refilled buckets, starting full.
+    #[default]
+    TokenBucket,
+    /// Counters reset at each calendar window boundary (a full limit at the start of every window).
+    FixedWindow,
+    /// The requests and tokens of the last window, whenever it starts.
+    SlidingWindow,
+}
+
+/// Where a 429 says when to come back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Hint {
+    /// `retry-after-ms` and `retry-after`.
+    #[default]
+    Both,
+    /// `retry-after` (whole seconds) only.
+    RetryAfter,
+    /// `retry-after-ms` only.
+    RetryAfterMs,
+    /// A vendor-prefixed `x-vendor-retry-after` (seconds) only.
+    Vendor,
+    /// No hint at all (a provider in slow start).
+    None,
+}
+
+/// A provider's own limits: requests and tokens per window, counted by `discipline`; whether it
+/// states them in `x-ratelimit-*` headers; how its 429s hint.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct MockLimits {
     /// Requests per window.
     pub rpm: f64,
@@ -44,12 +73,29 @@ pub struct MockLimits {
     pub tpm: f64,
     /// The window.
     pub window: Duration,
+    /// How the limits are counted.
+    pub discipline: Discipline,
+    /// Whether answers carry `x-ratelimit-limit-*`, `-remaining-*` and `-reset-*`.
+    pub headers: bool,
+    /// How a 429 hints.
+    pub hint: Hint,
 }
 
 struct Buckets {
     limits: MockLimits,
     levels: [f64; 2],
     at: std::time::Instant,
+    started: std::time::Instant,
+    window_index: u64,
+    log: VecDeque<(std::time::Instant, f64)>,
+}
+
+/// What a served request leaves of the budget, for the rate-limit headers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Remaining {
+    requests: f64,
+    tokens: f64,
+    reset: Duration,
 }
 
 /// What the mock's limiter saw.
@@ -73,31 +119,134 @@ struct MockState {
 
 impl MockState {
     /// Charges one request of `tokens`; `Err(wait)` when it would exceed the limits.
-    fn charge(&self, tokens: u64) -> Result<(), Duration> {
+    fn charge(&self, tokens: u64) -> Result<Option<(MockLimits, Remaining)>, Duration> {
         let mut guard = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let mut left = None;
         if let Some(b) = guard.as_mut() {
-            let now = std::time::Instant::now();
-            let window = b.limits.window.as_secs_f64();
-            let elapsed = now.duration_since(b.at).as_secs_f64();
-            let caps = [b.limits.rpm, b.limits.tpm];
-            for (level, cap) in b.levels.iter_mut().zip(caps) {
-                *level = (*level + elapsed * cap / window).min(cap);
-            }
-            b.at = now;
             let need = [1.0, tokens as f64];
-            if b.levels[0] < need[0] || b.levels[1] < need[1] {
-                usage.throttled += 1;
-                let wait =
-                    (0..2).map(|i| (need[i] - b.levels[i]).max(0.0) / (caps[i] / window)).fold(0.0, f64::max);
-                return Err(Duration::from_secs_f64(wait));
+            match b.take(need) {
+                Ok(remaining) => left = Some((b.limits, remaining)),
+                Err(wait) => {
+                    usage.throttled += 1;
+                    return Err(wait);
+                }
             }
-            b.levels[0] -= need[0];
-            b.levels[1] -= need[1];
         }
         usage.served += 1;
         usage.tokens += tokens;
-        Ok(())
+        Ok(left)
+    }
+}
+
+impl MockState {
+    fn hint(&self) -> Hint {
+        self.buckets.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(Hint::Both, |b| b.limits.hint)
+    }
+}
+
+impl Buckets {
+    fn new(limits: MockLimits) -> Self {
+        let now = std::time::Instant::now();
+        Self {
+            limits,
+            levels: [limits.rpm, limits.tpm],
+            at: now,
+            started: now,
+            window_index: 0,
+            log: VecDeque::new(),
+        }
+    }
+
+    /// Takes `need` (requests, tokens) by the discipline, or says how long until it would fit.
+    fn take(&mut self, need: [f64; 2]) -> Result<Remaining, Duration> {
+        let now = std::time::Instant::now();
+        let window = self.limits.window;
+        let caps = [self.limits.rpm, self.limits.tpm];
+        match self.limits.discipline {
+            Discipline::TokenBucket => {
+                let elapsed = now.duration_since(self.at).as_secs_f64();
+                for (level, cap) in self.levels.iter_mut().zip(caps) {
+                    *level = (*level + elapsed * cap / window.as_secs_f64()).min(cap);
+                }
+                self.at = now;
+                let short = |i: usize| (need[i] - self.levels[i]).max(0.0) / (caps[i] / window.as_secs_f64());
+                if self.levels[0] < need[0] || self.levels[1] < need[1] {
+                    return Err(Duration::from_secs_f64(short(0).max(short(1))));
+                }
+                self.levels[0] -= need[0];
+                self.levels[1] -= need[1];
+                let reset = (0..2)
+                    .map(|i| (caps[i] - self.levels[i]) / (caps[i] / window.as_secs_f64()))
+                    .fold(0.0, f64::max);
+                Ok(Remaining {
+                    requests: self.levels[0],
+                    tokens: self.levels[1],
+                    reset: Duration::from_secs_f64(reset),
+                })
+            }
+            Discipline::FixedWindow => {
+                let since = now.duration_since(self.started);
+                let index = (since.as_nanos() / window.as_nanos().max(1)) as u64;
+                if index != self.window_index {
+                    self.window_index = index;
+                    self.levels = caps;
+                }
+                let next = window.saturating_mul(index as u32 + 1).saturating_sub(since);
+                if self.levels[0] < need[0] || self.levels[1] < need[1] {
+                    return Err(next);
+                }
+                self.levels[0] -= need[0];
+                self.levels[1] -= need[1];
+                Ok(Remaining { requests: self.levels[0], tokens: self.levels[1], reset: next })
+            }
+            Discipline::SlidingWindow => {
+                while self.log.front().is_some_and(|(t, _)| now.duration_since(*t) >= window) {
+                    self.log.pop_front();
+                }
+                let used = [self.log.len() as f64, self.log.iter().map(|(_, k)| k).sum::<f64>()];
+                if used[0] + need[0] > caps[0] || used[1] + need[1] > caps[1] {
+                    // Until enough of the oldest entries leave the window.
+                    let mut freed = [0.0, 0.0];
+                    for (t, k) in &self.log {
+                        freed[0] += 1.0;
+                        freed[1] += k;
+                        if used[0] - freed[0] + need[0] <= caps[0] && used[1] - freed[1] + need[1] <= caps[1]
+                        {
+                            return Err((*t + window).saturating_duration_since(now));
+                        }
+                    }
+                    return Err(window);
+                }
+                self.log.push_back((now, need[1]));
+                let reset = self
+                    .log
+                    .front()
+                    .map_or(Duration::ZERO, |(t, _)| (*t + window).saturating_duration_since(now));
+                Ok(Remaining {
+                    requests: caps[0] - used[0] - 1.0,
+                    tokens: caps[1] - used[1] - need[1],
+                    reset,
+                })
+            }
+        }
+    }
+}
+
+/// The `x-ratelimit-*` headers of an answer, OpenAI's way (reset as a Go duration).
+fn rate_headers(resp: &mut Response, limits: &MockLimits, left: &Remaining) {
+    let ms = format!("{}ms", left.reset.as_millis());
+    for (k, v) in [
+        ("x-ratelimit-limit-requests", format!("{}", limits.rpm.floor())),
+        ("x-ratelimit-limit-tokens", format!("{}", limits.tpm.floor())),
+        ("x-ratelimit-remaining-requests", format!("{}", left.requests.max(0.0).floor())),
+        ("x-ratelimit-remaining-tokens", format!("{}", left.tokens.max(0.0).floor())),
+        ("x-ratelimit-reset-requests", ms.clone()),
+        ("x-ratelimit-reset-tokens", ms.clone()),
+    ] {
+        if let Ok(v) = v.parse() {
+            resp.headers_mut().insert(k, v);
+        }
     }
 }
 
@@ -127,11 +276,10 @@ impl MockLlm {
         Ok(Self { url, state, task })
     }
 
-    /// Starts on a free loopback port, enforcing `limits` (buckets start full, as a provider's do).
+    /// Starts on a free loopback port, enforcing `limits` (a full budget at the start, as a provider's).
     pub async fn start_limited(limits: MockLimits) -> std::io::Result<Self> {
         let mock = Self::start().await?;
-        *mock.state.buckets.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Buckets { limits, levels: [limits.rpm, limits.tpm], at: std::time::Instant::now() });
+        *mock.state.buckets.lock().unwrap_or_else(|e| e.into_inner()) = Some(Buckets::new(limits));
         Ok(mock)
     }
 
@@ -185,15 +333,23 @@ async fn record_and_script(
     }
 }
 
-fn throttled(wait: Duration) -> Response {
+fn throttled(wait: Duration, hint: Hint) -> Response {
     let mut resp =
         (StatusCode::TOO_MANY_REQUESTS, Json(json!({"error": {"message": "rate limit exceeded"}})))
             .into_response();
-    if let Ok(v) = (wait.as_millis() as u64 + 1).to_string().parse() {
-        resp.headers_mut().insert("retry-after-ms", v);
-    }
-    if let Ok(v) = wait.as_secs_f64().ceil().max(1.0).to_string().parse() {
-        resp.headers_mut().insert("retry-after", v);
+    let ms = (wait.as_millis() as u64 + 1).to_string();
+    let secs = wait.as_secs_f64().ceil().max(1.0).to_string();
+    let headers: &[(&str, &str)] = match hint {
+        Hint::Both => &[("retry-after-ms", &ms), ("retry-after", &secs)],
+        Hint::RetryAfter => &[("retry-after", &secs)],
+        Hint::RetryAfterMs => &[("retry-after-ms", &ms)],
+        Hint::Vendor => &[("x-vendor-retry-after", &secs)],
+        Hint::None => &[],
+    };
+    for (k, v) in headers {
+        if let Ok(v) = v.parse() {
+            resp.headers_mut().insert(*k, v);
+        }
     }
     resp
 }
@@ -224,10 +380,11 @@ async fn openai(
     // A model stops at its cap and says so, as the API documents (`finish_reason: "length"`).
     let cap = body["max_completion_tokens"].as_u64().or(body["max_tokens"].as_u64()).unwrap_or(u64::MAX);
     let (content, completion, finish) = cut_at(content, completion, cap, "stop", "length");
-    if let Err(wait) = state.charge(tokens(&prompt) + completion) {
-        return throttled(wait);
-    }
-    Json(json!({
+    let left = match state.charge(tokens(&prompt) + completion) {
+        Ok(left) => left,
+        Err(wait) => return throttled(wait, state.hint()),
+    };
+    let mut resp = Json(json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
         "model": body["model"],
@@ -235,7 +392,13 @@ async fn openai(
         "usage": {"prompt_tokens": tokens(&prompt), "completion_tokens": completion,
                   "total_tokens": tokens(&prompt) + completion}
     }))
-    .into_response()
+    .into_response();
+    if let Some((limits, left)) = left
+        && limits.headers
+    {
+        rate_headers(&mut resp, &limits, &left);
+    }
+    resp
 }
 
 async fn anthropic(
@@ -258,7 +421,7 @@ async fn anthropic(
     let cap = body["max_tokens"].as_u64().unwrap_or(u64::MAX);
     let (text, completion, stop) = cut_at("mock answer".to_owned(), 2, cap, "end_turn", "max_tokens");
     if let Err(wait) = state.charge(tokens(&prompt) + completion) {
-        return throttled(wait);
+        return throttled(wait, state.hint());
     }
     let content: Vec<Value> =
         text.split_inclusive(' ').map(|part| json!({"type": "text", "text": part})).collect();

@@ -36,7 +36,13 @@ fn record(prompt: &str) -> TaskRecord {
 }
 
 fn result(text: String) -> TaskResult {
-    TaskResult { text, model: "m".into(), tokens: TokenUsage { prompt: 1, completion: 2 }, truncated: false }
+    TaskResult {
+        text,
+        model: "m".into(),
+        tokens: TokenUsage { prompt: 1, completion: 2 },
+        truncated: false,
+        cost_usd: None,
+    }
 }
 
 #[tokio::test]
@@ -280,4 +286,39 @@ async fn redis_limiter_matches_the_in_process_one() {
         }
     }
     assert!((2..7).contains(&granted), "the script exercises both grants and waits ({granted} granted)");
+}
+
+#[tokio::test]
+async fn a_cooldown_is_shared_by_every_limiter_on_the_same_redis() {
+    use lanes_core::adapters::redis::limiter::RedisLimiter;
+    use lanes_core::clock::SystemClock;
+    use lanes_core::domain::Lane;
+    use lanes_core::limiter::{Decision, LimiterConfig, ProviderLimits, RateLimiter};
+    let redis = RedisServer::start();
+    // Two workers' limiters (two processes in production: separate connections, one key).
+    let (a, b) = (redis_conn(&redis, false).await, redis_conn(&redis, false).await);
+    let config = LimiterConfig::unknown();
+    let first = RedisLimiter::new(a, "lanes:", "openai:gpt", config, std::sync::Arc::new(SystemClock));
+    let second = RedisLimiter::new(b, "lanes:", "openai:gpt", config, std::sync::Arc::new(SystemClock));
+    assert_eq!(
+        second.try_acquire(Lane::Synthesis, 10).await.unwrap(),
+        Decision::Granted,
+        "unknown limits: no pacing"
+    );
+    first.cool_down(Duration::from_millis(800)).await.unwrap();
+    let Decision::Wait(w) = second.try_acquire(Lane::Interactive, 10).await.unwrap() else {
+        panic!("the other worker must wait the 429 out")
+    };
+    assert!(w > Duration::from_millis(600) && w <= Duration::from_millis(800), "{w:?}");
+    tokio::time::sleep(w).await;
+    assert_eq!(second.try_acquire(Lane::Interactive, 10).await.unwrap(), Decision::Granted);
+    // Learned limits pace: a provider saying 60 requests per minute leaves a burst of ~3.
+    second.learn(&ProviderLimits { rpm: Some(60.0), tpm: None, exhausted_for: None });
+    let mut granted = 0;
+    for _ in 0..10 {
+        if second.try_acquire(Lane::Interactive, 1).await.unwrap() == Decision::Granted {
+            granted += 1;
+        }
+    }
+    assert!(granted <= 3, "paced by what the provider said: {granted} of 10 at once");
 }

@@ -151,9 +151,14 @@ async fn two_hundred_long_polls_on_one_task_are_woken_by_its_end(backend: Backen
 #[tokio::test]
 async fn a_throttling_provider_fails_no_task() {
     use lanes_tests::mock_llm::{MockLimits, MockLlm};
-    let mock = MockLlm::start_limited(MockLimits { rpm: 10.0, tpm: 1e9, window: Duration::from_secs(1) })
-        .await
-        .unwrap();
+    let mock = MockLlm::start_limited(MockLimits {
+        rpm: 10.0,
+        tpm: 1e9,
+        window: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let env = [
         ("LANES_LLM_PROVIDER", "openai".to_owned()),
         ("LANES_LLM_MODEL", "gpt-test".to_owned()),

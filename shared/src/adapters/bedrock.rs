@@ -103,6 +103,7 @@ impl LlmClient for BedrockClient {
         }
         let usage = out.usage();
         Ok(LlmResponse {
+            limits: Default::default(),
             truncated: matches!(
                 out.stop_reason(),
                 aws_sdk_bedrockruntime::types::StopReason::MaxTokens

@@ -290,6 +290,7 @@ mod tests {
             model: "m".into(),
             tokens: TokenUsage { prompt: 1, completion: 2 },
             truncated: false,
+            cost_usd: None,
         }
     }
 

@@ -63,6 +63,7 @@ impl LlmClient for AnthropicClient {
         if !resp.status().is_success() {
             return Err(status_error("provider", resp).await);
         }
+        let limits = super::retry::rate_limits(resp.headers(), std::time::SystemTime::now());
         let v: Value = resp.json().await.map_err(|e| transport_error(&e))?;
         let text: String = v["content"]
             .as_array()
@@ -78,6 +79,7 @@ impl LlmClient for AnthropicClient {
         }
         Ok(LlmResponse {
             truncated: v["stop_reason"] == "max_tokens",
+            limits,
             text,
             model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
             usage: TokenUsage {

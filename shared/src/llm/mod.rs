@@ -6,6 +6,7 @@
 mod anthropic;
 mod offline;
 mod openai;
+pub mod price;
 pub mod retry;
 
 pub use anthropic::AnthropicClient;

@@ -67,7 +67,13 @@ impl LlmClient for OfflineProvider {
             let usage =
                 TokenUsage { prompt: approx_tokens(&request.prompt), completion: approx_tokens(&text) };
             let truncated = usage.completion > u64::from(request.max_tokens);
-            return Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage, truncated });
+            return Ok(LlmResponse {
+                text,
+                model: OFFLINE_MODEL.to_owned(),
+                usage,
+                truncated,
+                limits: Default::default(),
+            });
         }
         let digest = sha256_hex(request.prompt.as_bytes());
         let files = if request.target_files.is_empty() {
@@ -91,7 +97,13 @@ impl LlmClient for OfflineProvider {
             completion: approx_tokens(&text),
         };
         let truncated = usage.completion > u64::from(request.max_tokens);
-        Ok(LlmResponse { text, model: OFFLINE_MODEL.to_owned(), usage, truncated })
+        Ok(LlmResponse {
+            text,
+            model: OFFLINE_MODEL.to_owned(),
+            usage,
+            truncated,
+            limits: Default::default(),
+        })
     }
 }
 

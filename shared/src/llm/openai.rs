@@ -1,7 +1,7 @@
 //! OpenAI-compatible chat completions (`POST {base}/chat/completions`): OpenAI, vLLM, Ollama, LiteLLM.
 //! Usage is read from every response; throttles and server errors carry the provider's reset hint.
 
-use super::retry::{is_retryable_status, retry_hint};
+use super::retry::{is_retryable_status, rate_limits, retry_hint};
 use super::{system_prompt, user_message};
 use crate::domain::TokenUsage;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
@@ -110,6 +110,7 @@ impl LlmClient for OpenAiClient {
         if !resp.status().is_success() {
             return Err(status_error("provider", resp).await);
         }
+        let limits = rate_limits(resp.headers(), SystemTime::now());
         let v: Value = resp.json().await.map_err(|e| transport_error(&e))?;
         let text = v["choices"][0]["message"]["content"]
             .as_str()
@@ -120,6 +121,7 @@ impl LlmClient for OpenAiClient {
             .to_owned();
         Ok(LlmResponse {
             truncated: v["choices"][0]["finish_reason"] == "length",
+            limits,
             text,
             model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
             usage: TokenUsage {

@@ -116,6 +116,35 @@ pub fn retry_hint(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     hints.into_iter().max().map(|d| d.min(MAX_HINT))
 }
 
+/// What the provider's rate-limit headers say: its limits (OpenAI's `x-ratelimit-limit-*`,
+/// Anthropic's `anthropic-ratelimit-*-limit`) and, when a `remaining-*` is 0, how long until its
+/// `reset-*`. Values that do not parse are ignored.
+pub fn rate_limits(headers: &HeaderMap, now: SystemTime) -> crate::ports::ProviderLimits {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let num =
+        |name: &str| get(name).and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0);
+    let until = |t: SystemTime| t.duration_since(now).unwrap_or(Duration::ZERO);
+    let rpm = num("x-ratelimit-limit-requests").or_else(|| num("anthropic-ratelimit-requests-limit"));
+    let tpm = num("x-ratelimit-limit-tokens")
+        .or_else(|| num("anthropic-ratelimit-tokens-limit"))
+        .or_else(|| num("anthropic-ratelimit-input-tokens-limit"));
+    let mut exhausted = Vec::new();
+    for dim in ["requests", "tokens"] {
+        if num(&format!("x-ratelimit-remaining-{dim}")) == Some(0.0) {
+            exhausted.extend(get(&format!("x-ratelimit-reset-{dim}")).and_then(parse_go_duration));
+        }
+        if num(&format!("anthropic-ratelimit-{dim}-remaining")) == Some(0.0) {
+            let reset = get(&format!("anthropic-ratelimit-{dim}-reset"));
+            exhausted.extend(reset.and_then(|v| humantime::parse_rfc3339_weak(v).ok()).map(until));
+        }
+    }
+    crate::ports::ProviderLimits {
+        rpm: rpm.filter(|v| *v > 0.0),
+        tpm: tpm.filter(|v| *v > 0.0),
+        exhausted_for: exhausted.into_iter().max().map(|d| d.min(MAX_HINT)),
+    }
+}
+
 /// A client with retries.
 pub struct Retrying<C> {
     inner: C,
@@ -250,6 +279,39 @@ mod tests {
             }
             let _ = parse_go_duration(&value);
         }
+    }
+
+    #[test]
+    fn limits_and_spent_budgets_from_both_vendors_headers() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000);
+        let mut m = HeaderMap::new();
+        for (k, v) in [
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-limit-tokens", "30000"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1.5s"),
+            ("x-ratelimit-remaining-tokens", "12"),
+            ("x-ratelimit-reset-tokens", "9s"),
+        ] {
+            m.insert(k, HeaderValue::from_static(v));
+        }
+        let l = rate_limits(&m, now);
+        assert_eq!(
+            (l.rpm, l.tpm, l.exhausted_for),
+            (Some(500.0), Some(30000.0), Some(Duration::from_millis(1500)))
+        );
+        let mut a = HeaderMap::new();
+        let reset = humantime::format_rfc3339_seconds(now + Duration::from_secs(4)).to_string();
+        a.insert("anthropic-ratelimit-requests-limit", HeaderValue::from_static("50"));
+        a.insert("anthropic-ratelimit-tokens-limit", HeaderValue::from_static("40000"));
+        a.insert("anthropic-ratelimit-tokens-remaining", HeaderValue::from_static("0"));
+        a.insert("anthropic-ratelimit-tokens-reset", HeaderValue::from_str(&reset).unwrap());
+        let l = rate_limits(&a, now);
+        assert_eq!(
+            (l.rpm, l.tpm, l.exhausted_for),
+            (Some(50.0), Some(40000.0), Some(Duration::from_secs(4)))
+        );
+        assert_eq!(rate_limits(&HeaderMap::new(), now), Default::default());
     }
 
     #[test]

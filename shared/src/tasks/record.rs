@@ -64,7 +64,7 @@ impl TaskStatus {
 }
 
 /// A model's answer as stored and returned.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskResult {
     /// The generated text.
     pub text: String,
@@ -75,6 +75,9 @@ pub struct TaskResult {
     /// The model stopped at its token cap (`finish_reason`/`stop_reason` = length): the text is cut.
     #[serde(default)]
     pub truncated: bool,
+    /// What the call cost in USD, from the price table (`None` for a model without a price).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
 }
 
 /// The durable record of one task (one DynamoDB item / one embedded row).

@@ -257,11 +257,14 @@ impl Worker {
                     .llm_tokens_total
                     .with_label_values(&[lane, "completion"])
                     .inc_by(resp.usage.completion);
+                let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
+                self.metrics.llm_cost_usd_total.with_label_values(&[lane]).inc_by(cost_usd.unwrap_or(0.0));
                 let result = TaskResult {
                     text: resp.text,
                     model: resp.model,
                     tokens: resp.usage,
                     truncated: resp.truncated,
+                    cost_usd,
                 };
                 self.finish(queue, message, &record, Completion::Completed(result)).await
             }
@@ -404,7 +407,7 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock, SystemClock};
     use crate::config::IngressConfig;
-    use crate::domain::Lane;
+    use crate::domain::{Lane, TokenUsage};
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };
@@ -437,9 +440,10 @@ mod tests {
             }
             Ok(LlmResponse {
                 text: format!("answer to {}", request.prompt),
-                model: "scripted".into(),
-                usage: Default::default(),
+                model: "gpt-4o-mini-2024-07-18".into(),
+                usage: TokenUsage { prompt: 1000, completion: 100 },
                 truncated: self.truncated,
+                limits: Default::default(),
             })
         }
     }
@@ -538,8 +542,14 @@ mod tests {
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
         let rec = r.record().await;
         assert_eq!((rec.status, rec.fence, rec.attempts), (TaskStatus::Completed, 1, 0));
-        assert_eq!(rec.result.as_ref().unwrap().text, "answer to why");
-        assert!(!rec.result.unwrap().truncated);
+        let result = rec.result.unwrap();
+        assert_eq!(result.text, "answer to why");
+        assert!(!result.truncated);
+        // 1000 prompt and 100 completion tokens at gpt-4o-mini's list price.
+        let cost = result.cost_usd.unwrap();
+        assert!((cost - 0.00021).abs() < 1e-12, "{cost}");
+        let spent = r.worker.metrics.llm_cost_usd_total.with_label_values(&["interactive"]).get();
+        assert!((spent - 0.00021).abs() < 1e-12, "{spent}");
         assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_some());
         assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("COMPLETED"));
         assert_eq!(r.queue.depth().await.unwrap().visible + r.queue.depth().await.unwrap().in_flight, 0);

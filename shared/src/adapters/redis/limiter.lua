@@ -1,12 +1,19 @@
--- The limiter's decide and reconcile steps (see limiter.rs) over one hash key, atomically.
--- ARGV: op (take/put), now_ms, class (0/1), tokens, estimated, rpm, tpm, interactive share,
--- lend_above, window_ms. Returns the wait in ms (0 = granted).
+-- The limiter's steps (see limiter.rs) over one hash key, atomically: `take` (decide), `put`
+-- (reconcile) and `cool` (start or extend the shared cooldown).
+-- ARGV: op, now_ms, class (0/1), tokens, estimated (or the cooldown's ms for `cool`), rpm, tpm,
+-- interactive share, lend_above, window_ms, burst. Returns the wait in ms (0 = granted).
 local k = KEYS[1]
 local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rpm, tpm, share, lend, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local caps = {rpm * share, rpm * (1 - share), tpm * share, tpm * (1 - share)}
-local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at')
-local levels, at = {}, tonumber(raw[5])
+local burst = tonumber(ARGV[11])
+local shares = {rpm * share, rpm * (1 - share), tpm * share, tpm * (1 - share)}
+local caps, rates = {}, {}
+for i = 1, 4 do
+  caps[i] = shares[i] * burst
+  rates[i] = shares[i] * (1 - burst) / window
+end
+local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at', 'cool')
+local levels, at, cool = {}, tonumber(raw[5]), tonumber(raw[6]) or 0
 if at == nil then
   for i = 1, 4 do levels[i] = caps[i] end
   at = now
@@ -14,31 +21,39 @@ else
   for i = 1, 4 do levels[i] = tonumber(raw[i]) end
 end
 local elapsed = math.max(0, now - at)
-for i = 1, 4 do levels[i] = math.min(levels[i] + elapsed * caps[i] / window, caps[i]) end
+for i = 1, 4 do levels[i] = math.min(levels[i] + elapsed * rates[i], caps[i]) end
 at = math.max(at, now)
 local wait = 0
-if op == 'put' then
+if op == 'cool' then
+  cool = math.max(cool, now + estimated)
+elseif op == 'put' then
   local i = 3 + class
   levels[i] = math.min(levels[i] + estimated - tokens, caps[i])
+elseif cool > now then
+  wait = cool - now
 else
   local own_off, other_off = class, 1 - class
   local takes = {0, 0, 0, 0}
   local dims = {{1, 1}, {3, tokens}}
   for _, d in ipairs(dims) do
     local own, other, need = d[1] + own_off, d[1] + other_off, d[2]
-    local need_now = math.min(need, caps[own])
+    local need_now = math.min(need, caps[own] * math.max(0.1, math.min(lend, 1)))
     local have = math.max(levels[own], 0)
     if have >= need_now then
       takes[own] = need
     else
       local lendable = levels[other] - lend * caps[other]
       if lendable >= need_now - have then
-        takes[own] = have + (need - need_now)
-        takes[other] = need_now - have
+        takes[own] = have
+        takes[other] = need - have
       else
-        local rate = caps[own] / window
         local w = window
-        if rate > 0 then w = (need_now - levels[own]) / rate end
+        if rates[own] > 0 then w = (need_now - levels[own]) / rates[own] end
+        local short = need_now - have - math.max(lendable, 0)
+        local other_rate = 0
+        if levels[other] < caps[other] then other_rate = rates[other] end
+        local both = rates[own] + other_rate
+        if short <= caps[other] * (1 - lend) and both > 0 then w = math.min(w, short / both) end
         wait = math.max(wait, w)
       end
     end
@@ -47,6 +62,6 @@ else
     for i = 1, 4 do levels[i] = levels[i] - takes[i] end
   end
 end
-redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at))
-redis.call('PEXPIRE', k, math.ceil(2 * window))
+redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at), 'cool', tostring(cool))
+redis.call('PEXPIRE', k, math.ceil(2 * window + math.max(0, cool - now)))
 return math.ceil(wait)

@@ -6,7 +6,7 @@
 use super::RedisConn;
 use crate::clock::SharedClock;
 use crate::domain::Lane;
-use crate::limiter::{Class, Decision, LimiterConfig, LimiterError, RateLimiter};
+use crate::limiter::{Class, Decision, Learned, LimiterConfig, LimiterError, ProviderLimits, RateLimiter};
 use async_trait::async_trait;
 use redis::Script;
 use std::time::Duration;
@@ -22,6 +22,7 @@ pub struct RedisLimiter {
     conn: RedisConn,
     key: String,
     config: LimiterConfig,
+    learned: std::sync::Arc<Learned>,
     clock: SharedClock,
     script: Script,
 }
@@ -33,6 +34,7 @@ impl RedisLimiter {
             conn,
             key: format!("{prefix}{{limiter:{name}}}"),
             config,
+            learned: Default::default(),
             clock,
             script: Script::new(LIMITER_LUA),
         }
@@ -41,7 +43,8 @@ impl RedisLimiter {
     async fn run(&self, op: &str, class: Class, tokens: u64, estimated: u64) -> Result<u64, LimiterError> {
         crate::metrics::aws_request("redis", "EVALSHA limiter");
         let mut conn = self.conn.clone();
-        let c = &self.config;
+        // The caps lowered to what the provider said: every call carries the limits it paces by.
+        let c = &self.learned.apply(&self.config);
         self.script
             .key(&self.key)
             .arg(op)
@@ -54,6 +57,7 @@ impl RedisLimiter {
             .arg(c.interactive_share)
             .arg(c.lend_above)
             .arg(c.window_ms)
+            .arg(c.burst)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
@@ -69,5 +73,13 @@ impl RateLimiter for RedisLimiter {
 
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
         self.run("put", lane.into(), actual, estimated).await.map(|_| ())
+    }
+
+    async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError> {
+        self.run("cool", Class::Interactive, 0, for_.as_millis() as u64).await.map(|_| ())
+    }
+
+    fn learn(&self, limits: &ProviderLimits) {
+        self.learned.learn(limits);
     }
 }

@@ -1,0 +1,220 @@
+//! `lanes bench provider`: eight workers (five interactive, three background) calling the provider
+//! emulator flat out through the real client stack (retries over the limiter over the OpenAI
+//! client), for each way a provider counts its limits (token bucket, fixed calendar window, sliding
+//! window), with the limits configured, learned from its headers, or neither (no headers and 429s
+//! without a hint, a provider in slow start). Reported per run: 429s as a share of requests, tokens
+//! used as a share of the limit, calls that failed (not merely waited), p99 call time, and the
+//! interactive share of tokens under saturation.
+
+use crate::limiter::{MIXED, mixed_request};
+use lanes_core::clock::SystemClock;
+use lanes_core::domain::Lane;
+use lanes_core::limiter::{Limited, LimiterConfig, MemoryLimiter, RateLimiter};
+use lanes_core::llm::{OpenAiClient, RetryPolicy, Retrying};
+use lanes_core::ports::{LlmClient, LlmError};
+use lanes_tests::mock_llm::{Discipline, Hint, MockLimits, MockLlm};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One discipline and knowledge of the limits.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderRun {
+    /// `token bucket`, `fixed window` or `sliding window`.
+    pub discipline: String,
+    /// `configured`, `learned from headers` or `unknown (no headers, no hints)`.
+    pub limits: String,
+    /// HTTP requests the provider saw.
+    pub requests: u64,
+    /// Of which answered 429.
+    pub throttled: u64,
+    /// `throttled / requests`.
+    pub throttled_share: f64,
+    /// Tokens served as a share of what the limit allowed over the run.
+    pub tokens_of_limit: f64,
+    /// Calls that ended in a failure other than throttling (a worker would count an attempt).
+    pub failed: u64,
+    /// Calls that ended throttled after their retries (a worker would put the task off, not fail it).
+    pub put_off: u64,
+    /// p99 of a call's time, retries and limiter waits included, ms.
+    pub call_p99_ms: f64,
+    /// Interactive's share of the tokens served after the first second.
+    pub interactive_share: f64,
+}
+
+/// What `lanes bench provider` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderReport {
+    /// The command that reproduces it.
+    pub command: String,
+    /// The provider's limits per one-second window.
+    pub rpm: f64,
+    /// Tokens per window.
+    pub tpm: f64,
+    /// Seconds of load per run.
+    pub seconds: f64,
+    /// One run per discipline and knowledge.
+    pub runs: Vec<ProviderRun>,
+}
+
+/// Runs every discipline with the limits configured and learned, and the slow-start provider.
+pub async fn provider_report(rpm: f64, tpm: f64, seconds: f64) -> Result<ProviderReport, String> {
+    let mut runs = Vec::new();
+    let disciplines = [
+        (Discipline::TokenBucket, "token bucket"),
+        (Discipline::FixedWindow, "fixed window"),
+        (Discipline::SlidingWindow, "sliding window"),
+    ];
+    for (discipline, name) in disciplines {
+        for known in [true, false] {
+            let limits = MockLimits {
+                rpm,
+                tpm,
+                window: Duration::from_secs(1),
+                discipline,
+                headers: !known,
+                hint: Hint::Both,
+            };
+            let label = if known { "configured" } else { "learned from headers" };
+            runs.push(run(name, label, limits, in_process(&limits, known), seconds).await?);
+        }
+    }
+    let slow_start = MockLimits {
+        rpm,
+        tpm,
+        window: Duration::from_secs(1),
+        discipline: Discipline::FixedWindow,
+        headers: false,
+        hint: Hint::None,
+    };
+    let limiter = in_process(&slow_start, false);
+    runs.push(run("fixed window", "unknown (no headers, no hints)", slow_start, limiter, seconds).await?);
+    Ok(ProviderReport {
+        command: format!("lanes bench provider --rpm {rpm} --tpm {tpm} --seconds {seconds}"),
+        rpm,
+        tpm,
+        seconds,
+        runs,
+    })
+}
+
+/// The limiter config for an emulator with `limits`: its caps when `known`, else none (learned). The
+/// emulator's window is a second, so the limiter's is too (a provider's: a minute).
+pub fn limiter_config(limits: &MockLimits, known: bool) -> LimiterConfig {
+    let caps = if known { LimiterConfig::new(limits.rpm, limits.tpm) } else { LimiterConfig::unknown() };
+    LimiterConfig { window_ms: limits.window.as_secs_f64() * 1000.0, ..caps }
+}
+
+fn in_process(limits: &MockLimits, known: bool) -> Arc<dyn RateLimiter> {
+    Arc::new(MemoryLimiter::new(limiter_config(limits, known), Arc::new(SystemClock)))
+}
+
+/// Eight workers flat out for `seconds` against an emulator with `limits`, through `limiter`.
+pub async fn run(
+    discipline: &str,
+    label: &str,
+    limits: MockLimits,
+    limiter: Arc<dyn RateLimiter>,
+    seconds: f64,
+) -> Result<ProviderRun, String> {
+    let mock = MockLlm::start_limited(limits).await.map_err(|e| e.to_string())?;
+    let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    let policy = RetryPolicy { max_hint: Duration::from_secs(2), ..RetryPolicy::default() };
+    let client: Arc<dyn LlmClient> =
+        Arc::new(Retrying::new(Limited::new(provider, limiter, Duration::from_secs(2)), policy));
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
+    let mut handles = Vec::new();
+    for (w, &lane) in MIXED.iter().enumerate() {
+        let client = client.clone();
+        handles.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            let mut i = 0;
+            while Instant::now() < until {
+                let t = Instant::now();
+                let r = client.complete(&mixed_request(lane, w * 100_000 + i)).await;
+                out.push((lane, t.elapsed(), Instant::now(), r));
+                i += 1;
+            }
+            out
+        }));
+    }
+    let mut calls = Vec::new();
+    for h in handles {
+        calls.extend(h.await.map_err(|e| e.to_string())?);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let usage = mock.usage();
+    let requests = usage.served + usage.throttled;
+    let failed = calls
+        .iter()
+        .filter(|c| matches!(c.3, Err(LlmError::Retryable { .. } | LlmError::Permanent(_))))
+        .count();
+    let put_off = calls.iter().filter(|c| matches!(c.3, Err(LlmError::Throttled { .. }))).count();
+    let mut times: Vec<f64> = calls.iter().map(|c| c.1.as_secs_f64() * 1000.0).collect();
+    let from = started + Duration::from_secs(1);
+    let (mut i_tokens, mut b_tokens) = (0u64, 0u64);
+    for (lane, _, at, r) in &calls {
+        if let (true, Ok(r)) = (*at >= from, r) {
+            let t = r.usage.prompt + r.usage.completion;
+            if *lane == Lane::Interactive { i_tokens += t } else { b_tokens += t }
+        }
+    }
+    Ok(ProviderRun {
+        discipline: discipline.into(),
+        limits: label.into(),
+        requests,
+        throttled: usage.throttled,
+        throttled_share: usage.throttled as f64 / requests.max(1) as f64,
+        tokens_of_limit: usage.tokens as f64 / (limits.tpm * elapsed),
+        failed: failed as u64,
+        put_off: put_off as u64,
+        call_p99_ms: crate::percentile(&mut times, 99.0),
+        interactive_share: i_tokens as f64 / (i_tokens + b_tokens).max(1) as f64,
+    })
+}
+
+impl std::fmt::Display for ProviderReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "Provider limits {} requests / {} tokens per second, {} s of load per run ({})",
+            self.rpm, self.tpm, self.seconds, self.command
+        )?;
+        writeln!(
+            f,
+            "{:<15} {:<32} {:>8} {:>6} {:>7} {:>9} {:>7} {:>8} {:>9} {:>12}",
+            "discipline",
+            "limits",
+            "requests",
+            "429s",
+            "429 %",
+            "of limit",
+            "failed",
+            "put off",
+            "p99 ms",
+            "interactive"
+        )?;
+        for r in &self.runs {
+            writeln!(
+                f,
+                "{:<15} {:<32} {:>8} {:>6} {:>6.2}% {:>8.1}% {:>7} {:>8} {:>9.0} {:>11.1}%",
+                r.discipline,
+                r.limits,
+                r.requests,
+                r.throttled,
+                r.throttled_share * 100.0,
+                r.tokens_of_limit * 100.0,
+                r.failed,
+                r.put_off,
+                r.call_p99_ms,
+                r.interactive_share * 100.0
+            )?;
+        }
+        writeln!(
+            f,
+            "Goals: <= 1% 429s with the limits configured, <= 5% learned; >= 95% of the limit; 0 failed; interactive >= 70%."
+        )
+    }
+}

@@ -1,0 +1,146 @@
+//! What a call costs: a price table per model (USD per million input and output tokens), with the
+//! vendors' published list prices of the common OpenAI, Anthropic and Bedrock models as defaults,
+//! and `LANES_LLM_PRICES` to override or add (`model=input/output,...`, e.g.
+//! `gpt-4o=2.5/10,my-vllm-model=0/0`). A model is matched by the longest table key its reported name
+//! contains, so dated versions (`gpt-4o-2024-08-06`) and Bedrock ids
+//! (`us.anthropic.claude-sonnet-4-20250514-v1:0`) find their family. List prices change: the
+//! variable is how a deployment keeps them true.
+
+use crate::config::ConfigError;
+use crate::domain::TokenUsage;
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price {
+    /// Prompt (input) tokens.
+    pub input: f64,
+    /// Completion (output) tokens.
+    pub output: f64,
+}
+
+/// Prices by model-name key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PriceTable(Vec<(String, Price)>);
+
+/// The defaults: list prices per million tokens (input, output).
+const DEFAULTS: [(&str, f64, f64); 22] = [
+    ("gpt-4o", 2.50, 10.00),
+    ("gpt-4o-mini", 0.15, 0.60),
+    ("gpt-4.1", 2.00, 8.00),
+    ("gpt-4.1-mini", 0.40, 1.60),
+    ("gpt-4.1-nano", 0.10, 0.40),
+    ("gpt-5", 1.25, 10.00),
+    ("gpt-5-mini", 0.25, 2.00),
+    ("gpt-5-nano", 0.05, 0.40),
+    ("o3", 2.00, 8.00),
+    ("o3-mini", 1.10, 4.40),
+    ("o4-mini", 1.10, 4.40),
+    ("claude-3-haiku", 0.25, 1.25),
+    ("claude-3-5-haiku", 0.80, 4.00),
+    ("claude-haiku-4-5", 1.00, 5.00),
+    ("claude-3-5-sonnet", 3.00, 15.00),
+    ("claude-3-7-sonnet", 3.00, 15.00),
+    ("claude-sonnet-4", 3.00, 15.00),
+    ("claude-opus-4", 15.00, 75.00),
+    ("claude-opus-4-1", 15.00, 75.00),
+    ("amazon.nova-micro", 0.035, 0.14),
+    ("amazon.nova-lite", 0.06, 0.24),
+    ("amazon.nova-pro", 0.80, 3.20),
+];
+
+impl PriceTable {
+    /// The published list prices above, and the offline provider at zero.
+    pub fn defaults() -> Self {
+        let mut table: Vec<(String, Price)> = DEFAULTS
+            .iter()
+            .map(|(k, input, output)| ((*k).to_owned(), Price { input: *input, output: *output }))
+            .collect();
+        table.push((super::OFFLINE_MODEL.to_owned(), Price { input: 0.0, output: 0.0 }));
+        Self(table)
+    }
+
+    /// The defaults with `LANES_LLM_PRICES` applied.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let mut table = Self::defaults();
+        if let Some(spec) = crate::config::optional_env("LANES_LLM_PRICES") {
+            table.apply(&spec)?;
+        }
+        Ok(table)
+    }
+
+    /// Adds or replaces prices from `model=input/output,...`.
+    pub fn apply(&mut self, spec: &str) -> Result<(), ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid { name: "LANES_LLM_PRICES", reason };
+        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (model, prices) = entry
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("`{entry}`: expected model=input/output")))?;
+            let (input, output) =
+                prices.split_once('/').ok_or_else(|| invalid(format!("`{entry}`: expected input/output")))?;
+            let parse = |v: &str| {
+                v.trim().parse::<f64>().ok().filter(|p| p.is_finite() && *p >= 0.0).ok_or_else(|| {
+                    invalid(format!("`{entry}`: `{v}` is not a price in USD per million tokens"))
+                })
+            };
+            let price = Price { input: parse(input)?, output: parse(output)? };
+            let model = model.trim().to_ascii_lowercase();
+            self.0.retain(|(k, _)| *k != model);
+            self.0.push((model, price));
+        }
+        Ok(())
+    }
+
+    /// The price of `model`: the longest key its name contains.
+    pub fn price(&self, model: &str) -> Option<Price> {
+        let model = model.to_ascii_lowercase();
+        self.0
+            .iter()
+            .filter(|(k, _)| model.contains(&k.to_ascii_lowercase()))
+            .max_by_key(|(k, _)| k.len())
+            .map(|(_, p)| *p)
+    }
+
+    /// What `usage` cost on `model`, when its price is known.
+    pub fn cost(&self, model: &str, usage: TokenUsage) -> Option<f64> {
+        let p = self.price(model)?;
+        Some((usage.prompt as f64 * p.input + usage.completion as f64 * p.output) / 1_000_000.0)
+    }
+}
+
+static PRICES: std::sync::OnceLock<PriceTable> = std::sync::OnceLock::new();
+
+/// Reads `LANES_LLM_PRICES` once, at start-up, so a malformed value stops the process with its reason
+/// rather than pricing calls wrong. Later calls keep the first table.
+pub fn load_from_env() -> Result<(), ConfigError> {
+    let table = PriceTable::from_env()?;
+    let _ = PRICES.set(table);
+    Ok(())
+}
+
+/// The process's price table ([`load_from_env`]'s, or the defaults).
+pub fn prices() -> &'static PriceTable {
+    PRICES.get_or_init(PriceTable::defaults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_match_by_their_longest_key_and_overrides_win() {
+        let mut t = PriceTable::defaults();
+        let usage = TokenUsage { prompt: 1_000_000, completion: 100_000 };
+        let cost = |t: &PriceTable, model: &str| t.cost(model, usage).map(|c| (c * 1e6).round() / 1e6);
+        assert_eq!(cost(&t, "gpt-4o-2024-08-06"), Some(3.5));
+        assert_eq!(cost(&t, "gpt-4o-mini-2024-07-18"), Some(0.21), "the longer key wins");
+        assert_eq!(cost(&t, "us.anthropic.claude-sonnet-4-20250514-v1:0"), Some(4.5));
+        assert_eq!(cost(&t, super::super::OFFLINE_MODEL), Some(0.0));
+        assert_eq!(cost(&t, "my-vllm-model"), None, "unknown models cost nothing we can tell");
+        t.apply("my-vllm-model=0.2/0.4, gpt-4o=5/20").unwrap();
+        assert_eq!(cost(&t, "my-vllm-model"), Some(0.24));
+        assert_eq!(cost(&t, "gpt-4o-2024-08-06"), Some(7.0));
+        for bad in ["gpt-4o", "gpt-4o=1", "gpt-4o=a/b", "gpt-4o=-1/2", "gpt-4o=inf/1"] {
+            assert!(t.apply(bad).is_err(), "{bad}");
+        }
+    }
+}
