@@ -52,6 +52,7 @@ bench: build test-deps
 	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench throughput --tasks 1000 --json > bench/throughput.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json
+	$(LANES_BIN) bench provider --json > bench/provider.json
 	$(LANES_BIN) bench batching --json > bench/batching.json
 	$(LANES_BIN) bench duplicates --json > bench/duplicates.json
 	$(VENV)/bin/python scripts/bench-report.py bench

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes bench/REPORT.md and the PNG plots from the JSON that `lanes bench NAME --json` printed.
 
-Usage: bench-report.py DIR   (DIR holds limiter.json, batching.json, duplicates.json)
+Usage: bench-report.py DIR   (DIR holds the JSON of each `lanes bench NAME --json`)
 """
 import json
 import sys
@@ -142,6 +142,38 @@ def main():
                 f"| token throughput, of the limit | {100 * li['throughput_of_limit']:.1f}% |",
                 f"| both lanes saturated: interactive share (reserved 70%) | {100 * li['interactive_share_saturated']:.1f}% |",
                 f"| interactive idle: background throughput, of the limit | {100 * li['background_alone_of_limit']:.1f}% |", ""]
+    pv = load(d, "provider")
+    if pv:
+        runs = pv["runs"]
+        labels = [f"{r['discipline']}\n{r['limits']}" for r in runs]
+        bar(d / "provider.png", "Provider emulator: 429s and use of the limit", labels,
+            [("429 %", [round(100 * r["throttled_share"], 2) for r in runs]),
+             ("% of limit", [round(100 * r["tokens_of_limit"], 1) for r in runs])], "%")
+        out += ["## Provider limits", "", f"`{pv['command']}`", "",
+                f"Eight workers (five interactive, three background) flat out for {pv['seconds']:.0f} s per run "
+                f"against an emulator allowing {pv['rpm']:.0f} requests and {pv['tpm']:.0f} tokens per one-second "
+                "window, through the real client stack (retries over the limiter over the OpenAI client).", "",
+                "| discipline | limits | requests | 429s | 429 % | of limit | failed | put off | p99 call | interactive |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['discipline']} | {r['limits']} | {r['requests']} | {r['throttled']} | "
+                f"{100 * r['throttled_share']:.2f}% | {100 * r['tokens_of_limit']:.1f}% | {r['failed']} | {r['put_off']} | "
+                f"{r['call_p99_ms']:.0f} ms | {100 * r['interactive_share']:.1f}% |" for r in runs]
+        known = [r for r in runs if r["limits"] == "configured"]
+        learned = [r for r in runs if r["limits"] == "learned from headers"]
+        def met(ok):
+            return "met" if ok else "**not met**"
+        out += ["",
+                f"- <= 1% 429s with the limits configured: {met(all(r['throttled_share'] <= 0.01 for r in known))}; "
+                f"<= 5% learned from headers: {met(all(r['throttled_share'] <= 0.05 for r in learned))}",
+                f"- 0 failed: {met(all(r['failed'] == 0 for r in runs))}",
+                f"- >= 95% of the limit: {met(all(r['tokens_of_limit'] >= 0.95 for r in known + learned))}",
+                f"- interactive >= 70% under saturation: {met(all(r['interactive_share'] >= 0.70 for r in known + learned))}",
+                "",
+                "Reading it: each 429 pauses every worker for the provider's hint (up to the rest of a one-second "
+                "window here), so one 429 in a short run costs a visible share of the limit; before the first "
+                "answer the limits are unknown and the first burst is unpaced. The last row is a provider in slow "
+                "start: no headers and no hint, so the limiter only learns from the 429s themselves.", "",
+                "![provider](provider.png)", ""]
     (d / "REPORT.md").write_text("\n".join(out))
     print(f"wrote {d / 'REPORT.md'}")
 
