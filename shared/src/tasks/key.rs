@@ -59,14 +59,8 @@ pub fn is_task_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::request::tests::req;
     use serde_json::json;
-
-    fn req(v: Value) -> TaskRequest {
-        match TaskRequest::from_value(v) {
-            Ok(r) => r,
-            Err(e) => panic!("unexpected validation error: {e:?}"),
-        }
-    }
 
     #[test]
     fn key_vectors() {

@@ -289,11 +289,12 @@ fn validate_relative_path(path: &str) -> Result<(), &'static str> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn req(v: Value) -> TaskRequest {
+    /// A request the test knows is valid.
+    pub(crate) fn req(v: Value) -> TaskRequest {
         match TaskRequest::from_value(v) {
             Ok(r) => r,
             Err(e) => panic!("unexpected validation error: {e:?}"),
