@@ -24,6 +24,10 @@ use serde::Serialize;
 use std::time::Duration;
 use tracing::{info, warn};
 
+/// How far the queue's clock (a message's send time) and the writer's clock (a record's creation time)
+/// may disagree: a record created later than its message's send time by more than this is a later run.
+pub const CLOCK_SKEW_MS: u64 = 5_000;
+
 /// How long a peeked message stays hidden while it is looked at (made visible again right after).
 const PEEK_VISIBILITY: Duration = Duration::from_secs(30);
 
@@ -112,7 +116,8 @@ pub async fn sweep(
     for m in &messages {
         let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else { continue };
         let reason = format!("dead-lettered: {}", reason_of(m));
-        match store.fail_unfinished(&task.task_id, &reason, clock.now_ms(), ttl_secs).await {
+        let sent_before = m.sent_at_ms.saturating_add(CLOCK_SKEW_MS);
+        match store.fail_unfinished(&task.task_id, &reason, sent_before, clock.now_ms(), ttl_secs).await {
             Ok(true) => {
                 info!(task_id = %task.task_id, %reason, "record of a dead-lettered task marked FAILED");
                 metrics.dlq_marked_failed_total.with_label_values(&[lane.as_str()]).inc();

@@ -222,8 +222,20 @@ pub fn hold(queue: Arc<dyn QueueConsume>, receipt: String, config: &WorkerConfig
 /// Asks, on each beat, whether the work under a lease was cancelled by its client.
 #[async_trait::async_trait]
 pub trait CancelProbe: Send + Sync {
-    /// True once the work named `id` is cancelled.
-    async fn is_cancelled(&self, id: &str) -> bool;
+    /// True once the work named `id`, claimed with `fence`, is cancelled (a cancellation of an earlier
+    /// run of the same id does not count).
+    async fn is_cancelled(&self, id: &str, fence: u64) -> bool;
+}
+
+/// Work under a lease that its client may cancel.
+#[derive(Clone)]
+pub struct Watch {
+    /// What to ask the [`CancelProbe`] about.
+    pub id: String,
+    /// The claim's fence.
+    pub fence: u64,
+    /// Cancelled when the probe says yes.
+    pub cancelled: CancellationToken,
 }
 
 /// One delivery under the heartbeat.
@@ -235,8 +247,8 @@ pub struct Leased {
     pub lock: Option<(String, String)>,
     /// Cancelled when the queue or the lock says the lease is gone.
     pub lost: CancellationToken,
-    /// What to ask the [`CancelProbe`] about, with the token cancelled when it says yes.
-    pub watch: Option<(String, CancellationToken)>,
+    /// Work its client may cancel, asked about on every beat.
+    pub watch: Option<Watch>,
 }
 
 impl Leased {
@@ -330,11 +342,11 @@ async fn beat(
         }
     }
     metrics.lease_renewals_total.with_label_values(&[lane]).inc();
-    if let (Some(probe), Some((id, cancelled))) = (probe, &entry.watch)
-        && !cancelled.is_cancelled()
-        && probe.is_cancelled(id).await
+    if let (Some(probe), Some(watch)) = (probe, &entry.watch)
+        && !watch.cancelled.is_cancelled()
+        && probe.is_cancelled(&watch.id, watch.fence).await
     {
-        cancelled.cancel();
+        watch.cancelled.cancel();
     }
 }
 

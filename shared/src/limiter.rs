@@ -212,8 +212,17 @@ pub fn decide(
     Decision::Granted
 }
 
-/// Puts back an overestimate, or charges an underestimate, to `class`'s token bucket.
-pub fn reconcile(config: &LimiterConfig, state: &mut BucketState, class: Class, estimated: u64, actual: u64) {
+/// Puts back an overestimate, or charges an underestimate, to `class`'s token bucket (refilled to
+/// `now_ms` first, as the Redis script does, so an underestimate is never forgiven by the cap).
+pub fn reconcile(
+    config: &LimiterConfig,
+    state: &mut BucketState,
+    now_ms: u64,
+    class: Class,
+    estimated: u64,
+    actual: u64,
+) {
+    refill(config, state, now_ms);
     let i = 2 + class as usize;
     let cap = config.caps()[i];
     state.levels[i] = (state.levels[i] + estimated as f64 - actual as f64).min(cap);
@@ -281,7 +290,7 @@ impl RateLimiter for MemoryLimiter {
 
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
         let config = self.learned.apply(&self.config);
-        reconcile(&config, &mut *self.state()?, lane.into(), estimated, actual);
+        reconcile(&config, &mut *self.state()?, self.clock.now_ms(), lane.into(), estimated, actual);
         Ok(())
     }
 
@@ -364,7 +373,7 @@ mod tests {
         // loan.
         let Decision::Wait(w) = decide(&cfg, &mut s, 0, Class::Interactive, 100) else { panic!() };
         assert_eq!(w, Duration::from_millis(677));
-        reconcile(&cfg, &mut s, Class::Interactive, 200, 100);
+        reconcile(&cfg, &mut s, 0, Class::Interactive, 200, 100);
         assert_eq!(
             decide(&cfg, &mut s, 0, Class::Interactive, 100),
             Decision::Granted,

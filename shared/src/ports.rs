@@ -226,11 +226,15 @@ pub trait TaskStore: Send + Sync {
     /// `PENDING|PROCESSING -> CANCELLED`, fence + 1.
     async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError>;
     /// `PENDING|PROCESSING -> FAILED` with `reason` whatever the fence, fence + 1: for a message that
-    /// reached its DLQ, where no claim is left to finish it. False when the record is terminal or gone.
+    /// reached its DLQ, where no claim is left to finish it. Only a run submitted no later than
+    /// `sent_before_ms` (the message's send time, plus clock skew) is settled: a resubmission after the
+    /// message was sent is another run, which that message must not fail. False when the record is
+    /// terminal, gone, or newer.
     async fn fail_unfinished(
         &self,
         task_id: &str,
         reason: &str,
+        sent_before_ms: u64,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError>;

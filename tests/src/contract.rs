@@ -86,16 +86,32 @@ pub async fn task_store(store: &dyn TaskStore, now: u64) {
     let d = record("dead-lettered", now);
     store.put_pending(&d, now).await.unwrap();
     let dc = claimed(store.claim(&d.task_id, now, 7200).await.unwrap());
-    assert!(store.fail_unfinished(&d.task_id, "dead-lettered: crash", now, 7200).await.unwrap());
-    assert!(!store.fail_unfinished(&d.task_id, "again", now, 7200).await.unwrap(), "settled once");
+    assert!(
+        !store.fail_unfinished(&d.task_id, "an older message", now - 60_000, now, 7200).await.unwrap(),
+        "a message sent before this run was submitted does not fail it"
+    );
+    assert!(store.fail_unfinished(&d.task_id, "dead-lettered: crash", now, now, 7200).await.unwrap());
+    assert!(!store.fail_unfinished(&d.task_id, "again", now, now, 7200).await.unwrap(), "settled once");
     let failed = get(d.task_id.clone()).await.unwrap();
     assert_eq!((failed.status, failed.error.as_deref()), (TaskStatus::Failed, Some("dead-lettered: crash")));
     assert!(failed.fence > dc.fence);
     assert_eq!(store.put_pending(&record("dead-lettered", now), now).await.unwrap(), PutOutcome::Created);
     assert!(
-        !store.fail_unfinished(&done.task_id, "x", now, 7200).await.unwrap(),
+        !store.fail_unfinished(&done.task_id, "x", now, now, 7200).await.unwrap(),
         "COMPLETED is never failed"
     );
+
+    // An expired record is replaced, and its fence carries over too.
+    let x = record("expired and replaced", now);
+    store.put_pending(&x, now).await.unwrap();
+    let xc = claimed(store.claim(&x.task_id, now, 7200).await.unwrap());
+    let later = now + 7_201_000;
+    assert_eq!(
+        store.put_pending(&record("expired and replaced", later), later).await.unwrap(),
+        PutOutcome::Created
+    );
+    let replaced = store.get(&x.task_id, later).await.unwrap().unwrap();
+    assert_eq!((replaced.status, replaced.fence), (TaskStatus::Pending, xc.fence));
 
     // A re-send extends the life of a pending record to the new message's retention.
     let e = record("re-sent", now);

@@ -282,8 +282,13 @@ impl QueueConsume for SqsQueue {
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
-        // A failed delete leaves two copies; the task's claim and fence make the second a no-op.
-        self.delete(&message.receipt).await
+        // The copy is out, so the delivery is put off whatever happens next: a failed delete leaves two
+        // copies, and the task's claim and fence make the second a no-op (in Lambda the delivery is not
+        // reported as a failure, so the event source mapping deletes it anyway).
+        if let Err(e) = self.delete(&message.receipt).await {
+            tracing::warn!(error = %e, "requeued copy sent, original not deleted; the duplicate is harmless");
+        }
+        Ok(())
     }
 
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {

@@ -40,11 +40,21 @@ impl EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(Option<TaskRecord>) -> (Option<Write>, T) + Send + 'static,
     {
+        self.update_stored(task_id, move |stored| f(stored.filter(|r| !r.is_expired(now_ms)))).await
+    }
+
+    /// [`Self::update`] on the stored record, expired or not (DynamoDB keeps an expired item until
+    /// its TTL sweep, and a replacement keeps its fence).
+    async fn update_stored<T, F>(&self, task_id: &str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Option<TaskRecord>) -> (Option<Write>, T) + Send + 'static,
+    {
         let id = task_id.to_owned();
         self.db
             .run(move |db| {
                 let txn = db.begin_write().map_err(unavailable)?;
-                let current = read(&txn, &id)?.filter(|r| !r.is_expired(now_ms));
+                let current = read(&txn, &id)?;
                 let (write, answer) = f(current);
                 let changed = write.is_some();
                 {
@@ -110,13 +120,13 @@ fn read(txn: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>, StoreErr
 impl TaskStore for EmbeddedStore {
     async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
         let mut record = record.clone();
-        self.update(&record.task_id.clone(), now_ms, move |current| match current {
-            Some(existing) if !existing.status.is_resubmittable() => {
+        self.update_stored(&record.task_id.clone(), move |current| match current {
+            Some(existing) if !existing.is_expired(now_ms) && !existing.status.is_resubmittable() => {
                 (None, PutOutcome::Exists(Box::new(existing)))
             }
             previous => {
-                // The fence never goes back: a worker still holding a fence from the failed run must
-                // not be able to finish the new one.
+                // The fence never goes back, even past an expiry: a worker still holding a fence from
+                // the earlier run must not be able to finish the new one.
                 record.fence = previous.map_or(0, |p| p.fence);
                 (Some(Write::Put(Box::new(record))), PutOutcome::Created)
             }
@@ -247,12 +257,13 @@ impl TaskStore for EmbeddedStore {
         &self,
         task_id: &str,
         reason: &str,
+        sent_before_ms: u64,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
         let reason = reason.chars().take(MAX_ERROR_CHARS).collect::<String>();
         self.update(task_id, now_ms, move |current| match current {
-            Some(mut r) if !r.status.is_terminal() => {
+            Some(mut r) if !r.status.is_terminal() && r.created_at_ms <= sent_before_ms => {
                 r.status = TaskStatus::Failed;
                 r.fence += 1;
                 r.error = Some(reason);

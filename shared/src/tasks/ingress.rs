@@ -360,8 +360,12 @@ async fn cancel_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) ->
             ing.metrics.cancellations_total.with_label_values(&[rec.lane.as_str()]).inc();
             // Hints for the running worker's heartbeat and for long-polls; the store already holds
             // the truth, so a cache that is down only delays the worker's noticing.
-            for key in [cancel_key(&id), done_key(&id)] {
-                if let Err(e) = ing.cache.set(&key, "CANCELLED", HINT_TTL).await {
+            // The cancel hint carries the cancelled record's fence: it stops the claim it cancelled,
+            // never a later run of the same id.
+            for (key, value) in
+                [(cancel_key(&id), rec.fence.to_string()), (done_key(&id), "CANCELLED".into())]
+            {
+                if let Err(e) = ing.cache.set(&key, &value, HINT_TTL).await {
                     warn!(error = %e, "cancellation hint not written");
                 }
             }

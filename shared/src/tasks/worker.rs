@@ -13,7 +13,7 @@
 
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
-use crate::lease::{self, CancelProbe, Heartbeat, Leased};
+use crate::lease::{self, CancelProbe, Heartbeat, Leased, Watch};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
 use crate::ports::{
@@ -51,7 +51,8 @@ pub fn cache_key(task_id: &str) -> String {
     format!("task:{task_id}")
 }
 
-/// Cache key of the hint that a task was cancelled (read by the running worker's heartbeat).
+/// Cache key of the hint that a task was cancelled (read by the running worker's heartbeat); its
+/// value is the cancelled record's fence, so it cannot cancel a later run of the same id.
 pub fn cancel_key(task_id: &str) -> String {
     format!("cancel:{task_id}")
 }
@@ -74,12 +75,12 @@ struct CancelHint {
 
 #[async_trait::async_trait]
 impl CancelProbe for CancelHint {
-    async fn is_cancelled(&self, task_id: &str) -> bool {
+    async fn is_cancelled(&self, task_id: &str, fence: u64) -> bool {
         match self.cache.get(&cancel_key(task_id)).await {
-            Ok(hint) => hint.is_some(),
+            Ok(hint) => hint.and_then(|h| h.parse::<u64>().ok()).is_some_and(|cancelled| cancelled > fence),
             Err(_) => matches!(
                 self.store.get(task_id, self.clock.now_ms()).await,
-                Ok(Some(r)) if r.status == TaskStatus::Cancelled
+                Ok(Some(r)) if r.status == TaskStatus::Cancelled && r.fence > fence
             ),
         }
     }
@@ -204,7 +205,11 @@ impl Worker {
             receipt: message.receipt.clone(),
             lock: token.map(|t| (lock_key.to_owned(), t.to_owned())),
             lost: lost.clone(),
-            watch: Some((task.task_id.clone(), cancelled.clone())),
+            watch: Some(Watch {
+                id: task.task_id.clone(),
+                fence: record.fence,
+                cancelled: cancelled.clone(),
+            }),
         };
         let _heartbeat = Heartbeat::start(
             queue.clone(),
@@ -243,10 +248,17 @@ impl Worker {
                 return Outcome::LeaseLost;
             }
             Call::Cancelled => {
-                // The record is CANCELLED (the cancellation moved the fence): nothing to write.
+                // The cancellation moved the fence: nothing to write. Acked only once the store confirms
+                // it, so a stale hint can never end a run silently.
                 info!("task cancelled by its client; dropping the provider call");
                 self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "cancelled"]).inc();
-                return lease::ack(&**queue, message).await;
+                return match self.store.get(&task.task_id, self.clock.now_ms()).await {
+                    Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
+                    _ => {
+                        lease::retry_later(&**queue, message, Duration::ZERO, "cancellation not confirmed")
+                            .await
+                    }
+                };
             }
         };
         match answer {
@@ -333,7 +345,10 @@ impl Worker {
                     .finish(&r.task_id, r.fence, Completion::Failed(reason), now, ttl)
                     .await
                     .map(|o| matches!(o, FinishOutcome::Written(_))),
-                None => self.store.fail_unfinished(&task.task_id, &reason, now, ttl).await,
+                None => {
+                    let sent_before = message.sent_at_ms.saturating_add(crate::dlq::CLOCK_SKEW_MS);
+                    self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, ttl).await
+                }
             };
             if let Err(e) = settled {
                 warn!(error = %e, "could not settle the record; the DLQ sweep will");
@@ -797,8 +812,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(r.status().await, TaskStatus::Processing);
         let now = SystemClock.now_ms();
-        assert!(matches!(r.store.cancel(&r.task_id, now, 3600).await.unwrap(), CancelOutcome::Cancelled(_)));
+        let CancelOutcome::Cancelled(cancelled) = r.store.cancel(&r.task_id, now, 3600).await.unwrap() else {
+            panic!("cancel a running task")
+        };
+        // An old run's hint (fence 1, the running claim's own) cancels nothing; the new fence does.
         r.worker.cache.set(&cancel_key(&r.task_id), "1", HINT_TTL).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(r.count(&r.worker.metrics.llm_calls_dropped_total, &["interactive", "cancelled"]), 0);
+        r.worker.cache.set(&cancel_key(&r.task_id), &cancelled.fence.to_string(), HINT_TTL).await.unwrap();
         let outcome = tokio::time::timeout(Duration::from_secs(2), run).await.expect("dropped within a beat");
         assert_eq!(outcome.unwrap(), Outcome::Acked);
         assert_eq!(r.status().await, TaskStatus::Cancelled);

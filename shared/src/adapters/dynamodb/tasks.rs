@@ -400,7 +400,7 @@ impl TaskStore for DynamoStore {
     }
 
     async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError> {
-        let out = self.settle(task_id, "CANCELLED", None, now_ms, ttl_secs).await?;
+        let out = self.settle(task_id, "CANCELLED", None, None, now_ms, ttl_secs).await?;
         Ok(match out {
             Ok(item) => CancelOutcome::Cancelled(Box::new(record(&item)?)),
             Err(Some(old)) => {
@@ -419,10 +419,14 @@ impl TaskStore for DynamoStore {
         &self,
         task_id: &str,
         reason: &str,
+        sent_before_ms: u64,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
-        Ok(self.settle(task_id, "FAILED", Some(reason), now_ms, ttl_secs).await?.is_ok())
+        Ok(self
+            .settle(task_id, "FAILED", Some(reason), Some(sent_before_ms), now_ms, ttl_secs)
+            .await?
+            .is_ok())
     }
 }
 
@@ -434,6 +438,7 @@ impl DynamoStore {
         task_id: &str,
         status: &str,
         reason: Option<&str>,
+        sent_before_ms: Option<u64>,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<Result<Item, Option<Item>>, StoreError> {
@@ -452,15 +457,15 @@ impl DynamoStore {
             expression.push_str(", #err = :err");
         }
         expression.push_str(" ADD fence :one");
+        let mut condition =
+            "attribute_exists(pk) AND expires_at > :now_s AND (#st = :pending OR #st = :processing)"
+                .to_owned();
+        if let Some(sent) = sent_before_ms {
+            values.push((":sent", n(sent)));
+            condition.push_str(" AND created_at_ms <= :sent");
+        }
         let names: Vec<(&str, &str)> =
             if reason.is_some() { vec![NAMES[0], NAMES[2]] } else { vec![NAMES[0]] };
-        self.update(
-            task_id,
-            expression,
-            "attribute_exists(pk) AND expires_at > :now_s AND (#st = :pending OR #st = :processing)",
-            values,
-            &names,
-        )
-        .await
+        self.update(task_id, expression, &condition, values, &names).await
     }
 }
