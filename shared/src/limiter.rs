@@ -441,12 +441,16 @@ pub struct Limited<C> {
     inner: C,
     limiter: std::sync::Arc<dyn RateLimiter>,
     max_wait: Duration,
+    /// Hintless 429s in a row and when the last pause they started ends: each one after that pause
+    /// doubles the next (a provider in slow start says nothing about when it will have room; several
+    /// workers refused at once count as one).
+    blind: Mutex<(u32, Option<tokio::time::Instant>)>,
 }
 
 impl<C> Limited<C> {
     /// Wraps `inner`.
     pub fn new(inner: C, limiter: std::sync::Arc<dyn RateLimiter>, max_wait: Duration) -> Self {
-        Self { inner, limiter, max_wait }
+        Self { inner, limiter, max_wait, blind: Mutex::new((0, None)) }
     }
 }
 
@@ -514,10 +518,31 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
     }
 }
 
-/// A 429 without a hint pauses everyone this long (and the retry's backoff grows from there).
+/// A 429 without a hint pauses everyone this long, doubling with each hintless 429 in a row up to
+/// [`MAX_BLIND_COOLDOWN`].
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
+/// The longest pause a run of hintless 429s grows to.
+pub const MAX_BLIND_COOLDOWN: Duration = Duration::from_secs(30);
 
 impl<C> Limited<C> {
+    fn reset_blind(&self) {
+        if let Ok(mut b) = self.blind.lock() {
+            *b = (0, None);
+        }
+    }
+
+    /// The pause after a hintless 429: a second, doubled for each such 429 after the last pause ended.
+    fn blind_pause(&self) -> Duration {
+        let now = tokio::time::Instant::now();
+        let Ok(mut b) = self.blind.lock() else { return DEFAULT_COOLDOWN };
+        if b.1.is_none_or(|until| now >= until) {
+            b.0 = (b.0 + 1).min(10);
+        }
+        let pause = DEFAULT_COOLDOWN.saturating_mul(1 << (b.0 - 1)).min(MAX_BLIND_COOLDOWN);
+        b.1 = Some(now + pause);
+        pause
+    }
+
     async fn settle(
         &self,
         request: &crate::ports::LlmRequest,
@@ -528,6 +553,7 @@ impl<C> Limited<C> {
         let lane = request.lane;
         let actual = match result {
             Ok(r) => {
+                self.reset_blind();
                 self.limiter.learn(&r.limits);
                 if let Some(spent) = r.limits.exhausted_for
                     && let Err(e) = self.limiter.cool_down(spent).await
@@ -537,7 +563,13 @@ impl<C> Limited<C> {
                 Some(r.usage.prompt + r.usage.completion)
             }
             Err(LlmError::Throttled { retry_after, .. }) => {
-                let pause = retry_after.unwrap_or(DEFAULT_COOLDOWN);
+                let pause = match retry_after {
+                    Some(hint) => {
+                        self.reset_blind();
+                        *hint
+                    }
+                    None => self.blind_pause(),
+                };
                 tracing::info!(lane = %lane, pause_ms = pause.as_millis() as u64, "provider throttled; pausing every worker");
                 if let Err(e) = self.limiter.cool_down(pause).await {
                     tracing::warn!(error = %e, "limiter cooldown failed");
@@ -611,5 +643,27 @@ mod limited_tests {
         assert!(started.elapsed() < Duration::from_millis(100), "no wait past max_wait");
         assert!(after > Duration::from_secs(5), "the hint is the real wait: {after:?}");
         assert_eq!(provider.calls(), 5, "the provider never saw the throttled call");
+    }
+
+    #[test]
+    fn hintless_429s_double_the_pause_once_per_pause() {
+        let limiter = Arc::new(MemoryLimiter::new(LimiterConfig::unknown(), Arc::new(SystemClock)));
+        let client = Limited::new(OfflineProvider::new(|_| Duration::ZERO), limiter, Duration::from_secs(1));
+        assert_eq!(client.blind_pause(), Duration::from_secs(1));
+        assert_eq!(client.blind_pause(), Duration::from_secs(1), "workers refused together count once");
+        let expire = |c: &Limited<OfflineProvider>| {
+            c.blind.lock().unwrap().1 = Some(tokio::time::Instant::now() - Duration::from_millis(1));
+        };
+        expire(&client);
+        assert_eq!(client.blind_pause(), Duration::from_secs(2));
+        expire(&client);
+        assert_eq!(client.blind_pause(), Duration::from_secs(4));
+        for _ in 0..10 {
+            expire(&client);
+            client.blind_pause();
+        }
+        assert_eq!(client.blind_pause(), MAX_BLIND_COOLDOWN, "bounded");
+        client.reset_blind();
+        assert_eq!(client.blind_pause(), Duration::from_secs(1), "an answer starts over");
     }
 }
