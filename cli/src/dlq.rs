@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand, ValueEnum};
 use lanes_core::clock::SystemClock;
 use lanes_core::config::{IngressConfig, WorkerConfig};
-use lanes_core::dlq::{ADMIN_MAX, Admin};
+use lanes_core::dlq::Admin;
 use lanes_core::domain::Lane;
 use std::sync::Arc;
 
@@ -137,9 +137,5 @@ async fn on_aws(lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqCliEr
             .pending_ttl_secs,
         record_ttl_secs: WorkerConfig::default().record_ttl_secs,
     };
-    Ok(if redrive {
-        serde_json::json!({"lane": lane, "report": admin.redrive(lane, ADMIN_MAX).await?})
-    } else {
-        serde_json::json!({"lane": lane, "messages": admin.list(lane, ADMIN_MAX).await?})
-    })
+    Ok(admin.answer(lane, redrive).await?)
 }

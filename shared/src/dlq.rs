@@ -70,15 +70,7 @@ pub fn reason_of(message: &ReceivedMessage) -> String {
 /// Receives up to `max` distinct messages of `dlq`, each hidden only while it is looked at. Call
 /// [`release`] with them when done.
 async fn peek(dlq: &dyn QueueConsume, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
-    let mut out: Vec<ReceivedMessage> = Vec::new();
-    while out.len() < max {
-        let got = dlq.receive_for((max - out.len()).min(10), Some(PEEK_VISIBILITY)).await?;
-        if got.is_empty() {
-            break;
-        }
-        out.extend(got);
-    }
-    Ok(out)
+    crate::lease::receive_batch(dlq, max, PEEK_VISIBILITY).await
 }
 
 /// Makes peeked messages visible again.
@@ -276,6 +268,16 @@ impl Admin {
         list(&**self.dlq(lane)?, &*self.adapters.store, &self.clock, max).await
     }
 
+    /// `list` or `redrive` as the JSON both the admin routes and `lanes dlq --backend aws` print:
+    /// `{lane, messages}` or `{lane, report}`.
+    pub async fn answer(&self, lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqError> {
+        Ok(if redrive {
+            serde_json::json!({"lane": lane, "report": self.redrive(lane, ADMIN_MAX).await?})
+        } else {
+            serde_json::json!({"lane": lane, "messages": self.list(lane, ADMIN_MAX).await?})
+        })
+    }
+
     /// Redrives a task lane's DLQ.
     pub async fn redrive(&self, lane: Lane, max: usize) -> Result<RedriveReport, DlqError> {
         let dlq = self.dlq(lane)?;
@@ -325,29 +327,22 @@ pub fn admin_router(admin: Admin) -> axum::Router {
             _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
         }
     }
-    async fn list_route(State(a): State<Shared>, Path(lane): Path<String>) -> axum::response::Response {
+    async fn answer(a: Shared, lane: String, redrive: bool) -> axum::response::Response {
         let lane = match task_lane(&lane) {
             Ok(l) => l,
             Err(problem) => return problem.into_response(),
         };
-        match a.list(lane, ADMIN_MAX).await {
-            Ok(entries) => axum::Json(serde_json::json!({"lane": lane, "messages": entries})).into_response(),
-            Err(e) => failure(e).into_response(),
-        }
-    }
-    async fn redrive_route(State(a): State<Shared>, Path(lane): Path<String>) -> axum::response::Response {
-        let lane = match task_lane(&lane) {
-            Ok(l) => l,
-            Err(problem) => return problem.into_response(),
-        };
-        match a.redrive(lane, ADMIN_MAX).await {
-            Ok(report) => axum::Json(serde_json::json!({"lane": lane, "report": report})).into_response(),
+        match a.answer(lane, redrive).await {
+            Ok(body) => axum::Json(body).into_response(),
             Err(e) => failure(e).into_response(),
         }
     }
     axum::Router::new()
-        .route("/admin/dlq/{lane}", get(list_route))
-        .route("/admin/dlq/{lane}/redrive", post(redrive_route))
+        .route("/admin/dlq/{lane}", get(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, false)))
+        .route(
+            "/admin/dlq/{lane}/redrive",
+            post(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, true)),
+        )
         .with_state(std::sync::Arc::new(admin))
 }
 

@@ -136,7 +136,7 @@ impl Worker {
                 self.metrics.lock_contended_total.with_label_values(&[lane]).inc();
                 let after = lease::after_holder(&self.config, remaining);
                 return self
-                    .wait(&*queue, &message, &task, None, after, "lock", "lease held by another worker")
+                    .wait(&*queue, &message, &task, None, after, Some("lock"), "lease held by another worker")
                     .await;
             }
             Err(e) => {
@@ -181,7 +181,9 @@ impl Worker {
             Err(e) => {
                 warn!(error = %e, "claim failed");
                 let after = full_jitter_backoff(&self.config, message.receive_count);
-                return self.wait(&**queue, message, task, None, after, "store", "store unavailable").await;
+                return self
+                    .wait(&**queue, message, task, None, after, Some("store"), "store unavailable")
+                    .await;
             }
         };
         let age = Duration::from_millis(now.saturating_sub(record.created_at_ms));
@@ -290,7 +292,8 @@ impl Worker {
                 let after = e
                     .retry_after()
                     .unwrap_or_else(|| full_jitter_backoff(&self.config, message.receive_count));
-                self.wait(&**queue, message, task, Some(&record), after, "throttled", &e.to_string()).await
+                self.wait(&**queue, message, task, Some(&record), after, Some("throttled"), &e.to_string())
+                    .await
             }
             Err(e @ LlmError::Retryable { .. }) => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
@@ -312,12 +315,13 @@ impl Worker {
                 }
                 let after =
                     full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
-                self.wait(&**queue, message, task, Some(&record), after, "failed", &reason).await
+                self.wait(&**queue, message, task, Some(&record), after, None, &reason).await
             }
         }
     }
 
-    /// Puts the delivery off for `after` ([`lease::retry_later`]). If even that could not keep it
+    /// Puts the delivery off for `after` ([`lease::retry_later`]); `wait` names why when it is a wait
+    /// (counted), `None` for a failed attempt's backoff. If even that could not keep it
     /// from its last delivery's redrive, the record is settled `FAILED` first, so no task is left
     /// `PROCESSING` behind a message in the DLQ.
     #[allow(clippy::too_many_arguments)]
@@ -328,10 +332,10 @@ impl Worker {
         task: &TaskMessage,
         claimed: Option<&TaskRecord>,
         after: Duration,
-        why: &str,
+        wait: Option<&str>,
         reason: &str,
     ) -> Outcome {
-        if why != "failed" {
+        if let Some(why) = wait {
             self.metrics.waits_total.with_label_values(&[task.lane.as_str(), why]).inc();
         }
         let outcome = lease::retry_later(queue, message, after, reason).await;
