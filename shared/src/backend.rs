@@ -84,15 +84,17 @@ impl Adapters {
         }
     }
 
-    /// The LLM limiter for this backend, when `LANES_LLM_RPM`/`LANES_LLM_TPM` are set: shared in
-    /// Redis on the AWS backend, in process otherwise.
+    /// The limiter of one LLM route (one per provider and model): shared in Redis on the AWS
+    /// backend, in process otherwise. A real provider is always paced, by the caps
+    /// `LANES_LLM_RPM`/`LANES_LLM_TPM` (which apply to every route) or by the limits its headers
+    /// say; the offline model only when caps are set.
     pub fn limiter(
         &self,
-        name: &str,
+        route: &crate::llm::route::Route,
         clock: SharedClock,
     ) -> Result<Option<Arc<dyn crate::limiter::RateLimiter>>, ConfigError> {
-        // A real provider is always paced: by the configured caps, or by the limits its headers say.
-        let real = crate::config::optional_env("LANES_LLM_PROVIDER").is_some_and(|p| p != "offline");
+        let name = &route.name();
+        let real = route.is_real();
         let config = match crate::limiter::config_from_env()? {
             Some(config) => config,
             None if real => crate::limiter::LimiterConfig::unknown(),
@@ -235,76 +237,104 @@ pub async fn create_aws_resources(
     urls.try_into().map_err(|_| BackendError::Config(ConfigError::Missing("queues")))
 }
 
-/// Chooses the provider from the environment, once per process:
-/// `LANES_LLM_PROVIDER` = `offline` (default) | `openai` | `anthropic` | `bedrock`; `LANES_LLM_MODEL`
-/// (required but for offline; the model id for Bedrock); `LANES_LLM_BASE_URL` (defaults to the
-/// vendor's); the key from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets
-/// Manager secret named by `LANES_LLM_API_KEY_SECRET` (fetched once per container);
-/// `LANES_LLM_TIMEOUT_MS` (default 120000). Real providers are `Retrying` over `Limited` (the
-/// limiter, when there is one, charges each HTTP attempt; a budget wait past `max_wait` puts the task
-/// off).
+/// The model client of this process, built once from the environment: every lane's routes
+/// ([`crate::llm::route::routes_from_env`]) behind one [`crate::llm::route::Fallback`], inside the
+/// retry policy when any route is a real provider. Each distinct route is built once and shared by
+/// the lanes naming it, with its own limiter ([`Adapters::limiter`]) charging each HTTP attempt; a
+/// budget wait past `max_wait` puts the task off. `offline` serves the `offline` routes.
+///
+/// Keys come from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets Manager
+/// secret named by `LANES_LLM_API_KEY_SECRET` (fetched once per container); Bedrock uses the
+/// function's role. `LANES_LLM_TIMEOUT_MS` (default 120000) bounds each HTTP attempt.
 pub async fn llm_from_env(
-    offline_latency: std::time::Duration,
-    batch_answer: crate::llm::BatchAnswer,
-    limiter: Option<std::sync::Arc<dyn crate::limiter::RateLimiter>>,
-    max_wait: std::time::Duration,
-) -> Result<std::sync::Arc<dyn crate::ports::LlmClient>, crate::config::ConfigError> {
-    use crate::config::{ConfigError, require_env};
-    use std::sync::Arc;
+    adapters: &Adapters,
+    clock: SharedClock,
+    offline: Arc<dyn crate::ports::LlmClient>,
+    max_wait: Duration,
+) -> Result<Arc<dyn crate::ports::LlmClient>, ConfigError> {
+    use crate::llm::route::{Fallback, RouteClient, routes_from_env};
     let timeout = match std::env::var("LANES_LLM_TIMEOUT_MS") {
-        Err(_) => std::time::Duration::from_secs(120),
-        Ok(v) => std::time::Duration::from_millis(v.trim().parse().map_err(|_| ConfigError::Invalid {
+        Err(_) => Duration::from_secs(120),
+        Ok(v) => Duration::from_millis(v.trim().parse().map_err(|_| ConfigError::Invalid {
             name: "LANES_LLM_TIMEOUT_MS",
             reason: format!("`{v}` is not a whole number"),
         })?),
     };
-    let base = |default: &str| {
-        crate::config::optional_env("LANES_LLM_BASE_URL").unwrap_or_else(|| default.to_owned())
-    };
+    let routes = routes_from_env()?;
+    let mut built: std::collections::HashMap<crate::llm::route::Route, RouteClient> = Default::default();
+    let mut lanes: [Vec<RouteClient>; 3] = Default::default();
+    let mut any_real = false;
+    for lane in Lane::ALL {
+        for route in &routes[lane.index()] {
+            let client = match built.get(route) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = route_client(adapters, &clock, route, &offline, timeout, max_wait).await?;
+                    built.insert(route.clone(), c.clone());
+                    c
+                }
+            };
+            lanes[lane.index()].push(client);
+            any_real |= route.is_real();
+        }
+    }
+    let fallback: Arc<dyn crate::ports::LlmClient> = Arc::new(Fallback::new(lanes));
+    Ok(if any_real {
+        Arc::new(crate::llm::Retrying::new(fallback, crate::llm::RetryPolicy::default()))
+    } else {
+        fallback
+    })
+}
+
+/// One route's client behind its limiter.
+async fn route_client(
+    adapters: &Adapters,
+    clock: &SharedClock,
+    route: &crate::llm::route::Route,
+    offline: &Arc<dyn crate::ports::LlmClient>,
+    timeout: Duration,
+    max_wait: Duration,
+) -> Result<crate::llm::route::RouteClient, ConfigError> {
+    use crate::llm::route::Provider;
+    let base = |default: &str| route.base_url.clone().unwrap_or_else(|| default.to_owned());
     let invalid = |e: crate::ports::LlmError| ConfigError::Invalid {
-        name: "LANES_LLM_PROVIDER",
-        reason: e.to_string(),
+        name: "LANES_LLM_ROUTES",
+        reason: format!("{}: {e}", route.name()),
     };
     let key = |var: &'static str| crate::adapters::secrets::env_or_secret(var, "LANES_LLM_API_KEY_SECRET");
-    let paced = |client: Arc<dyn crate::ports::LlmClient>| -> Arc<dyn crate::ports::LlmClient> {
-        let limited = crate::limiter::limited(client, limiter.clone(), max_wait);
-        Arc::new(crate::llm::Retrying::new(limited, crate::llm::RetryPolicy::default()))
-    };
-    match crate::config::optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into()).as_str() {
-        "offline" => Ok(crate::limiter::limited(
-            Arc::new(crate::llm::OfflineProvider::new(|_| offline_latency).answering_batches(batch_answer)),
-            limiter.clone(),
-            max_wait,
-        )),
-        "openai" => {
-            let client = crate::llm::OpenAiClient::new(
+    let client: Arc<dyn crate::ports::LlmClient> = match route.provider {
+        Provider::Offline => offline.clone(),
+        Provider::OpenAi => Arc::new(
+            crate::llm::OpenAiClient::new(
                 &base("https://api.openai.com/v1"),
-                &require_env("LANES_LLM_MODEL")?,
+                &route.model,
                 key("OPENAI_API_KEY").await?,
                 timeout,
             )
-            .map_err(invalid)?;
-            Ok(paced(Arc::new(client)))
-        }
-        "anthropic" => {
+            .map_err(invalid)?,
+        ),
+        Provider::Anthropic => {
             let api_key = key("ANTHROPIC_API_KEY").await?.ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
-            let client = crate::llm::AnthropicClient::new(
-                &base("https://api.anthropic.com"),
-                &require_env("LANES_LLM_MODEL")?,
-                api_key,
-                timeout,
+            Arc::new(
+                crate::llm::AnthropicClient::new(
+                    &base("https://api.anthropic.com"),
+                    &route.model,
+                    api_key,
+                    timeout,
+                )
+                .map_err(invalid)?,
             )
-            .map_err(invalid)?;
-            Ok(paced(Arc::new(client)))
         }
-        "bedrock" => {
+        Provider::Bedrock => {
             let aws = crate::adapters::AwsClients::load(&Default::default()).await;
-            let client = aws.bedrock(&require_env("LANES_LLM_MODEL")?);
-            Ok(paced(Arc::new(client)))
+            Arc::new(aws.bedrock(&route.model))
         }
-        other => Err(ConfigError::Invalid {
-            name: "LANES_LLM_PROVIDER",
-            reason: format!("`{other}`; expected offline, openai, anthropic or bedrock"),
-        }),
-    }
+    };
+    let name = route.name();
+    let limiter = adapters.limiter(route, clock.clone())?;
+    let client = match &limiter {
+        Some(l) => Arc::new(crate::limiter::Limited::new(client, l.clone(), max_wait).for_route(&name)) as _,
+        None => client,
+    };
+    Ok(crate::llm::route::RouteClient { name, client, limiter })
 }

@@ -276,9 +276,10 @@ impl WorkerFunction {
         let adapters = adapters_from_env("worker", &[lane]).await?;
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
         // A budget wait is bounded well inside the lease; longer ones go back to the queue.
-        let limiter = adapters.limiter(&crate::limiter::limiter_name(), Arc::new(SystemClock))?;
-        let answer = crate::commits::prompt::offline_answer;
-        let llm = crate::backend::llm_from_env(latency, answer, limiter, Duration::from_secs(20)).await?;
+        let offline = crate::llm::OfflineProvider::new(|_| latency)
+            .answering_batches(crate::commits::prompt::offline_answer);
+        let clock = Arc::new(SystemClock);
+        let llm = crate::backend::llm_from_env(&adapters, clock, Arc::new(offline), Duration::from_secs(20)).await?;
         let metrics = Metrics::new();
         metrics.enable_emf();
         let commits = match lane {

@@ -237,6 +237,9 @@ pub trait RateLimiter: Send + Sync {
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError>;
     /// Makes every caller wait `for_` from now (a 429's hint): the cooldown is shared.
     async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError>;
+    /// How long the shared cooldown has left, if one is running (a route cooling down is skipped
+    /// while a fallback route exists).
+    async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError>;
     /// Paces by the limits the provider said, where lower than the configured caps.
     fn learn(&self, limits: &ProviderLimits);
 }
@@ -297,6 +300,11 @@ impl RateLimiter for MemoryLimiter {
     async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError> {
         cool_down(&mut *self.state()?, self.clock.now_ms() + for_.as_millis() as u64);
         Ok(())
+    }
+
+    async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError> {
+        let left = self.state()?.cool_until_ms.saturating_sub(self.clock.now_ms());
+        Ok((left > 0).then(|| Duration::from_millis(left)))
     }
 
     fn learn(&self, limits: &ProviderLimits) {
@@ -445,12 +453,20 @@ pub struct Limited<C> {
     /// doubles the next (a provider in slow start says nothing about when it will have room; several
     /// workers refused at once count as one).
     blind: Mutex<(u32, Option<tokio::time::Instant>)>,
+    /// The route's name in metrics (`provider:model`).
+    route: String,
 }
 
 impl<C> Limited<C> {
     /// Wraps `inner`.
     pub fn new(inner: C, limiter: std::sync::Arc<dyn RateLimiter>, max_wait: Duration) -> Self {
-        Self { inner, limiter, max_wait, blind: Mutex::new((0, None)) }
+        Self { inner, limiter, max_wait, blind: Mutex::new((0, None)), route: String::new() }
+    }
+
+    /// Names the route in the metrics of its waits, 429s and cooldowns.
+    pub fn for_route(mut self, route: &str) -> Self {
+        self.route = route.to_owned();
+        self
     }
 }
 
@@ -466,15 +482,6 @@ pub fn limited(
         Some(limiter) => std::sync::Arc::new(crate::limiter::Limited::new(llm, limiter, max_wait)),
         None => llm,
     }
-}
-
-/// The limiter's name for the configured provider and model: one shared budget per model.
-pub fn limiter_name() -> String {
-    format!(
-        "{}:{}",
-        crate::config::optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into()),
-        std::env::var("LANES_LLM_MODEL").unwrap_or_default()
-    )
 }
 
 /// Tokens charged before a call: the prompt at four bytes a token plus the completion cap.
@@ -501,6 +508,10 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
                             retry_after: Some(wait),
                         });
                     }
+                    crate::metrics::llm_route_event(request.lane, &self.route, "limiter_wait");
+                    crate::metrics::LLM_LIMITER_WAIT
+                        .with_label_values(&[request.lane.as_str(), &self.route])
+                        .inc_by(wait.as_secs_f64());
                     tokio::time::sleep(wait).await;
                 }
                 Err(e) => {
@@ -555,10 +566,11 @@ impl<C> Limited<C> {
             Ok(r) => {
                 self.reset_blind();
                 self.limiter.learn(&r.limits);
-                if let Some(spent) = r.limits.exhausted_for
-                    && let Err(e) = self.limiter.cool_down(spent).await
-                {
-                    tracing::warn!(error = %e, "limiter cooldown failed");
+                if let Some(spent) = r.limits.exhausted_for {
+                    crate::metrics::llm_route_event(lane, &self.route, "cooldown");
+                    if let Err(e) = self.limiter.cool_down(spent).await {
+                        tracing::warn!(error = %e, "limiter cooldown failed");
+                    }
                 }
                 Some(r.usage.prompt + r.usage.completion)
             }
@@ -570,7 +582,9 @@ impl<C> Limited<C> {
                     }
                     None => self.blind_pause(),
                 };
-                tracing::info!(lane = %lane, pause_ms = pause.as_millis() as u64, "provider throttled; pausing every worker");
+                tracing::info!(lane = %lane, route = %self.route, pause_ms = pause.as_millis() as u64, "provider throttled; pausing every worker");
+                crate::metrics::llm_route_event(lane, &self.route, "throttled");
+                crate::metrics::llm_route_event(lane, &self.route, "cooldown");
                 if let Err(e) = self.limiter.cool_down(pause).await {
                     tracing::warn!(error = %e, "limiter cooldown failed");
                 }

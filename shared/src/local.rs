@@ -69,27 +69,17 @@ pub enum DevBackend {
     },
 }
 
-/// The model of local runs: the offline provider (with a simulated latency per lane) unless
-/// `LANES_LLM_PROVIDER` names another, behind the limiter (always for a real provider; for the
-/// offline one when `LANES_LLM_RPM`/`TPM` are set).
+/// The model of local runs: the routes of the environment ([`crate::backend::llm_from_env`]), the
+/// offline provider (with a simulated latency per lane) by default, each behind its limiter (always
+/// for a real provider; for the offline one when `LANES_LLM_RPM`/`TPM` are set).
 pub async fn local_llm(
     adapters: &Adapters,
     clock: SharedClock,
     offline_latency: [Duration; 3],
 ) -> Result<Arc<dyn LlmClient>, ConfigError> {
-    let limiter = adapters.limiter(&crate::limiter::limiter_name(), clock)?;
-    let max_wait = Duration::from_secs(30);
-    match crate::config::optional_env("LANES_LLM_PROVIDER").as_deref() {
-        None | Some("offline") => {
-            let offline = OfflineProvider::new(|l| offline_latency[l.index()])
-                .answering_batches(crate::commits::prompt::offline_answer);
-            Ok(crate::limiter::limited(Arc::new(offline), limiter, max_wait))
-        }
-        Some(_) => {
-            let answer = crate::commits::prompt::offline_answer;
-            crate::backend::llm_from_env(Duration::ZERO, answer, limiter, max_wait).await
-        }
-    }
+    let offline = OfflineProvider::new(|l| offline_latency[l.index()])
+        .answering_batches(crate::commits::prompt::offline_answer);
+    crate::backend::llm_from_env(adapters, clock, Arc::new(offline), Duration::from_secs(30)).await
 }
 
 /// The Git side of local mode: webhook secrets and diff sources (GitHub, GitLab and local

@@ -23,6 +23,32 @@ pub fn aws_request(service: &str, operation: &str) {
     AWS_REQUESTS.with_label_values(&[service, operation]).inc();
 }
 
+/// What happened on each LLM route, by lane, route (`provider:model`) and event: `throttled` (the
+/// provider answered 429), `cooldown` (a shared pause started), `fallback` (the request went on to
+/// the next route), `limiter_wait` (a call waited for budget). Process-wide because the provider
+/// clients are built once per process, before any one [`Metrics`].
+pub static LLM_ROUTE_EVENTS: std::sync::LazyLock<IntCounterVec> = std::sync::LazyLock::new(|| {
+    IntCounterVec::new(
+        Opts::new("lanes_llm_route_events_total", "LLM route events by lane, route and event"),
+        &["lane", "route", "event"],
+    )
+    .unwrap_or_else(|e| panic!("lanes_llm_route_events_total: {e}"))
+});
+
+/// Seconds LLM calls waited for limiter budget, by lane and route.
+pub static LLM_LIMITER_WAIT: std::sync::LazyLock<CounterVec> = std::sync::LazyLock::new(|| {
+    CounterVec::new(
+        Opts::new("lanes_llm_limiter_wait_seconds_total", "Seconds spent waiting for LLM rate budget"),
+        &["lane", "route"],
+    )
+    .unwrap_or_else(|e| panic!("lanes_llm_limiter_wait_seconds_total: {e}"))
+});
+
+/// Counts one LLM route event.
+pub fn llm_route_event(lane: crate::domain::Lane, route: &str, event: &str) {
+    LLM_ROUTE_EVENTS.with_label_values(&[lane.as_str(), route, event]).inc();
+}
+
 /// The latency histograms, for [`Metrics::observe`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Latency {
@@ -104,7 +130,7 @@ pub struct Metrics {
     pub resends_total: IntCounterVec,
     /// Tasks cancelled by their clients, by lane.
     pub cancellations_total: IntCounterVec,
-    /// What the provider calls cost in USD (the price table's), by lane.
+    /// What the provider calls cost in USD (the price table's), by lane and the model that answered.
     pub llm_cost_usd_total: CounterVec,
 }
 
@@ -216,7 +242,7 @@ impl Metrics {
             ),
             llm_cost_usd_total: {
                 let name = "lanes_llm_cost_usd_total";
-                let c = CounterVec::new(Opts::new(name, "Provider calls' cost in USD"), &["lane"])
+                let c = CounterVec::new(Opts::new(name, "Provider calls' cost in USD"), &["lane", "model"])
                     .unwrap_or_else(|e| panic!("{name}: {e}"));
                 registry.register(Box::new(c.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
                 c
@@ -226,6 +252,12 @@ impl Metrics {
         };
         if let Err(e) = metrics.registry.register(Box::new(AWS_REQUESTS.clone())) {
             tracing::warn!(error = %e, "could not register lanes_aws_requests_total");
+        }
+        if let Err(e) = metrics.registry.register(Box::new(LLM_ROUTE_EVENTS.clone())) {
+            tracing::warn!(error = %e, "could not register lanes_llm_route_events_total");
+        }
+        if let Err(e) = metrics.registry.register(Box::new(LLM_LIMITER_WAIT.clone())) {
+            tracing::warn!(error = %e, "could not register lanes_llm_limiter_wait_seconds_total");
         }
         // Every lane's series exists from the start, at zero, so dashboards and alarms see them.
         for lane in crate::domain::Lane::ALL {

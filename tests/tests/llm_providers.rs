@@ -232,6 +232,52 @@ async fn lanes_dev_on_aws_with_an_openai_compatible_provider_and_the_shared_limi
     assert!(limiter_calls >= 20.0, "budget taken and reconciled in Redis ({limiter_calls})");
 }
 
+/// Routes: the interactive lane's primary answers 429 with a long hint; the shared cooldown (in
+/// Redis) sends that request and every later one to the second route, and each answer names the
+/// model that produced it.
+#[tokio::test]
+async fn a_primary_cooling_down_falls_back_and_the_answer_names_the_fallback_model() {
+    use lanes_tests::{Backend, Stack};
+    let primary = MockLlm::start().await.unwrap();
+    let second = MockLlm::start().await.unwrap();
+    let routes = format!("openai:light@{}/v1,openai:heavy@{}/v1", primary.url, second.url);
+    let env = [("LANES_LLM_ROUTES_INTERACTIVE", routes), ("OPENAI_API_KEY", "k".to_owned())]
+        .map(|(k, v)| (k.to_owned(), v))
+        .to_vec();
+    primary.script([Scripted::Status(429, vec![("retry-after", "60".into())])]);
+    let stack = Stack::start_with_env(Backend::Aws, &[], env).await;
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        let body =
+            serde_json::json!({"project_id":"p","kind":"explain","prompt":format!("q{i}"),"target_files":[]});
+        let v: serde_json::Value = client
+            .post(format!("{}/v1/tasks", stack.server.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ids.push(v["task_id"].as_str().unwrap().to_owned());
+        // One at a time, so the first one's 429 has started the cooldown before the next call.
+        let v: serde_json::Value = reqwest::get(format!("{}/v1/tasks/{}?wait=20", stack.server.url, ids[i]))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!((v["status"].as_str(), v["result"]["model"].as_str()), (Some("COMPLETED"), Some("heavy")), "{v}");
+    }
+    assert_eq!((primary.seen().len(), second.seen().len()), (1, 4), "the primary is skipped while it cools down");
+    let route = |event: &str| {
+        format!("lanes_llm_route_events_total{{event=\"{event}\",lane=\"interactive\",route=\"openai:light\"}}")
+    };
+    assert_eq!(stack.server.metric(&route("fallback")).await, 4.0);
+    assert_eq!(stack.server.metric(&route("throttled")).await, 1.0);
+}
+
 mod bedrock_and_secrets {
     use super::*;
     use lanes_core::adapters::bedrock::BedrockClient;

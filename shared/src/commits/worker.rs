@@ -566,7 +566,7 @@ impl CommitsWorker {
                 self.metrics.llm_requests_total.with_label_values(&[LANE, "ok"]).inc();
                 self.metrics.llm_tokens_total.with_label_values(&[LANE, "prompt"]).inc_by(resp.usage.prompt);
                 let cost = crate::llm::price::prices().cost(&resp.model, resp.usage).unwrap_or(0.0);
-                self.metrics.llm_cost_usd_total.with_label_values(&[LANE]).inc_by(cost);
+                self.metrics.llm_cost_usd_total.with_label_values(&[LANE, &resp.model]).inc_by(cost);
                 self.metrics
                     .llm_tokens_total
                     .with_label_values(&[LANE, "completion"])

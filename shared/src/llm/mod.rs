@@ -1,13 +1,15 @@
 //! LLM providers behind the [`crate::ports::LlmClient`] port: the offline provider, the
 //! OpenAI-compatible chat-completions client (OpenAI, vLLM, Ollama, LiteLLM), the Anthropic Messages
 //! client, and the retry policy they share (only 408/409/429/5xx and connection errors, full-jitter
-//! backoff honouring the provider's reset headers, bounded attempts).
+//! backoff honouring the provider's reset headers, bounded attempts), and the per-lane routes with
+//! their fallback.
 
 mod anthropic;
 mod offline;
 mod openai;
 pub mod price;
 pub mod retry;
+pub mod route;
 
 pub use anthropic::AnthropicClient;
 pub use offline::{BatchAnswer, OFFLINE_MODEL, OfflineProvider};

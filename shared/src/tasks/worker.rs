@@ -272,7 +272,10 @@ impl Worker {
                     .with_label_values(&[lane, "completion"])
                     .inc_by(resp.usage.completion);
                 let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
-                self.metrics.llm_cost_usd_total.with_label_values(&[lane]).inc_by(cost_usd.unwrap_or(0.0));
+                self.metrics
+                    .llm_cost_usd_total
+                    .with_label_values(&[lane, &resp.model])
+                    .inc_by(cost_usd.unwrap_or(0.0));
                 let result = TaskResult {
                     text: resp.text,
                     model: resp.model,
@@ -567,7 +570,7 @@ mod tests {
         // 1000 prompt and 100 completion tokens at gpt-4o-mini's list price.
         let cost = result.cost_usd.unwrap();
         assert!((cost - 0.00021).abs() < 1e-12, "{cost}");
-        let spent = r.worker.metrics.llm_cost_usd_total.with_label_values(&["interactive"]).get();
+        let spent = r.worker.metrics.llm_cost_usd_total.with_label_values(&["interactive", &result.model]).get();
         assert!((spent - 0.00021).abs() < 1e-12, "{spent}");
         assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_some());
         assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("COMPLETED"));

@@ -79,6 +79,20 @@ impl RateLimiter for RedisLimiter {
         self.run("cool", Class::Interactive, 0, for_.as_millis() as u64).await.map(|_| ())
     }
 
+    async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError> {
+        crate::metrics::aws_request("redis", "HGET");
+        let mut conn = self.conn.clone();
+        // The script writes numbers with Lua's tostring: read them as floats.
+        let until: Option<f64> = redis::cmd("HGET")
+            .arg(&self.key)
+            .arg("cool")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+        let left = (until.unwrap_or(0.0).max(0.0) as u64).saturating_sub(self.clock.now_ms());
+        Ok((left > 0).then(|| Duration::from_millis(left)))
+    }
+
     fn learn(&self, limits: &ProviderLimits) {
         self.learned.learn(limits);
     }

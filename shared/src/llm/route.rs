@@ -1,0 +1,328 @@
+//! Routes: the ordered provider/model list each lane calls, and the fallback between them.
+//!
+//! A lane's routes come from `LANES_LLM_ROUTES_<LANE>` (else `LANES_LLM_ROUTES`, else the single
+//! route `LANES_LLM_PROVIDER`:`LANES_LLM_MODEL`), a comma-separated list of `provider:model`, each
+//! optionally followed by `@base-url`, e.g.
+//! `openai:gpt-4o-mini,anthropic:claude-3-5-haiku-latest@https://gateway.internal`.
+//!
+//! Each route has its own limiter (one per provider and model, so its own learned limits and
+//! cooldown). [`Fallback`] tries the routes in order: a route cooling down after a 429 is skipped
+//! while a later route exists, and a route failing with a retryable error (5xx, timeout, 429)
+//! passes the same request to the next; the last route's answer or error is final. The retry policy
+//! sits outside the fallback, so a retry starts again from the primary. The answer records the model
+//! that produced it.
+
+use crate::config::ConfigError;
+use crate::domain::Lane;
+use crate::limiter::RateLimiter;
+use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use async_trait::async_trait;
+use std::sync::Arc;
+
+/// The providers a route can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Provider {
+    /// The deterministic local model.
+    Offline,
+    /// OpenAI-compatible chat completions (OpenAI, vLLM, Ollama, LiteLLM).
+    OpenAi,
+    /// The Anthropic Messages API.
+    Anthropic,
+    /// Amazon Bedrock's Converse API.
+    Bedrock,
+}
+
+impl Provider {
+    /// The name used in route lists and limiter keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Offline => "offline",
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+            Provider::Bedrock => "bedrock",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "offline" => Provider::Offline,
+            "openai" => Provider::OpenAi,
+            "anthropic" => Provider::Anthropic,
+            "bedrock" => Provider::Bedrock,
+            _ => return None,
+        })
+    }
+}
+
+/// One provider and model (and, optionally, where to reach it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    /// Who serves it.
+    pub provider: Provider,
+    /// The model id (a Bedrock model or inference-profile id for Bedrock; may be empty for offline).
+    pub model: String,
+    /// The API base URL, when not the vendor's.
+    pub base_url: Option<String>,
+}
+
+impl Route {
+    /// `provider:model`: the route's name in metrics and its limiter's key.
+    pub fn name(&self) -> String {
+        format!("{}:{}", self.provider.as_str(), self.model)
+    }
+
+    /// Whether calls cost money and are paced by the provider's limits.
+    pub fn is_real(&self) -> bool {
+        self.provider != Provider::Offline
+    }
+}
+
+/// The per-lane route variables.
+pub const ROUTE_VARS: [&str; 3] =
+    ["LANES_LLM_ROUTES_INTERACTIVE", "LANES_LLM_ROUTES_SYNTHESIS", "LANES_LLM_ROUTES_COMMITS"];
+
+/// Parses a route list (`provider:model[@base-url]`, comma-separated), naming `var` in errors.
+pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid { name: var, reason };
+    let mut routes = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (route, base_url) = match item.split_once('@') {
+            Some((r, url)) if url.starts_with("http://") || url.starts_with("https://") => {
+                (r, Some(url.to_owned()))
+            }
+            Some((_, url)) => return Err(invalid(format!("`{url}` in `{item}` is not an http(s) URL"))),
+            None => (item, None),
+        };
+        // Bedrock model ids contain `:` (`...-v1:0`): only the first one separates the provider.
+        let (provider, model) = route.split_once(':').unwrap_or((route, ""));
+        let provider = Provider::parse(provider).ok_or_else(|| {
+            invalid(format!("`{provider}` in `{item}`; expected offline, openai, anthropic or bedrock"))
+        })?;
+        if model.is_empty() && provider != Provider::Offline {
+            return Err(invalid(format!("`{item}` names no model; write {}:<model>", provider.as_str())));
+        }
+        routes.push(Route { provider, model: model.to_owned(), base_url });
+    }
+    if routes.is_empty() {
+        return Err(invalid("no route given".into()));
+    }
+    Ok(routes)
+}
+
+/// Every lane's routes, from the environment (see the module header).
+pub fn routes_from_env() -> Result<[Vec<Route>; 3], ConfigError> {
+    use crate::config::optional_env;
+    let default = match optional_env("LANES_LLM_ROUTES") {
+        Some(list) => parse_routes("LANES_LLM_ROUTES", &list)?,
+        None => {
+            let provider = optional_env("LANES_LLM_PROVIDER").unwrap_or_else(|| "offline".into());
+            let provider = Provider::parse(&provider).ok_or_else(|| ConfigError::Invalid {
+                name: "LANES_LLM_PROVIDER",
+                reason: format!("`{provider}`; expected offline, openai, anthropic or bedrock"),
+            })?;
+            let model = match provider {
+                Provider::Offline => String::new(),
+                _ => crate::config::require_env("LANES_LLM_MODEL")?,
+            };
+            vec![Route { provider, model, base_url: optional_env("LANES_LLM_BASE_URL") }]
+        }
+    };
+    let mut lanes: [Vec<Route>; 3] = Default::default();
+    for lane in Lane::ALL {
+        let var = ROUTE_VARS[lane.index()];
+        lanes[lane.index()] = match optional_env(var) {
+            Some(list) => parse_routes(var, &list)?,
+            None => default.clone(),
+        };
+    }
+    Ok(lanes)
+}
+
+/// One route ready to call: its client (limited, not retried) and its limiter.
+#[derive(Clone)]
+pub struct RouteClient {
+    /// `provider:model`.
+    pub name: String,
+    /// The provider behind its limiter.
+    pub client: Arc<dyn LlmClient>,
+    /// The route's limiter, to see a cooldown before calling.
+    pub limiter: Option<Arc<dyn RateLimiter>>,
+}
+
+/// Tries each lane's routes in order (see the module header).
+pub struct Fallback {
+    lanes: [Vec<RouteClient>; 3],
+}
+
+impl Fallback {
+    /// Routes per lane ([`Lane::index`]); a lane with none answers with a permanent error.
+    pub fn new(lanes: [Vec<RouteClient>; 3]) -> Self {
+        Self { lanes }
+    }
+}
+
+/// Counts a fallback from one route to the next.
+fn fell_back(lane: Lane, from: &str, why: &str) {
+    tracing::warn!(lane = %lane, route = from, why, "falling back to the next route");
+    crate::metrics::llm_route_event(lane, from, "fallback");
+}
+
+#[async_trait]
+impl LlmClient for Fallback {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let routes = &self.lanes[request.lane.index()];
+        let Some((last, earlier)) = routes.split_last() else {
+            return Err(LlmError::Permanent(format!("no LLM route for the {} lane", request.lane)));
+        };
+        for route in earlier {
+            if let Some(limiter) = &route.limiter
+                && let Ok(Some(_)) = limiter.cooling_for().await
+            {
+                fell_back(request.lane, &route.name, "cooldown");
+                continue;
+            }
+            match route.client.complete(request).await {
+                Err(e @ (LlmError::Retryable { .. } | LlmError::Throttled { .. })) => {
+                    let why = if matches!(e, LlmError::Throttled { .. }) { "throttled" } else { "retryable" };
+                    tracing::debug!(error = %e, "route failed");
+                    fell_back(request.lane, &route.name, why);
+                }
+                other => return other,
+            }
+        }
+        last.client.complete(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::domain::{Kind, TokenUsage};
+    use crate::limiter::{LimiterConfig, MemoryLimiter};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    #[test]
+    fn route_lists_parse_and_bad_ones_name_the_variable() {
+        let r = parse_routes(
+            "V",
+            "openai:gpt-4o-mini, bedrock:anthropic.claude-3-5-haiku-20241022-v1:0,anthropic:claude-3-5-haiku-latest@http://127.0.0.1:9",
+        )
+        .unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].name(), "openai:gpt-4o-mini");
+        assert_eq!(r[1].model, "anthropic.claude-3-5-haiku-20241022-v1:0");
+        assert_eq!(r[2].base_url.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(parse_routes("V", "offline").unwrap()[0].provider, Provider::Offline);
+        for bad in ["", "cohere:x", "openai", "openai:", "openai:m@ftp://x"] {
+            let e = parse_routes("V", bad).unwrap_err().to_string();
+            assert!(e.contains('V'), "{bad}: {e}");
+        }
+    }
+
+    /// A provider answering with a scripted sequence of results, counting its calls.
+    struct Scripted {
+        model: &'static str,
+        script: Mutex<Vec<Result<(), LlmError>>>,
+        calls: Mutex<u32>,
+    }
+
+    impl Scripted {
+        fn new(model: &'static str, script: Vec<Result<(), LlmError>>) -> Arc<Self> {
+            Arc::new(Self { model, script: Mutex::new(script), calls: Mutex::new(0) })
+        }
+        fn calls(&self) -> u32 {
+            *self.calls.lock().unwrap()
+        }
+    }
+
+    #[async_trait]
+    impl LlmClient for Scripted {
+        async fn complete(&self, _: &LlmRequest) -> Result<LlmResponse, LlmError> {
+            *self.calls.lock().unwrap() += 1;
+            let next = {
+                let mut s = self.script.lock().unwrap();
+                if s.is_empty() { Ok(()) } else { s.remove(0) }
+            };
+            next.map(|()| LlmResponse {
+                text: "ok".into(),
+                model: self.model.into(),
+                usage: TokenUsage { prompt: 1, completion: 1 },
+                truncated: false,
+                limits: Default::default(),
+            })
+        }
+    }
+
+    fn request() -> LlmRequest {
+        LlmRequest {
+            lane: Lane::Interactive,
+            kind: Kind::Explain,
+            prompt: "p".into(),
+            target_files: vec![],
+            max_tokens: 10,
+            params: Default::default(),
+        }
+    }
+
+    fn fallback(routes: Vec<RouteClient>) -> Fallback {
+        Fallback::new([routes, vec![], vec![]])
+    }
+
+    fn failure(status: u16) -> LlmError {
+        if status == 429 {
+            LlmError::Throttled { message: "429".into(), retry_after: None }
+        } else {
+            LlmError::Retryable { message: status.to_string(), retry_after: None }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_primary_passes_the_request_on_and_the_answer_names_the_model() {
+        let primary = Scripted::new("light", vec![Err(failure(503)), Err(failure(429))]);
+        let second = Scripted::new("heavy", vec![]);
+        let f = fallback(vec![
+            RouteClient { name: "openai:light".into(), client: primary.clone(), limiter: None },
+            RouteClient { name: "anthropic:heavy".into(), client: second.clone(), limiter: None },
+        ]);
+        let before = crate::metrics::LLM_ROUTE_EVENTS
+            .with_label_values(&["interactive", "openai:light", "fallback"])
+            .get();
+        assert_eq!(f.complete(&request()).await.unwrap().model, "heavy");
+        assert_eq!(f.complete(&request()).await.unwrap().model, "heavy");
+        assert_eq!(f.complete(&request()).await.unwrap().model, "light");
+        assert_eq!((primary.calls(), second.calls()), (3, 2));
+        let after = crate::metrics::LLM_ROUTE_EVENTS
+            .with_label_values(&["interactive", "openai:light", "fallback"])
+            .get();
+        assert_eq!(after - before, 2);
+    }
+
+    #[tokio::test]
+    async fn a_primary_cooling_down_is_not_called_and_refusals_are_final() {
+        let clock = ManualClock::new(1_000_000);
+        let limiter: Arc<dyn RateLimiter> =
+            Arc::new(MemoryLimiter::new(LimiterConfig::new(600.0, 1e6), clock.clone()));
+        limiter.cool_down(Duration::from_secs(5)).await.unwrap();
+        let primary = Scripted::new("light", vec![Err(LlmError::Permanent("bad request".into()))]);
+        let second = Scripted::new("heavy", vec![]);
+        let f = fallback(vec![
+            RouteClient { name: "p".into(), client: primary.clone(), limiter: Some(limiter.clone()) },
+            RouteClient { name: "s".into(), client: second.clone(), limiter: None },
+        ]);
+        assert_eq!(f.complete(&request()).await.unwrap().model, "heavy");
+        assert_eq!(primary.calls(), 0);
+        clock.advance_ms(6_000);
+        // The cooldown is over: the primary serves again, and its refusal is not retried elsewhere.
+        assert!(matches!(f.complete(&request()).await, Err(LlmError::Permanent(_))));
+        assert_eq!((primary.calls(), second.calls()), (1, 1));
+        // The last route's errors are final too.
+        let only = fallback(vec![RouteClient {
+            name: "x".into(),
+            client: Scripted::new("x", vec![Err(failure(503))]),
+            limiter: None,
+        }]);
+        assert!(matches!(only.complete(&request()).await, Err(LlmError::Retryable { .. })));
+    }
+}
