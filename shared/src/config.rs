@@ -39,6 +39,9 @@ pub struct WorkerConfig {
     pub result_cache_ttl: Duration,
     /// What each lane allows a task, indexed by [`Lane::index`].
     pub lanes: [LanePolicy; 3],
+    /// Per-project quotas (the per-minute caps are enforced before each call, and the day's tokens
+    /// charged after it).
+    pub quota: crate::quota::QuotaConfig,
 }
 
 /// What a lane allows one task before it ends `FAILED`. Waiting (throttling, a lock held elsewhere, a
@@ -84,6 +87,7 @@ impl Default for WorkerConfig {
             record_ttl_secs: 15 * 24 * 3600,
             result_cache_ttl: Duration::from_secs(3600),
             lanes: Lane::ALL.map(LanePolicy::default_for),
+            quota: Default::default(),
         }
     }
 }
@@ -96,8 +100,10 @@ impl WorkerConfig {
 
     /// The same settings with each lane's policy read from `LANES_ATTEMPTS_<LANE>`,
     /// `LANES_MAX_AGE_SECS_<LANE>` and `LANES_MAX_TOKENS_<LANE>` (`<LANE>` = `INTERACTIVE`,
-    /// `SYNTHESIS`, `COMMITS`), where set.
+    /// `SYNTHESIS`, `COMMITS`), where set, and the per-project quotas
+    /// ([`crate::quota::QuotaConfig::from_env`]).
     pub fn lanes_from_env(mut self) -> Result<Self, ConfigError> {
+        self.quota = crate::quota::QuotaConfig::from_env()?;
         const NAMES: [[&str; 3]; 3] = [
             ["LANES_ATTEMPTS_INTERACTIVE", "LANES_MAX_AGE_SECS_INTERACTIVE", "LANES_MAX_TOKENS_INTERACTIVE"],
             ["LANES_ATTEMPTS_SYNTHESIS", "LANES_MAX_AGE_SECS_SYNTHESIS", "LANES_MAX_TOKENS_SYNTHESIS"],
@@ -156,6 +162,8 @@ pub struct IngressConfig {
     pub result_cache_ttl: Duration,
     /// `Retry-After` seconds on a 503.
     pub retry_after_secs: u64,
+    /// Per-project quotas (the daily budget is checked here).
+    pub quota: crate::quota::QuotaConfig,
 }
 
 impl Default for IngressConfig {
@@ -165,6 +173,7 @@ impl Default for IngressConfig {
             pending_ttl_secs: pending_ttl_for(DEFAULT_QUEUE_RETENTION_SECS),
             result_cache_ttl: Duration::from_secs(3600),
             retry_after_secs: 2,
+            quota: Default::default(),
         }
     }
 }
@@ -185,6 +194,7 @@ impl IngressConfig {
         if let Some(retention) = env_number("LANES_QUEUE_RETENTION_SECS", 60, 14 * 24 * 3600)? {
             config.pending_ttl_secs = pending_ttl_for(retention);
         }
+        config.quota = crate::quota::QuotaConfig::from_env()?;
         Ok(config)
     }
 }

@@ -279,7 +279,8 @@ impl WorkerFunction {
         let offline = crate::llm::OfflineProvider::new(|_| latency)
             .answering_batches(crate::commits::prompt::offline_answer);
         let clock = Arc::new(SystemClock);
-        let llm = crate::backend::llm_from_env(&adapters, clock, Arc::new(offline), Duration::from_secs(20)).await?;
+        let llm = crate::backend::llm_from_env(&adapters, clock, Arc::new(offline), Duration::from_secs(20))
+            .await?;
         let metrics = Metrics::new();
         metrics.enable_emf();
         let commits = match lane {

@@ -24,6 +24,7 @@
 //! - [`lease`]: a delivery's lease: start, heartbeat, hold, ack / hand-back / requeue / dead-letter,
 //!   backoff. The only module besides the queue adapters that changes a message's visibility.
 //! - [`limiter`]: the RPM/TPM decision with lane reservations (pure) and the in-process limiter.
+//! - [`quota`]: per-project daily token budgets and per-minute caps, counted in the cache.
 //! - [`llm`]: providers (offline, OpenAI-compatible, Anthropic) and the retry policy.
 //! - [`pool`]: the weighted allocation (pure) and the in-process pool that runs workers with it.
 //! - [`commits`]: the commit flow: webhook, diff sources, diff budget, prompt, worker, read API.
@@ -53,6 +54,7 @@ pub mod metrics;
 pub mod pool;
 pub mod ports;
 pub mod problem;
+pub mod quota;
 pub mod summarize;
 pub mod tasks;
 

@@ -305,6 +305,9 @@ pub trait Cache: Send + Sync {
     async fn get(&self, key: &str) -> Result<Option<String>, CacheError>;
     /// Writes an entry that lives for `ttl`.
     async fn set(&self, key: &str, value: &str, ttl: Duration) -> Result<(), CacheError>;
+    /// Adds `by` to the counter at `key` atomically and returns its new value; a new counter starts
+    /// at zero and lives for `ttl` (adding never extends it).
+    async fn add(&self, key: &str, by: u64, ttl: Duration) -> Result<u64, CacheError>;
 }
 
 // ---------------------------------------------------------------- llm

@@ -209,6 +209,18 @@ pub async fn cache(cache: &dyn Cache) {
     assert_eq!(cache.get("contract:missing").await.unwrap(), None);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(cache.get("contract:x").await.unwrap(), None, "expired");
+    // Counters: atomic adds from zero, one TTL from the first add, never extended.
+    assert_eq!(cache.add("contract:n", 5, Duration::from_millis(300)).await.unwrap(), 5);
+    let adds = (0..10).map(|_| cache.add("contract:n", 1, Duration::from_secs(60)));
+    let mut seen: Vec<u64> = futures::future::join_all(adds).await.into_iter().map(|r| r.unwrap()).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (6..=15).collect::<Vec<_>>(), "every add sees its own value");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        cache.add("contract:n", 2, Duration::from_secs(60)).await.unwrap(),
+        2,
+        "expired with its first TTL"
+    );
 }
 
 fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {

@@ -17,6 +17,7 @@ on_both_backends!(
     two_hundred_concurrent_duplicates_make_one_task_and_one_call,
     bad_input_is_a_named_problem_and_stores_nothing,
     kill_9_while_queued_or_running_then_restart_completes_every_task,
+    a_project_over_its_daily_token_budget_is_refused_at_ingress,
 );
 
 async fn submit_dedupe_complete_and_replay(backend: Backend) {
@@ -187,4 +188,43 @@ async fn kill_9_while_queued_or_running_then_restart_completes_every_task(backen
     for id in &ids {
         wait_status(&server.url, id, "COMPLETED", Duration::from_secs(60)).await;
     }
+}
+
+async fn a_project_over_its_daily_token_budget_is_refused_at_ingress(backend: Backend) {
+    let env = vec![("LANES_PROJECT_DAILY_TOKENS".to_owned(), "20".to_owned())];
+    let stack = Stack::start_with_env(backend, &[], env).await;
+    let server = &stack.server;
+    let task = |project: &str, prompt: &str| {
+        json!({"project_id":project,"kind":"explain","prompt":prompt,"target_files":[]}).to_string()
+    };
+    let (s, _, v) = post_task(&server.url, &task("spender", "first")).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let done =
+        wait_status(&server.url, v["task_id"].as_str().unwrap(), "COMPLETED", Duration::from_secs(10)).await;
+    let used = done["result"]["tokens"]["prompt"].as_u64().unwrap()
+        + done["result"]["tokens"]["completion"].as_u64().unwrap();
+    assert!(used >= 20, "the first task spends the budget ({used} tokens)");
+
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/tasks", server.url))
+        .header("content-type", "application/json")
+        .body(task("spender", "second"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = resp.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=86_400).contains(&retry_after), "until midnight UTC: {retry_after}");
+    assert_eq!(resp.headers()["content-type"], "application/problem+json");
+    let problem: Value = resp.json().await.unwrap();
+    assert_eq!(problem["status"], 429);
+    assert!(problem.to_string().contains("project_id"), "{problem}");
+    assert!(problem.get("task_id").is_none());
+    assert_eq!(server.metric(OK_LLM).await, 1.0, "nothing stored, nothing run");
+
+    // Other projects, and the finished task's duplicate, are still served.
+    let (s, _, _) = post_task(&server.url, &task("other", "first")).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (s, _, _) = post_task(&server.url, &task("spender", "first")).await;
+    assert_eq!(s, StatusCode::OK);
 }

@@ -268,11 +268,21 @@ async fn a_primary_cooling_down_falls_back_and_the_answer_names_the_fallback_mod
             .json()
             .await
             .unwrap();
-        assert_eq!((v["status"].as_str(), v["result"]["model"].as_str()), (Some("COMPLETED"), Some("heavy")), "{v}");
+        assert_eq!(
+            (v["status"].as_str(), v["result"]["model"].as_str()),
+            (Some("COMPLETED"), Some("heavy")),
+            "{v}"
+        );
     }
-    assert_eq!((primary.seen().len(), second.seen().len()), (1, 4), "the primary is skipped while it cools down");
+    assert_eq!(
+        (primary.seen().len(), second.seen().len()),
+        (1, 4),
+        "the primary is skipped while it cools down"
+    );
     let route = |event: &str| {
-        format!("lanes_llm_route_events_total{{event=\"{event}\",lane=\"interactive\",route=\"openai:light\"}}")
+        format!(
+            "lanes_llm_route_events_total{{event=\"{event}\",lane=\"interactive\",route=\"openai:light\"}}"
+        )
     };
     assert_eq!(stack.server.metric(&route("fallback")).await, 4.0);
     assert_eq!(stack.server.metric(&route("throttled")).await, 1.0);

@@ -50,4 +50,22 @@ impl Cache for MemoryCache {
         entries.insert(key.to_owned(), (value.to_owned(), now + ttl.as_millis() as u64));
         Ok(())
     }
+
+    async fn add(&self, key: &str, by: u64, ttl: Duration) -> Result<u64, CacheError> {
+        let now = self.clock.now_ms();
+        let mut entries =
+            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        let entry = entries
+            .entry(key.to_owned())
+            .and_modify(|e| {
+                if e.1 <= now {
+                    *e = ("0".into(), now + ttl.as_millis() as u64);
+                }
+            })
+            .or_insert_with(|| ("0".into(), now + ttl.as_millis() as u64));
+        // A value that is not a number (a plain `set` under the same key) counts as zero.
+        let value = entry.0.parse::<u64>().unwrap_or(0).saturating_add(by);
+        entry.0 = value.to_string();
+        Ok(value)
+    }
 }

@@ -162,13 +162,39 @@ async fn accept(ing: &Ingress, headers: &HeaderMap, body: Body) -> Result<Respon
         }
     }
 
-    // 2. Conditional put of PENDING; a duplicate gets the existing record back in the same request.
+    // 2. The project's daily token budget: over it, nothing is stored (a completed duplicate was
+    // answered above).
+    match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &request.project_id, ing.clock.now_ms())
+        .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(over)) => {
+            let mut p = Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota-exceeded",
+                "Daily token budget used",
+                format!(
+                    "project `{}` has used its daily token budget; it renews at 00:00 UTC",
+                    request.project_id
+                ),
+            )
+            .with_field("project_id");
+            p.retry_after = Some(over.retry_after.as_secs().max(1));
+            return Err(p);
+        }
+        Err(e) => {
+            warn!(error = %e, "cache unavailable; the daily budget is not checked");
+            ing.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
+        }
+    }
+
+    // 3. Conditional put of PENDING; a duplicate gets the existing record back in the same request.
     let now = ing.clock.now_ms();
     let record = TaskRecord::pending(task_id, request, now, ing.config.pending_ttl_secs);
     let retry_after = ing.config.retry_after_secs;
     match ing.store.put_pending(&record, now).await.map_err(|e| store_problem(&e, retry_after))? {
         PutOutcome::Created => {
-            // 3. New: enqueue. A failed send undoes the put so no record points at a missing message.
+            // 4. New: enqueue. A failed send undoes the put so no record points at a missing message.
             if let Err(e) = send(ing, &record).await {
                 error!(error = %e, task_id = %record.task_id, "enqueue failed; removing the record");
                 if let Err(e) = ing.store.delete_pending(&record.task_id, &record.nonce).await {

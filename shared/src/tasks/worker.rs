@@ -231,6 +231,21 @@ impl Worker {
             max_tokens: params.max_tokens.map_or(policy.max_tokens, |m| m.min(policy.max_tokens)),
             params,
         };
+        let project = &record.request.project_id;
+        let estimate = crate::limiter::estimate_tokens(&request);
+        match crate::quota::admit(&*self.cache, &self.config.quota, project, estimate, now).await {
+            Ok(Ok(())) => {}
+            Ok(Err(over)) => {
+                let why = format!("project `{project}` is over its per-minute quota");
+                return self
+                    .wait(&**queue, message, task, Some(&record), over.retry_after, Some("quota"), &why)
+                    .await;
+            }
+            Err(e) => {
+                warn!(error = %e, "cache unavailable; project quotas not enforced");
+                self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
+            }
+        }
         let call = tokio::select! {
             biased;
             _ = lost.cancelled() => Call::LeaseLost,
@@ -271,6 +286,13 @@ impl Worker {
                     .llm_tokens_total
                     .with_label_values(&[lane, "completion"])
                     .inc_by(resp.usage.completion);
+                let used = resp.usage.prompt + resp.usage.completion;
+                if let Err(e) =
+                    crate::quota::charge(&*self.cache, &self.config.quota, project, used, now).await
+                {
+                    warn!(error = %e, "cache unavailable; the project's tokens are not counted");
+                    self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
+                }
                 let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
                 self.metrics
                     .llm_cost_usd_total
@@ -570,7 +592,8 @@ mod tests {
         // 1000 prompt and 100 completion tokens at gpt-4o-mini's list price.
         let cost = result.cost_usd.unwrap();
         assert!((cost - 0.00021).abs() < 1e-12, "{cost}");
-        let spent = r.worker.metrics.llm_cost_usd_total.with_label_values(&["interactive", &result.model]).get();
+        let spent =
+            r.worker.metrics.llm_cost_usd_total.with_label_values(&["interactive", &result.model]).get();
         assert!((spent - 0.00021).abs() < 1e-12, "{spent}");
         assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_some());
         assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("COMPLETED"));

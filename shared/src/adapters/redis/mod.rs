@@ -226,4 +226,23 @@ impl Cache for RedisCache {
             .await
             .map_err(|e| CacheError::Unavailable(e.to_string()))
     }
+
+    async fn add(&self, key: &str, by: u64, ttl: Duration) -> Result<u64, CacheError> {
+        crate::metrics::aws_request("redis", "EVALSHA add");
+        // INCRBY and the first expiry in one step, so a counter can never be left without a TTL.
+        static ADD: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(
+                "local v = redis.call('INCRBY', KEYS[1], ARGV[1]) \
+                 if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
+                 return v",
+            )
+        });
+        let mut conn = self.conn.clone();
+        ADD.key(format!("{}{key}", self.prefix))
+            .arg(by)
+            .arg(ms(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
 }
