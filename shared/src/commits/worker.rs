@@ -391,25 +391,21 @@ impl CommitsWorker {
         if pending.is_empty() {
             return;
         }
-        // The answer is keyed by sha, so one call never carries the same sha twice (the same commit in
-        // two repositories, e.g. a fork): the second one goes into another layer of calls.
-        let mut layers: Vec<Vec<usize>> = Vec::new();
-        let mut seen: HashMap<&str, usize> = HashMap::new();
+        // One call carries the commits of one repository only: a diff is untrusted text, and in a
+        // shared prompt it could steer the summary written (once, for good) for another repository,
+        // another tenant's. Within a repository the shas are distinct, so an answer keyed by sha is
+        // unambiguous. Repositories are packed in a fixed order, so batches are reproducible.
+        let mut by_repo: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
         for (i, p) in pending.iter().enumerate() {
-            let n = seen.entry(groups[p.group].commit.sha.as_str()).or_insert(0);
-            if layers.len() <= *n {
-                layers.push(Vec::new());
-            }
-            layers[*n].push(i);
-            *n += 1;
+            by_repo.entry(groups[p.group].commit.repo_id.as_str()).or_default().push(i);
         }
-        let bins: Vec<Vec<usize>> = layers
-            .iter()
-            .flat_map(|layer| {
-                let sizes: Vec<usize> = layer.iter().map(|&i| pending[i].section_tokens).collect();
+        let bins: Vec<Vec<usize>> = by_repo
+            .values()
+            .flat_map(|repo| {
+                let sizes: Vec<usize> = repo.iter().map(|&i| pending[i].section_tokens).collect();
                 prompt::pack(&sizes, self.config.batch_tokens, self.config.max_commits_per_call)
                     .into_iter()
-                    .map(|bin| bin.into_iter().map(|j| layer[j]).collect::<Vec<usize>>())
+                    .map(|bin| bin.into_iter().map(|j| repo[j]).collect::<Vec<usize>>())
             })
             .collect();
         let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
@@ -689,6 +685,8 @@ mod tests {
         forget: String,
         calls: AtomicU64,
         commits_asked: Mutex<Vec<String>>,
+        /// The shas of each call, call by call.
+        prompts: Mutex<Vec<Vec<String>>>,
     }
 
     #[async_trait]
@@ -702,6 +700,9 @@ mod tests {
                 .collect();
             if let Ok(mut asked) = self.commits_asked.lock() {
                 asked.extend(shas.iter().cloned());
+            }
+            if let Ok(mut prompts) = self.prompts.lock() {
+                prompts.push(shas.clone());
             }
             let mut resp = self.inner.complete(request).await?;
             if shas.len() > 1 {
@@ -741,6 +742,7 @@ mod tests {
             forget: forget.to_owned(),
             calls: AtomicU64::new(0),
             commits_asked: Mutex::new(Vec::new()),
+            prompts: Mutex::new(Vec::new()),
         });
         let diffs = Arc::new(FakeDiffs { diffs, calls: AtomicU64::new(0) });
         let worker = CommitsWorker {
@@ -810,6 +812,26 @@ mod tests {
         assert_eq!((report.cache_hits, report.llm_calls), (12, 0));
         assert_eq!(r.diffs.calls.load(Ordering::SeqCst), diff_calls);
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), calls);
+    }
+
+    #[tokio::test]
+    async fn no_prompt_mixes_two_repositories_and_each_is_still_batched() {
+        let (a, b): (Vec<String>, Vec<String>) = ((0..6).map(sha).collect(), (100..106).map(sha).collect());
+        let diffs: HashMap<String, String> = a.iter().chain(&b).map(|s| (s.clone(), diff("src/a.rs", 5))).collect();
+        let r = rig(diffs, "").await;
+        for i in 0..6 {
+            r.queue.send(&message("github:1", &a[i]), Default::default()).await.unwrap();
+            r.queue.send(&message("github:2", &b[i]), Default::default()).await.unwrap();
+        }
+        let (outcomes, report) = drain(&r).await;
+        assert!(outcomes.iter().all(|o| *o == Outcome::Acked), "{outcomes:?}");
+        assert_eq!(report.done.len(), 12, "every summary written");
+        let prompts = r.llm.prompts.lock().unwrap().clone();
+        assert_eq!(prompts.len(), 2, "one call per repository: {prompts:?}");
+        for shas in &prompts {
+            let from_a = shas.iter().filter(|s| a.contains(s)).count();
+            assert!(from_a == 0 || from_a == shas.len(), "a prompt mixes repositories: {shas:?}");
+        }
     }
 
     #[tokio::test]
