@@ -150,6 +150,41 @@ async fn accept(
             ));
         }
     };
+    // Authentication comes first. GitLab's token is a header, so it is checked before the body is
+    // read at all; GitHub signs the body, so its HMAC is checked once the (size-capped) body is in and
+    // before anything parses it.
+    let unauthorized = || {
+        w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "unauthorized"]).inc();
+        let (h, what) = match provider {
+            Provider::Gitlab => ("X-Gitlab-Token", "token"),
+            _ => ("X-Hub-Signature-256", "signature"),
+        };
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "bad-signature",
+            "Delivery not authenticated",
+            format!("the {h} {what} is missing or does not match the configured secret"),
+        )
+        .with_field(h)
+    };
+    let configured = match provider {
+        Provider::Github => w.config.github_secret.is_some(),
+        Provider::Gitlab => w.config.gitlab_token.is_some(),
+        Provider::Local => false,
+    };
+    if !configured {
+        return Err(Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "not-configured",
+            "Webhooks from this host are not enabled",
+            format!("no {provider} webhook secret is configured on this deployment"),
+        ));
+    }
+    if let (Provider::Gitlab, Some(token)) = (provider, &w.config.gitlab_token)
+        && !verify_gitlab(token, header(headers, "x-gitlab-token"))
+    {
+        return Err(unauthorized());
+    }
     let bytes = axum::body::to_bytes(body, MAX_WEBHOOK_BYTES).await.map_err(|_| {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -158,42 +193,10 @@ async fn accept(
             format!("the body must be at most {MAX_WEBHOOK_BYTES} bytes"),
         )
     })?;
-    // Authenticate before anything reads the body.
-    let verified = match provider {
-        Provider::Github => w
-            .config
-            .github_secret
-            .as_ref()
-            .map(|s| verify_github(s.as_bytes(), &bytes, header(headers, "x-hub-signature-256"))),
-        Provider::Gitlab => {
-            w.config.gitlab_token.as_ref().map(|t| verify_gitlab(t, header(headers, "x-gitlab-token")))
-        }
-        Provider::Local => None,
-    };
-    match verified {
-        Some(true) => {}
-        Some(false) => {
-            w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "unauthorized"]).inc();
-            let (h, what) = match provider {
-                Provider::Gitlab => ("X-Gitlab-Token", "token"),
-                _ => ("X-Hub-Signature-256", "signature"),
-            };
-            return Err(Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "bad-signature",
-                "Delivery not authenticated",
-                format!("the {h} {what} is missing or does not match the configured secret"),
-            )
-            .with_field(h));
-        }
-        None => {
-            return Err(Problem::new(
-                StatusCode::UNAUTHORIZED,
-                "not-configured",
-                "Webhooks from this host are not enabled",
-                format!("no {provider} webhook secret is configured on this deployment"),
-            ));
-        }
+    if let (Provider::Github, Some(secret)) = (provider, &w.config.github_secret)
+        && !verify_github(secret.as_bytes(), &bytes, header(headers, "x-hub-signature-256"))
+    {
+        return Err(unauthorized());
     }
     let event = match provider {
         Provider::Gitlab => header(headers, "x-gitlab-event").unwrap_or(""),
@@ -661,5 +664,10 @@ mod tests {
         let huge = "x".repeat(MAX_WEBHOOK_BYTES + 1);
         let (status, _) = deliver(&r, "/webhooks/github", &[("x-github-event", "push")], &huge).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        // GitLab's token is checked before the body is read: an oversized body with a wrong token is
+        // refused as unauthenticated, never read.
+        let h = [("x-gitlab-event", "Push Hook"), ("x-gitlab-token", "nope")];
+        let (status, v) = deliver(&r, "/webhooks/gitlab", &h, &huge).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{v}");
     }
 }
