@@ -286,6 +286,21 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
             ],
         ),
     ];
+    // The controller may update this stack's three mappings and no other.
+    let esm: Vec<String> = by_id("ControllerFunction")["lambda:UpdateEventSourceMapping"]
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .collect();
+    assert_eq!(esm.len(), 3, "{esm:?}");
+    for (r, mapping) in esm.iter().zip(["InteractiveMapping", "SynthesisMapping", "CommitsMapping"]) {
+        assert!(r.contains(&format!("event-source-mapping:${{{mapping}}}")), "{r}");
+    }
+    // Bedrock: foundation models and this account's (cross-region) inference profiles.
+    for id in ["InteractiveWorkerFunction", "SynthesisWorkerFunction", "CommitsWorkerFunction"] {
+        let bedrock = format!("{:?}", by_id(id)["bedrock:InvokeModel"]);
+        assert!(bedrock.contains("::foundation-model/"), "{id}: {bedrock}");
+        assert!(bedrock.contains(":${AWS::AccountId}:inference-profile/"), "{id}: {bedrock}");
+    }
     let mut granted = BTreeSet::new();
     for (id, actions) in need {
         let allowed = by_id(id);
