@@ -277,8 +277,13 @@ impl RedisServer {
 
     /// Starts a one-node Redis Cluster owning every slot (the protocol ElastiCache Serverless speaks).
     pub fn start_cluster() -> Self {
+        Self::start_cluster_on(free_port())
+    }
+
+    /// [`RedisServer::start_cluster`] on a given port (one a client was already pointed at).
+    pub fn start_cluster_on(port: u16) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let mut s = Self { child: None, port: free_port(), cluster_dir: Some(dir) };
+        let mut s = Self { child: None, port, cluster_dir: Some(dir) };
         s.spawn();
         let port = s.port.to_string();
         let cli = |args: &[&str]| {

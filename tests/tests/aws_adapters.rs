@@ -247,6 +247,38 @@ async fn redis_lock_and_cache_in_cluster_mode() {
     }
 }
 
+/// Cluster mode (what the template deploys) starts with the cluster down, runs degraded, and uses
+/// the cluster once it is up, with no restart.
+#[tokio::test]
+async fn cluster_mode_starts_while_redis_is_down_and_connects_when_it_is_up() {
+    let port = lanes_tests::free_port();
+    let settings = RedisSettings {
+        url: format!("redis://127.0.0.1:{port}"),
+        cluster: true,
+        prefix: "lanes:".into(),
+        timeout: Duration::from_millis(300),
+    };
+    let conn = connect(&settings).await.expect("start-up does not need Redis");
+    let cache = RedisCache::new(conn.clone(), "lanes:");
+    let lock = RedisLock::new(conn, "lanes:");
+    assert!(cache.get("task:x").await.is_err(), "down: the cache says so, callers degrade");
+    assert!(lock.acquire("lease:{task:x}", Duration::from_secs(5)).await.is_err());
+    let _redis = RedisServer::start_cluster_on(port);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if cache.set("task:x", "v", Duration::from_secs(5)).await.is_ok() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the cluster was never used once up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(cache.get("task:x").await.unwrap().as_deref(), Some("v"));
+    assert!(matches!(
+        lock.acquire("lease:{task:x}", Duration::from_secs(5)).await.unwrap(),
+        Acquire::Acquired(_)
+    ));
+}
+
 #[tokio::test]
 async fn redis_limiter_matches_the_in_process_one() {
     use lanes_core::adapters::redis::limiter::RedisLimiter;

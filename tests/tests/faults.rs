@@ -115,6 +115,39 @@ async fn redis_lost_and_back_every_task_completes_with_one_write() {
     assert_eq!(again, ids[0]);
 }
 
+/// The deployed configuration (cluster mode) with the cluster down when `lanes dev` starts: it
+/// starts, tasks complete degraded, and once the cluster is up its cache answers, with no restart.
+#[tokio::test]
+async fn cluster_redis_down_at_start_up_runs_degraded_and_is_used_once_up() {
+    let port = lanes_tests::free_port();
+    let env = vec![
+        ("REDIS_URL".to_owned(), format!("redis://127.0.0.1:{port}")),
+        ("LANES_REDIS_CLUSTER".to_owned(), "true".to_owned()),
+    ];
+    let stack = Stack::start_with_env(Backend::Aws, &[], env).await;
+    let url = &stack.server.url;
+    let first = submit(url, "explain", "while down").await;
+    wait_status(url, &first, "COMPLETED", Duration::from_secs(30)).await;
+    assert!(stack.server.metric("lanes_degraded_operations_total{component=\"lock\"}").await > 0.0);
+
+    let _cluster = lanes_tests::RedisServer::start_cluster_on(port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut n = 0;
+    // Each new task's completion fills the cache once Redis is reachable; its duplicate is then
+    // answered from the cache.
+    loop {
+        n += 1;
+        let id = submit(url, "explain", &format!("after {n}")).await;
+        wait_status(url, &id, "COMPLETED", Duration::from_secs(30)).await;
+        assert_eq!(submit(url, "explain", &format!("after {n}")).await, id);
+        if stack.server.metric("lanes_duplicates_total{stage=\"cache\"}").await > 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cache was never used after the cluster came up");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 fn to_sqs(m: &lanes_core::ports::ReceivedMessage) -> SqsMessage {
     let mut s = SqsMessage::default();
     s.message_id = Some(m.message_id.clone());

@@ -817,7 +817,8 @@ mod tests {
     #[tokio::test]
     async fn no_prompt_mixes_two_repositories_and_each_is_still_batched() {
         let (a, b): (Vec<String>, Vec<String>) = ((0..6).map(sha).collect(), (100..106).map(sha).collect());
-        let diffs: HashMap<String, String> = a.iter().chain(&b).map(|s| (s.clone(), diff("src/a.rs", 5))).collect();
+        let diffs: HashMap<String, String> =
+            a.iter().chain(&b).map(|s| (s.clone(), diff("src/a.rs", 5))).collect();
         let r = rig(diffs, "").await;
         for i in 0..6 {
             r.queue.send(&message("github:1", &a[i]), Default::default()).await.unwrap();

@@ -1,6 +1,7 @@
 //! Redis/Valkey adapters: the lease lock (Lua compare-then-act scripts, all keys of a script under one
 //! hash tag) and the hot cache. One reconnecting connection per process (`ConnectionManager`, or a
-//! cluster connection for ElastiCache Serverless); `rediss://` for TLS. Scripts run by `EVALSHA` and
+//! cluster connection for ElastiCache Serverless), both made lazily so a process starts while Redis
+//! is down; `rediss://` for TLS. Scripts run by `EVALSHA` and
 //! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
 //! the configured prefix.
 
@@ -19,7 +20,7 @@ pub enum RedisSetupError {
     /// The URL is malformed.
     #[error("invalid REDIS_URL: {0}")]
     Url(String),
-    /// The first connection failed (cluster mode needs it to learn the slots).
+    /// The connection could not be set up.
     #[error("cannot connect to Redis: {0}")]
     Connect(String),
 }
@@ -42,8 +43,69 @@ pub struct RedisSettings {
 pub enum RedisConn {
     /// One endpoint, reconnecting in the background.
     Single(ConnectionManager),
-    /// Cluster mode.
-    Cluster(ClusterConnection),
+    /// Cluster mode, connected on first use.
+    Cluster(LazyCluster),
+}
+
+/// A cluster connection made on first use, not at start-up: the cluster client must reach a node to
+/// learn the slot map, and a process that insisted on that at start would fail every cold start while
+/// the cache is down, although Redis only accelerates. Until a connection is made every command fails
+/// fast (callers count a degraded operation); a new attempt is made at most once per
+/// [`RECONNECT_EVERY`], by whichever command comes first. Once made, the cluster connection itself
+/// refreshes slots and reconnects to nodes.
+#[derive(Clone)]
+pub struct LazyCluster {
+    client: redis::cluster::ClusterClient,
+    state: std::sync::Arc<tokio::sync::Mutex<ClusterState>>,
+}
+
+#[derive(Default)]
+struct ClusterState {
+    conn: Option<ClusterConnection>,
+    last_attempt: Option<tokio::time::Instant>,
+}
+
+/// Least time between two attempts to reach a cluster that was unreachable.
+pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+
+impl LazyCluster {
+    async fn conn(&self) -> redis::RedisResult<ClusterConnection> {
+        let mut state = self.state.lock().await;
+        if let Some(c) = &state.conn {
+            return Ok(c.clone());
+        }
+        let now = tokio::time::Instant::now();
+        if state.last_attempt.is_some_and(|at| now < at + RECONNECT_EVERY) {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "Redis cluster unreachable",
+                "retrying in the background".to_owned(),
+            )));
+        }
+        state.last_attempt = Some(now);
+        let conn = self.client.get_async_connection().await?;
+        state.conn = Some(conn.clone());
+        Ok(conn)
+    }
+}
+
+impl ConnectionLike for LazyCluster {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move { self.conn().await?.req_packed_command(cmd).await })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move { self.conn().await?.req_packed_commands(pipeline, offset, count).await })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
 }
 
 impl ConnectionLike for RedisConn {
@@ -82,9 +144,7 @@ pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupEr
             .response_timeout(settings.timeout)
             .build()
             .map_err(|e| RedisSetupError::Url(e.to_string()))?;
-        let conn =
-            client.get_async_connection().await.map_err(|e| RedisSetupError::Connect(e.to_string()))?;
-        return Ok(RedisConn::Cluster(conn));
+        return Ok(RedisConn::Cluster(LazyCluster { client, state: Default::default() }));
     }
     let client =
         redis::Client::open(settings.url.as_str()).map_err(|e| RedisSetupError::Url(e.to_string()))?;
