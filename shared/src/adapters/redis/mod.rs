@@ -54,10 +54,7 @@ pub enum RedisConn {
 /// [`RECONNECT_EVERY`], by whichever command comes first. Once made, the cluster connection itself
 /// refreshes slots and reconnects to nodes.
 #[derive(Clone)]
-pub struct LazyCluster {
-    client: redis::cluster::ClusterClient,
-    state: std::sync::Arc<tokio::sync::Mutex<ClusterState>>,
-}
+pub struct LazyCluster(std::sync::Arc<(redis::cluster::ClusterClient, tokio::sync::Mutex<ClusterState>)>);
 
 #[derive(Default)]
 struct ClusterState {
@@ -70,7 +67,8 @@ pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 
 impl LazyCluster {
     async fn conn(&self) -> redis::RedisResult<ClusterConnection> {
-        let mut state = self.state.lock().await;
+        let (client, state) = &*self.0;
+        let mut state = state.lock().await;
         if let Some(c) = &state.conn {
             return Ok(c.clone());
         }
@@ -83,7 +81,7 @@ impl LazyCluster {
             )));
         }
         state.last_attempt = Some(now);
-        let conn = self.client.get_async_connection().await?;
+        let conn = client.get_async_connection().await?;
         state.conn = Some(conn.clone());
         Ok(conn)
     }
@@ -144,7 +142,7 @@ pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupEr
             .response_timeout(settings.timeout)
             .build()
             .map_err(|e| RedisSetupError::Url(e.to_string()))?;
-        return Ok(RedisConn::Cluster(LazyCluster { client, state: Default::default() }));
+        return Ok(RedisConn::Cluster(LazyCluster(std::sync::Arc::new((client, Default::default())))));
     }
     let client =
         redis::Client::open(settings.url.as_str()).map_err(|e| RedisSetupError::Url(e.to_string()))?;
