@@ -47,6 +47,11 @@ pub struct DevArgs {
     /// How often the task lanes' DLQs are swept (records of dead-lettered tasks marked FAILED).
     #[arg(long, default_value_t = 30)]
     dlq_sweep_secs: u64,
+    /// Serve tasks per tenant, taking the tenant from this header (set by a trusted local proxy): ids,
+    /// reads, cancellations and long-polls are scoped to it, and a request without it is a 401.
+    /// Without the flag, one tenant.
+    #[arg(long, value_name = "NAME")]
+    tenant_header: Option<String>,
 }
 
 /// Serves until Ctrl-C.
@@ -63,6 +68,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
         max_receive_count,
         queue_visibility_secs,
         dlq_sweep_secs,
+        tenant_header,
     } = args;
     let backend = match backend.as_str() {
         "aws" => DevBackend::Aws { create, aws: Default::default() },
@@ -77,6 +83,12 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     opts.worker = opts.worker.with_lease(Duration::from_millis(lease_ttl_ms)).lanes_from_env()?;
     opts.ingress = lanes_core::config::IngressConfig::from_env()?;
     opts.dlq_sweep_interval = Duration::from_secs(dlq_sweep_secs.max(1));
+    if let Some(name) = tenant_header {
+        let header = reqwest::header::HeaderName::try_from(name.as_str())
+            .map_err(|_| CliError::Usage(format!("--tenant-header `{name}` is not a valid header name")))?;
+        opts.ingress.tenancy = true;
+        opts.tenant_header = Some(header);
+    }
     let local = Local::build(&opts).await?;
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();

@@ -164,6 +164,8 @@ pub struct IngressConfig {
     pub retry_after_secs: u64,
     /// Per-project quotas (the daily budget is checked here).
     pub quota: crate::quota::QuotaConfig,
+    /// Whether every request must carry an authenticated [`crate::tasks::tenant::Tenant`].
+    pub tenancy: bool,
 }
 
 impl Default for IngressConfig {
@@ -174,6 +176,7 @@ impl Default for IngressConfig {
             result_cache_ttl: Duration::from_secs(3600),
             retry_after_secs: 2,
             quota: Default::default(),
+            tenancy: false,
         }
     }
 }

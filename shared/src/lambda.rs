@@ -14,6 +14,7 @@ use crate::lease::{self, Outcome};
 use crate::metrics::Metrics;
 use crate::ports::{QueueConsume, ReceivedMessage};
 use crate::tasks::ingress::{Ingress, router};
+use crate::tasks::tenant::{Tenancy, Tenant};
 use crate::tasks::worker::Worker;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsMessage};
 use std::collections::BTreeMap;
@@ -239,16 +240,60 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         api::router(SummariesApi { summaries: adapters.summaries.clone(), cache: adapters.cache.clone() });
     let metrics = Metrics::new();
     metrics.enable_emf();
-    let router = router(Ingress {
+    let tenancy = tenancy_from_env();
+    let config = IngressConfig { tenancy: tenancy.is_on(), ..IngressConfig::from_env()? };
+    let tasks = router(Ingress {
         store: adapters.store,
         cache: adapters.cache,
         queues: adapters.send,
         metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
-        config: IngressConfig::from_env()?,
-    })
-    .merge(read);
-    Ok(with_emf(router, metrics))
+        config,
+    });
+    Ok(with_emf(with_tenancy(tasks, tenancy).merge(read), metrics))
+}
+
+/// Tenancy in Lambda: the authorizer's JWT claim `LANES_TENANT_CLAIM` (default `sub`) or the IAM
+/// principal; `LANES_TENANCY=off` turns it off (for an API behind no authorizer, e.g. emulated).
+pub fn tenancy_from_env() -> Tenancy {
+    match crate::config::optional_env("LANES_TENANCY").as_deref() {
+        Some("off") => Tenancy::Off,
+        _ => Tenancy::Authorizer {
+            claim: crate::config::optional_env("LANES_TENANT_CLAIM").unwrap_or_else(|| "sub".into()),
+        },
+    }
+}
+
+/// The task router with the tenant taken from API Gateway's authorizer, when tenancy is on.
+pub fn with_tenancy(tasks: axum::Router, tenancy: Tenancy) -> axum::Router {
+    match tenancy {
+        Tenancy::Authorizer { claim } => {
+            tasks.layer(axum::middleware::from_fn_with_state(Arc::<str>::from(claim), tenant_from_authorizer))
+        }
+        _ => tasks,
+    }
+}
+
+/// The caller API Gateway (HTTP API, payload 2.0) authenticated: the JWT claim, else the IAM
+/// principal's ARN. Nothing else can set the [`Tenant`]: one already in the request is dropped.
+async fn tenant_from_authorizer(
+    axum::extract::State(claim): axum::extract::State<Arc<str>>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use lambda_http::request::RequestContext;
+    let tenant = match req.extensions().get::<RequestContext>() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.authorizer.as_ref().and_then(|a| {
+            let jwt = a.jwt.as_ref().and_then(|j| j.claims.get(&*claim)).map(String::as_str);
+            jwt.or_else(|| a.iam.as_ref().and_then(|i| i.user_arn.as_deref())).and_then(Tenant::parse)
+        }),
+        _ => None,
+    };
+    req.extensions_mut().remove::<Tenant>();
+    if let Some(t) = tenant {
+        req.extensions_mut().insert(t);
+    }
+    next.run(req).await
 }
 
 /// What the worker function builds once per container.
@@ -512,6 +557,67 @@ mod tests {
         assert_eq!(remaining_time(now + 30_000, now), Duration::from_secs(30));
         assert_eq!(remaining_time(now - 1, now), Duration::ZERO);
         assert_eq!(remaining_time(600_000, now), Duration::from_secs(600));
+    }
+
+    /// API Gateway HTTP API events (payload 2.0, the documented shape) through lambda_http's own
+    /// conversion: the JWT claim, else the IAM principal, is the tenant; a header cannot forge one.
+    #[tokio::test]
+    async fn the_tenant_is_the_authorizers_caller() {
+        use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache};
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let all = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
+        let tasks = router(Ingress {
+            store: Arc::new(EmbeddedStore::new(db)),
+            cache: Arc::new(MemoryCache::new(clock.clone())),
+            queues: Lane::ALL
+                .map(|l| Arc::new(all.queue(l.as_str(), "dlq")) as Arc<dyn crate::ports::QueueSend>),
+            metrics: Metrics::new(),
+            clock,
+            config: IngressConfig { tenancy: true, ..Default::default() },
+        });
+        let app = with_tenancy(tasks, Tenancy::Authorizer { claim: "sub".into() });
+        let event = |method: &str, path: &str, authorizer: serde_json::Value| {
+            let mut e: serde_json::Value =
+                serde_json::from_str(include_str!("../../events/api-post-task.json")).unwrap();
+            e["routeKey"] = "ANY /v1/{proxy+}".into();
+            e["rawPath"] = path.into();
+            e["requestContext"]["http"]["method"] = method.into();
+            e["requestContext"]["http"]["path"] = path.into();
+            e["requestContext"]["authorizer"] = authorizer;
+            e["headers"]["x-lanes-tenant"] = "forged".into();
+            let req: lambda_http::request::LambdaRequest = serde_json::from_value(e).unwrap();
+            let (parts, body) = lambda_http::Request::from(req).into_parts();
+            axum::extract::Request::from_parts(parts, axum::body::Body::from(body.to_vec()))
+        };
+        let jwt = |sub: &str| serde_json::json!({"jwt": {"claims": {"sub": sub, "iss": "https://issuer"}, "scopes": null}});
+        let iam = serde_json::json!({"iam": {"accessKey": "AKIA", "accountId": "123456789012", "callerId": "AIDA",
+            "principalOrgId": null, "userArn": "arn:aws:iam::123456789012:user/ci", "userId": "AIDA"}});
+        let call = |req| async { app.clone().oneshot(req).await.unwrap() };
+        let body = |resp: axum::response::Response| async {
+            let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        };
+        let a = call(event("POST", "/v1/tasks", jwt("user-a"))).await;
+        assert_eq!(a.status(), axum::http::StatusCode::ACCEPTED);
+        let id = body(a).await["task_id"].as_str().unwrap().to_owned();
+        let b = call(event("POST", "/v1/tasks", jwt("user-b"))).await;
+        assert_ne!(body(b).await["task_id"].as_str().unwrap(), id);
+        let path = format!("/v1/tasks/{id}");
+        let mut get = event("GET", &path, jwt("user-a"));
+        *get.body_mut() = axum::body::Body::empty();
+        assert_eq!(call(get).await.status(), axum::http::StatusCode::ACCEPTED);
+        assert_eq!(
+            call(event("GET", &path, jwt("user-b"))).await.status(),
+            axum::http::StatusCode::NOT_FOUND
+        );
+        assert_eq!(call(event("GET", &path, iam)).await.status(), axum::http::StatusCode::NOT_FOUND);
+        assert_eq!(
+            call(event("GET", &path, serde_json::Value::Null)).await.status(),
+            axum::http::StatusCode::UNAUTHORIZED
+        );
     }
 
     #[test]

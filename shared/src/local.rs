@@ -118,6 +118,8 @@ pub struct DevOptions {
     /// How often the task lanes' DLQs are swept (records behind dead-lettered messages marked
     /// `FAILED`).
     pub dlq_sweep_interval: Duration,
+    /// With tenancy (`--tenant-header`): the header a trusted proxy names the tenant in.
+    pub tenant_header: Option<axum::http::HeaderName>,
 }
 
 impl Default for DevOptions {
@@ -138,6 +140,7 @@ impl Default for DevOptions {
             queue: QueueSettings::default(),
             poll_interval: Duration::from_millis(50),
             dlq_sweep_interval: Duration::from_secs(30),
+            tenant_header: None,
         }
     }
 }
@@ -253,9 +256,14 @@ impl Local {
             clock,
             config: opts.ingress,
         };
+        let tasks = match &opts.tenant_header {
+            Some(name) => router(ingress)
+                .layer(axum::middleware::from_fn_with_state(name.clone(), crate::tasks::tenant::from_header)),
+            None => router(ingress),
+        };
         let m = metrics.clone();
         let router =
-            router(ingress).merge(hooks).merge(read).merge(crate::dlq::admin_router(dlq.clone())).route(
+            tasks.merge(hooks).merge(read).merge(crate::dlq::admin_router(dlq.clone())).route(
                 "/metrics",
                 get(move || {
                     let m = m.clone();

@@ -9,11 +9,13 @@ use crate::config::IngressConfig;
 use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, PutOutcome, QueueSend, StoreError, TaskStore};
 use crate::problem::Problem;
+use crate::tasks::tenant::Tenant;
 use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key, done_key};
 use crate::tasks::{
     MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, is_task_id,
     validate_idempotency_key,
 };
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -102,14 +104,57 @@ fn conflict() -> Problem {
     .with_field("Idempotency-Key")
 }
 
-async fn post_task(State(ing): State<Arc<Ingress>>, headers: HeaderMap, body: Body) -> Response {
-    match accept(&ing, &headers, body).await {
+async fn post_task(
+    State(ing): State<Arc<Ingress>>,
+    tenant: Option<Extension<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let tenant = match caller(&ing, tenant) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    match accept(&ing, tenant, &headers, body).await {
         Ok(resp) => resp,
         Err(problem) => problem.into_response(),
     }
 }
 
-async fn accept(ing: &Ingress, headers: &HeaderMap, body: Body) -> Result<Response, Problem> {
+/// A request without a tenant where tenancy is on.
+struct NoTenant;
+
+impl IntoResponse for NoTenant {
+    fn into_response(self) -> Response {
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "No tenant",
+            "this deployment serves tasks per tenant and the request carries no authenticated caller",
+        )
+        .into_response()
+    }
+}
+
+/// The caller's tenant with tenancy on (`401` without one), `None` with it off.
+fn caller(ing: &Ingress, tenant: Option<Extension<Tenant>>) -> Result<Option<String>, NoTenant> {
+    match (ing.config.tenancy, tenant) {
+        (false, _) => Ok(None),
+        (true, Some(Extension(Tenant(t)))) => Ok(Some(t)),
+        (true, None) => Err(NoTenant),
+    }
+}
+
+/// Whether `caller` may see `record`: always with tenancy off, otherwise only its own tasks.
+fn owns(caller: &Option<String>, record: &TaskRecord) -> bool {
+    caller.is_none() || record.request.tenant == *caller
+}
+
+async fn accept(
+    ing: &Ingress,
+    tenant: Option<String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let mime = content_type.split(';').next().unwrap_or("").trim();
     if !mime.eq_ignore_ascii_case("application/json") {
@@ -130,7 +175,8 @@ async fn accept(ing: &Ingress, headers: &HeaderMap, body: Body) -> Result<Respon
         )
         .with_field("body")
     })?;
-    let request = TaskRequest::from_json(&bytes).map_err(Problem::validation)?;
+    let mut request = TaskRequest::from_json(&bytes).map_err(Problem::validation)?;
+    request.tenant = tenant;
     let idem = match headers.get("idempotency-key") {
         None => None,
         Some(v) => {
@@ -319,9 +365,14 @@ fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
 
 async fn get_task(
     State(ing): State<Arc<Ingress>>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
+    let caller = match caller(&ing, tenant) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     if !is_task_id(&id) {
         return invalid_id();
     }
@@ -333,11 +384,12 @@ async fn get_task(
     if let Ok(Some(json)) = ing.cache.get(&cache_key(&id)).await
         && let Ok(rec) = serde_json::from_str::<TaskRecord>(&json)
         && rec.status == TaskStatus::Completed
+        && owns(&caller, &rec)
     {
         return view_response(StatusCode::OK, &rec.view());
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
-    let mut record = match read(&ing, &id).await {
+    let mut record = match read(&ing, &caller, &id).await {
         Ok(Some(rec)) => rec,
         Ok(None) => return not_found(),
         Err(resp) => return resp,
@@ -354,7 +406,7 @@ async fn get_task(
         let hinted = matches!(ing.cache.get(&done_key(&id)).await, Ok(Some(_)));
         if hinted || since_store >= LONG_POLL_STORE_EVERY || tokio::time::Instant::now() >= deadline {
             since_store = Duration::ZERO;
-            record = match read(&ing, &id).await {
+            record = match read(&ing, &caller, &id).await {
                 Ok(Some(rec)) => rec,
                 Ok(None) => return not_found(),
                 Err(resp) => return resp,
@@ -369,16 +421,35 @@ const LONG_POLL_TICK: Duration = Duration::from_millis(200);
 /// How often a long-poll re-reads the store without a hint.
 const LONG_POLL_STORE_EVERY: Duration = Duration::from_secs(5);
 
-async fn read(ing: &Ingress, id: &str) -> Result<Option<TaskRecord>, Response> {
+/// The record of `id` if `caller` may see it (another tenant's task reads as missing).
+async fn read(ing: &Ingress, caller: &Option<String>, id: &str) -> Result<Option<TaskRecord>, Response> {
     ing.store
         .get(id, ing.clock.now_ms())
         .await
+        .map(|rec| rec.filter(|r| owns(caller, r)))
         .map_err(|e| store_problem(&e, ing.config.retry_after_secs).into_response())
 }
 
-async fn cancel_task(State(ing): State<Arc<Ingress>>, Path(id): Path<String>) -> Response {
+async fn cancel_task(
+    State(ing): State<Arc<Ingress>>,
+    tenant: Option<Extension<Tenant>>,
+    Path(id): Path<String>,
+) -> Response {
+    let caller = match caller(&ing, tenant) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     if !is_task_id(&id) {
         return invalid_id();
+    }
+    // A task id belongs to one tenant for good (the tenant is hashed into it), so checking the owner
+    // before the conditional cancel leaves no window for another tenant's record to appear.
+    if caller.is_some() {
+        match read(&ing, &caller, &id).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return not_found(),
+            Err(resp) => return resp,
+        }
     }
     let now = ing.clock.now_ms();
     match ing.store.cancel(&id, now, ing.config.pending_ttl_secs).await {
@@ -451,6 +522,10 @@ mod tests {
     }
 
     async fn rig() -> Rig {
+        rig_with(IngressConfig::default()).await
+    }
+
+    async fn rig_with(config: IngressConfig) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(1_000_000);
         let db = EmbeddedDb::open(dir.path()).unwrap();
@@ -467,10 +542,14 @@ mod tests {
             queues,
             metrics: Metrics::new(),
             clock: clock.clone(),
-            config: IngressConfig::default(),
+            config,
         };
+        let tenant_header = axum::http::HeaderName::from_static("x-tenant");
         Rig {
-            router: router(ingress),
+            router: router(ingress).layer(axum::middleware::from_fn_with_state(
+                tenant_header,
+                crate::tasks::tenant::from_header,
+            )),
             clock,
             store,
             interactive: all.queue("interactive", "dlq"),
@@ -480,6 +559,70 @@ mod tests {
     }
 
     const BODY: &str = r#"{"project_id":"p1","kind":"explain","prompt":"what does main do?","target_files":["src/main.rs"]}"#;
+
+    /// One request as `tenant` (none: no header): status and JSON body.
+    async fn as_tenant(
+        r: &Rig,
+        method: &str,
+        uri: &str,
+        tenant: Option<&str>,
+        body: &str,
+    ) -> (StatusCode, serde_json::Value) {
+        let mut req = Request::builder().method(method).uri(uri).header("content-type", "application/json");
+        if let Some(t) = tenant {
+            req = req.header("x-tenant", t);
+        }
+        let resp = r.router.clone().oneshot(req.body(Body::from(body.to_owned())).unwrap()).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    #[tokio::test]
+    async fn tenants_get_their_own_ids_and_never_see_each_others_tasks() {
+        let r = rig_with(IngressConfig { tenancy: true, ..Default::default() }).await;
+        let (s, a) = as_tenant(&r, "POST", "/v1/tasks", Some("team-a"), BODY).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{a}");
+        let (s, b) = as_tenant(&r, "POST", "/v1/tasks", Some("team-b"), BODY).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{b}");
+        let (ida, idb) = (a["task_id"].as_str().unwrap(), b["task_id"].as_str().unwrap());
+        assert_ne!(ida, idb, "the same payload is a different task per tenant");
+        let uri = format!("/v1/tasks/{ida}");
+        assert_eq!(
+            as_tenant(&r, "GET", &uri, Some("team-a"), "").await.0,
+            StatusCode::ACCEPTED,
+            "pending, visible"
+        );
+        assert_eq!(as_tenant(&r, "GET", &uri, Some("team-b"), "").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(
+            as_tenant(&r, "GET", &format!("{uri}?wait=1"), Some("team-b"), "").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(as_tenant(&r, "DELETE", &uri, Some("team-b"), "").await.0, StatusCode::NOT_FOUND);
+        assert_eq!(r.store.get(ida, r.clock.now_ms()).await.unwrap().unwrap().status, TaskStatus::Pending);
+        // The same Idempotency-Key is two tasks too.
+        let keyed = |t: &'static str| {
+            let req = Request::post("/v1/tasks")
+                .header("content-type", "application/json")
+                .header("idempotency-key", "k-1")
+                .header("x-tenant", t)
+                .body(Body::from(BODY))
+                .unwrap();
+            r.router.clone().oneshot(req)
+        };
+        let (ka, kb) = (keyed("team-a").await.unwrap(), keyed("team-b").await.unwrap());
+        assert_eq!((ka.status(), kb.status()), (StatusCode::ACCEPTED, StatusCode::ACCEPTED));
+        // No tenant: 401, nothing stored; a body cannot name one.
+        let (s, p) = as_tenant(&r, "POST", "/v1/tasks", None, BODY).await;
+        assert_eq!((s, p["status"].as_u64()), (StatusCode::UNAUTHORIZED, Some(401)), "{p}");
+        assert_eq!(as_tenant(&r, "GET", &uri, None, "").await.0, StatusCode::UNAUTHORIZED);
+        let forged = BODY.replacen('{', r#"{"tenant":"team-a","#, 1);
+        let (s, p) = as_tenant(&r, "POST", "/v1/tasks", Some("team-b"), &forged).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{p}");
+        assert!(p.to_string().contains("tenant"), "{p}");
+        // The owner cancels.
+        assert_eq!(as_tenant(&r, "DELETE", &uri, Some("team-a"), "").await.0, StatusCode::OK);
+    }
 
     async fn post(r: &Rig, body: &str, key: Option<&str>) -> (StatusCode, HeaderMap, serde_json::Value) {
         let mut req = Request::post("/v1/tasks").header("content-type", "application/json");

@@ -28,14 +28,20 @@ impl TaskRequest {
     }
 
     /// The task id: the payload hash, or, when the client sent an `Idempotency-Key`, a hash scoped to
-    /// `project_id` + that key.
+    /// `project_id` + that key. With a tenant, both are scoped to it too, so tenants never share or
+    /// squat on each other's ids.
     pub fn task_id(&self, idempotency_key: Option<&str>) -> String {
-        match idempotency_key {
-            None => self.payload_hash(),
-            Some(key) => {
-                let scoped = format!("idempotency-key\n{}\n{}", self.project_id, key);
-                sha256_hex(scoped.as_bytes())
+        match (idempotency_key, &self.tenant) {
+            (None, None) => self.payload_hash(),
+            (None, Some(tenant)) => {
+                sha256_hex(format!("tenant\n{tenant}\n{}", self.canonical_json()).as_bytes())
             }
+            (Some(key), None) => {
+                sha256_hex(format!("idempotency-key\n{}\n{}", self.project_id, key).as_bytes())
+            }
+            (Some(key), Some(tenant)) => sha256_hex(
+                format!("idempotency-key\ntenant\n{tenant}\n{}\n{}", self.project_id, key).as_bytes(),
+            ),
         }
     }
 }

@@ -27,6 +27,10 @@ pub struct TaskRequest {
     pub target_files: Vec<String>,
     /// Sampling parameters passed to the model (see [`ModelParams`]); `null` when absent.
     pub params: Value,
+    /// The authenticated caller it belongs to (see [`super::tenant`]); set by ingress, never by the
+    /// client (the body may not name it), `None` with tenancy off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// The documented shape of `params`: every key optional, unknown keys refused (a typo would otherwise
@@ -202,7 +206,7 @@ impl TaskRequest {
             (Some(project_id), Some(kind), Some(prompt), Some(target_files), Some(params))
                 if errors.is_empty() =>
             {
-                Ok(Self { project_id, kind, prompt, target_files, params })
+                Ok(Self { project_id, kind, prompt, target_files, params, tenant: None })
             }
             _ => Err(errors),
         }
