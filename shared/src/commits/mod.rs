@@ -35,6 +35,9 @@ pub struct CommitsConfig {
     pub diff_concurrency: usize,
     /// LLM calls at once (the shared limiter still applies).
     pub llm_concurrency: usize,
+    /// Longest one commit's diff may take to fetch and trim: a slower one is handed back alone, so it
+    /// never holds the rest of the batch.
+    pub fetch_deadline: Duration,
 }
 
 impl Default for CommitsConfig {
@@ -46,6 +49,7 @@ impl Default for CommitsConfig {
             cache_ttl: Duration::from_secs(24 * 3600),
             diff_concurrency: 8,
             llm_concurrency: 4,
+            fetch_deadline: Duration::from_secs(20),
         }
     }
 }

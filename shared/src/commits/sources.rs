@@ -11,8 +11,12 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// Diffs larger than this are refused by the sources (the budget would keep a sliver of them anyway).
-pub const MAX_DIFF_BYTES: usize = 64 * 1024 * 1024;
+/// Most bytes of a raw diff read: the rest is not downloaded (the budget keeps a few thousand tokens
+/// of any diff, so nothing past this could reach the prompt anyway).
+pub const MAX_DIFF_BYTES: usize = 8 * 1024 * 1024;
+/// Most bytes of one JSON page (GitLab diffs, GitHub's per-file patches): JSON cannot be cut, so a
+/// page over it is an error.
+pub const MAX_JSON_PAGE_BYTES: usize = 32 * 1024 * 1024;
 
 fn http(timeout: Duration) -> Result<reqwest::Client, ConfigError> {
     reqwest::Client::builder()
@@ -50,15 +54,37 @@ async fn status_error(host: &str, resp: reqwest::Response) -> DiffError {
     }
 }
 
-async fn read_limited(resp: reqwest::Response) -> Result<Vec<u8>, DiffError> {
-    if resp.content_length().is_some_and(|n| n as usize > MAX_DIFF_BYTES) {
-        return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
+/// Reads a body as it streams, at most `cap` bytes: `(bytes, cut)`. Past the cap nothing more is
+/// downloaded (the response is dropped), so a huge diff costs neither memory nor time.
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>, bool), DiffError> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(&e))? {
+        if out.len() + chunk.len() > cap {
+            out.extend_from_slice(&chunk[..cap - out.len()]);
+            return Ok((out, true));
+        }
+        out.extend_from_slice(&chunk);
     }
-    let bytes = resp.bytes().await.map_err(|e| transport(&e))?;
-    if bytes.len() > MAX_DIFF_BYTES {
-        return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
+    Ok((out, false))
+}
+
+/// A raw diff, cut at the cap on a whole line with a marker.
+async fn read_diff(resp: reqwest::Response) -> Result<String, DiffError> {
+    let (mut bytes, cut) = read_capped(resp, MAX_DIFF_BYTES).await?;
+    if cut {
+        let end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        bytes.truncate(end);
+        bytes.extend_from_slice(format!("[lanes: the diff was cut at {MAX_DIFF_BYTES} bytes]\n").as_bytes());
     }
-    Ok(bytes.to_vec())
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// One JSON page, refused past [`MAX_JSON_PAGE_BYTES`].
+async fn read_json_page(resp: reqwest::Response) -> Result<Vec<u8>, DiffError> {
+    match read_capped(resp, MAX_JSON_PAGE_BYTES).await? {
+        (bytes, false) => Ok(bytes),
+        (_, true) => Err(DiffError::Permanent(format!("a page larger than {MAX_JSON_PAGE_BYTES} bytes"))),
+    }
 }
 
 /// GitHub's REST API (github.com or Enterprise).
@@ -92,19 +118,100 @@ impl DiffSource for GitHubSource {
             return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", commit.repo)));
         }
         let url = format!("{}/repos/{}/commits/{}", self.api, commit.repo, commit.sha);
-        let mut req = self
-            .http
-            .get(url)
-            .header("accept", "application/vnd.github.diff")
-            .header("x-github-api-version", "2022-11-28");
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
+        let resp = self.get(&url, "application/vnd.github.diff").send().await.map_err(|e| transport(&e))?;
+        match resp.status().as_u16() {
+            200..=299 => read_diff(resp).await,
+            // GitHub refuses the diff media type for a diff too large to render: the JSON form still
+            // lists every file's patch (and names the files whose patch it leaves out).
+            406 | 422 => {
+                tracing::info!(sha = %commit.sha, "diff too large for the diff media type; reading per-file patches");
+                self.patches(&url).await
+            }
+            _ => Err(status_error("GitHub", resp).await),
         }
-        let resp = req.send().await.map_err(|e| transport(&e))?;
-        if !resp.status().is_success() {
-            return Err(status_error("GitHub", resp).await);
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct GitHubCommitFiles {
+    #[serde(default)]
+    files: Vec<GitHubFile>,
+}
+
+#[derive(serde::Deserialize)]
+struct GitHubFile {
+    filename: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    previous_filename: Option<String>,
+    #[serde(default)]
+    patch: Option<String>,
+    #[serde(default)]
+    additions: u64,
+    #[serde(default)]
+    deletions: u64,
+}
+
+/// GitHub's files per page of a commit, and its limit of files listed.
+const GITHUB_FILES_PER_PAGE: usize = 100;
+const GITHUB_MAX_FILES: usize = 3_000;
+
+impl GitHubSource {
+    fn get(&self, url: &str, accept: &str) -> reqwest::RequestBuilder {
+        let req = self.http.get(url).header("accept", accept).header("x-github-api-version", "2022-11-28");
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
         }
-        Ok(String::from_utf8_lossy(&read_limited(resp).await?).into_owned())
+    }
+
+    /// The commit's per-file patches from the JSON form, rebuilt as one unified diff. A file GitHub
+    /// gives no patch for (binary, or too large itself) keeps its header and a marker.
+    async fn patches(&self, url: &str) -> Result<String, DiffError> {
+        let mut out = String::new();
+        let mut bytes = 0;
+        for page in 1..=GITHUB_MAX_FILES / GITHUB_FILES_PER_PAGE {
+            let paged = format!("{url}?per_page={GITHUB_FILES_PER_PAGE}&page={page}");
+            let resp =
+                self.get(&paged, "application/vnd.github+json").send().await.map_err(|e| transport(&e))?;
+            if !resp.status().is_success() {
+                return Err(status_error("GitHub", resp).await);
+            }
+            let body = read_json_page(resp).await?;
+            let files: GitHubCommitFiles = serde_json::from_slice(&body)
+                .map_err(|e| DiffError::Permanent(format!("GitHub answered an unexpected body: {e}")))?;
+            for f in &files.files {
+                let old = f.previous_filename.as_deref().unwrap_or(&f.filename);
+                out.push_str(&format!("diff --git a/{old} b/{}\n", f.filename));
+                match f.status.as_str() {
+                    "added" => out.push_str("new file mode 100644\n"),
+                    "removed" => out.push_str("deleted file mode 100644\n"),
+                    "renamed" => out.push_str(&format!("rename from {old}\nrename to {}\n", f.filename)),
+                    _ => {}
+                }
+                match &f.patch {
+                    Some(patch) => {
+                        let a = if f.status == "added" { "/dev/null".to_owned() } else { format!("a/{old}") };
+                        let b = if f.status == "removed" {
+                            "/dev/null".to_owned()
+                        } else {
+                            format!("b/{}", f.filename)
+                        };
+                        out.push_str(&format!("--- {a}\n+++ {b}\n{patch}\n"));
+                    }
+                    None => out.push_str(&format!(
+                        "[lanes: no patch from GitHub for this file: +{} -{} lines]\n",
+                        f.additions, f.deletions
+                    )),
+                }
+            }
+            bytes += body.len();
+            if files.files.len() < GITHUB_FILES_PER_PAGE || bytes > MAX_DIFF_BYTES {
+                break;
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -195,16 +302,14 @@ impl DiffSource for GitLabSource {
                 .get("x-next-page")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u32>().ok());
-            let body = read_limited(resp).await?;
+            let body = read_json_page(resp).await?;
             bytes += body.len();
-            if bytes > MAX_DIFF_BYTES {
-                return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
-            }
             let chunk: Vec<GitLabDiff> = serde_json::from_slice(&body)
                 .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
             files.extend(chunk);
             match next {
-                Some(n) if n > page && n < 10_000 => page = n,
+                // Past the raw-diff cap the rest could never reach the prompt: stop reading.
+                Some(n) if n > page && n < 10_000 && bytes <= MAX_DIFF_BYTES => page = n,
                 _ => break,
             }
         }
@@ -377,6 +482,55 @@ mod tests {
                 .to_string()
                 .contains("owner/name")
         );
+    }
+
+    /// GitHub refuses the diff media type for a very large commit (406, as its REST docs say, or
+    /// 422); the JSON form's per-file patches, paged, make the diff instead. A raw diff over the cap
+    /// is read only up to it.
+    #[tokio::test]
+    async fn a_diff_too_large_for_githubs_diff_type_comes_from_per_file_patches() {
+        let router = axum::Router::new().route(
+            "/repos/{owner}/{id}/commits/{sha}",
+            get(|Path((_o, id, _sha)): Path<(String, String, String)>, Query(q): Query<HashMap<String, String>>, headers: HeaderMap| async move {
+                let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                if id == "huge" {
+                    return format!("diff --git a/a.js b/a.js\n@@ -0,0 +1 @@\n+{}\n", "x".repeat(20 << 20)).into_response();
+                }
+                if accept == "application/vnd.github.diff" {
+                    let status = if id == "406" { StatusCode::NOT_ACCEPTABLE } else { StatusCode::UNPROCESSABLE_ENTITY };
+                    let body = r#"{"message":"Sorry, this diff is taking too long to generate.","errors":[{"resource":"Commit","field":"diff","code":"not_available"}],"documentation_url":"https://docs.github.com/rest/commits/commits#get-a-commit","status":"406"}"#;
+                    return (status, body).into_response();
+                }
+                let page: usize = q.get("page").and_then(|p| p.parse().ok()).unwrap_or(1);
+                let files: Vec<serde_json::Value> = match page {
+                    1 => (0..100).map(|i| serde_json::json!({"sha":"f","filename":format!("src/f{i}.rs"),"status":"modified","additions":1,"deletions":0,"changes":1,"patch":format!("@@ -1 +1,2 @@\n fn f{i}() {{}}\n+// touched {i}")})).collect(),
+                    2 => vec![
+                        serde_json::json!({"filename":"new.rs","status":"added","additions":1,"deletions":0,"patch":"@@ -0,0 +1 @@\n+fn new() {}"}),
+                        serde_json::json!({"filename":"img.png","status":"added","additions":0,"deletions":0}),
+                        serde_json::json!({"filename":"b.rs","previous_filename":"a.rs","status":"renamed","additions":0,"deletions":0,"patch":""}),
+                    ],
+                    _ => vec![],
+                };
+                axum::Json(serde_json::json!({"sha": "c", "files": files})).into_response()
+            }),
+        );
+        let base = serve(router).await;
+        let gh = GitHubSource::new(&base, None, Duration::from_secs(30)).unwrap();
+        for id in ["406", "422"] {
+            let d = gh.diff(&msg(Provider::Github, "github:1", &format!("o/{id}"))).await.unwrap();
+            assert_eq!(d.matches("diff --git ").count(), 103, "both pages read");
+            assert!(
+                d.contains("+// touched 99")
+                    && d.contains("--- /dev/null\n+++ b/new.rs\n@@ -0,0 +1 @@\n+fn new() {}")
+            );
+            assert!(d.contains("rename from a.rs\nrename to b.rs"));
+            assert!(d.contains("no patch from GitHub for this file"));
+            let t = crate::commits::budget::trim(&d, 4_000);
+            assert!(t.files.contains(&"new.rs".to_owned()) && !t.noise_only);
+        }
+        let d = gh.diff(&msg(Provider::Github, "github:1", "o/huge")).await.unwrap();
+        assert!(d.len() < MAX_DIFF_BYTES + 100, "read up to the cap only: {}", d.len());
+        assert!(d.ends_with("[lanes: the diff was cut at 8388608 bytes]\n"));
     }
 
     #[tokio::test]

@@ -333,14 +333,23 @@ impl CommitsWorker {
         let max_tokens = self.config.diff_tokens;
         let fetched = join_all(open.iter().map(|&g| {
             let (diffs, slots, commit) = (self.diffs.clone(), slots.clone(), groups[g].commit.clone());
+            let deadline = self.config.fetch_deadline;
             async move {
                 let _slot = slots.acquire_owned().await;
-                let diff = diffs.diff(&commit).await?;
-                // Tokenizing a large diff is CPU work: off the async workers.
+                // Each commit on its own clock (from when it got a slot): one slow host or huge diff
+                // is handed back alone while the rest of the batch goes on.
+                let work = async {
+                    let diff = diffs.diff(&commit).await?;
+                    // Tokenizing a large diff is CPU work: off the async workers.
+                    tokio::task::spawn_blocking(move || budget::trim(&diff, max_tokens)).await.map_err(|e| {
+                        DiffError::Retryable { message: format!("trim task: {e}"), retry_after: None }
+                    })
+                };
                 let trimmed =
-                    tokio::task::spawn_blocking(move || budget::trim(&diff, max_tokens)).await.map_err(
-                        |e| DiffError::Retryable { message: format!("trim task: {e}"), retry_after: None },
-                    )?;
+                    tokio::time::timeout(deadline, work).await.map_err(|_| DiffError::Retryable {
+                        message: format!("diff not fetched within {} s", deadline.as_secs()),
+                        retry_after: None,
+                    })??;
                 Ok::<_, DiffError>((g, trimmed))
             }
         }))
@@ -671,10 +680,17 @@ mod tests {
         calls: AtomicU64,
     }
 
+    /// The commit whose diff never arrives.
+    const SLOW_SHA: &str = "5105105105105105105105105105105105105105";
+
     #[async_trait]
     impl DiffSource for FakeDiffs {
         async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            if commit.sha == SLOW_SHA {
+                // A host that never finishes sending this one.
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
             self.diffs.get(&commit.sha).cloned().ok_or_else(|| DiffError::Permanent("404".into()))
         }
     }
@@ -833,6 +849,37 @@ mod tests {
             let from_a = shas.iter().filter(|s| a.contains(s)).count();
             assert!(from_a == 0 || from_a == shas.len(), "a prompt mixes repositories: {shas:?}");
         }
+    }
+
+    /// A batch of 100 where one commit adds a 20 MB single-line minified file and one commit's diff
+    /// never arrives: the 98 others and the huge one are summarized, the stuck one is handed back alone.
+    #[tokio::test]
+    async fn a_huge_or_stuck_diff_never_holds_the_rest_of_the_batch() {
+        let mut diffs: HashMap<String, String> =
+            (0..98).map(|i| (sha(i), diff(&format!("src/f{i}.rs"), 5))).collect();
+        let huge = format!(
+            "{}diff --git a/web/app.js b/web/app.js\n--- a/web/app.js\n+++ b/web/app.js\n@@ -0,0 +1 @@\n+{}\n",
+            diff("src/lib.rs", 3),
+            "var a=1;".repeat(2_500_000)
+        );
+        diffs.insert(sha(98), huge);
+        diffs.insert(SLOW_SHA.to_owned(), diff("src/slow.rs", 3));
+        let mut r = rig(diffs, "").await;
+        r.worker.config.fetch_deadline = Duration::from_millis(500);
+        for i in 0..99 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        r.queue.send(&message("github:1", SLOW_SHA), Default::default()).await.unwrap();
+        let started = std::time::Instant::now();
+        let (outcomes, report) = drain(&r).await;
+        assert!(started.elapsed() < Duration::from_secs(25), "well inside the batch's deadline");
+        assert_eq!(outcomes.len(), 100);
+        assert_eq!(report.done.len(), 99, "every other commit summarized");
+        let retried: Vec<&Outcome> = outcomes.iter().filter(|o| matches!(o, Outcome::Retry { .. })).collect();
+        assert_eq!(retried.len(), 1, "{outcomes:?}");
+        assert!(format!("{:?}", retried[0]).contains("not fetched within"), "{retried:?}");
+        let big = report.done.iter().find(|d| d.summary.sha == sha(98)).unwrap();
+        assert!(big.summary.diff_cut, "the long line is cut");
     }
 
     #[tokio::test]
