@@ -77,6 +77,7 @@ impl Adapters {
             lock: self.lock.clone(),
             llm,
             diffs,
+            send: self.send[Lane::Commits.index()].clone(),
             metrics,
             clock,
             lease,

@@ -482,6 +482,14 @@ impl RetryIntent for DiffError {
 pub trait DiffSource: Send + Sync {
     /// The unified diff of `commit` against its first parent (the full tree for a root commit).
     async fn diff(&self, commit: &crate::domain::commit::CommitMessage) -> Result<String, DiffError>;
+    /// The commits of a push the payload did not list in full: reachable from `range.head` and not
+    /// from `range.base`, oldest first. A source that cannot list them says so (permanent).
+    async fn commits_between(
+        &self,
+        range: &crate::domain::commit::PushRange,
+    ) -> Result<Vec<crate::domain::commit::CommitMessage>, DiffError> {
+        Err(DiffError::Permanent(format!("{} cannot list the commits of a push", range.provider)))
+    }
 }
 
 // ---------------------------------------------------------------- event source mappings

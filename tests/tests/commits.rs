@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use lanes_core::adapters::redis::RedisSettings;
 use lanes_core::backend::{Adapters, AwsBackendConfig, create_aws_resources};
 use lanes_core::clock::{SharedClock, SystemClock};
-use lanes_core::commits::sources::{DiffSources, GitHubSource};
+use lanes_core::commits::sources::{DiffSources, GitHubSource, GitLabSource};
 use lanes_core::commits::webhook::{Webhook, WebhookConfig, github_signature};
 use lanes_core::commits::worker::{CommitsConfig, CommitsWorker};
 use lanes_core::config::WorkerConfig;
@@ -46,6 +46,61 @@ fn push(repo_id: u64, full_name: &str, shas: &[String]) -> String {
     .to_string()
 }
 
+const GITLAB_TOKEN: &str = "lanes-local-gitlab-token";
+
+/// The 30 commits of the fake GitLab project 7's `main`, oldest first.
+fn gitlab_history() -> Vec<String> {
+    (0..30).map(|i| format!("{:040x}", 0xa000 + i)).collect()
+}
+
+/// A fake GitLab REST API (v4) for project 7, from the documented shapes: the commit list of a
+/// revision range (`ref_name=from..to`, newest first, paged with `x-next-page`) and a commit's diff.
+async fn fake_gitlab() -> String {
+    use axum::extract::{Path, Query};
+    use axum::response::IntoResponse;
+    let router = axum::Router::new()
+        .route(
+            "/api/v4/projects/7/repository/commits",
+            axum::routing::get(|Query(q): Query<HashMap<String, String>>| async move {
+                let history = gitlab_history();
+                let range = q.get("ref_name").cloned().unwrap_or_default();
+                let Some((from, to)) = range.split_once("..") else {
+                    return (StatusCode::BAD_REQUEST, "ref_name must be a range").into_response();
+                };
+                let start = history.iter().position(|s| s == from).map_or(0, |i| i + 1);
+                let Some(end) = history.iter().position(|s| s == to) else {
+                    return (StatusCode::NOT_FOUND, r#"{"message":"404 Commit Not Found"}"#).into_response();
+                };
+                let mut listed: Vec<&String> = history[start..=end].iter().rev().collect();
+                let per_page: usize = q.get("per_page").and_then(|v| v.parse().ok()).unwrap_or(20).min(8);
+                let page: usize = q.get("page").and_then(|v| v.parse().ok()).unwrap_or(1);
+                let total = listed.len();
+                listed = listed.into_iter().skip((page - 1) * per_page).take(per_page).collect();
+                let body: Vec<serde_json::Value> = listed
+                    .iter()
+                    .map(|id| serde_json::json!({"id": id, "short_id": &id[..8], "title": format!("Change {}", &id[36..]),
+                        "message": format!("Change {}\n\nbody", &id[36..]), "author_name": "Dev",
+                        "committed_date": "2026-11-30T10:00:00.000+01:00", "created_at": "2026-11-30T10:00:00.000+01:00",
+                        "parent_ids": [], "web_url": format!("https://gitlab.example/g/p/-/commit/{id}")}))
+                    .collect();
+                let next = if page * per_page < total { (page + 1).to_string() } else { String::new() };
+                ([("x-next-page", next), ("x-total", total.to_string())], axum::Json(body)).into_response()
+            }),
+        )
+        .route(
+            "/api/v4/projects/7/repository/commits/{sha}/diff",
+            axum::routing::get(|Path(sha): Path<String>| async move {
+                axum::Json(serde_json::json!([{"diff": format!("@@ -0,0 +1 @@\n+// {sha}\n"), "new_path": "src/lib.rs",
+                    "old_path": "src/lib.rs", "a_mode": "100644", "b_mode": "100644", "new_file": false,
+                    "renamed_file": false, "deleted_file": false}]))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
+}
+
 struct Rig {
     _moto: MotoServer,
     _redis: RedisServer,
@@ -76,6 +131,7 @@ async fn rig() -> Rig {
     let adapters = lanes_core::backend::aws(&config, &[Lane::Commits]).await.unwrap();
     let fetches = Arc::new(Mutex::new(HashMap::new()));
     let github = fake_github(fetches.clone()).await;
+    let gitlab = fake_gitlab().await;
     let mock = MockLlm::start().await.unwrap();
     let llm = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(10)).unwrap();
     let clock: SharedClock = Arc::new(SystemClock);
@@ -84,7 +140,7 @@ async fn rig() -> Rig {
         store: adapters.summaries.clone(),
         metrics: Metrics::new(),
         clock: clock.clone(),
-        config: WebhookConfig { github_secret: Some(SECRET.into()), gitlab_token: None },
+        config: WebhookConfig { github_secret: Some(SECRET.into()), gitlab_token: Some(GITLAB_TOKEN.into()) },
     });
     let worker = CommitsWorker {
         summaries: adapters.summaries.clone(),
@@ -95,8 +151,12 @@ async fn rig() -> Rig {
             github: Some(Arc::new(
                 GitHubSource::new(&github, Some("t".into()), Duration::from_secs(5)).unwrap(),
             )),
+            gitlab: Some(Arc::new(
+                GitLabSource::new(&gitlab, Some("glpat".into()), Duration::from_secs(5)).unwrap(),
+            )),
             ..DiffSources::default()
         }),
+        send: adapters.send[Lane::Commits.index()].clone(),
         metrics: Metrics::new(),
         clock,
         lease: WorkerConfig::default().with_lease(Duration::from_secs(3)),
@@ -235,4 +295,42 @@ async fn concurrent_workers_on_the_same_new_commits_spend_once() {
         assert_eq!(sent.get(s), Some(&1), "{}: {sent:?}", &s[..7]);
     }
     assert!(r.mock.seen().len() as u64 > llm_requests.load(Ordering::SeqCst));
+}
+
+/// A GitLab push of 30 commits whose payload lists 20 (as GitLab does): the commits worker lists
+/// the rest with GitLab's API, and all 30 are summarized, each once.
+#[tokio::test]
+async fn a_thirty_commit_gitlab_push_listing_twenty_is_summarized_whole() {
+    let r = rig().await;
+    let history = gitlab_history();
+    let listed: Vec<serde_json::Value> = history[10..]
+        .iter()
+        .map(
+            |id| serde_json::json!({"id": id, "message": "listed", "timestamp": "2026-11-30T10:00:00+01:00"}),
+        )
+        .collect();
+    let before = "f".repeat(40);
+    // `before` is not in this fake's history: the range is everything up to `after`.
+    let body = serde_json::json!({"object_kind": "push", "before": before, "after": history[29],
+        "ref": "refs/heads/main", "total_commits_count": 30,
+        "project": {"id": 7, "path_with_namespace": "g/p", "default_branch": "main"}, "commits": listed})
+    .to_string();
+    let req = axum::http::Request::post("/webhooks/gitlab")
+        .header("x-gitlab-event", "Push Hook")
+        .header("x-gitlab-token", GITLAB_TOKEN)
+        .header("x-gitlab-event-uuid", "gl-30")
+        .body(axum::body::Body::from(body))
+        .unwrap();
+    let resp = r.webhook.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!((v["enqueued"].as_u64(), v["not_listed"].as_u64()), (Some(20), Some(10)), "{v}");
+    drain(&r, 2).await;
+    let seen = sections(&r.mock);
+    for id in &history {
+        assert_eq!(seen.get(id), Some(&1), "{id} summarized once: {seen:?}");
+    }
+    let keys: Vec<(String, String)> = history.iter().map(|id| ("gitlab:7".to_owned(), id.clone())).collect();
+    assert_eq!(r.adapters.summaries.get_summaries(&keys).await.unwrap().len(), 30, "all 30 stored");
 }

@@ -46,6 +46,8 @@ pub struct BatchReport {
     pub completion_tokens: u64,
     /// Commits whose summary another worker wrote first.
     pub lost_races: u64,
+    /// Commits sent to the queue from pushes whose payload did not list them all.
+    pub expanded: u64,
     /// Commits finished.
     pub done: Vec<Done>,
 }

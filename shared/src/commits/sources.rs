@@ -4,7 +4,7 @@
 //! a provider without one is a permanent error, so a deployment never reads what it was not given.
 
 use crate::config::ConfigError;
-use crate::domain::commit::{CommitMessage, Provider};
+use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
 use crate::llm::retry::retry_hint;
 use crate::ports::{DiffError, DiffSource};
 use async_trait::async_trait;
@@ -105,16 +105,8 @@ impl GitHubSource {
 #[async_trait]
 impl DiffSource for GitHubSource {
     async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
-        // `owner/name` only: the path is built from it, so nothing else may pass. A renamed repository
-        // answers with a redirect, which the client follows.
-        let valid = commit.repo.split_once('/').is_some_and(|(o, n)| {
-            [o, n].iter().all(|p| {
-                !p.is_empty()
-                    && *p != ".."
-                    && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-            })
-        });
-        if !valid {
+        // A renamed repository answers with a redirect, which the client follows.
+        if !valid_github_repo(&commit.repo) {
             return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", commit.repo)));
         }
         let url = format!("{}/repos/{}/commits/{}", self.api, commit.repo, commit.sha);
@@ -130,6 +122,22 @@ impl DiffSource for GitHubSource {
             _ => Err(status_error("GitHub", resp).await),
         }
     }
+
+    async fn commits_between(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
+        if !valid_github_repo(&range.repo) {
+            return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", range.repo)));
+        }
+        self.compare(range).await
+    }
+}
+
+/// `owner/name` only: paths are built from it, so nothing else may pass.
+fn valid_github_repo(repo: &str) -> bool {
+    repo.split_once('/').is_some_and(|(o, n)| {
+        [o, n].iter().all(|p| {
+            !p.is_empty() && *p != ".." && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
+    })
 }
 
 #[derive(serde::Deserialize)]
@@ -153,6 +161,35 @@ struct GitHubFile {
     deletions: u64,
 }
 
+/// Most commits one push range expands to (a larger push is summarized up to here, newest last).
+pub const MAX_RANGE_COMMITS: usize = 10_000;
+
+#[derive(serde::Deserialize)]
+struct GitHubCompare {
+    #[serde(default)]
+    commits: Vec<GitHubCompareCommit>,
+}
+
+#[derive(serde::Deserialize)]
+struct GitHubCompareCommit {
+    sha: String,
+    commit: GitHubCommitDetail,
+}
+
+#[derive(serde::Deserialize)]
+struct GitHubCommitDetail {
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    committer: Option<GitHubSignature>,
+}
+
+#[derive(serde::Deserialize)]
+struct GitHubSignature {
+    #[serde(default)]
+    date: String,
+}
+
 /// GitHub's files per page of a commit, and its limit of files listed.
 const GITHUB_FILES_PER_PAGE: usize = 100;
 const GITHUB_MAX_FILES: usize = 3_000;
@@ -164,6 +201,40 @@ impl GitHubSource {
             Some(t) => req.bearer_auth(t),
             None => req,
         }
+    }
+
+    /// `GET /repos/{repo}/compare/{base}...{head}`, paged: the commits reachable from `head` and not
+    /// from the merge base, oldest first (a force push brings only its new commits).
+    async fn compare(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
+        let mut out = Vec::new();
+        for page in 1..=MAX_RANGE_COMMITS / 100 {
+            let url = format!(
+                "{}/repos/{}/compare/{}...{}?per_page=100&page={page}",
+                self.api, range.repo, range.base, range.head
+            );
+            let resp =
+                self.get(&url, "application/vnd.github+json").send().await.map_err(|e| transport(&e))?;
+            if !resp.status().is_success() {
+                return Err(status_error("GitHub", resp).await);
+            }
+            let body = read_json_page(resp).await?;
+            let cmp: GitHubCompare = serde_json::from_slice(&body)
+                .map_err(|e| DiffError::Permanent(format!("GitHub answered an unexpected body: {e}")))?;
+            let n = cmp.commits.len();
+            out.extend(cmp.commits.into_iter().map(|c| CommitMessage {
+                provider: Provider::Github,
+                repo_id: range.repo_id.clone(),
+                repo: range.repo.clone(),
+                sha: c.sha,
+                subject: subject_of(&c.commit.message),
+                committed_at_ms:
+                    c.commit.committer.map_or(0, |s| crate::commits::webhook::rfc3339_ms(&s.date)),
+            }));
+            if n < 100 {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// The commit's per-file patches from the JSON form, rebuilt as one unified diff. A file GitHub
@@ -315,6 +386,66 @@ impl DiffSource for GitLabSource {
         }
         Ok(gitlab_unified(&files))
     }
+
+    /// `GET /projects/:id/repository/commits?ref_name=base..head`, paged (`x-next-page`): the
+    /// commits reachable from `head` and not from `base`, without the diffs the compare API would
+    /// also send. GitLab lists newest first; they are returned oldest first.
+    async fn commits_between(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
+        let id = range.repo_id.trim_start_matches("gitlab:");
+        let revisions = format!("{}..{}", range.base, range.head);
+        let mut out = Vec::new();
+        let mut page = 1u32;
+        loop {
+            let url = format!("{}/api/v4/projects/{id}/repository/commits", self.api);
+            let mut url = reqwest::Url::parse(&url)
+                .map_err(|e| DiffError::Permanent(format!("bad GitLab URL `{url}`: {e}")))?;
+            url.query_pairs_mut()
+                .append_pair("ref_name", &revisions)
+                .append_pair("per_page", "100")
+                .append_pair("page", &page.to_string());
+            let mut req = self.http.get(url);
+            if let Some(t) = &self.token {
+                req = req.header("private-token", t);
+            }
+            let resp = req.send().await.map_err(|e| transport(&e))?;
+            if !resp.status().is_success() {
+                return Err(status_error("GitLab", resp).await);
+            }
+            let next = resp
+                .headers()
+                .get("x-next-page")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u32>().ok());
+            let body = read_json_page(resp).await?;
+            let commits: Vec<GitLabListedCommit> = serde_json::from_slice(&body)
+                .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
+            out.extend(commits.into_iter().map(|c| CommitMessage {
+                provider: Provider::Gitlab,
+                repo_id: range.repo_id.clone(),
+                repo: range.repo.clone(),
+                sha: c.id,
+                subject: if c.title.is_empty() { subject_of(&c.message) } else { subject_of(&c.title) },
+                committed_at_ms: crate::commits::webhook::rfc3339_ms(&c.committed_date),
+            }));
+            match next {
+                Some(n) if n > page && out.len() < MAX_RANGE_COMMITS => page = n,
+                _ => break,
+            }
+        }
+        out.reverse();
+        Ok(out)
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct GitLabListedCommit {
+    id: String,
+    #[serde(default)]
+    title: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    committed_date: String,
 }
 
 /// A repository on this machine, read with the `git` CLI (`commit.repo` is its path).
@@ -394,18 +525,25 @@ impl DiffSources {
     }
 }
 
-#[async_trait]
-impl DiffSource for DiffSources {
-    async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
-        let source = match commit.provider {
+impl DiffSources {
+    fn source(&self, provider: Provider) -> Result<&Arc<dyn DiffSource>, DiffError> {
+        let source = match provider {
             Provider::Github => &self.github,
             Provider::Gitlab => &self.gitlab,
             Provider::Local => &self.local,
         };
-        match source {
-            Some(s) => s.diff(commit).await,
-            None => Err(DiffError::Permanent(format!("no diff source for {} here", commit.provider))),
-        }
+        source.as_ref().ok_or_else(|| DiffError::Permanent(format!("no diff source for {provider} here")))
+    }
+}
+
+#[async_trait]
+impl DiffSource for DiffSources {
+    async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
+        self.source(commit.provider)?.diff(commit).await
+    }
+
+    async fn commits_between(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
+        self.source(range.provider)?.commits_between(range).await
     }
 }
 
@@ -531,6 +669,45 @@ mod tests {
         let d = gh.diff(&msg(Provider::Github, "github:1", "o/huge")).await.unwrap();
         assert!(d.len() < MAX_DIFF_BYTES + 100, "read up to the cap only: {}", d.len());
         assert!(d.ends_with("[lanes: the diff was cut at 8388608 bytes]\n"));
+    }
+
+    /// GitHub's compare API, paged as documented (`per_page`, `page`): every commit of the range,
+    /// oldest first, with its subject and committer date.
+    #[tokio::test]
+    async fn github_lists_a_push_range_through_compare() {
+        let router = axum::Router::new().route(
+            "/repos/{owner}/{name}/compare/{basehead}",
+            get(|Path((_o, _n, basehead)): Path<(String, String, String)>, Query(q): Query<HashMap<String, String>>| async move {
+                assert_eq!(basehead, format!("main...{}", "e".repeat(40)));
+                let page: usize = q.get("page").and_then(|p| p.parse().ok()).unwrap_or(1);
+                let commits: Vec<serde_json::Value> = (0..150usize)
+                    .skip((page - 1) * 100)
+                    .take(100)
+                    .map(|i| serde_json::json!({"sha": format!("{i:040x}"), "commit": {"message": format!("Change {i}\n\nwhy"),
+                        "author": {"name": "a", "date": "2026-11-30T10:00:00Z"}, "committer": {"name": "c", "date": "2026-11-30T11:00:00Z"}}}))
+                    .collect();
+                axum::Json(serde_json::json!({"status": "ahead", "ahead_by": 150, "total_commits": 150, "commits": commits}))
+            }),
+        );
+        let base = serve(router).await;
+        let gh = GitHubSource::new(&base, None, Duration::from_secs(5)).unwrap();
+        let range = PushRange {
+            provider: Provider::Github,
+            repo_id: "github:1".into(),
+            repo: "o/r".into(),
+            base: "main".into(),
+            head: "e".repeat(40),
+            listed: vec![],
+        };
+        let commits = gh.commits_between(&range).await.unwrap();
+        assert_eq!(commits.len(), 150);
+        assert_eq!(
+            (commits[0].sha.as_str(), commits[0].subject.as_str()),
+            (format!("{:040x}", 0).as_str(), "Change 0")
+        );
+        assert_eq!(commits[149].committed_at_ms, 1_796_036_400_000);
+        let bad = PushRange { repo: "o/../x".into(), ..range };
+        assert!(matches!(gh.commits_between(&bad).await, Err(DiffError::Permanent(_))));
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@
 
 use crate::clock::SharedClock;
 use crate::config::ConfigError;
-use crate::domain::commit::{CommitMessage, Provider, subject_of, validate_sha};
+use crate::domain::commit::{CommitMessage, CommitsMessage, Provider, PushRange, subject_of, validate_sha};
 use crate::metrics::Metrics;
 use crate::ports::{QueueSend, SummaryStore};
 use crate::problem::Problem;
@@ -236,15 +236,17 @@ async fn accept(
             }
         }
     }
-    if push.not_listed > 0 {
-        // GitLab lists at most 20 commits per push; the rest are not summarized from this delivery
-        // (listing them needs the compare API, not done yet). Say so rather than pretend.
-        warn!(repo_id = %push.repo_id, not_listed = push.not_listed, "the push payload did not list every commit");
-    }
+    // The listed commits, and for an incomplete payload the range the commits worker expands (with
+    // the host's API) into the rest, so no commit of the push is missed.
+    let range = push
+        .range
+        .iter()
+        .filter_map(|r| serde_json::to_string(&CommitsMessage::Range { range: r.clone() }).ok());
     let messages: Vec<(String, BTreeMap<String, String>)> = push
         .commits
         .iter()
         .filter_map(|c| serde_json::to_string(c).ok())
+        .chain(range)
         .map(|body| (body, BTreeMap::from([("lane".to_owned(), "commits".to_owned())])))
         .collect();
     if !messages.is_empty() {
@@ -275,6 +277,7 @@ async fn accept(
             "skipped": push.skipped,
             "ref_deleted": push.deleted,
             "not_listed": push.not_listed,
+            "range": push.range.as_ref().map(|r| format!("{}..{}", r.base, r.head)),
         }),
     ))
 }
@@ -290,12 +293,50 @@ pub struct Push {
     pub skipped: usize,
     /// The push deleted its ref.
     pub deleted: bool,
-    /// Commits the push had but its payload did not list (GitLab lists at most 20).
+    /// Commits the push had but its payload did not list (GitLab lists at most 20; GitHub says no
+    /// count, so its full list of 2,048 counts as incomplete).
     pub not_listed: usize,
+    /// When the payload did not list every commit: the range for the commits worker to expand.
+    pub range: Option<PushRange>,
+}
+
+/// Most commits a GitHub push payload lists.
+pub const GITHUB_MAX_LISTED: usize = 2_048;
+
+/// The range of a push whose payload is incomplete: `before..after`, or for a new branch (`before`
+/// all zeros) `default_branch..after`, so the branch brings its own commits and not the history it
+/// shares with the default branch.
+fn push_range(
+    provider: Provider,
+    repo_id: &str,
+    repo: &str,
+    before: &str,
+    after: &str,
+    default_branch: &str,
+    listed: &[CommitMessage],
+) -> Option<PushRange> {
+    let base = if before.trim_start_matches('0').is_empty() { default_branch } else { before };
+    let range = PushRange {
+        provider,
+        repo_id: repo_id.to_owned(),
+        repo: repo.to_owned(),
+        base: base.to_owned(),
+        head: after.to_owned(),
+        listed: listed.iter().map(|c| c.sha.clone()).collect(),
+    };
+    match range.validate() {
+        Ok(()) => Some(range),
+        Err(e) => {
+            warn!(repo_id, error = %e, "an incomplete push whose range cannot be expanded");
+            None
+        }
+    }
 }
 
 #[derive(Deserialize)]
 struct GitHubPush {
+    #[serde(default)]
+    before: String,
     after: String,
     #[serde(default)]
     deleted: bool,
@@ -308,6 +349,8 @@ struct GitHubPush {
 struct GitHubRepo {
     id: u64,
     full_name: String,
+    #[serde(default)]
+    default_branch: String,
 }
 
 #[derive(Deserialize)]
@@ -327,6 +370,8 @@ fn yes() -> bool {
 
 #[derive(Deserialize)]
 struct GitLabPush {
+    #[serde(default)]
+    before: String,
     after: String,
     #[serde(default)]
     total_commits_count: usize,
@@ -339,6 +384,8 @@ struct GitLabPush {
 struct GitLabProject {
     id: u64,
     path_with_namespace: String,
+    #[serde(default)]
+    default_branch: String,
 }
 
 #[derive(Deserialize)]
@@ -408,7 +455,8 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
         true
     };
     let mut not_listed = 0;
-    let (repo_id, deleted) = match provider {
+    // (repo_id, deleted, the range inputs when the payload is incomplete)
+    let (repo_id, deleted, incomplete) = match provider {
         Provider::Github => {
             let p: GitHubPush = serde_json::from_slice(body).map_err(bad_payload)?;
             let repo_id = format!("github:{}", p.repository.id);
@@ -422,7 +470,15 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
                     }
                 }
             }
-            (repo_id, deleted)
+            let incomplete = (!deleted && p.commits.len() >= GITHUB_MAX_LISTED).then(|| {
+                (
+                    p.repository.full_name.clone(),
+                    p.before.clone(),
+                    p.after.clone(),
+                    p.repository.default_branch.clone(),
+                )
+            });
+            (repo_id, deleted, incomplete)
         }
         Provider::Gitlab => {
             let p: GitLabPush = serde_json::from_slice(body).map_err(bad_payload)?;
@@ -436,13 +492,24 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
                     }
                 }
             }
-            (repo_id, deleted)
+            let incomplete = (!deleted && not_listed > 0).then(|| {
+                (
+                    p.project.path_with_namespace.clone(),
+                    p.before.clone(),
+                    p.after.clone(),
+                    p.project.default_branch.clone(),
+                )
+            });
+            (repo_id, deleted, incomplete)
         }
         Provider::Local => {
             return Err(PushError("pushes from local repositories are not webhooks".into()));
         }
     };
-    Ok(Push { repo_id, commits, skipped, deleted, not_listed })
+    let range = incomplete.and_then(|(repo, before, after, default_branch)| {
+        push_range(provider, &repo_id, &repo, &before, &after, &default_branch, &commits)
+    });
+    Ok(Push { repo_id, commits, skipped, deleted, not_listed, range })
 }
 
 /// Signs `body` as GitHub does (for tests, samples and `lanes` tooling).
@@ -480,6 +547,38 @@ mod tests {
         assert!(!verify_github(secret, body, Some("sha256=zz")));
         assert!(verify_gitlab("tok", Some("tok")));
         assert!(!verify_gitlab("tok", Some("tok2")) && !verify_gitlab("tok", None));
+    }
+
+    /// Incomplete payloads carry the range to expand: `before..after`, or for a new branch (`before`
+    /// all zeros) `default_branch..after`; a complete payload carries none.
+    #[test]
+    fn incomplete_pushes_carry_their_range() {
+        let (before, after) = ("b".repeat(40), "c".repeat(40));
+        let gitlab = |before: &str, total: usize| {
+            serde_json::json!({"before": before, "after": after, "total_commits_count": total,
+                "project": {"id": 7, "path_with_namespace": "g/p", "default_branch": "main"},
+                "commits": [{"id": after, "message": "m", "timestamp": "2026-11-30T10:00:00Z"}]})
+            .to_string()
+        };
+        let p = parse_push(Provider::Gitlab, gitlab(&before, 25).as_bytes()).unwrap();
+        let r = p.range.unwrap();
+        assert_eq!(
+            (r.base.as_str(), r.head.as_str(), r.listed.clone()),
+            (before.as_str(), after.as_str(), vec![after.clone()])
+        );
+        let p = parse_push(Provider::Gitlab, gitlab(ZERO_SHA, 25).as_bytes()).unwrap();
+        assert_eq!(p.range.unwrap().base, "main", "a new branch brings its own commits only");
+        assert!(parse_push(Provider::Gitlab, gitlab(&before, 1).as_bytes()).unwrap().range.is_none());
+
+        let shas: Vec<String> = (0..GITHUB_MAX_LISTED).map(|i| format!("{i:040x}")).collect();
+        let listed: Vec<(&str, bool)> = shas.iter().map(|s| (s.as_str(), true)).collect();
+        let p =
+            parse_push(Provider::Github, github_push(9, &shas[GITHUB_MAX_LISTED - 1], &listed).as_bytes())
+                .unwrap();
+        let r = p.range.unwrap();
+        assert_eq!((r.repo.as_str(), r.listed.len()), ("octo/repo", GITHUB_MAX_LISTED));
+        let few = github_push(9, &shas[1], &listed[..2]);
+        assert!(parse_push(Provider::Github, few.as_bytes()).unwrap().range.is_none());
     }
 
     #[test]

@@ -11,13 +11,15 @@ use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
 pub use super::report::{BatchReport, Done, Served};
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
-use crate::domain::commit::{CommitMessage, CommitSummary, SummarySource, summary_cache_key};
+use crate::domain::commit::{
+    CommitMessage, CommitSummary, CommitsMessage, PushRange, SummarySource, summary_cache_key,
+};
 use crate::domain::{Kind, Lane, TokenUsage};
 use crate::lease::{self, Heartbeat, Leased, Outcome, after_holder, full_jitter_backoff};
 use crate::metrics::Metrics;
 use crate::ports::{
     Acquire, Cache, DiffError, DiffSource, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
-    QueueError, ReceivedMessage, SummaryStore, WriteOnce,
+    QueueError, QueueSend, ReceivedMessage, SummaryStore, WriteOnce,
 };
 use futures::future::join_all;
 use std::collections::HashMap;
@@ -42,6 +44,8 @@ pub struct CommitsWorker {
     pub llm: Arc<dyn LlmClient>,
     /// Where diffs come from.
     pub diffs: Arc<dyn DiffSource>,
+    /// The commits queue, where the commits of an incomplete push are sent once listed.
+    pub send: Arc<dyn QueueSend>,
     /// Metrics.
     pub metrics: Metrics,
     /// Time.
@@ -102,10 +106,19 @@ impl CommitsWorker {
         // Decode; group by key.
         let mut groups: Vec<Group> = Vec::new();
         let mut by_key: HashMap<String, usize> = HashMap::new();
+        let mut ranges: Vec<(usize, PushRange)> = Vec::new();
         for (i, m) in messages.iter().enumerate() {
-            let commit = serde_json::from_str::<CommitMessage>(&m.body)
-                .map_err(|e| e.to_string())
-                .and_then(|c| c.validate().map(|_| c).map_err(|e| e.to_string()));
+            let commit = match serde_json::from_str::<CommitsMessage>(&m.body).map_err(|e| e.to_string()) {
+                Ok(CommitsMessage::Range { range }) => match range.validate() {
+                    Ok(()) => {
+                        ranges.push((i, range));
+                        continue;
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                Ok(CommitsMessage::Commit(c)) => c.validate().map(|_| c).map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
             match commit {
                 Ok(c) => {
                     let g = *by_key.entry(c.key()).or_insert_with(|| {
@@ -131,6 +144,9 @@ impl CommitsWorker {
             }
         }
         report.commits = groups.len();
+        for (i, range) in ranges {
+            outcomes[i] = Some(self.expand(&*queue, &messages[i], &range, &mut report).await);
+        }
 
         // Lease every delivery now: the queue's own visibility is long; ours is short and renewed.
         let ttl = self.lease.lease_ttl;
@@ -228,6 +244,55 @@ impl CommitsWorker {
             "commit batch done"
         );
         (out, report)
+    }
+
+    /// Lists the commits of an incomplete push with the host's API and sends one message per commit
+    /// the payload did not list (within the fetch deadline); the range message is acked once they
+    /// are all sent. A commit sent twice after a partial failure is summarized once anyway.
+    async fn expand(
+        &self,
+        queue: &dyn QueueConsume,
+        m: &ReceivedMessage,
+        range: &PushRange,
+        report: &mut BatchReport,
+    ) -> Outcome {
+        let listed: std::collections::HashSet<&str> = range.listed.iter().map(String::as_str).collect();
+        let listing =
+            tokio::time::timeout(self.config.fetch_deadline, self.diffs.commits_between(range)).await;
+        let failed = |reason: String| async move {
+            warn!(repo_id = %range.repo_id, reason, "push range not expanded");
+            if lease::is_last_delivery(queue, m) {
+                let reason = format!("gave up after {} attempts: {reason}", m.receive_count);
+                lease::dead_letter(&self.metrics, queue, m, reason, LANE, "attempts").await
+            } else {
+                lease::hand_back(queue, m, full_jitter_backoff(&self.lease, m.receive_count), &reason).await
+            }
+        };
+        let commits = match listing {
+            Ok(Ok(commits)) => commits,
+            Ok(Err(DiffError::Permanent(reason))) => {
+                let reason = format!("push range {}..{} not listed: {reason}", range.base, range.head);
+                return lease::dead_letter(&self.metrics, queue, m, reason, LANE, "permanent").await;
+            }
+            Ok(Err(DiffError::Retryable { message, .. })) => return failed(message).await,
+            Err(_) => return failed("listing the push's commits timed out".into()).await,
+        };
+        let attributes = std::collections::BTreeMap::from([("lane".to_owned(), LANE.to_owned())]);
+        let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = commits
+            .iter()
+            .filter(|c| !listed.contains(c.sha.as_str()) && c.validate().is_ok())
+            .filter_map(|c| serde_json::to_string(c).ok())
+            .map(|body| (body, attributes.clone()))
+            .collect();
+        match self.send.send_batch(&messages).await {
+            Ok(unsent) if unsent.is_empty() => {
+                info!(repo_id = %range.repo_id, sent = messages.len(), "push range expanded");
+                report.expanded += messages.len() as u64;
+                lease::ack(queue, m).await
+            }
+            Ok(unsent) => failed(format!("{} of {} commits not sent", unsent.len(), messages.len())).await,
+            Err(e) => failed(format!("commits not sent: {e}")).await,
+        }
     }
 
     fn open(groups: &[Group]) -> impl Iterator<Item = usize> + '_ {
@@ -668,7 +733,7 @@ mod tests {
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedSummaries, MemoryCache, MemoryLock,
     };
     use crate::llm::OfflineProvider;
-    use crate::ports::{LlmResponse, QueueSend};
+    use crate::ports::LlmResponse;
     use async_trait::async_trait;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -692,6 +757,23 @@ mod tests {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             }
             self.diffs.get(&commit.sha).cloned().ok_or_else(|| DiffError::Permanent("404".into()))
+        }
+
+        /// Every commit it has a diff for, in sha order, as the range's commits.
+        async fn commits_between(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
+            let mut shas: Vec<&String> = self.diffs.keys().filter(|s| s.as_str() != SLOW_SHA).collect();
+            shas.sort();
+            Ok(shas
+                .into_iter()
+                .map(|sha| CommitMessage {
+                    provider: range.provider,
+                    repo_id: range.repo_id.clone(),
+                    repo: range.repo.clone(),
+                    sha: sha.clone(),
+                    subject: "listed by the host".into(),
+                    committed_at_ms: 1,
+                })
+                .collect())
         }
     }
 
@@ -767,6 +849,7 @@ mod tests {
             lock: Arc::new(MemoryLock::new(clock.clone())),
             llm: llm.clone(),
             diffs: diffs.clone(),
+            send: Arc::new(queue.clone()),
             metrics: Metrics::new(),
             clock,
             lease: WorkerConfig::default().with_lease(Duration::from_millis(600)),
@@ -880,6 +963,48 @@ mod tests {
         assert!(format!("{:?}", retried[0]).contains("not fetched within"), "{retried:?}");
         let big = report.done.iter().find(|d| d.summary.sha == sha(98)).unwrap();
         assert!(big.summary.diff_cut, "the long line is cut");
+    }
+
+    /// A push of 30 commits whose payload listed 20: the range message brings the other 10 (and only
+    /// them) onto the queue, and every one of the 30 is summarized once.
+    #[tokio::test]
+    async fn an_incomplete_push_is_expanded_and_every_commit_summarized() {
+        let diffs: HashMap<String, String> =
+            (0..30).map(|i| (sha(i), diff(&format!("src/f{i}.rs"), 3))).collect();
+        let r = rig(diffs, "").await;
+        let range = PushRange {
+            provider: Provider::Gitlab,
+            repo_id: "gitlab:7".into(),
+            repo: "group/project".into(),
+            base: sha(1000),
+            head: sha(29),
+            listed: (10..30).map(sha).collect(),
+        };
+        let body = serde_json::to_string(&CommitsMessage::Range { range }).unwrap();
+        r.queue.send(&body, Default::default()).await.unwrap();
+        let gitlab = |s: &str| {
+            serde_json::to_string(&CommitMessage {
+                provider: Provider::Gitlab,
+                repo_id: "gitlab:7".into(),
+                repo: "group/project".into(),
+                sha: s.into(),
+                subject: "listed".into(),
+                committed_at_ms: 1,
+            })
+            .unwrap()
+        };
+        for i in 10..30 {
+            r.queue.send(&gitlab(&sha(i)), Default::default()).await.unwrap();
+        }
+        let (outcomes, report) = drain(&r).await;
+        assert!(outcomes.iter().all(|o| *o == Outcome::Acked), "{outcomes:?}");
+        assert_eq!((report.expanded, report.done.len()), (10, 20));
+        let (outcomes, report) = drain(&r).await;
+        assert!(outcomes.iter().all(|o| *o == Outcome::Acked), "{outcomes:?}");
+        assert_eq!((outcomes.len(), report.done.len()), (10, 10), "the unlisted ten, once each");
+        assert!(
+            crate::lease::receive_batch(&r.queue, 100, Duration::from_millis(50)).await.unwrap().is_empty()
+        );
     }
 
     #[tokio::test]

@@ -117,6 +117,61 @@ impl CommitMessage {
     }
 }
 
+/// One message on the `commits` queue: a push whose payload did not list all of its commits (GitLab
+/// lists 20, GitHub 2,048). The commits worker asks the host for the commits of `base..head` and
+/// sends one [`CommitMessage`] per commit not in `listed` (those were sent by the webhook).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushRange {
+    /// Where the repository lives.
+    pub provider: Provider,
+    /// `provider:numeric id`.
+    pub repo_id: String,
+    /// Human name (`owner/name` or `path_with_namespace`).
+    pub repo: String,
+    /// What the ref pointed at before the push, or, for a new branch, the default branch (so a new
+    /// branch brings its own commits, not the repository's whole history).
+    pub base: String,
+    /// What the ref points at now.
+    pub head: String,
+    /// Commits the payload listed (already sent).
+    #[serde(default)]
+    pub listed: Vec<String>,
+}
+
+impl PushRange {
+    /// Checks every field: ids are full shas, `base` a sha or a plain branch name.
+    pub fn validate(&self) -> Result<(), CommitRefError> {
+        if validate_repo_id(&self.repo_id)? != self.provider {
+            return Err(bad("repo_id", format!("does not start with `{}:`", self.provider)));
+        }
+        validate_sha(&self.head)?;
+        let branch_ok = !self.base.is_empty()
+            && self.base.len() <= 255
+            && !self.base.contains("..")
+            && self.base.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        if validate_sha(&self.base).is_err() && !branch_ok {
+            return Err(bad("base", "must be a full commit id or a branch name"));
+        }
+        if self.repo.is_empty() || self.repo.len() > 1024 {
+            return Err(bad("repo", "must be 1-1024 bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// What the `commits` queue carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CommitsMessage {
+    /// A push to expand into commits (`{"range": {...}}`).
+    Range {
+        /// The push.
+        range: PushRange,
+    },
+    /// A commit to summarize.
+    Commit(CommitMessage),
+}
+
 /// `repo_id:sha`.
 pub fn commit_key(repo_id: &str, sha: &str) -> String {
     format!("{repo_id}:{sha}")
