@@ -140,7 +140,11 @@ async fn rig() -> Rig {
         store: adapters.summaries.clone(),
         metrics: Metrics::new(),
         clock: clock.clone(),
-        config: WebhookConfig { github_secret: Some(SECRET.into()), gitlab_token: Some(GITLAB_TOKEN.into()) },
+        config: WebhookConfig {
+            github_secret: Some(SECRET.into()),
+            gitlab_token: Some(GITLAB_TOKEN.into()),
+            allowlist: vec![],
+        },
     });
     let worker = CommitsWorker {
         summaries: adapters.summaries.clone(),

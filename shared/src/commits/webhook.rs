@@ -37,6 +37,9 @@ pub struct WebhookConfig {
     pub github_secret: Option<String>,
     /// GitLab's secret token.
     pub gitlab_token: Option<String>,
+    /// Owners (GitHub users or organisations) and groups (GitLab, any depth) whose pushes are
+    /// accepted; empty accepts every repository the secrets authenticate.
+    pub allowlist: Vec<String>,
 }
 
 impl std::fmt::Debug for WebhookConfig {
@@ -44,13 +47,15 @@ impl std::fmt::Debug for WebhookConfig {
         f.debug_struct("WebhookConfig")
             .field("github_secret", &self.github_secret.as_ref().map(|_| "<set>"))
             .field("gitlab_token", &self.gitlab_token.as_ref().map(|_| "<set>"))
+            .field("allowlist", &self.allowlist)
             .finish()
     }
 }
 
 impl WebhookConfig {
     /// `LANES_GITHUB_WEBHOOK_SECRET` / `LANES_GITLAB_WEBHOOK_TOKEN`, or in Lambda the Secrets Manager
-    /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`.
+    /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
+    /// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups).
     pub async fn from_env() -> Result<Self, ConfigError> {
         let github_secret = crate::adapters::secrets::env_or_secret(
             "LANES_GITHUB_WEBHOOK_SECRET",
@@ -62,10 +67,30 @@ impl WebhookConfig {
             "LANES_GITLAB_WEBHOOK_TOKEN_ID",
         )
         .await?;
+        let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
+            .map(|v| {
+                v.split(',')
+                    .map(|e| e.trim().trim_matches('/').to_owned())
+                    .filter(|e| !e.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Self {
             github_secret: github_secret.filter(|s| !s.is_empty()),
             gitlab_token: gitlab_token.filter(|s| !s.is_empty()),
+            allowlist,
         })
+    }
+
+    /// Whether pushes to `repo` (`owner/name`, or GitLab's `group/sub/project`) are accepted: with an
+    /// allowlist, its owner or one of its enclosing groups must be listed (case-insensitively).
+    pub fn allows(&self, repo: &str) -> bool {
+        self.allowlist.is_empty()
+            || self.allowlist.iter().any(|owner| {
+                repo.len() > owner.len()
+                    && repo.as_bytes()[owner.len()] == b'/'
+                    && repo[..owner.len()].eq_ignore_ascii_case(owner)
+            })
     }
 }
 
@@ -214,6 +239,16 @@ async fn accept(
         }
     }
     let push = parse_push(provider, &bytes)?;
+    if !w.config.allows(&push.repo) {
+        w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "forbidden"]).inc();
+        return Err(Problem::new(
+            StatusCode::FORBIDDEN,
+            "repository-not-allowed",
+            "Repository not allowed",
+            format!("pushes to `{}` are not accepted: its owner is not in LANES_REPO_ALLOWLIST", push.repo),
+        )
+        .with_field("repository"));
+    }
     let delivery = match provider {
         Provider::Gitlab => header(headers, "x-gitlab-event-uuid"),
         _ => header(headers, "x-github-delivery"),
@@ -287,6 +322,8 @@ async fn accept(
 pub struct Push {
     /// `provider:numeric id`.
     pub repo_id: String,
+    /// `owner/name` or `path_with_namespace`.
+    pub repo: String,
     /// One message per new commit.
     pub commits: Vec<CommitMessage>,
     /// Commits left out (not distinct, or unusable ids).
@@ -456,7 +493,7 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
     };
     let mut not_listed = 0;
     // (repo_id, deleted, the range inputs when the payload is incomplete)
-    let (repo_id, deleted, incomplete) = match provider {
+    let (repo_id, repo, deleted, incomplete) = match provider {
         Provider::Github => {
             let p: GitHubPush = serde_json::from_slice(body).map_err(bad_payload)?;
             let repo_id = format!("github:{}", p.repository.id);
@@ -478,7 +515,7 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
                     p.repository.default_branch.clone(),
                 )
             });
-            (repo_id, deleted, incomplete)
+            (repo_id, p.repository.full_name, deleted, incomplete)
         }
         Provider::Gitlab => {
             let p: GitLabPush = serde_json::from_slice(body).map_err(bad_payload)?;
@@ -500,16 +537,16 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
                     p.project.default_branch.clone(),
                 )
             });
-            (repo_id, deleted, incomplete)
+            (repo_id, p.project.path_with_namespace, deleted, incomplete)
         }
         Provider::Local => {
             return Err(PushError("pushes from local repositories are not webhooks".into()));
         }
     };
-    let range = incomplete.and_then(|(repo, before, after, default_branch)| {
-        push_range(provider, &repo_id, &repo, &before, &after, &default_branch, &commits)
+    let range = incomplete.and_then(|(name, before, after, default_branch)| {
+        push_range(provider, &repo_id, &name, &before, &after, &default_branch, &commits)
     });
-    Ok(Push { repo_id, commits, skipped, deleted, not_listed, range })
+    Ok(Push { repo_id, repo, commits, skipped, deleted, not_listed, range })
 }
 
 /// Signs `body` as GitHub does (for tests, samples and `lanes` tooling).
@@ -582,6 +619,19 @@ mod tests {
     }
 
     #[test]
+    fn the_allowlist_matches_owners_and_enclosing_groups_only() {
+        let c =
+            WebhookConfig { allowlist: vec!["octo".into(), "Acme/platform".into()], ..Default::default() };
+        for ok in ["octo/repo", "OCTO/x", "acme/platform/api", "acme/platform/sub/deep"] {
+            assert!(c.allows(ok), "{ok}");
+        }
+        for no in ["octopus/repo", "acme/other", "acme/platformer/x", "octo", "evil/octo"] {
+            assert!(!c.allows(no), "{no}");
+        }
+        assert!(WebhookConfig::default().allows("anyone/anything"));
+    }
+
+    #[test]
     fn times_with_offsets() {
         assert_eq!(rfc3339_ms("2015-05-05T19:40:15Z"), 1_430_854_815_000);
         assert_eq!(rfc3339_ms("2015-05-05T15:40:15-04:00"), 1_430_854_815_000);
@@ -619,7 +669,11 @@ mod tests {
             store: Arc::new(EmbeddedSummaries::new(db)),
             metrics: Metrics::new(),
             clock,
-            config: WebhookConfig { github_secret: Some("s3cret".into()), gitlab_token: Some("gl".into()) },
+            config: WebhookConfig {
+                github_secret: Some("s3cret".into()),
+                gitlab_token: Some("gl".into()),
+                allowlist: vec![],
+            },
         });
         Rig { _dir: dir, router, queue }
     }
