@@ -130,8 +130,11 @@ impl BucketState {
 /// The answer to a request for budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// Taken.
+    /// Taken: call now.
     Granted,
+    /// Taken from the class's own buckets ahead of their refill: call after this long. Requests
+    /// that come later queue behind it, and the other class cannot borrow what it waits for.
+    Reserved(Duration),
     /// Nothing taken; enough will be there after this long.
     Wait(Duration),
 }
@@ -139,7 +142,9 @@ pub enum Decision {
 fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
     let elapsed = now_ms.saturating_sub(state.at_ms) as f64;
     for ((level, cap), rate) in state.levels.iter_mut().zip(config.caps()).zip(config.rates()) {
-        *level = (*level + elapsed * rate).min(cap);
+        // A level above its cap means the limits just came down (first learned from the provider,
+        // or lowered): what was admitted so far ran unpaced, so the new pace starts from empty.
+        *level = if *level > cap { 0.0 } else { (*level + elapsed * rate).min(cap) };
     }
     state.at_ms = state.at_ms.max(now_ms);
 }
@@ -149,13 +154,18 @@ pub fn cool_down(state: &mut BucketState, until_ms: u64) {
     state.cool_until_ms = state.cool_until_ms.max(until_ms);
 }
 
-/// Takes one request and `tokens` for `class`, or says how long to wait. All or nothing.
+/// Takes one request and `tokens` for `class`, or says how long to wait. All or nothing. A caller
+/// willing to wait up to `reserve_up_to_ms` for its own class's refill gets the budget reserved
+/// ([`Decision::Reserved`]) instead of polling again: reservations keep arrival order within a class,
+/// and a class with waiting callers holds no budget above its watermark, so the other class borrows
+/// only what is truly idle.
 pub fn decide(
     config: &LimiterConfig,
     state: &mut BucketState,
     now_ms: u64,
     class: Class,
     tokens: u64,
+    reserve_up_to_ms: u64,
 ) -> Decision {
     if state.cool_until_ms > now_ms {
         return Decision::Wait(Duration::from_millis(state.cool_until_ms - now_ms));
@@ -168,6 +178,8 @@ pub fn decide(
     };
     let mut takes = [0.0f64; 4];
     let mut wait_ms = 0.0f64;
+    // Whether some dimension's wait is shorter with a loan than with the class's own refill.
+    let mut loan_sooner = false;
     for (dim, need) in [(0usize, 1.0f64), (2, tokens as f64)] {
         let (own, other) = (dim + own_off, dim + other_off);
         // A request waits for at most its class's bucket up to the lending watermark, then runs into
@@ -201,10 +213,17 @@ pub fn decide(
         } else {
             own_wait
         };
+        loan_sooner |= with_loan < own_wait;
         wait_ms = wait_ms.max(own_wait.min(with_loan));
     }
     if wait_ms > 0.0 {
-        return Decision::Wait(Duration::from_millis(wait_ms.ceil() as u64));
+        let wait = wait_ms.ceil() as u64;
+        if !loan_sooner && wait <= reserve_up_to_ms {
+            state.levels[own_off] -= 1.0;
+            state.levels[2 + own_off] -= tokens as f64;
+            return Decision::Reserved(Duration::from_millis(wait));
+        }
+        return Decision::Wait(Duration::from_millis(wait));
     }
     for (level, take) in state.levels.iter_mut().zip(takes) {
         *level -= take;
@@ -231,8 +250,14 @@ pub fn reconcile(
 /// The limiter port: shared by every worker of a deployment.
 #[async_trait]
 pub trait RateLimiter: Send + Sync {
-    /// Tries to take budget for one call of `lane` estimated at `tokens`.
-    async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError>;
+    /// Tries to take budget for one call of `lane` estimated at `tokens`, reserving it when the
+    /// caller would wait at most `reserve_up_to` for it ([`decide`]).
+    async fn try_acquire(
+        &self,
+        lane: Lane,
+        tokens: u64,
+        reserve_up_to: Duration,
+    ) -> Result<Decision, LimiterError>;
     /// Reconciles the estimate with the reported usage.
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError>;
     /// Makes every caller wait `for_` from now (a 429's hint): the cooldown is shared.
@@ -286,9 +311,15 @@ impl MemoryLimiter {
 
 #[async_trait]
 impl RateLimiter for MemoryLimiter {
-    async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError> {
+    async fn try_acquire(
+        &self,
+        lane: Lane,
+        tokens: u64,
+        reserve_up_to: Duration,
+    ) -> Result<Decision, LimiterError> {
         let config = self.learned.apply(&self.config);
-        Ok(decide(&config, &mut *self.state()?, self.clock.now_ms(), lane.into(), tokens))
+        let reserve = reserve_up_to.as_millis() as u64;
+        Ok(decide(&config, &mut *self.state()?, self.clock.now_ms(), lane.into(), tokens, reserve))
     }
 
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
@@ -323,6 +354,7 @@ mod tests {
         minutes: u64,
         tokens_per_call: [u64; 2],
         active: [bool; 2],
+        reserve_ms: u64,
     ) -> [u64; 2] {
         let mut state = BucketState::full(&config, 0);
         let mut now = 0u64;
@@ -334,8 +366,12 @@ mod tests {
                 if !active[i] || next[i] > now {
                     continue;
                 }
-                match decide(&config, &mut state, now, class, tokens_per_call[i]) {
+                match decide(&config, &mut state, now, class, tokens_per_call[i], reserve_ms) {
                     Decision::Granted => got[i] += tokens_per_call[i],
+                    Decision::Reserved(d) => {
+                        got[i] += tokens_per_call[i];
+                        next[i] = now + d.as_millis().max(1) as u64;
+                    }
                     Decision::Wait(d) => next[i] = now + d.as_millis().max(1) as u64,
                 }
             }
@@ -354,17 +390,24 @@ mod tests {
     #[test]
     fn both_saturated_interactive_keeps_its_reservation() {
         let cfg = LimiterConfig::new(600.0, 100_000.0);
-        let got = simulate(cfg, 10, [500, 2_000], [true, true]);
+        let got = simulate(cfg, 10, [500, 2_000], [true, true], 0);
         let share = got[0] as f64 / (got[0] + got[1]) as f64;
         assert!(share >= 0.65, "interactive got {share:.3} of the tokens");
         let total_per_min = (got[0] + got[1]) as f64 / 10.0;
         assert!(total_per_min <= 100_000.0, "never past the limit");
+        // Callers that reserve (they will wait anyway) hold their class's place: the share is kept
+        // within a rounding of one call.
+        let got = simulate(cfg, 10, [500, 2_000], [true, true], 20_000);
+        let share = got[0] as f64 / (got[0] + got[1]) as f64;
+        assert!(share >= 0.69, "interactive got {share:.3} of the tokens when reserving");
+        let total_per_min = (got[0] + got[1]) as f64 / 10.0;
+        assert!(total_per_min <= 100_000.0 * 1.01, "never past the limit: {total_per_min}");
     }
 
     #[test]
     fn an_idle_interactive_lane_lends_to_the_background() {
         let cfg = LimiterConfig::new(600.0, 100_000.0);
-        let got = simulate(cfg, 10, [500, 2_000], [false, true]);
+        let got = simulate(cfg, 10, [500, 2_000], [false, true], 20_000);
         let per_min = got[1] as f64 / 10.0;
         assert!(per_min >= 0.9 * 100_000.0, "background got {per_min} tokens/min");
     }
@@ -375,25 +418,44 @@ mod tests {
         // background's holds 90 and lends what is above half of it (45).
         let cfg = LimiterConfig::new(60.0, 6_000.0);
         let mut s = BucketState::full(&cfg, 0);
-        assert_eq!(decide(&cfg, &mut s, 0, Class::Interactive, 200), Decision::Granted);
+        assert_eq!(decide(&cfg, &mut s, 0, Class::Interactive, 200, 0), Decision::Granted);
         // 10 left + 45 lendable < 100: short by 45 at 3990 tokens/min (the background's bucket is
         // full, so what it lends does not grow) = 677 ms, not the 1.354 s it would take without the
         // loan.
-        let Decision::Wait(w) = decide(&cfg, &mut s, 0, Class::Interactive, 100) else { panic!() };
+        let Decision::Wait(w) = decide(&cfg, &mut s, 0, Class::Interactive, 100, 0) else { panic!() };
         assert_eq!(w, Duration::from_millis(677));
         reconcile(&cfg, &mut s, 0, Class::Interactive, 200, 100);
         assert_eq!(
-            decide(&cfg, &mut s, 0, Class::Interactive, 100),
+            decide(&cfg, &mut s, 0, Class::Interactive, 100, 0),
             Decision::Granted,
             "the overestimate came back"
         );
         // A cooldown makes every class wait it out, whatever its buckets hold.
         cool_down(&mut s, 5_000);
         assert_eq!(
-            decide(&cfg, &mut s, 1_000, Class::Background, 1),
+            decide(&cfg, &mut s, 1_000, Class::Background, 1, 0),
             Decision::Wait(Duration::from_millis(4_000))
         );
-        assert!(matches!(decide(&cfg, &mut s, 5_000, Class::Background, 1), Decision::Granted));
+        assert!(matches!(decide(&cfg, &mut s, 5_000, Class::Background, 1, 0), Decision::Granted));
+        // A caller that would wait anyway reserves: the budget is taken now, the next one queues
+        // behind it, and nothing is reserved past what the caller would wait.
+        let cfg = LimiterConfig { interactive_share: 0.0, ..LimiterConfig::new(60.0, 1e9) };
+        let mut s = BucketState::full(&cfg, 0);
+        while decide(&cfg, &mut s, 0, Class::Background, 1, 0) == Decision::Granted {}
+        let Decision::Reserved(first) = decide(&cfg, &mut s, 0, Class::Background, 1, 10_000) else {
+            panic!()
+        };
+        let Decision::Reserved(second) = decide(&cfg, &mut s, 0, Class::Background, 1, 10_000) else {
+            panic!()
+        };
+        assert!(second > first, "{first:?} then {second:?}");
+        let before = s;
+        assert!(matches!(decide(&cfg, &mut s, 0, Class::Background, 1, 1), Decision::Wait(_)));
+        assert_eq!(s.levels, before.levels, "a wait takes nothing");
+        // Limits coming down (first learned) restart the buckets empty.
+        let cfg = LimiterConfig::new(60.0, 6_000.0);
+        let mut s = BucketState::full(&LimiterConfig::unknown(), 0);
+        assert!(matches!(decide(&cfg, &mut s, 0, Class::Interactive, 1, 0), Decision::Wait(_)));
     }
 
     #[test]
@@ -408,8 +470,15 @@ mod tests {
         while now < 600_000 {
             let class = if i.is_multiple_of(3) { Class::Background } else { Class::Interactive };
             let tokens = 50 + (i * 97) % 400;
-            match decide(&cfg, &mut s, now, class, tokens) {
+            // Every other request reserves: a reservation is admitted when its wait ends.
+            let reserve = if i.is_multiple_of(2) { 30_000 } else { 0 };
+            match decide(&cfg, &mut s, now, class, tokens, reserve) {
                 Decision::Granted => {
+                    admitted.push((now, tokens));
+                    i += 1;
+                }
+                Decision::Reserved(d) => {
+                    now += d.as_millis() as u64;
                     admitted.push((now, tokens));
                     i += 1;
                 }
@@ -499,8 +568,33 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
         let deadline = tokio::time::Instant::now() + self.max_wait;
         let mut charged = true;
         loop {
-            match self.limiter.try_acquire(request.lane, estimate).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.limiter.try_acquire(request.lane, estimate, left).await {
                 Ok(Decision::Granted) => break,
+                Ok(Decision::Reserved(wait)) => {
+                    crate::metrics::llm_route_event(request.lane, &self.route, "limiter_wait");
+                    crate::metrics::LLM_LIMITER_WAIT
+                        .with_label_values(&[request.lane.as_str(), &self.route])
+                        .inc_by(wait.as_secs_f64());
+                    tokio::time::sleep(wait).await;
+                    // A 429 while this call waited paused everyone. Its reservation was made for the
+                    // time now paused: firing it after the pause, with every other reservation, would
+                    // be a burst. It gives its tokens back and queues again once the pause is over.
+                    if let Ok(Some(pause)) = self.limiter.cooling_for().await {
+                        if let Err(e) = self.limiter.reconcile(request.lane, estimate, 0).await {
+                            tracing::warn!(error = %e, "limiter reconcile failed");
+                        }
+                        if tokio::time::Instant::now() + pause > deadline {
+                            return Err(crate::ports::LlmError::Throttled {
+                                message: "provider cooling down".into(),
+                                retry_after: Some(pause),
+                            });
+                        }
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                    break;
+                }
                 Ok(Decision::Wait(wait)) => {
                     if tokio::time::Instant::now() + wait > deadline {
                         return Err(crate::ports::LlmError::Throttled {

@@ -291,22 +291,29 @@ async fn redis_limiter_matches_the_in_process_one() {
     let config = LimiterConfig::new(60.0, 6_000.0);
     let shared = RedisLimiter::new(conn, "lanes:", "openai:gpt", config, clock.clone());
     let local = MemoryLimiter::new(config, clock.clone());
+    // (lane, tokens, ms to advance first, how long the caller would wait for a reservation)
     let script = [
-        (Lane::Interactive, 3_000u64, 0u64),
-        (Lane::Synthesis, 1_000, 0),
-        (Lane::Interactive, 2_000, 0),
-        (Lane::Commits, 900, 500),
-        (Lane::Interactive, 1_500, 2_000),
-        (Lane::Synthesis, 700, 10_000),
-        (Lane::Interactive, 4_000, 30_000),
+        (Lane::Interactive, 3_000u64, 0u64, 0u64),
+        (Lane::Synthesis, 1_000, 0, 0),
+        (Lane::Interactive, 2_000, 0, 0),
+        (Lane::Commits, 900, 500, 60_000),
+        (Lane::Interactive, 1_500, 2_000, 0),
+        (Lane::Interactive, 1_500, 0, 60_000),
+        (Lane::Synthesis, 700, 10_000, 0),
+        (Lane::Interactive, 4_000, 30_000, 0),
     ];
-    let mut granted = 0;
-    for (lane, tokens, advance) in script {
+    let (mut granted, mut reserved) = (0, 0);
+    for (lane, tokens, advance, reserve) in script {
         clock.advance_ms(advance);
-        let a = shared.try_acquire(lane, tokens).await.unwrap();
-        let b = local.try_acquire(lane, tokens).await.unwrap();
+        let reserve = Duration::from_millis(reserve);
+        let a = shared.try_acquire(lane, tokens, reserve).await.unwrap();
+        let b = local.try_acquire(lane, tokens, reserve).await.unwrap();
         match (a, b) {
             (Decision::Granted, Decision::Granted) => granted += 1,
+            (Decision::Reserved(x), Decision::Reserved(y)) => {
+                assert!(x.abs_diff(y) <= Duration::from_millis(1), "{x:?} vs {y:?}");
+                reserved += 1;
+            }
             (Decision::Wait(x), Decision::Wait(y)) => {
                 assert!(x.abs_diff(y) <= Duration::from_millis(1), "{x:?} vs {y:?}")
             }
@@ -318,6 +325,7 @@ async fn redis_limiter_matches_the_in_process_one() {
         }
     }
     assert!((2..7).contains(&granted), "the script exercises both grants and waits ({granted} granted)");
+    assert!(reserved >= 1, "and reservations");
 }
 
 #[tokio::test]
@@ -333,22 +341,22 @@ async fn a_cooldown_is_shared_by_every_limiter_on_the_same_redis() {
     let first = RedisLimiter::new(a, "lanes:", "openai:gpt", config, std::sync::Arc::new(SystemClock));
     let second = RedisLimiter::new(b, "lanes:", "openai:gpt", config, std::sync::Arc::new(SystemClock));
     assert_eq!(
-        second.try_acquire(Lane::Synthesis, 10).await.unwrap(),
+        second.try_acquire(Lane::Synthesis, 10, Duration::ZERO).await.unwrap(),
         Decision::Granted,
         "unknown limits: no pacing"
     );
     first.cool_down(Duration::from_millis(800)).await.unwrap();
-    let Decision::Wait(w) = second.try_acquire(Lane::Interactive, 10).await.unwrap() else {
+    let Decision::Wait(w) = second.try_acquire(Lane::Interactive, 10, Duration::ZERO).await.unwrap() else {
         panic!("the other worker must wait the 429 out")
     };
     assert!(w > Duration::from_millis(600) && w <= Duration::from_millis(800), "{w:?}");
     tokio::time::sleep(w).await;
-    assert_eq!(second.try_acquire(Lane::Interactive, 10).await.unwrap(), Decision::Granted);
+    assert_eq!(second.try_acquire(Lane::Interactive, 10, Duration::ZERO).await.unwrap(), Decision::Granted);
     // Learned limits pace: a provider saying 60 requests per minute leaves a burst of ~3.
     second.learn(&ProviderLimits { rpm: Some(60.0), tpm: None, exhausted_for: None });
     let mut granted = 0;
     for _ in 0..10 {
-        if second.try_acquire(Lane::Interactive, 1).await.unwrap() == Decision::Granted {
+        if second.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap() == Decision::Granted {
             granted += 1;
         }
     }

@@ -1,11 +1,13 @@
 -- The limiter's steps (see limiter.rs) over one hash key, atomically: `take` (decide), `put`
 -- (reconcile) and `cool` (start or extend the shared cooldown).
 -- ARGV: op, now_ms, class (0/1), tokens, estimated (or the cooldown's ms for `cool`), rpm, tpm,
--- interactive share, lend_above, window_ms, burst. Returns the wait in ms (0 = granted).
+-- interactive share, lend_above, window_ms, burst, reserve_up_to_ms. Returns 0 when granted, the wait
+-- in ms when nothing was taken, minus the wait when the budget was reserved (see `decide`).
 local k = KEYS[1]
 local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rpm, tpm, share, lend, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local burst = tonumber(ARGV[11])
+local reserve = tonumber(ARGV[12]) or 0
 local shares = {rpm * share, rpm * (1 - share), tpm * share, tpm * (1 - share)}
 local caps, rates = {}, {}
 for i = 1, 4 do
@@ -21,7 +23,10 @@ else
   for i = 1, 4 do levels[i] = tonumber(raw[i]) end
 end
 local elapsed = math.max(0, now - at)
-for i = 1, 4 do levels[i] = math.min(levels[i] + elapsed * rates[i], caps[i]) end
+for i = 1, 4 do
+  -- Above its cap: the limits just came down, so the new pace starts from empty.
+  if levels[i] > caps[i] then levels[i] = 0 else levels[i] = math.min(levels[i] + elapsed * rates[i], caps[i]) end
+end
 at = math.max(at, now)
 local wait = 0
 if op == 'cool' then
@@ -34,6 +39,7 @@ elseif cool > now then
 else
   local own_off, other_off = class, 1 - class
   local takes = {0, 0, 0, 0}
+  local loan_sooner = false
   local dims = {{1, 1}, {3, tokens}}
   for _, d in ipairs(dims) do
     local own, other, need = d[1] + own_off, d[1] + other_off, d[2]
@@ -53,15 +59,23 @@ else
         local other_rate = 0
         if levels[other] < caps[other] then other_rate = rates[other] end
         local both = rates[own] + other_rate
-        if short <= caps[other] * (1 - lend) and both > 0 then w = math.min(w, short / both) end
+        if short <= caps[other] * (1 - lend) and both > 0 and short / both < w then
+          w = short / both
+          loan_sooner = true
+        end
         wait = math.max(wait, w)
       end
     end
   end
   if wait == 0 then
     for i = 1, 4 do levels[i] = levels[i] - takes[i] end
+  elseif (not loan_sooner) and math.ceil(wait) <= reserve then
+    levels[1 + own_off] = levels[1 + own_off] - 1
+    levels[3 + own_off] = levels[3 + own_off] - tokens
+    wait = -wait
   end
 end
 redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at), 'cool', tostring(cool))
 redis.call('PEXPIRE', k, math.ceil(2 * window + math.max(0, cool - now)))
+if wait < 0 then return -math.ceil(-wait) end
 return math.ceil(wait)

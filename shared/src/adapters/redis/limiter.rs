@@ -12,8 +12,9 @@ use redis::Script;
 use std::time::Duration;
 
 /// [`crate::limiter::decide`] and [`crate::limiter::reconcile`] as one Lua script over one hash key, so every worker shares the
-/// buckets atomically. ARGV: op (`take`/`put`), now_ms, class (0/1), tokens, estimated, rpm, tpm,
-/// interactive share, lend_above, window_ms. Returns the wait in ms (0 = granted).
+/// buckets atomically. ARGV: op (`take`/`put`/`cool`), now_ms, class (0/1), tokens, estimated, rpm,
+/// tpm, interactive share, lend_above, window_ms, burst, reserve_up_to_ms. Returns 0 (granted), the
+/// wait in ms, or minus the wait of a reservation.
 const LIMITER_LUA: &str = include_str!("limiter.lua");
 
 /// The limiter in Redis, shared by every worker (EVALSHA with EVAL fallback on NOSCRIPT).
@@ -40,7 +41,14 @@ impl RedisLimiter {
         }
     }
 
-    async fn run(&self, op: &str, class: Class, tokens: u64, estimated: u64) -> Result<u64, LimiterError> {
+    async fn run(
+        &self,
+        op: &str,
+        class: Class,
+        tokens: u64,
+        estimated: u64,
+        reserve_ms: u64,
+    ) -> Result<i64, LimiterError> {
         crate::metrics::aws_request("redis", "EVALSHA limiter");
         let mut conn = self.conn.clone();
         // The caps lowered to what the provider said: every call carries the limits it paces by.
@@ -58,6 +66,7 @@ impl RedisLimiter {
             .arg(c.lend_above)
             .arg(c.window_ms)
             .arg(c.burst)
+            .arg(reserve_ms)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
@@ -66,17 +75,26 @@ impl RedisLimiter {
 
 #[async_trait]
 impl RateLimiter for RedisLimiter {
-    async fn try_acquire(&self, lane: Lane, tokens: u64) -> Result<Decision, LimiterError> {
-        let wait = self.run("take", lane.into(), tokens, 0).await?;
-        Ok(if wait == 0 { Decision::Granted } else { Decision::Wait(Duration::from_millis(wait)) })
+    async fn try_acquire(
+        &self,
+        lane: Lane,
+        tokens: u64,
+        reserve_up_to: Duration,
+    ) -> Result<Decision, LimiterError> {
+        let wait = self.run("take", lane.into(), tokens, 0, reserve_up_to.as_millis() as u64).await?;
+        Ok(match wait {
+            0 => Decision::Granted,
+            w if w < 0 => Decision::Reserved(Duration::from_millis(w.unsigned_abs())),
+            w => Decision::Wait(Duration::from_millis(w as u64)),
+        })
     }
 
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
-        self.run("put", lane.into(), actual, estimated).await.map(|_| ())
+        self.run("put", lane.into(), actual, estimated, 0).await.map(|_| ())
     }
 
     async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError> {
-        self.run("cool", Class::Interactive, 0, for_.as_millis() as u64).await.map(|_| ())
+        self.run("cool", Class::Interactive, 0, for_.as_millis() as u64, 0).await.map(|_| ())
     }
 
     async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError> {
