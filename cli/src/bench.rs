@@ -106,8 +106,8 @@ pub enum BenchCommand {
         /// Tokens per (one-second) window.
         #[arg(long, default_value_t = 20_000.0)]
         tpm: f64,
-        /// Seconds of load per run.
-        #[arg(long, default_value_t = 6.0)]
+        /// Seconds of load per run: ten one-second windows stand for a provider's ten minutes.
+        #[arg(long, default_value_t = 10.0)]
         seconds: f64,
         /// One JSON object instead of a table.
         #[arg(long)]

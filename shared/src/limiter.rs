@@ -118,12 +118,15 @@ pub struct BucketState {
     pub at_ms: u64,
     /// Unix ms until which every class waits (a provider's 429 or spent budget).
     pub cool_until_ms: u64,
+    /// Whether the buckets were lined up with the provider's window ([`align`]) since they started
+    /// (fresh, or empty after the limits came down).
+    pub aligned: bool,
 }
 
 impl BucketState {
     /// Full buckets (one burst each) at `now_ms`.
     pub fn full(config: &LimiterConfig, now_ms: u64) -> Self {
-        Self { levels: config.caps(), at_ms: now_ms, cool_until_ms: 0 }
+        Self { levels: config.caps(), at_ms: now_ms, cool_until_ms: 0, aligned: false }
     }
 }
 
@@ -143,8 +146,14 @@ fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
     let elapsed = now_ms.saturating_sub(state.at_ms) as f64;
     for ((level, cap), rate) in state.levels.iter_mut().zip(config.caps()).zip(config.rates()) {
         // A level above its cap means the limits just came down (first learned from the provider,
-        // or lowered): what was admitted so far ran unpaced, so the new pace starts from empty.
-        *level = if *level > cap { 0.0 } else { (*level + elapsed * rate).min(cap) };
+        // or lowered): what was admitted so far ran unpaced, so the new pace starts from empty, to
+        // be lined up with the provider's window by the next answer.
+        if *level > cap {
+            *level = 0.0;
+            state.aligned = false;
+        } else {
+            *level = (*level + elapsed * rate).min(cap);
+        }
     }
     state.at_ms = state.at_ms.max(now_ms);
 }
@@ -231,6 +240,31 @@ pub fn decide(
     Decision::Granted
 }
 
+/// Lines the buckets up with what the provider says is left of its current window: each class's
+/// bucket holds at most its share of the remaining budget less what it refills before the reset, so
+/// the rest of that window admits no more than is left, the calls made before the limits were known
+/// (unpaced) included. Once per start of the buckets: later, a token-bucket provider's `reset-*`
+/// (time to full) would make this stall a busy deployment for nothing. Never below minus a window's
+/// share.
+pub fn align(config: &LimiterConfig, state: &mut BucketState, now_ms: u64, limits: &ProviderLimits) {
+    refill(config, state, now_ms);
+    if state.aligned {
+        return;
+    }
+    state.aligned = true;
+    let (shares, rates) = (config.shares(), config.rates());
+    let fractions =
+        [config.interactive_share.clamp(0.0, 1.0), 1.0 - config.interactive_share.clamp(0.0, 1.0)];
+    for dim in 0..2 {
+        let (Some(left), Some(reset)) = (limits.remaining[dim], limits.reset[dim]) else { continue };
+        for (class, fraction) in fractions.iter().enumerate() {
+            let i = dim * 2 + class;
+            let ceiling = (fraction * left - rates[i] * reset.as_millis() as f64).max(-shares[i]);
+            state.levels[i] = state.levels[i].min(ceiling);
+        }
+    }
+}
+
 /// Puts back an overestimate, or charges an underestimate, to `class`'s token bucket (refilled to
 /// `now_ms` first, as the Redis script does, so an underestimate is never forgiven by the cap).
 pub fn reconcile(
@@ -265,8 +299,13 @@ pub trait RateLimiter: Send + Sync {
     /// How long the shared cooldown has left, if one is running (a route cooling down is skipped
     /// while a fallback route exists).
     async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError>;
-    /// Paces by the limits the provider said, where lower than the configured caps.
-    fn learn(&self, limits: &ProviderLimits);
+    /// Paces by the limits the provider said, where lower than the configured caps; true when this
+    /// process did not know them before (then [`RateLimiter::align`] with the same answer).
+    fn learn(&self, limits: &ProviderLimits) -> bool;
+    /// Lines the shared buckets up with the provider's `remaining-*`/`reset-*` ([`align`]).
+    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError>;
+    /// The limits in force (the caps lowered to what was learned).
+    fn limits(&self) -> LimiterConfig;
 }
 
 /// Limits learned from a provider's headers, kept per process: every worker reads the same headers.
@@ -274,12 +313,13 @@ pub trait RateLimiter: Send + Sync {
 pub struct Learned(Mutex<ProviderLimits>);
 
 impl Learned {
-    /// Keeps the newest limits the provider stated.
-    pub fn learn(&self, limits: &ProviderLimits) {
-        if let Ok(mut l) = self.0.lock() {
-            l.rpm = limits.rpm.or(l.rpm);
-            l.tpm = limits.tpm.or(l.tpm);
-        }
+    /// Keeps the newest limits the provider stated; true when none were known before.
+    pub fn learn(&self, limits: &ProviderLimits) -> bool {
+        let Ok(mut l) = self.0.lock() else { return false };
+        let first = l.rpm.is_none() && l.tpm.is_none() && (limits.rpm.is_some() || limits.tpm.is_some());
+        l.rpm = limits.rpm.or(l.rpm);
+        l.tpm = limits.tpm.or(l.tpm);
+        first
     }
 
     /// `caps` lowered to what was learned.
@@ -338,8 +378,18 @@ impl RateLimiter for MemoryLimiter {
         Ok((left > 0).then(|| Duration::from_millis(left)))
     }
 
-    fn learn(&self, limits: &ProviderLimits) {
-        self.learned.learn(limits);
+    fn learn(&self, limits: &ProviderLimits) -> bool {
+        self.learned.learn(limits)
+    }
+
+    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError> {
+        let config = self.learned.apply(&self.config);
+        align(&config, &mut *self.state()?, self.clock.now_ms(), limits);
+        Ok(())
+    }
+
+    fn limits(&self) -> LimiterConfig {
+        self.learned.apply(&self.config)
     }
 }
 
@@ -459,6 +509,36 @@ mod tests {
     }
 
     #[test]
+    fn the_first_answer_lines_the_buckets_up_with_the_providers_window_once() {
+        // 1,000 tokens a second; the first answer says 600 are left for the next 500 ms.
+        let cfg = LimiterConfig { window_ms: 1_000.0, ..LimiterConfig::new(1e6, 1_000.0) };
+        let mut s = BucketState::full(&cfg, 0);
+        let said = ProviderLimits {
+            remaining: [None, Some(600.0)],
+            reset: [None, Some(Duration::from_millis(500))],
+            ..Default::default()
+        };
+        align(&cfg, &mut s, 0, &said);
+        // What the rest of that window admits: the levels plus 95% of 1,000/s for 500 ms.
+        let admitted = s.levels[2] + s.levels[3] + 0.95 * 1_000.0 * 0.5;
+        assert!(admitted <= 600.0 + 1e-6, "{admitted}");
+        // Once per start of the buckets: a later answer (a token-bucket provider's time to full,
+        // say) changes nothing.
+        let before = s;
+        align(
+            &cfg,
+            &mut s,
+            0,
+            &ProviderLimits {
+                remaining: [None, Some(0.0)],
+                reset: [None, Some(Duration::from_secs(60))],
+                ..Default::default()
+            },
+        );
+        assert_eq!(s, before);
+    }
+
+    #[test]
     fn no_window_of_any_alignment_admits_more_than_the_limit() {
         // Saturated by both classes with varied sizes; any 60 s interval, wherever it starts, stays
         // within the limit: what a fixed-window or sliding-window provider counts.
@@ -524,12 +604,25 @@ pub struct Limited<C> {
     blind: Mutex<(u32, Option<tokio::time::Instant>)>,
     /// The route's name in metrics (`provider:model`).
     route: String,
+    /// Calls of this process the provider has not answered yet, and their estimated tokens.
+    in_flight: [std::sync::atomic::AtomicU64; 2],
+    /// This process's answers of the last window (when, tokens): what got through, from which a
+    /// provider that says nothing about its limits has them inferred at its first 429.
+    served: Mutex<std::collections::VecDeque<(tokio::time::Instant, u64)>>,
 }
 
 impl<C> Limited<C> {
     /// Wraps `inner`.
     pub fn new(inner: C, limiter: std::sync::Arc<dyn RateLimiter>, max_wait: Duration) -> Self {
-        Self { inner, limiter, max_wait, blind: Mutex::new((0, None)), route: String::new() }
+        Self {
+            inner,
+            limiter,
+            max_wait,
+            blind: Mutex::new((0, None)),
+            route: String::new(),
+            in_flight: Default::default(),
+            served: Default::default(),
+        }
     }
 
     /// Names the route in the metrics of its waits, 429s and cooldowns.
@@ -615,7 +708,12 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
                 }
             }
         }
+        use std::sync::atomic::Ordering::Relaxed;
+        self.in_flight[0].fetch_add(1, Relaxed);
+        self.in_flight[1].fetch_add(estimate, Relaxed);
         let result = self.inner.complete(request).await;
+        self.in_flight[0].fetch_sub(1, Relaxed);
+        self.in_flight[1].fetch_sub(estimate, Relaxed);
         if charged {
             self.settle(request, estimate, &result).await;
         }
@@ -634,6 +732,43 @@ impl<C> Limited<C> {
         if let Ok(mut b) = self.blind.lock() {
             *b = (0, None);
         }
+    }
+
+    /// Keeps `tokens` of an answer in the window's log.
+    fn log_served(&self, tokens: u64) {
+        let window = Duration::from_millis(self.limiter.limits().window_ms as u64);
+        let now = tokio::time::Instant::now();
+        if let Ok(mut log) = self.served.lock() {
+            while log.front().is_some_and(|(t, _)| now.duration_since(*t) > window) {
+                log.pop_front();
+            }
+            log.push_back((now, tokens));
+        }
+    }
+
+    /// A 429 from a provider whose limits are unknown (no caps, no headers): what got through in the
+    /// last window is about its limit, so the limiter paces at nine tenths of it from now on (the
+    /// provider's own headers, should they come, replace the inference).
+    fn infer_limits(&self) {
+        let limits = self.limiter.limits();
+        if limits.rpm < UNKNOWN || limits.tpm < UNKNOWN {
+            return;
+        }
+        let window = Duration::from_millis(limits.window_ms as u64);
+        let now = tokio::time::Instant::now();
+        let Ok(log) = self.served.lock() else { return };
+        let recent = log.iter().filter(|(t, _)| now.duration_since(*t) <= window);
+        let (requests, tokens) = recent.fold((0u64, 0u64), |(r, k), (_, t)| (r + 1, k + t));
+        if requests == 0 {
+            return;
+        }
+        let inferred = ProviderLimits {
+            rpm: Some(requests as f64 * 0.9),
+            tpm: Some(tokens as f64 * 0.9),
+            ..Default::default()
+        };
+        tracing::info!(route = %self.route, rpm = requests as f64 * 0.9, tpm = tokens as f64 * 0.9, "provider limits inferred from its first 429");
+        self.limiter.learn(&inferred);
     }
 
     /// The pause after a hintless 429: a second, doubled for each such 429 after the last pause ended.
@@ -659,16 +794,29 @@ impl<C> Limited<C> {
         let actual = match result {
             Ok(r) => {
                 self.reset_blind();
-                self.limiter.learn(&r.limits);
+                if self.limiter.learn(&r.limits) {
+                    // This answer's `remaining-*` may not count the calls still in flight (made
+                    // unpaced, before the limits were known): count them as spent.
+                    use std::sync::atomic::Ordering::Relaxed;
+                    let mut limits = r.limits;
+                    for (left, in_flight) in limits.remaining.iter_mut().zip(&self.in_flight) {
+                        *left = left.map(|l| (l - in_flight.load(Relaxed) as f64).max(0.0));
+                    }
+                    if let Err(e) = self.limiter.align(&limits).await {
+                        tracing::warn!(error = %e, "limiter alignment failed");
+                    }
+                }
                 if let Some(spent) = r.limits.exhausted_for {
                     crate::metrics::llm_route_event(lane, &self.route, "cooldown");
                     if let Err(e) = self.limiter.cool_down(spent).await {
                         tracing::warn!(error = %e, "limiter cooldown failed");
                     }
                 }
+                self.log_served(r.usage.prompt + r.usage.completion);
                 Some(r.usage.prompt + r.usage.completion)
             }
             Err(LlmError::Throttled { retry_after, .. }) => {
+                self.infer_limits();
                 let pause = match retry_after {
                     Some(hint) => {
                         self.reset_blind();

@@ -378,6 +378,10 @@ pub struct ProviderLimits {
     pub tpm: Option<f64>,
     /// Set when a `remaining-*` header says the budget is spent: until its `reset-*`.
     pub exhausted_for: Option<Duration>,
+    /// What is left of the current window (`remaining-*`): requests, tokens.
+    pub remaining: [Option<f64>; 2],
+    /// When each of those resets (`reset-*`): requests, tokens.
+    pub reset: [Option<Duration>; 2],
 }
 
 /// A model's answer.

@@ -353,7 +353,7 @@ async fn a_cooldown_is_shared_by_every_limiter_on_the_same_redis() {
     tokio::time::sleep(w).await;
     assert_eq!(second.try_acquire(Lane::Interactive, 10, Duration::ZERO).await.unwrap(), Decision::Granted);
     // Learned limits pace: a provider saying 60 requests per minute leaves a burst of ~3.
-    second.learn(&ProviderLimits { rpm: Some(60.0), tpm: None, exhausted_for: None });
+    second.learn(&ProviderLimits { rpm: Some(60.0), ..Default::default() });
     let mut granted = 0;
     for _ in 0..10 {
         if second.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap() == Decision::Granted {

@@ -70,13 +70,18 @@ async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>
 
 /// A raw diff, cut at the cap on a whole line with a marker.
 async fn read_diff(resp: reqwest::Response) -> Result<String, DiffError> {
-    let (mut bytes, cut) = read_capped(resp, MAX_DIFF_BYTES).await?;
-    if cut {
-        let end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        bytes.truncate(end);
-        bytes.extend_from_slice(format!("[lanes: the diff was cut at {MAX_DIFF_BYTES} bytes]\n").as_bytes());
+    match read_capped(resp, MAX_DIFF_BYTES).await? {
+        (bytes, true) => Ok(cut_diff(bytes)),
+        (bytes, false) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
     }
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The first [`MAX_DIFF_BYTES`] of a diff, ending on a whole line, with a marker.
+fn cut_diff(mut bytes: Vec<u8>) -> String {
+    let end = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    bytes.truncate(end);
+    bytes.extend_from_slice(format!("[lanes: the diff was cut at {MAX_DIFF_BYTES} bytes]\n").as_bytes());
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// One JSON page, refused past [`MAX_JSON_PAGE_BYTES`].
@@ -455,7 +460,8 @@ pub struct LocalGit;
 #[async_trait]
 impl DiffSource for LocalGit {
     async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
-        let out = tokio::process::Command::new("git")
+        use tokio::io::AsyncReadExt;
+        let mut child = tokio::process::Command::new("git")
             .arg("-C")
             .arg(&commit.repo)
             .args([
@@ -467,18 +473,36 @@ impl DiffSource for LocalGit {
                 "--diff-merges=first-parent",
             ])
             .arg(&commit.sha)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
-            .output()
+            .spawn()
+            .map_err(|e| DiffError::Permanent(format!("cannot run git: {e}")))?;
+        let Some(stdout) = child.stdout.take() else {
+            return Err(DiffError::Permanent("git gave no output stream".into()));
+        };
+        // Read at most the cap; past it git is stopped, so a huge commit costs neither memory nor
+        // time.
+        let mut bytes = Vec::new();
+        stdout
+            .take(MAX_DIFF_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| DiffError::Retryable { message: format!("reading git: {e}"), retry_after: None })?;
+        if bytes.len() > MAX_DIFF_BYTES {
+            let _ = child.kill().await;
+            bytes.truncate(MAX_DIFF_BYTES);
+            return Ok(cut_diff(bytes));
+        }
+        let out = child
+            .wait_with_output()
             .await
             .map_err(|e| DiffError::Permanent(format!("cannot run git: {e}")))?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             return Err(DiffError::Permanent(format!("git show {}: {}", commit.sha, err.trim())));
         }
-        if out.stdout.len() > MAX_DIFF_BYTES {
-            return Err(DiffError::Permanent(format!("diff larger than {MAX_DIFF_BYTES} bytes")));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 }
 

@@ -129,19 +129,31 @@ pub fn rate_limits(headers: &HeaderMap, now: SystemTime) -> crate::ports::Provid
         .or_else(|| num("anthropic-ratelimit-tokens-limit"))
         .or_else(|| num("anthropic-ratelimit-input-tokens-limit"));
     let mut exhausted = Vec::new();
-    for dim in ["requests", "tokens"] {
-        if num(&format!("x-ratelimit-remaining-{dim}")) == Some(0.0) {
-            exhausted.extend(get(&format!("x-ratelimit-reset-{dim}")).and_then(parse_go_duration));
+    let (mut remaining, mut reset) = ([None; 2], [None; 2]);
+    for (i, dim) in ["requests", "tokens"].into_iter().enumerate() {
+        let openai = (
+            num(&format!("x-ratelimit-remaining-{dim}")),
+            get(&format!("x-ratelimit-reset-{dim}")).and_then(parse_go_duration),
+        );
+        let anthropic = (
+            num(&format!("anthropic-ratelimit-{dim}-remaining")),
+            get(&format!("anthropic-ratelimit-{dim}-reset"))
+                .and_then(|v| humantime::parse_rfc3339_weak(v).ok())
+                .map(until),
+        );
+        let (left, resets) = if openai.0.is_some() { openai } else { anthropic };
+        if left == Some(0.0) {
+            exhausted.extend(resets);
         }
-        if num(&format!("anthropic-ratelimit-{dim}-remaining")) == Some(0.0) {
-            let reset = get(&format!("anthropic-ratelimit-{dim}-reset"));
-            exhausted.extend(reset.and_then(|v| humantime::parse_rfc3339_weak(v).ok()).map(until));
-        }
+        remaining[i] = left;
+        reset[i] = resets.map(|d| d.min(MAX_HINT));
     }
     crate::ports::ProviderLimits {
         rpm: rpm.filter(|v| *v > 0.0),
         tpm: tpm.filter(|v| *v > 0.0),
         exhausted_for: exhausted.into_iter().max().map(|d| d.min(MAX_HINT)),
+        remaining,
+        reset,
     }
 }
 

@@ -1,8 +1,10 @@
 -- The limiter's steps (see limiter.rs) over one hash key, atomically: `take` (decide), `put`
 -- (reconcile) and `cool` (start or extend the shared cooldown).
 -- ARGV: op, now_ms, class (0/1), tokens, estimated (or the cooldown's ms for `cool`), rpm, tpm,
--- interactive share, lend_above, window_ms, burst, reserve_up_to_ms. Returns 0 when granted, the wait
--- in ms when nothing was taken, minus the wait when the budget was reserved (see `decide`).
+-- interactive share, lend_above, window_ms, burst, reserve_up_to_ms, and for `align` the resets of
+-- requests and tokens (with the remaining requests and tokens in the tokens and estimated slots;
+-- values of 1e18 and more mean "not said"). Returns 0 when granted, the wait in ms when nothing was
+-- taken, minus the wait when the budget was reserved (see `decide`).
 local k = KEYS[1]
 local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local rpm, tpm, share, lend, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -14,8 +16,8 @@ for i = 1, 4 do
   caps[i] = shares[i] * burst
   rates[i] = shares[i] * (1 - burst) / window
 end
-local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at', 'cool')
-local levels, at, cool = {}, tonumber(raw[5]), tonumber(raw[6]) or 0
+local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at', 'cool', 'al')
+local levels, at, cool, aligned = {}, tonumber(raw[5]), tonumber(raw[6]) or 0, raw[7] == '1'
 if at == nil then
   for i = 1, 4 do levels[i] = caps[i] end
   at = now
@@ -25,11 +27,32 @@ end
 local elapsed = math.max(0, now - at)
 for i = 1, 4 do
   -- Above its cap: the limits just came down, so the new pace starts from empty.
-  if levels[i] > caps[i] then levels[i] = 0 else levels[i] = math.min(levels[i] + elapsed * rates[i], caps[i]) end
+  if levels[i] > caps[i] then
+    levels[i] = 0
+    aligned = false
+  else
+    levels[i] = math.min(levels[i] + elapsed * rates[i], caps[i])
+  end
 end
 at = math.max(at, now)
 local wait = 0
-if op == 'cool' then
+if op == 'align' then
+  if not aligned then
+    aligned = true
+    local left = {tokens, estimated}
+    local resets = {tonumber(ARGV[13]) or 1e19, tonumber(ARGV[14]) or 1e19}
+    local fractions = {math.max(0, math.min(share, 1)), 1 - math.max(0, math.min(share, 1))}
+    for d = 1, 2 do
+      if left[d] < 1e18 and resets[d] < 1e18 then
+        for c = 1, 2 do
+          local i = (d - 1) * 2 + c
+          local ceiling = math.max(fractions[c] * left[d] - rates[i] * resets[d], -shares[i])
+          if levels[i] > ceiling then levels[i] = ceiling end
+        end
+      end
+    end
+  end
+elseif op == 'cool' then
   cool = math.max(cool, now + estimated)
 elseif op == 'put' then
   local i = 3 + class
@@ -75,7 +98,9 @@ else
     wait = -wait
   end
 end
-redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at), 'cool', tostring(cool))
+local al = '0'
+if aligned then al = '1' end
+redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at), 'cool', tostring(cool), 'al', al)
 redis.call('PEXPIRE', k, math.ceil(2 * window + math.max(0, cool - now)))
 if wait < 0 then return -math.ceil(-wait) end
 return math.ceil(wait)

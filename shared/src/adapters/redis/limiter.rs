@@ -49,6 +49,19 @@ impl RedisLimiter {
         estimated: u64,
         reserve_ms: u64,
     ) -> Result<i64, LimiterError> {
+        self.run_with(op, class, tokens, estimated, reserve_ms, [u64::MAX; 2]).await
+    }
+
+    /// [`RedisLimiter::run`] with the two reset arguments of `align` (`u64::MAX`: none).
+    async fn run_with(
+        &self,
+        op: &str,
+        class: Class,
+        tokens: u64,
+        estimated: u64,
+        reserve_ms: u64,
+        resets: [u64; 2],
+    ) -> Result<i64, LimiterError> {
         crate::metrics::aws_request("redis", "EVALSHA limiter");
         let mut conn = self.conn.clone();
         // The caps lowered to what the provider said: every call carries the limits it paces by.
@@ -67,6 +80,8 @@ impl RedisLimiter {
             .arg(c.window_ms)
             .arg(c.burst)
             .arg(reserve_ms)
+            .arg(resets[0])
+            .arg(resets[1])
             .invoke_async(&mut conn)
             .await
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
@@ -111,7 +126,18 @@ impl RateLimiter for RedisLimiter {
         Ok((left > 0).then(|| Duration::from_millis(left)))
     }
 
-    fn learn(&self, limits: &ProviderLimits) {
-        self.learned.learn(limits);
+    fn learn(&self, limits: &ProviderLimits) -> bool {
+        self.learned.learn(limits)
+    }
+
+    fn limits(&self) -> LimiterConfig {
+        self.learned.apply(&self.config)
+    }
+
+    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError> {
+        // Absent values travel as u64::MAX, which the script reads as "not said".
+        let left = limits.remaining.map(|v| v.map_or(u64::MAX, |v| v as u64));
+        let resets = limits.reset.map(|d| d.map_or(u64::MAX, |d| d.as_millis() as u64));
+        self.run_with("align", Class::Interactive, left[0], left[1], 0, resets).await.map(|_| ())
     }
 }
