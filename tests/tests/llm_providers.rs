@@ -246,23 +246,10 @@ async fn a_primary_cooling_down_falls_back_and_the_answer_names_the_fallback_mod
         .to_vec();
     primary.script([Scripted::Status(429, vec![("retry-after", "60".into())])]);
     let stack = Stack::start_with_env(Backend::Aws, &[], env).await;
-    let client = reqwest::Client::new();
-    let mut ids = Vec::new();
     for i in 0..4 {
-        let body =
-            serde_json::json!({"project_id":"p","kind":"explain","prompt":format!("q{i}"),"target_files":[]});
-        let v: serde_json::Value = client
-            .post(format!("{}/v1/tasks", stack.server.url))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        ids.push(v["task_id"].as_str().unwrap().to_owned());
+        let id = lanes_tests::submit(&stack.server.url, "explain", &format!("q{i}")).await;
         // One at a time, so the first one's 429 has started the cooldown before the next call.
-        let v: serde_json::Value = reqwest::get(format!("{}/v1/tasks/{}?wait=20", stack.server.url, ids[i]))
+        let v: serde_json::Value = reqwest::get(format!("{}/v1/tasks/{id}?wait=20", stack.server.url))
             .await
             .unwrap()
             .json()

@@ -306,6 +306,26 @@ impl GitLabSource {
     }
 }
 
+impl GitLabSource {
+    /// One page of a paged GitLab list: its body and `x-next-page`.
+    async fn page(&self, url: &str) -> Result<(Vec<u8>, Option<u32>), DiffError> {
+        let mut req = self.http.get(url);
+        if let Some(t) = &self.token {
+            req = req.header("private-token", t);
+        }
+        let resp = req.send().await.map_err(|e| transport(&e))?;
+        if !resp.status().is_success() {
+            return Err(status_error("GitLab", resp).await);
+        }
+        let next = resp
+            .headers()
+            .get("x-next-page")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        Ok((read_json_page(resp).await?, next))
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct GitLabDiff {
     old_path: String,
@@ -365,20 +385,7 @@ impl DiffSource for GitLabSource {
                 "{}/api/v4/projects/{id}/repository/commits/{}/diff?per_page=100&page={page}",
                 self.api, commit.sha
             );
-            let mut req = self.http.get(url);
-            if let Some(t) = &self.token {
-                req = req.header("private-token", t);
-            }
-            let resp = req.send().await.map_err(|e| transport(&e))?;
-            if !resp.status().is_success() {
-                return Err(status_error("GitLab", resp).await);
-            }
-            let next = resp
-                .headers()
-                .get("x-next-page")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u32>().ok());
-            let body = read_json_page(resp).await?;
+            let (body, next) = self.page(&url).await?;
             bytes += body.len();
             let chunk: Vec<GitLabDiff> = serde_json::from_slice(&body)
                 .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
@@ -408,20 +415,7 @@ impl DiffSource for GitLabSource {
                 .append_pair("ref_name", &revisions)
                 .append_pair("per_page", "100")
                 .append_pair("page", &page.to_string());
-            let mut req = self.http.get(url);
-            if let Some(t) = &self.token {
-                req = req.header("private-token", t);
-            }
-            let resp = req.send().await.map_err(|e| transport(&e))?;
-            if !resp.status().is_success() {
-                return Err(status_error("GitLab", resp).await);
-            }
-            let next = resp
-                .headers()
-                .get("x-next-page")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u32>().ok());
-            let body = read_json_page(resp).await?;
+            let (body, next) = self.page(url.as_str()).await?;
             let commits: Vec<GitLabListedCommit> = serde_json::from_slice(&body)
                 .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
             out.extend(commits.into_iter().map(|c| CommitMessage {

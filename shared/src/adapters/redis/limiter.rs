@@ -41,26 +41,15 @@ impl RedisLimiter {
         }
     }
 
+    /// Runs the script: `extra` is the reservation bound and, for `align`, the two resets
+    /// (`u64::MAX`: not said).
     async fn run(
         &self,
         op: &str,
         class: Class,
         tokens: u64,
         estimated: u64,
-        reserve_ms: u64,
-    ) -> Result<i64, LimiterError> {
-        self.run_with(op, class, tokens, estimated, reserve_ms, [u64::MAX; 2]).await
-    }
-
-    /// [`RedisLimiter::run`] with the two reset arguments of `align` (`u64::MAX`: none).
-    async fn run_with(
-        &self,
-        op: &str,
-        class: Class,
-        tokens: u64,
-        estimated: u64,
-        reserve_ms: u64,
-        resets: [u64; 2],
+        extra: [u64; 3],
     ) -> Result<i64, LimiterError> {
         crate::metrics::aws_request("redis", "EVALSHA limiter");
         let mut conn = self.conn.clone();
@@ -79,9 +68,9 @@ impl RedisLimiter {
             .arg(c.lend_above)
             .arg(c.window_ms)
             .arg(c.burst)
-            .arg(reserve_ms)
-            .arg(resets[0])
-            .arg(resets[1])
+            .arg(extra[0])
+            .arg(extra[1])
+            .arg(extra[2])
             .invoke_async(&mut conn)
             .await
             .map_err(|e| LimiterError::Unavailable(e.to_string()))
@@ -96,7 +85,9 @@ impl RateLimiter for RedisLimiter {
         tokens: u64,
         reserve_up_to: Duration,
     ) -> Result<Decision, LimiterError> {
-        let wait = self.run("take", lane.into(), tokens, 0, reserve_up_to.as_millis() as u64).await?;
+        let wait = self
+            .run("take", lane.into(), tokens, 0, [reserve_up_to.as_millis() as u64, u64::MAX, u64::MAX])
+            .await?;
         Ok(match wait {
             0 => Decision::Granted,
             w if w < 0 => Decision::Reserved(Duration::from_millis(w.unsigned_abs())),
@@ -105,11 +96,13 @@ impl RateLimiter for RedisLimiter {
     }
 
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError> {
-        self.run("put", lane.into(), actual, estimated, 0).await.map(|_| ())
+        self.run("put", lane.into(), actual, estimated, [0, u64::MAX, u64::MAX]).await.map(|_| ())
     }
 
     async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError> {
-        self.run("cool", Class::Interactive, 0, for_.as_millis() as u64, 0).await.map(|_| ())
+        self.run("cool", Class::Interactive, 0, for_.as_millis() as u64, [0, u64::MAX, u64::MAX])
+            .await
+            .map(|_| ())
     }
 
     async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError> {
@@ -138,6 +131,6 @@ impl RateLimiter for RedisLimiter {
         // Absent values travel as u64::MAX, which the script reads as "not said".
         let left = limits.remaining.map(|v| v.map_or(u64::MAX, |v| v as u64));
         let resets = limits.reset.map(|d| d.map_or(u64::MAX, |d| d.as_millis() as u64));
-        self.run_with("align", Class::Interactive, left[0], left[1], 0, resets).await.map(|_| ())
+        self.run("align", Class::Interactive, left[0], left[1], [0, resets[0], resets[1]]).await.map(|_| ())
     }
 }
