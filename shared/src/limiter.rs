@@ -148,7 +148,7 @@ fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
         // A level above its cap means the limits just came down (first learned from the provider,
         // or lowered): what was admitted so far ran unpaced, so the new pace starts from empty, to
         // be lined up with the provider's window by the next answer.
-        if *level > cap {
+        if *level > cap * (1.0 + 1e-9) + 1e-9 {
             *level = 0.0;
             state.aligned = false;
         } else {
@@ -248,7 +248,7 @@ pub fn decide(
 /// share.
 pub fn align(config: &LimiterConfig, state: &mut BucketState, now_ms: u64, limits: &ProviderLimits) {
     refill(config, state, now_ms);
-    if state.aligned {
+    if state.aligned || limits.remaining.iter().all(Option::is_none) {
         return;
     }
     state.aligned = true;
@@ -749,16 +749,20 @@ impl<C> Limited<C> {
     /// A 429 from a provider whose limits are unknown (no caps, no headers): what got through in the
     /// last window is about its limit, so the limiter paces at nine tenths of it from now on (the
     /// provider's own headers, should they come, replace the inference).
-    fn infer_limits(&self) {
+    async fn infer_limits(&self) {
         let limits = self.limiter.limits();
         if limits.rpm < UNKNOWN || limits.tpm < UNKNOWN {
             return;
         }
         let window = Duration::from_millis(limits.window_ms as u64);
         let now = tokio::time::Instant::now();
-        let Ok(log) = self.served.lock() else { return };
-        let recent = log.iter().filter(|(t, _)| now.duration_since(*t) <= window);
-        let (requests, tokens) = recent.fold((0u64, 0u64), |(r, k), (_, t)| (r + 1, k + t));
+        let (requests, tokens) = match self.served.lock() {
+            Ok(log) => log
+                .iter()
+                .filter(|(t, _)| now.duration_since(*t) <= window)
+                .fold((0u64, 0u64), |(r, k), (_, t)| (r + 1, k + t)),
+            Err(_) => return,
+        };
         if requests == 0 {
             return;
         }
@@ -769,6 +773,10 @@ impl<C> Limited<C> {
         };
         tracing::info!(route = %self.route, rpm = requests as f64 * 0.9, tpm = tokens as f64 * 0.9, "provider limits inferred from its first 429");
         self.limiter.learn(&inferred);
+        // Shared with every worker of the limiter (nothing to line up: no remaining is known).
+        if let Err(e) = self.limiter.align(&inferred).await {
+            tracing::warn!(error = %e, "limiter could not share the inferred limits");
+        }
     }
 
     /// The pause after a hintless 429: a second, doubled for each such 429 after the last pause ended.
@@ -816,7 +824,7 @@ impl<C> Limited<C> {
                 Some(r.usage.prompt + r.usage.completion)
             }
             Err(LlmError::Throttled { retry_after, .. }) => {
-                self.infer_limits();
+                self.infer_limits().await;
                 let pause = match retry_after {
                     Some(hint) => {
                         self.reset_blind();

@@ -361,4 +361,42 @@ async fn a_cooldown_is_shared_by_every_limiter_on_the_same_redis() {
         }
     }
     assert!(granted <= 3, "paced by what the provider said: {granted} of 10 at once");
+    // What one worker learned is stored with the buckets: a worker that has had no answer yet
+    // paces by it too.
+    second.align(&ProviderLimits { rpm: Some(60.0), ..Default::default() }).await.unwrap();
+    let mut granted = 0;
+    for _ in 0..10 {
+        if first.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap() == Decision::Granted {
+            granted += 1;
+        }
+    }
+    assert!(granted <= 3, "the unknowing worker is paced by the stored limits: {granted} of 10");
+}
+
+/// Levels go through Redis as text: a full bucket whose cap is not exact in binary (64 rpm: an
+/// interactive burst of 2.2399999999999998) must read back full, not as "above its cap" (emptied).
+#[tokio::test]
+async fn a_full_bucket_reads_back_full_from_redis() {
+    use lanes_core::adapters::redis::limiter::RedisLimiter;
+    use lanes_core::clock::ManualClock;
+    use lanes_core::domain::Lane;
+    use lanes_core::limiter::{Decision, LimiterConfig, RateLimiter};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(1_000_000);
+    let limiter = RedisLimiter::new(
+        redis_conn(&redis, false).await,
+        "lanes:",
+        "m",
+        LimiterConfig::new(64.0, 1e9),
+        clock.clone(),
+    );
+    assert_eq!(limiter.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap(), Decision::Granted);
+    clock.advance_ms(60_000);
+    for _ in 0..2 {
+        assert_eq!(
+            limiter.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap(),
+            Decision::Granted,
+            "an idle, full bucket admits its burst"
+        );
+    }
 }

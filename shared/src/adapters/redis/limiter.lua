@@ -1,5 +1,7 @@
 -- The limiter's steps (see limiter.rs) over one hash key, atomically: `take` (decide), `put`
--- (reconcile) and `cool` (start or extend the shared cooldown).
+-- (reconcile), `cool` (start or extend the shared cooldown) and `align` (store the learned limits and
+-- line fresh buckets up with the provider's window). Numbers are stored with 17 digits, so they read
+-- back exactly.
 -- ARGV: op, now_ms, class (0/1), tokens, estimated (or the cooldown's ms for `cool`), rpm, tpm,
 -- interactive share, lend_above, window_ms, burst, reserve_up_to_ms, and for `align` the resets of
 -- requests and tokens (with the remaining requests and tokens in the tokens and estimated slots;
@@ -10,14 +12,18 @@ local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(A
 local rpm, tpm, share, lend, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local burst = tonumber(ARGV[11])
 local reserve = tonumber(ARGV[12]) or 0
+local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at', 'cool', 'al', 'lr', 'lt')
+local levels, at, cool, aligned = {}, tonumber(raw[5]), tonumber(raw[6]) or 0, raw[7] == '1'
+-- The limits some worker learned from the provider (stored by `align`): every worker paces by them,
+-- also one that has not had an answer yet.
+rpm = math.min(rpm, tonumber(raw[8]) or rpm)
+tpm = math.min(tpm, tonumber(raw[9]) or tpm)
 local shares = {rpm * share, rpm * (1 - share), tpm * share, tpm * (1 - share)}
 local caps, rates = {}, {}
 for i = 1, 4 do
   caps[i] = shares[i] * burst
   rates[i] = shares[i] * (1 - burst) / window
 end
-local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at', 'cool', 'al')
-local levels, at, cool, aligned = {}, tonumber(raw[5]), tonumber(raw[6]) or 0, raw[7] == '1'
 if at == nil then
   for i = 1, 4 do levels[i] = caps[i] end
   at = now
@@ -26,8 +32,9 @@ else
 end
 local elapsed = math.max(0, now - at)
 for i = 1, 4 do
-  -- Above its cap: the limits just came down, so the new pace starts from empty.
-  if levels[i] > caps[i] then
+  -- Above its cap: the limits just came down, so the new pace starts from empty. (The tolerance
+  -- keeps a full bucket that went through text from reading as above its cap.)
+  if levels[i] > caps[i] * (1 + 1e-9) + 1e-9 then
     levels[i] = 0
     aligned = false
   else
@@ -37,9 +44,11 @@ end
 at = math.max(at, now)
 local wait = 0
 if op == 'align' then
-  if not aligned then
+  if rpm < 1e11 then redis.call('HSET', k, 'lr', string.format('%.17g', rpm)) end
+  if tpm < 1e11 then redis.call('HSET', k, 'lt', string.format('%.17g', tpm)) end
+  local left = {tokens, estimated}
+  if not aligned and (left[1] < 1e18 or left[2] < 1e18) then
     aligned = true
-    local left = {tokens, estimated}
     local resets = {tonumber(ARGV[13]) or 1e19, tonumber(ARGV[14]) or 1e19}
     local fractions = {math.max(0, math.min(share, 1)), 1 - math.max(0, math.min(share, 1))}
     for d = 1, 2 do
@@ -100,7 +109,8 @@ else
 end
 local al = '0'
 if aligned then al = '1' end
-redis.call('HSET', k, 'l1', tostring(levels[1]), 'l2', tostring(levels[2]), 'l3', tostring(levels[3]), 'l4', tostring(levels[4]), 'at', tostring(at), 'cool', tostring(cool), 'al', al)
+local function num(x) return string.format('%.17g', x) end
+redis.call('HSET', k, 'l1', num(levels[1]), 'l2', num(levels[2]), 'l3', num(levels[3]), 'l4', num(levels[4]), 'at', num(at), 'cool', num(cool), 'al', al)
 redis.call('PEXPIRE', k, math.ceil(2 * window + math.max(0, cool - now)))
 if wait < 0 then return -math.ceil(-wait) end
 return math.ceil(wait)
