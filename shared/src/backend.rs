@@ -262,6 +262,14 @@ pub async fn llm_from_env(
         })?),
     };
     let routes = routes_from_env()?;
+    // Several vendors behind keys: each key is read from its own field of the secret.
+    let vendors: std::collections::HashSet<crate::llm::route::Provider> = routes
+        .iter()
+        .flatten()
+        .map(|r| r.provider)
+        .filter(|p| matches!(p, crate::llm::route::Provider::OpenAi | crate::llm::route::Provider::Anthropic))
+        .collect();
+    let shared_secret = vendors.len() > 1;
     let mut built: std::collections::HashMap<crate::llm::route::Route, RouteClient> = Default::default();
     let mut lanes: [Vec<RouteClient>; 3] = Default::default();
     let mut any_real = false;
@@ -270,7 +278,9 @@ pub async fn llm_from_env(
             let client = match built.get(route) {
                 Some(c) => c.clone(),
                 None => {
-                    let c = route_client(adapters, &clock, route, &offline, timeout, max_wait).await?;
+                    let c =
+                        route_client(adapters, &clock, route, &offline, (timeout, max_wait), shared_secret)
+                            .await?;
                     built.insert(route.clone(), c.clone());
                     c
                 }
@@ -293,8 +303,8 @@ async fn route_client(
     clock: &SharedClock,
     route: &crate::llm::route::Route,
     offline: &Arc<dyn crate::ports::LlmClient>,
-    timeout: Duration,
-    max_wait: Duration,
+    (timeout, max_wait): (Duration, Duration),
+    shared_secret: bool,
 ) -> Result<crate::llm::route::RouteClient, ConfigError> {
     use crate::llm::route::Provider;
     let base = |default: &str| route.base_url.clone().unwrap_or_else(|| default.to_owned());
@@ -302,20 +312,23 @@ async fn route_client(
         name: "LANES_LLM_ROUTES",
         reason: format!("{}: {e}", route.name()),
     };
-    let key = |var: &'static str| crate::adapters::secrets::env_or_secret(var, "LANES_LLM_API_KEY_SECRET");
+    let key =
+        |var: &'static str, field: &'static str| crate::adapters::secrets::llm_key(var, field, shared_secret);
     let client: Arc<dyn crate::ports::LlmClient> = match route.provider {
         Provider::Offline => offline.clone(),
         Provider::OpenAi => Arc::new(
             crate::llm::OpenAiClient::new(
                 &base("https://api.openai.com/v1"),
                 &route.model,
-                key("OPENAI_API_KEY").await?,
+                key("OPENAI_API_KEY", "openai_api_key").await?,
                 timeout,
             )
             .map_err(invalid)?,
         ),
         Provider::Anthropic => {
-            let api_key = key("ANTHROPIC_API_KEY").await?.ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
+            let api_key = key("ANTHROPIC_API_KEY", "anthropic_api_key")
+                .await?
+                .ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
             Arc::new(
                 crate::llm::AnthropicClient::new(
                     &base("https://api.anthropic.com"),

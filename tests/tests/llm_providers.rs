@@ -345,6 +345,25 @@ mod bedrock_and_secrets {
             lanes_core::adapters::secrets::fetch_secret(&sm, "lanes/anthropic").await.unwrap(),
             "sk-json"
         );
+        // Routes of several vendors: each vendor's key from its own field, never another's.
+        use lanes_core::adapters::secrets::fetch_secret_field;
+        sm.create_secret()
+            .name("lanes/both")
+            .secret_string(r#"{"openai_api_key":"sk-o","anthropic_api_key":"sk-a"}"#)
+            .send()
+            .await
+            .unwrap();
+        let var = "LANES_LLM_API_KEY_SECRET";
+        assert_eq!(
+            fetch_secret_field(&sm, "lanes/both", var, Some("anthropic_api_key")).await.unwrap(),
+            "sk-a"
+        );
+        assert_eq!(fetch_secret_field(&sm, "lanes/both", var, Some("openai_api_key")).await.unwrap(), "sk-o");
+        for (secret, why) in [("lanes/anthropic", "openai_api_key"), ("lanes/openai", "per vendor")] {
+            let e =
+                fetch_secret_field(&sm, secret, var, Some("openai_api_key")).await.unwrap_err().to_string();
+            assert!(e.contains(why), "{secret}: {e}");
+        }
         let missing =
             lanes_core::adapters::secrets::fetch_secret(&sm, "lanes/none").await.unwrap_err().to_string();
         assert!(

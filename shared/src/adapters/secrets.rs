@@ -1,5 +1,7 @@
 //! AWS Secrets Manager: API keys and webhook secrets, read once per container at cold start. A secret
-//! is a plain string, or JSON with an `api_key` field.
+//! is a plain string, or JSON with an `api_key` field; an LLM key secret shared by routes of several
+//! vendors holds one field per vendor (`openai_api_key`, `anthropic_api_key`), so no vendor is ever
+//! sent another's key.
 
 use crate::config::{ConfigError, optional_env};
 pub use aws_sdk_secretsmanager::Client;
@@ -35,18 +37,59 @@ pub async fn fetch_named_secret(
     secret_id: &str,
     var: &'static str,
 ) -> Result<String, ConfigError> {
+    fetch_secret_field(client, secret_id, var, None).await
+}
+
+/// A secret's value: with `vendor_field`, that JSON field (e.g. `openai_api_key`) and nothing else;
+/// without, a plain string or the JSON field `api_key`. `var` is named in errors.
+pub async fn fetch_secret_field(
+    client: &Client,
+    secret_id: &str,
+    var: &'static str,
+    vendor_field: Option<&str>,
+) -> Result<String, ConfigError> {
     crate::metrics::aws_request("secretsmanager", "GetSecretValue");
     let invalid = |reason: String| ConfigError::Invalid { name: var, reason };
     let out = client.get_secret_value().secret_id(secret_id).send().await.map_err(|e| {
         invalid(format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default()))
     })?;
     let raw = out.secret_string().ok_or_else(|| invalid("the secret has no string value".into()))?;
-    match serde_json::from_str::<serde_json::Value>(raw) {
-        Ok(serde_json::Value::Object(m)) => m
-            .get("api_key")
+    let json = match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(serde_json::Value::Object(m)) => Some(m),
+        _ => None,
+    };
+    let field = vendor_field.unwrap_or("api_key");
+    match (json, vendor_field) {
+        (Some(m), _) => m
+            .get(field)
             .and_then(|v| v.as_str())
             .map(str::to_owned)
-            .ok_or_else(|| invalid("the JSON secret has no `api_key` string".into())),
-        _ => Ok(raw.trim().to_owned()),
+            .ok_or_else(|| invalid(format!("the JSON secret has no `{field}` string"))),
+        (None, None) => Ok(raw.trim().to_owned()),
+        (None, Some(field)) => Err(invalid(format!(
+            "routes name more than one vendor: the secret must be JSON with a `{field}` field per vendor"
+        ))),
+    }
+}
+
+/// An LLM vendor's key: the variable `var`, else the field `vendor_field` of the secret named by
+/// `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as
+/// [`env_or_secret`] reads it.
+pub async fn llm_key(
+    var: &'static str,
+    vendor_field: &str,
+    shared: bool,
+) -> Result<Option<String>, ConfigError> {
+    if let Some(v) = optional_env(var) {
+        return Ok(Some(v));
+    }
+    match optional_env("LANES_LLM_API_KEY_SECRET") {
+        None => Ok(None),
+        Some(secret) => {
+            let sdk = super::sdk_config(&Default::default()).await;
+            let client = Client::new(&sdk);
+            let field = shared.then_some(vendor_field);
+            Ok(Some(fetch_secret_field(&client, &secret, "LANES_LLM_API_KEY_SECRET", field).await?))
+        }
     }
 }
