@@ -284,8 +284,10 @@ async fn tenant_from_authorizer(
     use lambda_http::request::RequestContext;
     let tenant = match req.extensions().get::<RequestContext>() {
         Some(RequestContext::ApiGatewayV2(ctx)) => ctx.authorizer.as_ref().and_then(|a| {
-            let jwt = a.jwt.as_ref().and_then(|j| j.claims.get(&*claim)).map(String::as_str);
-            jwt.or_else(|| a.iam.as_ref().and_then(|i| i.user_arn.as_deref())).and_then(Tenant::parse)
+            let jwt = a.jwt.as_ref().and_then(|j| j.claims.get(&*claim)).and_then(|c| Tenant::parse(c));
+            jwt.or_else(|| {
+                a.iam.as_ref().and_then(|i| i.user_arn.as_deref()).and_then(Tenant::from_principal)
+            })
         }),
         _ => None,
     };

@@ -44,6 +44,15 @@ impl QuotaConfig {
     }
 }
 
+/// The counters' name for a project: the `project_id` alone, or with tenancy the pair (hashed), so
+/// one tenant's `project_id` can neither spend nor reveal another tenant's budget.
+pub fn scope(tenant: Option<&str>, project: &str) -> String {
+    match tenant {
+        None => project.to_owned(),
+        Some(t) => crate::domain::sha256_hex(format!("{t}\n{project}").as_bytes())[..32].to_owned(),
+    }
+}
+
 /// The window of `len_ms` that `now_ms` falls in, and how long until it ends.
 fn window(now_ms: u64, len_ms: u64) -> (u64, Duration) {
     (now_ms / len_ms, Duration::from_millis(len_ms - now_ms % len_ms))
@@ -91,10 +100,13 @@ pub async fn admit(
     {
         return Ok(Err(OverQuota { retry_after: left }));
     }
-    if let Some(tpm) = config.tpm
-        && cache.add(&format!("quota:{{{project}}}:tpm:{minute}"), tokens, ttl).await? > tpm
-    {
-        return Ok(Err(OverQuota { retry_after: left }));
+    if let Some(tpm) = config.tpm {
+        let used = cache.add(&format!("quota:{{{project}}}:tpm:{minute}"), tokens, ttl).await?;
+        // The first call of a minute always goes: a call estimated above the cap would otherwise
+        // never run.
+        if used > tpm && used > tokens {
+            return Ok(Err(OverQuota { retry_after: left }));
+        }
     }
     Ok(Ok(()))
 }
@@ -151,5 +163,11 @@ mod tests {
         assert_eq!(admit(&cache, &config, "b", 900, now).await.unwrap(), Ok(()));
         assert!(admit(&cache, &config, "b", 200, now).await.unwrap().is_err(), "tokens cap");
         assert_eq!(admit(&cache, &config, "a", 100, now + 30_000).await.unwrap(), Ok(()));
+        // A call estimated above the cap runs as the first of its minute.
+        assert_eq!(admit(&cache, &config, "c", 5_000, now).await.unwrap(), Ok(()));
+        assert!(admit(&cache, &config, "c", 1, now).await.unwrap().is_err());
+        // Tenants' counters are apart, even for the same project_id.
+        assert_ne!(scope(Some("team-a"), "p"), scope(Some("team-b"), "p"));
+        assert_eq!(scope(None, "p"), "p");
     }
 }

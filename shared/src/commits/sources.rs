@@ -472,11 +472,17 @@ impl DiffSource for LocalGit {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| DiffError::Permanent(format!("cannot run git: {e}")))?;
-        let Some(stdout) = child.stdout.take() else {
-            return Err(DiffError::Permanent("git gave no output stream".into()));
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(DiffError::Permanent("git gave no output streams".into()));
         };
         // Read at most the cap; past it git is stopped, so a huge commit costs neither memory nor
-        // time.
+        // time. Its errors are read alongside (a few KiB at most kept), so a chatty git never
+        // blocks on a full pipe.
+        let errors = tokio::spawn(async move {
+            let mut err = Vec::new();
+            let _ = stderr.take(64 * 1024).read_to_end(&mut err).await;
+            err
+        });
         let mut bytes = Vec::new();
         stdout
             .take(MAX_DIFF_BYTES as u64 + 1)
@@ -485,15 +491,14 @@ impl DiffSource for LocalGit {
             .map_err(|e| DiffError::Retryable { message: format!("reading git: {e}"), retry_after: None })?;
         if bytes.len() > MAX_DIFF_BYTES {
             let _ = child.kill().await;
+            errors.abort();
             bytes.truncate(MAX_DIFF_BYTES);
             return Ok(cut_diff(bytes));
         }
-        let out = child
-            .wait_with_output()
-            .await
-            .map_err(|e| DiffError::Permanent(format!("cannot run git: {e}")))?;
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr);
+        let status = child.wait().await.map_err(|e| DiffError::Permanent(format!("cannot run git: {e}")))?;
+        if !status.success() {
+            let err = errors.await.unwrap_or_default();
+            let err = String::from_utf8_lossy(&err);
             return Err(DiffError::Permanent(format!("git show {}: {}", commit.sha, err.trim())));
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())

@@ -144,8 +144,15 @@ impl CommitsWorker {
             }
         }
         report.commits = groups.len();
-        for (i, range) in ranges {
-            outcomes[i] = Some(self.expand(&*queue, &messages[i], &range, &mut report).await);
+        // Listing a push may take many pages: its own deadline (six diff fetches' worth, within the
+        // batch's), the ranges side by side.
+        let list_by = deadline.min(Instant::now() + self.config.fetch_deadline.saturating_mul(6));
+        let expanded =
+            join_all(ranges.iter().map(|(i, range)| self.expand(&*queue, &messages[*i], range, list_by)))
+                .await;
+        for ((i, _), (outcome, sent)) in ranges.iter().zip(expanded) {
+            outcomes[*i] = Some(outcome);
+            report.expanded += sent;
         }
 
         // Lease every delivery now: the queue's own visibility is long; ours is short and renewed.
@@ -254,11 +261,10 @@ impl CommitsWorker {
         queue: &dyn QueueConsume,
         m: &ReceivedMessage,
         range: &PushRange,
-        report: &mut BatchReport,
-    ) -> Outcome {
+        list_by: Instant,
+    ) -> (Outcome, u64) {
         let listed: std::collections::HashSet<&str> = range.listed.iter().map(String::as_str).collect();
-        let listing =
-            tokio::time::timeout(self.config.fetch_deadline, self.diffs.commits_between(range)).await;
+        let listing = tokio::time::timeout_at(list_by, self.diffs.commits_between(range)).await;
         let failed = |reason: String| async move {
             warn!(repo_id = %range.repo_id, reason, "push range not expanded");
             if lease::is_last_delivery(queue, m) {
@@ -272,10 +278,10 @@ impl CommitsWorker {
             Ok(Ok(commits)) => commits,
             Ok(Err(DiffError::Permanent(reason))) => {
                 let reason = format!("push range {}..{} not listed: {reason}", range.base, range.head);
-                return lease::dead_letter(&self.metrics, queue, m, reason, LANE, "permanent").await;
+                return (lease::dead_letter(&self.metrics, queue, m, reason, LANE, "permanent").await, 0);
             }
-            Ok(Err(DiffError::Retryable { message, .. })) => return failed(message).await,
-            Err(_) => return failed("listing the push's commits timed out".into()).await,
+            Ok(Err(DiffError::Retryable { message, .. })) => return (failed(message).await, 0),
+            Err(_) => return (failed("listing the push's commits timed out".into()).await, 0),
         };
         let attributes = std::collections::BTreeMap::from([("lane".to_owned(), LANE.to_owned())]);
         let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = commits
@@ -287,11 +293,12 @@ impl CommitsWorker {
         match self.send.send_batch(&messages).await {
             Ok(unsent) if unsent.is_empty() => {
                 info!(repo_id = %range.repo_id, sent = messages.len(), "push range expanded");
-                report.expanded += messages.len() as u64;
-                lease::ack(queue, m).await
+                (lease::ack(queue, m).await, messages.len() as u64)
             }
-            Ok(unsent) => failed(format!("{} of {} commits not sent", unsent.len(), messages.len())).await,
-            Err(e) => failed(format!("commits not sent: {e}")).await,
+            Ok(unsent) => {
+                (failed(format!("{} of {} commits not sent", unsent.len(), messages.len())).await, 0)
+            }
+            Err(e) => (failed(format!("commits not sent: {e}")).await, 0),
         }
     }
 

@@ -210,9 +210,8 @@ async fn accept(
 
     // 2. The project's daily token budget: over it, nothing is stored (a completed duplicate was
     // answered above).
-    match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &request.project_id, ing.clock.now_ms())
-        .await
-    {
+    let quota_scope = crate::quota::scope(request.tenant.as_deref(), &request.project_id);
+    match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &quota_scope, ing.clock.now_ms()).await {
         Ok(Ok(())) => {}
         Ok(Err(over)) => {
             let mut p = Problem::new(

@@ -37,6 +37,23 @@ impl Tenant {
     }
 }
 
+impl Tenant {
+    /// A tenant from an IAM caller's ARN: an assumed role's session name is dropped
+    /// (`arn:aws:sts::123:assumed-role/R/session` is `arn:aws:sts::123:assumed-role/R`), because
+    /// sessions change with every credential refresh while the role is who is calling.
+    pub fn from_principal(arn: &str) -> Option<Self> {
+        let arn = arn.trim();
+        let principal = match arn.split_once(":assumed-role/") {
+            Some((head, role_session)) => match role_session.split_once('/') {
+                Some((role, _session)) => format!("{head}:assumed-role/{role}"),
+                None => arn.to_owned(),
+            },
+            None => arn.to_owned(),
+        };
+        Self::parse(&principal)
+    }
+}
+
 /// Where the tenant comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Tenancy {
@@ -85,5 +102,9 @@ mod tests {
             assert_eq!(Tenant::parse(bad), None, "{bad:?}");
         }
         assert!(Tenant::parse("arn:aws:sts::123456789012:assumed-role/r/session").is_some());
+        let role = Tenant::from_principal("arn:aws:sts::123456789012:assumed-role/ci/botocore-session-1796");
+        assert_eq!(role, Some(Tenant("arn:aws:sts::123456789012:assumed-role/ci".into())));
+        let user = Tenant::from_principal("arn:aws:iam::123456789012:user/dev");
+        assert_eq!(user, Some(Tenant("arn:aws:iam::123456789012:user/dev".into())));
     }
 }

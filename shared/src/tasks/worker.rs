@@ -232,8 +232,9 @@ impl Worker {
             params,
         };
         let project = &record.request.project_id;
+        let quota_scope = crate::quota::scope(record.request.tenant.as_deref(), project);
         let estimate = crate::limiter::estimate_tokens(&request);
-        match crate::quota::admit(&*self.cache, &self.config.quota, project, estimate, now).await {
+        match crate::quota::admit(&*self.cache, &self.config.quota, &quota_scope, estimate, now).await {
             Ok(Ok(())) => {}
             Ok(Err(over)) => {
                 let why = format!("project `{project}` is over its per-minute quota");
@@ -288,7 +289,7 @@ impl Worker {
                     .inc_by(resp.usage.completion);
                 let used = resp.usage.prompt + resp.usage.completion;
                 if let Err(e) =
-                    crate::quota::charge(&*self.cache, &self.config.quota, project, used, now).await
+                    crate::quota::charge(&*self.cache, &self.config.quota, &quota_scope, used, now).await
                 {
                     warn!(error = %e, "cache unavailable; the project's tokens are not counted");
                     self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();

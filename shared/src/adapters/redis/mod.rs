@@ -50,40 +50,49 @@ pub enum RedisConn {
 /// A cluster connection made on first use, not at start-up: the cluster client must reach a node to
 /// learn the slot map, and a process that insisted on that at start would fail every cold start while
 /// the cache is down, although Redis only accelerates. Until a connection is made every command fails
-/// fast (callers count a degraded operation); a new attempt is made at most once per
-/// [`RECONNECT_EVERY`], by whichever command comes first. Once made, the cluster connection itself
-/// refreshes slots and reconnects to nodes.
+/// fast (callers count a degraded operation): a new attempt is made at most once per
+/// [`RECONNECT_EVERY`], by whichever command comes first, while the others fail at once instead of
+/// queueing behind it. Once made, the cluster connection itself refreshes slots and reconnects to
+/// nodes.
 #[derive(Clone)]
-pub struct LazyCluster(std::sync::Arc<(redis::cluster::ClusterClient, tokio::sync::Mutex<ClusterState>)>);
+pub struct LazyCluster(std::sync::Arc<LazyClusterState>);
 
-#[derive(Default)]
-struct ClusterState {
-    conn: Option<ClusterConnection>,
-    last_attempt: Option<tokio::time::Instant>,
+struct LazyClusterState {
+    client: redis::cluster::ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+    last_attempt: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Least time between two attempts to reach a cluster that was unreachable.
 pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 
+fn cluster_unreachable(detail: &str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "Redis cluster unreachable", detail.to_owned()))
+}
+
 impl LazyCluster {
+    fn new(client: redis::cluster::ClusterClient) -> Self {
+        Self(std::sync::Arc::new(LazyClusterState {
+            client,
+            conn: tokio::sync::OnceCell::new(),
+            last_attempt: tokio::sync::Mutex::new(None),
+        }))
+    }
+
     async fn conn(&self) -> redis::RedisResult<ClusterConnection> {
-        let (client, state) = &*self.0;
-        let mut state = state.lock().await;
-        if let Some(c) = &state.conn {
+        if let Some(c) = self.0.conn.get() {
             return Ok(c.clone());
         }
+        let Ok(mut last) = self.0.last_attempt.try_lock() else {
+            return Err(cluster_unreachable("another command is connecting"));
+        };
         let now = tokio::time::Instant::now();
-        if state.last_attempt.is_some_and(|at| now < at + RECONNECT_EVERY) {
-            return Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "Redis cluster unreachable",
-                "retrying in the background".to_owned(),
-            )));
+        if last.is_some_and(|at| now < at + RECONNECT_EVERY) {
+            return Err(cluster_unreachable("retrying in the background"));
         }
-        state.last_attempt = Some(now);
-        let conn = client.get_async_connection().await?;
-        state.conn = Some(conn.clone());
-        Ok(conn)
+        *last = Some(now);
+        let conn = self.0.client.get_async_connection().await?;
+        Ok(self.0.conn.get_or_init(|| async { conn }).await.clone())
     }
 }
 
@@ -142,7 +151,7 @@ pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupEr
             .response_timeout(settings.timeout)
             .build()
             .map_err(|e| RedisSetupError::Url(e.to_string()))?;
-        return Ok(RedisConn::Cluster(LazyCluster(std::sync::Arc::new((client, Default::default())))));
+        return Ok(RedisConn::Cluster(LazyCluster::new(client)));
     }
     let client =
         redis::Client::open(settings.url.as_str()).map_err(|e| RedisSetupError::Url(e.to_string()))?;
