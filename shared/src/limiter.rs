@@ -609,6 +609,8 @@ pub struct Limited<C> {
     /// This process's answers of the last window (when, tokens): what got through, from which a
     /// provider that says nothing about its limits has them inferred at its first 429.
     served: Mutex<std::collections::VecDeque<(tokio::time::Instant, u64)>>,
+    /// Limits this process inferred from 429s (requests, tokens per window) and when.
+    inferred: Mutex<Option<((f64, f64), tokio::time::Instant)>>,
 }
 
 impl<C> Limited<C> {
@@ -622,6 +624,7 @@ impl<C> Limited<C> {
             route: String::new(),
             in_flight: Default::default(),
             served: Default::default(),
+            inferred: Mutex::new(None),
         }
     }
 
@@ -746,35 +749,50 @@ impl<C> Limited<C> {
         }
     }
 
-    /// A 429 from a provider whose limits are unknown (no caps, no headers): what got through in the
-    /// last window is about its limit, so the limiter paces at nine tenths of it from now on (the
-    /// provider's own headers, should they come, replace the inference).
+    /// A hintless 429 from a provider whose limits are unknown (no caps, no headers): what got
+    /// through in the last window is about its limit, so the limiter paces at nine tenths of it. A
+    /// hintless 429 under inferred limits lowers them by 30%, at most once per tenth of a window
+    /// (several workers refused at once count once). A 429 with a hint needs no inference: its pause
+    /// says when to come back. The provider's own headers, should they come, replace the inference.
     async fn infer_limits(&self) {
         let limits = self.limiter.limits();
-        if limits.rpm < UNKNOWN || limits.tpm < UNKNOWN {
-            return;
-        }
         let window = Duration::from_millis(limits.window_ms as u64);
         let now = tokio::time::Instant::now();
-        let (requests, tokens) = match self.served.lock() {
-            Ok(log) => log
-                .iter()
-                .filter(|(t, _)| now.duration_since(*t) <= window)
-                .fold((0u64, 0u64), |(r, k), (_, t)| (r + 1, k + t)),
-            Err(_) => return,
+        let inferred = {
+            let Ok(mut inferred) = self.inferred.lock() else { return };
+            let known = limits.rpm < UNKNOWN || limits.tpm < UNKNOWN;
+            match *inferred {
+                // Caps or headers are in force: nothing to infer.
+                None if known => return,
+                Some((_, at)) if now.duration_since(at) < window / 10 => return,
+                Some(((rpm, tpm), _)) => {
+                    let lowered = ((rpm * 0.7).max(1.0), (tpm * 0.7).max(1.0));
+                    *inferred = Some((lowered, now));
+                    lowered
+                }
+                None => {
+                    let Ok(log) = self.served.lock() else { return };
+                    let recent: Vec<&(tokio::time::Instant, u64)> =
+                        log.iter().filter(|(t, _)| now.duration_since(*t) <= window).collect();
+                    if recent.is_empty() {
+                        return;
+                    }
+                    // A provider lets a window's worth through before its first refusal (a fixed or
+                    // sliding window fills, a token bucket empties its window-sized store), so what
+                    // got through is the limit, however short the time it took.
+                    let (requests, tokens) =
+                        recent.iter().fold((0.0f64, 0.0f64), |(r, k), (_, t)| (r + 1.0, k + *t as f64));
+                    let rates = ((requests * 0.9).max(1.0), (tokens * 0.9).max(1.0));
+                    *inferred = Some((rates, now));
+                    rates
+                }
+            }
         };
-        if requests == 0 {
-            return;
-        }
-        let inferred = ProviderLimits {
-            rpm: Some(requests as f64 * 0.9),
-            tpm: Some(tokens as f64 * 0.9),
-            ..Default::default()
-        };
-        tracing::info!(route = %self.route, rpm = requests as f64 * 0.9, tpm = tokens as f64 * 0.9, "provider limits inferred from its first 429");
-        self.limiter.learn(&inferred);
+        tracing::info!(route = %self.route, rpm = inferred.0, tpm = inferred.1, "provider limits inferred from its 429s");
+        let said = ProviderLimits { rpm: Some(inferred.0), tpm: Some(inferred.1), ..Default::default() };
+        self.limiter.learn(&said);
         // Shared with every worker of the limiter (nothing to line up: no remaining is known).
-        if let Err(e) = self.limiter.align(&inferred).await {
+        if let Err(e) = self.limiter.align(&said).await {
             tracing::warn!(error = %e, "limiter could not share the inferred limits");
         }
     }
@@ -824,7 +842,9 @@ impl<C> Limited<C> {
                 Some(r.usage.prompt + r.usage.completion)
             }
             Err(LlmError::Throttled { retry_after, .. }) => {
-                self.infer_limits().await;
+                if retry_after.is_none() {
+                    self.infer_limits().await;
+                }
                 let pause = match retry_after {
                     Some(hint) => {
                         self.reset_blind();
