@@ -3,6 +3,7 @@
 //! It also runs real `redis-server` and `moto_server` (SQS and DynamoDB emulation) on free loopback
 //! ports, each stopped when its handle drops. `make test` installs both first (`scripts/test-deps.sh`).
 
+pub mod aws_stub;
 pub mod contract;
 
 /// Runs each named `async fn(Backend)` as two tests, `embedded::NAME` and `aws::NAME`: the embedded

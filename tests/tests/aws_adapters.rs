@@ -400,3 +400,66 @@ async fn a_full_bucket_reads_back_full_from_redis() {
         );
     }
 }
+
+/// What real SQS answers when a lease is lost, and moto does not: a `ChangeMessageVisibility` or
+/// `DeleteMessage` on a message no longer in flight is `InvalidParameterValue` ("Message does not
+/// exist or is not available for visibility timeout change"), or one of the documented lost-receipt
+/// codes. Every one of them reads as a lost receipt; throttling and other refusals stay "unavailable".
+#[tokio::test]
+async fn every_documented_lost_receipt_answer_of_sqs_is_a_lost_lease() {
+    use lanes_tests::aws_stub::{Answer, AwsStub};
+    let stub = AwsStub::start().await;
+    let config = sdk_config(&stub.aws_settings()).await;
+    let q = SqsQueue::connect(aws_sdk_sqs::Client::new(&config), &format!("{}/123456789012/q", stub.url))
+        .await
+        .unwrap();
+    let lost = [
+        Answer::sqs_error(
+            400,
+            "InvalidParameterValue",
+            "Value AQEB for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not available for visibility timeout change.",
+        ),
+        Answer::sqs_error(400, "ReceiptHandleIsInvalid", "The input receipt handle is invalid."),
+        Answer::sqs_error(400, "MessageNotInflight", "The message referred to isn't in flight."),
+        Answer::sqs_error(
+            400,
+            "InvalidParameterValue",
+            "Value AQEB for parameter ReceiptHandle is invalid. Reason: The receipt handle has expired.",
+        ),
+    ];
+    let n = lost.len();
+    stub.script("ChangeMessageVisibility", lost);
+    for i in 0..n {
+        let r = q.change_visibility("AQEB", Duration::from_secs(30)).await;
+        assert!(matches!(r, Err(QueueError::ReceiptInvalid)), "answer {i}: {r:?}");
+    }
+    stub.script(
+        "DeleteMessage",
+        [Answer::sqs_error(400, "InvalidParameterValue", "Value AQEB for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not available for visibility timeout change.")],
+    );
+    assert!(matches!(q.delete("AQEB").await, Err(QueueError::ReceiptInvalid)));
+    // Not a lost receipt: another invalid parameter, and throttling (retried by the SDK, then
+    // unavailable).
+    stub.script(
+        "ChangeMessageVisibility",
+        [Answer::sqs_error(
+            400,
+            "InvalidParameterValue",
+            "Value 50000 for parameter VisibilityTimeout is invalid.",
+        )],
+    );
+    assert!(matches!(
+        q.change_visibility("AQEB", Duration::from_secs(30)).await,
+        Err(QueueError::Unavailable(_))
+    ));
+    stub.script(
+        "ChangeMessageVisibility",
+        (0..5).map(|_| Answer::sqs_error(400, "RequestThrottled", "Rate exceeded")),
+    );
+    assert!(matches!(
+        q.change_visibility("AQEB", Duration::from_secs(30)).await,
+        Err(QueueError::Unavailable(_))
+    ));
+    let attempts = stub.seen().iter().filter(|(op, _)| op == "ChangeMessageVisibility").count();
+    assert!(attempts > n + 2, "throttling is retried by the SDK ({attempts} requests)");
+}

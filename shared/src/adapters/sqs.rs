@@ -24,6 +24,25 @@ fn unavailable<E: std::fmt::Debug + ProvideErrorMetadata>(e: &SdkError<E>) -> Qu
     QueueError::Unavailable(if code.is_empty() { format!("{e:?}") } else { format!("{code}: {message}") })
 }
 
+/// Whether an SQS error says the delivery is no longer ours (the lease is lost), by its documented
+/// code: `ReceiptHandleIsInvalid` and `MessageNotInflight` (also as the query protocol's
+/// `AWS.SimpleQueueService.MessageNotInflight`), and `InvalidParameterValue` when its message says
+/// the message does not exist or is not available for a visibility change, or that the receipt
+/// handle expired: what real SQS answers to a `ChangeMessageVisibility` on a message redelivered
+/// to someone else.
+pub fn is_lost_receipt(code: Option<&str>, message: Option<&str>) -> bool {
+    let message = message.unwrap_or("").to_ascii_lowercase();
+    match code.unwrap_or("") {
+        "ReceiptHandleIsInvalid" | "MessageNotInflight" | "AWS.SimpleQueueService.MessageNotInflight" => true,
+        "InvalidParameterValue" => {
+            message.contains("message does not exist or is not available")
+                || message.contains("receipt handle has expired")
+                || message.contains("receipthandle is invalid")
+        }
+        _ => false,
+    }
+}
+
 fn attribute(v: &str) -> Result<MessageAttributeValue, QueueError> {
     MessageAttributeValue::builder()
         .data_type("String")
@@ -255,6 +274,7 @@ impl QueueConsume for SqsQueue {
                     ChangeMessageVisibilityError::ReceiptHandleIsInvalid(_)
                     | ChangeMessageVisibilityError::MessageNotInflight(_),
                 ) => Err(QueueError::ReceiptInvalid),
+                _ if is_lost_receipt(e.code(), e.message()) => Err(QueueError::ReceiptInvalid),
                 _ => Err(unavailable(&e)),
             },
         }
@@ -266,6 +286,7 @@ impl QueueConsume for SqsQueue {
             Ok(_) => Ok(()),
             Err(e) => match e.as_service_error() {
                 Some(DeleteMessageError::ReceiptHandleIsInvalid(_)) => Err(QueueError::ReceiptInvalid),
+                _ if is_lost_receipt(e.code(), e.message()) => Err(QueueError::ReceiptInvalid),
                 _ => Err(unavailable(&e)),
             },
         }
