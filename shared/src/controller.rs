@@ -15,6 +15,21 @@ pub const MIN_CONCURRENCY: u32 = 2;
 /// Lambda's upper bound.
 pub const MAX_CONCURRENCY: u32 = 1000;
 
+/// Checks a concurrency budget: every mapping needs Lambda's minimum of 2.
+pub fn validate_budget(budget: usize) -> Result<(), crate::config::ConfigError> {
+    let least = (MIN_CONCURRENCY as usize) * Lane::ALL.len();
+    if budget < least {
+        return Err(crate::config::ConfigError::Invalid {
+            name: "LANES_CONCURRENCY_BUDGET",
+            reason: format!(
+                "{budget} is below {least}: each of the {} lanes' mappings needs Lambda's minimum of {MIN_CONCURRENCY}",
+                Lane::ALL.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// What one tick decided for one lane.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LaneDecision {
@@ -61,12 +76,22 @@ impl Controller {
     }
 
     /// The targets for given depths: the pool policy over the budget, in flight counted as running,
-    /// raised to Lambda's minimum of 2 and capped at its maximum.
+    /// raised to Lambda's minimum of 2 and capped at its maximum. Raising a lane to the minimum never
+    /// takes the sum past the budget: the largest targets give the difference back.
     pub fn targets(&self, depths: &[QueueDepth; 3]) -> [u32; 3] {
         let running = depths.map(|d| d.in_flight as usize);
         let backlog = depths.map(|d| d.visible as usize);
-        allocate(self.budget, self.shares, running, backlog)
-            .map(|n| (n as u32).clamp(MIN_CONCURRENCY, MAX_CONCURRENCY))
+        let mut targets = allocate(self.budget, self.shares, running, backlog)
+            .map(|n| (n as u32).clamp(MIN_CONCURRENCY, MAX_CONCURRENCY));
+        let budget = (self.budget as u32).max(MIN_CONCURRENCY * 3);
+        while targets.iter().sum::<u32>() > budget {
+            let Some(largest) = (0..3).filter(|&i| targets[i] > MIN_CONCURRENCY).max_by_key(|&i| targets[i])
+            else {
+                break;
+            };
+            targets[largest] -= 1;
+        }
+        targets
     }
 
     /// One tick: read depths, compute targets, update the mappings that differ. A lane whose depth
@@ -148,7 +173,8 @@ mod tests {
             qs[2].send(&format!("c{i}"), Default::default()).await.unwrap();
         }
         let d = controller.tick().await;
-        assert_eq!(d.iter().map(|d| d.target).collect::<Vec<_>>(), [2, 20, 10], "{d:?}");
+        assert_eq!(d.iter().map(|d| d.target).collect::<Vec<_>>(), [2, 18, 10], "{d:?}");
+        assert!(d.iter().map(|d| d.target).sum::<u32>() <= 30, "never past the budget");
         assert!(!d[0].changed);
 
         // Interactive arrives: it gets its 70% back as the others' demand allows.
@@ -169,5 +195,7 @@ mod tests {
         let d = broken.tick().await;
         assert!(d[1].error.as_deref().unwrap().contains("no mapping"));
         assert!(d[0].changed && d[2].changed);
+        assert!(validate_budget(5).unwrap_err().to_string().contains("LANES_CONCURRENCY_BUDGET"));
+        assert!(validate_budget(6).is_ok());
     }
 }

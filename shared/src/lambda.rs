@@ -111,6 +111,7 @@ impl ControllerFunction {
     /// (event source mapping UUIDs) and `LANES_CONCURRENCY_BUDGET` (default 30).
     pub async fn from_env() -> Result<Self, ColdStartError> {
         let budget = parse_env("LANES_CONCURRENCY_BUDGET", 30)? as usize;
+        crate::controller::validate_budget(budget)?;
         let mut urls = Vec::with_capacity(3);
         let mut mappings = Vec::with_capacity(3);
         for (q, m) in [
