@@ -309,6 +309,8 @@ pub struct WorkerFunction {
     pub concurrency: usize,
     /// The batch worker, when this is the commits lane.
     pub commits: Option<CommitsWorker>,
+    /// The lane consumed.
+    pub lane: Lane,
 }
 
 impl WorkerFunction {
@@ -354,7 +356,7 @@ impl WorkerFunction {
         if commits.is_some() {
             crate::commits::budget::warm();
         }
-        Ok(Self { worker, queue, concurrency: concurrency.max(1), commits })
+        Ok(Self { worker, queue, concurrency: concurrency.max(1), commits, lane })
     }
 
     /// Handles one SQS batch before `deadline_ms` (Unix ms, from the invocation context).
@@ -364,6 +366,13 @@ impl WorkerFunction {
         // Stop early enough to hand unfinished messages back before Lambda kills the invocation.
         let budget = remaining.saturating_sub((remaining / 10).min(Duration::from_secs(2)));
         tracing::info!(records = records.len(), budget_ms = budget.as_millis() as u64, "batch received");
+        if let Some(age) = oldest_age_ms(records, now) {
+            self.worker
+                .metrics
+                .queue_oldest_age_seconds
+                .with_label_values(&[self.lane.as_str()])
+                .set((age / 1000) as i64);
+        }
         let response = match &self.commits {
             Some(commits) => handle_commit_batch(commits, &self.queue, records, budget).await,
             None => handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await,
@@ -371,6 +380,18 @@ impl WorkerFunction {
         self.worker.metrics.flush_emf(&metrics_namespace());
         response
     }
+}
+
+/// How long the oldest record of a batch waited in its queue (`now - SentTimestamp`): SQS has no
+/// queue attribute for it (`ApproximateAgeOfOldestMessage` is a CloudWatch metric), so each worker
+/// reports the age of what it receives: a lower bound of the queue's oldest, exact when the queue is
+/// drained in order.
+pub fn oldest_age_ms(records: &[SqsMessage], now_ms: u64) -> Option<u64> {
+    records
+        .iter()
+        .filter_map(|r| r.attributes.get("SentTimestamp")?.parse::<u64>().ok())
+        .map(|sent| now_ms.saturating_sub(sent))
+        .max()
 }
 
 /// Time left before the invocation deadline. Lambda sends Unix ms; `cargo lambda watch` sends the
@@ -621,6 +642,22 @@ mod tests {
             call(event("GET", &path, serde_json::Value::Null)).await.status(),
             axum::http::StatusCode::UNAUTHORIZED
         );
+    }
+
+    #[test]
+    fn queue_age_comes_from_the_records_sent_timestamps() {
+        let sample: aws_lambda_events::event::sqs::SqsEvent =
+            serde_json::from_str(include_str!("../../events/sqs-interactive.json")).unwrap();
+        let sent: u64 = sample.records[0].attributes["SentTimestamp"].parse().unwrap();
+        assert_eq!(oldest_age_ms(&sample.records, sent + 42_000), Some(42_000));
+        let mut late = sample.records[0].clone();
+        late.attributes.insert("SentTimestamp".into(), (sent + 40_000).to_string());
+        assert_eq!(
+            oldest_age_ms(&[late, sample.records[0].clone()], sent + 42_000),
+            Some(42_000),
+            "the oldest"
+        );
+        assert_eq!(oldest_age_ms(&[SqsMessage::default()], sent), None);
     }
 
     #[test]
