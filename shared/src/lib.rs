@@ -11,7 +11,8 @@
 //!   summaries. Pure.
 //! - [`tasks`]: the task flow. Its pure half ([`tasks::request`], [`tasks::key`], [`tasks::record`]:
 //!   validation, the idempotency key, the record's state machine) sits below the ports; its
-//!   [`tasks::ingress`] (the HTTP API) and [`tasks::worker`] (claim to fenced write) above them.
+//!   [`tasks::ingress`] (the HTTP API, per [`tasks::tenant`]) and [`tasks::worker`] (claim to fenced
+//!   write) above them.
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping.
 //! - [`config`]: tunables with defaults, per-lane policies, and their validation.
 //! - [`ports`]: one small trait per capability (queue send/consume, task store, summary store, lease
@@ -25,7 +26,8 @@
 //!   backoff. The only module besides the queue adapters that changes a message's visibility.
 //! - [`limiter`]: the RPM/TPM decision with lane reservations (pure) and the in-process limiter.
 //! - [`quota`]: per-project daily token budgets and per-minute caps, counted in the cache.
-//! - [`llm`]: providers (offline, OpenAI-compatible, Anthropic) and the retry policy.
+//! - [`llm`]: providers (offline, OpenAI-compatible, Anthropic), the retry policy, per-lane routes
+//!   with their fallback, and the price table.
 //! - [`pool`]: the weighted allocation (pure) and the in-process pool that runs workers with it.
 //! - [`commits`]: the commit flow: webhook, diff sources, diff budget, prompt, worker, read API.
 //! - [`dlq`]: the sweep that settles the records behind dead-lettered task messages; list and
