@@ -265,6 +265,16 @@ pub fn align(config: &LimiterConfig, state: &mut BucketState, now_ms: u64, limit
     }
 }
 
+/// Returns a reservation that was not used (a 429 paused everyone while it waited): its request and
+/// its tokens go back to `class`'s buckets, refilled to `now_ms` first.
+pub fn give_back(config: &LimiterConfig, state: &mut BucketState, now_ms: u64, class: Class, tokens: u64) {
+    refill(config, state, now_ms);
+    let caps = config.caps();
+    for (i, amount) in [(class as usize, 1.0), (2 + class as usize, tokens as f64)] {
+        state.levels[i] = (state.levels[i] + amount).min(caps[i]);
+    }
+}
+
 /// Puts back an overestimate, or charges an underestimate, to `class`'s token bucket (refilled to
 /// `now_ms` first, as the Redis script does, so an underestimate is never forgiven by the cap).
 pub fn reconcile(
@@ -294,6 +304,8 @@ pub trait RateLimiter: Send + Sync {
     ) -> Result<Decision, LimiterError>;
     /// Reconciles the estimate with the reported usage.
     async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError>;
+    /// Returns an unused reservation: one request and `tokens` ([`give_back`]).
+    async fn give_back(&self, lane: Lane, tokens: u64) -> Result<(), LimiterError>;
     /// Makes every caller wait `for_` from now (a 429's hint): the cooldown is shared.
     async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError>;
     /// How long the shared cooldown has left, if one is running (a route cooling down is skipped
@@ -370,6 +382,12 @@ impl RateLimiter for MemoryLimiter {
 
     async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError> {
         cool_down(&mut *self.state()?, self.clock.now_ms() + for_.as_millis() as u64);
+        Ok(())
+    }
+
+    async fn give_back(&self, lane: Lane, tokens: u64) -> Result<(), LimiterError> {
+        let config = self.learned.apply(&self.config);
+        give_back(&config, &mut *self.state()?, self.clock.now_ms(), lane.into(), tokens);
         Ok(())
     }
 
@@ -502,6 +520,12 @@ mod tests {
         let before = s;
         assert!(matches!(decide(&cfg, &mut s, 0, Class::Background, 1, 1), Decision::Wait(_)));
         assert_eq!(s.levels, before.levels, "a wait takes nothing");
+        // An unused reservation goes back whole: the next caller waits no longer than the second did.
+        give_back(&cfg, &mut s, 0, Class::Background, 1);
+        let Decision::Reserved(again) = decide(&cfg, &mut s, 0, Class::Background, 1, 10_000) else {
+            panic!()
+        };
+        assert_eq!(again, second);
         // Limits coming down (first learned) restart the buckets empty.
         let cfg = LimiterConfig::new(60.0, 6_000.0);
         let mut s = BucketState::full(&LimiterConfig::unknown(), 0);
@@ -677,8 +701,8 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
                     // time now paused: firing it after the pause, with every other reservation, would
                     // be a burst. It gives its tokens back and queues again once the pause is over.
                     if let Ok(Some(pause)) = self.limiter.cooling_for().await {
-                        if let Err(e) = self.limiter.reconcile(request.lane, estimate, 0).await {
-                            tracing::warn!(error = %e, "limiter reconcile failed");
+                        if let Err(e) = self.limiter.give_back(request.lane, estimate).await {
+                            tracing::warn!(error = %e, "limiter give-back failed");
                         }
                         if tokio::time::Instant::now() + pause > deadline {
                             return Err(crate::ports::LlmError::Throttled {

@@ -326,6 +326,21 @@ async fn redis_limiter_matches_the_in_process_one() {
     }
     assert!((2..7).contains(&granted), "the script exercises both grants and waits ({granted} granted)");
     assert!(reserved >= 1, "and reservations");
+    // An unused reservation given back lands the same in both.
+    shared.give_back(Lane::Interactive, 1_500).await.unwrap();
+    local.give_back(Lane::Interactive, 1_500).await.unwrap();
+    let reserve = Duration::from_secs(60);
+    let (a, b) = (
+        shared.try_acquire(Lane::Interactive, 1_500, reserve).await.unwrap(),
+        local.try_acquire(Lane::Interactive, 1_500, reserve).await.unwrap(),
+    );
+    match (a, b) {
+        (Decision::Granted, Decision::Granted) => {}
+        (Decision::Reserved(x), Decision::Reserved(y)) | (Decision::Wait(x), Decision::Wait(y)) => {
+            assert!(x.abs_diff(y) <= Duration::from_millis(1), "after a give-back: {x:?} vs {y:?}")
+        }
+        other => panic!("after a give-back, redis and in-process disagree: {other:?}"),
+    }
 }
 
 #[tokio::test]

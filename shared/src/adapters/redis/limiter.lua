@@ -1,7 +1,7 @@
 -- The limiter's steps (see limiter.rs) over one hash key, atomically: `take` (decide), `put`
--- (reconcile), `cool` (start or extend the shared cooldown) and `align` (store the learned limits and
--- line fresh buckets up with the provider's window). Numbers are stored with 17 digits, so they read
--- back exactly.
+-- (reconcile), `back` (return an unused reservation), `cool` (start or extend the shared cooldown)
+-- and `align` (store the learned limits and line fresh buckets up with the provider's window).
+-- Numbers are stored with 17 digits, so they read back exactly.
 -- ARGV: op, now_ms, class (0/1), tokens, estimated (or the cooldown's ms for `cool`), rpm, tpm,
 -- interactive share, lend_above, window_ms, burst, reserve_up_to_ms, and for `align` the resets of
 -- requests and tokens (with the remaining requests and tokens in the tokens and estimated slots;
@@ -61,6 +61,10 @@ if op == 'align' then
       end
     end
   end
+elseif op == 'back' then
+  -- An unused reservation: its request and tokens return to the class's buckets.
+  levels[1 + class] = math.min(levels[1 + class] + 1, caps[1 + class])
+  levels[3 + class] = math.min(levels[3 + class] + tokens, caps[3 + class])
 elseif op == 'cool' then
   cool = math.max(cool, now + estimated)
 elseif op == 'put' then

@@ -99,6 +99,10 @@ impl RateLimiter for RedisLimiter {
         self.run("put", lane.into(), actual, estimated, [0, u64::MAX, u64::MAX]).await.map(|_| ())
     }
 
+    async fn give_back(&self, lane: Lane, tokens: u64) -> Result<(), LimiterError> {
+        self.run("back", lane.into(), tokens, 0, [0, u64::MAX, u64::MAX]).await.map(|_| ())
+    }
+
     async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError> {
         self.run("cool", Class::Interactive, 0, for_.as_millis() as u64, [0, u64::MAX, u64::MAX])
             .await
