@@ -6,14 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${LANES_VENV:-$PWD/.venv}"
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "test-deps: installing redis-server from the system package manager"
+# openssl (the CLI) makes the test CA of the TLS Redis test.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
+  echo "test-deps: installing redis-server and openssl from the system package manager"
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null \
-      || { echo "test-deps: could not install redis-server with apt-get; install it and re-run" >&2; exit 1; }
+    $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server openssl >/dev/null \
+      || { echo "test-deps: could not install redis-server and openssl with apt-get; install them and re-run" >&2; exit 1; }
   else
-    echo "test-deps: redis-server is missing and there is no apt-get; install Redis 7 and re-run" >&2; exit 1
+    echo "test-deps: redis-server or openssl is missing and there is no apt-get; install Redis 7 and openssl and re-run" >&2; exit 1
   fi
 fi
 

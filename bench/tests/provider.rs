@@ -22,6 +22,7 @@ async fn no_discipline_or_hint_style_fails_a_call_and_429s_stay_rare() {
         cluster: false,
         prefix: "bench:".into(),
         timeout: Duration::from_millis(500),
+        ca_pem: None,
     };
     let conn = connect(&settings).await.unwrap();
     let cases = [

@@ -155,7 +155,8 @@ pub struct AwsBackendConfig {
 const QUEUE_URL_VARS: [&str; 3] =
     ["LANES_QUEUE_URL_INTERACTIVE", "LANES_QUEUE_URL_SYNTHESIS", "LANES_QUEUE_URL_COMMITS"];
 
-/// Redis settings from `REDIS_URL`, `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`.
+/// Redis settings from `REDIS_URL`, `LANES_REDIS_CLUSTER`, `LANES_KEY_PREFIX` and
+/// `LANES_REDIS_CA_FILE` (a PEM certificate authority for `rediss://`, instead of the system roots).
 pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
     let url = require_env("REDIS_URL")?;
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
@@ -175,7 +176,15 @@ pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
         }
     };
     let prefix = std::env::var("LANES_KEY_PREFIX").unwrap_or_else(|_| "lanes:".into());
-    Ok(RedisSettings { url, cluster, prefix, timeout: Duration::from_millis(500) })
+    // A private CA for `rediss://` (self-hosted Valkey, a test CA): a PEM file.
+    let ca_pem = match crate::config::optional_env("LANES_REDIS_CA_FILE") {
+        None => None,
+        Some(path) => Some(std::fs::read(&path).map_err(|e| ConfigError::Invalid {
+            name: "LANES_REDIS_CA_FILE",
+            reason: format!("cannot read `{path}`: {e}"),
+        })?),
+    };
+    Ok(RedisSettings { url, cluster, prefix, timeout: Duration::from_millis(500), ca_pem })
 }
 
 impl AwsBackendConfig {

@@ -266,14 +266,87 @@ pub struct RedisServer {
     /// Its port.
     pub port: u16,
     cluster_dir: Option<tempfile::TempDir>,
+    /// With TLS: the directory of its certificate authority, certificate and key.
+    tls_dir: Option<tempfile::TempDir>,
 }
 
 impl RedisServer {
     /// Starts one on a free port.
     pub fn start() -> Self {
-        let mut s = Self { child: None, port: free_port(), cluster_dir: None };
+        let mut s = Self { child: None, port: free_port(), cluster_dir: None, tls_dir: None };
         s.spawn();
         s
+    }
+
+    /// Starts one speaking TLS only, with a certificate for 127.0.0.1 signed by a fresh test CA
+    /// (made with the `openssl` CLI): what a self-hosted Valkey behind a private CA looks like.
+    pub fn start_tls() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let run = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap_or_else(|e| panic!("openssl: {e}"));
+            assert!(ok.success(), "openssl {args:?}");
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=lanes-test-ca",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "srv.key",
+            "-out",
+            "srv.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(dir.path().join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+            .unwrap_or_else(|e| panic!("ext.cnf: {e}"));
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "srv.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ]);
+        let mut s = Self { child: None, port: free_port(), cluster_dir: None, tls_dir: Some(dir) };
+        s.spawn();
+        s
+    }
+
+    /// The test CA's certificate (PEM), with TLS.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        let dir = self.tls_dir.as_ref().unwrap_or_else(|| panic!("not a TLS server"));
+        std::fs::read(dir.path().join("ca.pem")).unwrap_or_else(|e| panic!("ca.pem: {e}"))
     }
 
     /// Starts a one-node Redis Cluster owning every slot (the protocol ElastiCache Serverless speaks).
@@ -284,7 +357,7 @@ impl RedisServer {
     /// [`RedisServer::start_cluster`] on a given port (one a client was already pointed at).
     pub fn start_cluster_on(port: u16) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let mut s = Self { child: None, port, cluster_dir: Some(dir) };
+        let mut s = Self { child: None, port, cluster_dir: Some(dir), tls_dir: None };
         s.spawn();
         let port = s.port.to_string();
         let cli = |args: &[&str]| {
@@ -307,7 +380,30 @@ impl RedisServer {
     fn spawn(&mut self) {
         let mut args: Vec<String> =
             ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"].map(String::from).to_vec();
-        args.extend(["--port".to_owned(), self.port.to_string()]);
+        match &self.tls_dir {
+            None => args.extend(["--port".to_owned(), self.port.to_string()]),
+            Some(dir) => {
+                let file = |f: &str| dir.path().join(f).display().to_string();
+                args.extend([
+                    "--port".to_owned(),
+                    "0".to_owned(),
+                    "--tls-port".to_owned(),
+                    self.port.to_string(),
+                ]);
+                args.extend([
+                    "--tls-cert-file".to_owned(),
+                    file("srv.pem"),
+                    "--tls-key-file".to_owned(),
+                    file("srv.key"),
+                ]);
+                args.extend([
+                    "--tls-ca-cert-file".to_owned(),
+                    file("ca.pem"),
+                    "--tls-auth-clients".to_owned(),
+                    "no".to_owned(),
+                ]);
+            }
+        }
         if let Some(dir) = &self.cluster_dir {
             args.extend([
                 "--cluster-enabled".to_owned(),
@@ -326,9 +422,10 @@ impl RedisServer {
         self.child = Some(child);
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT` (`rediss://` with TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls_dir.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Stops it (SIGKILL): every key and loaded script is gone.

@@ -23,6 +23,7 @@ async fn redis_conn(redis: &RedisServer, cluster: bool) -> lanes_core::adapters:
         cluster,
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(500),
+        ca_pem: None,
     };
     connect(&settings).await.unwrap()
 }
@@ -257,6 +258,7 @@ async fn cluster_mode_starts_while_redis_is_down_and_connects_when_it_is_up() {
         cluster: true,
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(300),
+        ca_pem: None,
     };
     let conn = connect(&settings).await.expect("start-up does not need Redis");
     let cache = RedisCache::new(conn.clone(), "lanes:");
@@ -477,4 +479,25 @@ async fn every_documented_lost_receipt_answer_of_sqs_is_a_lost_lease() {
     ));
     let attempts = stub.seen().iter().filter(|(op, _)| op == "ChangeMessageVisibility").count();
     assert!(attempts > n + 2, "throttling is retried by the SDK ({attempts} requests)");
+}
+
+/// TLS Redis (`rediss://`, as ElastiCache Serverless requires) against a real TLS redis-server whose
+/// certificate chains to a private CA: with the CA named (`LANES_REDIS_CA_FILE`) the cache works;
+/// without it the handshake fails against the system roots and the cache fails closed (callers
+/// degrade), never talking to an unverified server.
+#[tokio::test]
+async fn tls_redis_with_a_private_ca() {
+    let redis = RedisServer::start_tls();
+    let settings = |ca_pem: Option<Vec<u8>>| RedisSettings {
+        url: redis.url(),
+        cluster: false,
+        prefix: "lanes:".into(),
+        timeout: Duration::from_millis(1_000),
+        ca_pem,
+    };
+    let cache = RedisCache::new(connect(&settings(Some(redis.ca_pem()))).await.unwrap(), "lanes:");
+    cache.set("task:tls", "v", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(cache.get("task:tls").await.unwrap().as_deref(), Some("v"));
+    let unverified = RedisCache::new(connect(&settings(None)).await.unwrap(), "lanes:");
+    assert!(unverified.get("task:tls").await.is_err(), "no trusted CA, no connection");
 }

@@ -126,6 +126,7 @@ async fn rig() -> Rig {
             cluster: false,
             prefix: "lanes:".into(),
             timeout: Duration::from_millis(500),
+            ca_pem: None,
         },
     };
     let adapters = lanes_core::backend::aws(&config, &[Lane::Commits]).await.unwrap();

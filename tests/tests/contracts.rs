@@ -82,6 +82,7 @@ async fn lease_lock_and_cache_on_redis_server() {
         cluster: false,
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(500),
+        ca_pem: None,
     };
     let conn = connect(&settings).await.unwrap();
     contract::lease_lock(&RedisLock::new(conn.clone(), "lanes:")).await;

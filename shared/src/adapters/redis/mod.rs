@@ -1,7 +1,7 @@
 //! Redis/Valkey adapters: the lease lock (Lua compare-then-act scripts, all keys of a script under one
 //! hash tag) and the hot cache. One reconnecting connection per process (`ConnectionManager`, or a
 //! cluster connection for ElastiCache Serverless), both made lazily so a process starts while Redis
-//! is down; `rediss://` for TLS. Scripts run by `EVALSHA` and
+//! is down; `rediss://` for TLS, verified against the system roots or a named CA. Scripts run by `EVALSHA` and
 //! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
 //! the configured prefix.
 
@@ -36,6 +36,9 @@ pub struct RedisSettings {
     pub prefix: String,
     /// Bound on connecting and on each response, so an outage degrades quickly instead of stalling.
     pub timeout: Duration,
+    /// The certificate authority (PEM) a `rediss://` server's certificate must chain to, instead of
+    /// the system roots: a self-hosted Valkey, a test CA.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 /// A cloneable connection: single node (reconnecting) or cluster.
@@ -145,16 +148,22 @@ impl ConnectionLike for RedisConn {
 
 /// Connects once per process.
 pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupError> {
+    let certs = |ca: &Vec<u8>| redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
     if settings.cluster {
-        let client = redis::cluster::ClusterClientBuilder::new(vec![settings.url.as_str()])
+        let mut builder = redis::cluster::ClusterClientBuilder::new(vec![settings.url.as_str()])
             .connection_timeout(settings.timeout)
-            .response_timeout(settings.timeout)
-            .build()
-            .map_err(|e| RedisSetupError::Url(e.to_string()))?;
+            .response_timeout(settings.timeout);
+        if let Some(ca) = &settings.ca_pem {
+            builder = builder.certs(certs(ca));
+        }
+        let client = builder.build().map_err(|e| RedisSetupError::Url(e.to_string()))?;
         return Ok(RedisConn::Cluster(LazyCluster::new(client)));
     }
-    let client =
-        redis::Client::open(settings.url.as_str()).map_err(|e| RedisSetupError::Url(e.to_string()))?;
+    let client = match &settings.ca_pem {
+        Some(ca) => redis::Client::build_with_tls(settings.url.as_str(), certs(ca)),
+        None => redis::Client::open(settings.url.as_str()),
+    }
+    .map_err(|e| RedisSetupError::Url(e.to_string()))?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(settings.timeout))
         .set_response_timeout(Some(settings.timeout))
