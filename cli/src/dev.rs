@@ -86,8 +86,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     if let Some(name) = tenant_header {
         let header = reqwest::header::HeaderName::try_from(name.as_str())
             .map_err(|_| CliError::Usage(format!("--tenant-header `{name}` is not a valid header name")))?;
-        opts.ingress.tenancy = true;
-        opts.tenant_header = Some(header);
+        opts.tenancy = lanes_core::tasks::tenant::Tenancy::Header(header);
     }
     let local = Local::build(&opts).await?;
     let shutdown = CancellationToken::new();

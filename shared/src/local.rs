@@ -118,8 +118,9 @@ pub struct DevOptions {
     /// How often the task lanes' DLQs are swept (records behind dead-lettered messages marked
     /// `FAILED`).
     pub dlq_sweep_interval: Duration,
-    /// With tenancy (`--tenant-header`): the header a trusted proxy names the tenant in.
-    pub tenant_header: Option<axum::http::HeaderName>,
+    /// Where the tenant comes from: off (one tenant), or a header a trusted proxy sets
+    /// (`--tenant-header`).
+    pub tenancy: crate::tasks::tenant::Tenancy,
 }
 
 impl Default for DevOptions {
@@ -140,7 +141,7 @@ impl Default for DevOptions {
             queue: QueueSettings::default(),
             poll_interval: Duration::from_millis(50),
             dlq_sweep_interval: Duration::from_secs(30),
-            tenant_header: None,
+            tenancy: Default::default(),
         }
     }
 }
@@ -254,13 +255,9 @@ impl Local {
             queues: adapters.send.clone(),
             metrics: metrics.clone(),
             clock,
-            config: opts.ingress,
+            config: IngressConfig { tenancy: opts.tenancy.is_on(), ..opts.ingress },
         };
-        let tasks = match &opts.tenant_header {
-            Some(name) => router(ingress)
-                .layer(axum::middleware::from_fn_with_state(name.clone(), crate::tasks::tenant::from_header)),
-            None => router(ingress),
-        };
+        let tasks = crate::tasks::tenant::with_header(router(ingress), &opts.tenancy);
         let m = metrics.clone();
         let router =
             tasks.merge(hooks).merge(read).merge(crate::dlq::admin_router(dlq.clone())).route(

@@ -208,6 +208,18 @@ impl GitHubSource {
         }
     }
 
+    /// One page of GitHub's JSON: the parsed body and its size in bytes.
+    async fn json_page<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<(T, usize), DiffError> {
+        let resp = self.get(url, "application/vnd.github+json").send().await.map_err(|e| transport(&e))?;
+        if !resp.status().is_success() {
+            return Err(status_error("GitHub", resp).await);
+        }
+        let body = read_json_page(resp).await?;
+        let parsed = serde_json::from_slice(&body)
+            .map_err(|e| DiffError::Permanent(format!("GitHub answered an unexpected body: {e}")))?;
+        Ok((parsed, body.len()))
+    }
+
     /// `GET /repos/{repo}/compare/{base}...{head}`, paged: the commits reachable from `head` and not
     /// from the merge base, oldest first (a force push brings only its new commits).
     async fn compare(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
@@ -217,14 +229,7 @@ impl GitHubSource {
                 "{}/repos/{}/compare/{}...{}?per_page=100&page={page}",
                 self.api, range.repo, range.base, range.head
             );
-            let resp =
-                self.get(&url, "application/vnd.github+json").send().await.map_err(|e| transport(&e))?;
-            if !resp.status().is_success() {
-                return Err(status_error("GitHub", resp).await);
-            }
-            let body = read_json_page(resp).await?;
-            let cmp: GitHubCompare = serde_json::from_slice(&body)
-                .map_err(|e| DiffError::Permanent(format!("GitHub answered an unexpected body: {e}")))?;
+            let (cmp, _): (GitHubCompare, _) = self.json_page(&url).await?;
             let n = cmp.commits.len();
             out.extend(cmp.commits.into_iter().map(|c| CommitMessage {
                 provider: Provider::Github,
@@ -249,14 +254,7 @@ impl GitHubSource {
         let mut bytes = 0;
         for page in 1..=GITHUB_MAX_FILES / GITHUB_FILES_PER_PAGE {
             let paged = format!("{url}?per_page={GITHUB_FILES_PER_PAGE}&page={page}");
-            let resp =
-                self.get(&paged, "application/vnd.github+json").send().await.map_err(|e| transport(&e))?;
-            if !resp.status().is_success() {
-                return Err(status_error("GitHub", resp).await);
-            }
-            let body = read_json_page(resp).await?;
-            let files: GitHubCommitFiles = serde_json::from_slice(&body)
-                .map_err(|e| DiffError::Permanent(format!("GitHub answered an unexpected body: {e}")))?;
+            let (files, size): (GitHubCommitFiles, _) = self.json_page(&paged).await?;
             for f in &files.files {
                 let old = f.previous_filename.as_deref().unwrap_or(&f.filename);
                 out.push_str(&format!("diff --git a/{old} b/{}\n", f.filename));
@@ -282,7 +280,7 @@ impl GitHubSource {
                     )),
                 }
             }
-            bytes += body.len();
+            bytes += size;
             if files.files.len() < GITHUB_FILES_PER_PAGE || bytes > MAX_DIFF_BYTES {
                 break;
             }

@@ -543,12 +543,9 @@ mod tests {
             clock: clock.clone(),
             config,
         };
-        let tenant_header = axum::http::HeaderName::from_static("x-tenant");
+        let tenancy = crate::tasks::tenant::Tenancy::Header(axum::http::HeaderName::from_static("x-tenant"));
         Rig {
-            router: router(ingress).layer(axum::middleware::from_fn_with_state(
-                tenant_header,
-                crate::tasks::tenant::from_header,
-            )),
+            router: crate::tasks::tenant::with_header(router(ingress), &tenancy),
             clock,
             store,
             interactive: all.queue("interactive", "dlq"),

@@ -76,6 +76,17 @@ impl Tenancy {
     }
 }
 
+/// `router` with the tenant taken from the header of [`Tenancy::Header`]; unchanged otherwise (the
+/// authorizer's tenant is set by the Lambda glue, which owns API Gateway's request context).
+pub fn with_header(router: axum::Router, tenancy: &Tenancy) -> axum::Router {
+    match tenancy {
+        Tenancy::Header(name) => {
+            router.layer(axum::middleware::from_fn_with_state(name.clone(), from_header))
+        }
+        _ => router,
+    }
+}
+
 /// Middleware for [`Tenancy::Header`]: the header's value becomes the request's [`Tenant`]. Any
 /// `Tenant` already in the extensions is replaced, so only the named header can set it.
 pub async fn from_header(State(name): State<HeaderName>, mut req: Request, next: Next) -> Response {
