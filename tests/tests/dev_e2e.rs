@@ -228,3 +228,25 @@ async fn a_project_over_its_daily_token_budget_is_refused_at_ingress(backend: Ba
     let (s, _, _) = post_task(&server.url, &task("spender", "first")).await;
     assert_eq!(s, StatusCode::OK);
 }
+
+/// `lanes dev --tenant-header`: the real binary takes the tenant from the proxy's header.
+#[tokio::test]
+async fn lanes_dev_serves_each_tenant_its_own_tasks() {
+    let stack = Stack::start(Backend::Embedded, &["--tenant-header", "x-tenant"]).await;
+    let url = &stack.server.url;
+    let client = reqwest::Client::new();
+    let body = json!({"project_id":"p1","kind":"explain","prompt":"mine?","target_files":[]}).to_string();
+    let post = |tenant: Option<&str>| {
+        let mut req = client.post(format!("{url}/v1/tasks")).header("content-type", "application/json");
+        if let Some(t) = tenant {
+            req = req.header("x-tenant", t);
+        }
+        req.body(body.clone()).send()
+    };
+    assert_eq!(post(None).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let v: Value = post(Some("team-a")).await.unwrap().json().await.unwrap();
+    let id = v["task_id"].as_str().unwrap().to_owned();
+    let get = |tenant: &str| client.get(format!("{url}/v1/tasks/{id}")).header("x-tenant", tenant).send();
+    assert_eq!(get("team-b").await.unwrap().status(), StatusCode::NOT_FOUND);
+    assert!(get("team-a").await.unwrap().status().is_success());
+}
