@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand, ValueEnum};
 use lanes_core::clock::SystemClock;
 use lanes_core::config::{IngressConfig, WorkerConfig};
-use lanes_core::dlq::Admin;
+use lanes_core::dlq::{Admin, DlqOp};
 use lanes_core::domain::Lane;
 use std::sync::Arc;
 
@@ -14,7 +14,16 @@ pub enum DlqCommand {
     /// List the messages of a task lane's DLQ with their task's status (the messages stay).
     List(Target),
     /// Send a task lane's DLQ messages back to the lane, resetting each task's record so it runs again.
-    Redrive(Target),
+    Redrive {
+        #[command(flatten)]
+        target: Target,
+        /// Reset the records, then move the messages with one SQS message move task
+        /// (`StartMessageMoveTask`) instead of relaying them one by one; follow it with `lanes dlq moves`.
+        #[arg(long)]
+        move_task: bool,
+    },
+    /// The DLQ's recent message move tasks (`ListMessageMoveTasks`).
+    Moves(Target),
 }
 
 /// Which DLQ, where.
@@ -67,21 +76,41 @@ pub enum DlqCliError {
 
 /// Runs one `lanes dlq` command and prints its result.
 pub async fn run(command: DlqCommand) -> Result<(), DlqCliError> {
-    let (redrive, target) = match command {
-        DlqCommand::List(t) => (false, t),
-        DlqCommand::Redrive(t) => (true, t),
+    let (op, target) = match command {
+        DlqCommand::List(t) => (DlqOp::List, t),
+        DlqCommand::Redrive { target, move_task: false } => (DlqOp::Redrive, target),
+        DlqCommand::Redrive { target, move_task: true } => (DlqOp::RedriveByMove, target),
+        DlqCommand::Moves(t) => (DlqOp::Moves, t),
     };
     let lane: Lane = target.lane.into();
     let answer = match target.backend {
-        Some(_) => on_aws(lane, redrive).await?,
-        None => on_server(&target.server, lane, redrive).await?,
+        Some(_) => on_aws(lane, op).await?,
+        None => on_server(&target.server, lane, op).await?,
     };
     if target.json {
         println!("{answer}");
-    } else if redrive {
+    } else if op == DlqOp::Moves {
+        let moves = answer["moves"].as_array().cloned().unwrap_or_default();
+        println!("{:<10}  {:>8}  {:>8}  {:<20}  failure", "status", "moved", "to move", "started (unix ms)");
+        for m in &moves {
+            println!(
+                "{:<10}  {:>8}  {:>8}  {:<20}  {}",
+                m["status"].as_str().unwrap_or(""),
+                m["moved"],
+                m["to_move"].as_u64().map_or("-".to_owned(), |n| n.to_string()),
+                m["started_at_ms"],
+                m["failure_reason"].as_str().unwrap_or("")
+            );
+        }
+        println!("{} move task(s) of the {lane} DLQ", moves.len());
+    } else if op != DlqOp::List {
         let r = &answer["report"];
+        let how = match r["move_task"].as_str() {
+            Some(handle) => format!("made runnable and moved by move task {handle}"),
+            None => "sent back".to_owned(),
+        };
         println!(
-            "{lane}: {} task(s) sent back, {} already completed (deleted), {} left in the DLQ",
+            "{lane}: {} task(s) {how}, {} already completed (deleted), {} left in the DLQ",
             r["redriven"],
             r["already_completed"],
             r["left"].as_array().map_or(0, Vec::len)
@@ -106,13 +135,14 @@ pub async fn run(command: DlqCommand) -> Result<(), DlqCliError> {
     Ok(())
 }
 
-async fn on_server(server: &str, lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqCliError> {
+async fn on_server(server: &str, lane: Lane, op: DlqOp) -> Result<serde_json::Value, DlqCliError> {
     let base = server.trim_end_matches('/');
     let client = reqwest::Client::new();
-    let request = if redrive {
-        client.post(format!("{base}/admin/dlq/{lane}/redrive"))
-    } else {
-        client.get(format!("{base}/admin/dlq/{lane}"))
+    let request = match op {
+        DlqOp::List => client.get(format!("{base}/admin/dlq/{lane}")),
+        DlqOp::Redrive => client.post(format!("{base}/admin/dlq/{lane}/redrive")),
+        DlqOp::RedriveByMove => client.post(format!("{base}/admin/dlq/{lane}/redrive?by=move")),
+        DlqOp::Moves => client.get(format!("{base}/admin/dlq/{lane}/moves")),
     };
     let resp = request.send().await.map_err(|e| DlqCliError::Server(format!("cannot reach {base}: {e}")))?;
     let status = resp.status();
@@ -123,7 +153,7 @@ async fn on_server(server: &str, lane: Lane, redrive: bool) -> Result<serde_json
     Ok(body)
 }
 
-async fn on_aws(lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqCliError> {
+async fn on_aws(lane: Lane, op: DlqOp) -> Result<serde_json::Value, DlqCliError> {
     let config =
         lanes_core::backend::AwsBackendConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?;
     let adapters =
@@ -137,5 +167,5 @@ async fn on_aws(lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqCliEr
             .pending_ttl_secs,
         record_ttl_secs: WorkerConfig::default().record_ttl_secs,
     };
-    Ok(admin.answer(lane, redrive).await?)
+    Ok(admin.answer(lane, op).await?)
 }

@@ -1,7 +1,9 @@
 //! The concurrency controller (see docs/ARCHITECTURE.md, Lanes): every minute it reads each lane's
-//! queue depth, applies the weighted pool policy ([`crate::pool::allocate`]) to the stack's concurrency budget, and sets each
-//! lane's event-source-mapping `ScalingConfig.MaximumConcurrency` (at least 2, Lambda's minimum) only
-//! when it changes. The mapping is a port ([`MappingControl`]) with a Lambda adapter
+//! queue depth and running work ([`crate::running`]: invocations the workers registered; the queue's
+//! in-flight count when that cannot be read), applies the weighted pool policy
+//! ([`crate::pool::allocate`]) to the stack's concurrency budget, and sets each lane's
+//! event-source-mapping `ScalingConfig.MaximumConcurrency` (at least 2, Lambda's minimum) only when
+//! it changes. The mapping is a port ([`MappingControl`]) with a Lambda adapter
 //! (`adapters::lambda`) and an in-memory twin ([`crate::embedded::MemoryMappings`]).
 
 use crate::domain::Lane;
@@ -37,8 +39,10 @@ pub struct LaneDecision {
     pub lane: &'static str,
     /// Visible messages.
     pub backlog: u64,
-    /// Messages in flight (an upper bound of the running workers).
+    /// Messages in flight.
     pub in_flight: u64,
+    /// Running invocations, as the workers registered them (`None`: unreadable, in-flight used).
+    pub running: Option<u64>,
     /// `MaximumConcurrency` before.
     pub current: Option<u32>,
     /// `MaximumConcurrency` wanted.
@@ -62,6 +66,8 @@ pub struct Controller {
     pub budget: usize,
     /// Reservations (interactive, synthesis, commits).
     pub shares: [f64; 3],
+    /// The workers' registry of running invocations, when the stack has a cache.
+    pub running: Option<crate::running::RunningWork>,
 }
 
 impl Controller {
@@ -72,14 +78,20 @@ impl Controller {
         control: Arc<dyn MappingControl>,
         budget: usize,
     ) -> Self {
-        Self { queues, mappings, control, budget, shares: DEFAULT_SHARES }
+        Self { queues, mappings, control, budget, shares: DEFAULT_SHARES, running: None }
     }
 
-    /// The targets for given depths: the pool policy over the budget, in flight counted as running,
-    /// raised to Lambda's minimum of 2 and capped at its maximum. Raising a lane to the minimum never
-    /// takes the sum past the budget: the largest targets give the difference back.
-    pub fn targets(&self, depths: &[QueueDepth; 3]) -> [u32; 3] {
-        let running = depths.map(|d| d.in_flight as usize);
+    /// With the workers' registry of running invocations.
+    pub fn with_running(mut self, running: crate::running::RunningWork) -> Self {
+        self.running = Some(running);
+        self
+    }
+
+    /// The targets for given depths and running invocations: the pool policy over the budget, raised
+    /// to Lambda's minimum of 2 and capped at its maximum. Raising a lane to the minimum never takes
+    /// the sum past the budget: the largest targets give the difference back.
+    pub fn targets(&self, depths: &[QueueDepth; 3], running: [u64; 3]) -> [u32; 3] {
+        let running = running.map(|n| n as usize);
         let backlog = depths.map(|d| d.visible as usize);
         let mut targets = allocate(self.budget, self.shares, running, backlog)
             .map(|n| (n as u32).clamp(MIN_CONCURRENCY, MAX_CONCURRENCY));
@@ -105,7 +117,19 @@ impl Controller {
                 Err(e) => unreadable[lane.index()] = Some(format!("depth: {e}")),
             }
         }
-        let targets = self.targets(&depths);
+        let mut registered = [None; 3];
+        if let Some(running) = &self.running {
+            for lane in Lane::ALL {
+                match running.count(lane).await {
+                    Ok(n) => registered[lane.index()] = Some(n),
+                    Err(e) => {
+                        tracing::warn!(lane = %lane, error = %e, "running work unreadable; in-flight used")
+                    }
+                }
+            }
+        }
+        let running = [0, 1, 2].map(|i| registered[i].unwrap_or(depths[i].in_flight));
+        let targets = self.targets(&depths, running);
         let mut out = Vec::with_capacity(3);
         for lane in Lane::ALL {
             let i = lane.index();
@@ -113,6 +137,7 @@ impl Controller {
                 lane: lane.as_str(),
                 backlog: depths[i].visible,
                 in_flight: depths[i].in_flight,
+                running: registered[i],
                 current: None,
                 target: targets[i],
                 changed: false,
@@ -197,5 +222,48 @@ mod tests {
         assert!(d[0].changed && d[2].changed);
         assert!(validate_budget(5).unwrap_err().to_string().contains("LANES_CONCURRENCY_BUDGET"));
         assert!(validate_budget(6).is_ok());
+    }
+
+    /// A commits invocation holding 100 messages is one running worker, not 100: counted from the
+    /// workers' registry, the interactive lane gets its share; counted from in-flight, it would not.
+    /// With the registry unreadable the controller falls back to in-flight.
+    #[tokio::test]
+    async fn running_work_comes_from_the_workers_registry() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::clock::ManualClock::new(1_000_000);
+        let queues =
+            EmbeddedQueues::open(EmbeddedDb::open(dir.path()).unwrap(), clock.clone(), Default::default())
+                .await
+                .unwrap();
+        let qs = Lane::ALL.map(|l| queues.queue(l.as_str(), &format!("{}-dlq", l.as_str())));
+        for i in 0..100 {
+            qs[2].send(&format!("c{i}"), Default::default()).await.unwrap();
+        }
+        for i in 0..40 {
+            qs[0].send(&format!("i{i}"), Default::default()).await.unwrap();
+        }
+        assert_eq!(qs[2].receive(100).await.unwrap().len(), 100, "one commits batch in flight");
+        let control = MemoryMappings::new(&[("i", None), ("s", None), ("c", None)]);
+        let build = || {
+            Controller::new(
+                qs.clone().map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
+                ["i".into(), "s".into(), "c".into()],
+                Arc::new(control.clone()),
+                30,
+            )
+        };
+        let by_in_flight = build().tick().await;
+        let cache = Arc::new(crate::embedded::MemoryCache::new(clock.clone()));
+        let running = crate::running::RunningWork::new(cache, clock.clone());
+        let entry = running.enter(Lane::Commits, 1_000_000 + 60_000).await.unwrap();
+        let by_workers = build().with_running(running.clone()).tick().await;
+        let targets = |d: &[LaneDecision]| d.iter().map(|d| d.target).collect::<Vec<_>>();
+        assert_eq!(by_workers[2].running, Some(1));
+        assert_eq!(by_in_flight[2].running, None);
+        assert!(by_in_flight[0].target < 21, "in-flight starves interactive: {:?}", targets(&by_in_flight));
+        assert!(by_workers[0].target >= 21, "its 70% of 30: {:?}", targets(&by_workers));
+        assert!(targets(&by_workers).iter().sum::<u32>() <= 30);
+        running.leave(entry).await;
+        assert_eq!(build().with_running(running).tick().await[2].running, Some(0));
     }
 }

@@ -161,14 +161,55 @@ pub struct RedriveReport {
     pub redriven: usize,
     /// Messages of tasks already `COMPLETED`, deleted without running again.
     pub already_completed: usize,
-    /// Messages left in the DLQ (undecodable, or no record to run), with why.
+    /// Messages left in the DLQ (undecodable, or no record to run), with why. A move task moves
+    /// them too; the worker dead-letters them again.
     pub left: Vec<(String, String)>,
+    /// The move task's handle, when the redrive went through one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub move_task: Option<String>,
+}
+
+/// What a message of the DLQ needs before it may run again.
+enum Readiness {
+    /// Its record is runnable (reset to `PENDING`, or still `PENDING`/`PROCESSING`): send it back.
+    Run,
+    /// Its task is `COMPLETED`, or was resubmitted by its client meanwhile (that submission's own
+    /// message runs it): delete it.
+    Done { completed: bool },
+    /// Leave it in the DLQ, with why.
+    Leave(String),
+}
+
+/// Makes the record of `m`'s task runnable again: a `FAILED` or `CANCELLED` record becomes a fresh
+/// `PENDING` one (the fence carries over); a `PENDING` or `PROCESSING` one is left as it is.
+async fn ready(
+    m: &ReceivedMessage,
+    store: &dyn TaskStore,
+    clock: &SharedClock,
+    pending_ttl_secs: u64,
+) -> Result<Readiness, DlqError> {
+    let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else {
+        return Ok(Readiness::Leave("undecodable message".into()));
+    };
+    let now = clock.now_ms();
+    let Some(record) = store.get(&task.task_id, now).await? else {
+        return Ok(Readiness::Leave("no live record for the task".into()));
+    };
+    if record.status == TaskStatus::Completed {
+        return Ok(Readiness::Done { completed: true });
+    }
+    if record.status.is_resubmittable() {
+        let fresh =
+            TaskRecord::pending(record.task_id.clone(), record.request.clone(), now, pending_ttl_secs);
+        if let PutOutcome::Exists(_) = store.put_pending(&fresh, now).await? {
+            return Ok(Readiness::Done { completed: false });
+        }
+    }
+    Ok(Readiness::Run)
 }
 
 /// Moves up to `max` task messages from `dlq` back to `lane_queue`, resetting each record so the task
-/// runs again: a `FAILED` or `CANCELLED` record becomes a fresh `PENDING` one (the fence carries
-/// over); a `PENDING` or `PROCESSING` one is simply sent again. Each message is deleted from the DLQ
-/// only after its copy was sent.
+/// runs again (see [`ready`]). Each message is deleted from the DLQ only after its copy was sent.
 #[allow(clippy::too_many_arguments)]
 pub async fn redrive(
     dlq: &dyn QueueConsume,
@@ -182,43 +223,73 @@ pub async fn redrive(
     let mut report = RedriveReport::default();
     let mut keep = Vec::new();
     for m in messages {
-        let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else {
-            report.left.push((m.message_id.clone(), "undecodable message".into()));
-            keep.push(m);
-            continue;
-        };
-        let now = clock.now_ms();
-        let Some(record) = store.get(&task.task_id, now).await? else {
-            report.left.push((m.message_id.clone(), "no live record for the task".into()));
-            keep.push(m);
-            continue;
-        };
-        if record.status == TaskStatus::Completed {
-            dlq.delete(&m.receipt).await?;
-            report.already_completed += 1;
-            continue;
-        }
-        if record.status.is_resubmittable() {
-            let fresh =
-                TaskRecord::pending(record.task_id.clone(), record.request.clone(), now, pending_ttl_secs);
-            if let PutOutcome::Exists(_) = store.put_pending(&fresh, now).await? {
-                // Resubmitted by its client meanwhile: that submission's own message runs it.
+        match ready(&m, store, clock, pending_ttl_secs).await? {
+            Readiness::Leave(why) => {
+                report.left.push((m.message_id.clone(), why));
+                keep.push(m);
+            }
+            Readiness::Done { completed } => {
                 dlq.delete(&m.receipt).await?;
-                continue;
+                report.already_completed += usize::from(completed);
+            }
+            Readiness::Run => {
+                // Only the routing attributes travel: the DLQ's own (reason, source) must not.
+                let attributes = m
+                    .attributes
+                    .iter()
+                    .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                lane_queue.send(&m.body, attributes).await?;
+                dlq.delete(&m.receipt).await?;
+                report.redriven += 1;
             }
         }
-        // Only the routing attributes travel: the DLQ's own (reason, source) must not.
-        let attributes = m
-            .attributes
-            .iter()
-            .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        lane_queue.send(&m.body, attributes).await?;
-        dlq.delete(&m.receipt).await?;
-        report.redriven += 1;
     }
     release(dlq, &keep).await;
+    Ok(report)
+}
+
+/// The redrive through the queue service's own move task (SQS `StartMessageMoveTask`), for DLQs too
+/// large to relay message by message: first every record behind up to `max` messages is made
+/// runnable (see [`ready`]) and the messages of finished tasks deleted, then one move task sends
+/// everything left back to the lane at the service's pace. `report.move_task` is its handle;
+/// [`QueueConsume::move_tasks`] follows it.
+///
+/// Why records first: a worker acknowledges a message whose record is settled without running it,
+/// so a message moved before its record was reset would be dropped. A message dead-lettered after
+/// the reset pass still moves, but its settled record makes the worker drop it: run the redrive
+/// again for those (the relay redrive has no such window).
+pub async fn redrive_by_move(
+    dlq: &dyn QueueConsume,
+    store: &dyn TaskStore,
+    clock: &SharedClock,
+    pending_ttl_secs: u64,
+    max: usize,
+) -> Result<RedriveReport, DlqError> {
+    let messages = peek(dlq, max).await?;
+    let mut report = RedriveReport::default();
+    let mut keep = Vec::new();
+    for m in messages {
+        match ready(&m, store, clock, pending_ttl_secs).await? {
+            Readiness::Done { completed } => {
+                dlq.delete(&m.receipt).await?;
+                report.already_completed += usize::from(completed);
+            }
+            Readiness::Leave(why) => {
+                // Moved anyway (a move task takes the whole queue): the worker dead-letters it again.
+                report.left.push((m.message_id.clone(), why));
+                keep.push(m);
+            }
+            Readiness::Run => {
+                report.redriven += 1;
+                keep.push(m);
+            }
+        }
+    }
+    // Visible again before the move starts: a move task only takes visible messages.
+    release(dlq, &keep).await;
+    report.move_task = Some(dlq.start_move_back().await?);
     Ok(report)
 }
 
@@ -268,13 +339,26 @@ impl Admin {
         list(&**self.dlq(lane)?, &*self.adapters.store, &self.clock, max).await
     }
 
-    /// `list` or `redrive` as the JSON both the admin routes and `lanes dlq --backend aws` print:
-    /// `{lane, messages}` or `{lane, report}`.
-    pub async fn answer(&self, lane: Lane, redrive: bool) -> Result<serde_json::Value, DlqError> {
-        Ok(if redrive {
-            serde_json::json!({"lane": lane, "report": self.redrive(lane, ADMIN_MAX).await?})
-        } else {
-            serde_json::json!({"lane": lane, "messages": self.list(lane, ADMIN_MAX).await?})
+    /// One operation as the JSON both the admin routes and `lanes dlq --backend aws` print:
+    /// `{lane, messages}`, `{lane, report}` or `{lane, moves}`.
+    pub async fn answer(&self, lane: Lane, op: DlqOp) -> Result<serde_json::Value, DlqError> {
+        Ok(match op {
+            DlqOp::List => serde_json::json!({"lane": lane, "messages": self.list(lane, ADMIN_MAX).await?}),
+            DlqOp::Redrive => {
+                serde_json::json!({"lane": lane, "report": self.redrive(lane, ADMIN_MAX).await?})
+            }
+            DlqOp::RedriveByMove => {
+                let report = redrive_by_move(
+                    &**self.dlq(lane)?,
+                    &*self.adapters.store,
+                    &self.clock,
+                    self.pending_ttl_secs,
+                    ADMIN_MAX,
+                )
+                .await?;
+                serde_json::json!({"lane": lane, "report": report})
+            }
+            DlqOp::Moves => serde_json::json!({"lane": lane, "moves": self.dlq(lane)?.move_tasks().await?}),
         })
     }
 
@@ -293,17 +377,35 @@ impl Admin {
     }
 }
 
+/// The DLQ operations of the admin routes and `lanes dlq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DlqOp {
+    /// List the messages with their task's status.
+    List,
+    /// Relay the messages back one by one ([`redrive`]).
+    Redrive,
+    /// Reset the records, then one move task ([`redrive_by_move`]).
+    RedriveByMove,
+    /// The DLQ's recent move tasks.
+    Moves,
+}
+
 /// Most messages one admin call looks at.
 pub const ADMIN_MAX: usize = 1000;
 
-/// `GET /admin/dlq/{lane}` (list) and `POST /admin/dlq/{lane}/redrive`, for `lanes dlq --server`.
+/// `GET /admin/dlq/{lane}` (list), `POST /admin/dlq/{lane}/redrive[?by=move]` and
+/// `GET /admin/dlq/{lane}/moves`, for `lanes dlq --server`.
 pub fn admin_router(admin: Admin) -> axum::Router {
     use crate::problem::Problem;
-    use axum::extract::{Path, State};
+    use axum::extract::{Path, Query, State};
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     use axum::routing::{get, post};
     type Shared = std::sync::Arc<Admin>;
+    #[derive(serde::Deserialize)]
+    struct RedriveQuery {
+        by: Option<String>,
+    }
 
     fn task_lane(lane: &str) -> Result<Lane, Box<Problem>> {
         match lane.parse::<Lane>() {
@@ -324,24 +426,55 @@ pub fn admin_router(admin: Admin) -> axum::Router {
             DlqError::NoDlq(_) => {
                 Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue")
             }
+            DlqError::Queue(QueueError::Rejected(_)) => Problem::new(
+                StatusCode::CONFLICT,
+                "move-unsupported",
+                "Move not possible",
+                "this DLQ cannot start a move task; redrive by relay instead",
+            ),
             _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
         }
     }
-    async fn answer(a: Shared, lane: String, redrive: bool) -> axum::response::Response {
+    async fn answer(a: Shared, lane: String, op: DlqOp) -> axum::response::Response {
         let lane = match task_lane(&lane) {
             Ok(l) => l,
             Err(problem) => return problem.into_response(),
         };
-        match a.answer(lane, redrive).await {
+        match a.answer(lane, op).await {
             Ok(body) => axum::Json(body).into_response(),
             Err(e) => failure(e).into_response(),
         }
     }
     axum::Router::new()
-        .route("/admin/dlq/{lane}", get(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, false)))
+        .route(
+            "/admin/dlq/{lane}",
+            get(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, DlqOp::List)),
+        )
         .route(
             "/admin/dlq/{lane}/redrive",
-            post(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, true)),
+            post(
+                |State(a): State<Shared>, Path(l): Path<String>, Query(q): Query<RedriveQuery>| async move {
+                    let op = match q.by.as_deref() {
+                        None | Some("relay") => DlqOp::Redrive,
+                        Some("move") => DlqOp::RedriveByMove,
+                        Some(_) => {
+                            return Problem::new(
+                                StatusCode::BAD_REQUEST,
+                                "invalid-query",
+                                "Invalid query",
+                                "`by` is `relay` (the default) or `move`",
+                            )
+                            .with_field("by")
+                            .into_response();
+                        }
+                    };
+                    answer(a, l, op).await
+                },
+            ),
+        )
+        .route(
+            "/admin/dlq/{lane}/moves",
+            get(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, DlqOp::Moves)),
         )
         .with_state(std::sync::Arc::new(admin))
 }
@@ -357,8 +490,18 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    #[tokio::test]
-    async fn the_sweep_fails_unsettled_records_and_the_redrive_runs_them_again() {
+    /// Three tasks whose messages reached the synthesis DLQ (0 COMPLETED anyway, 1 crashed while
+    /// PROCESSING, 2 never ran) and one poison message, swept once.
+    struct DeadLettered {
+        _dir: tempfile::TempDir,
+        clock: SharedClock,
+        store: EmbeddedStore,
+        queue: crate::embedded::EmbeddedQueue,
+        dlq: crate::embedded::EmbeddedQueue,
+        ids: Vec<String>,
+    }
+
+    async fn dead_lettered() -> DeadLettered {
         let dir = tempfile::tempdir().unwrap();
         let clock: SharedClock = Arc::new(SystemClock);
         let db = EmbeddedDb::open(dir.path()).unwrap();
@@ -406,6 +549,14 @@ mod tests {
         let dlq = queue.dead_letter_queue();
         assert_eq!(dlq.peek_all().await.len(), 4);
 
+        let dlq = queue.dead_letter_queue();
+        DeadLettered { _dir: dir, clock, store, queue, dlq, ids }
+    }
+
+    #[tokio::test]
+    async fn the_sweep_fails_unsettled_records_and_the_redrive_runs_them_again() {
+        let DeadLettered { _dir, clock, store, queue, dlq, ids } = dead_lettered().await;
+        assert_eq!(dlq.peek_all().await.len(), 4);
         let metrics = Metrics::new();
         let report = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
         assert_eq!(report, SweepReport { seen: 4, marked_failed: 2 });
@@ -429,5 +580,28 @@ mod tests {
         }
         assert_eq!(queue.peek_all().await.len(), 2, "back in their lane");
         assert_eq!(dlq.peek_all().await.len(), 1, "the poison message stays");
+    }
+
+    /// The move-task redrive: records are made runnable first, finished tasks' messages deleted,
+    /// then one move takes every message left (the poison one too) back to the lane, where the
+    /// tasks run again; the move is listed.
+    #[tokio::test]
+    async fn the_redrive_by_move_task_resets_records_before_the_move() {
+        let DeadLettered { _dir, clock, store, queue, dlq, ids } = dead_lettered().await;
+        let metrics = Metrics::new();
+        sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
+        assert!(matches!(queue.start_move_back().await, Err(QueueError::Rejected(_))), "not a DLQ");
+        let report = redrive_by_move(&dlq, &store, &clock, 3600, 100).await.unwrap();
+        assert_eq!((report.redriven, report.already_completed, report.left.len()), (2, 1, 1), "{report:?}");
+        assert!(report.move_task.is_some());
+        for id in &ids[1..] {
+            assert_eq!(store.get(id, clock.now_ms()).await.unwrap().unwrap().status, TaskStatus::Pending);
+        }
+        assert!(dlq.peek_all().await.is_empty(), "the move took everything left");
+        let back = queue.receive(10).await.unwrap();
+        assert_eq!(back.len(), 3, "two tasks and the poison message");
+        assert!(back.iter().all(|m| m.receive_count == 1), "moved messages are fresh deliveries");
+        let moves = dlq.move_tasks().await.unwrap();
+        assert_eq!((moves.len(), moves[0].status.as_str(), moves[0].moved), (1, "COMPLETED", 3));
     }
 }

@@ -146,10 +146,17 @@ impl ControllerFunction {
                 Some(DlqSweep { dlqs, store, metrics: Metrics::new() })
             }
         };
-        Ok(Self {
-            controller: crate::controller::Controller::new(queues, mappings, control, budget.max(6)),
-            sweep,
-        })
+        let mut controller = crate::controller::Controller::new(queues, mappings, control, budget.max(6));
+        // Running work as the workers register it, when the stack has Redis (in-flight otherwise).
+        if crate::config::optional_env("REDIS_URL").is_some() {
+            let redis = crate::backend::redis_from_env()?;
+            let conn =
+                crate::adapters::redis::connect(&redis).await.map_err(crate::backend::BackendError::from)?;
+            let cache = Arc::new(crate::adapters::redis::RedisCache::new(conn, &redis.prefix));
+            controller =
+                controller.with_running(crate::running::RunningWork::new(cache, Arc::new(SystemClock)));
+        }
+        Ok(Self { controller, sweep })
     }
 
     /// One scheduled tick: the decisions, logged and emitted as metrics.
@@ -165,12 +172,12 @@ impl ControllerFunction {
                         {"Name": "queue_in_flight", "Unit": "Count"},
                         {"Name": "max_concurrency", "Unit": "Count"}]}]},
                 "lane": d.lane, "queue_depth": d.backlog, "queue_in_flight": d.in_flight,
-                "max_concurrency": d.target,
+                "max_concurrency": d.target, "running": d.running,
             });
             println!("{doc}");
             match &d.error {
                 None => {
-                    tracing::info!(lane = d.lane, backlog = d.backlog, in_flight = d.in_flight, current = ?d.current, target = d.target, changed = d.changed, "lane concurrency")
+                    tracing::info!(lane = d.lane, backlog = d.backlog, in_flight = d.in_flight, running = ?d.running, current = ?d.current, target = d.target, changed = d.changed, "lane concurrency")
                 }
                 Some(e) => warn!(lane = d.lane, error = %e, "lane skipped this tick"),
             }
@@ -311,6 +318,8 @@ pub struct WorkerFunction {
     pub commits: Option<CommitsWorker>,
     /// The lane consumed.
     pub lane: Lane,
+    /// Where each invocation registers while it runs (read by the controller).
+    pub running: crate::running::RunningWork,
 }
 
 impl WorkerFunction {
@@ -343,6 +352,7 @@ impl WorkerFunction {
             )),
             _ => None,
         };
+        let running = crate::running::RunningWork::new(adapters.cache.clone(), Arc::new(SystemClock));
         let worker = Worker {
             store: adapters.store,
             lock: adapters.lock,
@@ -356,7 +366,7 @@ impl WorkerFunction {
         if commits.is_some() {
             crate::commits::budget::warm();
         }
-        Ok(Self { worker, queue, concurrency: concurrency.max(1), commits, lane })
+        Ok(Self { worker, queue, concurrency: concurrency.max(1), commits, lane, running })
     }
 
     /// Handles one SQS batch before `deadline_ms` (Unix ms, from the invocation context).
@@ -373,10 +383,14 @@ impl WorkerFunction {
                 .with_label_values(&[self.lane.as_str()])
                 .set((age / 1000) as i64);
         }
+        let entry = self.running.enter(self.lane, now.saturating_add(remaining.as_millis() as u64)).await;
         let response = match &self.commits {
             Some(commits) => handle_commit_batch(commits, &self.queue, records, budget).await,
             None => handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await,
         };
+        if let Some(entry) = entry {
+            self.running.leave(entry).await;
+        }
         self.worker.metrics.flush_emf(&metrics_namespace());
         response
     }

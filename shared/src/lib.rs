@@ -31,8 +31,9 @@
 //! - [`pool`]: the weighted allocation (pure) and the in-process pool that runs workers with it.
 //! - [`commits`]: the commit flow: webhook, diff sources, diff budget, prompt, worker, read API.
 //! - [`dlq`]: the sweep that settles the records behind dead-lettered task messages; list and
-//!   redrive.
-//! - [`controller`]: mapping concurrency from queue depth, every minute.
+//!   redrive (relayed, or by the queue's own move task).
+//! - [`running`]: running invocations per lane, registered by the workers with leases in the cache.
+//! - [`controller`]: mapping concurrency from queue depth and running work, every minute.
 //! - [`backend`]: one process's adapters, from the environment or created for `--create`.
 //! - [`local`]: `lanes dev`, everything wired in one process; [`summarize`]: `lanes summarize`.
 //! - [`lambda`]: Lambda events to the core (used by `functions/*`): cold-start wiring, the SQS batch
@@ -57,6 +58,7 @@ pub mod pool;
 pub mod ports;
 pub mod problem;
 pub mod quota;
+pub mod running;
 pub mod summarize;
 pub mod tasks;
 

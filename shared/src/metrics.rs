@@ -7,8 +7,9 @@ use prometheus::{
     CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-/// Requests the adapters make to AWS services (SQS, DynamoDB, ElastiCache Redis), by service and
-/// operation; SDK-internal retries are not included.
+/// Requests the adapters make to AWS services (SQS, DynamoDB, Lambda, Bedrock, Secrets Manager,
+/// ElastiCache Redis), by service and operation. SDK requests are counted per HTTP attempt, retries
+/// included, by `adapters::requests::CountRequests`; Redis commands by the Redis adapter.
 /// Process-wide because the adapters are built before, and outlive, any one [`Metrics`].
 pub static AWS_REQUESTS: std::sync::LazyLock<IntCounterVec> = std::sync::LazyLock::new(|| {
     IntCounterVec::new(

@@ -125,6 +125,36 @@ pub trait QueueConsume: Send + Sync {
     async fn depth(&self) -> Result<QueueDepth, QueueError>;
     /// The redrive policy's `maxReceiveCount`.
     fn max_receive_count(&self) -> u32;
+    /// On a DLQ: starts the queue service's own move of every visible message back to the queue it
+    /// came from (SQS's message move task, `StartMessageMoveTask`); returns the task's handle. The
+    /// messages travel as they are: their task records must be made runnable first (see
+    /// `crate::dlq::redrive_by_move`).
+    async fn start_move_back(&self) -> Result<String, QueueError> {
+        Err(QueueError::Rejected(
+            "this queue is not a DLQ with a source queue to move messages back to".into(),
+        ))
+    }
+    /// On a DLQ: its recent move tasks, newest first (`ListMessageMoveTasks`).
+    async fn move_tasks(&self) -> Result<Vec<MoveTask>, QueueError> {
+        Ok(Vec::new())
+    }
+}
+
+/// One move of a DLQ's messages back to their source queue, as `ListMessageMoveTasks` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MoveTask {
+    /// The handle (SQS only reports it while the task runs).
+    pub handle: Option<String>,
+    /// `RUNNING`, `COMPLETED`, `CANCELLING`, `CANCELLED` or `FAILED`.
+    pub status: String,
+    /// Messages moved so far.
+    pub moved: u64,
+    /// Messages to move in all, when known.
+    pub to_move: Option<u64>,
+    /// Why it failed, when it did.
+    pub failure_reason: Option<String>,
+    /// Unix ms when it started.
+    pub started_at_ms: u64,
 }
 
 // ---------------------------------------------------------------- store
@@ -308,6 +338,14 @@ pub trait Cache: Send + Sync {
     /// Adds `by` to the counter at `key` atomically and returns its new value; a new counter starts
     /// at zero and lives for `ttl` (adding never extends it).
     async fn add(&self, key: &str, by: u64, ttl: Duration) -> Result<u64, CacheError>;
+    /// Puts `member` in the set at `key` until `until_ms` (Unix ms, the caller's clock; `now_ms` is
+    /// its now), replacing its previous time. Members past their time are not counted, and are
+    /// dropped as others enter.
+    async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError>;
+    /// Takes `member` out of the set at `key`.
+    async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError>;
+    /// How many members of the set at `key` are still within their time at `now_ms`.
+    async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError>;
 }
 
 // ---------------------------------------------------------------- llm

@@ -40,6 +40,18 @@ impl Answer {
     }
 }
 
+impl Answer {
+    /// A DynamoDB error as JSON 1.0 documents it: `__type` with the API version's namespace.
+    pub fn dynamodb_error(status: u16, code: &str, message: &str) -> Self {
+        Self {
+            status,
+            body: serde_json::json!({"__type": format!("com.amazonaws.dynamodb.v20120810#{code}"), "message": message})
+                .to_string(),
+            headers: Vec::new(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct StubState {
     scripts: HashMap<String, VecDeque<Answer>>,
@@ -86,6 +98,16 @@ impl AwsStub {
     /// The operations received, in order, with their JSON bodies.
     pub fn seen(&self) -> Vec<(String, serde_json::Value)> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).seen.clone()
+    }
+
+    /// How many requests for `operation` arrived.
+    pub fn count(&self, operation: &str) -> usize {
+        self.seen().iter().filter(|(op, _)| op == operation).count()
+    }
+
+    /// The JSON bodies of the requests for `operation`, in order.
+    pub fn bodies(&self, operation: &str) -> Vec<serde_json::Value> {
+        self.seen().into_iter().filter(|(op, _)| op == operation).map(|(_, b)| b).collect()
     }
 }
 

@@ -202,7 +202,7 @@ pub async fn lease_lock(lock: &dyn LeaseLock) {
     assert!(matches!(lock.acquire(key, ttl).await.unwrap(), Acquire::Acquired(_)));
 }
 
-/// A TTL cache: an entry reads back until its TTL passes.
+/// A TTL cache: an entry reads back until its TTL passes; counters; sets of expiring members.
 pub async fn cache(cache: &dyn Cache) {
     cache.set("contract:x", "v", Duration::from_millis(200)).await.unwrap();
     assert_eq!(cache.get("contract:x").await.unwrap().as_deref(), Some("v"));
@@ -221,6 +221,24 @@ pub async fn cache(cache: &dyn Cache) {
         2,
         "expired with its first TTL"
     );
+    // Sets of expiring members, timed by the caller's clock.
+    let now = 1_000_000_000_000u64;
+    cache.enter("contract:set", "a", now, now + 1_000).await.unwrap();
+    cache.enter("contract:set", "b", now, now + 5_000).await.unwrap();
+    cache.enter("contract:set", "b", now, now + 3_000).await.unwrap();
+    assert_eq!(cache.count_live("contract:set", now).await.unwrap(), 2, "a member counts once");
+    assert_eq!(cache.count_live("contract:set", now + 1_000).await.unwrap(), 1, "a's time is over");
+    assert_eq!(cache.count_live("contract:set", now + 3_000).await.unwrap(), 0, "b's time was replaced");
+    cache.leave("contract:set", "a").await.unwrap();
+    cache.leave("contract:set", "never").await.unwrap();
+    assert_eq!(cache.count_live("contract:set", now).await.unwrap(), 1, "only b left");
+    cache.enter("contract:set", "c", now + 4_000, now + 9_000).await.unwrap();
+    assert_eq!(
+        cache.count_live("contract:set", now).await.unwrap(),
+        1,
+        "b, ended by then, was dropped as c entered"
+    );
+    assert_eq!(cache.count_live("contract:missing-set", now).await.unwrap(), 0);
 }
 
 fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {

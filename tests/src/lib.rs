@@ -12,10 +12,10 @@ pub mod contract;
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod embedded {
-            $(#[tokio::test] async fn $name() { super::$name($crate::Backend::Embedded).await })*
+            $(#[tokio::test] async fn $name() { let _ = super::$name($crate::Backend::Embedded).await; })*
         }
         mod aws {
-            $(#[tokio::test] async fn $name() { super::$name($crate::Backend::Aws).await })*
+            $(#[tokio::test] async fn $name() { let _ = super::$name($crate::Backend::Aws).await; })*
         }
     };
 }
@@ -343,6 +343,16 @@ impl RedisServer {
         s
     }
 
+    /// The test CA's certificate file when this server speaks TLS.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.tls_dir.as_ref().map(|d| d.path().join("ca.pem"))
+    }
+
+    /// The test CA's certificate (PEM) when this server speaks TLS.
+    pub fn ca_pem_if_tls(&self) -> Option<Vec<u8>> {
+        self.tls_dir.as_ref().map(|_| self.ca_pem())
+    }
+
     /// The test CA's certificate (PEM), with TLS.
     pub fn ca_pem(&self) -> Vec<u8> {
         let dir = self.tls_dir.as_ref().unwrap_or_else(|| panic!("not a TLS server"));
@@ -519,6 +529,9 @@ impl Stack {
         let mut env = self.moto.as_ref().map(MotoServer::env).unwrap_or_default();
         if let Some(r) = &self.redis {
             env.push(("REDIS_URL".into(), r.url()));
+            if let Some(ca) = r.ca_file() {
+                env.push(("LANES_REDIS_CA_FILE".into(), ca.display().to_string()));
+            }
         }
         env
     }
@@ -549,6 +562,9 @@ pub enum Backend {
     Embedded,
     /// moto (SQS, DynamoDB) and redis-server, queues and table created by `--create`.
     Aws,
+    /// Like `Aws`, with Redis over TLS only (`rediss://`) behind a private test CA named by
+    /// `LANES_REDIS_CA_FILE`, as a self-hosted Valkey would be.
+    AwsTls,
 }
 
 impl Stack {
@@ -566,10 +582,15 @@ impl Stack {
                 let server = DevServer::start_with_env(&data, flags, extra_env).await;
                 Self { server, moto: None, redis: None, _dir: dir }
             }
-            Backend::Aws => {
+            Backend::Aws | Backend::AwsTls => {
                 let moto = MotoServer::start();
-                let redis = RedisServer::start();
-                let env = [moto.env(), vec![("REDIS_URL".into(), redis.url())], extra_env].concat();
+                let redis =
+                    if backend == Backend::AwsTls { RedisServer::start_tls() } else { RedisServer::start() };
+                let mut redis_env = vec![("REDIS_URL".into(), redis.url())];
+                if let Some(ca) = redis.ca_file() {
+                    redis_env.push(("LANES_REDIS_CA_FILE".into(), ca.display().to_string()));
+                }
+                let env = [moto.env(), redis_env, extra_env].concat();
                 let mut args = vec!["--backend", "aws", "--create"];
                 args.extend_from_slice(flags);
                 let server = DevServer::start_with_env(&data, &args, env).await;

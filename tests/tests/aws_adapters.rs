@@ -23,7 +23,7 @@ async fn redis_conn(redis: &RedisServer, cluster: bool) -> lanes_core::adapters:
         cluster,
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(500),
-        ca_pem: None,
+        ca_pem: redis.ca_pem_if_tls(),
     };
     connect(&settings).await.unwrap()
 }
@@ -185,7 +185,16 @@ async fn dynamodb_adapter_against_moto() {
 
 #[tokio::test]
 async fn redis_lock_and_cache_against_redis_server() {
-    let mut redis = RedisServer::start();
+    lock_and_cache_against(RedisServer::start()).await;
+}
+
+/// The same over TLS (`rediss://`, as ElastiCache Serverless requires), with the test CA named.
+#[tokio::test]
+async fn redis_lock_and_cache_against_a_tls_redis_server() {
+    lock_and_cache_against(RedisServer::start_tls()).await;
+}
+
+async fn lock_and_cache_against(mut redis: RedisServer) {
     let conn = redis_conn(&redis, false).await;
     let lock = RedisLock::new(conn.clone(), "lanes:");
     let cache = RedisCache::new(conn.clone(), "lanes:");
@@ -199,7 +208,14 @@ async fn redis_lock_and_cache_against_redis_server() {
     assert!(!lock.release("lease:{task:1}", "other").await.unwrap());
 
     // Scripts are flushed (failover, restart): EVALSHA's NOSCRIPT falls back to EVAL.
-    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let raw_client = match redis.ca_pem_if_tls() {
+        Some(ca) => redis::Client::build_with_tls(
+            redis.url(),
+            redis::TlsCertificates { client_tls: None, root_cert: Some(ca) },
+        ),
+        None => redis::Client::open(redis.url()),
+    };
+    let mut raw = raw_client.unwrap().get_multiplexed_async_connection().await.unwrap();
     redis::cmd("SCRIPT").arg("FLUSH").query_async::<()>(&mut raw).await.unwrap();
     assert!(lock.renew("lease:{task:1}", &token, ttl).await.unwrap());
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut raw).await.unwrap();
@@ -283,11 +299,20 @@ async fn cluster_mode_starts_while_redis_is_down_and_connects_when_it_is_up() {
 
 #[tokio::test]
 async fn redis_limiter_matches_the_in_process_one() {
+    limiter_parity_on(RedisServer::start()).await;
+}
+
+/// The same over TLS.
+#[tokio::test]
+async fn redis_limiter_over_tls_matches_the_in_process_one() {
+    limiter_parity_on(RedisServer::start_tls()).await;
+}
+
+async fn limiter_parity_on(redis: RedisServer) {
     use lanes_core::adapters::redis::limiter::RedisLimiter;
     use lanes_core::clock::ManualClock;
     use lanes_core::domain::Lane;
     use lanes_core::limiter::{Decision, LimiterConfig, MemoryLimiter, RateLimiter};
-    let redis = RedisServer::start();
     let conn = redis_conn(&redis, false).await;
     let clock = ManualClock::new(1_000_000);
     let config = LimiterConfig::new(60.0, 6_000.0);

@@ -76,13 +76,21 @@ async fn lease_lock_and_cache_in_process() {
 
 #[tokio::test]
 async fn lease_lock_and_cache_on_redis_server() {
-    let redis = RedisServer::start();
+    lock_and_cache_contracts(RedisServer::start()).await;
+}
+
+#[tokio::test]
+async fn lease_lock_and_cache_on_a_tls_redis_server() {
+    lock_and_cache_contracts(RedisServer::start_tls()).await;
+}
+
+async fn lock_and_cache_contracts(redis: RedisServer) {
     let settings = RedisSettings {
         url: redis.url(),
         cluster: false,
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(500),
-        ca_pem: None,
+        ca_pem: redis.ca_pem_if_tls(),
     };
     let conn = connect(&settings).await.unwrap();
     contract::lease_lock(&RedisLock::new(conn.clone(), "lanes:")).await;

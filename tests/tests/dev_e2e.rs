@@ -20,7 +20,22 @@ on_both_backends!(
     a_project_over_its_daily_token_budget_is_refused_at_ingress,
 );
 
-async fn submit_dedupe_complete_and_replay(backend: Backend) {
+/// The AWS backend with Redis over TLS behind a private CA: the cache answers the replay (the same
+/// path as above), and nothing ran degraded.
+#[tokio::test]
+async fn submit_dedupe_complete_and_replay_over_tls_redis() {
+    let stack = submit_dedupe_complete_and_replay(Backend::AwsTls).await;
+    let server = &stack.server;
+    assert_eq!(
+        server.metric("lanes_duplicates_total{stage=\"cache\"}").await,
+        1.0,
+        "the replay came from Redis"
+    );
+    let log = server.log_text();
+    assert!(!log.contains("degraded"), "no operation ran without Redis:\n{log}");
+}
+
+async fn submit_dedupe_complete_and_replay(backend: Backend) -> Stack {
     let stack = Stack::start(backend, &[]).await;
     let server = &stack.server;
     let body = json!({"project_id":"p1","kind":"explain","prompt":"what does main do?","target_files":["src/main.rs","src/lib.rs"]});
@@ -49,6 +64,7 @@ async fn submit_dedupe_complete_and_replay(backend: Backend) {
     let (s4, _, v4) = post_task(&server.url, &other_kind.to_string()).await;
     assert_eq!((s4, v4["lane"].as_str()), (StatusCode::ACCEPTED, Some("synthesis")));
     assert_ne!(v4["task_id"], id.as_str());
+    stack
 }
 
 async fn two_hundred_concurrent_duplicates_make_one_task_and_one_call(backend: Backend) {

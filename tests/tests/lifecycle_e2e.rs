@@ -96,10 +96,26 @@ async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend
     let fast = [QUEUE_FLAGS, &["--synthesis-latency-ms", "50"]].concat();
     let server = match backend {
         Backend::Embedded => DevServer::start(stack.server.data_dir(), &fast).await,
-        Backend::Aws => stack.start_peer(&fast).await,
+        Backend::Aws | Backend::AwsTls => stack.start_peer(&fast).await,
     };
-    let redriven = lanes_dlq(&["redrive", "--lane", "synthesis"], &server.url);
+    // Embedded: through the queue's own move task (moto has none; the stub test covers SQS's).
+    let by_move = backend == Backend::Embedded;
+    let args: &[&str] = if by_move {
+        &["redrive", "--lane", "synthesis", "--move-task"]
+    } else {
+        &["redrive", "--lane", "synthesis"]
+    };
+    let redriven = lanes_dlq(args, &server.url);
     assert_eq!(redriven["report"]["redriven"], 1, "{redriven}");
+    assert_eq!(redriven["report"]["move_task"].is_string(), by_move, "{redriven}");
+    if by_move {
+        let moves = lanes_dlq(&["moves", "--lane", "synthesis"], &server.url);
+        assert_eq!(
+            (moves["moves"][0]["status"].as_str(), moves["moves"][0]["moved"].as_u64()),
+            (Some("COMPLETED"), Some(1)),
+            "{moves}"
+        );
+    }
     let done = wait_status(&server.url, &id, "COMPLETED", Duration::from_secs(20)).await;
     assert!(done["result"]["text"].is_string());
     let after = lanes_dlq(&["list", "--lane", "synthesis"], &server.url);

@@ -26,6 +26,7 @@ impl BedrockClient {
     pub fn new(sdk: &aws_config::SdkConfig, model_id: &str) -> Self {
         let config = aws_sdk_bedrockruntime::config::Builder::from(sdk)
             .retry_config(aws_sdk_bedrockruntime::config::retry::RetryConfig::disabled())
+            .interceptor(super::requests::CountRequests)
             // A generation takes minutes, not the seconds the other AWS calls are given.
             .timeout_config(
                 aws_config::timeout::TimeoutConfig::builder()

@@ -34,13 +34,11 @@ fn error<E: std::fmt::Debug + ProvideErrorMetadata>(e: &SdkError<E>) -> ControlE
 #[async_trait]
 impl MappingControl for LambdaMappings {
     async fn max_concurrency(&self, mapping: &str) -> Result<Option<u32>, ControlError> {
-        crate::metrics::aws_request("lambda", "GetEventSourceMapping");
         let out = self.client.get_event_source_mapping().uuid(mapping).send().await.map_err(|e| error(&e))?;
         Ok(out.scaling_config().and_then(|s| s.maximum_concurrency()).map(|n| n.max(0) as u32))
     }
 
     async fn set_max_concurrency(&self, mapping: &str, value: u32) -> Result<(), ControlError> {
-        crate::metrics::aws_request("lambda", "UpdateEventSourceMapping");
         self.client
             .update_event_source_mapping()
             .uuid(mapping)

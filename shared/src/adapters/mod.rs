@@ -7,6 +7,7 @@ pub mod bedrock;
 pub mod dynamodb;
 pub mod lambda;
 pub mod redis;
+pub mod requests;
 pub mod secrets;
 pub mod sqs;
 
@@ -22,7 +23,7 @@ impl AwsClients {
     /// Loads the configuration (region, credentials, endpoint, [`timeouts`]) and builds the clients.
     pub async fn load(settings: &AwsSettings) -> Self {
         let sdk = sdk_config(settings).await;
-        Self { sqs: aws_sdk_sqs::Client::new(&sdk), dynamodb: aws_sdk_dynamodb::Client::new(&sdk), sdk }
+        Self { sqs: requests::sqs(&sdk), dynamodb: requests::dynamodb(&sdk), sdk }
     }
 
     /// A send-only handle on the queue at `url` (no I/O).
@@ -62,7 +63,7 @@ impl AwsClients {
 
     /// The event source mappings, for the controller.
     pub fn mappings(&self) -> lambda::LambdaMappings {
-        lambda::LambdaMappings::new(aws_sdk_lambda::Client::new(&self.sdk))
+        lambda::LambdaMappings::new(requests::lambda(&self.sdk))
     }
 
     /// Bedrock Converse for `model_id`.
@@ -94,9 +95,15 @@ pub fn timeouts() -> aws_config::timeout::TimeoutConfig {
         .build()
 }
 
-/// Loads the SDK configuration once per process, with [`timeouts`].
+/// Loads the SDK configuration once per process, with [`timeouts`] and the standard retry mode
+/// stated rather than inherited: three attempts with exponential backoff and full jitter for
+/// throttling (`RequestThrottled`, `ThrottlingException`, `ProvisionedThroughputExceededException`),
+/// 5xx and timeouts. Longer storms surface as `Unavailable`, which every caller already retries on
+/// its own schedule (a task message's visibility, a webhook's redelivery).
 pub async fn sdk_config(settings: &AwsSettings) -> aws_config::SdkConfig {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).timeout_config(timeouts());
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .timeout_config(timeouts())
+        .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(3));
     if let Some(endpoint) = &settings.endpoint {
         loader = loader.endpoint_url(endpoint);
     }

@@ -25,7 +25,7 @@ pub async fn env_or_secret(
         None => Ok(None),
         Some(secret) => {
             let sdk = super::sdk_config(&Default::default()).await;
-            let client = Client::new(&sdk);
+            let client = super::requests::secrets(&sdk);
             Ok(Some(fetch_named_secret(&client, &secret, secret_var).await?))
         }
     }
@@ -48,7 +48,6 @@ pub async fn fetch_secret_field(
     var: &'static str,
     vendor_field: Option<&str>,
 ) -> Result<String, ConfigError> {
-    crate::metrics::aws_request("secretsmanager", "GetSecretValue");
     let invalid = |reason: String| ConfigError::Invalid { name: var, reason };
     let out = client.get_secret_value().secret_id(secret_id).send().await.map_err(|e| {
         invalid(format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default()))
@@ -87,7 +86,7 @@ pub async fn llm_key(
         None => Ok(None),
         Some(secret) => {
             let sdk = super::sdk_config(&Default::default()).await;
-            let client = Client::new(&sdk);
+            let client = super::requests::secrets(&sdk);
             let field = shared.then_some(vendor_field);
             Ok(Some(fetch_secret_field(&client, &secret, "LANES_LLM_API_KEY_SECRET", field).await?))
         }

@@ -3,7 +3,7 @@
 //! attributes carry lane, kind and enqueue time. The redrive policy is read from the queue itself, so
 //! `maxReceiveCount` and the DLQ are never configured twice.
 
-use crate::ports::{QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
+use crate::ports::{MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
@@ -70,26 +70,42 @@ pub struct SqsQueue {
     url: String,
     dlq_url: Option<String>,
     max_receive_count: u32,
+    /// This queue's ARN (read by `connect`).
+    arn: Option<String>,
+    /// The DLQ's ARN, from the redrive policy.
+    dlq_arn: Option<String>,
+    /// On a DLQ handle: the ARN of the queue whose DLQ it is (where a move task sends messages back).
+    source_arn: Option<String>,
 }
 
 impl SqsQueue {
     /// A sender for `url`, without I/O. Consuming through it treats the queue as having no redrive
     /// policy; use [`SqsQueue::connect`] for a consumer.
     pub fn sender(client: Client, url: &str) -> Self {
-        Self { client, url: url.to_owned(), dlq_url: None, max_receive_count: u32::MAX }
+        Self {
+            client,
+            url: url.to_owned(),
+            dlq_url: None,
+            max_receive_count: u32::MAX,
+            arn: None,
+            dlq_arn: None,
+            source_arn: None,
+        }
     }
 
-    /// Binds to `url`, reading its redrive policy (DLQ and `maxReceiveCount`) once.
+    /// Binds to `url`, reading its ARN and redrive policy (DLQ and `maxReceiveCount`) once.
     pub async fn connect(client: Client, url: &str) -> Result<Self, QueueError> {
-        crate::metrics::aws_request("sqs", "GetQueueAttributes");
         let attrs = client
             .get_queue_attributes()
             .queue_url(url)
             .attribute_names(QueueAttributeName::RedrivePolicy)
+            .attribute_names(QueueAttributeName::QueueArn)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
         let policy = attrs.attributes().and_then(|a| a.get(&QueueAttributeName::RedrivePolicy)).cloned();
+        let arn = attrs.attributes().and_then(|a| a.get(&QueueAttributeName::QueueArn)).cloned();
+        let mut dlq_arn = None;
         let (dlq_url, max_receive_count) = match policy {
             None => (None, u32::MAX),
             Some(json) => {
@@ -100,15 +116,15 @@ impl SqsQueue {
                     serde_json::Value::String(s) => s.parse().unwrap_or(u32::MAX),
                     _ => u32::MAX,
                 };
-                let arn = v["deadLetterTargetArn"].as_str().unwrap_or_default();
-                let name = arn.rsplit(':').next().unwrap_or_default();
-                crate::metrics::aws_request("sqs", "GetQueueUrl");
+                let target = v["deadLetterTargetArn"].as_str().unwrap_or_default();
+                let name = target.rsplit(':').next().unwrap_or_default();
                 let dlq =
                     client.get_queue_url().queue_name(name).send().await.map_err(|e| unavailable(&e))?;
+                dlq_arn = Some(target.to_owned()).filter(|a| !a.is_empty());
                 (dlq.queue_url().map(str::to_owned), max)
             }
         };
-        Ok(Self { client, url: url.to_owned(), dlq_url, max_receive_count })
+        Ok(Self { client, url: url.to_owned(), dlq_url, max_receive_count, arn, dlq_arn, source_arn: None })
     }
 
     /// The queue URL.
@@ -119,7 +135,10 @@ impl SqsQueue {
     /// A consumer of this queue's DLQ (the twin of the embedded queue's), when it has one.
     pub fn dead_letter_queue(&self) -> Option<SqsQueue> {
         let url = self.dlq_url.as_deref()?;
-        Some(SqsQueue::sender(self.client.clone(), url))
+        let mut dlq = SqsQueue::sender(self.client.clone(), url);
+        dlq.arn = self.dlq_arn.clone();
+        dlq.source_arn = self.arn.clone();
+        Some(dlq)
     }
 
     /// Sends many messages in batches of ten (eight batches in flight, so a webhook with thousands of
@@ -160,7 +179,6 @@ impl SqsQueue {
                         .map_err(|e| QueueError::Rejected(e.to_string()))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            crate::metrics::aws_request("sqs", "SendMessageBatch");
             let out = self
                 .client
                 .send_message_batch()
@@ -187,7 +205,6 @@ impl SqsQueue {
 #[async_trait]
 impl QueueSend for SqsQueue {
     async fn send(&self, body: &str, attrs: BTreeMap<String, String>) -> Result<String, QueueError> {
-        crate::metrics::aws_request("sqs", "SendMessage");
         let out = self
             .client
             .send_message()
@@ -215,7 +232,6 @@ impl QueueConsume for SqsQueue {
         max: usize,
         visibility: Option<Duration>,
     ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        crate::metrics::aws_request("sqs", "ReceiveMessage");
         let out = self
             .client
             .receive_message()
@@ -258,7 +274,6 @@ impl QueueConsume for SqsQueue {
 
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
         let secs = visibility_secs(timeout);
-        crate::metrics::aws_request("sqs", "ChangeMessageVisibility");
         match self
             .client
             .change_message_visibility()
@@ -281,7 +296,6 @@ impl QueueConsume for SqsQueue {
     }
 
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
-        crate::metrics::aws_request("sqs", "DeleteMessage");
         match self.client.delete_message().queue_url(&self.url).receipt_handle(receipt).send().await {
             Ok(_) => Ok(()),
             Err(e) => match e.as_service_error() {
@@ -293,7 +307,6 @@ impl QueueConsume for SqsQueue {
     }
 
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
-        crate::metrics::aws_request("sqs", "SendMessage");
         self.client
             .send_message()
             .queue_url(&self.url)
@@ -319,7 +332,6 @@ impl QueueConsume for SqsQueue {
         let mut attrs = message.attributes.clone();
         attrs.insert(crate::ports::DEAD_LETTER_REASON.into(), reason.chars().take(1024).collect());
         attrs.insert(crate::ports::DEAD_LETTER_SOURCE.into(), self.url.clone());
-        crate::metrics::aws_request("sqs", "SendMessage");
         self.client
             .send_message()
             .queue_url(dlq)
@@ -332,7 +344,6 @@ impl QueueConsume for SqsQueue {
     }
 
     async fn depth(&self) -> Result<QueueDepth, QueueError> {
-        crate::metrics::aws_request("sqs", "GetQueueAttributes");
         let out = self
             .client
             .get_queue_attributes()
@@ -356,6 +367,49 @@ impl QueueConsume for SqsQueue {
 
     fn max_receive_count(&self) -> u32 {
         self.max_receive_count
+    }
+
+    /// `StartMessageMoveTask` from this DLQ to the queue whose DLQ it is, named explicitly (rather
+    /// than left to SQS's "original source") so a message dead-lettered by hand moves back too.
+    async fn start_move_back(&self) -> Result<String, QueueError> {
+        let (Some(source), Some(destination)) = (&self.arn, &self.source_arn) else {
+            return Err(QueueError::Rejected(format!("{} is not a DLQ handle with known ARNs", self.url)));
+        };
+        let out = self
+            .client
+            .start_message_move_task()
+            .source_arn(source)
+            .destination_arn(destination)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        out.task_handle().map(str::to_owned).ok_or_else(|| QueueError::Unavailable("no TaskHandle".into()))
+    }
+
+    async fn move_tasks(&self) -> Result<Vec<MoveTask>, QueueError> {
+        let Some(source) = &self.arn else {
+            return Err(QueueError::Rejected(format!("{} is not a DLQ handle with a known ARN", self.url)));
+        };
+        let out = self
+            .client
+            .list_message_move_tasks()
+            .source_arn(source)
+            .max_results(10)
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(out
+            .results()
+            .iter()
+            .map(|r| MoveTask {
+                handle: r.task_handle().map(str::to_owned),
+                status: r.status().unwrap_or("UNKNOWN").to_owned(),
+                moved: r.approximate_number_of_messages_moved().max(0) as u64,
+                to_move: r.approximate_number_of_messages_to_move().map(|n| n.max(0) as u64),
+                failure_reason: r.failure_reason().map(str::to_owned),
+                started_at_ms: r.started_timestamp().max(0) as u64,
+            })
+            .collect())
     }
 }
 

@@ -15,12 +15,14 @@ const MAX_ENTRIES: usize = 100_000;
 pub struct MemoryCache {
     clock: SharedClock,
     entries: Mutex<HashMap<String, (String, u64)>>,
+    /// Sets of expiring members: key -> member -> until (Unix ms).
+    sets: Mutex<HashMap<String, HashMap<String, u64>>>,
 }
 
 impl MemoryCache {
     /// A cache judged by `clock`.
     pub fn new(clock: SharedClock) -> Self {
-        Self { clock, entries: Mutex::new(HashMap::new()) }
+        Self { clock, entries: Mutex::new(HashMap::new()), sets: Mutex::new(HashMap::new()) }
     }
 }
 
@@ -67,5 +69,26 @@ impl Cache for MemoryCache {
         let value = entry.0.parse::<u64>().unwrap_or(0).saturating_add(by);
         entry.0 = value.to_string();
         Ok(value)
+    }
+
+    async fn enter(&self, key: &str, member: &str, now: u64, until_ms: u64) -> Result<(), CacheError> {
+        let mut sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        let set = sets.entry(key.to_owned()).or_default();
+        set.retain(|_, until| *until > now);
+        set.insert(member.to_owned(), until_ms);
+        Ok(())
+    }
+
+    async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError> {
+        let mut sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        if let Some(set) = sets.get_mut(key) {
+            set.remove(member);
+        }
+        Ok(())
+    }
+
+    async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError> {
+        let sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        Ok(sets.get(key).map_or(0, |set| set.values().filter(|until| **until > now_ms).count() as u64))
     }
 }

@@ -6,7 +6,8 @@
 use super::db::EmbeddedDb;
 use crate::clock::SharedClock;
 use crate::ports::{
-    DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage,
+    DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
+    ReceivedMessage,
 };
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -71,6 +72,8 @@ struct State {
     next_seq: u64,
     queues: HashMap<String, BTreeMap<u64, Entry>>,
     receipts: HashMap<String, (String, u64)>,
+    /// Move tasks of this process, newest last (not persisted: SQS keeps them for a while only).
+    moves: Vec<(String, MoveTask)>,
 }
 
 enum Op {
@@ -128,7 +131,7 @@ impl EmbeddedQueues {
 
     /// A handle on queue `name`, whose DLQ is `dlq`.
     pub fn queue(self: &Arc<Self>, name: &str, dlq: &str) -> EmbeddedQueue {
-        EmbeddedQueue { queues: self.clone(), name: name.to_owned(), dlq: dlq.to_owned() }
+        EmbeddedQueue { queues: self.clone(), name: name.to_owned(), dlq: dlq.to_owned(), source: None }
     }
 
     async fn persist(&self, ops: Vec<Op>) -> Result<(), QueueError> {
@@ -167,6 +170,8 @@ pub struct EmbeddedQueue {
     queues: Arc<EmbeddedQueues>,
     name: String,
     dlq: String,
+    /// On a DLQ handle: the queue its messages came from (where a move task sends them back).
+    source: Option<String>,
 }
 
 impl EmbeddedQueue {
@@ -177,7 +182,12 @@ impl EmbeddedQueue {
 
     /// A handle on this queue's DLQ.
     pub fn dead_letter_queue(&self) -> EmbeddedQueue {
-        EmbeddedQueue { queues: self.queues.clone(), name: self.dlq.clone(), dlq: self.dlq.clone() }
+        EmbeddedQueue {
+            queues: self.queues.clone(),
+            name: self.dlq.clone(),
+            dlq: self.dlq.clone(),
+            source: Some(self.name.clone()),
+        }
     }
 
     /// Bodies and attributes of every message, visible or not (inspection of a DLQ).
@@ -383,6 +393,58 @@ impl QueueConsume for EmbeddedQueue {
 
     fn max_receive_count(&self) -> u32 {
         self.queues.settings.max_receive_count
+    }
+
+    /// Moves every visible message back to the source queue at once (one persistence batch), as
+    /// fresh deliveries: what an SQS move task does over time. In-flight messages stay, as in SQS.
+    async fn start_move_back(&self) -> Result<String, QueueError> {
+        let Some(source) = self.source.clone() else {
+            return Err(QueueError::Rejected(format!("{} is not a DLQ handle", self.name)));
+        };
+        let now = self.queues.clock.now_ms();
+        let mut state = self.queues.state.lock().await;
+        let visible: Vec<u64> = state
+            .queues
+            .get(&self.name)
+            .map(|q| q.values().filter(|e| e.visible_at_ms <= now).map(|e| e.stored.seq).collect())
+            .unwrap_or_default();
+        let mut ops = Vec::new();
+        let mut moved = Vec::new();
+        for seq in visible {
+            let Some(mut entry) = state.queues.get_mut(&self.name).and_then(|q| q.remove(&seq)) else {
+                continue;
+            };
+            let new_seq = state.next_seq;
+            state.next_seq += 1;
+            entry.stored.queue = source.clone();
+            entry.stored.seq = new_seq;
+            entry.stored.receive_count = 0;
+            entry.receipt = None;
+            entry.visible_at_ms = 0;
+            ops.push(put_op(&entry)?);
+            moved.push(entry);
+        }
+        self.queues.persist(ops).await?;
+        let handle = uuid::Uuid::new_v4().to_string();
+        let task = MoveTask {
+            handle: None,
+            status: "COMPLETED".into(),
+            moved: moved.len() as u64,
+            to_move: Some(moved.len() as u64),
+            failure_reason: None,
+            started_at_ms: now,
+        };
+        let target = state.queues.entry(source).or_default();
+        for entry in moved {
+            target.insert(entry.stored.seq, entry);
+        }
+        state.moves.push((handle.clone(), task));
+        Ok(handle)
+    }
+
+    async fn move_tasks(&self) -> Result<Vec<MoveTask>, QueueError> {
+        let state = self.queues.state.lock().await;
+        Ok(state.moves.iter().rev().map(|(_, t)| t.clone()).collect())
     }
 }
 

@@ -132,7 +132,6 @@ pub(super) async fn batch_get(
         );
         let mut attempt = 0u32;
         while let Some(keys) = request.take() {
-            crate::metrics::aws_request("dynamodb", "BatchGetItem");
             let resp = client
                 .batch_get_item()
                 .request_items(table, keys)

@@ -62,7 +62,6 @@ impl crate::ports::SummaryStore for DynamoSummaries {
         summary: &crate::domain::commit::CommitSummary,
     ) -> Result<crate::ports::WriteOnce, StoreError> {
         let json = serde_json::to_string(summary).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        crate::metrics::aws_request("dynamodb", "PutItem");
         let out = self
             .client
             .put_item()
@@ -106,7 +105,6 @@ impl crate::ports::SummaryStore for DynamoSummaries {
         let mut items: Vec<Item> = Vec::new();
         let mut exclusive = start;
         loop {
-            crate::metrics::aws_request("dynamodb", "Query");
             let resp = self
                 .client
                 .query()
@@ -145,7 +143,6 @@ impl crate::ports::SummaryStore for DynamoSummaries {
     }
 
     async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError> {
-        crate::metrics::aws_request("dynamodb", "PutItem");
         let now = now_ms / 1000;
         let out = self
             .client
@@ -162,7 +159,6 @@ impl crate::ports::SummaryStore for DynamoSummaries {
     }
 
     async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
-        crate::metrics::aws_request("dynamodb", "DeleteItem");
         self.client
             .delete_item()
             .table_name(&self.table)

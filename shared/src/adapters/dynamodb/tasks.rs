@@ -122,7 +122,6 @@ impl DynamoStore {
         for (k, v) in names {
             req = req.expression_attribute_names(*k, *v);
         }
-        crate::metrics::aws_request("dynamodb", "UpdateItem");
         match req.send().await {
             Ok(out) => Ok(Ok(out.attributes().cloned().unwrap_or_default())),
             Err(e) => match e.as_service_error() {
@@ -160,7 +159,6 @@ impl TaskStore for DynamoStore {
             ("expires_at".to_owned(), n(rec.expires_at)),
             (req_name.clone(), req_value.clone()),
         ]);
-        crate::metrics::aws_request("dynamodb", "PutItem");
         let put = self
             .client
             .put_item()
@@ -229,7 +227,6 @@ impl TaskStore for DynamoStore {
     }
 
     async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
-        crate::metrics::aws_request("dynamodb", "GetItem");
         let out = self
             .client
             .get_item()
@@ -249,7 +246,6 @@ impl TaskStore for DynamoStore {
     }
 
     async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
-        crate::metrics::aws_request("dynamodb", "DeleteItem");
         let out = self
             .client
             .delete_item()

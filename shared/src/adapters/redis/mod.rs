@@ -321,4 +321,56 @@ impl Cache for RedisCache {
             .await
             .map_err(|e| CacheError::Unavailable(e.to_string()))
     }
+
+    async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError> {
+        crate::metrics::aws_request("redis", "MULTI enter");
+        // One sorted set per key, scored by each member's end time: dropping the ended and adding
+        // this one in one transaction keeps the set from growing with crashed members; the key's
+        // own expiry (a day past this member's end, relative so the server's clock never mixes
+        // with the caller's) removes a set nobody enters any more.
+        let key = format!("{}{key}", self.prefix);
+        let mut conn = self.conn.clone();
+        redis::pipe()
+            .atomic()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(now_ms)
+            .ignore()
+            .cmd("ZADD")
+            .arg(&key)
+            .arg(until_ms)
+            .arg(member)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(until_ms.saturating_sub(now_ms).saturating_add(86_400_000))
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
+
+    async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError> {
+        crate::metrics::aws_request("redis", "ZREM");
+        let mut conn = self.conn.clone();
+        redis::cmd("ZREM")
+            .arg(format!("{}{key}", self.prefix))
+            .arg(member)
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
+
+    async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError> {
+        crate::metrics::aws_request("redis", "ZCOUNT");
+        let mut conn = self.conn.clone();
+        redis::cmd("ZCOUNT")
+            .arg(format!("{}{key}", self.prefix))
+            .arg(format!("({now_ms}"))
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
 }
