@@ -315,29 +315,47 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
             }
         }
     }
-    // Every AWS operation the adapters count (docs/ARCHITECTURE.md, Metrics) is granted to some function; operations
-    // only `lanes dev --create` makes are not deployed.
-    let local_only =
-        ["sqs:CreateQueue", "sqs:SetQueueAttributes", "dynamodb:CreateTable", "dynamodb:UpdateTimeToLive"];
+    // Every AWS operation the adapters call is granted to some function: each SDK call is
+    // `client.<operation>()` in the adapter of its service. Operations only `lanes dev --create`
+    // makes are not deployed; the DLQ move task is the operator's (`lanes dlq redrive --move-task`).
+    let local_only = [
+        "sqs:CreateQueue",
+        "sqs:SetQueueAttributes",
+        "dynamodb:CreateTable",
+        "dynamodb:UpdateTimeToLive",
+        "dynamodb:DescribeTable",
+        "sqs:StartMessageMoveTask",
+        "sqs:ListMessageMoveTasks",
+    ];
+    let pascal = |snake: &str| -> String {
+        snake
+            .split('_')
+            .map(|w| {
+                let mut c = w.chars();
+                c.next().map(|f| f.to_ascii_uppercase().to_string() + c.as_str()).unwrap_or_default()
+            })
+            .collect()
+    };
     let mut calls = BTreeSet::new();
-    let mut dirs = vec![workspace_root().join("shared/src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let src = std::fs::read_to_string(&path).unwrap();
-                for part in src.split("aws_request(\"").skip(1) {
-                    let mut it = part.split('"');
-                    let (service, op) = (it.next().unwrap(), it.nth(1).unwrap());
-                    if service != "redis" {
-                        // SQS batch calls are authorized by the single-message action.
-                        let op = op.trim_end_matches("Batch");
-                        calls.insert(format!("{service}:{op}"));
-                    }
-                }
+    let adapters = workspace_root().join("shared/src/adapters");
+    let mut files = vec![
+        ("sqs", adapters.join("sqs.rs")),
+        ("lambda", adapters.join("lambda.rs")),
+        ("secretsmanager", adapters.join("secrets.rs")),
+    ];
+    for entry in std::fs::read_dir(adapters.join("dynamodb")).unwrap() {
+        files.push(("dynamodb", entry.unwrap().path()));
+    }
+    for (service, path) in files {
+        let src = std::fs::read_to_string(&path).unwrap();
+        for part in src.split("client").skip(1) {
+            let Some(rest) = part.trim_start().strip_prefix('.') else { continue };
+            let op: String = rest.chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect();
+            if op.is_empty() || op == "clone" || !rest[op.len()..].starts_with("()") {
+                continue;
             }
+            // SQS batch calls are authorized by the single-message action.
+            calls.insert(format!("{service}:{}", pascal(&op).trim_end_matches("Batch")));
         }
     }
     assert!(calls.len() >= 12, "{calls:?}");
