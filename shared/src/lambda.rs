@@ -386,7 +386,9 @@ impl WorkerFunction {
         let entry = self.running.enter(self.lane, now.saturating_add(remaining.as_millis() as u64)).await;
         let response = match &self.commits {
             Some(commits) => handle_commit_batch(commits, &self.queue, records, budget).await,
-            None => handle_batch(&self.worker, &self.queue, records, budget, self.concurrency).await,
+            None => {
+                handle_batch(&self.worker, &self.queue, self.lane, records, budget, self.concurrency).await
+            }
         };
         if let Some(entry) = entry {
             self.running.leave(entry).await;
@@ -435,6 +437,7 @@ fn parse_env(name: &'static str, default: u64) -> Result<u64, ConfigError> {
 pub async fn handle_batch(
     worker: &Worker,
     queue: &Arc<dyn QueueConsume>,
+    lane: Lane,
     records: &[SqsMessage],
     budget: Duration,
     concurrency: usize,
@@ -480,8 +483,14 @@ pub async fn handle_batch(
                     // Not a failure: put off at once (a fresh copy on its last delivery), so the
                     // deadline never uses up the message's receives.
                     warn!(message_id = %id, "invocation deadline near: handing the message back");
-                    let outcome =
-                        lease::retry_later(&*queue, &delivery, Duration::ZERO, "invocation deadline").await;
+                    let outcome = lease::retry_later(
+                        &*queue,
+                        &delivery,
+                        Duration::ZERO,
+                        "invocation deadline",
+                        lane.as_str(),
+                    )
+                    .await;
                     (id, outcome)
                 }
             }
@@ -755,7 +764,8 @@ mod batch_tests {
     #[tokio::test]
     async fn a_batch_completes_within_its_budget() {
         let (_dir, worker, queue, records, _) = setup(Duration::from_millis(20)).await;
-        let resp = handle_batch(&worker, &queue, &records, Duration::from_secs(5), 2).await;
+        let resp =
+            handle_batch(&worker, &queue, Lane::Interactive, &records, Duration::from_secs(5), 2).await;
         assert!(resp.batch_item_failures.is_empty());
         assert_eq!(queue.depth().await.unwrap().in_flight, 0);
     }
@@ -764,7 +774,8 @@ mod batch_tests {
     async fn unfinished_messages_are_handed_back_before_the_deadline() {
         let (_dir, worker, queue, records, adapters) = setup(Duration::from_secs(5)).await;
         let started = std::time::Instant::now();
-        let resp = handle_batch(&worker, &queue, &records, Duration::from_millis(200), 1).await;
+        let resp =
+            handle_batch(&worker, &queue, Lane::Interactive, &records, Duration::from_millis(200), 1).await;
         assert!(started.elapsed() < Duration::from_secs(2), "returned before the deadline");
         assert_eq!(resp.batch_item_failures.len(), 3, "every unfinished message is a batch item failure");
         assert_eq!(queue.depth().await.unwrap().visible, 3, "and visible again at once");

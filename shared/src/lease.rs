@@ -84,6 +84,7 @@ pub async fn start(
     queue: &dyn QueueConsume,
     message: &ReceivedMessage,
     config: &WorkerConfig,
+    lane: &str,
 ) -> Result<(), Outcome> {
     let mut last = None;
     for attempt in 0..3u32 {
@@ -99,7 +100,7 @@ pub async fn start(
     let reason = last.map_or_else(|| "queue unavailable".to_owned(), |e| e.to_string());
     warn!(error = %reason, "could not start the lease");
     let after = full_jitter_backoff(config, message.receive_count);
-    Err(hand_back(queue, message, after, "queue unavailable at lease start").await)
+    Err(hand_back(queue, message, after, "queue unavailable at lease start", lane).await)
 }
 
 /// Receives up to `max` messages (SQS gives at most 10 a call), each leased for `visibility` from the
@@ -132,14 +133,30 @@ pub async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome
     }
 }
 
-/// Hands a delivery back to come again after `after` (at most 12 h, SQS's limit).
+/// Logs (WARN, with the reason) and counts (`lanes_handed_back_total{lane,reason}`, by the reason's
+/// kind) one delivery put off: an operator must be able to see why work does not finish.
+fn report_put_off(lane: &str, message: &ReceivedMessage, after: Duration, reason: &str, how: &str) {
+    warn!(
+        lane,
+        message_id = %message.message_id,
+        receive_count = message.receive_count,
+        after_ms = after.as_millis() as u64,
+        reason,
+        "{how}"
+    );
+    crate::metrics::HANDED_BACK.with_label_values(&[lane, &crate::metrics::reason_kind(reason)]).inc();
+}
+
+/// Hands a delivery of `lane` back to come again after `after` (at most 12 h, SQS's limit).
 pub async fn hand_back(
     queue: &dyn QueueConsume,
     message: &ReceivedMessage,
     after: Duration,
     reason: &str,
+    lane: &str,
 ) -> Outcome {
     let after = after.min(MAX_VISIBILITY);
+    report_put_off(lane, message, after, reason, "delivery handed back");
     if let Err(e) = queue.change_visibility(&message.receipt, after).await {
         warn!(error = %e, "could not set the retry delay; the lease TTL applies");
     }
@@ -155,14 +172,24 @@ pub async fn retry_later(
     message: &ReceivedMessage,
     after: Duration,
     reason: &str,
+    lane: &str,
 ) -> Outcome {
     if is_last_delivery(queue, message) {
         match queue.requeue(message, after).await {
-            Ok(()) => return Outcome::Requeued { after: after.min(MAX_DELAY), reason: reason.to_owned() },
+            Ok(()) => {
+                report_put_off(
+                    lane,
+                    message,
+                    after.min(MAX_DELAY),
+                    reason,
+                    "last delivery requeued as a fresh copy",
+                );
+                return Outcome::Requeued { after: after.min(MAX_DELAY), reason: reason.to_owned() };
+            }
             Err(e) => warn!(error = %e, "could not requeue the last delivery"),
         }
     }
-    hand_back(queue, message, after, reason).await
+    hand_back(queue, message, after, reason, lane).await
 }
 
 /// SQS's longest message delay: a copy comes back after at most this, and is put off again if its
@@ -178,7 +205,7 @@ pub async fn dead_letter(
     lane: &str,
     why: &str,
 ) -> Outcome {
-    warn!(%reason, "moving message to the DLQ");
+    warn!(lane, message_id = %message.message_id, receive_count = message.receive_count, why, %reason, "moving message to the DLQ");
     match queue.dead_letter(message, &reason).await {
         Ok(()) => {
             metrics.dead_lettered_total.with_label_values(&[lane, why]).inc();

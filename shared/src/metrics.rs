@@ -24,6 +24,47 @@ pub fn aws_request(service: &str, operation: &str) {
     AWS_REQUESTS.with_label_values(&[service, operation]).inc();
 }
 
+/// Deliveries handed back to their queue to come again (a retryable failure, or a wait: throttling,
+/// a lock held elsewhere, the invocation deadline), by lane and reason kind ([`reason_kind`]).
+/// Process-wide because the lease module that hands back has no [`Metrics`] of its own.
+pub static HANDED_BACK: std::sync::LazyLock<IntCounterVec> = std::sync::LazyLock::new(|| {
+    IntCounterVec::new(
+        Opts::new("lanes_handed_back_total", "Deliveries handed back to come again, by lane and reason"),
+        &["lane", "reason"],
+    )
+    .unwrap_or_else(|e| panic!("lanes_handed_back_total: {e}"))
+});
+
+/// A reason's kind, for a metric dimension: the text before its first colon (`diff source: 502 Bad
+/// Gateway` → `diff_source`), lowercased, as `[a-z0-9_]`, at most 40 characters. Reasons are written
+/// `kind: detail` so the detail (an error message) never multiplies the series.
+pub fn reason_kind(reason: &str) -> String {
+    let head = reason.split(':').next().unwrap_or("").trim().to_ascii_lowercase();
+    let mut kind: String =
+        head.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).take(40).collect();
+    while kind.contains("__") {
+        kind = kind.replace("__", "_");
+    }
+    let kind = kind.trim_matches('_').to_owned();
+    if kind.is_empty() { "unspecified".into() } else { kind }
+}
+
+/// The labels that become CloudWatch dimensions in EMF; every other label is part of the metric name.
+pub const EMF_DIMENSIONS: [&str; 2] = ["lane", "reason"];
+
+/// A counter's EMF metric name: the family without `lanes_` and `_total`, then each non-dimension
+/// label value (`lanes_llm_tokens_total{lane,type="prompt"}` → `llm_tokens_prompt`).
+pub fn emf_name(family: &str, labels: &[(&str, &str)]) -> String {
+    let mut name = family.trim_start_matches("lanes_").trim_end_matches("_total").to_owned();
+    for (label, value) in labels {
+        if !EMF_DIMENSIONS.contains(label) {
+            name.push('_');
+            name.push_str(value);
+        }
+    }
+    name
+}
+
 /// What happened on each LLM route, by lane, route (`provider:model`) and event: `throttled` (the
 /// provider answered 429), `cooldown` (a shared pause started), `fallback` (the request went on to
 /// the next route), `limiter_wait` (a call waited for budget). Process-wide because the provider
@@ -62,7 +103,11 @@ pub enum Latency {
 }
 
 impl Latency {
-    fn name(self) -> &'static str {
+    /// Every latency series.
+    pub const ALL: [Latency; 3] = [Latency::Wait, Latency::Run, Latency::Total];
+
+    /// Its name, in Prometheus (with the `lanes_` prefix) and EMF (without).
+    pub fn name(self) -> &'static str {
         match self {
             Latency::Wait => "task_wait_seconds",
             Latency::Run => "task_run_seconds",
@@ -257,6 +302,9 @@ impl Metrics {
         if let Err(e) = metrics.registry.register(Box::new(LLM_ROUTE_EVENTS.clone())) {
             tracing::warn!(error = %e, "could not register lanes_llm_route_events_total");
         }
+        if let Err(e) = metrics.registry.register(Box::new(HANDED_BACK.clone())) {
+            tracing::warn!(error = %e, "could not register lanes_handed_back_total");
+        }
         if let Err(e) = metrics.registry.register(Box::new(LLM_LIMITER_WAIT.clone())) {
             tracing::warn!(error = %e, "could not register lanes_llm_limiter_wait_seconds_total");
         }
@@ -302,12 +350,13 @@ impl Metrics {
     /// `llm_tokens_prompt`).
     pub fn emf_documents(&self, namespace: &str, now_ms: u64) -> Vec<String> {
         use std::collections::BTreeMap;
-        // lane ("" = none) -> metric -> (unit, values)
-        let mut groups: BTreeMap<String, BTreeMap<String, (&'static str, Vec<f64>)>> = BTreeMap::new();
+        // dimensions (name, value) -> metric -> (unit, values)
+        type Dims = Vec<(String, String)>;
+        let mut groups: BTreeMap<Dims, BTreeMap<String, (&'static str, Vec<f64>)>> = BTreeMap::new();
         let Ok(mut emf) = self.emf.lock() else { return Vec::new() };
         for (name, lane, v) in emf.observations.drain(..) {
             groups
-                .entry(lane)
+                .entry(if lane.is_empty() { Vec::new() } else { vec![("lane".to_owned(), lane)] })
                 .or_default()
                 .entry(name.to_owned())
                 .or_insert(("Seconds", Vec::new()))
@@ -318,30 +367,28 @@ impl Metrics {
             if family.get_field_type() != prometheus::proto::MetricType::COUNTER {
                 continue;
             }
-            let base = family.name().trim_start_matches("lanes_").trim_end_matches("_total").to_owned();
             for m in family.get_metric() {
-                let mut lane = String::new();
-                let mut name = base.clone();
+                let labels: Vec<(&str, &str)> = m.get_label().iter().map(|l| (l.name(), l.value())).collect();
+                let name = emf_name(family.name(), &labels);
+                let dims: Dims = labels
+                    .iter()
+                    .filter(|(l, _)| EMF_DIMENSIONS.contains(l))
+                    .map(|(l, v)| ((*l).to_owned(), (*v).to_owned()))
+                    .collect();
                 let mut key = family.name().to_owned();
-                for l in m.get_label() {
-                    key.push_str(&format!(",{}={}", l.name(), l.value()));
-                    if l.name() == "lane" {
-                        lane = l.value().to_owned();
-                    } else {
-                        name.push('_');
-                        name.push_str(l.value());
-                    }
+                for (l, v) in &labels {
+                    key.push_str(&format!(",{l}={v}"));
                 }
                 let value = m.get_counter().get_value();
                 let before = emf.last.insert(key, value).unwrap_or(0.0);
                 if value > before {
-                    groups.entry(lane).or_default().insert(name, ("Count", vec![value - before]));
+                    groups.entry(dims).or_default().insert(name, ("Count", vec![value - before]));
                 }
             }
         }
         drop(emf);
         let mut docs = Vec::new();
-        for (lane, metrics) in groups {
+        for (dims, metrics) in groups {
             let mut metrics: Vec<(String, (&str, Vec<f64>))> = metrics.into_iter().collect();
             // EMF allows 100 metrics per document and 100 values per metric.
             while !metrics.is_empty() {
@@ -366,15 +413,14 @@ impl Metrics {
                     }
                 }
                 metrics = rest;
-                let dims =
-                    if lane.is_empty() { serde_json::json!([[]]) } else { serde_json::json!([["lane"]]) };
-                if !lane.is_empty() {
-                    doc.insert("lane".into(), serde_json::json!(lane));
+                let names: Vec<&str> = dims.iter().map(|(n, _)| n.as_str()).collect();
+                for (n, v) in &dims {
+                    doc.insert(n.clone(), serde_json::json!(v));
                 }
                 doc.insert(
                     "_aws".into(),
                     serde_json::json!({"Timestamp": now_ms, "CloudWatchMetrics": [
-                        {"Namespace": namespace, "Dimensions": dims, "Metrics": defs}]}),
+                        {"Namespace": namespace, "Dimensions": [names], "Metrics": defs}]}),
                 );
                 docs.push(serde_json::Value::Object(doc).to_string());
             }
@@ -411,6 +457,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reason_kinds_are_few_and_safe() {
+        assert_eq!(reason_kind("diff source: 502 Bad Gateway from https://x"), "diff_source");
+        assert_eq!(reason_kind("invocation deadline"), "invocation_deadline");
+        assert_eq!(reason_kind("queue unavailable at lease start"), "queue_unavailable_at_lease_start");
+        assert_eq!(reason_kind("model: provider temporarily failed: 503"), "model");
+        assert_eq!(reason_kind(""), "unspecified");
+        assert_eq!(reason_kind("::"), "unspecified");
+        assert!(reason_kind(&"x".repeat(500)).len() <= 40);
+    }
+
+    #[test]
     fn emf_documents_carry_deltas_and_raw_latencies() {
         let m = Metrics::new();
         m.enable_emf();
@@ -418,6 +475,7 @@ mod tests {
         m.observe(Latency::Total, "interactive", 0.5);
         m.llm_tokens_total.with_label_values(&["interactive", "prompt"]).inc_by(120);
         m.duplicates_total.with_label_values(&["cache"]).inc();
+        m.dead_lettered_total.with_label_values(&["commits", "attempts"]).inc();
         let docs: Vec<serde_json::Value> =
             m.emf_documents("Lanes/test", 1_000).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
         let lane = docs.iter().find(|d| d["lane"] == "interactive").unwrap();
@@ -437,6 +495,10 @@ mod tests {
         );
         let global = docs.iter().find(|d| d.get("lane").is_none()).unwrap();
         assert_eq!(global["duplicates_cache"], 1.0);
+        // A `reason` label is a dimension, not part of the name.
+        let dead = docs.iter().find(|d| d["reason"] == "attempts").unwrap();
+        assert_eq!((dead["lane"].as_str(), dead["dead_lettered"].as_f64()), (Some("commits"), Some(1.0)));
+        assert_eq!(dead["_aws"]["CloudWatchMetrics"][0]["Dimensions"], serde_json::json!([["lane", "reason"]]));
         // Deltas: nothing new, nothing reported.
         m.llm_tokens_total.with_label_values(&["interactive", "prompt"]).inc_by(5);
         let again: Vec<serde_json::Value> =

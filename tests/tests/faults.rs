@@ -196,7 +196,15 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
     };
     let records: Vec<SqsMessage> = received.iter().map(to_sqs).collect();
     let consume: Arc<dyn QueueConsume> = Arc::new(queue.clone());
-    let response = handle_batch(&worker, &consume, &records, Duration::from_secs(20), 4).await;
+    let response = handle_batch(
+        &worker,
+        &consume,
+        lanes_core::domain::Lane::Interactive,
+        &records,
+        Duration::from_secs(20),
+        4,
+    )
+    .await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     for id in &ids {
         assert_eq!(store.get(id, now_ms()).await.unwrap().unwrap().status, TaskStatus::Completed);

@@ -457,3 +457,172 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
         }
     }
 }
+
+/// The metrics the code can emit in EMF, as `name -> dimension names`, read from the source so a
+/// new counter or label value is seen without a list kept by hand:
+/// - histograms (`Latency`), per lane;
+/// - counters: each family defined in `metrics.rs` (`counter("lanes_…_total", …, &[labels])` or
+///   `Opts::new("lanes_…_total", …), &[labels]`), with the label values its call sites pass as
+///   literals (`.<field>.with_label_values(&[lane, "prompt"])`), named by the core's own
+///   `emf_name`; a non-literal value of a non-dimension label is a wildcard (`*`);
+/// - the controller's hand-written documents (`{"Name": "queue_depth", …}` in `lambda.rs`), per lane.
+fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
+    use lanes_core::metrics::{EMF_DIMENSIONS, Latency, emf_name};
+    let root = workspace_root().join("shared/src");
+    let metrics_rs = std::fs::read_to_string(root.join("metrics.rs")).unwrap();
+    let mut out = BTreeMap::new();
+    for l in Latency::ALL {
+        out.insert(l.name().to_owned(), BTreeSet::from(["lane".to_owned()]));
+    }
+    // Family definitions: the field (or static) name before, the family name and label list.
+    let mut families: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    let quoted = |s: &str| -> Vec<String> { s.split('"').skip(1).step_by(2).map(str::to_owned).collect() };
+    for part in metrics_rs.split("\"lanes_").skip(1) {
+        let family = format!("lanes_{}", part.split('"').next().unwrap());
+        if !family.ends_with("_total") {
+            continue;
+        }
+        let Some(labels) = part.split("&[").nth(1).and_then(|l| l.split(']').next()) else { continue };
+        let labels = quoted(labels);
+        // The owner: `field: counter(` or `pub static NAME:` before this occurrence.
+        let before = &metrics_rs[..metrics_rs.find(&format!("\"{family}\"")).unwrap()];
+        let owner = before
+            .rsplit(|c: char| c == '\n')
+            .find_map(|line| {
+                let line = line.trim();
+                if let Some(rest) = line.strip_prefix("pub static ") {
+                    return Some(rest.split(':').next().unwrap().to_owned());
+                }
+                let field = line.split(':').next().unwrap();
+                (line.contains(": counter(") || line.contains(": {") || line.ends_with(": counter("))
+                    .then(|| field.trim().to_owned())
+            })
+            .unwrap();
+        families.insert(owner, (family, labels));
+    }
+    assert!(families.len() >= 20, "{families:?}");
+    // Call sites with their argument lists.
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let src = std::fs::read_to_string(&path).unwrap();
+            for (owner, (family, labels)) in &families {
+                for part in src.split(&format!("{owner}.with_label_values(&[")).skip(1) {
+                    let args: Vec<&str> = part.split(']').next().unwrap().split(',').map(str::trim).collect();
+                    if args.len() != labels.len() {
+                        continue;
+                    }
+                    let values: Vec<String> = args
+                        .iter()
+                        .map(|a| {
+                            a.strip_prefix('"').and_then(|a| a.strip_suffix('"')).unwrap_or("*").to_owned()
+                        })
+                        .collect();
+                    let pairs: Vec<(&str, &str)> =
+                        labels.iter().map(String::as_str).zip(values.iter().map(String::as_str)).collect();
+                    let dims =
+                        labels.iter().filter(|l| EMF_DIMENSIONS.contains(&l.as_str())).cloned().collect();
+                    out.insert(emf_name(family, &pairs), dims);
+                }
+            }
+        }
+    }
+    let lambda_rs = std::fs::read_to_string(root.join("lambda.rs")).unwrap();
+    for part in lambda_rs.split("{\"Name\": \"").skip(1) {
+        out.insert(part.split('"').next().unwrap().to_owned(), BTreeSet::from(["lane".to_owned()]));
+    }
+    out
+}
+
+/// Whether `name` with `dims` is something the code emits (a `*` in an emitted name matches any
+/// label value).
+fn is_emitted(emitted: &BTreeMap<String, BTreeSet<String>>, name: &str, dims: &BTreeSet<String>) -> bool {
+    emitted.iter().any(|(pattern, d)| {
+        let matches = match pattern.split_once('*') {
+            None => pattern == name,
+            Some((head, tail)) => {
+                name.starts_with(head) && name.ends_with(tail) && name.len() > head.len() + tail.len()
+            }
+        };
+        matches && d == dims
+    })
+}
+
+/// Every metric of the stack's own namespace that an alarm or a dashboard widget names is one the
+/// code emits, with the dimensions it is emitted with: a chart of a metric nobody emits stays empty
+/// and an alarm on one never fires.
+#[test]
+fn alarms_and_dashboard_name_only_emitted_metrics() {
+    let emitted = emitted_metrics();
+    for name in
+        ["llm_tokens_prompt", "duplicates_commit_cache", "handed_back", "dead_lettered", "queue_depth"]
+    {
+        assert!(emitted.contains_key(name), "{name} not found in the code: {emitted:?}");
+    }
+    let t = template();
+    let ours = |ns: &Value| format!("{ns:?}").contains("Lanes/${AWS::StackName}");
+    let mut named: Vec<(String, BTreeSet<String>, String)> = Vec::new();
+    for (id, r) in resources(&t) {
+        if r["Type"] == "AWS::CloudWatch::Alarm" && ours(&r["Properties"]["Namespace"]) {
+            let dims = r["Properties"]["Dimensions"]
+                .as_sequence()
+                .map(|d| d.iter().map(|d| d["Name"].as_str().unwrap().to_owned()).collect())
+                .unwrap_or_default();
+            named.push((r["Properties"]["MetricName"].as_str().unwrap().to_owned(), dims, id));
+        }
+    }
+    let Value::Tagged(body) = &resources(&t)["Dashboard"]["Properties"]["DashboardBody"] else { panic!() };
+    let mut text = body.value.as_str().unwrap().to_owned();
+    while let Some(start) = text.find("${") {
+        let end = start + text[start..].find('}').unwrap();
+        text.replace_range(start..=end, "X");
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for widget in dashboard["widgets"].as_array().unwrap() {
+        let title = widget["properties"]["title"].as_str().unwrap_or("").to_owned();
+        let mut previous: Option<(String, BTreeSet<String>)> = None;
+        for line in widget["properties"]["metrics"].as_array().into_iter().flatten() {
+            let items = line.as_array().unwrap();
+            if let Some(expr) = items[0]["expression"].as_str() {
+                // SEARCH('{Lanes/X,lane,reason} MetricName="handed_back"', …)
+                let Some(schema) = expr.split('{').nth(1).and_then(|s| s.split('}').next()) else { continue };
+                let mut parts = schema.split(',');
+                if parts.next() != Some("Lanes/X") {
+                    continue;
+                }
+                let dims = parts.map(str::to_owned).collect();
+                let name = expr.split("MetricName=\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+                named.push((name, dims, title.clone()));
+                continue;
+            }
+            let strings: Vec<&str> = items.iter().filter_map(|v| v.as_str()).collect();
+            let entry = if strings.first() == Some(&"...") {
+                previous.clone()
+            } else if strings.first() == Some(&"Lanes/X") {
+                let dims = strings[2..].iter().step_by(2).map(|d| (*d).to_owned()).collect();
+                Some((strings[1].to_owned(), dims))
+            } else {
+                None
+            };
+            previous = entry.clone();
+            if let Some((name, dims)) = entry {
+                named.push((name, dims, title.clone()));
+            }
+        }
+    }
+    assert!(named.len() >= 8, "{named:?}");
+    for (name, dims, place) in &named {
+        assert!(
+            is_emitted(&emitted, name, dims),
+            "{place}: {name} with dimensions {dims:?} is never emitted"
+        );
+    }
+}

@@ -211,14 +211,16 @@ impl CommitsWorker {
                 outcomes[i] = Some(match &end {
                     GroupEnd::Done(_) => lease::ack(&*queue, m).await,
                     GroupEnd::Lost => Outcome::LeaseLost,
-                    GroupEnd::Wait { after, reason } => lease::retry_later(&*queue, m, *after, reason).await,
+                    GroupEnd::Wait { after, reason } => {
+                        lease::retry_later(&*queue, m, *after, reason, LANE).await
+                    }
                     GroupEnd::Retry { after, reason } => {
                         // A commit has no record: its deliveries are its attempts.
                         if lease::is_last_delivery(&*queue, m) {
                             let reason = format!("gave up after {} attempts: {reason}", m.receive_count);
                             lease::dead_letter(&self.metrics, &*queue, m, reason, LANE, "attempts").await
                         } else {
-                            lease::hand_back(&*queue, m, *after, reason).await
+                            lease::hand_back(&*queue, m, *after, reason, LANE).await
                         }
                     }
                     GroupEnd::DeadLetter(reason) => {
@@ -271,7 +273,8 @@ impl CommitsWorker {
                 let reason = format!("gave up after {} attempts: {reason}", m.receive_count);
                 lease::dead_letter(&self.metrics, queue, m, reason, LANE, "attempts").await
             } else {
-                lease::hand_back(queue, m, full_jitter_backoff(&self.lease, m.receive_count), &reason).await
+                lease::hand_back(queue, m, full_jitter_backoff(&self.lease, m.receive_count), &reason, LANE)
+                    .await
             }
         };
         let commits = match listing {
@@ -968,6 +971,8 @@ mod tests {
         let retried: Vec<&Outcome> = outcomes.iter().filter(|o| matches!(o, Outcome::Retry { .. })).collect();
         assert_eq!(retried.len(), 1, "{outcomes:?}");
         assert!(format!("{:?}", retried[0]).contains("not fetched within"), "{retried:?}");
+        // Counted by reason kind (process-wide, so at least this one).
+        assert!(crate::metrics::HANDED_BACK.with_label_values(&["commits", "diff_source"]).get() >= 1);
         let big = report.done.iter().find(|d| d.summary.sha == sha(98)).unwrap();
         assert!(big.summary.diff_cut, "the long line is cut");
     }

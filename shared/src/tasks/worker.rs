@@ -122,7 +122,7 @@ impl Worker {
         let lane = task.lane.as_str();
 
         // The queue's own visibility stays long (Lambda requires it); the lease is made short here.
-        if let Err(outcome) = lease::start(&*queue, &message, &self.config).await {
+        if let Err(outcome) = lease::start(&*queue, &message, &self.config, lane).await {
             self.metrics.waits_total.with_label_values(&[lane, "queue"]).inc();
             return outcome;
         }
@@ -273,8 +273,14 @@ impl Worker {
                 return match self.store.get(&task.task_id, self.clock.now_ms()).await {
                     Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
                     _ => {
-                        lease::retry_later(&**queue, message, Duration::ZERO, "cancellation not confirmed")
-                            .await
+                        lease::retry_later(
+                            &**queue,
+                            message,
+                            Duration::ZERO,
+                            "cancellation not confirmed",
+                            lane,
+                        )
+                        .await
                     }
                 };
             }
@@ -364,7 +370,7 @@ impl Worker {
         if let Some(why) = wait {
             self.metrics.waits_total.with_label_values(&[task.lane.as_str(), why]).inc();
         }
-        let outcome = lease::retry_later(queue, message, after, reason).await;
+        let outcome = lease::retry_later(queue, message, after, reason, task.lane.as_str()).await;
         if matches!(outcome, Outcome::Retry { .. }) && lease::is_last_delivery(queue, message) {
             let reason = format!("last delivery could not be put off ({reason})");
             let now = self.clock.now_ms();
@@ -417,7 +423,7 @@ impl Worker {
                 let after = full_jitter_backoff(&self.config, message.receive_count);
                 self.metrics.waits_total.with_label_values(&[lane, "store"]).inc();
                 // The claim is kept: the next delivery re-claims (the fence grows) and runs again.
-                return lease::retry_later(&**queue, message, after, "store unavailable").await;
+                return lease::retry_later(&**queue, message, after, "store unavailable", lane).await;
             }
         };
         if let Some(started) = record.started_at_ms {
