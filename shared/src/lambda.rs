@@ -24,11 +24,38 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::warn;
 
-/// JSON logs with the level from `RUST_LOG` (default `info`), as CloudWatch wants them.
+/// Logs as [`log_settings`] says (JSON with the function's log level in Lambda), with every span's
+/// fields (`task_id`, `message_id`, `lane`) on each line, so one task's lines can be found together.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let var = |n: &str| std::env::var(n).ok().filter(|v| !v.is_empty());
+    let (filter, json) =
+        log_settings(var("AWS_LAMBDA_LOG_LEVEL"), var("RUST_LOG"), var("AWS_LAMBDA_LOG_FORMAT"));
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().json().with_env_filter(filter).without_time().try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).without_time();
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
+
+/// The log filter and whether lines are JSON, from Lambda's logging controls: the function's
+/// `LoggingConfig.ApplicationLogLevel` reaches the runtime as `AWS_LAMBDA_LOG_LEVEL` and wins (so
+/// an operator changes the level on the function, without a variable), then `RUST_LOG` (a full
+/// filter, for local runs), then `info`. `LoggingConfig.LogFormat` arrives as `AWS_LAMBDA_LOG_FORMAT`:
+/// `Text` gives plain lines, anything else JSON (what Lambda's level filtering reads).
+pub fn log_settings(
+    lambda_level: Option<String>,
+    rust_log: Option<String>,
+    lambda_format: Option<String>,
+) -> (String, bool) {
+    let level = lambda_level.map(|l| match l.to_ascii_uppercase().as_str() {
+        "TRACE" => "trace".to_owned(),
+        "DEBUG" => "debug".to_owned(),
+        "WARN" => "warn".to_owned(),
+        "ERROR" | "FATAL" => "error".to_owned(),
+        _ => "info".to_owned(),
+    });
+    let filter = level.or(rust_log).unwrap_or_else(|| "info".to_owned());
+    let json = !lambda_format.is_some_and(|f| f.eq_ignore_ascii_case("text"));
+    (filter, json)
 }
 
 /// Which adapters a function runs on, from `LANES_BACKEND`.
@@ -597,6 +624,18 @@ pub fn batch_response<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outco
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn lambda_logging_controls_win_over_rust_log() {
+        let s = |v: &str| Some(v.to_owned());
+        assert_eq!(log_settings(s("DEBUG"), s("warn"), s("JSON")), ("debug".to_owned(), true));
+        assert_eq!(log_settings(s("FATAL"), None, None), ("error".to_owned(), true));
+        assert_eq!(
+            log_settings(None, s("lanes_core=trace"), s("Text")),
+            ("lanes_core=trace".to_owned(), false)
+        );
+        assert_eq!(log_settings(None, None, None), ("info".to_owned(), true));
+    }
 
     #[test]
     fn deadline_is_absolute_in_lambda_and_relative_in_the_emulator() {

@@ -498,7 +498,10 @@ mod tests {
         // A `reason` label is a dimension, not part of the name.
         let dead = docs.iter().find(|d| d["reason"] == "attempts").unwrap();
         assert_eq!((dead["lane"].as_str(), dead["dead_lettered"].as_f64()), (Some("commits"), Some(1.0)));
-        assert_eq!(dead["_aws"]["CloudWatchMetrics"][0]["Dimensions"], serde_json::json!([["lane", "reason"]]));
+        assert_eq!(
+            dead["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            serde_json::json!([["lane", "reason"]])
+        );
         // Deltas: nothing new, nothing reported.
         m.llm_tokens_total.with_label_values(&["interactive", "prompt"]).inc_by(5);
         let again: Vec<serde_json::Value> =
