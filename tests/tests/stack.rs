@@ -9,11 +9,11 @@
 #![allow(clippy::unwrap_used)]
 
 use lanes_tests::workspace_root;
-use serde_yaml::Value;
+use serde_norway::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
 fn template() -> Value {
-    serde_yaml::from_str(&std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap()).unwrap()
+    serde_norway::from_str(&std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap()).unwrap()
 }
 
 fn resources(t: &Value) -> BTreeMap<String, Value> {
@@ -487,7 +487,7 @@ fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
         // The owner: `field: counter(` or `pub static NAME:` before this occurrence.
         let before = &metrics_rs[..metrics_rs.find(&format!("\"{family}\"")).unwrap()];
         let owner = before
-            .rsplit(|c: char| c == '\n')
+            .rsplit('\n')
             .find_map(|line| {
                 let line = line.trim();
                 if let Some(rest) = line.strip_prefix("pub static ") {
