@@ -387,9 +387,11 @@ async fn heartbeat_requests_per_minute_are_counted() {
     // One renewal per 0.5 s of run time (the first after 0.5 s), whatever the machine's speed.
     let expected = (run_secs / 0.5).floor();
     assert!(renewals >= 4.0 && (renewals - expected).abs() <= 2.0, "{renewals} renewals in {run_secs} s");
-    assert_eq!(
-        d.get("sqs ChangeMessageVisibility"),
-        Some(&(renewals + 1.0)),
-        "lease start + one per renewal"
+    // Lease start + one per renewal; the counter sees every attempt, so an SDK retry on a loaded
+    // machine adds one.
+    let cmv = d.get("sqs ChangeMessageVisibility").copied().unwrap_or(0.0);
+    assert!(
+        (renewals + 1.0..=renewals + 3.0).contains(&cmv),
+        "{cmv} ChangeMessageVisibility for {renewals} renewals"
     );
 }
