@@ -14,8 +14,10 @@ toolchain:
 	@$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt || { echo "make: rustfmt missing and could not be installed" >&2; exit 1; }
 	@$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy || { echo "make: clippy missing and could not be installed" >&2; exit 1; }
 
-dev: toolchain
-	$(CARGO) run -p lanes-cli --bin lanes -- dev --addr $(ADDR) --data-dir $(DATA_DIR)
+# The same build as `make test` (the whole workspace, so features unify the same way): running one
+# after the other compiles nothing again.
+dev: build
+	"$$($(CARGO) metadata --format-version 1 --no-deps --locked | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/lanes" dev --addr $(ADDR) --data-dir $(DATA_DIR)
 
 fmt: toolchain
 	$(CARGO) fmt --all -- --check

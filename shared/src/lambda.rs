@@ -285,7 +285,19 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         clock: Arc::new(SystemClock),
         config,
     });
-    Ok(with_emf(with_tenancy(tasks, tenancy).merge(read), metrics))
+    Ok(with_emf(with_trace(with_tenancy(tasks, tenancy)).merge(read), metrics))
+}
+
+/// Scopes each request to its invocation's X-Ray trace header (Lambda's `Context.xray_trace_id`,
+/// present when the function has `Tracing: Active`), so the tasks it enqueues carry it
+/// ([`crate::trace`]).
+pub fn with_trace(router: axum::Router) -> axum::Router {
+    router.layer(axum::middleware::from_fn(
+        |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            let header = req.extensions().get::<lambda_http::Context>().and_then(|c| c.xray_trace_id.clone());
+            crate::trace::scope(header, next.run(req)).await
+        },
+    ))
 }
 
 /// Tenancy in Lambda: the authorizer's JWT claim `LANES_TENANT_CLAIM` (default `sub`) or the IAM
@@ -591,11 +603,15 @@ pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordE
     let receive_count =
         record.attributes.get("ApproximateReceiveCount").and_then(|v| v.parse().ok()).unwrap_or(1);
     let sent_at_ms = record.attributes.get("SentTimestamp").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let attributes: BTreeMap<String, String> = record
+    let mut attributes: BTreeMap<String, String> = record
         .message_attributes
         .iter()
         .filter_map(|(k, v)| v.string_value.clone().map(|s| (k.clone(), s)))
         .collect();
+    // The trace context arrives as a system attribute; the worker reads it with the others.
+    if let Some(h) = record.attributes.get(crate::trace::TRACE_HEADER).filter(|h| crate::trace::is_valid(h)) {
+        attributes.insert(crate::trace::TRACE_HEADER.to_owned(), h.clone());
+    }
     Ok(ReceivedMessage {
         message_id,
         receipt,
@@ -624,6 +640,32 @@ pub fn batch_response<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outco
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Lambda's invocation context (its X-Ray trace id) becomes the request's trace scope; an SQS
+    /// record's `AWSTraceHeader` system attribute reaches the worker's attributes.
+    #[tokio::test]
+    async fn the_trace_header_goes_from_the_invocation_to_the_queue_and_back() {
+        use tower::ServiceExt;
+        let h = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let app = with_trace(
+            axum::Router::new()
+                .route("/", axum::routing::get(|| async { crate::trace::current().unwrap_or_default() })),
+        );
+        let mut ctx = lambda_http::Context::default();
+        ctx.xray_trace_id = Some(h.to_owned());
+        let mut req = axum::http::Request::get("/").body(axum::body::Body::empty()).unwrap();
+        req.extensions_mut().insert(ctx);
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        assert_eq!(body, h.as_bytes());
+
+        let mut record: SqsMessage = serde_json::from_str(include_str!("../../events/sqs-interactive.json"))
+            .map(|e: aws_lambda_events::event::sqs::SqsEvent| e.records[0].clone())
+            .unwrap();
+        record.attributes.insert("AWSTraceHeader".into(), h.into());
+        let m = received_from_sqs(&record).unwrap();
+        assert_eq!(m.attributes[crate::trace::TRACE_HEADER], h);
+    }
 
     #[test]
     fn lambda_logging_controls_win_over_rust_log() {

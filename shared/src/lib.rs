@@ -22,6 +22,7 @@
 //! - [`adapters`]: SQS, DynamoDB, Redis/Valkey (lock, cache, limiter scripts), Lambda mappings,
 //!   Bedrock, Secrets Manager. The only modules that name an SDK crate.
 //! - [`metrics`], [`problem`]: Prometheus/EMF metrics; RFC 9457 problem+json responses.
+//! - [`trace`]: the X-Ray trace header a task's message carries from ingress to its worker.
 //! - [`lease`]: a delivery's lease: start, heartbeat, hold, ack / hand-back / requeue / dead-letter,
 //!   backoff. The only module besides the queue adapters that changes a message's visibility.
 //! - [`limiter`]: the RPM/TPM decision with lane reservations (pure) and the in-process limiter.
@@ -61,6 +62,7 @@ pub mod quota;
 pub mod running;
 pub mod summarize;
 pub mod tasks;
+pub mod trace;
 
 pub use tokio_util::sync::CancellationToken;
 

@@ -12,7 +12,8 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// A problem response.
 #[derive(Debug, Clone, Serialize)]
 pub struct Problem {
-    /// A URI naming the problem type.
+    /// The problem type: a relative reference `/problems/<slug>` (RFC 9457 allows URI references;
+    /// it names the type and is not meant to be fetched). The slugs are listed in the README.
     #[serde(rename = "type")]
     pub kind: String,
     /// Short summary.
@@ -36,7 +37,7 @@ impl Problem {
     /// A problem with a status, a type slug, a title and a detail.
     pub fn new(status: StatusCode, slug: &str, title: &str, detail: impl Into<String>) -> Self {
         Self {
-            kind: format!("https://lanes.dev/problems/{slug}"),
+            kind: format!("/problems/{slug}"),
             title: title.to_owned(),
             status: status.as_u16(),
             detail: detail.into(),

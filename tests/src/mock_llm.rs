@@ -453,8 +453,8 @@ fn cut_at(
     (kept.join(" "), cap, cut)
 }
 
-/// A Converse response as Bedrock returns it (recorded shape, in `events/`).
-pub const RECORDED_CONVERSE: &str = include_str!("../../events/bedrock-converse-response.json");
+/// A Converse response as Bedrock returns it (recorded shape, in `tests/fixtures/`).
+pub const RECORDED_CONVERSE: &str = include_str!("../fixtures/bedrock-converse-response.json");
 
 async fn converse(
     State(state): State<Arc<MockState>>,

@@ -257,3 +257,39 @@ async fn the_move_task_redrive_resets_records_then_starts_one_move() {
     assert!(matches!(lane.start_move_back().await, Err(QueueError::Rejected(_))));
     assert_eq!(stub.count("StartMessageMoveTask"), 1);
 }
+
+/// The trace header travels as SQS's `AWSTraceHeader` system attribute (the only one SQS accepts,
+/// and what Lambda joins traces by), never as a message attribute; a received message's
+/// `AWSTraceHeader` system attribute is handed to the worker with the others.
+#[tokio::test]
+async fn the_trace_header_is_an_sqs_system_attribute() {
+    let _turn = SERIAL.lock().await;
+    let stub = AwsStub::start().await;
+    let clients = AwsClients::load(&stub.aws_settings()).await;
+    let queue = clients.queue_sender(&format!("{}/123456789012/lane", stub.url));
+    let h = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+    let attrs = std::collections::BTreeMap::from([
+        ("lane".to_owned(), "interactive".to_owned()),
+        (lanes_core::trace::TRACE_HEADER.to_owned(), h.to_owned()),
+    ]);
+    stub.script("SendMessage", [Answer::ok(r#"{"MessageId":"m1","MD5OfMessageBody":"x"}"#)]);
+    queue.send("{}", attrs).await.unwrap();
+    let sent = &stub.bodies("SendMessage")[0];
+    assert_eq!(
+        sent["MessageSystemAttributes"]["AWSTraceHeader"],
+        json!({"DataType": "String", "StringValue": h})
+    );
+    assert!(sent["MessageAttributes"].get("AWSTraceHeader").is_none(), "{sent}");
+    assert_eq!(sent["MessageAttributes"]["lane"]["StringValue"], "interactive");
+
+    stub.script(
+        "ReceiveMessage",
+        [Answer::ok(
+            &json!({"Messages": [{"MessageId": "m1", "ReceiptHandle": "rh", "Body": "{}", "MD5OfBody": "x",
+                "Attributes": {"SentTimestamp": "1700000000000", "ApproximateReceiveCount": "1", "AWSTraceHeader": h}}]})
+            .to_string(),
+        )],
+    );
+    let got = queue.receive(1).await.unwrap();
+    assert_eq!(got[0].attributes[lanes_core::trace::TRACE_HEADER], h);
+}

@@ -420,9 +420,35 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
             assert_eq!(t.lane.as_str(), lane, "{file}");
         }
     }
+    // `sam local invoke -e events/<event> --env-vars events/env.json <Function>`: every function
+    // named there exists and runs on the embedded backend (no AWS needed).
+    let env: serde_json::Value = serde_json::from_str(&read("env.json")).unwrap();
+    let fs = functions(&template());
+    for (function, vars) in env.as_object().unwrap() {
+        assert!(fs.contains_key(function), "env.json names {function}, which the template does not define");
+        assert_eq!(vars["LANES_BACKEND"], "embedded", "{function}");
+    }
+    // Only events live in events/ (fixtures are in tests/fixtures/), and each is checked here.
+    let checked = [
+        "sqs-interactive.json",
+        "sqs-synthesis.json",
+        "sqs-commits.json",
+        "scheduled-controller.json",
+        "api-post-task.json",
+        "api-get-task.json",
+        "webhook-github-push.json",
+        "webhook-gitlab-push.json",
+        "env.json",
+    ];
+    for entry in std::fs::read_dir(workspace_root().join("events")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        assert!(checked.contains(&name.as_str()), "events/{name} is not a checked sample event");
+    }
     let tick: CloudWatchEvent = serde_json::from_str(&read("scheduled-controller.json")).unwrap();
     assert_eq!(tick.detail_type.as_deref(), Some("Scheduled Event"));
     for (file, method) in [("api-post-task.json", "POST"), ("api-get-task.json", "GET")] {
+        let raw: serde_json::Value = serde_json::from_str(&read(file)).unwrap();
+        assert_eq!(raw["routeKey"], "ANY /v1/{proxy+}", "{file}: the template's only API route");
         let req: lambda_http::request::LambdaRequest = serde_json::from_str(&read(file)).unwrap();
         let req: lambda_http::Request = req.into();
         assert_eq!(req.method().as_str(), method, "{file}");

@@ -10,7 +10,8 @@ use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityError;
 use aws_sdk_sqs::operation::delete_message::DeleteMessageError;
 use aws_sdk_sqs::types::{
-    MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+    MessageAttributeValue, MessageSystemAttributeName, MessageSystemAttributeNameForSends,
+    MessageSystemAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -51,8 +52,29 @@ fn attribute(v: &str) -> Result<MessageAttributeValue, QueueError> {
         .map_err(|e| QueueError::Rejected(e.to_string()))
 }
 
+/// The message attributes of an outgoing message: every attribute but the trace header, which
+/// SQS carries as a system attribute ([`trace_attribute`]).
 fn attributes(map: &BTreeMap<String, String>) -> Result<HashMap<String, MessageAttributeValue>, QueueError> {
-    map.iter().map(|(k, v)| Ok((k.clone(), attribute(v)?))).collect()
+    map.iter()
+        .filter(|(k, _)| k.as_str() != crate::trace::TRACE_HEADER)
+        .map(|(k, v)| Ok((k.clone(), attribute(v)?)))
+        .collect()
+}
+
+/// The `AWSTraceHeader` system attribute of an outgoing message, when it has a valid one: what
+/// joins the consumer's Lambda invocation to the producer's trace.
+fn trace_attribute(
+    map: &BTreeMap<String, String>,
+) -> Result<Option<HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue>>, QueueError> {
+    let Some(header) = map.get(crate::trace::TRACE_HEADER).filter(|h| crate::trace::is_valid(h)) else {
+        return Ok(None);
+    };
+    let value = MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(header)
+        .build()
+        .map_err(|e| QueueError::Rejected(e.to_string()))?;
+    Ok(Some(HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)])))
 }
 
 /// SQS counts visibility in whole seconds: round up, never past the 12 h limit.
@@ -175,6 +197,7 @@ impl SqsQueue {
                         .id(i.to_string())
                         .message_body(body)
                         .set_message_attributes(Some(attributes(attrs)?))
+                        .set_message_system_attributes(trace_attribute(attrs)?)
                         .build()
                         .map_err(|e| QueueError::Rejected(e.to_string()))
                 })
@@ -211,6 +234,7 @@ impl QueueSend for SqsQueue {
             .queue_url(&self.url)
             .message_body(body)
             .set_message_attributes(Some(attributes(&attrs)?))
+            .set_message_system_attributes(trace_attribute(&attrs)?)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
@@ -261,12 +285,15 @@ impl QueueConsume for SqsQueue {
                     sent_at_ms: get(MessageSystemAttributeName::SentTimestamp).unwrap_or(0),
                     attributes: m
                         .message_attributes()
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned())))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_owned())))
+                        .chain(
+                            sys.and_then(|a| a.get(&MessageSystemAttributeName::AwsTraceHeader))
+                                .filter(|h| crate::trace::is_valid(h))
+                                .map(|h| (crate::trace::TRACE_HEADER.to_owned(), h.clone())),
+                        )
+                        .collect(),
                 })
             })
             .collect())
@@ -313,6 +340,7 @@ impl QueueConsume for SqsQueue {
             .message_body(&message.body)
             .delay_seconds(delay.as_secs().min(900) as i32)
             .set_message_attributes(Some(attributes(&message.attributes)?))
+            .set_message_system_attributes(trace_attribute(&message.attributes)?)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
@@ -337,6 +365,7 @@ impl QueueConsume for SqsQueue {
             .queue_url(dlq)
             .message_body(&message.body)
             .set_message_attributes(Some(attributes(&attrs)?))
+            .set_message_system_attributes(trace_attribute(&attrs)?)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;

@@ -25,7 +25,7 @@ use axum::{Json, Router};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{error, warn};
+use tracing::{Instrument, error, warn};
 
 /// Everything ingress needs, built once.
 #[derive(Clone)]
@@ -114,7 +114,9 @@ async fn post_task(
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    match accept(&ing, tenant, &headers, body).await {
+    let span =
+        tracing::info_span!("ingress", task_id = tracing::field::Empty, trace = crate::trace::current());
+    match accept(&ing, tenant, &headers, body).instrument(span).await {
         Ok(resp) => resp,
         Err(problem) => problem.into_response(),
     }
@@ -186,6 +188,7 @@ async fn accept(
         }
     };
     let task_id = request.task_id(idem.as_deref());
+    tracing::Span::current().record("task_id", task_id.as_str());
     let payload_hash = request.payload_hash();
 
     // 1. Hot cache: a completed task costs no store request.
@@ -309,6 +312,10 @@ async fn send(ing: &Ingress, record: &TaskRecord) -> Result<String, crate::ports
         ("kind".to_owned(), record.request.kind.as_str().to_owned()),
         ("enqueued_at_ms".to_owned(), ing.clock.now_ms().to_string()),
     ]);
+    let mut attributes = attributes;
+    if let Some(header) = crate::trace::current() {
+        attributes.insert(crate::trace::TRACE_HEADER.to_owned(), header);
+    }
     let queue: &Arc<dyn QueueSend> = &ing.queues[record.lane.index()];
     queue.send(&body, attributes).await
 }
@@ -629,6 +636,21 @@ mod tests {
         let (parts, body) = resp.into_parts();
         let bytes = body.collect().await.unwrap().to_bytes();
         (parts.status, parts.headers, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// The request's X-Ray trace header leaves with the task's message, for its worker to continue.
+    #[tokio::test]
+    async fn the_trace_header_of_the_request_travels_with_the_task() {
+        let r = rig().await;
+        let h = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+        let (status, _, _) = crate::trace::scope(Some(h.into()), post(&r, BODY, None)).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        let sent = r.interactive.receive(1).await.unwrap();
+        assert_eq!(sent[0].attributes.get(crate::trace::TRACE_HEADER).map(String::as_str), Some(h));
+        let other = BODY.replace("main", "lib");
+        post(&r, &other, None).await;
+        let sent = r.interactive.receive(1).await.unwrap();
+        assert!(!sent[0].attributes.contains_key(crate::trace::TRACE_HEADER), "no trace, no header");
     }
 
     #[tokio::test]

@@ -96,7 +96,8 @@ enum Call {
 impl Worker {
     /// Processes one delivery to the end, applying the ack rule. Never panics on input.
     pub async fn process(&self, queue: Arc<dyn QueueConsume>, message: ReceivedMessage) -> Outcome {
-        let span = info_span!("task", message_id = %message.message_id, task_id = tracing::field::Empty, lane = tracing::field::Empty);
+        let trace = message.attributes.get(crate::trace::TRACE_HEADER).map(String::as_str);
+        let span = info_span!("task", message_id = %message.message_id, task_id = tracing::field::Empty, lane = tracing::field::Empty, trace);
         self.process_inner(queue, message).instrument(span).await
     }
 
