@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the integration and end-to-end tests need, idempotently, and says what it could not:
 # redis-server (Debian package), a project venv (.venv) with moto[server], cargo-lambda (+ ziglang, its
-# cross linker), cfn-lint and aws-sam-cli, and Rust's aarch64 Linux target for the arm64 Lambda builds.
+# cross linker), cfn-lint, aws-sam-cli and openapi-spec-validator, and Rust's aarch64 Linux target for the arm64 Lambda builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${LANES_VENV:-$PWD/.venv}"
@@ -22,10 +22,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "test-deps: creating $VENV"
   python3 -m venv "$VENV" || { echo "test-deps: python3 -m venv failed; install python3-venv" >&2; exit 1; }
 fi
-if ! "$VENV/bin/python" -c 'import moto, cfnlint, samcli, samtranslator, ziglang' >/dev/null 2>&1 || [ ! -x "$VENV/bin/cargo-lambda" ]; then
-  echo "test-deps: installing moto[server], cargo-lambda, ziglang, cfn-lint and aws-sam-cli into $VENV"
+if ! "$VENV/bin/python" -c 'import moto, cfnlint, samcli, samtranslator, ziglang, openapi_spec_validator' >/dev/null 2>&1 || [ ! -x "$VENV/bin/cargo-lambda" ]; then
+  echo "test-deps: installing moto[server], cargo-lambda, ziglang, cfn-lint, aws-sam-cli and openapi-spec-validator into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check 'moto[server]>=5.2,<6' 'cargo-lambda>=1.9,<2' \
-    'ziglang>=0.13,<0.15' 'cfn-lint>=1,<2' 'aws-sam-cli>=1.130,<2' \
+    'ziglang>=0.13,<0.15' 'cfn-lint>=1,<2' 'aws-sam-cli>=1.130,<2' 'openapi-spec-validator>=0.7,<1' \
     || { echo "test-deps: pip install failed (is the package index reachable?)" >&2; exit 1; }
 fi
 

@@ -22,6 +22,7 @@
 //! - [`adapters`]: SQS, DynamoDB, Redis/Valkey (lock, cache, limiter scripts), Lambda mappings,
 //!   Bedrock, Secrets Manager. The only modules that name an SDK crate.
 //! - [`metrics`], [`problem`]: Prometheus/EMF metrics; RFC 9457 problem+json responses.
+//! - [`openapi`]: the OpenAPI 3.1 document of every route, generated from the handlers and types.
 //! - [`trace`]: the X-Ray trace header a task's message carries from ingress to its worker.
 //! - [`lease`]: a delivery's lease: start, heartbeat, hold, ack / hand-back / requeue / dead-letter,
 //!   backoff. The only module besides the queue adapters that changes a message's visibility.
@@ -55,6 +56,7 @@ pub mod limiter;
 pub mod llm;
 pub mod local;
 pub mod metrics;
+pub mod openapi;
 pub mod pool;
 pub mod ports;
 pub mod problem;

@@ -10,7 +10,7 @@ use serde::Serialize;
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// A problem response.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     /// The problem type: a relative reference `/problems/<slug>` (RFC 9457 allows URI references;
     /// it names the type and is not meant to be fetched). The slugs are listed in the README.
@@ -30,6 +30,7 @@ pub struct Problem {
     pub errors: Vec<FieldError>,
     /// Seconds after which a retry may succeed (also sent as `Retry-After`).
     #[serde(skip)]
+    #[schema(ignore)]
     pub retry_after: Option<u64>,
 }
 

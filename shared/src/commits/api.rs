@@ -47,7 +47,23 @@ fn unavailable(e: &StoreError) -> Response {
     }
 }
 
-async fn get_summary(
+/// One commit's summary.
+#[utoipa::path(
+    get,
+    path = "/v1/repos/{repo_id}/commits/{sha}/summary",
+    tag = "summaries",
+    params(
+        ("repo_id" = String, Path, description = "`github:<id>` or `gitlab:<id>`"),
+        ("sha" = String, Path, description = "The commit's 40-hex sha"),
+    ),
+    responses(
+        (status = 200, description = "The summary", body = CommitSummary),
+        (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No summary yet (it may still be queued)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn get_summary(
     State(api): State<Arc<SummariesApi>>,
     Path((repo_id, sha)): Path<(String, String)>,
 ) -> Response {
@@ -76,13 +92,38 @@ async fn get_summary(
     }
 }
 
+/// One page of a repository's summaries.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct SummaryPage {
+    /// Newest commit first.
+    pub items: Vec<CommitSummary>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
 #[derive(Deserialize)]
-struct ListQuery {
+pub(crate) struct ListQuery {
     limit: Option<String>,
     cursor: Option<String>,
 }
 
-async fn list(
+/// A repository's summaries, newest commit first, in pages.
+#[utoipa::path(
+    get,
+    path = "/v1/repos/{repo_id}/summaries",
+    tag = "summaries",
+    params(
+        ("repo_id" = String, Path, description = "`github:<id>` or `gitlab:<id>`"),
+        ("limit" = Option<u32>, Query, description = "Page size, 1 to 100 (default 20)"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
+    ),
+    responses(
+        (status = 200, description = "One page", body = SummaryPage),
+        (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn list(
     State(api): State<Arc<SummariesApi>>,
     Path(repo_id): Path<String>,
     Query(q): Query<ListQuery>,
@@ -103,7 +144,7 @@ async fn list(
         return bad("cursor", "not a cursor this API returned".into());
     }
     match api.summaries.list_summaries(&repo_id, limit, q.cursor.as_deref()).await {
-        Ok(page) => Json(serde_json::json!({"items": page.items, "next_cursor": page.next})).into_response(),
+        Ok(page) => Json(SummaryPage { items: page.items, next_cursor: page.next }).into_response(),
         Err(StoreError::Corrupt(_)) if q.cursor.is_some() => {
             bad("cursor", "not a cursor this API returned for this repository".into())
         }

@@ -130,10 +130,112 @@ pub struct Webhook {
 /// URL) choosing the host by its event header.
 pub fn router(webhook: Webhook) -> Router {
     Router::new()
-        .route("/webhooks/github", post(|s, h, b| handle(s, h, b, Some(Provider::Github))))
-        .route("/webhooks/gitlab", post(|s, h, b| handle(s, h, b, Some(Provider::Gitlab))))
-        .route("/", post(|s, h, b| handle(s, h, b, None)))
+        .route("/webhooks/github", post(github))
+        .route("/webhooks/gitlab", post(gitlab))
+        .route("/", post(function_url))
         .with_state(Arc::new(webhook))
+}
+
+/// What a delivery got: `accepted` (with what was enqueued), `duplicate` (a replayed delivery id),
+/// `ignored` (another event), `pong` (GitHub's ping).
+#[derive(Debug, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct WebhookAnswer {
+    /// `accepted`, `duplicate`, `ignored` or `pong`.
+    pub status: &'static str,
+    /// The repository (`github:<id>`, `gitlab:<id>`), when accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repo_id: Option<String>,
+    /// Commits enqueued for summary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enqueued: Option<usize>,
+    /// Commits not summarized (merges, not distinct).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<usize>,
+    /// The push deleted its ref.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ref_deleted: Option<bool>,
+    /// Commits of the push the payload did not list (fetched from the host's API by the worker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_listed: Option<usize>,
+    /// `base..head` of a push listed only in part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range: Option<String>,
+    /// The event ignored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// The delivery id replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+}
+
+/// A GitHub push (`X-Hub-Signature-256` over the body with the webhook secret).
+#[utoipa::path(
+    post,
+    path = "/webhooks/github",
+    tag = "webhooks",
+    request_body(content = Object, content_type = "application/json", description = "GitHub's push event payload"),
+    params(
+        ("X-Hub-Signature-256" = String, Header, description = "`sha256=<hex HMAC of the body>`"),
+        ("X-GitHub-Event" = String, Header, description = "`push` (`ping` answers `pong`; others are ignored)"),
+        ("X-GitHub-Delivery" = Option<String>, Header, description = "Delivery id; a replay is dropped"),
+    ),
+    responses(
+        (status = 200, description = "Ping or replayed delivery", body = WebhookAnswer),
+        (status = 202, description = "Accepted or ignored", body = WebhookAnswer),
+        (status = 400, description = "Unreadable payload", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Bad signature", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn github(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Response {
+    handle(s, h, b, Some(Provider::Github)).await
+}
+
+/// A GitLab push (`X-Gitlab-Token` is the webhook's secret token).
+#[utoipa::path(
+    post,
+    path = "/webhooks/gitlab",
+    tag = "webhooks",
+    request_body(content = Object, content_type = "application/json", description = "GitLab's push hook payload"),
+    params(
+        ("X-Gitlab-Token" = String, Header, description = "The webhook's secret token"),
+        ("X-Gitlab-Event" = String, Header, description = "`Push Hook` (others are ignored)"),
+        ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "Delivery id; a replay is dropped"),
+    ),
+    responses(
+        (status = 200, description = "Replayed delivery", body = WebhookAnswer),
+        (status = 202, description = "Accepted or ignored", body = WebhookAnswer),
+        (status = 400, description = "Unreadable payload", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Bad token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn gitlab(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Response {
+    handle(s, h, b, Some(Provider::Gitlab)).await
+}
+
+/// The function URL: either host, told apart by its event header (`X-GitHub-Event` or
+/// `X-Gitlab-Event`); the same answers as the two routes above.
+#[utoipa::path(
+    post,
+    path = "/",
+    tag = "webhooks",
+    request_body(content = Object, content_type = "application/json", description = "A GitHub or GitLab push payload"),
+    responses(
+        (status = 200, description = "Ping or replayed delivery", body = WebhookAnswer),
+        (status = 202, description = "Accepted or ignored", body = WebhookAnswer),
+        (status = 400, description = "Unknown sender or unreadable payload", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Bad signature or token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn function_url(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Response {
+    handle(s, h, b, None).await
 }
 
 async fn handle(
@@ -152,8 +254,8 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn json(status: StatusCode, value: serde_json::Value) -> Response {
-    (status, axum::Json(value)).into_response()
+fn json(status: StatusCode, answer: WebhookAnswer) -> Response {
+    (status, axum::Json(answer)).into_response()
 }
 
 async fn accept(
@@ -230,12 +332,15 @@ async fn accept(
     match (provider, event) {
         (Provider::Github, "ping") => {
             w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "ping"]).inc();
-            return Ok(json(StatusCode::OK, serde_json::json!({"status": "pong"})));
+            return Ok(json(StatusCode::OK, WebhookAnswer { status: "pong", ..Default::default() }));
         }
         (Provider::Github, "push") | (Provider::Gitlab, "Push Hook") => {}
         _ => {
             w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "ignored"]).inc();
-            return Ok(json(StatusCode::ACCEPTED, serde_json::json!({"status": "ignored", "event": event})));
+            return Ok(json(
+                StatusCode::ACCEPTED,
+                WebhookAnswer { status: "ignored", event: Some(event.to_owned()), ..Default::default() },
+            ));
         }
     }
     let push = parse_push(provider, &bytes)?;
@@ -263,7 +368,10 @@ async fn accept(
                 info!(delivery = %d, "replayed delivery dropped");
                 w.metrics.duplicates_total.with_label_values(&["webhook_delivery"]).inc();
                 w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "duplicate"]).inc();
-                return Ok(json(StatusCode::OK, serde_json::json!({"status": "duplicate", "delivery": d})));
+                return Ok(json(
+                    StatusCode::OK,
+                    WebhookAnswer { status: "duplicate", delivery: Some(d.clone()), ..Default::default() },
+                ));
             }
             Err(e) => {
                 warn!(error = %e, "delivery marker unavailable");
@@ -305,15 +413,16 @@ async fn accept(
     w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "accepted"]).inc();
     Ok(json(
         StatusCode::ACCEPTED,
-        serde_json::json!({
-            "status": "accepted",
-            "repo_id": push.repo_id,
-            "enqueued": push.commits.len(),
-            "skipped": push.skipped,
-            "ref_deleted": push.deleted,
-            "not_listed": push.not_listed,
-            "range": push.range.as_ref().map(|r| format!("{}..{}", r.base, r.head)),
-        }),
+        WebhookAnswer {
+            status: "accepted",
+            repo_id: Some(push.repo_id.clone()),
+            enqueued: Some(push.commits.len()),
+            skipped: Some(push.skipped),
+            ref_deleted: Some(push.deleted),
+            not_listed: Some(push.not_listed),
+            range: push.range.as_ref().map(|r| format!("{}..{}", r.base, r.head)),
+            ..Default::default()
+        },
     ))
 }
 

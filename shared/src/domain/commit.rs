@@ -192,7 +192,7 @@ pub fn subject_of(message: &str) -> String {
 }
 
 /// How a summary was produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SummarySource {
     /// By the model.
@@ -203,7 +203,7 @@ pub enum SummarySource {
 }
 
 /// A commit's summary. Immutable once written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CommitSummary {
     /// `provider:numeric id`.
     pub repo_id: String,

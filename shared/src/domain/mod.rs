@@ -9,7 +9,9 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A queue lane. The kind of a task decides its lane. See docs/ARCHITECTURE.md, Lanes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Lane {
     /// Short, latency-sensitive tasks (SLA < 3 s).
@@ -60,7 +62,7 @@ impl FromStr for Lane {
 }
 
 /// A task kind. Unknown kinds are rejected, never guessed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     /// Inline completion.
@@ -147,7 +149,7 @@ impl fmt::Display for Kind {
 }
 
 /// One problem with a request, naming the field it is about.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct FieldError {
     /// JSON pointer-ish name of the field (`target_files[3]`), or `body`.
     pub field: String,
@@ -162,7 +164,7 @@ impl FieldError {
 }
 
 /// Tokens spent on one answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenUsage {
     /// Prompt tokens.
     pub prompt: u64,

@@ -49,7 +49,9 @@ pub fn router(ingress: Ingress) -> Router {
     Router::new()
         .route("/v1/tasks", post(post_task))
         .route("/v1/tasks/{id}", get(get_task).delete(cancel_task))
-        .route("/healthz", get(|| async { Json(serde_json::json!({"status": "ok"})) }))
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
+        .route("/v1/openapi.json", get(|| async { Json(crate::openapi::document()) }))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -104,7 +106,36 @@ fn conflict() -> Problem {
     .with_field("Idempotency-Key")
 }
 
-async fn post_task(
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "Up", body = Object, example = json!({"status": "ok"}))))]
+pub(crate) async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Submits a task. The same payload (canonical form) or the same `Idempotency-Key` names the same
+/// task: a duplicate answers with the existing task instead of running it again.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks",
+    tag = "tasks",
+    request_body(content = TaskRequest, content_type = "application/json"),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names the task instead of the payload's hash (at most 255 printable characters); reused with another payload it is a 422")),
+    responses(
+        (status = 202, description = "Accepted: new, or a duplicate still running", body = TaskView,
+            headers(("Location" = String, description = "The task's URL"), ("Retry-After" = u64, description = "Seconds until it is worth asking again"))),
+        (status = 200, description = "A duplicate of a finished task: its result", body = TaskView),
+        (status = 400, description = "Invalid request; `field` and `errors` name what is wrong", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No authenticated tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 256 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not `application/json`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`Idempotency-Key` reused with another payload", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The project's daily token budget is spent", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds until midnight UTC"))),
+        (status = 503, description = "Store or queue unavailable; retry", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64))),
+    )
+)]
+pub(crate) async fn post_task(
     State(ing): State<Arc<Ingress>>,
     tenant: Option<Extension<Tenant>>,
     headers: HeaderMap,
@@ -369,7 +400,27 @@ fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
     Ok(wait)
 }
 
-async fn get_task(
+/// A task's status and, once finished, its result. With `wait`, answers as soon as the task ends or
+/// after `wait` seconds (long-poll).
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}",
+    tag = "tasks",
+    params(
+        ("id" = String, Path, description = "The task id (64 hex characters)"),
+        ("wait" = Option<u64>, Query, description = "Seconds to wait for the task to end, 1 to 20"),
+    ),
+    responses(
+        (status = 200, description = "Finished", body = TaskView),
+        (status = 202, description = "Not finished yet", body = TaskView,
+            headers(("Retry-After" = u64, description = "Seconds until it is worth asking again"))),
+        (status = 400, description = "Invalid id or `wait`", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No authenticated tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (for this tenant)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn get_task(
     State(ing): State<Arc<Ingress>>,
     tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
@@ -436,7 +487,22 @@ async fn read(ing: &Ingress, caller: &Option<String>, id: &str) -> Result<Option
         .map_err(|e| store_problem(&e, ing.config.retry_after_secs).into_response())
 }
 
-async fn cancel_task(
+/// Cancels a task that has not finished: a running one drops its model call at its next heartbeat.
+#[utoipa::path(
+    delete,
+    path = "/v1/tasks/{id}",
+    tag = "tasks",
+    params(("id" = String, Path, description = "The task id (64 hex characters)")),
+    responses(
+        (status = 200, description = "Cancelled", body = TaskView),
+        (status = 400, description = "Invalid id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No authenticated tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such task (for this tenant)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Already finished", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn cancel_task(
     State(ing): State<Arc<Ingress>>,
     tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,

@@ -6,7 +6,7 @@ use crate::domain::{Kind, Lane, TokenUsage};
 use serde::{Deserialize, Serialize};
 
 /// Lifecycle of a task record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TaskStatus {
     /// Accepted and enqueued; no worker has claimed it.
@@ -64,7 +64,7 @@ impl TaskStatus {
 }
 
 /// A model's answer as stored and returned.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskResult {
     /// The generated text.
     pub text: String,
@@ -157,7 +157,7 @@ impl TaskRecord {
 }
 
 /// The JSON a client sees for a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskView {
     /// The task id.
     pub task_id: String,

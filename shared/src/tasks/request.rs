@@ -15,7 +15,7 @@ pub const MAX_PROJECT_ID_LEN: usize = 128;
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
 /// A validated task request, in canonical form (prompt trimmed, files sorted and deduplicated).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskRequest {
     /// Tenant-chosen project identifier, `[A-Za-z0-9._-]{1,128}`.
     pub project_id: String,
@@ -26,16 +26,18 @@ pub struct TaskRequest {
     /// Relative paths, sorted and deduplicated.
     pub target_files: Vec<String>,
     /// Sampling parameters passed to the model (see [`ModelParams`]); `null` when absent.
+    #[schema(value_type = Option<ModelParams>)]
     pub params: Value,
     /// The authenticated caller it belongs to (see [`super::tenant`]); set by ingress, never by the
     /// client (the body may not name it), `None` with tenancy off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
     pub tenant: Option<String>,
 }
 
 /// The documented shape of `params`: every key optional, unknown keys refused (a typo would otherwise
 /// be silently ignored by the model and still change the task id).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ModelParams {
     /// Sampling temperature, 0 to 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
