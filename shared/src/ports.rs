@@ -113,6 +113,19 @@ pub trait QueueConsume: Send + Sync {
     }
     /// Sets the visibility timeout of one delivery, counted from now (`ChangeMessageVisibility`).
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError>;
+    /// Sets the visibility of many deliveries at once, one result per receipt in order. SQS does it
+    /// ten a request (`ChangeMessageVisibilityBatch`); the default asks one by one.
+    async fn change_visibility_many(
+        &self,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Vec<Result<(), QueueError>> {
+        let mut out = Vec::with_capacity(receipts.len());
+        for r in receipts {
+            out.push(self.change_visibility(r, timeout).await);
+        }
+        out
+    }
     /// Acknowledges (deletes) a delivery.
     async fn delete(&self, receipt: &str) -> Result<(), QueueError>;
     /// Sends a fresh copy of a delivery (receive count 1, visible after `delay`, at most 15 min) and

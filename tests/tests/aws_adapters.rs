@@ -74,6 +74,15 @@ async fn sqs_adapter_against_moto() {
     let again = q.receive(10).await.unwrap();
     assert_eq!(again[0].receive_count, 2);
 
+    // Many leases at once (ChangeMessageVisibilityBatch), as moto answers it: all renewed.
+    q.send("m2", attrs.clone()).await.unwrap();
+    let second = q.receive(10).await.unwrap();
+    let receipts = vec![again[0].receipt.clone(), second[0].receipt.clone()];
+    let renewed = q.change_visibility_many(&receipts, Duration::from_secs(30)).await;
+    assert!(renewed.iter().all(Result::is_ok), "{renewed:?}");
+    assert_eq!(q.depth().await.unwrap().in_flight, 2);
+    q.delete(&second[0].receipt).await.unwrap();
+
     // Dead-lettering with a reason moves it to the DLQ and removes it here.
     q.dead_letter(&again[0], "undecodable message: expected value").await.unwrap();
     let dead = q.dead_letter_queue().unwrap().receive(10).await.unwrap();

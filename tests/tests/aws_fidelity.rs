@@ -293,3 +293,50 @@ async fn the_trace_header_is_an_sqs_system_attribute() {
     let got = queue.receive(1).await.unwrap();
     assert_eq!(got[0].attributes[lanes_core::trace::TRACE_HEADER], h);
 }
+
+/// Renewing many leases at once: ten receipts a `ChangeMessageVisibilityBatch` request (25 leases,
+/// 3 requests), each entry SQS fails mapped as the single call's error would be (a lost receipt
+/// answered `ReceiptHandleIsInvalid` or `InvalidParameterValue` is a lost lease; others unavailable),
+/// and a failed request fails only its own ten.
+#[tokio::test]
+async fn visibility_renewals_go_ten_a_request() {
+    let _turn = SERIAL.lock().await;
+    let stub = AwsStub::start().await;
+    let clients = AwsClients::load(&stub.aws_settings()).await;
+    let queue = clients.queue_sender(&format!("{}/123456789012/lanes-commits", stub.url));
+    let receipts: Vec<String> = (0..25).map(|i| format!("rh{i}")).collect();
+    let ok = |ids: std::ops::Range<usize>| json!({"Successful": ids.map(|i| json!({"Id": i.to_string()})).collect::<Vec<_>>(), "Failed": []});
+    stub.script(
+        "ChangeMessageVisibilityBatch",
+        [
+            Answer::ok(
+                &json!({
+                    "Successful": (0..10).filter(|i| *i != 3 && *i != 7).map(|i| json!({"Id": i.to_string()})).collect::<Vec<_>>(),
+                    "Failed": [
+                        {"Id": "3", "SenderFault": true, "Code": "ReceiptHandleIsInvalid", "Message": "The input receipt handle is invalid."},
+                        {"Id": "7", "SenderFault": false, "Code": "InternalError", "Message": "try again"}
+                    ]
+                })
+                .to_string(),
+            ),
+            Answer::ok(&ok(0..10).to_string()),
+            Answer::sqs_error(400, "AccessDenied", "not allowed"),
+        ],
+    );
+    let before = counted("sqs", "ChangeMessageVisibilityBatch");
+    let results = queue.change_visibility_many(&receipts, std::time::Duration::from_secs(15)).await;
+    assert_eq!(results.len(), 25);
+    assert_eq!(stub.count("ChangeMessageVisibilityBatch"), 3, "25 leases, 3 requests");
+    assert_eq!(counted("sqs", "ChangeMessageVisibilityBatch") - before, 3);
+    assert!(matches!(results[3], Err(QueueError::ReceiptInvalid)), "{:?}", results[3]);
+    assert!(matches!(results[7], Err(QueueError::Unavailable(_))), "{:?}", results[7]);
+    assert!(results[..20].iter().enumerate().all(|(i, r)| i == 3 || i == 7 || r.is_ok()));
+    assert!(
+        results[20..].iter().all(|r| matches!(r, Err(QueueError::Unavailable(_)))),
+        "the failed request's five"
+    );
+    let bodies = stub.bodies("ChangeMessageVisibilityBatch");
+    assert_eq!(bodies[0]["Entries"][3], json!({"Id": "3", "ReceiptHandle": "rh3", "VisibilityTimeout": 15}));
+    assert_eq!(bodies[2]["Entries"].as_array().unwrap().len(), 5);
+    assert_eq!(stub.count("ChangeMessageVisibility"), 0);
+}

@@ -10,8 +10,9 @@ use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityError;
 use aws_sdk_sqs::operation::delete_message::DeleteMessageError;
 use aws_sdk_sqs::types::{
-    MessageAttributeValue, MessageSystemAttributeName, MessageSystemAttributeNameForSends,
-    MessageSystemAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry,
+    ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
+    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
+    SendMessageBatchRequestEntry,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -320,6 +321,64 @@ impl QueueConsume for SqsQueue {
                 _ => Err(unavailable(&e)),
             },
         }
+    }
+
+    /// Ten a request with `ChangeMessageVisibilityBatch` (one receipt alone: the single call, the
+    /// same one request). An entry SQS fails is mapped like the single call's error: a lost receipt,
+    /// or unavailable; a failed request fails its ten.
+    async fn change_visibility_many(
+        &self,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Vec<Result<(), QueueError>> {
+        if receipts.len() == 1 {
+            return vec![self.change_visibility(&receipts[0], timeout).await];
+        }
+        let chunks = receipts.chunks(10).map(|chunk| async move {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(r)
+                        .visibility_timeout(visibility_secs(timeout))
+                        .build()
+                        .map_err(|e| QueueError::Rejected(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>();
+            let entries = match entries {
+                Ok(e) => e,
+                Err(e) => return chunk.iter().map(|_| Err(QueueError::Rejected(e.to_string()))).collect(),
+            };
+            let out = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(entries))
+                .send()
+                .await;
+            match out {
+                Err(e) => {
+                    let err = unavailable(&e);
+                    chunk.iter().map(|_| Err(QueueError::Unavailable(err.to_string()))).collect::<Vec<_>>()
+                }
+                Ok(out) => (0..chunk.len())
+                    .map(|i| match out.failed().iter().find(|f| f.id() == i.to_string()) {
+                        None => Ok(()),
+                        Some(f) if is_lost_receipt(Some(f.code()), f.message()) => {
+                            Err(QueueError::ReceiptInvalid)
+                        }
+                        Some(f) => Err(QueueError::Unavailable(format!(
+                            "{}: {}",
+                            f.code(),
+                            f.message().unwrap_or_default()
+                        ))),
+                    })
+                    .collect(),
+            }
+        });
+        futures::future::join_all(chunks).await.into_iter().flatten().collect()
     }
 
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {

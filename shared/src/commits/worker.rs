@@ -157,12 +157,9 @@ impl CommitsWorker {
 
         // Lease every delivery now: the queue's own visibility is long; ours is short and renewed.
         let ttl = self.lease.lease_ttl;
-        let starts = join_all(groups.iter().flat_map(|g| g.members.iter()).map(|&i| {
-            let q = queue.clone();
-            let receipt = messages[i].receipt.clone();
-            async move { (i, q.change_visibility(&receipt, ttl).await) }
-        }))
-        .await;
+        let members: Vec<usize> = groups.iter().flat_map(|g| g.members.iter().copied()).collect();
+        let receipts: Vec<String> = members.iter().map(|&i| messages[i].receipt.clone()).collect();
+        let starts = members.into_iter().zip(queue.change_visibility_many(&receipts, ttl).await);
         let mut leases = Vec::new();
         for (i, r) in starts {
             let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
