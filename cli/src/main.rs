@@ -44,7 +44,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    lanes_core::init_cli_tracing();
+    let _telemetry = lanes_core::init_cli_tracing();
     let result = match Cli::parse().command {
         Command::Dev(args) => dev::run(args).await,
         Command::Submit(args) => tasks::submit(args).await,

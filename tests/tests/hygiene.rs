@@ -19,8 +19,15 @@ fn version(v: &str) -> (u64, u64, u64) {
 
 fn metadata() -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // This machine's platform only: another platform's dependencies (Windows, UEFI) need not even
+    // be downloaded.
+    let rustc = std::process::Command::new("rustc").arg("-vV").output().unwrap();
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .unwrap();
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .args(["metadata", "--format-version", "1", "--locked", "--filter-platform", &host])
         .current_dir(workspace_root())
         .output()
         .unwrap();

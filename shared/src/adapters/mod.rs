@@ -6,6 +6,8 @@
 pub mod bedrock;
 pub mod dynamodb;
 pub mod lambda;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod redis;
 pub mod requests;
 pub mod secrets;
