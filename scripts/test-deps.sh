@@ -22,10 +22,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "test-deps: creating $VENV"
   python3 -m venv "$VENV" || { echo "test-deps: python3 -m venv failed; install python3-venv" >&2; exit 1; }
 fi
-if ! "$VENV/bin/python" -c 'import moto, cfnlint, samcli, samtranslator, ziglang, openapi_spec_validator' >/dev/null 2>&1 || [ ! -x "$VENV/bin/cargo-lambda" ]; then
+# aws-sam-cli 1.170 or later: its rust-cargolambda build method is no longer a beta feature.
+if ! "$VENV/bin/python" -c 'import moto, cfnlint, samcli, samtranslator, ziglang, openapi_spec_validator; assert tuple(int(p) for p in samcli.__version__.split(".")[:2]) >= (1, 170)' >/dev/null 2>&1 || [ ! -x "$VENV/bin/cargo-lambda" ]; then
   echo "test-deps: installing moto[server], cargo-lambda, ziglang, cfn-lint, aws-sam-cli and openapi-spec-validator into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check 'moto[server]>=5.2,<6' 'cargo-lambda>=1.9,<2' \
-    'ziglang>=0.13,<0.15' 'cfn-lint>=1,<2' 'aws-sam-cli>=1.130,<2' 'openapi-spec-validator>=0.7,<1' \
+    'ziglang>=0.13,<0.15' 'cfn-lint>=1,<2' 'aws-sam-cli>=1.170,<2' 'openapi-spec-validator>=0.7,<1' \
     || { echo "test-deps: pip install failed (is the package index reachable?)" >&2; exit 1; }
 fi
 

@@ -258,6 +258,12 @@ mod tests {
         let entry = running.enter(Lane::Commits, 1_000_000 + 60_000).await.unwrap();
         let by_workers = build().with_running(running.clone()).tick().await;
         let targets = |d: &[LaneDecision]| d.iter().map(|d| d.target).collect::<Vec<_>>();
+        eprintln!(
+            "targets (interactive, synthesis, commits) with 40 interactive queued and one commits batch of 100 in flight: \
+             counting in-flight {:?}, counting the workers' registry {:?}",
+            targets(&by_in_flight),
+            targets(&by_workers)
+        );
         assert_eq!(by_workers[2].running, Some(1));
         assert_eq!(by_in_flight[2].running, None);
         assert!(by_in_flight[0].target < 21, "in-flight starves interactive: {:?}", targets(&by_in_flight));
