@@ -33,12 +33,15 @@ test-deps:
 build: toolchain
 	$(CARGO) build --workspace --locked
 
-# The stack as AWS would see it: cfn-lint with no errors or warnings, `sam validate --lint` (as the
-# README's deploy steps run it), and the arm64 release build of every function (cargo-lambda + zig).
+# The stack as AWS would see it: cfn-lint with no errors or warnings, then the README's deploy path
+# up to the upload: `sam validate --lint` and `sam build` (cargo-lambda + zig, arm64 release, with
+# samconfig.toml's settings), whose every function must come out as an aarch64 `bootstrap`.
+SAM_BUILD_DIR ?= .aws-sam/build
 stack-check: test-deps
 	$(VENV)/bin/cfn-lint template.yaml
 	PATH="$(VENV)/bin:$$PATH" SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1 $(VENV)/bin/sam validate --lint
-	PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/cargo-lambda lambda build --release --arm64 --locked -p lanes-ingress -p lanes-webhook -p lanes-worker -p lanes-controller
+	PATH="$(VENV)/bin:$$PATH" SAM_CLI_TELEMETRY=0 AWS_DEFAULT_REGION=us-east-1 $(VENV)/bin/sam build --build-dir $(SAM_BUILD_DIR)
+	python3 scripts/check-sam-build.py $(SAM_BUILD_DIR)
 
 test: fmt lint build test-deps stack-check
 	$(CARGO) test --workspace --all-targets --locked

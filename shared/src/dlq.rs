@@ -43,6 +43,9 @@ pub enum DlqError {
     /// The lane has no DLQ here (a queue without a redrive policy).
     #[error("the {0} lane has no dead-letter queue")]
     NoDlq(Lane),
+    /// A redrive by move task would lose messages; nothing was changed.
+    #[error("not redriven by move task: {0}")]
+    NotMovable(String),
 }
 
 /// One message of a DLQ, as listed.
@@ -167,49 +170,59 @@ pub struct RedriveReport {
     /// The move task's handle, when the redrive went through one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub move_task: Option<String>,
+    /// Why the move task could not start, when the messages were relayed instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub move_error: Option<String>,
 }
 
-/// What a message of the DLQ needs before it may run again.
+/// What a message of the DLQ needs before it may run again (read only; see [`make_runnable`]).
 enum Readiness {
-    /// Its record is runnable (reset to `PENDING`, or still `PENDING`/`PROCESSING`): send it back.
-    Run,
-    /// Its task is `COMPLETED`, or was resubmitted by its client meanwhile (that submission's own
-    /// message runs it): delete it.
-    Done { completed: bool },
-    /// Leave it in the DLQ, with why.
-    Leave(String),
+    /// Runnable once its record is: `Some` is a `FAILED`/`CANCELLED` record to reset, `None` a
+    /// `PENDING`/`PROCESSING` one that runs as it is.
+    Run(Option<Box<TaskRecord>>),
+    /// Its task is `COMPLETED`: delete it.
+    Completed,
+    /// Leave it in the DLQ, with why; `dropped` when its worker would drop it if it were sent back
+    /// (no live record), rather than dead-letter it again (undecodable).
+    Leave { why: String, dropped: bool },
 }
 
-/// Makes the record of `m`'s task runnable again: a `FAILED` or `CANCELLED` record becomes a fresh
-/// `PENDING` one (the fence carries over); a `PENDING` or `PROCESSING` one is left as it is.
-async fn ready(
+/// Reads what `m` needs before it may run again; writes nothing.
+async fn assess(
     m: &ReceivedMessage,
     store: &dyn TaskStore,
     clock: &SharedClock,
-    pending_ttl_secs: u64,
 ) -> Result<Readiness, DlqError> {
     let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else {
-        return Ok(Readiness::Leave("undecodable message".into()));
+        return Ok(Readiness::Leave { why: "undecodable message".into(), dropped: false });
     };
+    let Some(record) = store.get(&task.task_id, clock.now_ms()).await? else {
+        return Ok(Readiness::Leave { why: "no live record for the task".into(), dropped: true });
+    };
+    Ok(match record.status {
+        TaskStatus::Completed => Readiness::Completed,
+        s if s.is_resubmittable() => Readiness::Run(Some(Box::new(record))),
+        _ => Readiness::Run(None),
+    })
+}
+
+/// Replaces a `FAILED`/`CANCELLED` record with a fresh `PENDING` one (the fence carries over).
+/// `false`: its client resubmitted it meanwhile, and that submission's own message runs it.
+async fn make_runnable(
+    record: &TaskRecord,
+    store: &dyn TaskStore,
+    clock: &SharedClock,
+    pending_ttl_secs: u64,
+) -> Result<bool, DlqError> {
     let now = clock.now_ms();
-    let Some(record) = store.get(&task.task_id, now).await? else {
-        return Ok(Readiness::Leave("no live record for the task".into()));
-    };
-    if record.status == TaskStatus::Completed {
-        return Ok(Readiness::Done { completed: true });
-    }
-    if record.status.is_resubmittable() {
-        let fresh =
-            TaskRecord::pending(record.task_id.clone(), record.request.clone(), now, pending_ttl_secs);
-        if let PutOutcome::Exists(_) = store.put_pending(&fresh, now).await? {
-            return Ok(Readiness::Done { completed: false });
-        }
-    }
-    Ok(Readiness::Run)
+    let fresh = TaskRecord::pending(record.task_id.clone(), record.request.clone(), now, pending_ttl_secs);
+    Ok(matches!(store.put_pending(&fresh, now).await?, PutOutcome::Created))
 }
 
 /// Moves up to `max` task messages from `dlq` back to `lane_queue`, resetting each record so the task
-/// runs again (see [`ready`]). Each message is deleted from the DLQ only after its copy was sent.
+/// runs again: a `FAILED` or `CANCELLED` record becomes a fresh `PENDING` one (the fence carries
+/// over); a `PENDING` or `PROCESSING` one is simply sent again. Each message is deleted from the DLQ
+/// only after its copy was sent.
 #[allow(clippy::too_many_arguments)]
 pub async fn redrive(
     dlq: &dyn QueueConsume,
@@ -223,16 +236,22 @@ pub async fn redrive(
     let mut report = RedriveReport::default();
     let mut keep = Vec::new();
     for m in messages {
-        match ready(&m, store, clock, pending_ttl_secs).await? {
-            Readiness::Leave(why) => {
+        match assess(&m, store, clock).await? {
+            Readiness::Leave { why, .. } => {
                 report.left.push((m.message_id.clone(), why));
                 keep.push(m);
             }
-            Readiness::Done { completed } => {
+            Readiness::Completed => {
                 dlq.delete(&m.receipt).await?;
-                report.already_completed += usize::from(completed);
+                report.already_completed += 1;
             }
-            Readiness::Run => {
+            Readiness::Run(reset) => {
+                if let Some(record) = reset
+                    && !make_runnable(&record, store, clock, pending_ttl_secs).await?
+                {
+                    dlq.delete(&m.receipt).await?;
+                    continue;
+                }
                 // Only the routing attributes travel: the DLQ's own (reason, source) must not.
                 let attributes = m
                     .attributes
@@ -251,37 +270,77 @@ pub async fn redrive(
 }
 
 /// The redrive through the queue service's own move task (SQS `StartMessageMoveTask`), for DLQs too
-/// large to relay message by message: first every record behind up to `max` messages is made
-/// runnable (see [`ready`]) and the messages of finished tasks deleted, then one move task sends
-/// everything left back to the lane at the service's pace. `report.move_task` is its handle;
-/// [`QueueConsume::move_tasks`] follows it.
+/// large to relay message by message: every record behind the DLQ's messages is made runnable and
+/// the messages of completed tasks deleted, then one move task sends everything left back to the
+/// lane at the service's pace. `report.move_task` is its handle; [`QueueConsume::move_tasks`]
+/// follows it.
 ///
-/// Why records first: a worker acknowledges a message whose record is settled without running it,
-/// so a message moved before its record was reset would be dropped. A message dead-lettered after
-/// the reset pass still moves, but its settled record makes the worker drop it: run the redrive
-/// again for those (the relay redrive has no such window).
+/// A move takes the whole DLQ, and a worker acknowledges without running a message whose record is
+/// settled or gone, so a message moved without its record made runnable would be lost. Hence it
+/// refuses ([`DlqError::NotMovable`], nothing changed) when the DLQ holds more than it looked at
+/// (more than `max`, or messages hidden by someone else) or a message has no live record. If the
+/// move cannot start (no permission, one already running), the messages are relayed instead
+/// ([`redrive`]) and `report.move_error` says why. A message dead-lettered between the resets and
+/// the move still moves with its record settled: run the redrive again for those.
 pub async fn redrive_by_move(
     dlq: &dyn QueueConsume,
+    lane_queue: &dyn QueueSend,
     store: &dyn TaskStore,
     clock: &SharedClock,
     pending_ttl_secs: u64,
     max: usize,
 ) -> Result<RedriveReport, DlqError> {
     let messages = peek(dlq, max).await?;
+    let held_messages = &messages;
+    let refuse = |why: String| async move {
+        release(dlq, held_messages).await;
+        Err(DlqError::NotMovable(why))
+    };
+    let depth = match dlq.depth().await {
+        Ok(d) => d,
+        Err(e) => return refuse(format!("the DLQ's depth is unreadable: {e}")).await,
+    };
+    let held = depth.visible + depth.in_flight;
+    if held > messages.len() as u64 {
+        let why = format!(
+            "the DLQ holds about {held} messages and this redrive could look at {}: a move would take messages whose records were not made runnable; redrive by relay (repeatedly) instead",
+            messages.len()
+        );
+        return refuse(why).await;
+    }
+    let mut assessed = Vec::with_capacity(messages.len());
+    for m in &messages {
+        assessed.push(assess(m, store, clock).await?);
+    }
+    if let Some((m, _)) =
+        messages.iter().zip(&assessed).find(|(_, r)| matches!(r, Readiness::Leave { dropped: true, .. }))
+    {
+        let why = format!(
+            "message {} has no live task record, so its worker would drop it; redrive by relay, which leaves it in the DLQ",
+            m.message_id
+        );
+        return refuse(why).await;
+    }
     let mut report = RedriveReport::default();
     let mut keep = Vec::new();
-    for m in messages {
-        match ready(&m, store, clock, pending_ttl_secs).await? {
-            Readiness::Done { completed } => {
+    for (m, readiness) in messages.into_iter().zip(assessed) {
+        match readiness {
+            Readiness::Completed => {
                 dlq.delete(&m.receipt).await?;
-                report.already_completed += usize::from(completed);
+                report.already_completed += 1;
             }
-            Readiness::Leave(why) => {
-                // Moved anyway (a move task takes the whole queue): the worker dead-letters it again.
+            Readiness::Leave { why, .. } => {
+                // Moved with the rest; its worker dead-letters it again.
                 report.left.push((m.message_id.clone(), why));
                 keep.push(m);
             }
-            Readiness::Run => {
+            Readiness::Run(reset) => {
+                if let Some(record) = reset
+                    && !make_runnable(&record, store, clock, pending_ttl_secs).await?
+                {
+                    dlq.delete(&m.receipt).await?;
+                    continue;
+                }
                 report.redriven += 1;
                 keep.push(m);
             }
@@ -289,7 +348,16 @@ pub async fn redrive_by_move(
     }
     // Visible again before the move starts: a move task only takes visible messages.
     release(dlq, &keep).await;
-    report.move_task = Some(dlq.start_move_back().await?);
+    match dlq.start_move_back().await {
+        Ok(handle) => report.move_task = Some(handle),
+        Err(e) => {
+            warn!(error = %e, "the move task could not start; relaying the messages instead");
+            let relayed = redrive(dlq, lane_queue, store, clock, pending_ttl_secs, max).await?;
+            report.redriven = relayed.redriven;
+            report.left = relayed.left;
+            report.move_error = Some(e.to_string());
+        }
+    }
     Ok(report)
 }
 
@@ -350,6 +418,7 @@ impl Admin {
             DlqOp::RedriveByMove => {
                 let report = redrive_by_move(
                     &**self.dlq(lane)?,
+                    &*self.adapters.send[lane.index()],
                     &*self.adapters.store,
                     &self.clock,
                     self.pending_ttl_secs,
@@ -426,12 +495,9 @@ pub fn admin_router(admin: Admin) -> axum::Router {
             DlqError::NoDlq(_) => {
                 Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue")
             }
-            DlqError::Queue(QueueError::Rejected(_)) => Problem::new(
-                StatusCode::CONFLICT,
-                "move-unsupported",
-                "Move not possible",
-                "this DLQ cannot start a move task; redrive by relay instead",
-            ),
+            DlqError::NotMovable(why) => {
+                Problem::new(StatusCode::CONFLICT, "not-movable", "Not redriven by move task", why)
+            }
             _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
         }
     }
@@ -582,6 +648,13 @@ mod tests {
         assert_eq!(dlq.peek_all().await.len(), 1, "the poison message stays");
     }
 
+    /// Makes every peeked message of `dlq` visible again (the receives above hid them).
+    async fn clock_settle(dlq: &crate::embedded::EmbeddedQueue) {
+        for m in dlq.receive(100).await.unwrap() {
+            dlq.change_visibility(&m.receipt, Duration::ZERO).await.unwrap();
+        }
+    }
+
     /// The move-task redrive: records are made runnable first, finished tasks' messages deleted,
     /// then one move takes every message left (the poison one too) back to the lane, where the
     /// tasks run again; the move is listed.
@@ -591,7 +664,38 @@ mod tests {
         let metrics = Metrics::new();
         sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
         assert!(matches!(queue.start_move_back().await, Err(QueueError::Rejected(_))), "not a DLQ");
-        let report = redrive_by_move(&dlq, &store, &clock, 3600, 100).await.unwrap();
+        // A message whose task has no live record would be dropped by its worker: refused, nothing changed.
+        let lost = TaskMessage {
+            task_id: "0".repeat(64),
+            lane: Lane::Synthesis,
+            kind: crate::domain::Kind::Refactor,
+        };
+        queue.send(&serde_json::to_string(&lost).unwrap(), BTreeMap::new()).await.unwrap();
+        let m = queue.receive(1).await.unwrap().remove(0);
+        queue.dead_letter(&m, "test").await.unwrap();
+        let refused = redrive_by_move(&dlq, &queue, &store, &clock, 3600, 100).await.unwrap_err();
+        assert!(
+            matches!(refused, DlqError::NotMovable(ref why) if why.contains("no live task record")),
+            "{refused}"
+        );
+        assert_eq!(dlq.peek_all().await.len(), 5, "nothing moved");
+        assert_eq!(
+            store.get(&ids[1], clock.now_ms()).await.unwrap().unwrap().status,
+            TaskStatus::Failed,
+            "nothing reset"
+        );
+        // More messages than it may look at: refused too.
+        let refused = redrive_by_move(&dlq, &queue, &store, &clock, 3600, 2).await.unwrap_err();
+        assert!(
+            matches!(refused, DlqError::NotMovable(ref why) if why.contains("holds about 5")),
+            "{refused}"
+        );
+        let m =
+            dlq.receive(10).await.unwrap().into_iter().find(|m| m.body.contains(&"0".repeat(64))).unwrap();
+        dlq.delete(&m.receipt).await.unwrap();
+        clock_settle(&dlq).await;
+
+        let report = redrive_by_move(&dlq, &queue, &store, &clock, 3600, 100).await.unwrap();
         assert_eq!((report.redriven, report.already_completed, report.left.len()), (2, 1, 1), "{report:?}");
         assert!(report.move_task.is_some());
         for id in &ids[1..] {

@@ -32,7 +32,8 @@ pub fn init_tracing() {
         log_settings(var("AWS_LAMBDA_LOG_LEVEL"), var("RUST_LOG"), var("AWS_LAMBDA_LOG_FORMAT"));
     let filter = tracing_subscriber::EnvFilter::try_new(&filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).without_time();
+    // With a timestamp: Lambda's level filtering reads `timestamp` and `level` from JSON lines.
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = if json { builder.json().try_init() } else { builder.try_init() };
 }
 
@@ -40,15 +41,18 @@ pub fn init_tracing() {
 /// `LoggingConfig.ApplicationLogLevel` reaches the runtime as `AWS_LAMBDA_LOG_LEVEL` and wins (so
 /// an operator changes the level on the function, without a variable), then `RUST_LOG` (a full
 /// filter, for local runs), then `info`. `LoggingConfig.LogFormat` arrives as `AWS_LAMBDA_LOG_FORMAT`:
-/// `Text` gives plain lines, anything else JSON (what Lambda's level filtering reads).
+/// `Text` gives plain lines, anything else JSON (what Lambda's level filtering reads). DEBUG and
+/// TRACE apply to this crate only (the SDK's own debug lines would print request bodies). Keep
+/// `ApplicationLogLevel` at INFO or below: Lambda drops lines under it, and the EMF metric lines,
+/// which carry no level, count as INFO.
 pub fn log_settings(
     lambda_level: Option<String>,
     rust_log: Option<String>,
     lambda_format: Option<String>,
 ) -> (String, bool) {
     let level = lambda_level.map(|l| match l.to_ascii_uppercase().as_str() {
-        "TRACE" => "trace".to_owned(),
-        "DEBUG" => "debug".to_owned(),
+        "TRACE" => "info,lanes_core=trace".to_owned(),
+        "DEBUG" => "info,lanes_core=debug".to_owned(),
         "WARN" => "warn".to_owned(),
         "ERROR" | "FATAL" => "error".to_owned(),
         _ => "info".to_owned(),
@@ -491,6 +495,7 @@ pub async fn handle_batch(
             Err(e) => {
                 warn!(error = %e, "unusable SQS record");
                 if let Some(id) = record.message_id.clone().filter(|s| !s.is_empty()) {
+                    crate::metrics::HANDED_BACK.with_label_values(&[lane.as_str(), "unusable_record"]).inc();
                     outcomes.push((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }));
                 }
                 continue;
@@ -521,7 +526,6 @@ pub async fn handle_batch(
                 Err(_) => {
                     // Not a failure: put off at once (a fresh copy on its last delivery), so the
                     // deadline never uses up the message's receives.
-                    warn!(message_id = %id, "invocation deadline near: handing the message back");
                     let outcome = lease::retry_later(
                         &*queue,
                         &delivery,
@@ -568,6 +572,7 @@ pub async fn handle_commit_batch(
             Err(e) => {
                 warn!(error = %e, "unusable SQS record");
                 if let Some(id) = record.message_id.clone().filter(|s| !s.is_empty()) {
+                    crate::metrics::HANDED_BACK.with_label_values(&["commits", "unusable_record"]).inc();
                     outcomes.push((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }));
                 }
             }
@@ -670,7 +675,10 @@ mod tests {
     #[test]
     fn lambda_logging_controls_win_over_rust_log() {
         let s = |v: &str| Some(v.to_owned());
-        assert_eq!(log_settings(s("DEBUG"), s("warn"), s("JSON")), ("debug".to_owned(), true));
+        assert_eq!(
+            log_settings(s("DEBUG"), s("warn"), s("JSON")),
+            ("info,lanes_core=debug".to_owned(), true)
+        );
         assert_eq!(log_settings(s("FATAL"), None, None), ("error".to_owned(), true));
         assert_eq!(
             log_settings(None, s("lanes_core=trace"), s("Text")),

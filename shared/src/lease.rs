@@ -98,7 +98,8 @@ pub async fn start(
         }
     }
     let reason = last.map_or_else(|| "queue unavailable".to_owned(), |e| e.to_string());
-    warn!(error = %reason, "could not start the lease");
+    // The hand-back below logs and counts it; the error's own text is only here.
+    tracing::debug!(error = %reason, "could not start the lease");
     let after = full_jitter_backoff(config, message.receive_count);
     Err(hand_back(queue, message, after, "queue unavailable at lease start", lane).await)
 }
@@ -128,6 +129,7 @@ pub async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome
         // The record is terminal: the next delivery will find it so and ack then.
         Err(e) => {
             warn!(error = %e, "delete failed; the message will return and be acked then");
+            crate::metrics::HANDED_BACK.with_label_values(&["unknown", "delete_failed"]).inc();
             Outcome::Retry { after: Duration::ZERO, reason: "delete failed".into() }
         }
     }
@@ -213,6 +215,7 @@ pub async fn dead_letter(
         }
         Err(e) => {
             warn!(error = %e, "dead-lettering failed; redrive will move it after maxReceiveCount");
+            crate::metrics::HANDED_BACK.with_label_values(&[lane, "dead_letter_failed"]).inc();
             Outcome::Retry { after: Duration::ZERO, reason }
         }
     }

@@ -217,7 +217,14 @@ async fn the_move_task_redrive_resets_records_then_starts_one_move() {
     );
     stub.script("StartMessageMoveTask", [Answer::ok(r#"{"TaskHandle":"eyJ0YXNrSWQiOiIxIn0="}"#)]);
 
-    let report = lanes_core::dlq::redrive_by_move(&dlq, &store, &clock, 3600, 100).await.unwrap();
+    // The DLQ's depth: the two messages, in flight while they are looked at.
+    stub.script(
+        "GetQueueAttributes",
+        [Answer::ok(
+            r#"{"Attributes":{"ApproximateNumberOfMessages":"0","ApproximateNumberOfMessagesNotVisible":"2"}}"#,
+        )],
+    );
+    let report = lanes_core::dlq::redrive_by_move(&dlq, &lane, &store, &clock, 3600, 100).await.unwrap();
     assert_eq!((report.redriven, report.already_completed), (1, 1), "{report:?}");
     assert_eq!(report.move_task.as_deref(), Some("eyJ0YXNrSWQiOiIxIn0="));
     assert_eq!(store.get(&failed.task_id, now_ms()).await.unwrap().unwrap().status, TaskStatus::Pending);
@@ -256,6 +263,29 @@ async fn the_move_task_redrive_resets_records_then_starts_one_move() {
     // A plain lane queue handle is no DLQ: no move is started.
     assert!(matches!(lane.start_move_back().await, Err(QueueError::Rejected(_))));
     assert_eq!(stub.count("StartMessageMoveTask"), 1);
+
+    // The move cannot start (the operator may not): the messages are relayed instead.
+    let ClaimOutcome::Claimed(c) = store.claim(&failed.task_id, now_ms(), 3600).await.unwrap() else {
+        panic!()
+    };
+    store.finish(&failed.task_id, c.fence, Completion::Failed("again".into()), now_ms(), 3600).await.unwrap();
+    let one = json!({"Messages": [message(3, &failed)]}).to_string();
+    stub.script("ReceiveMessage", [Answer::ok(&one), Answer::ok(r#"{}"#), Answer::ok(&one)]);
+    stub.script(
+        "GetQueueAttributes",
+        [Answer::ok(r#"{"Attributes":{"ApproximateNumberOfMessages":"0","ApproximateNumberOfMessagesNotVisible":"1"}}"#)],
+    );
+    stub.script(
+        "StartMessageMoveTask",
+        [Answer::sqs_error(400, "AccessDenied", "not authorized to perform sqs:StartMessageMoveTask")],
+    );
+    stub.script("SendMessage", [Answer::ok(r#"{"MessageId":"m9","MD5OfMessageBody":"x"}"#)]);
+    let report = lanes_core::dlq::redrive_by_move(&dlq, &lane, &store, &clock, 3600, 100).await.unwrap();
+    assert_eq!(report.move_task, None);
+    assert!(report.move_error.as_deref().unwrap_or("").contains("AccessDenied"), "{report:?}");
+    assert_eq!(report.redriven, 1, "{report:?}");
+    assert_eq!(stub.count("SendMessage"), 1, "relayed to the lane");
+    assert_eq!(store.get(&failed.task_id, now_ms()).await.unwrap().unwrap().status, TaskStatus::Pending);
 }
 
 /// The trace header travels as SQS's `AWSTraceHeader` system attribute (the only one SQS accepts,

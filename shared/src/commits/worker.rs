@@ -280,8 +280,11 @@ impl CommitsWorker {
                 let reason = format!("push range {}..{} not listed: {reason}", range.base, range.head);
                 return (lease::dead_letter(&self.metrics, queue, m, reason, LANE, "permanent").await, 0);
             }
-            Ok(Err(DiffError::Retryable { message, .. })) => return (failed(message).await, 0),
-            Err(_) => return (failed("listing the push's commits timed out".into()).await, 0),
+            // Reasons read `kind: detail`: the kind is the metrics' `reason` dimension.
+            Ok(Err(DiffError::Retryable { message, .. })) => {
+                return (failed(format!("range listing: {message}")).await, 0);
+            }
+            Err(_) => return (failed("range listing: timed out".into()).await, 0),
         };
         let attributes = std::collections::BTreeMap::from([("lane".to_owned(), LANE.to_owned())]);
         let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = commits
@@ -296,7 +299,7 @@ impl CommitsWorker {
                 (lease::ack(queue, m).await, messages.len() as u64)
             }
             Ok(unsent) => {
-                (failed(format!("{} of {} commits not sent", unsent.len(), messages.len())).await, 0)
+                (failed(format!("commits not sent: {} of {}", unsent.len(), messages.len())).await, 0)
             }
             Err(e) => (failed(format!("commits not sent: {e}")).await, 0),
         }

@@ -72,7 +72,8 @@ struct State {
     next_seq: u64,
     queues: HashMap<String, BTreeMap<u64, Entry>>,
     receipts: HashMap<String, (String, u64)>,
-    /// Move tasks of this process, newest last (not persisted: SQS keeps them for a while only).
+    /// Move tasks of this process by DLQ name, newest last (not persisted: SQS keeps them for a
+    /// while only).
     moves: Vec<(String, MoveTask)>,
 }
 
@@ -395,8 +396,9 @@ impl QueueConsume for EmbeddedQueue {
         self.queues.settings.max_receive_count
     }
 
-    /// Moves every visible message back to the source queue at once (one persistence batch), as
-    /// fresh deliveries: what an SQS move task does over time. In-flight messages stay, as in SQS.
+    /// Moves every visible message back to the source queue at once (one persistence batch, written
+    /// before memory changes), as fresh deliveries: what an SQS move task does over time. In-flight
+    /// messages stay, as in SQS.
     async fn start_move_back(&self) -> Result<String, QueueError> {
         let Some(source) = self.source.clone() else {
             return Err(QueueError::Rejected(format!("{} is not a DLQ handle", self.name)));
@@ -408,43 +410,46 @@ impl QueueConsume for EmbeddedQueue {
             .get(&self.name)
             .map(|q| q.values().filter(|e| e.visible_at_ms <= now).map(|e| e.stored.seq).collect())
             .unwrap_or_default();
-        let mut ops = Vec::new();
-        let mut moved = Vec::new();
-        for seq in visible {
-            let Some(mut entry) = state.queues.get_mut(&self.name).and_then(|q| q.remove(&seq)) else {
-                continue;
-            };
-            let new_seq = state.next_seq;
-            state.next_seq += 1;
-            entry.stored.queue = source.clone();
-            entry.stored.seq = new_seq;
-            entry.stored.receive_count = 0;
-            entry.receipt = None;
-            entry.visible_at_ms = 0;
-            ops.push(put_op(&entry)?);
-            moved.push(entry);
+        let mut moved = Vec::with_capacity(visible.len());
+        for (n, seq) in visible.iter().enumerate() {
+            let Some(entry) = state.queues.get(&self.name).and_then(|q| q.get(seq)) else { continue };
+            let mut copy =
+                Entry { id: entry.id.clone(), stored: entry.stored.clone(), visible_at_ms: 0, receipt: None };
+            copy.stored.queue = source.clone();
+            copy.stored.seq = state.next_seq + n as u64;
+            copy.stored.receive_count = 0;
+            moved.push((*seq, copy));
         }
+        // Same ids: each put replaces the DLQ row, so the move is one atomic write.
+        let ops = moved.iter().map(|(_, e)| put_op(e)).collect::<Result<Vec<_>, _>>()?;
         self.queues.persist(ops).await?;
+        state.next_seq += visible.len() as u64;
+        let count = moved.len() as u64;
+        for (old_seq, entry) in moved {
+            if let Some(e) = state.queues.get_mut(&self.name).and_then(|q| q.remove(&old_seq))
+                && let Some(r) = e.receipt
+            {
+                state.receipts.remove(&r);
+            }
+            state.queues.entry(source.clone()).or_default().insert(entry.stored.seq, entry);
+        }
         let handle = uuid::Uuid::new_v4().to_string();
         let task = MoveTask {
             handle: None,
             status: "COMPLETED".into(),
-            moved: moved.len() as u64,
-            to_move: Some(moved.len() as u64),
+            moved: count,
+            to_move: Some(count),
             failure_reason: None,
             started_at_ms: now,
         };
-        let target = state.queues.entry(source).or_default();
-        for entry in moved {
-            target.insert(entry.stored.seq, entry);
-        }
-        state.moves.push((handle.clone(), task));
+        state.moves.push((self.name.clone(), task));
         Ok(handle)
     }
 
+    /// This DLQ's move tasks, newest first.
     async fn move_tasks(&self) -> Result<Vec<MoveTask>, QueueError> {
         let state = self.queues.state.lock().await;
-        Ok(state.moves.iter().rev().map(|(_, t)| t.clone()).collect())
+        Ok(state.moves.iter().rev().filter(|(dlq, _)| *dlq == self.name).map(|(_, t)| t.clone()).collect())
     }
 }
 
