@@ -201,9 +201,10 @@ impl ControllerFunction {
                     "Dimensions": [["lane"]], "Metrics": [
                         {"Name": "queue_depth", "Unit": "Count"},
                         {"Name": "queue_in_flight", "Unit": "Count"},
-                        {"Name": "max_concurrency", "Unit": "Count"}]}]},
+                        {"Name": "max_concurrency", "Unit": "Count"},
+                        {"Name": "running", "Unit": "Count"}]}]},
                 "lane": d.lane, "queue_depth": d.backlog, "queue_in_flight": d.in_flight,
-                "max_concurrency": d.target, "running": d.running,
+                "max_concurrency": d.target, "running": d.running.unwrap_or(d.in_flight),
             });
             println!("{doc}");
             match &d.error {
@@ -426,15 +427,20 @@ impl WorkerFunction {
                 .with_label_values(&[self.lane.as_str()])
                 .set((age / 1000) as i64);
         }
-        let entry = self.running.enter(self.lane, now.saturating_add(remaining.as_millis() as u64)).await;
+        // Registering for the controller runs beside the work, never before it: with the cache slow
+        // or down, the batch must not wait for it.
+        let (running, lane) = (self.running.clone(), self.lane);
+        let until = now.saturating_add(remaining.as_millis() as u64);
+        let entering = tokio::spawn(async move { running.enter(lane, until).await });
         let response = match &self.commits {
             Some(commits) => handle_commit_batch(commits, &self.queue, records, budget).await,
             None => {
                 handle_batch(&self.worker, &self.queue, self.lane, records, budget, self.concurrency).await
             }
         };
-        if let Some(entry) = entry {
-            self.running.leave(entry).await;
+        // Leaving is bounded too: a missed leave only counts this invocation until its deadline.
+        if let Ok(Ok(Some(entry))) = tokio::time::timeout(Duration::from_millis(200), entering).await {
+            let _ = tokio::time::timeout(Duration::from_millis(200), self.running.leave(entry)).await;
         }
         self.worker.metrics.flush_emf(&metrics_namespace());
         response

@@ -321,7 +321,11 @@ impl Heartbeat {
                 // Every visibility in one call (ten a request on SQS): a commits batch of 100 costs
                 // 10 requests a beat, not 100. Then each delivery's lock and cancellation.
                 let receipts: Vec<String> = live.iter().map(|e| e.receipt.clone()).collect();
-                let renewed = queue.change_visibility_many(&receipts, ttl).await;
+                let mut renewed = queue.change_visibility_many(&receipts, ttl).await;
+                // One result per receipt; a short answer counts as a failed renewal, never a skip.
+                renewed.resize_with(receipts.len(), || {
+                    Err(QueueError::Unavailable("no renewal result for this delivery".into()))
+                });
                 futures::future::join_all(live.into_iter().zip(renewed).map(|(entry, visibility)| {
                     let (lock, metrics, probe) = (lock.clone(), metrics.clone(), probe.clone());
                     async move { beat(visibility, &*lock, probe.as_deref(), &metrics, lane, ttl, entry).await }

@@ -20,12 +20,21 @@ pub struct Answer {
     pub body: String,
     /// Extra headers (e.g. `x-amzn-query-error`).
     pub headers: Vec<(&'static str, String)>,
+    /// Only for a request whose JSON at this pointer equals this value (concurrent requests of one
+    /// operation arrive in any order).
+    pub when: Option<(String, serde_json::Value)>,
 }
 
 impl Answer {
     /// A success with this JSON body.
     pub fn ok(body: &str) -> Self {
-        Self { status: 200, body: body.to_owned(), headers: Vec::new() }
+        Self { status: 200, body: body.to_owned(), headers: Vec::new(), when: None }
+    }
+
+    /// This answer only for a request whose JSON at `pointer` (RFC 6901) is `value`.
+    pub fn when(mut self, pointer: &str, value: serde_json::Value) -> Self {
+        self.when = Some((pointer.to_owned(), value));
+        self
     }
 
     /// An SQS error as the JSON protocol documents it: `__type` with the service's namespace and the
@@ -36,6 +45,7 @@ impl Answer {
             body: serde_json::json!({"__type": format!("com.amazonaws.sqs#{code}"), "message": message})
                 .to_string(),
             headers: vec![("x-amzn-query-error", format!("{code};Sender"))],
+            when: None,
         }
     }
 }
@@ -48,6 +58,7 @@ impl Answer {
             body: serde_json::json!({"__type": format!("com.amazonaws.dynamodb.v20120810#{code}"), "message": message})
                 .to_string(),
             headers: Vec::new(),
+            when: None,
         }
     }
 }
@@ -123,8 +134,15 @@ async fn answer(State(state): State<Arc<Mutex<StubState>>>, headers: HeaderMap, 
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
     let scripted = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let answer = s.scripts.get_mut(&operation).and_then(|q| {
+            let i = q.iter().position(|a| match &a.when {
+                None => true,
+                Some((pointer, value)) => json.pointer(pointer) == Some(value),
+            })?;
+            q.remove(i)
+        });
         s.seen.push((operation.clone(), json));
-        s.scripts.get_mut(&operation).and_then(VecDeque::pop_front)
+        answer
     };
     let a = scripted.unwrap_or_else(|| match operation.as_str() {
         "GetQueueAttributes" => Answer::ok(r#"{"Attributes":{}}"#),

@@ -348,9 +348,10 @@ async fn visibility_renewals_go_ten_a_request() {
                     ]
                 })
                 .to_string(),
-            ),
-            Answer::ok(&ok(0..10).to_string()),
-            Answer::sqs_error(400, "AccessDenied", "not allowed"),
+            )
+            .when("/Entries/0/ReceiptHandle", json!("rh0")),
+            Answer::ok(&ok(0..10).to_string()).when("/Entries/0/ReceiptHandle", json!("rh10")),
+            Answer::sqs_error(400, "AccessDenied", "not allowed").when("/Entries/0/ReceiptHandle", json!("rh20")),
         ],
     );
     let before = counted("sqs", "ChangeMessageVisibilityBatch");
@@ -366,7 +367,9 @@ async fn visibility_renewals_go_ten_a_request() {
         "the failed request's five"
     );
     let bodies = stub.bodies("ChangeMessageVisibilityBatch");
-    assert_eq!(bodies[0]["Entries"][3], json!({"Id": "3", "ReceiptHandle": "rh3", "VisibilityTimeout": 15}));
-    assert_eq!(bodies[2]["Entries"].as_array().unwrap().len(), 5);
+    let first = bodies.iter().find(|b| b["Entries"][0]["ReceiptHandle"] == "rh0").unwrap();
+    assert_eq!(first["Entries"][3], json!({"Id": "3", "ReceiptHandle": "rh3", "VisibilityTimeout": 15}));
+    let last = bodies.iter().find(|b| b["Entries"][0]["ReceiptHandle"] == "rh20").unwrap();
+    assert_eq!(last["Entries"].as_array().unwrap().len(), 5);
     assert_eq!(stub.count("ChangeMessageVisibility"), 0);
 }

@@ -84,10 +84,20 @@ async fn lease_lock_and_cache_on_a_tls_redis_server() {
     lock_and_cache_contracts(RedisServer::start_tls()).await;
 }
 
+/// Cluster mode, what the template deploys (ElastiCache Serverless).
+#[tokio::test]
+async fn lease_lock_and_cache_on_a_redis_cluster() {
+    lock_and_cache_contracts_in(RedisServer::start_cluster(), true).await;
+}
+
 async fn lock_and_cache_contracts(redis: RedisServer) {
+    lock_and_cache_contracts_in(redis, false).await;
+}
+
+async fn lock_and_cache_contracts_in(redis: RedisServer, cluster: bool) {
     let settings = RedisSettings {
         url: redis.url(),
-        cluster: false,
+        cluster,
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(500),
         ca_pem: redis.ca_pem_if_tls(),

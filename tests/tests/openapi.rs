@@ -14,7 +14,9 @@ fn declared_routes() -> Vec<(String, String)> {
     {
         let src = std::fs::read_to_string(workspace_root().join(file)).unwrap();
         let src = src.split("#[cfg(test)]").next().unwrap();
-        for part in src.split(".route(\"").skip(1) {
+        for part in src.split(".route(").skip(1) {
+            // rustfmt may put the path on its own line.
+            let Some(part) = part.trim_start().strip_prefix('"') else { continue };
             let path = part.split('"').next().unwrap().to_owned();
             let rest = part.split_once(',').unwrap().1;
             let call = rest.split("))\n").next().unwrap();

@@ -422,11 +422,20 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
     }
     // `sam local invoke -e events/<event> --env-vars events/env.json <Function>`: every function
     // named there exists and runs on the embedded backend (no AWS needed).
-    let env: serde_json::Value = serde_json::from_str(&read("env.json")).unwrap();
+    let local_env: serde_json::Value = serde_json::from_str(&read("env.json")).unwrap();
     let fs = functions(&template());
-    for (function, vars) in env.as_object().unwrap() {
+    let t = template();
+    for (function, vars) in local_env.as_object().unwrap() {
         assert!(fs.contains_key(function), "env.json names {function}, which the template does not define");
         assert_eq!(vars["LANES_BACKEND"], "embedded", "{function}");
+        // `sam local` only overrides variables the template declares for the function.
+        let declared = env(&t, &fs[function]);
+        for key in vars.as_object().unwrap().keys() {
+            assert!(
+                declared.contains_key(key),
+                "env.json sets {key} for {function}, which the template does not declare"
+            );
+        }
     }
     // Only events live in events/ (fixtures are in tests/fixtures/), and each is checked here.
     let checked = [

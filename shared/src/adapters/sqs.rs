@@ -360,8 +360,11 @@ impl QueueConsume for SqsQueue {
                 .await;
             match out {
                 Err(e) => {
-                    let err = unavailable(&e);
-                    chunk.iter().map(|_| Err(QueueError::Unavailable(err.to_string()))).collect::<Vec<_>>()
+                    let message = match unavailable(&e) {
+                        QueueError::Unavailable(m) => m,
+                        other => other.to_string(),
+                    };
+                    chunk.iter().map(|_| Err(QueueError::Unavailable(message.clone()))).collect::<Vec<_>>()
                 }
                 Ok(out) => (0..chunk.len())
                     .map(|i| match out.failed().iter().find(|f| f.id() == i.to_string()) {

@@ -61,6 +61,7 @@ fn unavailable(e: &StoreError) -> Response {
         (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No summary yet (it may still be queued)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn get_summary(
@@ -97,7 +98,7 @@ pub(crate) async fn get_summary(
 pub struct SummaryPage {
     /// Newest commit first.
     pub items: Vec<CommitSummary>,
-    /// Pass as `cursor` for the next page; absent on the last.
+    /// Pass as `cursor` for the next page; `null` on the last.
     pub next_cursor: Option<String>,
 }
 
@@ -121,6 +122,7 @@ pub(crate) struct ListQuery {
         (status = 200, description = "One page", body = SummaryPage),
         (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn list(

@@ -231,6 +231,7 @@ pub(crate) async fn gitlab(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Res
         (status = 400, description = "Unknown sender or unreadable payload", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Bad signature or token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
     )
 )]

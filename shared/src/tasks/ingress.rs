@@ -133,6 +133,7 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
             headers(("Retry-After" = u64, description = "Seconds until midnight UTC"))),
         (status = 503, description = "Store or queue unavailable; retry", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64))),
+        (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn post_task(
@@ -408,16 +409,17 @@ fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
     tag = "tasks",
     params(
         ("id" = String, Path, description = "The task id (64 hex characters)"),
-        ("wait" = Option<u64>, Query, description = "Seconds to wait for the task to end, 1 to 20"),
+        ("wait" = Option<u64>, Query, description = "Seconds to wait for the task to end, 0 to 20 (0: answer at once)"),
     ),
     responses(
         (status = 200, description = "Finished", body = TaskView),
         (status = 202, description = "Not finished yet", body = TaskView,
-            headers(("Retry-After" = u64, description = "Seconds until it is worth asking again"))),
+            headers(("Location" = String, description = "The task's URL"), ("Retry-After" = u64, description = "Seconds until it is worth asking again"))),
         (status = 400, description = "Invalid id or `wait`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No authenticated tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such task (for this tenant)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn get_task(
@@ -500,6 +502,7 @@ async fn read(ing: &Ingress, caller: &Option<String>, id: &str) -> Result<Option
         (status = 404, description = "No such task (for this tenant)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Already finished", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn cancel_task(

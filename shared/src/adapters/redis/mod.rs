@@ -323,31 +323,30 @@ impl Cache for RedisCache {
     }
 
     async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError> {
-        crate::metrics::aws_request("redis", "MULTI enter");
-        // One sorted set per key, scored by each member's end time: dropping the ended and adding
-        // this one in one transaction keeps the set from growing with crashed members; the key's
-        // own expiry (a day past this member's end, relative so the server's clock never mixes
-        // with the caller's) removes a set nobody enters any more.
-        let key = format!("{}{key}", self.prefix);
+        crate::metrics::aws_request("redis", "EVALSHA enter");
+        // One sorted set per key, scored by each member's end time. Dropping the ended and adding
+        // this one in one script keeps the set from growing with crashed members; the key's own
+        // expiry (a day past this member's end, relative so the server's clock never mixes with
+        // the caller's) removes a set nobody enters any more. A script, not MULTI, because it runs
+        // the same on a cluster (one key, one slot).
+        static ENTER: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(
+                "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1]) \
+                 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3]) \
+                 redis.call('PEXPIRE', KEYS[1], ARGV[4]) \
+                 return 1",
+            )
+        });
         let mut conn = self.conn.clone();
-        redis::pipe()
-            .atomic()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&key)
-            .arg("-inf")
+        ENTER
+            .key(format!("{}{key}", self.prefix))
             .arg(now_ms)
-            .ignore()
-            .cmd("ZADD")
-            .arg(&key)
             .arg(until_ms)
             .arg(member)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
             .arg(until_ms.saturating_sub(now_ms).saturating_add(86_400_000))
-            .ignore()
-            .query_async::<()>(&mut conn)
+            .invoke_async::<i64>(&mut conn)
             .await
+            .map(|_| ())
             .map_err(|e| CacheError::Unavailable(e.to_string()))
     }
 
