@@ -1,5 +1,6 @@
 //! Production adapters of the ports: SQS, DynamoDB, Redis/Valkey (ElastiCache), Lambda event source
-//! mappings, Bedrock and Secrets Manager. Only this module names an SDK crate (`aws_sdk_*`,
+//! mappings, Bedrock and Secrets Manager; the SDK interceptor that counts every AWS request
+//! ([`requests`]) and, for the CLI, the OTLP trace exporter (`otlp`, feature `otlp`). Only this module names an SDK crate (`aws_sdk_*`,
 //! `aws_config`, `redis`): the rest of the core sees the ports, and builds adapters through
 //! [`AwsClients`]. Each adapter has an embedded twin in `crate::embedded`.
 
