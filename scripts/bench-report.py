@@ -101,9 +101,12 @@ def main():
         out += [f"| {r['backend']} | {r['tasks']} | {r['ingress_per_s']:.0f} | {r['ingress_latency_ms'][0]:.1f} / "
                 f"{r['ingress_latency_ms'][1]:.1f} ms | {r['tasks_per_s']:.0f} | {r['task_latency_ms'][0]:.0f} / "
                 f"{r['task_latency_ms'][1]:.0f} ms | {r['peak_rss_mib']:.0f} MiB |" for r in runs]
-        out += ["", "Debug build, offline model with no latency, 16 worker slots; task latency is the server's "
-                "histogram (bucket upper bounds); moto is an emulator, so the Redis + moto row measures the "
-                "code paths, not AWS's speed.", "", "![throughput](throughput.png)", ""]
+        samples = runs[0].get("latency_samples", 0) if runs else 0
+        out += ["", "Debug build, offline model with no latency, 16 worker slots. Task latency is from raw samples "
+                f"({samples} per backend: one task in ten is followed by a long-poll started right after its "
+                "submission, and its latency is the time until that long-poll answers COMPLETED). Each backend "
+                "also runs alone with `--backend embedded` or `--backend aws`. moto is an emulator, so the Redis + "
+                "moto row measures the code paths, not AWS's speed.", "", "![throughput](throughput.png)", ""]
     b = load(d, "batching")
     if b:
         runs = b["runs"]

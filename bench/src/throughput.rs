@@ -20,8 +20,12 @@ pub struct ThroughputRun {
     pub ingress_latency_ms: [f64; 2],
     /// Tasks completed per second, first submission to last completion.
     pub tasks_per_s: f64,
-    /// Submission to completion, p50 and p99, ms (upper bounds of the server's histogram buckets).
+    /// Submission to completion, p50 and p99, ms, from raw samples: one task in [`SAMPLE_EVERY`]
+    /// is followed by a long-poll started right after its submission (few enough not to load the
+    /// server much), its latency being its submission until that long-poll answered `COMPLETED`.
     pub task_latency_ms: [f64; 2],
+    /// Tasks whose latency was sampled.
+    pub latency_samples: usize,
     /// Peak resident memory of the server (VmHWM), MiB.
     pub peak_rss_mib: f64,
 }
@@ -41,19 +45,38 @@ pub struct ThroughputReport {
 /// simulated latency): on embedded defaults, then on Redis + moto when `redis-server` and the venv's
 /// `moto_server` are there (`make test-deps` installs both). Ingress rate and latency, end-to-end rate
 /// and latency, peak memory of the server.
-pub async fn throughput_report(tasks: usize, clients: usize) -> Result<ThroughputReport, String> {
-    let mut runs = vec![throughput_run("embedded", &[], &[], tasks, clients).await?];
-    if let Some((_moto, _redis, env)) = crate::aws_services() {
-        runs.push(
-            throughput_run("redis + moto", &["--backend", "aws", "--create"], &env, tasks, clients).await?,
-        );
+/// `backend`: `embedded` or `aws` alone, both when `None`.
+pub async fn throughput_report(
+    tasks: usize,
+    clients: usize,
+    backend: Option<&str>,
+) -> Result<ThroughputReport, String> {
+    let mut runs = Vec::new();
+    if backend != Some("aws") {
+        runs.push(throughput_run("embedded", &[], &[], tasks, clients).await?);
     }
+    if backend != Some("embedded") {
+        match crate::aws_services() {
+            Some((_moto, _redis, env)) => runs.push(
+                throughput_run("redis + moto", &["--backend", "aws", "--create"], &env, tasks, clients)
+                    .await?,
+            ),
+            None if backend == Some("aws") => {
+                return Err("redis-server or moto_server is missing: run scripts/test-deps.sh".into());
+            }
+            None => {}
+        }
+    }
+    let only = backend.map(|b| format!(" --backend {b}")).unwrap_or_default();
     Ok(ThroughputReport {
-        command: format!("lanes bench throughput --tasks {tasks} --clients {clients}"),
+        command: format!("lanes bench throughput --tasks {tasks} --clients {clients}{only}"),
         clients,
         runs,
     })
 }
+
+/// One task in this many has its latency sampled.
+pub const SAMPLE_EVERY: usize = 10;
 
 async fn throughput_run(
     backend: &str,
@@ -69,8 +92,12 @@ async fn throughput_run(
     let started = Instant::now();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut handles = Vec::new();
+    // One submission in SAMPLE_EVERY starts its own waiter at once: a long-poll that answers when
+    // the task ends, so those tasks' latencies are real samples, not histogram buckets.
+    let waiters = Arc::new(tokio::sync::Mutex::new(tokio::task::JoinSet::new()));
     for _ in 0..clients {
-        let (client, url, next) = (client.clone(), server.url.clone(), next.clone());
+        let (client, url, next, waiters) =
+            (client.clone(), server.url.clone(), next.clone(), waiters.clone());
         handles.push(tokio::spawn(async move {
             let mut out = Vec::new();
             loop {
@@ -81,7 +108,11 @@ async fn throughput_run(
                 let t = Instant::now();
                 let id =
                     crate::submit_task(&client, &url, "explain", &format!("throughput task {i}")).await?;
-                out.push((id, t.elapsed().as_secs_f64() * 1000.0));
+                out.push((id.clone(), t.elapsed().as_secs_f64() * 1000.0));
+                if i % SAMPLE_EVERY == 0 {
+                    let (client, url) = (client.clone(), url.clone());
+                    waiters.lock().await.spawn(async move { wait_completed(&client, &url, &id, t).await });
+                }
             }
         }));
     }
@@ -91,7 +122,14 @@ async fn throughput_run(
     }
     let ingress_s = started.elapsed().as_secs_f64();
     let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
-    // Completion by polling; the latency figures come from the server's own histogram.
+    let mut task_ms = Vec::new();
+    let mut waiters = std::mem::take(&mut *waiters.lock().await);
+    while let Some(done) = waiters.join_next().await {
+        if let Ok(Some(ms)) = done {
+            task_ms.push(ms);
+        }
+    }
+    // Every task's completion, for the rate: polled, a round every 20 ms.
     let until = Instant::now() + Duration::from_secs(300);
     let mut pending: Vec<&String> = submitted.iter().map(|(id, _)| id).collect();
     while !pending.is_empty() && Instant::now() < until {
@@ -106,16 +144,9 @@ async fn throughput_run(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let completed = tasks - pending.len();
     let done_s = started.elapsed().as_secs_f64();
     let peak = server.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
-    let metrics = client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .text()
-        .await
-        .map_err(|e| e.to_string())?;
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ThroughputRun {
@@ -126,27 +157,35 @@ async fn throughput_run(
             crate::percentile(&mut ingress_ms, 50.0),
             crate::percentile(&mut ingress_ms, 99.0),
         ],
-        tasks_per_s: (tasks - pending.len()) as f64 / done_s,
-        task_latency_ms: histogram_quantiles(&metrics, "lanes_task_latency_seconds", "interactive"),
+        tasks_per_s: completed as f64 / done_s,
+        latency_samples: task_ms.len(),
+        task_latency_ms: [crate::percentile(&mut task_ms, 50.0), crate::percentile(&mut task_ms, 99.0)],
         peak_rss_mib: peak,
     })
 }
 
-/// p50 and p99 (ms, bucket upper bounds) of a Prometheus histogram for `lane`, from `/metrics` text.
-fn histogram_quantiles(text: &str, name: &str, lane: &str) -> [f64; 2] {
-    let prefix = format!("{name}_bucket{{lane=\"{lane}\",le=\"");
-    let buckets: Vec<(f64, f64)> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
-            Some((le, count.trim().parse().ok()?))
-        })
-        .collect();
-    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
-    let q = |p: f64| buckets.iter().find(|(_, c)| *c >= total * p).map(|(le, _)| le * 1000.0).unwrap_or(0.0);
-    [q(0.5), q(0.99)]
+/// Long-polls task `id` until it is `COMPLETED` (five minutes at most): milliseconds since `since`,
+/// `None` when it ends otherwise or never.
+async fn wait_completed(client: &reqwest::Client, url: &str, id: &str, since: Instant) -> Option<f64> {
+    let until = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < until {
+        let answer = client.get(format!("{url}/v1/tasks/{id}?wait=20")).send().await;
+        let Ok(v) = (match answer {
+            Ok(r) => r.json::<serde_json::Value>().await,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        }) else {
+            continue;
+        };
+        match v["status"].as_str() {
+            Some("COMPLETED") => return Some(since.elapsed().as_secs_f64() * 1000.0),
+            Some("FAILED" | "CANCELLED") => return None,
+            _ => {}
+        }
+    }
+    None
 }
 
 impl std::fmt::Display for ThroughputReport {

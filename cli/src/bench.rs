@@ -27,6 +27,9 @@ pub enum BenchCommand {
         /// Concurrent clients.
         #[arg(long, default_value_t = 32)]
         clients: usize,
+        /// One backend alone (`embedded`, or `aws`: Redis + moto); both when absent.
+        #[arg(long, value_parser = ["embedded", "aws"])]
+        backend: Option<String>,
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -120,8 +123,8 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
     use lanes_bench as b;
     match what {
         BenchCommand::Recovery { scale_ms, json } => show(b::recovery::recovery_report(scale_ms).await, json),
-        BenchCommand::Throughput { tasks, clients, json } => {
-            show(b::throughput::throughput_report(tasks, clients).await, json)
+        BenchCommand::Throughput { tasks, clients, backend, json } => {
+            show(b::throughput::throughput_report(tasks, clients, backend.as_deref()).await, json)
         }
         BenchCommand::Hol { slots, seconds, scale_ms, json } => {
             show(b::hol::hol_report(slots, seconds, scale_ms).await, json)
