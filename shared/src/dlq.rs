@@ -219,6 +219,26 @@ async fn make_runnable(
     Ok(matches!(store.put_pending(&fresh, now).await?, PutOutcome::Created))
 }
 
+/// The step both redrives take for a message whose task may run again: its record reset when it is
+/// settled (see [`make_runnable`]); `false`, with the message deleted, when its client resubmitted
+/// the task meanwhile (that submission's own message runs it).
+async fn runnable_or_dropped(
+    dlq: &dyn QueueConsume,
+    m: &ReceivedMessage,
+    reset: Option<Box<TaskRecord>>,
+    store: &dyn TaskStore,
+    clock: &SharedClock,
+    pending_ttl_secs: u64,
+) -> Result<bool, DlqError> {
+    if let Some(record) = reset
+        && !make_runnable(&record, store, clock, pending_ttl_secs).await?
+    {
+        dlq.delete(&m.receipt).await?;
+        return Ok(false);
+    }
+    Ok(true)
+}
+
 /// Moves up to `max` task messages from `dlq` back to `lane_queue`, resetting each record so the task
 /// runs again: a `FAILED` or `CANCELLED` record becomes a fresh `PENDING` one (the fence carries
 /// over); a `PENDING` or `PROCESSING` one is simply sent again. Each message is deleted from the DLQ
@@ -246,10 +266,7 @@ pub async fn redrive(
                 report.already_completed += 1;
             }
             Readiness::Run(reset) => {
-                if let Some(record) = reset
-                    && !make_runnable(&record, store, clock, pending_ttl_secs).await?
-                {
-                    dlq.delete(&m.receipt).await?;
+                if !runnable_or_dropped(dlq, &m, reset, store, clock, pending_ttl_secs).await? {
                     continue;
                 }
                 // Only the routing attributes travel: the DLQ's own (reason, source) must not.
@@ -335,10 +352,7 @@ pub async fn redrive_by_move(
                 keep.push(m);
             }
             Readiness::Run(reset) => {
-                if let Some(record) = reset
-                    && !make_runnable(&record, store, clock, pending_ttl_secs).await?
-                {
-                    dlq.delete(&m.receipt).await?;
+                if !runnable_or_dropped(dlq, &m, reset, store, clock, pending_ttl_secs).await? {
                     continue;
                 }
                 report.redriven += 1;

@@ -499,11 +499,7 @@ pub async fn handle_batch(
         let message = match received_from_sqs(record) {
             Ok(m) => m,
             Err(e) => {
-                warn!(error = %e, "unusable SQS record");
-                if let Some(id) = record.message_id.clone().filter(|s| !s.is_empty()) {
-                    crate::metrics::HANDED_BACK.with_label_values(&[lane.as_str(), "unusable_record"]).inc();
-                    outcomes.push((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }));
-                }
+                outcomes.extend(unusable(record, &e, lane.as_str()));
                 continue;
             }
         };
@@ -575,13 +571,7 @@ pub async fn handle_commit_batch(
     for record in records {
         match received_from_sqs(record) {
             Ok(m) => messages.push(m),
-            Err(e) => {
-                warn!(error = %e, "unusable SQS record");
-                if let Some(id) = record.message_id.clone().filter(|s| !s.is_empty()) {
-                    crate::metrics::HANDED_BACK.with_label_values(&["commits", "unusable_record"]).inc();
-                    outcomes.push((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }));
-                }
-            }
+            Err(e) => outcomes.extend(unusable(record, &e, Lane::Commits.as_str())),
         }
     }
     let deadline = tokio::time::Instant::now() + budget;
@@ -631,6 +621,15 @@ pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordE
         sent_at_ms,
         attributes,
     })
+}
+
+/// A record the batch handler cannot read (no receipt, say): logged, counted as a hand-back, and
+/// reported as a batch item failure so the queue redelivers it (`None` without a message id to name).
+fn unusable(record: &SqsMessage, e: &RecordError, lane: &str) -> Option<(String, Outcome)> {
+    warn!(error = %e, lane, "unusable SQS record");
+    let id = record.message_id.clone().filter(|s| !s.is_empty())?;
+    crate::metrics::HANDED_BACK.with_label_values(&[lane, "unusable_record"]).inc();
+    Some((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }))
 }
 
 /// The partial-batch response: one failure per message that stays in the queue. Never an empty id

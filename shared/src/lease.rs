@@ -128,8 +128,8 @@ pub async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome
         Ok(()) => Outcome::Acked,
         // The record is terminal: the next delivery will find it so and ack then.
         Err(e) => {
+            // Not a hand-back: the work is done and the next delivery acks it (no lane-less series).
             warn!(error = %e, "delete failed; the message will return and be acked then");
-            crate::metrics::HANDED_BACK.with_label_values(&["unknown", "delete_failed"]).inc();
             Outcome::Retry { after: Duration::ZERO, reason: "delete failed".into() }
         }
     }
