@@ -12,8 +12,10 @@
 //! - [`hol`]: head-of-line blocking under FIFO, a static split and 70/30 with borrowing.
 //! - [`recovery`]: takeover after a SIGKILLed worker, with the lease vs a static visibility.
 //! - [`throughput`]: ingress and end-to-end rates, latency and memory of `lanes dev`.
+//! - [`coldstart`]: the Lambda functions' init duration and zip size against a hello-world function.
 
 pub mod batching;
+pub mod coldstart;
 pub mod duplicates;
 pub mod hol;
 pub mod limiter;

@@ -34,6 +34,17 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Cold start: every function built as `sam build` builds it (arm64 zip) and for this machine,
+    /// started under a local runtime-API emulator against moto and redis-server: init (exec to the
+    /// first `invocation/next`, median of `starts`) and zip size, against a hello-world function.
+    Coldstart {
+        /// Starts per function.
+        #[arg(long, default_value_t = 20)]
+        starts: usize,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Head-of-line blocking: a mixed workload (95% short interactive, 5% long synthesis) time-scaled through the real pool and embedded queues,
     /// under one FIFO, a static 50:50 split and 70/30 with borrowing.
     Hol {
@@ -126,6 +137,7 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Throughput { tasks, clients, backend, json } => {
             show(b::throughput::throughput_report(tasks, clients, backend.as_deref()).await, json)
         }
+        BenchCommand::Coldstart { starts, json } => show(b::coldstart::coldstart_report(starts).await, json),
         BenchCommand::Hol { slots, seconds, scale_ms, json } => {
             show(b::hol::hol_report(slots, seconds, scale_ms).await, json)
         }

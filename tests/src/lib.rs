@@ -494,6 +494,19 @@ impl MotoServer {
         }
     }
 
+    /// Creates a Secrets Manager secret holding `value`; its ARN.
+    pub async fn create_secret(&self, name: &str, value: &str) -> Result<String, String> {
+        let config = lanes_core::adapters::sdk_config(&self.aws_settings()).await;
+        let out = aws_sdk_secretsmanager::Client::new(&config)
+            .create_secret()
+            .name(name)
+            .secret_string(value)
+            .send()
+            .await
+            .map_err(|e| format!("create secret {name}: {e}"))?;
+        out.arn().map(str::to_owned).ok_or_else(|| format!("secret {name}: no ARN"))
+    }
+
     /// Environment for a child process (the `lanes` binary, a Lambda function) to reach this server.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![

@@ -1,8 +1,36 @@
-//! The redb file shared by the embedded queue and store, and the blocking-call bridge to it.
+//! The redb file shared by the embedded queue and store: reads on the blocking pool, and every write
+//! through one writer thread that commits them in groups.
+//!
+//! # Group commit
+//!
+//! redb has one write transaction at a time and each commit is made durable (fsync) before it
+//! returns. One commit per queue or store operation therefore serializes every operation of the
+//! process behind a disk flush. Instead, writes are jobs on a channel to the writer thread, which
+//! takes every job waiting, runs them in arrival order inside one transaction and commits once; each
+//! caller gets its answer only after that commit, so an acknowledged write is exactly as durable as
+//! before. While one group is being flushed the next one gathers, so the group grows with the load
+//! and a lone write waits for nothing.
+//!
+//! A job sees the writes of the jobs before it (the order is that of the channel). A job answers a
+//! refused condition with an `Ok` value; an `Err` means the transaction can no longer be trusted, so
+//! the whole group is abandoned and every job in it gets an error (all of them retryable).
 
-use redb::Database;
+use redb::{Database, WriteTransaction};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::mpsc;
+use tokio::sync::oneshot;
+
+/// Jobs taken into one transaction at most: bounds the latency a very long queue of writes adds.
+const MAX_GROUP: usize = 512;
+
+/// The answer of a write that never ran: its group failed before it, or the writer is gone.
+const NOT_MADE: &str = "embedded db: the write was not made (its group failed or the writer stopped)";
+
+/// What a job hands back after running in the group's transaction: whether it succeeded, and the
+/// completion that answers its caller with the group's outcome.
+type Done = Box<dyn FnOnce(Result<(), String>) + Send>;
+type Job = Box<dyn FnOnce(&WriteTransaction) -> (bool, Done) + Send>;
 
 /// Errors opening the embedded database.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +57,39 @@ pub enum DbOpenError {
 #[derive(Clone)]
 pub struct EmbeddedDb {
     pub(crate) db: Arc<Database>,
+    writer: Arc<Writer>,
+}
+
+/// The writer thread and its channel. Dropped with the last handle: the channel closes, the thread
+/// finishes what it holds and is joined, so the file is closed when the last handle is gone (a
+/// reopen in the same process then succeeds).
+struct Writer {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A write submitted to the writer thread; [`Pending::wait`] answers after its group commits.
+pub(crate) struct Pending<T, E> {
+    rx: Option<oneshot::Receiver<Result<T, E>>>,
+}
+
+impl<T, E: From<String>> Pending<T, E> {
+    /// The job's answer once its group is durable, or why it is not.
+    pub(crate) async fn wait(self) -> Result<T, E> {
+        match self.rx {
+            Some(rx) => rx.await.unwrap_or_else(|_| Err(E::from(NOT_MADE.to_owned()))),
+            None => Err(E::from(NOT_MADE.to_owned())),
+        }
+    }
 }
 
 impl std::fmt::Debug for EmbeddedDb {
@@ -43,12 +104,56 @@ impl EmbeddedDb {
         std::fs::create_dir_all(data_dir)
             .map_err(|source| DbOpenError::DataDir { path: data_dir.display().to_string(), source })?;
         let path = data_dir.join("lanes.redb");
-        let db = Database::create(&path)
-            .map_err(|source| DbOpenError::Open { path: path.display().to_string(), source })?;
-        Ok(Self { db: Arc::new(db) })
+        let db = Arc::new(
+            Database::create(&path)
+                .map_err(|source| DbOpenError::Open { path: path.display().to_string(), source })?,
+        );
+        let (jobs, rx) = mpsc::channel();
+        let thread_db = db.clone();
+        let thread = std::thread::Builder::new()
+            .name("lanes-db-writer".into())
+            .spawn(move || write_groups(&thread_db, &rx))
+            .map_err(|source| DbOpenError::DataDir { path: data_dir.display().to_string(), source })?;
+        Ok(Self { db, writer: Arc::new(Writer { jobs: Some(jobs), thread: Some(thread) }) })
     }
 
-    /// Runs a blocking closure against the database off the async workers.
+    /// Queues `f` for the writer thread, in call order; await [`Pending::wait`] for its answer. The
+    /// queueing itself never blocks, so it can be done under a lock whose order must match the
+    /// order of the writes.
+    pub(crate) fn submit<T, E, F>(&self, f: F) -> Pending<T, E>
+    where
+        T: Send + 'static,
+        E: Send + 'static + From<String>,
+        F: FnOnce(&WriteTransaction) -> Result<T, E> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |txn| {
+            let out = f(txn);
+            let ok = out.is_ok();
+            let done: Done = Box::new(move |group: Result<(), String>| {
+                let answer = match (group, out) {
+                    (Ok(()), out) | (Err(_), out @ Err(_)) => out,
+                    (Err(e), Ok(_)) => Err(E::from(e)),
+                };
+                let _ = tx.send(answer);
+            });
+            (ok, done)
+        });
+        let sent = self.writer.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
+        Pending { rx: sent.then_some(rx) }
+    }
+
+    /// [`Self::submit`] and wait: `f`'s answer once it is committed.
+    pub(crate) async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: Send + 'static + From<String>,
+        F: FnOnce(&WriteTransaction) -> Result<T, E> + Send + 'static,
+    {
+        self.submit(f).wait().await
+    }
+
+    /// Runs a blocking read against the database off the async workers.
     pub(crate) async fn run<T, E, F>(&self, f: F) -> Result<T, E>
     where
         T: Send + 'static,
@@ -59,6 +164,49 @@ impl EmbeddedDb {
         match tokio::task::spawn_blocking(move || f(&db)).await {
             Ok(r) => r,
             Err(e) => Err(E::from(format!("embedded db task failed: {e}"))),
+        }
+    }
+}
+
+/// The writer thread: one transaction per group of waiting jobs, until every handle is gone.
+fn write_groups(db: &Database, rx: &mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        let txn = match db.begin_write() {
+            Ok(t) => t,
+            Err(e) => {
+                // Dropping the jobs unanswered tells their callers the write was not made.
+                tracing::error!(error = %e, "embedded db: cannot begin a write transaction");
+                drop(group);
+                continue;
+            }
+        };
+        let mut done = Vec::with_capacity(group.len());
+        let mut jobs = group.into_iter();
+        let mut failed = false;
+        for job in jobs.by_ref() {
+            let (ok, d) = job(&txn);
+            done.push(d);
+            if !ok {
+                failed = true;
+                break;
+            }
+        }
+        let outcome = if failed {
+            let _ = txn.abort();
+            Err("embedded db: a write in the same group failed; nothing was written".to_owned())
+        } else {
+            txn.commit().map_err(|e| format!("embedded db: commit failed: {e}"))
+        };
+        drop(jobs); // the ones after a failure, unrun: their callers hear the write was not made
+        for d in done {
+            d(outcome.clone());
         }
     }
 }

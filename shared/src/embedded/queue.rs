@@ -3,7 +3,7 @@
 //! redelivery. Messages are kept in the redb file, so a crash loses none; visibility is not persisted
 //! (after a restart every message is visible at once, as after a crashed consumer's lease).
 
-use super::db::EmbeddedDb;
+use super::db::{EmbeddedDb, Pending};
 use crate::clock::SharedClock;
 use crate::ports::{
     DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
@@ -135,29 +135,27 @@ impl EmbeddedQueues {
         EmbeddedQueue { queues: self.clone(), name: name.to_owned(), dlq: dlq.to_owned(), source: None }
     }
 
-    async fn persist(&self, ops: Vec<Op>) -> Result<(), QueueError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        self.db
-            .run(move |db| {
-                let txn = db.begin_write().map_err(unavailable)?;
-                {
-                    let mut table = txn.open_table(MESSAGES).map_err(unavailable)?;
-                    for op in &ops {
-                        match op {
-                            Op::Put(id, bytes) => {
-                                table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
-                            }
-                            Op::Delete(id) => {
-                                table.remove(id.as_str()).map_err(unavailable)?;
-                            }
-                        }
+    /// Queues `ops` as one atomic write, in call order (see [`EmbeddedDb::submit`]): done under the
+    /// state lock, so the file sees the queue's changes in the order memory does. Hot paths then
+    /// release the lock before waiting, so their writes share a commit.
+    fn persist(&self, ops: Vec<Op>) -> Pending<(), QueueError> {
+        self.db.submit(move |txn| {
+            if ops.is_empty() {
+                return Ok(());
+            }
+            let mut table = txn.open_table(MESSAGES).map_err(unavailable)?;
+            for op in &ops {
+                match op {
+                    Op::Put(id, bytes) => {
+                        table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
+                    }
+                    Op::Delete(id) => {
+                        table.remove(id.as_str()).map_err(unavailable)?;
                     }
                 }
-                txn.commit().map_err(unavailable)
-            })
-            .await
+            }
+            Ok(())
+        })
     }
 }
 
@@ -234,6 +232,7 @@ impl QueueSend for EmbeddedQueue {
         attributes.insert("SentTimestamp".into(), now.to_string());
         let mut state = self.queues.state.lock().await;
         let seq = state.next_seq;
+        state.next_seq += 1; // reserved: a failed write leaves a harmless gap
         let entry = Entry {
             id: id.clone(),
             stored: StoredMessage {
@@ -247,10 +246,12 @@ impl QueueSend for EmbeddedQueue {
             visible_at_ms: 0,
             receipt: None,
         };
-        // Persist first: a send that returns Ok must survive a crash.
-        self.queues.persist(vec![put_op(&entry)?]).await?;
-        state.next_seq += 1;
-        state.queues.entry(self.name.clone()).or_default().insert(seq, entry);
+        // Durable first: a send that returns Ok must survive a crash. Nothing can see the entry
+        // before it is in memory, so the lock is not held while the write commits.
+        let written = self.queues.persist(vec![put_op(&entry)?]);
+        drop(state);
+        written.wait().await?;
+        self.queues.state.lock().await.queues.entry(self.name.clone()).or_default().insert(seq, entry);
         Ok(id)
     }
 }
@@ -308,7 +309,12 @@ impl QueueConsume for EmbeddedQueue {
             }
             state.receipts.insert(receipt, (self.name.clone(), seq));
         }
-        self.queues.persist(ops).await?;
+        // Memory is updated and the write queued under the lock; waiting for the commit is not.
+        // Should the write fail, the messages are leased in memory only: they come back when the
+        // lease ends, as after a crash.
+        let written = self.queues.persist(ops);
+        drop(state);
+        written.wait().await?;
         Ok(out)
     }
 
@@ -323,13 +329,18 @@ impl QueueConsume for EmbeddedQueue {
     }
 
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
-        let mut state = self.queues.state.lock().await;
+        let state = self.queues.state.lock().await;
         let (queue, seq) = Self::lookup(&state, receipt)?;
         let id = match state.queues.get(&queue).and_then(|q| q.get(&seq)) {
             Some(e) => e.id.clone(),
             None => return Err(QueueError::ReceiptInvalid),
         };
-        self.queues.persist(vec![Op::Delete(id)]).await?;
+        // The message is leased, so nothing else takes it while the delete commits without the
+        // lock; memory forgets it once the delete is durable.
+        let written = self.queues.persist(vec![Op::Delete(id)]);
+        drop(state);
+        written.wait().await?;
+        let mut state = self.queues.state.lock().await;
         state.receipts.remove(receipt);
         if let Some(q) = state.queues.get_mut(&queue) {
             q.remove(&seq);
@@ -358,7 +369,7 @@ impl QueueConsume for EmbeddedQueue {
             receipt: None,
         };
         // One persistence batch: the copy and the delete land together or not at all.
-        self.queues.persist(vec![put_op(&copy)?, Op::Delete(old.id.clone())]).await?;
+        self.queues.persist(vec![put_op(&copy)?, Op::Delete(old.id.clone())]).wait().await?;
         state.next_seq += 1;
         state.receipts.remove(&message.receipt);
         if let Some(q) = state.queues.get_mut(&queue) {
@@ -372,7 +383,7 @@ impl QueueConsume for EmbeddedQueue {
         let mut state = self.queues.state.lock().await;
         let (_, seq) = Self::lookup(&state, &message.receipt)?;
         let ops: Vec<Op> = self.move_to_dlq(&mut state, seq, reason)?.into_iter().collect();
-        self.queues.persist(ops).await
+        self.queues.persist(ops).wait().await
     }
 
     async fn depth(&self) -> Result<QueueDepth, QueueError> {
@@ -422,7 +433,7 @@ impl QueueConsume for EmbeddedQueue {
         }
         // Same ids: each put replaces the DLQ row, so the move is one atomic write.
         let ops = moved.iter().map(|(_, e)| put_op(e)).collect::<Result<Vec<_>, _>>()?;
-        self.queues.persist(ops).await?;
+        self.queues.persist(ops).wait().await?;
         state.next_seq += visible.len() as u64;
         let count = moved.len() as u64;
         for (old_seq, entry) in moved {

@@ -51,33 +51,35 @@ impl EmbeddedStore {
         F: FnOnce(Option<TaskRecord>) -> (Option<Write>, T) + Send + 'static,
     {
         let id = task_id.to_owned();
+        // A refusal made before anything is written (an unreadable record, a record that will not
+        // serialize) is this call's answer alone; only a failed write fails the group.
         self.db
-            .run(move |db| {
-                let txn = db.begin_write().map_err(unavailable)?;
-                let current = read(&txn, &id)?;
+            .write(move |txn| -> Result<Result<T, StoreError>, StoreError> {
+                let current = match read(txn, &id) {
+                    Ok(c) => c,
+                    Err(e) => return Ok(Err(e)),
+                };
                 let (write, answer) = f(current);
-                let changed = write.is_some();
-                {
-                    let mut table = txn.open_table(TASKS).map_err(unavailable)?;
-                    match write {
-                        Some(Write::Put(record)) => {
-                            let bytes = serde_json::to_vec(&record).map_err(unavailable)?;
-                            table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
-                        }
-                        Some(Write::Delete) => {
-                            table.remove(id.as_str()).map_err(unavailable)?;
-                        }
-                        None => {}
+                let bytes = match &write {
+                    Some(Write::Put(record)) => match serde_json::to_vec(record) {
+                        Ok(b) => Some(b),
+                        Err(e) => return Ok(Err(unavailable(e))),
+                    },
+                    _ => None,
+                };
+                let mut table = txn.open_table(TASKS).map_err(unavailable)?;
+                match (write, bytes) {
+                    (Some(Write::Put(_)), Some(bytes)) => {
+                        table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
                     }
+                    (Some(Write::Delete), _) => {
+                        table.remove(id.as_str()).map_err(unavailable)?;
+                    }
+                    _ => {}
                 }
-                if changed {
-                    txn.commit().map_err(unavailable)?;
-                } else {
-                    txn.abort().map_err(unavailable)?;
-                }
-                Ok(answer)
+                Ok(Ok(answer))
             })
-            .await
+            .await?
     }
 
     /// Every live record (for tests and the local runner's recovery report).

@@ -75,15 +75,12 @@ impl SummaryStore for EmbeddedSummaries {
     async fn put_summary(&self, summary: &CommitSummary) -> Result<WriteOnce, StoreError> {
         let summary = summary.clone();
         self.db
-            .run(move |db| {
-                let txn = db.begin_write().map_err(unavailable)?;
+            .write(move |txn| {
                 let key = summary.key();
                 let order = summary.order_key();
                 {
                     let mut by_key = txn.open_table(BY_KEY).map_err(unavailable)?;
                     if by_key.get(key.as_str()).map_err(unavailable)?.is_some() {
-                        drop(by_key);
-                        txn.abort().map_err(unavailable)?;
                         return Ok(WriteOnce::Exists);
                     }
                     by_key.insert(key.as_str(), order.as_str()).map_err(unavailable)?;
@@ -93,7 +90,6 @@ impl SummaryStore for EmbeddedSummaries {
                         .insert(repo_key(&summary.repo_id, &order).as_str(), bytes.as_slice())
                         .map_err(unavailable)?;
                 }
-                txn.commit().map_err(unavailable)?;
                 Ok(WriteOnce::Written)
             })
             .await
@@ -154,8 +150,7 @@ impl SummaryStore for EmbeddedSummaries {
     async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError> {
         let id = delivery.to_owned();
         self.db
-            .run(move |db| {
-                let txn = db.begin_write().map_err(unavailable)?;
+            .write(move |txn| {
                 let fresh = {
                     let mut t = txn.open_table(DELIVERIES).map_err(unavailable)?;
                     let live = t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms);
@@ -164,7 +159,6 @@ impl SummaryStore for EmbeddedSummaries {
                     }
                     !live
                 };
-                txn.commit().map_err(unavailable)?;
                 Ok(fresh)
             })
             .await
@@ -173,10 +167,8 @@ impl SummaryStore for EmbeddedSummaries {
     async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
         let id = delivery.to_owned();
         self.db
-            .run(move |db| {
-                let txn = db.begin_write().map_err(unavailable)?;
+            .write(move |txn| {
                 txn.open_table(DELIVERIES).map_err(unavailable)?.remove(id.as_str()).map_err(unavailable)?;
-                txn.commit().map_err(unavailable)?;
                 Ok(())
             })
             .await

@@ -1,0 +1,309 @@
+//! `lanes bench coldstart`: the Lambda functions' package size and init duration, against a
+//! hello-world `lambda_runtime` function built the same way (`bench/hello`).
+//!
+//! - **Size**: every function is built as `sam build` builds it (cargo-lambda, release profile,
+//!   arm64), zipped by cargo-lambda; the zip is what is uploaded.
+//! - **Init**: the same build for this machine's architecture is started under a local runtime-API
+//!   emulator, with the environment the template gives it, pointed at moto and redis-server. Init is
+//!   the time from `exec` to the function's first `GET /runtime/invocation/next`: everything `main`
+//!   does before it can take an event (configuration, SDK clients, secrets, the tokenizer). The
+//!   median of `starts` starts, the functions taken in turn so that machine noise spreads evenly.
+
+use crate::percentile;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// The goals: every function's init at most this many times the baseline's.
+pub const MAX_INIT_RATIO: f64 = 2.0;
+/// The goals: every zip at most this size.
+pub const MAX_ZIP_BYTES: u64 = 8 * 1024 * 1024;
+
+/// One binary's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measure {
+    /// Median init, ms (exec to the first `invocation/next`).
+    pub init_ms: f64,
+    /// 90th percentile init, ms.
+    pub init_p90_ms: f64,
+    /// The arm64 deployment zip, bytes.
+    pub zip_bytes: u64,
+}
+
+/// What `lanes bench coldstart` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct ColdStartReport {
+    /// The command that reproduces it.
+    pub command: String,
+    /// Architecture the init was measured on (the zips are arm64, as deployed).
+    pub init_arch: String,
+    /// Starts per function.
+    pub starts: usize,
+    /// Per function (the worker twice: a task lane, and the commits lane with its tokenizer).
+    pub functions: BTreeMap<String, Measure>,
+    /// The hello-world function.
+    pub baseline: Measure,
+    /// Whether every function is within [`MAX_INIT_RATIO`] of the baseline's init and under
+    /// [`MAX_ZIP_BYTES`].
+    pub within_goals: bool,
+}
+
+/// A function as the bench runs it: its name in the report, its binary, its own environment.
+struct Function {
+    name: &'static str,
+    bin: &'static str,
+    env: Vec<(String, String)>,
+}
+
+/// Builds everything twice (arm64 zips, then this machine's binaries), then starts each binary
+/// `starts` times under the runtime-API emulator.
+pub async fn coldstart_report(starts: usize) -> Result<ColdStartReport, String> {
+    let starts = starts.max(1);
+    if !lanes_tests::services_available() {
+        return Err("redis-server or moto_server is missing: run scripts/test-deps.sh".into());
+    }
+    let work = crate::temp_dir().map_err(|e| format!("temp dir: {e}"))?;
+    let bins = ["ingress", "webhook", "worker", "controller", "hello"];
+    let zips = work.join("arm64");
+    build(&bins, &["--arm64", "--output-format", "zip"], &zips)?;
+    let host = work.join("host");
+    let host_flag = if std::env::consts::ARCH == "aarch64" { "--arm64" } else { "--x86-64" };
+    build(&bins, &[host_flag], &host)?;
+    let zip_bytes = |bin: &str| -> Result<u64, String> {
+        let path = zips.join(bin).join("bootstrap.zip");
+        std::fs::metadata(&path).map(|m| m.len()).map_err(|e| format!("{}: {e}", path.display()))
+    };
+
+    let (_moto, _redis, functions) = environments().await?;
+    let api = RuntimeApi::start().await?;
+    let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for _ in 0..starts {
+        for f in &functions {
+            let ms = api.init_ms(&host.join(f.bin).join("bootstrap"), &f.env).await?;
+            samples.entry(f.name).or_default().push(ms);
+        }
+    }
+    let mut measure = |name: &str, bin: &str| -> Result<Measure, String> {
+        let s = samples.get_mut(name).ok_or_else(|| format!("no samples for {name}"))?;
+        Ok(Measure { init_ms: percentile(s, 50.0), init_p90_ms: percentile(s, 90.0), zip_bytes: zip_bytes(bin)? })
+    };
+    let baseline = measure("baseline", "hello")?;
+    let mut out = BTreeMap::new();
+    for f in functions.iter().filter(|f| f.name != "baseline") {
+        out.insert(f.name.to_owned(), measure(f.name, f.bin)?);
+    }
+    let within_goals = out.values().all(|m| {
+        m.init_ms <= MAX_INIT_RATIO * baseline.init_ms && m.zip_bytes <= MAX_ZIP_BYTES
+    });
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(ColdStartReport {
+        command: format!("lanes bench coldstart --starts {starts}"),
+        init_arch: std::env::consts::ARCH.to_owned(),
+        starts,
+        functions: out,
+        baseline,
+        within_goals,
+    })
+}
+
+/// `cargo lambda build --release` of `bins` with `flags`, into `dir/<bin>/`, from the workspace root
+/// (cargo-lambda and its zig from the project venv, as `sam build` finds them).
+fn build(bins: &[&str], flags: &[&str], dir: &Path) -> Result<(), String> {
+    let mut cmd = std::process::Command::new(lanes_tests::venv_bin("cargo-lambda"));
+    cmd.args(["lambda", "build", "--release"]).args(flags).arg("--lambda-dir").arg(dir);
+    for b in bins {
+        cmd.args(["--bin", b]);
+    }
+    let venv_bin_dir = lanes_tests::venv_bin("cargo-lambda").parent().map(Path::to_path_buf);
+    if let Some(d) = venv_bin_dir {
+        let path = std::env::var("PATH").unwrap_or_default();
+        cmd.env("PATH", format!("{}:{path}", d.display()));
+    }
+    eprintln!("lanes bench coldstart: cargo lambda build --release {}", flags.join(" "));
+    let status = cmd
+        .current_dir(lanes_tests::workspace_root())
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("cargo lambda: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo lambda build {} failed: {status}", flags.join(" "))) }
+}
+
+/// moto and redis-server with the template's resources (table, queues with DLQs, webhook secrets),
+/// and each function's environment as the template sets it, pointed at them.
+async fn environments()
+-> Result<(lanes_tests::MotoServer, lanes_tests::RedisServer, Vec<Function>), String> {
+    let (moto, redis) = (lanes_tests::MotoServer::start(), lanes_tests::RedisServer::start());
+    let urls = lanes_core::backend::create_aws_resources(
+        &moto.aws_settings(),
+        "lanes",
+        "lanes-tasks",
+        Default::default(),
+    )
+    .await
+    .map_err(|e| format!("moto resources: {e}"))?;
+    let github = moto.create_secret("lanes/github-webhook", "bench-secret").await?;
+    let gitlab = moto.create_secret("lanes/gitlab-webhook", "bench-token").await?;
+    let mut common = moto.env();
+    common.extend(
+        [
+            ("LANES_BACKEND", "aws"),
+            ("LANES_TABLE", "lanes-tasks"),
+            ("LANES_QUEUE_URL_INTERACTIVE", &urls[0]),
+            ("LANES_QUEUE_URL_SYNTHESIS", &urls[1]),
+            ("LANES_QUEUE_URL_COMMITS", &urls[2]),
+            ("REDIS_URL", &redis.url()),
+            ("LANES_LLM_PROVIDER", "offline"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let with = |extra: &[(&str, &str)]| {
+        let mut env = common.clone();
+        env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        env
+    };
+    let mapping = "00000000-0000-0000-0000-000000000000";
+    let functions = vec![
+        Function { name: "baseline", bin: "hello", env: Vec::new() },
+        Function { name: "ingress", bin: "ingress", env: with(&[]) },
+        Function {
+            name: "webhook",
+            bin: "webhook",
+            env: with(&[("LANES_GITHUB_WEBHOOK_SECRET_ID", &github), ("LANES_GITLAB_WEBHOOK_TOKEN_ID", &gitlab)]),
+        },
+        Function { name: "worker", bin: "worker", env: with(&[("LANES_LANE", "interactive")]) },
+        Function { name: "worker (commits)", bin: "worker", env: with(&[("LANES_LANE", "commits")]) },
+        Function {
+            name: "controller",
+            bin: "controller",
+            env: with(&[
+                ("LANES_MAPPING_INTERACTIVE", mapping),
+                ("LANES_MAPPING_SYNTHESIS", mapping),
+                ("LANES_MAPPING_COMMITS", mapping),
+            ]),
+        },
+    ];
+    Ok((moto, redis, functions))
+}
+
+/// What the emulator saw from a starting function.
+enum Seen {
+    /// Its first `GET /2018-06-01/runtime/invocation/next`, and when.
+    Next(Instant),
+    /// `POST /2018-06-01/runtime/init/error`, with the body.
+    InitError(String),
+}
+
+/// A loopback runtime API that answers nothing but records the first poll: the function is then
+/// ready, and is killed.
+struct RuntimeApi {
+    addr: std::net::SocketAddr,
+    seen: tokio::sync::Mutex<mpsc::UnboundedReceiver<Seen>>,
+}
+
+impl RuntimeApi {
+    async fn start() -> Result<Self, String> {
+        use axum::routing::{get, post};
+        let (tx, rx) = mpsc::unbounded_channel();
+        let next_tx = tx.clone();
+        let app = axum::Router::new()
+            .route(
+                "/2018-06-01/runtime/invocation/next",
+                get(move || {
+                    let _ = next_tx.send(Seen::Next(Instant::now()));
+                    // Never answers: the function is killed while it waits.
+                    std::future::pending::<&'static str>()
+                }),
+            )
+            .route(
+                "/2018-06-01/runtime/init/error",
+                post(move |body: String| {
+                    let _ = tx.send(Seen::InitError(body));
+                    async { axum::http::StatusCode::ACCEPTED }
+                }),
+            );
+        let listener =
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("runtime API: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| format!("runtime API: {e}"))?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Ok(Self { addr, seen: tokio::sync::Mutex::new(rx) })
+    }
+
+    /// Starts `bootstrap` with the Lambda environment plus `env`; ms from spawn to its first poll.
+    async fn init_ms(&self, bootstrap: &PathBuf, env: &[(String, String)]) -> Result<f64, String> {
+        let mut seen = self.seen.lock().await;
+        while seen.try_recv().is_ok() {} // a previous function's late requests
+        let stderr = tempfile_path();
+        let err_file = std::fs::File::create(&stderr).map_err(|e| format!("stderr file: {e}"))?;
+        let started = Instant::now();
+        let mut child = tokio::process::Command::new(bootstrap)
+            .env_clear()
+            .env("AWS_LAMBDA_RUNTIME_API", self.addr.to_string())
+            .env("AWS_LAMBDA_FUNCTION_NAME", "bench")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+            .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/bench")
+            .env("AWS_LAMBDA_LOG_STREAM_NAME", "bench")
+            .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err_file)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bootstrap.display()))?;
+        let outcome = tokio::select! {
+            s = seen.recv() => match s {
+                Some(Seen::Next(at)) => Ok(at.duration_since(started).as_secs_f64() * 1000.0),
+                Some(Seen::InitError(body)) => Err(format!("init error: {body}")),
+                None => Err("runtime API stopped".to_owned()),
+            },
+            status = child.wait() => Err(format!("exited before polling: {status:?}")),
+            _ = tokio::time::sleep(Duration::from_secs(20)) => Err("no poll within 20 s".to_owned()),
+        };
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+        let _ = std::fs::remove_file(&stderr);
+        outcome.map_err(|e| format!("{}: {e}\n{log}", bootstrap.display()))
+    }
+}
+
+fn tempfile_path() -> PathBuf {
+    std::env::temp_dir().join(format!("lanes-coldstart-{}.log", uuid::Uuid::new_v4()))
+}
+
+impl std::fmt::Display for ColdStartReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "Cold start: init on {} (median and p90 of {} starts), arm64 zip as deployed",
+            self.init_arch, self.starts
+        )?;
+        writeln!(f, "{:<18} {:>9} {:>9} {:>8} {:>10}", "function", "init ms", "p90 ms", "× base", "zip MB")?;
+        let row = |f: &mut std::fmt::Formatter<'_>, name: &str, m: &Measure| {
+            writeln!(
+                f,
+                "{:<18} {:>9.1} {:>9.1} {:>8.2} {:>10.2}",
+                name,
+                m.init_ms,
+                m.init_p90_ms,
+                m.init_ms / self.baseline.init_ms.max(f64::EPSILON),
+                m.zip_bytes as f64 / 1_048_576.0
+            )
+        };
+        row(f, "baseline (hello)", &self.baseline)?;
+        for (name, m) in &self.functions {
+            row(f, name, m)?;
+        }
+        writeln!(
+            f,
+            "goals (init <= {MAX_INIT_RATIO}x baseline, zip <= {} MB): {}",
+            MAX_ZIP_BYTES / 1_048_576,
+            if self.within_goals { "met" } else { "NOT met" }
+        )?;
+        writeln!(f, "reproduce: {}", self.command)
+    }
+}
