@@ -88,16 +88,19 @@ pub async fn coldstart_report(starts: usize) -> Result<ColdStartReport, String> 
     }
     let mut measure = |name: &str, bin: &str| -> Result<Measure, String> {
         let s = samples.get_mut(name).ok_or_else(|| format!("no samples for {name}"))?;
-        Ok(Measure { init_ms: percentile(s, 50.0), init_p90_ms: percentile(s, 90.0), zip_bytes: zip_bytes(bin)? })
+        Ok(Measure {
+            init_ms: percentile(s, 50.0),
+            init_p90_ms: percentile(s, 90.0),
+            zip_bytes: zip_bytes(bin)?,
+        })
     };
     let baseline = measure("baseline", "hello")?;
     let mut out = BTreeMap::new();
     for f in functions.iter().filter(|f| f.name != "baseline") {
         out.insert(f.name.to_owned(), measure(f.name, f.bin)?);
     }
-    let within_goals = out.values().all(|m| {
-        m.init_ms <= MAX_INIT_RATIO * baseline.init_ms && m.zip_bytes <= MAX_ZIP_BYTES
-    });
+    let within_goals =
+        out.values().all(|m| m.init_ms <= MAX_INIT_RATIO * baseline.init_ms && m.zip_bytes <= MAX_ZIP_BYTES);
     let _ = std::fs::remove_dir_all(&work);
     Ok(ColdStartReport {
         command: format!("lanes bench coldstart --starts {starts}"),
@@ -128,13 +131,17 @@ fn build(bins: &[&str], flags: &[&str], dir: &Path) -> Result<(), String> {
         .stdout(Stdio::null())
         .status()
         .map_err(|e| format!("cargo lambda: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("cargo lambda build {} failed: {status}", flags.join(" "))) }
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("cargo lambda build {} failed: {status}", flags.join(" ")))
+    }
 }
 
 /// moto and redis-server with the template's resources (table, queues with DLQs, webhook secrets),
 /// and each function's environment as the template sets it, pointed at them.
-async fn environments()
--> Result<(lanes_tests::MotoServer, lanes_tests::RedisServer, Vec<Function>), String> {
+async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisServer, Vec<Function>), String>
+{
     let (moto, redis) = (lanes_tests::MotoServer::start(), lanes_tests::RedisServer::start());
     let urls = lanes_core::backend::create_aws_resources(
         &moto.aws_settings(),
@@ -171,7 +178,10 @@ async fn environments()
         Function {
             name: "webhook",
             bin: "webhook",
-            env: with(&[("LANES_GITHUB_WEBHOOK_SECRET_ID", &github), ("LANES_GITLAB_WEBHOOK_TOKEN_ID", &gitlab)]),
+            env: with(&[
+                ("LANES_GITHUB_WEBHOOK_SECRET_ID", &github),
+                ("LANES_GITLAB_WEBHOOK_TOKEN_ID", &gitlab),
+            ]),
         },
         Function { name: "worker", bin: "worker", env: with(&[("LANES_LANE", "interactive")]) },
         Function { name: "worker (commits)", bin: "worker", env: with(&[("LANES_LANE", "commits")]) },

@@ -20,11 +20,10 @@ pub struct ThroughputRun {
     pub ingress_latency_ms: [f64; 2],
     /// Tasks completed per second, first submission to last completion.
     pub tasks_per_s: f64,
-    /// Submission to completion, p50 and p99, ms, from raw samples: one task in [`SAMPLE_EVERY`]
-    /// is followed by a long-poll started right after its submission (few enough not to load the
-    /// server much), its latency being its submission until that long-poll answered `COMPLETED`.
+    /// Acceptance to completion, p50 and p99, ms, over every completed task: the server's own
+    /// timestamps (`created_at_ms`, `finished_at_ms` of each task), so raw samples, not buckets.
     pub task_latency_ms: [f64; 2],
-    /// Tasks whose latency was sampled.
+    /// Tasks whose latency was counted (the completed ones).
     pub latency_samples: usize,
     /// Peak resident memory of the server (VmHWM), MiB.
     pub peak_rss_mib: f64,
@@ -37,6 +36,8 @@ pub struct ThroughputReport {
     pub command: String,
     /// Concurrent clients.
     pub clients: usize,
+    /// Worker slots of the server.
+    pub capacity: usize,
     /// One run per backend.
     pub runs: Vec<ThroughputRun>,
 }
@@ -49,17 +50,25 @@ pub struct ThroughputReport {
 pub async fn throughput_report(
     tasks: usize,
     clients: usize,
+    capacity: usize,
     backend: Option<&str>,
 ) -> Result<ThroughputReport, String> {
     let mut runs = Vec::new();
     if backend != Some("aws") {
-        runs.push(throughput_run("embedded", &[], &[], tasks, clients).await?);
+        runs.push(throughput_run("embedded", &[], &[], tasks, clients, capacity).await?);
     }
     if backend != Some("embedded") {
         match crate::aws_services() {
             Some((_moto, _redis, env)) => runs.push(
-                throughput_run("redis + moto", &["--backend", "aws", "--create"], &env, tasks, clients)
-                    .await?,
+                throughput_run(
+                    "redis + moto",
+                    &["--backend", "aws", "--create"],
+                    &env,
+                    tasks,
+                    clients,
+                    capacity,
+                )
+                .await?,
             ),
             None if backend == Some("aws") => {
                 return Err("redis-server or moto_server is missing: run scripts/test-deps.sh".into());
@@ -69,14 +78,14 @@ pub async fn throughput_report(
     }
     let only = backend.map(|b| format!(" --backend {b}")).unwrap_or_default();
     Ok(ThroughputReport {
-        command: format!("lanes bench throughput --tasks {tasks} --clients {clients}{only}"),
+        command: format!(
+            "lanes bench throughput --tasks {tasks} --clients {clients} --capacity {capacity}{only}"
+        ),
         clients,
+        capacity,
         runs,
     })
 }
-
-/// One task in this many has its latency sampled.
-pub const SAMPLE_EVERY: usize = 10;
 
 async fn throughput_run(
     backend: &str,
@@ -84,20 +93,19 @@ async fn throughput_run(
     env: &[(String, String)],
     tasks: usize,
     clients: usize,
+    capacity: usize,
 ) -> Result<ThroughputRun, String> {
     let dir = crate::temp_dir().map_err(|e| e.to_string())?;
-    let args = [&["--interactive-latency-ms", "0", "--capacity", "16"][..], extra].concat();
+    let capacity = capacity.to_string();
+    let args = [&["--interactive-latency-ms", "0", "--capacity", &capacity][..], extra].concat();
     let server = DevServer::start_with_env(&dir, &args, env.to_vec()).await;
     let client = reqwest::Client::new();
     let started = Instant::now();
+    let started_ms = lanes_tests::now_ms();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut handles = Vec::new();
-    // One submission in SAMPLE_EVERY starts its own waiter at once: a long-poll that answers when
-    // the task ends, so those tasks' latencies are real samples, not histogram buckets.
-    let waiters = Arc::new(tokio::sync::Mutex::new(tokio::task::JoinSet::new()));
     for _ in 0..clients {
-        let (client, url, next, waiters) =
-            (client.clone(), server.url.clone(), next.clone(), waiters.clone());
+        let (client, url, next) = (client.clone(), server.url.clone(), next.clone());
         handles.push(tokio::spawn(async move {
             let mut out = Vec::new();
             loop {
@@ -108,11 +116,7 @@ async fn throughput_run(
                 let t = Instant::now();
                 let id =
                     crate::submit_task(&client, &url, "explain", &format!("throughput task {i}")).await?;
-                out.push((id.clone(), t.elapsed().as_secs_f64() * 1000.0));
-                if i % SAMPLE_EVERY == 0 {
-                    let (client, url) = (client.clone(), url.clone());
-                    waiters.lock().await.spawn(async move { wait_completed(&client, &url, &id, t).await });
-                }
+                out.push((id, t.elapsed().as_secs_f64() * 1000.0));
             }
         }));
     }
@@ -122,30 +126,31 @@ async fn throughput_run(
     }
     let ingress_s = started.elapsed().as_secs_f64();
     let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
-    let mut task_ms = Vec::new();
-    let mut waiters = std::mem::take(&mut *waiters.lock().await);
-    while let Some(done) = waiters.join_next().await {
-        if let Ok(Some(ms)) = done {
-            task_ms.push(ms);
+    // The last submissions are the last to run: wait for those first (a light load on the server
+    // while it works), then read every task once for its timestamps.
+    let until = Instant::now() + Duration::from_secs(300);
+    for (id, _) in submitted.iter().rev().take(clients) {
+        while Instant::now() < until && timestamps(&client, &server.url, id).await.is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    // Every task's completion, for the rate: polled, a round every 20 ms.
-    let until = Instant::now() + Duration::from_secs(300);
+    let mut done = Vec::with_capacity(tasks);
     let mut pending: Vec<&String> = submitted.iter().map(|(id, _)| id).collect();
     while !pending.is_empty() && Instant::now() < until {
         let mut still = Vec::new();
         for id in pending {
-            if crate::status(&client, &server.url, id).await.as_deref() != Some("COMPLETED") {
-                still.push(id);
+            match timestamps(&client, &server.url, id).await {
+                Some(t) => done.push(t),
+                None => still.push(id),
             }
         }
         pending = still;
         if !pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let completed = tasks - pending.len();
-    let done_s = started.elapsed().as_secs_f64();
+    let last_ms = done.iter().map(|(_, finished)| *finished).max().unwrap_or(started_ms);
+    let mut task_ms: Vec<f64> = done.iter().map(|(c, f)| f.saturating_sub(*c) as f64).collect();
     let peak = server.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
@@ -157,35 +162,22 @@ async fn throughput_run(
             crate::percentile(&mut ingress_ms, 50.0),
             crate::percentile(&mut ingress_ms, 99.0),
         ],
-        tasks_per_s: completed as f64 / done_s,
+        // First submission to the last completion, by the server's clock (the same machine's).
+        tasks_per_s: done.len() as f64 / (last_ms.saturating_sub(started_ms).max(1) as f64 / 1000.0),
         latency_samples: task_ms.len(),
         task_latency_ms: [crate::percentile(&mut task_ms, 50.0), crate::percentile(&mut task_ms, 99.0)],
         peak_rss_mib: peak,
     })
 }
 
-/// Long-polls task `id` until it is `COMPLETED` (five minutes at most): milliseconds since `since`,
-/// `None` when it ends otherwise or never.
-async fn wait_completed(client: &reqwest::Client, url: &str, id: &str, since: Instant) -> Option<f64> {
-    let until = Instant::now() + Duration::from_secs(300);
-    while Instant::now() < until {
-        let answer = client.get(format!("{url}/v1/tasks/{id}?wait=20")).send().await;
-        let Ok(v) = (match answer {
-            Ok(r) => r.json::<serde_json::Value>().await,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        }) else {
-            continue;
-        };
-        match v["status"].as_str() {
-            Some("COMPLETED") => return Some(since.elapsed().as_secs_f64() * 1000.0),
-            Some("FAILED" | "CANCELLED") => return None,
-            _ => {}
-        }
+/// A completed task's `(created_at_ms, finished_at_ms)`; `None` while it is not completed.
+async fn timestamps(client: &reqwest::Client, url: &str, id: &str) -> Option<(u64, u64)> {
+    let v: serde_json::Value =
+        client.get(format!("{url}/v1/tasks/{id}")).send().await.ok()?.json().await.ok()?;
+    if v["status"] != "COMPLETED" {
+        return None;
     }
-    None
+    Some((v["created_at_ms"].as_u64()?, v["finished_at_ms"].as_u64()?))
 }
 
 impl std::fmt::Display for ThroughputReport {

@@ -27,6 +27,10 @@ pub enum BenchCommand {
         /// Concurrent clients.
         #[arg(long, default_value_t = 32)]
         clients: usize,
+        /// Worker slots of the server (`lanes dev --capacity`). With an instant model a slot is held
+        /// only by the task's own writes, so at 16 the slots, not the CPU, bound the rate.
+        #[arg(long, default_value_t = 64)]
+        capacity: usize,
         /// One backend alone (`embedded`, or `aws`: Redis + moto); both when absent.
         #[arg(long, value_parser = ["embedded", "aws"])]
         backend: Option<String>,
@@ -134,8 +138,8 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
     use lanes_bench as b;
     match what {
         BenchCommand::Recovery { scale_ms, json } => show(b::recovery::recovery_report(scale_ms).await, json),
-        BenchCommand::Throughput { tasks, clients, backend, json } => {
-            show(b::throughput::throughput_report(tasks, clients, backend.as_deref()).await, json)
+        BenchCommand::Throughput { tasks, clients, capacity, backend, json } => {
+            show(b::throughput::throughput_report(tasks, clients, capacity, backend.as_deref()).await, json)
         }
         BenchCommand::Coldstart { starts, json } => show(b::coldstart::coldstart_report(starts).await, json),
         BenchCommand::Hol { slots, seconds, scale_ms, json } => {

@@ -6,6 +6,8 @@ use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| async move { Ok::<Value, Error>(event.payload) }))
-        .await
+    lambda_runtime::run(service_fn(
+        |event: LambdaEvent<Value>| async move { Ok::<Value, Error>(event.payload) },
+    ))
+    .await
 }

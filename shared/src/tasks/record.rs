@@ -152,6 +152,8 @@ impl TaskRecord {
             result: self.result.clone(),
             error: self.error.clone(),
             attempts: self.attempts,
+            created_at_ms: self.created_at_ms,
+            finished_at_ms: self.finished_at_ms,
         }
     }
 }
@@ -174,6 +176,12 @@ pub struct TaskView {
     /// Provider calls that failed (throttling excluded).
     #[serde(default)]
     pub attempts: u32,
+    /// When the task was accepted, Unix ms.
+    #[serde(default)]
+    pub created_at_ms: u64,
+    /// When it finished (completed, failed or cancelled), Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
 }
 
 /// The body of a queue message: small on purpose; the worker reads the request from the store.
