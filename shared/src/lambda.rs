@@ -620,6 +620,7 @@ pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordE
         receive_count,
         sent_at_ms,
         attributes,
+        leased_for: None, // the mapping received it with the queue's long visibility
     })
 }
 

@@ -58,6 +58,10 @@ pub struct ReceivedMessage {
     pub sent_at_ms: u64,
     /// Message attributes (lane, kind, enqueue time).
     pub attributes: BTreeMap<String, String>,
+    /// The visibility this delivery was received with, when the receiver chose one
+    /// ([`QueueConsume::receive_for`]); `None` when the queue's default applied, as for Lambda's
+    /// event source mapping. A delivery received straight into its lease needs no lease start.
+    pub leased_for: Option<Duration>,
 }
 
 /// Queue depth as SQS reports it.

@@ -284,6 +284,7 @@ impl QueueConsume for SqsQueue {
                     receive_count: get(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1)
                         as u32,
                     sent_at_ms: get(MessageSystemAttributeName::SentTimestamp).unwrap_or(0),
+                    leased_for: visibility,
                     attributes: m
                         .message_attributes()
                         .into_iter()

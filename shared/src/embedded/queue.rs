@@ -303,6 +303,7 @@ impl QueueConsume for EmbeddedQueue {
                 receive_count: entry.stored.receive_count,
                 sent_at_ms: entry.stored.sent_at_ms,
                 attributes: entry.stored.attributes.clone(),
+                leased_for: visibility,
             });
             if let Some(old) = old {
                 state.receipts.remove(&old);

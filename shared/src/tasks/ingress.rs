@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, PutOutcome, QueueSend, StoreError, TaskStore};
 use crate::problem::Problem;
 use crate::tasks::tenant::Tenant;
-use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key, done_key};
+use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key};
 use crate::tasks::{
     MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, is_task_id,
     validate_idempotency_key,
@@ -226,14 +226,16 @@ async fn accept(
     // 1. Hot cache: a completed task costs no store request.
     match ing.cache.get(&cache_key(&task_id)).await {
         Ok(Some(json)) => {
-            if let Ok(rec) = serde_json::from_str::<TaskRecord>(&json) {
+            // Only a completed record answers: any other finished one may be replaced by a
+            // resubmission, which the store decides.
+            if let Ok(rec) = serde_json::from_str::<TaskRecord>(&json)
+                && rec.status == TaskStatus::Completed
+            {
                 if rec.payload_hash != payload_hash {
                     return Err(conflict());
                 }
-                if rec.status == TaskStatus::Completed {
-                    ing.metrics.duplicates_total.with_label_values(&["cache"]).inc();
-                    return Ok(view_response(StatusCode::OK, &rec.view()));
-                }
+                ing.metrics.duplicates_total.with_label_values(&["cache"]).inc();
+                return Ok(view_response(StatusCode::OK, &rec.view()));
             }
         }
         Ok(None) => {}
@@ -454,16 +456,30 @@ pub(crate) async fn get_task(
         Err(resp) => return resp,
     };
     resend_if_orphaned(&ing, &record, ing.clock.now_ms()).await;
-    // The long-poll: a cheap hint (written by the worker or the cancellation) wakes it, the store
-    // answers; the store is also re-read now and then in case the hint was lost. Each waiter is a
-    // parked future, not a thread.
+    // The long-poll: the finished record in the cache (written by the worker or the cancellation)
+    // wakes it; a completed one answers, any other is read again from the store. The store is
+    // also re-read now and then in case the cache write was lost. Each waiter is a parked future,
+    // not a thread.
     let mut since_store = Duration::ZERO;
     while !record.status.is_terminal() && tokio::time::Instant::now() < deadline {
         let step = LONG_POLL_TICK.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
         tokio::time::sleep(step).await;
         since_store += step;
-        let hinted = matches!(ing.cache.get(&done_key(&id)).await, Ok(Some(_)));
-        if hinted || since_store >= LONG_POLL_STORE_EVERY || tokio::time::Instant::now() >= deadline {
+        // The same run of the id only: a record left by an earlier run is not this one's end.
+        let finished = match ing.cache.get(&cache_key(&id)).await {
+            Ok(Some(json)) => serde_json::from_str::<TaskRecord>(&json)
+                .ok()
+                .filter(|r| r.status.is_terminal() && r.created_at_ms == record.created_at_ms),
+            _ => None,
+        };
+        if let Some(done) = finished.as_ref().filter(|r| r.status == TaskStatus::Completed) {
+            record = done.clone();
+            break;
+        }
+        if finished.is_some()
+            || since_store >= LONG_POLL_STORE_EVERY
+            || tokio::time::Instant::now() >= deadline
+        {
             since_store = Duration::ZERO;
             record = match read(&ing, &caller, &id).await {
                 Ok(Some(rec)) => rec,
@@ -530,13 +546,15 @@ pub(crate) async fn cancel_task(
     match ing.store.cancel(&id, now, ing.config.pending_ttl_secs).await {
         Ok(CancelOutcome::Cancelled(rec)) => {
             ing.metrics.cancellations_total.with_label_values(&[rec.lane.as_str()]).inc();
-            // Hints for the running worker's heartbeat and for long-polls; the store already holds
-            // the truth, so a cache that is down only delays the worker's noticing.
+            // Hints for the running worker's heartbeat and (the finished record) for long-polls;
+            // the store already holds the truth, so a cache that is down only delays the noticing.
             // The cancel hint carries the cancelled record's fence: it stops the claim it cancelled,
             // never a later run of the same id.
-            for (key, value) in
-                [(cancel_key(&id), rec.fence.to_string()), (done_key(&id), "CANCELLED".into())]
-            {
+            let finished = serde_json::to_string(&rec).unwrap_or_default();
+            for (key, value) in [(cancel_key(&id), rec.fence.to_string()), (cache_key(&id), finished)] {
+                if value.is_empty() {
+                    continue;
+                }
                 if let Err(e) = ing.cache.set(&key, &value, HINT_TTL).await {
                     warn!(error = %e, "cancellation hint not written");
                 }

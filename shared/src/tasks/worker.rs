@@ -45,8 +45,10 @@ pub struct Worker {
     pub config: WorkerConfig,
 }
 
-/// Cache key of a completed task's record in the hot cache. Only `COMPLETED` records are cached:
-/// that status is final, so the cache can never contradict the store.
+/// Cache key of a finished task's record. Readers answer from it only when it is `COMPLETED`: that
+/// status is final, so the cache can never contradict the store. Any finished record there wakes
+/// the task's long-polls, which then read the store (the record's `created_at_ms` tells a
+/// leftover of an earlier run of the id from the current one).
 pub fn cache_key(task_id: &str) -> String {
     format!("task:{task_id}")
 }
@@ -55,12 +57,6 @@ pub fn cache_key(task_id: &str) -> String {
 /// value is the cancelled record's fence, so it cannot cancel a later run of the same id.
 pub fn cancel_key(task_id: &str) -> String {
     format!("cancel:{task_id}")
-}
-
-/// Cache key of the hint that a task became terminal (read by long-polls, which then re-read the
-/// store: the hint wakes them, the store answers).
-pub fn done_key(task_id: &str) -> String {
-    format!("done:{task_id}")
 }
 
 /// How long the cancellation and wake-up hints live: longer than any lease or long-poll.
@@ -148,8 +144,15 @@ impl Worker {
                 None
             }
         };
-        let outcome = self.run_claimed(&queue, &message, &task, &lock_key, token.as_deref()).await;
-        if let (Some(token), false) = (token, matches!(outcome, Outcome::LeaseLost))
+        let completed = std::sync::atomic::AtomicBool::new(false);
+        let outcome =
+            self.run_claimed(&queue, &message, &task, &lock_key, token.as_deref(), &completed).await;
+        // A completed task never runs again (a later delivery claims a terminal record and acks),
+        // so its lock is left to expire rather than released: one request less per task. Any
+        // other end may be followed by a run of the same id (a retry, a resubmission), which must
+        // not wait out the lock.
+        let settled = completed.load(std::sync::atomic::Ordering::Relaxed);
+        if let (Some(token), false) = (token, settled || matches!(outcome, Outcome::LeaseLost))
             && let Err(e) = self.lock.release(&lock_key, &token).await
         {
             warn!(error = %e, "lock release failed; it expires with its TTL");
@@ -164,6 +167,7 @@ impl Worker {
         task: &TaskMessage,
         lock_key: &str,
         token: Option<&str>,
+        completed: &std::sync::atomic::AtomicBool,
     ) -> Outcome {
         let lane = task.lane.as_str();
         let policy = *self.config.lane(task.lane);
@@ -195,7 +199,7 @@ impl Worker {
                 lane,
                 policy.max_age.as_secs()
             );
-            return self.finish(queue, message, &record, Completion::Failed(reason)).await;
+            return self.finish(queue, message, &record, Completion::Failed(reason), completed).await;
         }
 
         let (lost, cancelled) = (CancellationToken::new(), CancellationToken::new());
@@ -313,11 +317,11 @@ impl Worker {
                     truncated: resp.truncated,
                     cost_usd,
                 };
-                self.finish(queue, message, &record, Completion::Completed(result)).await
+                self.finish(queue, message, &record, Completion::Completed(result), completed).await
             }
             Err(e @ LlmError::Permanent(_)) => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "permanent"]).inc();
-                self.finish(queue, message, &record, Completion::Failed(e.to_string())).await
+                self.finish(queue, message, &record, Completion::Failed(e.to_string()), completed).await
             }
             Err(e @ LlmError::Throttled { .. }) => {
                 // Throttling is waiting, not failing: no attempt is used.
@@ -344,7 +348,7 @@ impl Worker {
                 };
                 if attempts >= policy.attempt_budget {
                     let reason = format!("gave up after {attempts} failed provider attempts: {reason}");
-                    return self.finish(queue, message, &record, Completion::Failed(reason)).await;
+                    return self.finish(queue, message, &record, Completion::Failed(reason), completed).await;
                 }
                 let after =
                     full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
@@ -394,13 +398,15 @@ impl Worker {
         outcome
     }
 
-    /// Fenced final write, then the hints and the cache from what the store wrote, then ack.
+    /// Fenced final write, then the cache from what the store wrote, then ack. `completed` is set
+    /// when the written record is `COMPLETED`.
     async fn finish(
         &self,
         queue: &Arc<dyn QueueConsume>,
         message: &ReceivedMessage,
         record: &TaskRecord,
         completion: Completion,
+        completed: &std::sync::atomic::AtomicBool,
     ) -> Outcome {
         let lane = record.lane.as_str();
         let now = self.clock.now_ms();
@@ -432,24 +438,23 @@ impl Worker {
         }
         self.metrics.observe(Latency::Total, lane, now.saturating_sub(record.created_at_ms) as f64 / 1000.0);
         self.metrics.tasks_finished_total.with_label_values(&[lane, done.status.as_str()]).inc();
+        completed.store(done.status == TaskStatus::Completed, std::sync::atomic::Ordering::Relaxed);
         self.publish(&done).await;
         lease::ack(&**queue, message).await
     }
 
-    /// Caches a completed record and leaves the wake-up hint for long-polls. Best effort: the store
-    /// already holds the truth.
+    /// Writes the finished record to the cache, in one request: a `COMPLETED` one answers reads
+    /// and duplicates from then on, and any finished one wakes the task's long-polls. Best effort:
+    /// the store already holds the truth.
     async fn publish(&self, done: &TaskRecord) {
-        if done.status == TaskStatus::Completed
-            && let Ok(json) = serde_json::to_string(done)
-            && let Err(e) =
-                self.cache.set(&cache_key(&done.task_id), &json, self.config.result_cache_ttl).await
-        {
+        let ttl = if done.status == TaskStatus::Completed { self.config.result_cache_ttl } else { HINT_TTL };
+        let written = match serde_json::to_string(done) {
+            Ok(json) => self.cache.set(&cache_key(&done.task_id), &json, ttl).await,
+            Err(e) => Err(crate::ports::CacheError::Unavailable(e.to_string())),
+        };
+        if let Err(e) = written {
             warn!(error = %e, "cache fill failed");
             self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
-            return;
-        }
-        if let Err(e) = self.cache.set(&done_key(&done.task_id), done.status.as_str(), HINT_TTL).await {
-            warn!(error = %e, "wake-up hint not written");
         }
     }
 }
@@ -603,8 +608,12 @@ mod tests {
         let spent =
             r.worker.metrics.llm_cost_usd_total.with_label_values(&["interactive", &result.model]).get();
         assert!((spent - 0.00021).abs() < 1e-12, "{spent}");
-        assert!(r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_some());
-        assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("COMPLETED"));
+        let cached = r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().unwrap();
+        assert_eq!(serde_json::from_str::<TaskRecord>(&cached).unwrap(), r.record().await);
+        // A completed task's lock is left to expire, not released: it never runs again.
+        let lock_key = format!("lease:{{task:{}}}", r.task_id);
+        let again = r.worker.lock.acquire(&lock_key, Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(again, Acquire::Held { .. }), "{again:?}");
         assert_eq!(r.queue.depth().await.unwrap().visible + r.queue.depth().await.unwrap().in_flight, 0);
     }
 
@@ -790,11 +799,13 @@ mod tests {
         let m = r.receive().await;
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
         assert_eq!(r.status().await, TaskStatus::Failed);
-        assert_eq!(r.worker.cache.get(&done_key(&r.task_id)).await.unwrap().as_deref(), Some("FAILED"));
-        assert!(
-            r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().is_none(),
-            "only COMPLETED is cached"
-        );
+        let cached = r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().unwrap();
+        let cached: TaskRecord = serde_json::from_str(&cached).unwrap();
+        assert_eq!(cached.status, TaskStatus::Failed, "the finished record wakes long-polls");
+        // A failed task may be resubmitted at once: its lock is released.
+        let lock_key = format!("lease:{{task:{}}}", r.task_id);
+        let again = r.worker.lock.acquire(&lock_key, Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(again, Acquire::Acquired(_)), "{again:?}");
     }
 
     #[tokio::test]
