@@ -6,7 +6,7 @@
 use crate::commits::worker::CommitsWorker;
 use crate::domain::Lane;
 use crate::metrics::Metrics;
-use crate::ports::QueueConsume;
+use crate::ports::{QueueConsume, ReceivedMessage};
 use crate::tasks::worker::Worker;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -98,6 +98,9 @@ fn water_fill(
     }
 }
 
+/// How long an idle pool's receive waits for a message (SQS's longest long poll).
+const IDLE_WAIT: Duration = Duration::from_secs(20);
+
 /// An in-process pool of `capacity` worker slots over one queue per lane.
 pub struct Pool {
     capacity: usize,
@@ -173,19 +176,108 @@ impl Pool {
     }
 
     /// Runs until `shutdown` is cancelled; in-flight tasks are left to finish or to their leases.
+    ///
+    /// While there is work, each round reads every lane's depth and starts what the policy allows,
+    /// again when a slot frees up or every `poll_interval`. Once the pool is idle (nothing running,
+    /// nothing visible), it stops asking for depths: one long-poll receive per lane waits for the
+    /// next message (SQS answers the moment one arrives, or empty after 20 s), and whatever it
+    /// brings is started at once, the idle pool having room for it in every lane.
     pub async fn run(&self, shutdown: CancellationToken) {
+        let (found_tx, mut found_rx) = tokio::sync::mpsc::unbounded_channel();
+        let polling: Arc<[std::sync::atomic::AtomicBool; 3]> = Arc::new(Default::default());
         loop {
-            self.dispatch().await;
+            let idle = self.dispatch().await;
+            if idle {
+                for (lane, queue) in &self.queues {
+                    let i = lane.index();
+                    if polling[i].swap(true, Ordering::SeqCst) {
+                        continue; // one long-poll per lane at a time
+                    }
+                    let (queue, lane, tx, polling) =
+                        (queue.clone(), *lane, found_tx.clone(), polling.clone());
+                    let lease = self.lease_for(lane);
+                    tokio::spawn(async move {
+                        let got = queue.receive_waiting(1, Some(lease), IDLE_WAIT).await;
+                        polling[lane.index()].store(false, Ordering::SeqCst);
+                        let _ = tx.send((lane, got));
+                    });
+                }
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(self.poll_interval) => {}
+                Some((lane, got)) = found_rx.recv() => match got {
+                    Ok(messages) => self.start_received(lane, messages).await,
+                    Err(e) => {
+                        warn!(lane = %lane, error = %e, "receive failed");
+                        tokio::time::sleep(self.poll_interval).await;
+                    }
+                },
+                _ = tokio::time::sleep(self.poll_interval), if !idle => {}
             }
         }
     }
 
-    /// One round: read backlogs, compute allowances, start what may start.
-    async fn dispatch(&self) {
+    /// The visibility a lane's messages are received with: the lease they start under.
+    fn lease_for(&self, lane: Lane) -> Duration {
+        match (&self.commits, lane) {
+            (Some(commits), Lane::Commits) => commits.lease.lease_ttl,
+            _ => self.worker.config.lease_ttl,
+        }
+    }
+
+    /// Starts messages a long-poll received: a commits batch (topped up to a full one), or one task
+    /// each.
+    async fn start_received(&self, lane: Lane, mut messages: Vec<ReceivedMessage>) {
+        let Some((_, queue)) = self.queues.iter().find(|(l, _)| *l == lane) else { return };
+        if messages.is_empty() {
+            return;
+        }
+        if lane == Lane::Commits && self.commits.is_some() {
+            match crate::lease::receive_batch(&**queue, COMMIT_BATCH - messages.len(), self.lease_for(lane))
+                .await
+            {
+                Ok(more) => messages.extend(more),
+                Err(e) => warn!(lane = %lane, error = %e, "receive failed"),
+            }
+            self.spawn_commits(lane, queue, messages);
+        } else {
+            self.spawn_tasks(lane, queue, messages);
+        }
+    }
+
+    /// One slot runs a commits batch.
+    fn spawn_commits(&self, lane: Lane, queue: &Arc<dyn QueueConsume>, batch: Vec<ReceivedMessage>) {
+        let Some(commits) = &self.commits else { return };
+        let i = lane.index();
+        self.running[i].fetch_add(1, Ordering::SeqCst);
+        let (worker, queue, running, wake) =
+            (commits.clone(), queue.clone(), self.running.clone(), self.wake.clone());
+        tokio::spawn(async move {
+            let _slot = SlotGuard { running, lane: i, wake };
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
+            worker.process_batch(queue, batch, deadline).await;
+        });
+    }
+
+    /// One slot per task message.
+    fn spawn_tasks(&self, lane: Lane, queue: &Arc<dyn QueueConsume>, messages: Vec<ReceivedMessage>) {
+        let i = lane.index();
+        for message in messages {
+            self.running[i].fetch_add(1, Ordering::SeqCst);
+            let (worker, queue, running, wake) =
+                (self.worker.clone(), queue.clone(), self.running.clone(), self.wake.clone());
+            tokio::spawn(async move {
+                // Gives the slot back on every path, panics included.
+                let _slot = SlotGuard { running, lane: i, wake };
+                worker.process(queue, message).await;
+            });
+        }
+    }
+
+    /// One round: read backlogs, compute allowances, start what may start. `true` when the pool is
+    /// idle: nothing running and nothing visible in any lane.
+    async fn dispatch(&self) -> bool {
         let mut backlog = [0usize; 3];
         for (lane, queue) in &self.queues {
             match queue.depth().await {
@@ -198,10 +290,17 @@ impl Pool {
                         .with_label_values(&[lane.as_str()])
                         .set((d.oldest_age_ms / 1000) as i64);
                 }
-                Err(e) => warn!(lane = %lane, error = %e, "queue depth unavailable"),
+                Err(e) => {
+                    warn!(lane = %lane, error = %e, "queue depth unavailable");
+                    backlog[lane.index()] = usize::MAX; // unknown: not idle, keep polling
+                }
             }
         }
         let running = self.running();
+        if running.iter().sum::<usize>() == 0 && backlog.iter().all(|b| *b == 0) {
+            return true;
+        }
+        let backlog = backlog.map(|b| if b == usize::MAX { 0 } else { b });
         let active = match self.interactive_seen.lock() {
             Ok(mut seen) => {
                 if running[0] + backlog[0] > 0 {
@@ -243,14 +342,7 @@ impl Pool {
                     }
                 };
                 total += 1;
-                self.running[i].fetch_add(1, Ordering::SeqCst);
-                let (worker, queue, running, wake) =
-                    (commits.clone(), queue.clone(), self.running.clone(), self.wake.clone());
-                tokio::spawn(async move {
-                    let _slot = SlotGuard { running, lane: i, wake };
-                    let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
-                    worker.process_batch(queue, batch, deadline).await;
-                });
+                self.spawn_commits(*lane, queue, batch);
                 continue;
             }
             // Received straight into a lease: if this process dies before the worker's heartbeat
@@ -262,18 +354,10 @@ impl Pool {
                     continue;
                 }
             };
-            for message in messages {
-                total += 1;
-                self.running[i].fetch_add(1, Ordering::SeqCst);
-                let (worker, queue, running, wake) =
-                    (self.worker.clone(), queue.clone(), self.running.clone(), self.wake.clone());
-                tokio::spawn(async move {
-                    // Gives the slot back on every path, panics included.
-                    let _slot = SlotGuard { running, lane: i, wake };
-                    worker.process(queue, message).await;
-                });
-            }
+            total += messages.len();
+            self.spawn_tasks(*lane, queue, messages);
         }
+        false
     }
 }
 

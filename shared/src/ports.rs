@@ -111,6 +111,25 @@ pub trait QueueConsume: Send + Sync {
         max: usize,
         visibility: Option<Duration>,
     ) -> Result<Vec<ReceivedMessage>, QueueError>;
+    /// Like [`Self::receive_for`], waiting up to `wait` for a message when none is visible, and
+    /// answering as soon as one is (SQS long polling, `WaitTimeSeconds`, at most 20 s). An idle
+    /// poller uses it instead of asking for the queue's depth in a loop. The default looks again
+    /// every 50 ms, which costs nothing on an in-process queue.
+    async fn receive_waiting(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let got = self.receive_for(max, visibility).await?;
+            if !got.is_empty() || tokio::time::Instant::now() >= until {
+                return Ok(got);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     /// Receives with the queue's default visibility (what Lambda's event source mapping does).
     async fn receive(&self, max: usize) -> Result<Vec<ReceivedMessage>, QueueError> {
         self.receive_for(max, None).await

@@ -399,3 +399,28 @@ async fn heartbeat_requests_per_minute_are_counted() {
         "{cmv} ChangeMessageVisibility for {renewals} renewals"
     );
 }
+
+/// An idle local runner waits on SQS long polls, not on a loop of queue-depth reads: over three idle
+/// seconds it asks for no depth and receives at most once per lane (each receive waits up to 20 s).
+/// A task sent meanwhile is taken by the waiting receive as it arrives, not after the wait ends.
+#[tokio::test]
+async fn an_idle_runner_long_polls_instead_of_reading_queue_depths() {
+    let stack = Stack::start(Backend::Aws, &["--interactive-latency-ms", "0"]).await;
+    let s = &stack.server;
+    tokio::time::sleep(Duration::from_millis(500)).await; // past start-up
+    let count = |m: &std::collections::BTreeMap<String, f64>, op: &str| m.get(op).copied().unwrap_or(0.0);
+    let t0 = aws_requests(s).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t1 = aws_requests(s).await;
+    let (depths, receives) = (
+        count(&t1, "sqs GetQueueAttributes") - count(&t0, "sqs GetQueueAttributes"),
+        count(&t1, "sqs ReceiveMessage") - count(&t0, "sqs ReceiveMessage"),
+    );
+    eprintln!("idle for 3 s: {depths} GetQueueAttributes, {receives} ReceiveMessage");
+    // Polling the depth of three lanes every 50 ms would be 180 of them.
+    assert!(depths == 0.0 && receives <= 3.0, "{depths} depth reads, {receives} receives");
+    let sent = Instant::now();
+    let id = submit(&s.url, "explain", "wake the idle pool").await;
+    wait_status(&s.url, &id, "COMPLETED", Duration::from_secs(10)).await;
+    eprintln!("taken and completed {} ms after submission", sent.elapsed().as_millis());
+}

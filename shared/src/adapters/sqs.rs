@@ -257,18 +257,43 @@ impl QueueConsume for SqsQueue {
         max: usize,
         visibility: Option<Duration>,
     ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        let out = self
+        self.receive_waiting(max, visibility, Duration::ZERO).await
+    }
+
+    /// `ReceiveMessage` with `WaitTimeSeconds` (whole seconds, at most 20): SQS answers as soon as
+    /// a message is there. The call's timeouts are raised past the wait, which the client's own
+    /// (made for short calls) would cut.
+    async fn receive_waiting(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let wait_secs = wait.as_secs().min(20) as i32;
+        let request = self
             .client
             .receive_message()
             .queue_url(&self.url)
             .max_number_of_messages(max.clamp(1, 10) as i32)
             .set_visibility_timeout(visibility.map(visibility_secs))
-            .wait_time_seconds(0)
+            .wait_time_seconds(wait_secs)
             .message_system_attribute_names(MessageSystemAttributeName::All)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| unavailable(&e))?;
+            .message_attribute_names("All");
+        let out = if wait_secs > 0 {
+            let long = Duration::from_secs(wait_secs as u64);
+            let timeouts = aws_config::timeout::TimeoutConfig::builder()
+                .operation_attempt_timeout(long + Duration::from_secs(5))
+                .operation_timeout(long + Duration::from_secs(15))
+                .build();
+            request
+                .customize()
+                .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(timeouts))
+                .send()
+                .await
+        } else {
+            request.send().await
+        }
+        .map_err(|e| unavailable(&e))?;
         Ok(out
             .messages()
             .iter()
