@@ -102,11 +102,32 @@ def main():
                 f"{r['ingress_latency_ms'][1]:.1f} ms | {r['tasks_per_s']:.0f} | {r['task_latency_ms'][0]:.0f} / "
                 f"{r['task_latency_ms'][1]:.0f} ms | {r['peak_rss_mib']:.0f} MiB |" for r in runs]
         samples = runs[0].get("latency_samples", 0) if runs else 0
-        out += ["", "Debug build, offline model with no latency, 16 worker slots. Task latency is from raw samples "
-                f"({samples} per backend: one task in ten is followed by a long-poll started right after its "
-                "submission, and its latency is the time until that long-poll answers COMPLETED). Each backend "
-                "also runs alone with `--backend embedded` or `--backend aws`. moto is an emulator, so the Redis + "
-                "moto row measures the code paths, not AWS's speed.", "", "![throughput](throughput.png)", ""]
+        out += ["", f"Release build (`--profile profiling`: the release profile with symbols), offline model with no "
+                f"latency, {tp.get('capacity', 16)} worker slots. Task latency is over every completed task "
+                f"({samples} per backend), from the server's own timestamps (accepted to finished); tasks/s is from the "
+                "first submission to the last completion. Each backend also runs alone with `--backend embedded` or "
+                "`--backend aws`. moto is an emulator, so the Redis + moto row measures the code paths, not AWS's "
+                "speed.", "", "![throughput](throughput.png)", ""]
+    cs = load(d, "coldstart")
+    if cs:
+        base = cs["baseline"]
+        out += ["## Cold start", "", f"`{cs['command']}`", "",
+                f"Init is the time from exec to the function's first `GET /runtime/invocation/next` on a local runtime-API "
+                f"emulator ({cs['init_arch']}, median and p90 of {cs['starts']} starts), with the template's environment "
+                "pointed at moto and redis-server; the zip is the arm64 package as `sam build` makes it (cargo-lambda, "
+                "release profile).", "",
+                "| function | init median | init p90 | x baseline | zip |", "|---|---:|---:|---:|---:|",
+                f"| baseline (hello-world lambda_runtime) | {base['init_ms']:.1f} ms | {base['init_p90_ms']:.1f} ms | 1.00 | "
+                f"{base['zip_bytes'] / 1048576:.2f} MB |"]
+        out += [f"| {name} | {m['init_ms']:.1f} ms | {m['init_p90_ms']:.1f} ms | {m['init_ms'] / max(base['init_ms'], 1e-9):.2f} | "
+                f"{m['zip_bytes'] / 1048576:.2f} MB |" for name, m in cs["functions"].items()]
+        out += ["", f"- every init <= 2x the baseline's, every zip <= 8 MB: {'met' if cs['within_goals'] else '**not met**'}", ""]
+    history = load(d, "before-after")
+    if history:
+        out += ["## Before and after", "", history["note"], "",
+                "| measure | before | after | command |", "|---|---:|---:|---|"]
+        out += [f"| {r['measure']} | {r['before']} | {r['after']} | `{r['command']}` |" for r in history["rows"]]
+        out += [""]
     b = load(d, "batching")
     if b:
         runs = b["runs"]

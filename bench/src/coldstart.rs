@@ -4,7 +4,8 @@
 //! - **Size**: every function is built as `sam build` builds it (cargo-lambda, release profile,
 //!   arm64), zipped by cargo-lambda; the zip is what is uploaded.
 //! - **Init**: the same build for this machine's architecture is started under a local runtime-API
-//!   emulator, with the environment the template gives it, pointed at moto and redis-server. Init is
+//!   emulator, with the environment the template gives it, pointed at moto and redis-server (a
+//!   standalone one: `LANES_REDIS_CLUSTER` is left out; Redis connects lazily anyway). Init is
 //!   the time from `exec` to the function's first `GET /runtime/invocation/next`: everything `main`
 //!   does before it can take an event (configuration, SDK clients, secrets, the tokenizer). The
 //!   median of `starts` starts, the functions taken in turn so that machine noise spreads evenly.
@@ -153,6 +154,10 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     .map_err(|e| format!("moto resources: {e}"))?;
     let github = moto.create_secret("lanes/github-webhook", "bench-secret").await?;
     let gitlab = moto.create_secret("lanes/gitlab-webhook", "bench-token").await?;
+    // The commits worker's API tokens, as a stack with private repositories configures them: two
+    // more Secrets Manager reads in its init.
+    let github_token = moto.create_secret("lanes/github-token", "bench-github-token").await?;
+    let gitlab_token = moto.create_secret("lanes/gitlab-token", "bench-gitlab-token").await?;
     let mut common = moto.env();
     common.extend(
         [
@@ -184,7 +189,15 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
             ]),
         },
         Function { name: "worker", bin: "worker", env: with(&[("LANES_LANE", "interactive")]) },
-        Function { name: "worker (commits)", bin: "worker", env: with(&[("LANES_LANE", "commits")]) },
+        Function {
+            name: "worker (commits)",
+            bin: "worker",
+            env: with(&[
+                ("LANES_LANE", "commits"),
+                ("LANES_GITHUB_TOKEN_SECRET", &github_token),
+                ("LANES_GITLAB_API_TOKEN_SECRET", &gitlab_token),
+            ]),
+        },
         Function {
             name: "controller",
             bin: "controller",

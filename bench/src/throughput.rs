@@ -140,7 +140,8 @@ async fn throughput_run(
         let mut still = Vec::new();
         for id in pending {
             match timestamps(&client, &server.url, id).await {
-                Some(t) => done.push(t),
+                Some(Ended::Completed(created, finished)) => done.push((created, finished)),
+                Some(Ended::Otherwise) => {} // finished but not completed: not counted
                 None => still.push(id),
             }
         }
@@ -170,14 +171,23 @@ async fn throughput_run(
     })
 }
 
-/// A completed task's `(created_at_ms, finished_at_ms)`; `None` while it is not completed.
-async fn timestamps(client: &reqwest::Client, url: &str, id: &str) -> Option<(u64, u64)> {
+/// How a task ended, as the bench counts it.
+enum Ended {
+    /// Completed: its `created_at_ms` and `finished_at_ms`.
+    Completed(u64, u64),
+    /// Failed or cancelled: not counted.
+    Otherwise,
+}
+
+/// How task `id` ended; `None` while it runs (or the server does not answer).
+async fn timestamps(client: &reqwest::Client, url: &str, id: &str) -> Option<Ended> {
     let v: serde_json::Value =
         client.get(format!("{url}/v1/tasks/{id}")).send().await.ok()?.json().await.ok()?;
-    if v["status"] != "COMPLETED" {
-        return None;
+    match v["status"].as_str()? {
+        "COMPLETED" => Some(Ended::Completed(v["created_at_ms"].as_u64()?, v["finished_at_ms"].as_u64()?)),
+        "FAILED" | "CANCELLED" => Some(Ended::Otherwise),
+        _ => None,
     }
-    Some((v["created_at_ms"].as_u64()?, v["finished_at_ms"].as_u64()?))
 }
 
 impl std::fmt::Display for ThroughputReport {

@@ -79,15 +79,15 @@ pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
 /// Starts the lease of a delivery: its visibility becomes `lease_ttl` from now. A queue that does not
 /// answer is asked twice more (briefly); if it still fails, the delivery is handed back with backoff,
-/// so it does not hide for the queue's long default. A delivery received straight into a lease no
-/// longer than `lease_ttl` (the local pool's receives) already has one: no request.
+/// so it does not hide for the queue's long default. A delivery received straight into this very
+/// lease (the local pool's receives) already has it: no request.
 pub async fn start(
     queue: &dyn QueueConsume,
     message: &ReceivedMessage,
     config: &WorkerConfig,
     lane: &str,
 ) -> Result<(), Outcome> {
-    if message.leased_for.is_some_and(|v| v <= config.lease_ttl) {
+    if message.leased_for == Some(config.lease_ttl) {
         return Ok(());
     }
     let mut last = None;

@@ -180,11 +180,13 @@ impl Pool {
     /// While there is work, each round reads every lane's depth and starts what the policy allows,
     /// again when a slot frees up or every `poll_interval`. Once the pool is idle (nothing running,
     /// nothing visible), it stops asking for depths: one long-poll receive per lane waits for the
-    /// next message (SQS answers the moment one arrives, or empty after 20 s), and whatever it
-    /// brings is started at once, the idle pool having room for it in every lane.
+    /// next message (SQS answers the moment one arrives, or empty after 20 s). What it brings is
+    /// started if the policy has room for it then (the pool may have become busy meanwhile), and
+    /// handed straight back to its queue otherwise.
     pub async fn run(&self, shutdown: CancellationToken) {
         let (found_tx, mut found_rx) = tokio::sync::mpsc::unbounded_channel();
         let polling: Arc<[std::sync::atomic::AtomicBool; 3]> = Arc::new(Default::default());
+        let mut polls = tokio::task::JoinSet::new();
         loop {
             let idle = self.dispatch().await;
             if idle {
@@ -196,15 +198,25 @@ impl Pool {
                     let (queue, lane, tx, polling) =
                         (queue.clone(), *lane, found_tx.clone(), polling.clone());
                     let lease = self.lease_for(lane);
-                    tokio::spawn(async move {
+                    polls.spawn(async move {
                         let got = queue.receive_waiting(1, Some(lease), IDLE_WAIT).await;
                         polling[lane.index()].store(false, Ordering::SeqCst);
                         let _ = tx.send((lane, got));
                     });
                 }
             }
+            while polls.try_join_next().is_some() {}
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    // Whatever a long poll brought and nobody started goes back at once. A poll
+                    // still waiting is dropped; should SQS have answered it meanwhile, that
+                    // message is back when its lease ends.
+                    polls.abort_all();
+                    while let Ok((lane, Ok(messages))) = found_rx.try_recv() {
+                        self.hand_back(lane, messages).await;
+                    }
+                    return;
+                }
                 _ = self.wake.notified() => {}
                 Some((lane, got)) = found_rx.recv() => match got {
                     Ok(messages) => self.start_received(lane, messages).await,
@@ -226,12 +238,33 @@ impl Pool {
         }
     }
 
-    /// Starts messages a long-poll received: a commits batch (topped up to a full one), or one task
-    /// each.
+    /// Starts messages a long-poll received, as far as the policy has room for them now: a commits
+    /// batch (topped up to a full one), or one task each. The rest go straight back.
     async fn start_received(&self, lane: Lane, mut messages: Vec<ReceivedMessage>) {
         let Some((_, queue)) = self.queues.iter().find(|(l, _)| *l == lane) else { return };
         if messages.is_empty() {
             return;
+        }
+        let running = self.running();
+        let mut backlog = [0usize; 3];
+        backlog[lane.index()] = messages.len();
+        let allowed = if self.borrow {
+            allocate(self.capacity, self.shares, running, backlog)
+        } else {
+            reserved(self.capacity, self.shares)
+        };
+        let total: usize = running.iter().sum();
+        let room = allowed[lane.index()]
+            .saturating_sub(running[lane.index()])
+            .min(self.capacity.saturating_sub(total));
+        let slots = if lane == Lane::Commits && self.commits.is_some() { room.min(1) } else { room };
+        if slots == 0 {
+            self.hand_back(lane, messages).await;
+            return;
+        }
+        if lane != Lane::Commits || self.commits.is_none() {
+            let over = messages.split_off(slots.min(messages.len()));
+            self.hand_back(lane, over).await;
         }
         if lane == Lane::Commits && self.commits.is_some() {
             match crate::lease::receive_batch(&**queue, COMMIT_BATCH - messages.len(), self.lease_for(lane))
@@ -243,6 +276,20 @@ impl Pool {
             self.spawn_commits(lane, queue, messages);
         } else {
             self.spawn_tasks(lane, queue, messages);
+        }
+    }
+
+    /// Makes received messages visible again at once, for whoever polls next.
+    async fn hand_back(&self, lane: Lane, messages: Vec<ReceivedMessage>) {
+        let Some((_, queue)) = self.queues.iter().find(|(l, _)| *l == lane) else { return };
+        if messages.is_empty() {
+            return;
+        }
+        let receipts: Vec<String> = messages.into_iter().map(|m| m.receipt).collect();
+        for r in queue.change_visibility_many(&receipts, Duration::ZERO).await {
+            if let Err(e) = r {
+                warn!(lane = %lane, error = %e, "could not hand a received message back; it returns with its lease");
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use lanes_core::ports::{
 };
 use lanes_core::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn record(prompt: &str, now_ms: u64) -> TaskRecord {
     let body = serde_json::json!({"project_id":"p","kind":"explain","prompt":prompt,"target_files":[]});
@@ -181,6 +181,30 @@ pub async fn queue<Q: QueueConsume + QueueSend>(queue: &Q, dlq: &dyn QueueConsum
     queue.delete(&m2.receipt).await.unwrap();
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 0), "deleted");
+    // A waiting receive: empty after its wait on an empty queue; a message sent during the wait is
+    // answered when it arrives (well before the wait's end), received into the lease asked for.
+    let waited = Instant::now();
+    assert!(
+        queue
+            .receive_waiting(1, Some(Duration::from_secs(5)), Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(waited.elapsed() >= Duration::from_millis(900), "it waited");
+    let started = Instant::now();
+    let (got, ()) = tokio::join!(
+        queue.receive_waiting(1, Some(Duration::from_secs(5)), Duration::from_secs(10)),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            queue.send("m3", BTreeMap::new()).await.unwrap();
+        }
+    );
+    let got = got.unwrap();
+    assert_eq!((got.len(), got[0].body.as_str()), (1, "m3"));
+    assert_eq!(got[0].leased_for, Some(Duration::from_secs(5)));
+    assert!(started.elapsed() < Duration::from_secs(9), "answered on arrival, not at the wait's end");
+    queue.delete(&got[0].receipt).await.unwrap();
 }
 
 /// A lease lock: one holder at a time, the holder's remaining TTL told to the others, renew and

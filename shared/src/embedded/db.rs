@@ -30,7 +30,14 @@ const NOT_MADE: &str = "embedded db: the write was not made (its group failed or
 /// What a job hands back after running in the group's transaction: whether it succeeded, and the
 /// completion that answers its caller with the group's outcome.
 type Done = Box<dyn FnOnce(Result<(), String>) + Send>;
-type Job = Box<dyn FnOnce(&WriteTransaction) -> (bool, Done) + Send>;
+type Job = Box<dyn FnOnce(&WriteTransaction) -> Ran + Send>;
+
+/// How a job ran: whether it succeeded and whether it wrote anything, and its completion.
+struct Ran {
+    ok: bool,
+    wrote: bool,
+    done: Done,
+}
 
 /// Errors opening the embedded database.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +79,9 @@ struct Writer {
 impl Drop for Writer {
     fn drop(&mut self) {
         drop(self.jobs.take());
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.thread.take()
+            && t.thread().id() != std::thread::current().id()
+        {
             let _ = t.join();
         }
     }
@@ -119,7 +128,7 @@ impl EmbeddedDb {
         Ok(Self { db, writer: Arc::new(Writer { jobs: Some(jobs), thread: Some(thread), commits }) })
     }
 
-    /// Transactions committed so far by this handle's writer (each one flush to disk).
+    /// Transactions committed so far by this handle's writer (each one a flush to disk).
     pub fn commits(&self) -> u64 {
         self.writer.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -133,21 +142,43 @@ impl EmbeddedDb {
         E: Send + 'static + From<String>,
         F: FnOnce(&WriteTransaction) -> Result<T, E> + Send + 'static,
     {
+        self.submit_maybe(move |txn| f(txn).map(|v| (v, true)))
+    }
+
+    /// [`Self::submit`] for a job that may decide to write nothing (a refused condition): it answers
+    /// `(answer, wrote)`. A group in which no job wrote is abandoned rather than committed, so a
+    /// refusal costs no flush.
+    pub(crate) fn submit_maybe<T, E, F>(&self, f: F) -> Pending<T, E>
+    where
+        T: Send + 'static,
+        E: Send + 'static + From<String>,
+        F: FnOnce(&WriteTransaction) -> Result<(T, bool), E> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |txn| {
             let out = f(txn);
-            let ok = out.is_ok();
+            let (ok, wrote) = match &out {
+                Ok((_, wrote)) => (true, *wrote),
+                Err(_) => (false, false),
+            };
             let done: Done = Box::new(move |group: Result<(), String>| {
                 let answer = match (group, out) {
-                    (Ok(()), out) | (Err(_), out @ Err(_)) => out,
+                    (Ok(()), out) | (Err(_), out @ Err(_)) => out.map(|(v, _)| v),
                     (Err(e), Ok(_)) => Err(E::from(e)),
                 };
                 let _ = tx.send(answer);
             });
-            (ok, done)
+            Ran { ok, wrote, done }
         });
         let sent = self.writer.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
         Pending { rx: sent.then_some(rx) }
+    }
+
+    /// An answer that needs no write (nothing to persist), in the shape of a submitted one.
+    pub(crate) fn answered<T, E>(value: Result<T, E>) -> Pending<T, E> {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(value);
+        Pending { rx: Some(rx) }
     }
 
     /// [`Self::submit`] and wait: `f`'s answer once it is committed.
@@ -196,21 +227,37 @@ fn write_groups(db: &Database, rx: &mpsc::Receiver<Job>, commits: &std::sync::at
         };
         let mut done = Vec::with_capacity(group.len());
         let mut jobs = group.into_iter();
-        let mut failed = false;
+        let (mut failed, mut wrote) = (false, false);
         for job in jobs.by_ref() {
-            let (ok, d) = job(&txn);
-            done.push(d);
-            if !ok {
-                failed = true;
-                break;
+            // A job that panics fails its group like one that errs; the writer carries on, since
+            // every later write of the process depends on it. Its caller hears "not made".
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&txn))) {
+                Ok(ran) => {
+                    wrote |= ran.wrote;
+                    done.push(ran.done);
+                    if !ran.ok {
+                        failed = true;
+                        break;
+                    }
+                }
+                Err(_) => {
+                    tracing::error!("embedded db: a write job panicked; its group is abandoned");
+                    failed = true;
+                    break;
+                }
             }
         }
         let outcome = if failed {
             let _ = txn.abort();
             Err("embedded db: a write in the same group failed; nothing was written".to_owned())
+        } else if !wrote {
+            // Only refusals: nothing to make durable.
+            txn.abort().map_err(|e| format!("embedded db: abort failed: {e}"))
         } else {
             let committed = txn.commit().map_err(|e| format!("embedded db: commit failed: {e}"));
-            commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if committed.is_ok() {
+                commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             committed
         };
         drop(jobs); // the ones after a failure, unrun: their callers hear the write was not made
@@ -280,6 +327,18 @@ mod tests {
         drop(db);
         let db = EmbeddedDb::open(dir.path()).unwrap();
         assert_eq!(read(&db, "k0").await, Some(0));
+    }
+
+    #[tokio::test]
+    async fn refusals_flush_nothing_and_a_panicking_write_does_not_stop_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let refused: Result<u8, String> = db.submit_maybe(|_txn| Ok((7, false))).wait().await;
+        assert_eq!((refused, db.commits()), (Ok(7), 0));
+        let panicked: Result<(), String> = db.submit(|_txn| panic!("a bug in a job")).wait().await;
+        assert!(panicked.unwrap_err().contains("not made"));
+        db.write(insert("after".into(), 1)).await.unwrap();
+        assert_eq!((read(&db, "after").await, db.commits()), (Some(1), 1));
     }
 
     #[tokio::test]

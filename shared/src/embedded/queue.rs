@@ -139,10 +139,11 @@ impl EmbeddedQueues {
     /// state lock, so the file sees the queue's changes in the order memory does. Hot paths then
     /// release the lock before waiting, so their writes share a commit.
     fn persist(&self, ops: Vec<Op>) -> Pending<(), QueueError> {
+        if ops.is_empty() {
+            // An empty receive (an idle poller's) writes nothing and so flushes nothing.
+            return EmbeddedDb::answered(Ok(()));
+        }
         self.db.submit(move |txn| {
-            if ops.is_empty() {
-                return Ok(());
-            }
             let mut table = txn.open_table(MESSAGES).map_err(unavailable)?;
             for op in &ops {
                 match op {
@@ -247,11 +248,18 @@ impl QueueSend for EmbeddedQueue {
             receipt: None,
         };
         // Durable first: a send that returns Ok must survive a crash. Nothing can see the entry
-        // before it is in memory, so the lock is not held while the write commits.
+        // before it is in memory, so the lock is not held while the write commits. Waiting and
+        // publishing run in their own task: a caller that gives up (a client hanging up) cannot
+        // leave a durable message missing from memory.
         let written = self.queues.persist(vec![put_op(&entry)?]);
         drop(state);
-        written.wait().await?;
-        self.queues.state.lock().await.queues.entry(self.name.clone()).or_default().insert(seq, entry);
+        let (queues, name) = (self.queues.clone(), self.name.clone());
+        let published = tokio::spawn(async move {
+            written.wait().await?;
+            queues.state.lock().await.queues.entry(name).or_default().insert(seq, entry);
+            Ok::<_, QueueError>(())
+        });
+        published.await.map_err(|e| unavailable(format!("send task: {e}")))??;
         Ok(id)
     }
 }
@@ -311,11 +319,22 @@ impl QueueConsume for EmbeddedQueue {
             state.receipts.insert(receipt, (self.name.clone(), seq));
         }
         // Memory is updated and the write queued under the lock; waiting for the commit is not.
-        // Should the write fail, the messages are leased in memory only: they come back when the
-        // lease ends, as after a crash.
+        // Should the write fail, the messages are made visible again at once (their receive
+        // counts, raised in memory only, stay raised: a poison message still reaches the DLQ).
         let written = self.queues.persist(ops);
         drop(state);
-        written.wait().await?;
+        if let Err(e) = written.wait().await {
+            let mut state = self.queues.state.lock().await;
+            for m in &out {
+                if let Some((queue, seq)) = state.receipts.remove(&m.receipt)
+                    && let Some(entry) = state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq))
+                {
+                    entry.visible_at_ms = 0;
+                    entry.receipt = None;
+                }
+            }
+            return Err(e);
+        }
         Ok(out)
     }
 
@@ -330,23 +349,35 @@ impl QueueConsume for EmbeddedQueue {
     }
 
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
-        let state = self.queues.state.lock().await;
+        let mut state = self.queues.state.lock().await;
         let (queue, seq) = Self::lookup(&state, receipt)?;
-        let id = match state.queues.get(&queue).and_then(|q| q.get(&seq)) {
-            Some(e) => e.id.clone(),
-            None => return Err(QueueError::ReceiptInvalid),
+        let Some(entry) = state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq)) else {
+            return Err(QueueError::ReceiptInvalid);
         };
-        // The message is leased, so nothing else takes it while the delete commits without the
-        // lock; memory forgets it once the delete is durable.
+        // Hidden for good while the delete commits without the lock, so no receive can take it
+        // (and write it back) even if its lease runs out meanwhile; memory forgets it once the
+        // delete is durable, or shows it again as it was if the delete failed.
+        let (id, was_visible_at) = (entry.id.clone(), entry.visible_at_ms);
+        entry.visible_at_ms = u64::MAX;
         let written = self.queues.persist(vec![Op::Delete(id)]);
         drop(state);
-        written.wait().await?;
+        let outcome = written.wait().await;
         let mut state = self.queues.state.lock().await;
-        state.receipts.remove(receipt);
-        if let Some(q) = state.queues.get_mut(&queue) {
-            q.remove(&seq);
+        match outcome {
+            Ok(()) => {
+                state.receipts.remove(receipt);
+                if let Some(q) = state.queues.get_mut(&queue) {
+                    q.remove(&seq);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(entry) = state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq)) {
+                    entry.visible_at_ms = was_visible_at;
+                }
+                Err(e)
+            }
         }
-        Ok(())
     }
 
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {

@@ -54,19 +54,20 @@ impl EmbeddedStore {
         // A refusal made before anything is written (an unreadable record, a record that will not
         // serialize) is this call's answer alone; only a failed write fails the group.
         self.db
-            .write(move |txn| -> Result<Result<T, StoreError>, StoreError> {
+            .submit_maybe(move |txn| -> Result<(Result<T, StoreError>, bool), StoreError> {
                 let current = match read(txn, &id) {
                     Ok(c) => c,
-                    Err(e) => return Ok(Err(e)),
+                    Err(e) => return Ok((Err(e), false)),
                 };
                 let (write, answer) = f(current);
                 let bytes = match &write {
                     Some(Write::Put(record)) => match serde_json::to_vec(record) {
                         Ok(b) => Some(b),
-                        Err(e) => return Ok(Err(unavailable(e))),
+                        Err(e) => return Ok((Err(unavailable(e)), false)),
                     },
                     _ => None,
                 };
+                let wrote = write.is_some();
                 let mut table = txn.open_table(TASKS).map_err(unavailable)?;
                 match (write, bytes) {
                     (Some(Write::Put(_)), Some(bytes)) => {
@@ -77,8 +78,9 @@ impl EmbeddedStore {
                     }
                     _ => {}
                 }
-                Ok(Ok(answer))
+                Ok((Ok(answer), wrote))
             })
+            .wait()
             .await?
     }
 
