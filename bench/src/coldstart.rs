@@ -5,7 +5,8 @@
 //!   arm64), zipped by cargo-lambda; the zip is what is uploaded.
 //! - **Init**: the same build for this machine's architecture is started under a local runtime-API
 //!   emulator, with the environment the template gives it, pointed at moto and redis-server (a
-//!   standalone one: `LANES_REDIS_CLUSTER` is left out; Redis connects lazily anyway). Init is
+//!   standalone one: `LANES_REDIS_CLUSTER` is left out; Redis connects lazily anyway), and the TLS
+//!   roots read from one bundle file as in Lambda ([`lambda_like_roots`]). Init is
 //!   the time from `exec` to the function's first `GET /runtime/invocation/next`: everything `main`
 //!   does before it can take an event (configuration, SDK clients, secrets, the tokenizer). The
 //!   median of `starts` starts, the functions taken in turn so that machine noise spreads evenly.
@@ -168,6 +169,10 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
             ("LANES_QUEUE_URL_COMMITS", &urls[2]),
             ("REDIS_URL", &redis.url()),
             ("LANES_LLM_PROVIDER", "offline"),
+            ("LANES_MAX_RECEIVE_COUNT", "10"),
+            ("LANES_DLQ_URL_INTERACTIVE", &format!("{}-dlq", urls[0])),
+            ("LANES_DLQ_URL_SYNTHESIS", &format!("{}-dlq", urls[1])),
+            ("LANES_DLQ_URL_COMMITS", &format!("{}-dlq", urls[2])),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned())),
     );
@@ -270,6 +275,7 @@ impl RuntimeApi {
             .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/bench")
             .env("AWS_LAMBDA_LOG_STREAM_NAME", "bench")
             .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+            .envs(lambda_like_roots())
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -292,6 +298,17 @@ impl RuntimeApi {
         let _ = std::fs::remove_file(&stderr);
         outcome.map_err(|e| format!("{}: {e}\n{log}", bootstrap.display()))
     }
+}
+
+/// Lambda's runtime (Amazon Linux 2023) keeps its TLS roots in one bundle file, which is all that
+/// `rustls-native-certs` reads there. A Debian host also has a directory of one file per root, which
+/// it reads too and which costs several ms of init. Pointing `SSL_CERT_FILE` at the host's bundle
+/// makes the functions read what they read in Lambda.
+fn lambda_like_roots() -> Option<(&'static str, &'static str)> {
+    ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .map(|p| ("SSL_CERT_FILE", p))
 }
 
 fn tempfile_path() -> PathBuf {

@@ -150,7 +150,55 @@ pub struct AwsBackendConfig {
     pub queue_urls: [String; 3],
     /// Redis.
     pub redis: RedisSettings,
+    /// The lane queues' redrive policy, when the deployment states it: the consumers are then built
+    /// without asking SQS for it.
+    pub redrive: Option<Redrive>,
 }
+
+/// A redrive policy known from the environment (`LANES_MAX_RECEIVE_COUNT` and
+/// `LANES_DLQ_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, set by the template from the same values it
+/// gives the queues). Without it, a consumer reads its queue's policy from SQS when it starts: two
+/// more requests, and a TLS handshake, in every worker's cold start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redrive {
+    /// `maxReceiveCount` of every lane queue.
+    pub max_receive_count: u32,
+    /// The DLQ URL per lane.
+    pub dlq_urls: [String; 3],
+}
+
+impl Redrive {
+    /// `Some` when all four variables are set, `None` when none is; a partial set is an error that
+    /// names what is missing, and a count that is not a positive number one that names it too.
+    pub fn from_env() -> Result<Option<Self>, ConfigError> {
+        Self::parse(
+            crate::config::optional_env("LANES_MAX_RECEIVE_COUNT"),
+            DLQ_URL_VARS.map(crate::config::optional_env),
+        )
+    }
+
+    /// [`Self::from_env`] on the variables' values.
+    pub fn parse(count: Option<String>, dlqs: [Option<String>; 3]) -> Result<Option<Self>, ConfigError> {
+        if count.is_none() && dlqs.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let count = count.ok_or(ConfigError::Missing("LANES_MAX_RECEIVE_COUNT"))?;
+        let max_receive_count =
+            count.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| ConfigError::Invalid {
+                name: "LANES_MAX_RECEIVE_COUNT",
+                reason: format!("{count:?} is not a positive count"),
+            })?;
+        let mut urls = Vec::with_capacity(3);
+        for (var, url) in DLQ_URL_VARS.into_iter().zip(dlqs) {
+            urls.push(url.ok_or(ConfigError::Missing(var))?);
+        }
+        let dlq_urls: [String; 3] = urls.try_into().map_err(|_| ConfigError::Missing("LANES_DLQ_URL_*"))?;
+        Ok(Some(Self { max_receive_count, dlq_urls }))
+    }
+}
+
+const DLQ_URL_VARS: [&str; 3] =
+    ["LANES_DLQ_URL_INTERACTIVE", "LANES_DLQ_URL_SYNTHESIS", "LANES_DLQ_URL_COMMITS"];
 
 const QUEUE_URL_VARS: [&str; 3] =
     ["LANES_QUEUE_URL_INTERACTIVE", "LANES_QUEUE_URL_SYNTHESIS", "LANES_QUEUE_URL_COMMITS"];
@@ -189,7 +237,7 @@ pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
 
 impl AwsBackendConfig {
     /// Reads `LANES_TABLE`, `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `REDIS_URL`,
-    /// `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`.
+    /// `LANES_REDIS_CLUSTER`, `LANES_KEY_PREFIX` and the optional [`Redrive`].
     pub fn from_env() -> Result<Self, ConfigError> {
         let table = require_env("LANES_TABLE")?;
         let mut urls = Vec::with_capacity(3);
@@ -198,19 +246,29 @@ impl AwsBackendConfig {
         }
         let queue_urls: [String; 3] =
             urls.try_into().map_err(|_| ConfigError::Missing("LANES_QUEUE_URL_*"))?;
-        Ok(Self { aws: AwsSettings::default(), table, queue_urls, redis: redis_from_env()? })
+        Ok(Self {
+            aws: AwsSettings::default(),
+            table,
+            queue_urls,
+            redis: redis_from_env()?,
+            redrive: Redrive::from_env()?,
+        })
     }
 }
 
-/// The AWS backend. `consume_lanes` are the lanes whose queues are read (their redrive policy is
-/// fetched now); the others get send-only handles.
+/// The AWS backend. `consume_lanes` are the lanes whose queues are read (their redrive policy comes
+/// from [`AwsBackendConfig::redrive`], or is fetched now); the others get send-only handles.
 pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Adapters, BackendError> {
     let aws = AwsClients::load(&config.aws).await;
     let conn = connect(&config.redis).await?;
     let mut consume = Vec::with_capacity(3);
     for lane in Lane::ALL {
         let url = &config.queue_urls[lane.index()];
-        let q = if consume_lanes.contains(&lane) { aws.queue(url).await? } else { aws.queue_sender(url) };
+        let q = match (&config.redrive, consume_lanes.contains(&lane)) {
+            (_, false) => aws.queue_sender(url),
+            (Some(r), true) => aws.queue_known(url, &r.dlq_urls[lane.index()], r.max_receive_count),
+            (None, true) => aws.queue(url).await?,
+        };
         consume.push(q);
     }
     let queues: [SqsQueue; 3] = consume.try_into().map_err(|_| ConfigError::Missing("queues"))?;
@@ -360,4 +418,25 @@ async fn route_client(
         None => client,
     };
     Ok(crate::llm::route::RouteClient { name, client, limiter })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redrive_policy_is_all_four_variables_or_none() {
+        let urls = || ["i", "s", "c"].map(|u| Some(format!("https://sqs/{u}-dlq")));
+        assert_eq!(Redrive::parse(None, [None, None, None]).unwrap(), None);
+        let r = Redrive::parse(Some("10".into()), urls()).unwrap().unwrap();
+        assert_eq!((r.max_receive_count, r.dlq_urls[2].as_str()), (10, "https://sqs/c-dlq"));
+        let missing = Redrive::parse(Some("10".into()), [None, Some("x".into()), Some("y".into())]);
+        assert!(matches!(missing, Err(ConfigError::Missing("LANES_DLQ_URL_INTERACTIVE"))), "{missing:?}");
+        assert!(matches!(Redrive::parse(None, urls()), Err(ConfigError::Missing("LANES_MAX_RECEIVE_COUNT"))));
+        for bad in ["0", "ten", "-1"] {
+            let e = Redrive::parse(Some(bad.into()), urls()).unwrap_err();
+            assert!(e.to_string().contains("LANES_MAX_RECEIVE_COUNT"), "{e}");
+        }
+    }
 }

@@ -166,9 +166,13 @@ impl ControllerFunction {
             None => None,
             Some(table) => {
                 let mut dlqs = Vec::new();
+                let redrive = crate::backend::Redrive::from_env()?;
                 for lane in [Lane::Interactive, Lane::Synthesis] {
-                    let q =
-                        aws.queue(&urls[lane.index()]).await.map_err(crate::backend::BackendError::Queue)?;
+                    let url = &urls[lane.index()];
+                    let q = match &redrive {
+                        Some(r) => aws.queue_known(url, &r.dlq_urls[lane.index()], r.max_receive_count),
+                        None => aws.queue(url).await.map_err(crate::backend::BackendError::Queue)?,
+                    };
                     if let Some(dlq) = q.dead_letter_queue() {
                         dlqs.push((lane, Arc::new(dlq) as Arc<dyn QueueConsume>));
                     }

@@ -184,6 +184,7 @@ impl Local {
                     table: table.into(),
                     queue_urls,
                     redis: redis_from_env()?,
+                    redrive: None,
                 };
                 crate::backend::aws(&config, &Lane::ALL).await?
             }

@@ -128,6 +128,7 @@ async fn rig() -> Rig {
             timeout: Duration::from_millis(500),
             ca_pem: None,
         },
+        redrive: None,
     };
     let adapters = lanes_core::backend::aws(&config, &[Lane::Commits]).await.unwrap();
     let fetches = Arc::new(Mutex::new(HashMap::new()));

@@ -32,6 +32,11 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
             ("LANES_QUEUE_URL_COMMITS", urls[2].clone()),
             ("REDIS_URL", redis.url()),
             ("LANES_LANE", "interactive".to_owned()),
+            // The redrive policy as the template states it: the worker asks SQS nothing at start.
+            ("LANES_MAX_RECEIVE_COUNT", "10".to_owned()),
+            ("LANES_DLQ_URL_INTERACTIVE", format!("{}-dlq", urls[0])),
+            ("LANES_DLQ_URL_SYNTHESIS", format!("{}-dlq", urls[1])),
+            ("LANES_DLQ_URL_COMMITS", format!("{}-dlq", urls[2])),
             ("RUST_LOG", "info".to_owned()),
         ]
         .map(|(k, v)| (k.to_owned(), v)),

@@ -34,6 +34,12 @@ impl AwsClients {
         sqs::SqsQueue::sender(self.sqs.clone(), url)
     }
 
+    /// A consumer of the queue at `url` whose redrive policy is known (no I/O). Its ARN is not, so
+    /// it cannot start a DLQ move task; `queue` can.
+    pub fn queue_known(&self, url: &str, dlq_url: &str, max_receive_count: u32) -> sqs::SqsQueue {
+        sqs::SqsQueue::known(self.sqs.clone(), url, dlq_url, max_receive_count)
+    }
+
     /// A consumer of the queue at `url`, with its redrive policy read once.
     pub async fn queue(&self, url: &str) -> Result<sqs::SqsQueue, crate::ports::QueueError> {
         sqs::SqsQueue::connect(self.sqs.clone(), url).await
@@ -116,6 +122,18 @@ pub async fn sdk_config(settings: &AwsSettings) -> aws_config::SdkConfig {
     if let Some((id, secret)) = &settings.static_credentials {
         loader = loader
             .credentials_provider(aws_sdk_sqs::config::Credentials::new(id, secret, None, None, "static"));
+    } else if std::env::var_os("AWS_ACCESS_KEY_ID").is_some() {
+        // Keys in the environment are what the default chain would pick first anyway (Lambda puts
+        // the function's role there). Naming that provider skips building the rest of the chain
+        // (its STS, SSO and IMDS clients), which is most of a function's init after the TLS roots.
+        loader = loader
+            .credentials_provider(aws_config::environment::EnvironmentVariableCredentialsProvider::new());
+    }
+    if settings.region.is_none()
+        && let Some(region) = std::env::var("AWS_REGION").ok().filter(|r| !r.is_empty())
+    {
+        // Likewise for the region: the environment first, without building the chain's IMDS client.
+        loader = loader.region(aws_config::Region::new(region));
     }
     loader.load().await
 }

@@ -102,6 +102,13 @@ pub struct SqsQueue {
 }
 
 impl SqsQueue {
+    /// A consumer of `url` whose redrive policy is known (its DLQ's URL and `maxReceiveCount`), built
+    /// without I/O. Its ARN is unknown, so it cannot start a move task from its DLQ; use
+    /// [`SqsQueue::connect`] for that.
+    pub fn known(client: Client, url: &str, dlq_url: &str, max_receive_count: u32) -> Self {
+        Self { dlq_url: Some(dlq_url.to_owned()), max_receive_count, ..Self::sender(client, url) }
+    }
+
     /// A sender for `url`, without I/O. Consuming through it treats the queue as having no redrive
     /// policy; use [`SqsQueue::connect`] for a consumer.
     pub fn sender(client: Client, url: &str) -> Self {
