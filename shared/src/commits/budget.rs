@@ -15,10 +15,14 @@ fn bpe() -> &'static CoreBPE {
     BPE.get_or_init(|| tiktoken_rs::o200k_base().unwrap_or_else(|e| panic!("o200k_base vocabulary: {e}")))
 }
 
-/// Loads the vocabulary now (about 0.1 s in release builds, more in debug), so the first commit
-/// batch does not pay for it. Called at start-up by the processes that run the commits lane.
+/// Starts loading the vocabulary (about 0.1 s in release builds, more in debug) on its own thread,
+/// so neither start-up nor the first commit batch waits for it: that batch fetches its diffs before
+/// counting anything, and a count made before the load is done waits for it. Called at start-up by
+/// the processes that run the commits lane.
 pub fn warm() {
-    let _ = bpe();
+    let _ = std::thread::Builder::new().name("lanes-bpe".into()).spawn(|| {
+        let _ = bpe();
+    });
 }
 
 /// Tokens of `text` under `o200k_base` (GPT-4o's encoding; within a few percent of other BPEs).

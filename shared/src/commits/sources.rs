@@ -523,16 +523,16 @@ impl DiffSources {
         let timeout = Duration::from_secs(20);
         let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
             .unwrap_or_else(|| "https://api.github.com".into());
-        let github_token =
-            crate::adapters::secrets::env_or_secret("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET")
-                .await?;
         let gitlab_url =
             crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
-        let gitlab_token = crate::adapters::secrets::env_or_secret(
-            "LANES_GITLAB_API_TOKEN",
-            "LANES_GITLAB_API_TOKEN_SECRET",
-        )
-        .await?;
+        // Both at once: each is a Secrets Manager round trip in the worker's cold start.
+        let (github_token, gitlab_token) = tokio::try_join!(
+            crate::adapters::secrets::env_or_secret("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
+            crate::adapters::secrets::env_or_secret(
+                "LANES_GITLAB_API_TOKEN",
+                "LANES_GITLAB_API_TOKEN_SECRET"
+            ),
+        )?;
         Ok(Self {
             github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout)?)),
             gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout)?)),

@@ -57,16 +57,17 @@ impl WebhookConfig {
     /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
     /// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups).
     pub async fn from_env() -> Result<Self, ConfigError> {
-        let github_secret = crate::adapters::secrets::env_or_secret(
-            "LANES_GITHUB_WEBHOOK_SECRET",
-            "LANES_GITHUB_WEBHOOK_SECRET_ID",
-        )
-        .await?;
-        let gitlab_token = crate::adapters::secrets::env_or_secret(
-            "LANES_GITLAB_WEBHOOK_TOKEN",
-            "LANES_GITLAB_WEBHOOK_TOKEN_ID",
-        )
-        .await?;
+        // Both at once: each is a Secrets Manager round trip in the function's cold start.
+        let (github_secret, gitlab_token) = tokio::try_join!(
+            crate::adapters::secrets::env_or_secret(
+                "LANES_GITHUB_WEBHOOK_SECRET",
+                "LANES_GITHUB_WEBHOOK_SECRET_ID"
+            ),
+            crate::adapters::secrets::env_or_secret(
+                "LANES_GITLAB_WEBHOOK_TOKEN",
+                "LANES_GITLAB_WEBHOOK_TOKEN_ID"
+            ),
+        )?;
         let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
             .map(|v| {
                 v.split(',')
