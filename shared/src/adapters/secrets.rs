@@ -18,17 +18,38 @@ pub async fn env_or_secret(
     var: &'static str,
     secret_var: &'static str,
 ) -> Result<Option<String>, ConfigError> {
-    if let Some(v) = optional_env(var) {
-        return Ok(Some(v));
+    let [value] = env_or_secrets([(var, secret_var)]).await?;
+    Ok(value)
+}
+
+/// [`env_or_secret`] for several values at once: the secrets among them are read concurrently
+/// through one client (one SDK configuration and one connection pool), so a cold start that needs
+/// two pays about one round trip, and builds the client only if it reads a secret at all.
+pub async fn env_or_secrets<const N: usize>(
+    vars: [(&'static str, &'static str); N],
+) -> Result<[Option<String>; N], ConfigError> {
+    let plain = vars.map(|(var, _)| optional_env(var));
+    let named = vars.map(|(_, secret_var)| optional_env(secret_var));
+    if plain.iter().zip(&named).all(|(p, n)| p.is_some() || n.is_none()) {
+        return Ok(plain);
     }
-    match optional_env(secret_var) {
-        None => Ok(None),
-        Some(secret) => {
-            let sdk = super::sdk_config(&Default::default()).await;
-            let client = super::requests::secrets(&sdk);
-            Ok(Some(fetch_named_secret(&client, &secret, secret_var).await?))
-        }
-    }
+    let sdk = super::sdk_config(&Default::default()).await;
+    let client = super::requests::secrets(&sdk);
+    let fetched = futures::future::join_all(vars.iter().zip(plain.iter().zip(&named)).map(
+        |((_, secret_var), (plain, named))| {
+            let client = &client;
+            async move {
+                match (plain, named) {
+                    (Some(v), _) => Ok(Some(v.clone())),
+                    (None, Some(id)) => fetch_named_secret(client, id, secret_var).await.map(Some),
+                    (None, None) => Ok(None),
+                }
+            }
+        },
+    ))
+    .await;
+    let values = fetched.into_iter().collect::<Result<Vec<_>, _>>()?;
+    values.try_into().map_err(|_| ConfigError::Missing("secrets"))
 }
 
 /// [`fetch_secret`], naming `var` in its errors.

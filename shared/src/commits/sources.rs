@@ -525,14 +525,12 @@ impl DiffSources {
             .unwrap_or_else(|| "https://api.github.com".into());
         let gitlab_url =
             crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
-        // Both at once: each is a Secrets Manager round trip in the worker's cold start.
-        let (github_token, gitlab_token) = tokio::try_join!(
-            crate::adapters::secrets::env_or_secret("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
-            crate::adapters::secrets::env_or_secret(
-                "LANES_GITLAB_API_TOKEN",
-                "LANES_GITLAB_API_TOKEN_SECRET"
-            ),
-        )?;
+        // Both at once, through one client: each is a Secrets Manager round trip at cold start.
+        let [github_token, gitlab_token] = crate::adapters::secrets::env_or_secrets([
+            ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
+            ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),
+        ])
+        .await?;
         Ok(Self {
             github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout)?)),
             gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout)?)),

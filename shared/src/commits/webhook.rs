@@ -57,17 +57,12 @@ impl WebhookConfig {
     /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
     /// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups).
     pub async fn from_env() -> Result<Self, ConfigError> {
-        // Both at once: each is a Secrets Manager round trip in the function's cold start.
-        let (github_secret, gitlab_token) = tokio::try_join!(
-            crate::adapters::secrets::env_or_secret(
-                "LANES_GITHUB_WEBHOOK_SECRET",
-                "LANES_GITHUB_WEBHOOK_SECRET_ID"
-            ),
-            crate::adapters::secrets::env_or_secret(
-                "LANES_GITLAB_WEBHOOK_TOKEN",
-                "LANES_GITLAB_WEBHOOK_TOKEN_ID"
-            ),
-        )?;
+        // Both at once, through one client: each is a Secrets Manager round trip at cold start.
+        let [github_secret, gitlab_token] = crate::adapters::secrets::env_or_secrets([
+            ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
+            ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),
+        ])
+        .await?;
         let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
             .map(|v| {
                 v.split(',')
