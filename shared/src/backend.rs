@@ -237,7 +237,7 @@ pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
 
 impl AwsBackendConfig {
     /// Reads `LANES_TABLE`, `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `REDIS_URL`,
-    /// `LANES_REDIS_CLUSTER`, `LANES_KEY_PREFIX` and the optional [`Redrive`].
+    /// `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`.
     pub fn from_env() -> Result<Self, ConfigError> {
         let table = require_env("LANES_TABLE")?;
         let mut urls = Vec::with_capacity(3);
@@ -251,8 +251,17 @@ impl AwsBackendConfig {
             table,
             queue_urls,
             redis: redis_from_env()?,
-            redrive: Redrive::from_env()?,
+            // Only the functions take the policy as stated ([`AwsBackendConfig::for_functions`]):
+            // operator tools ask SQS, which also tells them the queues' ARNs (move tasks need them).
+            redrive: None,
         })
+    }
+
+    /// [`Self::from_env`] plus the [`Redrive`] the template states, for the Lambda functions: their
+    /// consumers are built without asking SQS, at the price of not knowing the queues' ARNs, which
+    /// only the operator's DLQ move task needs.
+    pub fn for_functions() -> Result<Self, ConfigError> {
+        Ok(Self { redrive: Redrive::from_env()?, ..Self::from_env()? })
     }
 }
 
@@ -264,10 +273,10 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
     let mut consume = Vec::with_capacity(3);
     for lane in Lane::ALL {
         let url = &config.queue_urls[lane.index()];
-        let q = match (&config.redrive, consume_lanes.contains(&lane)) {
-            (_, false) => aws.queue_sender(url),
-            (Some(r), true) => aws.queue_known(url, &r.dlq_urls[lane.index()], r.max_receive_count),
-            (None, true) => aws.queue(url).await?,
+        let q = if consume_lanes.contains(&lane) {
+            aws.consumer(url, lane, config.redrive.as_ref()).await?
+        } else {
+            aws.queue_sender(url)
         };
         consume.push(q);
     }
@@ -407,8 +416,8 @@ async fn route_client(
             )
         }
         Provider::Bedrock => {
-            let aws = crate::adapters::AwsClients::load(&Default::default()).await;
-            Arc::new(aws.bedrock(&route.model))
+            let sdk = crate::adapters::sdk_config(&Default::default()).await;
+            Arc::new(crate::adapters::bedrock::BedrockClient::new(&sdk, &route.model))
         }
     };
     let name = route.name();

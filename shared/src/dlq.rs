@@ -243,7 +243,6 @@ async fn runnable_or_dropped(
 /// runs again: a `FAILED` or `CANCELLED` record becomes a fresh `PENDING` one (the fence carries
 /// over); a `PENDING` or `PROCESSING` one is simply sent again. Each message is deleted from the DLQ
 /// only after its copy was sent.
-#[allow(clippy::too_many_arguments)]
 pub async fn redrive(
     dlq: &dyn QueueConsume,
     lane_queue: &dyn QueueSend,

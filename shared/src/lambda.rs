@@ -168,11 +168,10 @@ impl ControllerFunction {
                 let mut dlqs = Vec::new();
                 let redrive = crate::backend::Redrive::from_env()?;
                 for lane in [Lane::Interactive, Lane::Synthesis] {
-                    let url = &urls[lane.index()];
-                    let q = match &redrive {
-                        Some(r) => aws.queue_known(url, &r.dlq_urls[lane.index()], r.max_receive_count),
-                        None => aws.queue(url).await.map_err(crate::backend::BackendError::Queue)?,
-                    };
+                    let q = aws
+                        .consumer(&urls[lane.index()], lane, redrive.as_ref())
+                        .await
+                        .map_err(crate::backend::BackendError::Queue)?;
                     if let Some(dlq) = q.dead_letter_queue() {
                         dlqs.push((lane, Arc::new(dlq) as Arc<dyn QueueConsume>));
                     }
@@ -268,7 +267,7 @@ pub enum ColdStartError {
 
 async fn adapters_from_env(function: &str, consume: &[Lane]) -> Result<Adapters, ColdStartError> {
     match Backend::from_env()? {
-        Backend::Aws => Ok(crate::backend::aws(&AwsBackendConfig::from_env()?, consume).await?),
+        Backend::Aws => Ok(crate::backend::aws(&AwsBackendConfig::for_functions()?, consume).await?),
         Backend::Embedded { data_dir } => {
             tracing::info!(function, data_dir = %data_dir.display(), "embedded backend");
             let clock: SharedClock = Arc::new(SystemClock);

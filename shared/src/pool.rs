@@ -230,6 +230,28 @@ impl Pool {
         }
     }
 
+    /// What each lane may run now, given what runs and what waits. A recently active interactive
+    /// lane is treated as having work, so it keeps its headroom for the idle grace.
+    fn allowance(&self, running: [usize; 3], backlog: [usize; 3]) -> [usize; 3] {
+        if !self.borrow {
+            return reserved(self.capacity, self.shares);
+        }
+        let active = match self.interactive_seen.lock() {
+            Ok(mut seen) => {
+                if running[0] + backlog[0] > 0 {
+                    *seen = Some(std::time::Instant::now());
+                }
+                seen.is_some_and(|t| t.elapsed() < self.idle_grace)
+            }
+            Err(_) => false,
+        };
+        let mut demand = backlog;
+        if active && running[0] + backlog[0] == 0 {
+            demand[0] = 1;
+        }
+        allocate(self.capacity, self.shares, running, demand)
+    }
+
     /// The visibility a lane's messages are received with: the lease they start under.
     fn lease_for(&self, lane: Lane) -> Duration {
         match (&self.commits, lane) {
@@ -248,15 +270,8 @@ impl Pool {
         let running = self.running();
         let mut backlog = [0usize; 3];
         backlog[lane.index()] = messages.len();
-        let allowed = if self.borrow {
-            allocate(self.capacity, self.shares, running, backlog)
-        } else {
-            reserved(self.capacity, self.shares)
-        };
-        let total: usize = running.iter().sum();
-        let room = allowed[lane.index()]
-            .saturating_sub(running[lane.index()])
-            .min(self.capacity.saturating_sub(total));
+        let allowed = self.allowance(running, backlog);
+        let room = room(allowed, running, lane.index(), self.capacity, running.iter().sum());
         let slots = if lane == Lane::Commits && self.commits.is_some() { room.min(1) } else { room };
         if slots == 0 {
             self.hand_back(lane, messages).await;
@@ -348,53 +363,32 @@ impl Pool {
             return true;
         }
         let backlog = backlog.map(|b| if b == usize::MAX { 0 } else { b });
-        let active = match self.interactive_seen.lock() {
-            Ok(mut seen) => {
-                if running[0] + backlog[0] > 0 {
-                    *seen = Some(std::time::Instant::now());
-                }
-                seen.is_some_and(|t| t.elapsed() < self.idle_grace)
-            }
-            Err(_) => false,
-        };
-        let allowed = if self.borrow {
-            // A recently active interactive lane is treated as having work, so it keeps its headroom.
-            let mut demand_backlog = backlog;
-            if active && running[0] + backlog[0] == 0 {
-                demand_backlog[0] = 1;
-            }
-            allocate(self.capacity, self.shares, running, demand_backlog)
-        } else {
-            reserved(self.capacity, self.shares)
-        };
+        let allowed = self.allowance(running, backlog);
         let mut total: usize = running.iter().sum();
         for (lane, queue) in &self.queues {
             let i = lane.index();
-            let room = allowed[i].saturating_sub(running[i]).min(self.capacity.saturating_sub(total));
+            let room = room(allowed, running, i, self.capacity, total);
             if room == 0 || backlog[i] == 0 {
                 continue;
             }
-            if *lane == Lane::Commits
-                && let Some(commits) = &self.commits
-            {
+            if *lane == Lane::Commits && self.commits.is_some() {
                 // One slot, one batch: commits share an LLM call, so they travel together.
-                let batch = match crate::lease::receive_batch(&**queue, COMMIT_BATCH, commits.lease.lease_ttl)
-                    .await
-                {
-                    Ok(b) if !b.is_empty() => b,
-                    Ok(_) => continue,
-                    Err(e) => {
-                        warn!(lane = %lane, error = %e, "receive failed");
-                        continue;
-                    }
-                };
+                let batch =
+                    match crate::lease::receive_batch(&**queue, COMMIT_BATCH, self.lease_for(*lane)).await {
+                        Ok(b) if !b.is_empty() => b,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            warn!(lane = %lane, error = %e, "receive failed");
+                            continue;
+                        }
+                    };
                 total += 1;
                 self.spawn_commits(*lane, queue, batch);
                 continue;
             }
             // Received straight into a lease: if this process dies before the worker's heartbeat
             // starts, the message is back within a lease, not the queue's long default.
-            let messages = match queue.receive_for(room, Some(self.worker.config.lease_ttl)).await {
+            let messages = match queue.receive_for(room, Some(self.lease_for(*lane))).await {
                 Ok(m) => m,
                 Err(e) => {
                     warn!(lane = %lane, error = %e, "receive failed");
@@ -406,6 +400,12 @@ impl Pool {
         }
         false
     }
+}
+
+/// Slots lane `i` may still take: its allowance less what it runs, within the pool's free capacity
+/// (`total` slots in use).
+fn room(allowed: [usize; 3], running: [usize; 3], i: usize, capacity: usize, total: usize) -> usize {
+    allowed[i].saturating_sub(running[i]).min(capacity.saturating_sub(total))
 }
 
 struct SlotGuard {

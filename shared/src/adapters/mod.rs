@@ -34,10 +34,24 @@ impl AwsClients {
         sqs::SqsQueue::sender(self.sqs.clone(), url)
     }
 
-    /// A consumer of the queue at `url` whose redrive policy is known (no I/O). Its ARN is not, so
-    /// it cannot start a DLQ move task; `queue` can.
-    pub fn queue_known(&self, url: &str, dlq_url: &str, max_receive_count: u32) -> sqs::SqsQueue {
-        sqs::SqsQueue::known(self.sqs.clone(), url, dlq_url, max_receive_count)
+    /// A consumer of lane `lane`'s queue at `url`: built from `redrive` when the deployment states
+    /// it (no I/O, but no ARN either, so no DLQ move task from it), else with the policy read from
+    /// SQS once ([`Self::queue`]).
+    pub async fn consumer(
+        &self,
+        url: &str,
+        lane: crate::domain::Lane,
+        redrive: Option<&crate::backend::Redrive>,
+    ) -> Result<sqs::SqsQueue, crate::ports::QueueError> {
+        match redrive {
+            Some(r) => Ok(sqs::SqsQueue::known(
+                self.sqs.clone(),
+                url,
+                &r.dlq_urls[lane.index()],
+                r.max_receive_count,
+            )),
+            None => self.queue(url).await,
+        }
     }
 
     /// A consumer of the queue at `url`, with its redrive policy read once.
@@ -74,11 +88,6 @@ impl AwsClients {
     pub fn mappings(&self) -> lambda::LambdaMappings {
         lambda::LambdaMappings::new(requests::lambda(&self.sdk))
     }
-
-    /// Bedrock Converse for `model_id`.
-    pub fn bedrock(&self, model_id: &str) -> bedrock::BedrockClient {
-        bedrock::BedrockClient::new(&self.sdk, model_id)
-    }
 }
 
 /// Where and how to reach AWS (or an emulator).
@@ -110,6 +119,20 @@ pub fn timeouts() -> aws_config::timeout::TimeoutConfig {
 /// 5xx and timeouts. Longer storms surface as `Unavailable`, which every caller already retries on
 /// its own schedule (a task message's visibility, a webhook's redelivery).
 pub async fn sdk_config(settings: &AwsSettings) -> aws_config::SdkConfig {
+    let from_environment =
+        settings.endpoint.is_none() && settings.region.is_none() && settings.static_credentials.is_none();
+    if !from_environment {
+        return load_sdk_config(settings).await;
+    }
+    // The environment's configuration is loaded once per process: a cold start builds several
+    // clients (stores, queues, secrets, Bedrock), and they share one credentials provider instead
+    // of each resolving its own.
+    static FROM_ENVIRONMENT: tokio::sync::OnceCell<aws_config::SdkConfig> =
+        tokio::sync::OnceCell::const_new();
+    FROM_ENVIRONMENT.get_or_init(|| load_sdk_config(settings)).await.clone()
+}
+
+async fn load_sdk_config(settings: &AwsSettings) -> aws_config::SdkConfig {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .timeout_config(timeouts())
         .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(3));

@@ -12,17 +12,8 @@ pub async fn fetch_secret(client: &Client, secret_id: &str) -> Result<String, Co
     fetch_named_secret(client, secret_id, "LANES_LLM_API_KEY_SECRET").await
 }
 
-/// A value from the variable `var`, else from the Secrets Manager secret named by `secret_var`
-/// (fetched once, at cold start), else `None`.
-pub async fn env_or_secret(
-    var: &'static str,
-    secret_var: &'static str,
-) -> Result<Option<String>, ConfigError> {
-    let [value] = env_or_secrets([(var, secret_var)]).await?;
-    Ok(value)
-}
-
-/// [`env_or_secret`] for several values at once: the secrets among them are read concurrently
+/// For each `(var, secret_var)`: the variable `var`, else the Secrets Manager secret named by
+/// `secret_var` (read once, at cold start), else `None`. The secrets among them are read concurrently
 /// through one client (one SDK configuration and one connection pool), so a cold start that needs
 /// two pays about one round trip, and builds the client only if it reads a secret at all.
 pub async fn env_or_secrets<const N: usize>(
@@ -94,7 +85,7 @@ pub async fn fetch_secret_field(
 
 /// An LLM vendor's key: the variable `var`, else the field `vendor_field` of the secret named by
 /// `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as
-/// [`env_or_secret`] reads it.
+/// [`env_or_secrets`] reads it.
 pub async fn llm_key(
     var: &'static str,
     vendor_field: &str,

@@ -89,16 +89,14 @@ impl Drop for Writer {
 
 /// A write submitted to the writer thread; [`Pending::wait`] answers after its group commits.
 pub(crate) struct Pending<T, E> {
-    rx: Option<oneshot::Receiver<Result<T, E>>>,
+    rx: oneshot::Receiver<Result<T, E>>,
 }
 
 impl<T, E: From<String>> Pending<T, E> {
     /// The job's answer once its group is durable, or why it is not.
     pub(crate) async fn wait(self) -> Result<T, E> {
-        match self.rx {
-            Some(rx) => rx.await.unwrap_or_else(|_| Err(E::from(NOT_MADE.to_owned()))),
-            None => Err(E::from(NOT_MADE.to_owned())),
-        }
+        // A job dropped unrun (its group failed first, or the writer is gone) drops its sender.
+        self.rx.await.unwrap_or_else(|_| Err(E::from(NOT_MADE.to_owned())))
     }
 }
 
@@ -170,15 +168,17 @@ impl EmbeddedDb {
             });
             Ran { ok, wrote, done }
         });
-        let sent = self.writer.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
-        Pending { rx: sent.then_some(rx) }
+        if let Some(jobs) = &self.writer.jobs {
+            let _ = jobs.send(job); // refused only when the writer is gone: the job, and its sender, drop
+        }
+        Pending { rx }
     }
 
     /// An answer that needs no write (nothing to persist), in the shape of a submitted one.
     pub(crate) fn answered<T, E>(value: Result<T, E>) -> Pending<T, E> {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(value);
-        Pending { rx: Some(rx) }
+        Pending { rx }
     }
 
     /// [`Self::submit`] and wait: `f`'s answer once it is committed.

@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, PutOutcome, QueueSend, StoreError, TaskStore};
 use crate::problem::Problem;
 use crate::tasks::tenant::Tenant;
-use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key};
+use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key, publish_finished};
 use crate::tasks::{
     MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, is_task_id,
     validate_idempotency_key,
@@ -550,12 +550,13 @@ pub(crate) async fn cancel_task(
             // the store already holds the truth, so a cache that is down only delays the noticing.
             // The cancel hint carries the cancelled record's fence: it stops the claim it cancelled,
             // never a later run of the same id.
-            let finished = serde_json::to_string(&rec).unwrap_or_default();
-            for (key, value) in [(cancel_key(&id), rec.fence.to_string()), (cache_key(&id), finished)] {
-                if value.is_empty() {
-                    continue;
-                }
-                if let Err(e) = ing.cache.set(&key, &value, HINT_TTL).await {
+            let (key, fence) = (cancel_key(&id), rec.fence.to_string());
+            let hints = tokio::join!(
+                ing.cache.set(&key, &fence, HINT_TTL),
+                publish_finished(&*ing.cache, &rec, ing.config.result_cache_ttl),
+            );
+            for written in [hints.0, hints.1] {
+                if let Err(e) = written {
                     warn!(error = %e, "cancellation hint not written");
                 }
             }

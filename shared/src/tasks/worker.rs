@@ -447,16 +447,25 @@ impl Worker {
     /// and duplicates from then on, and any finished one wakes the task's long-polls. Best effort:
     /// the store already holds the truth.
     async fn publish(&self, done: &TaskRecord) {
-        let ttl = if done.status == TaskStatus::Completed { self.config.result_cache_ttl } else { HINT_TTL };
-        let written = match serde_json::to_string(done) {
-            Ok(json) => self.cache.set(&cache_key(&done.task_id), &json, ttl).await,
-            Err(e) => Err(crate::ports::CacheError::Unavailable(e.to_string())),
-        };
-        if let Err(e) = written {
+        if let Err(e) = publish_finished(&*self.cache, done, self.config.result_cache_ttl).await {
             warn!(error = %e, "cache fill failed");
             self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
         }
     }
+}
+
+/// Writes a finished record under [`cache_key`]: for `completed_ttl` when it is `COMPLETED` (it
+/// then answers reads), for [`HINT_TTL`] otherwise (it only wakes long-polls). The worker's finish
+/// and the client's cancellation both end a task this way.
+pub async fn publish_finished(
+    cache: &dyn Cache,
+    done: &TaskRecord,
+    completed_ttl: Duration,
+) -> Result<(), crate::ports::CacheError> {
+    let ttl = if done.status == TaskStatus::Completed { completed_ttl } else { HINT_TTL };
+    let json =
+        serde_json::to_string(done).map_err(|e| crate::ports::CacheError::Unavailable(e.to_string()))?;
+    cache.set(&cache_key(&done.task_id), &json, ttl).await
 }
 
 #[cfg(test)]
