@@ -484,8 +484,10 @@ fn parse_env(name: &'static str, default: u64) -> Result<u64, ConfigError> {
 }
 
 /// Processes a batch concurrently (at most `concurrency` at a time) within `budget`. Every message's
-/// lease starts at receipt, also for those waiting for a slot; what is unfinished when the budget
-/// runs out is made visible again and reported as a failure, so nothing waits for a dead invocation.
+/// lease starts at receipt, all in one go, also for those waiting for a slot, and one heartbeat
+/// renews them all; what is unfinished when the budget runs out is made visible again and reported
+/// as a failure, so nothing waits for a dead invocation. What is settled is left for the event
+/// source mapping to delete ([`lease::MappingDeletes`]).
 pub async fn handle_batch(
     worker: &Worker,
     queue: &Arc<dyn QueueConsume>,
@@ -498,30 +500,36 @@ pub async fn handle_batch(
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let mut set = JoinSet::new();
     let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+    let mut messages = Vec::with_capacity(records.len());
     for record in records {
-        let message = match received_from_sqs(record) {
-            Ok(m) => m,
-            Err(e) => {
-                outcomes.extend(unusable(record, &e, lane.as_str()));
-                continue;
-            }
-        };
-        let (worker, queue, slots) = (worker.clone(), queue.clone(), slots.clone());
+        match received_from_sqs(record) {
+            Ok(m) => messages.push(m),
+            Err(e) => outcomes.extend(unusable(record, &e, lane.as_str())),
+        }
+    }
+    // The mapping received them with the queue's long visibility: one lease start for the batch
+    // (ten a request), then one heartbeat for every delivery, waiting or running.
+    let started = lease::start_many(&**queue, &mut messages, worker.config.lease_ttl).await;
+    let batch = Arc::new(lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone(), lane)));
+    for (message, start) in messages.into_iter().zip(started) {
+        if let Err(crate::ports::QueueError::ReceiptInvalid) = start {
+            outcomes.push((message.message_id, Outcome::LeaseLost));
+            continue;
+        }
+        let (worker, queue, batch, slots) = (worker.clone(), queue.clone(), batch.clone(), slots.clone());
         set.spawn(async move {
             let id = message.message_id.clone();
             let delivery = message.clone();
-            let q = queue.clone();
             let run = async move {
-                // A message with a free slot starts its lease in the worker; only one that must wait
-                // for a slot gets a holder, so no message pays for its lease start twice.
-                let _slot = match slots.clone().try_acquire_owned() {
-                    Ok(slot) => Ok(slot),
-                    Err(_) => {
-                        let _holding = lease::hold(q.clone(), message.receipt.clone(), &worker.config);
-                        slots.acquire_owned().await
-                    }
-                };
-                worker.process(q, message).await
+                // Renewed from now on, while it waits for a slot too; the worker's own entry (with its
+                // lock and watch) takes this one's place when it runs.
+                let _waiting = batch.heartbeat().join(lease::Leased::new(
+                    message.receipt.clone(),
+                    tokio_util::sync::CancellationToken::new(),
+                ));
+                let _slot = slots.acquire_owned().await;
+                let consume: Arc<dyn QueueConsume> = batch.clone();
+                worker.process_in(consume, message, Some(batch.heartbeat())).await
             };
             match tokio::time::timeout_at(deadline, run).await {
                 Ok(outcome) => {
@@ -578,7 +586,10 @@ pub async fn handle_commit_batch(
         }
     }
     let deadline = tokio::time::Instant::now() + budget;
-    let (done, report) = worker.process_batch(queue.clone(), messages, deadline).await;
+    // Acked deliveries are left for the mapping to delete: no DeleteMessage for a whole batch.
+    let batch: Arc<dyn QueueConsume> =
+        Arc::new(lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone(), Vec::new())));
+    let (done, report) = worker.process_batch(batch, messages, deadline).await;
     tracing::info!(
         commits = report.commits,
         llm_calls = report.llm_calls,
@@ -813,6 +824,7 @@ mod batch_tests {
     use crate::ports::QueueSend;
     use crate::tasks::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
     use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     async fn setup(
         latency: Duration,
@@ -865,7 +877,96 @@ mod batch_tests {
         let resp =
             handle_batch(&worker, &queue, Lane::Interactive, &records, Duration::from_secs(5), 2).await;
         assert!(resp.batch_item_failures.is_empty());
+        let depth = queue.depth().await.unwrap();
+        assert_eq!((depth.visible, depth.in_flight), (0, 3), "settled, left for the mapping to delete");
+        // What the event source mapping then does.
+        for r in &records {
+            queue.delete(r.receipt_handle.as_deref().unwrap()).await.unwrap();
+        }
         assert_eq!(queue.depth().await.unwrap().in_flight, 0);
+    }
+
+    /// Counts what a batch asks of its queue, by kind of request.
+    #[derive(Default)]
+    struct Asked {
+        single: AtomicUsize,
+        many: AtomicUsize,
+        deletes: AtomicUsize,
+    }
+
+    struct Counting(Arc<dyn QueueConsume>, Arc<Asked>);
+
+    #[async_trait::async_trait]
+    impl QueueConsume for Counting {
+        async fn receive_for(
+            &self,
+            max: usize,
+            visibility: Option<Duration>,
+        ) -> Result<Vec<ReceivedMessage>, crate::ports::QueueError> {
+            self.0.receive_for(max, visibility).await
+        }
+        async fn change_visibility(
+            &self,
+            receipt: &str,
+            t: Duration,
+        ) -> Result<(), crate::ports::QueueError> {
+            self.1.single.fetch_add(1, Ordering::Relaxed);
+            self.0.change_visibility(receipt, t).await
+        }
+        async fn change_visibility_many(
+            &self,
+            receipts: &[String],
+            t: Duration,
+        ) -> Vec<Result<(), crate::ports::QueueError>> {
+            self.1.many.fetch_add(1, Ordering::Relaxed);
+            self.0.change_visibility_many(receipts, t).await
+        }
+        async fn delete(&self, receipt: &str) -> Result<(), crate::ports::QueueError> {
+            self.1.deletes.fetch_add(1, Ordering::Relaxed);
+            self.0.delete(receipt).await
+        }
+        async fn requeue(&self, m: &ReceivedMessage, d: Duration) -> Result<(), crate::ports::QueueError> {
+            self.0.requeue(m, d).await
+        }
+        async fn dead_letter(&self, m: &ReceivedMessage, r: &str) -> Result<(), crate::ports::QueueError> {
+            self.0.dead_letter(m, r).await
+        }
+        async fn depth(&self) -> Result<crate::ports::QueueDepth, crate::ports::QueueError> {
+            self.0.depth().await
+        }
+        fn max_receive_count(&self) -> u32 {
+            self.0.max_receive_count()
+        }
+    }
+
+    /// Three deliveries run one after the other (one slot), each longer than a third of the lease,
+    /// so the last waits longer than a whole lease: one lease start and one heartbeat serve them
+    /// all (no per-delivery `ChangeMessageVisibility`, no `DeleteMessage`), and none comes back
+    /// while it waits or after it is settled.
+    #[tokio::test]
+    async fn one_lease_start_and_one_heartbeat_serve_the_whole_batch() {
+        let (_dir, worker, queue, records, adapters) = setup(Duration::from_millis(200)).await;
+        let asked = Arc::new(Asked::default());
+        let counting: Arc<dyn QueueConsume> = Arc::new(Counting(queue.clone(), asked.clone()));
+        let started = std::time::Instant::now();
+        let resp =
+            handle_batch(&worker, &counting, Lane::Interactive, &records, Duration::from_secs(5), 1).await;
+        let took = started.elapsed();
+        assert!(resp.batch_item_failures.is_empty(), "{:?}", resp.batch_item_failures);
+        assert!(took > worker.config.lease_ttl, "the batch outlasted a lease ({took:?})");
+        let depth = queue.depth().await.unwrap();
+        assert_eq!((depth.visible, depth.in_flight), (0, 3), "still hidden when the invocation returns");
+        assert_eq!(asked.single.load(Ordering::Relaxed), 0, "no lease start or renewal one by one");
+        assert_eq!(asked.deletes.load(Ordering::Relaxed), 0, "deletes left to the mapping");
+        // The batch's lease start, then one renewal a beat (every 100 ms) for all of them together.
+        let many = asked.many.load(Ordering::Relaxed);
+        let beats = (took.as_millis() / 100) as usize;
+        assert!((beats.saturating_sub(1)..=beats + 2).contains(&many), "{many} batch calls in {took:?}");
+        for r in &records {
+            let msg: TaskMessage = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+            let rec = adapters.store.get(&msg.task_id, SystemClock.now_ms()).await.unwrap().unwrap();
+            assert_eq!((rec.status, rec.fence), (TaskStatus::Completed, 1), "claimed once");
+        }
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
-//! The lease on a delivery, for both flows and the Lambda glue: starting it, the heartbeat that
-//! renews it, the hold of a message waiting for a slot, and the three ways a delivery ends (ack,
+//! The lease on a delivery, for both flows and the Lambda glue: starting it (one delivery, or a
+//! whole batch at once), the heartbeat that renews a batch's leases together, the Lambda batch whose
+//! deletes are left to the event source mapping, and the three ways a delivery ends (ack,
 //! hand-back, dead-letter) with the backoff of a hand-back. Outside the queue adapters and their
 //! twins, this is the only module that changes a message's visibility.
 //!
@@ -23,7 +24,8 @@ use tracing::warn;
 /// else leaves it to come back (a batch item failure in Lambda).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// The record is terminal and the message was deleted.
+    /// The record is terminal and the message was deleted (in a Lambda batch: left for the event
+    /// source mapping to delete, see [`MappingDeletes`]).
     Acked,
     /// Handed back to come again after `after` (a failure worth retrying, or a wait).
     Retry {
@@ -106,6 +108,28 @@ pub async fn start(
     tracing::debug!(error = %reason, "could not start the lease");
     let after = full_jitter_backoff(config, message.receive_count);
     Err(hand_back(queue, message, after, "queue unavailable at lease start", lane).await)
+}
+
+/// Starts the leases of a whole batch at once (ten a request on SQS) and marks each delivery the
+/// queue accepted as leased, so [`start`] asks nothing more for it. One result per message, in
+/// order: `ReceiptInvalid` means the delivery is gone; any other error leaves the delivery unmarked,
+/// to [`start`]'s own retries.
+pub async fn start_many(
+    queue: &dyn QueueConsume,
+    messages: &mut [ReceivedMessage],
+    ttl: Duration,
+) -> Vec<Result<(), QueueError>> {
+    let receipts: Vec<String> = messages.iter().map(|m| m.receipt.clone()).collect();
+    let mut started = queue.change_visibility_many(&receipts, ttl).await;
+    started.resize_with(messages.len(), || {
+        Err(QueueError::Unavailable("no lease result for this delivery".into()))
+    });
+    for (m, r) in messages.iter_mut().zip(&started) {
+        if r.is_ok() {
+            m.leased_for = Some(ttl);
+        }
+    }
+    started
 }
 
 /// Receives up to `max` messages (SQS gives at most 10 a call), each leased for `visibility` from the
@@ -240,19 +264,6 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Keeps the lease of a message that waits for a worker slot, until dropped.
-pub fn hold(queue: Arc<dyn QueueConsume>, receipt: String, config: &WorkerConfig) -> AbortOnDrop {
-    let (ttl, every) = (config.lease_ttl, config.renew_interval);
-    AbortOnDrop(tokio::spawn(async move {
-        loop {
-            if queue.change_visibility(&receipt, ttl).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(every).await;
-        }
-    }))
-}
-
 /// Asks, on each beat, whether the work under a lease was cancelled by its client.
 #[async_trait::async_trait]
 pub trait CancelProbe: Send + Sync {
@@ -292,11 +303,35 @@ impl Leased {
     }
 }
 
+/// The leases a heartbeat renews, each under the id of whoever added it.
+type Entries = Arc<Mutex<Vec<(u64, Leased)>>>;
+
 /// The heartbeat of a set of leases: every beat renews each live delivery's visibility and lock
 /// together and asks the probe about watched work. Stops when dropped.
+///
+/// One heartbeat serves a whole batch: the commits worker's deliveries, or every task of a Lambda
+/// invocation ([`Heartbeat::join`]), so ten deliveries cost one `ChangeMessageVisibilityBatch` a
+/// beat, not ten `ChangeMessageVisibility`.
 pub struct Heartbeat {
-    leases: Arc<Mutex<Vec<Leased>>>,
+    leases: Entries,
+    next: std::sync::atomic::AtomicU64,
+    ttl: Duration,
     _task: AbortOnDrop,
+}
+
+/// A delivery's place in a [`Heartbeat`], renewed while this lives. Dropping it ends the renewals
+/// (unless someone else has since taken the delivery's place).
+pub struct Membership {
+    leases: Entries,
+    id: u64,
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        if let Ok(mut l) = self.leases.lock() {
+            l.retain(|(id, _)| *id != self.id);
+        }
+    }
 }
 
 impl Heartbeat {
@@ -310,7 +345,8 @@ impl Heartbeat {
         config: &WorkerConfig,
         leases: Vec<Leased>,
     ) -> Self {
-        let leases = Arc::new(Mutex::new(leases));
+        let count = leases.len() as u64;
+        let leases: Entries = Arc::new(Mutex::new((0..).zip(leases).collect()));
         let shared = leases.clone();
         let (ttl, every) = (config.lease_ttl, config.renew_interval);
         let task = tokio::spawn(async move {
@@ -319,7 +355,7 @@ impl Heartbeat {
             loop {
                 tick.tick().await;
                 let live: Vec<Leased> = match shared.lock() {
-                    Ok(l) => l.iter().filter(|e| !e.lost.is_cancelled()).cloned().collect(),
+                    Ok(l) => l.iter().map(|(_, e)| e).filter(|e| !e.lost.is_cancelled()).cloned().collect(),
                     Err(_) => return,
                 };
                 // Every visibility in one call (ten a request on SQS): a commits batch of 100 costs
@@ -337,16 +373,126 @@ impl Heartbeat {
                 .await;
             }
         });
-        Self { leases, _task: AbortOnDrop(task) }
+        Self { leases, next: count.into(), ttl, _task: AbortOnDrop(task) }
+    }
+
+    /// Adds a delivery, renewed from the next beat on for as long as the returned membership lives.
+    /// It takes the place of any entry with the same receipt (a delivery that waited for a slot
+    /// under the same heartbeat, then runs with its lock and watch).
+    pub fn join(&self, leased: Leased) -> Membership {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut l) = self.leases.lock() {
+            l.retain(|(_, e)| e.receipt != leased.receipt);
+            l.push((id, leased));
+        }
+        Membership { leases: self.leases.clone(), id }
+    }
+
+    /// Keeps a settled delivery hidden until the heartbeat stops: its visibility only, no lock, no
+    /// watch. For deliveries whose delete is left to Lambda's event source mapping ([`MappingDeletes`]).
+    pub fn keep(&self, receipt: &str) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut l) = self.leases.lock() {
+            l.retain(|(_, e)| e.receipt != receipt);
+            l.push((id, Leased::new(receipt.to_owned(), CancellationToken::new())));
+        }
+    }
+
+    /// Ends the renewals of the delivery with `receipt`, whoever added it.
+    pub fn leave(&self, receipt: &str) {
+        if let Ok(mut l) = self.leases.lock() {
+            l.retain(|(_, e)| e.receipt != receipt);
+        }
     }
 
     /// Records the lock taken for the delivery with `receipt`, so the next beats renew it too.
     pub fn set_lock(&self, receipt: &str, key: String, token: String) {
         if let Ok(mut l) = self.leases.lock()
-            && let Some(entry) = l.iter_mut().find(|e| e.receipt == receipt)
+            && let Some((_, entry)) = l.iter_mut().find(|(_, e)| e.receipt == receipt)
         {
             entry.lock = Some((key, token));
         }
+    }
+}
+
+/// One Lambda invocation's view of its queue: a delete is left to the event source mapping, which
+/// deletes every message the invocation does not report as a batch item failure once it returns
+/// (`ReportBatchItemFailures`). Until then the invocation's heartbeat keeps each settled delivery
+/// hidden ([`Heartbeat::keep`]), so it is not delivered again meanwhile. Settling costs no
+/// `DeleteMessage` (a commits batch of 100 saves 100 requests); everything else goes to the queue.
+///
+/// If the invocation dies before it returns, the mapping deletes nothing: the settled deliveries come
+/// back after their lease, find their work done (a terminal record, a stored summary) and are settled
+/// again. That costs requests, never work.
+pub struct MappingDeletes {
+    queue: Arc<dyn QueueConsume>,
+    heartbeat: Heartbeat,
+}
+
+impl MappingDeletes {
+    /// `heartbeat` renews this invocation's deliveries through `queue` (the real one).
+    pub fn new(queue: Arc<dyn QueueConsume>, heartbeat: Heartbeat) -> Self {
+        Self { queue, heartbeat }
+    }
+
+    /// The invocation's heartbeat, which its deliveries join while they wait and run.
+    pub fn heartbeat(&self) -> &Heartbeat {
+        &self.heartbeat
+    }
+}
+
+#[async_trait::async_trait]
+impl QueueConsume for MappingDeletes {
+    async fn receive_for(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        self.queue.receive_for(max, visibility).await
+    }
+    async fn receive_waiting(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        self.queue.receive_waiting(max, visibility, wait).await
+    }
+    /// A visibility other than the lease's is a hand-back: the heartbeat must stop renewing that
+    /// delivery first, or its next beat would cut the hand-back's delay to a lease.
+    async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+        if timeout != self.heartbeat.ttl {
+            self.heartbeat.leave(receipt);
+        }
+        self.queue.change_visibility(receipt, timeout).await
+    }
+    async fn change_visibility_many(
+        &self,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Vec<Result<(), QueueError>> {
+        if timeout != self.heartbeat.ttl {
+            receipts.iter().for_each(|r| self.heartbeat.leave(r));
+        }
+        self.queue.change_visibility_many(receipts, timeout).await
+    }
+    async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
+        self.heartbeat.keep(receipt);
+        Ok(())
+    }
+    async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
+        self.heartbeat.leave(&message.receipt);
+        self.queue.requeue(message, delay).await
+    }
+    async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
+        self.heartbeat.leave(&message.receipt);
+        self.queue.dead_letter(message, reason).await
+    }
+    async fn depth(&self) -> Result<crate::ports::QueueDepth, QueueError> {
+        self.queue.depth().await
+    }
+    fn max_receive_count(&self) -> u32 {
+        self.queue.max_receive_count()
     }
 }
 

@@ -712,3 +712,22 @@ pub async fn fake_github(fetches: Fetches) -> String {
     tokio::spawn(async move { axum::serve(listener, router).await });
     format!("http://{addr}")
 }
+
+/// What Lambda's event source mapping does when a function answers with a partial-batch response
+/// (`ReportBatchItemFailures`): deletes every record the answer does not name as a failure. The
+/// functions leave that delete to the mapping, so a test that plays the mapping must do it too.
+pub async fn mapping_deletes(
+    queue: &dyn lanes_core::ports::QueueConsume,
+    records: &[aws_lambda_events::event::sqs::SqsMessage],
+    response: &aws_lambda_events::event::sqs::SqsBatchResponse,
+) {
+    for record in records {
+        let failed = response
+            .batch_item_failures
+            .iter()
+            .any(|f| Some(f.item_identifier.as_str()) == record.message_id.as_deref());
+        if let (false, Some(receipt)) = (failed, record.receipt_handle.as_deref()) {
+            queue.delete(receipt).await.unwrap_or_else(|e| panic!("mapping delete: {e}"));
+        }
+    }
+}

@@ -73,6 +73,14 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     }]});
     let answer = watch.invoke("worker", &batch).await;
     assert_eq!(answer["batchItemFailures"], json!([]), "{answer}");
+    // The worker left the delete to the mapping: the message is still hidden, until the mapping
+    // deletes what the answer does not name.
+    assert_eq!(queue.depth().await.unwrap().in_flight, 1, "left for the mapping");
+    let response: aws_lambda_events::event::sqs::SqsBatchResponse =
+        serde_json::from_value(answer.clone()).unwrap();
+    let records: Vec<aws_lambda_events::event::sqs::SqsMessage> =
+        serde_json::from_value(batch["Records"].clone()).unwrap();
+    lanes_tests::mapping_deletes(&queue, &records, &response).await;
 
     let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), "lanes-tasks");
     let now = lanes_tests::now_ms();

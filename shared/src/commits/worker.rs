@@ -92,6 +92,11 @@ struct Pending {
 }
 
 impl CommitsWorker {
+    /// A heartbeat renewing `leases` (and what joins later) read from `queue`: visibility and lock.
+    pub fn heartbeat(&self, queue: Arc<dyn QueueConsume>, leases: Vec<Leased>) -> Heartbeat {
+        Heartbeat::start(queue, self.lock.clone(), None, self.metrics.clone(), LANE, &self.lease, leases)
+    }
+
     /// Processes a batch before `deadline`; returns each message's outcome (by message id) and what
     /// was done. Commits still waiting at the deadline are handed back at once.
     pub async fn process_batch(
@@ -174,15 +179,7 @@ impl CommitsWorker {
             }
             leases.push(Leased::new(messages[i].receipt.clone(), groups[g].lost.clone()));
         }
-        let heartbeat = Heartbeat::start(
-            queue.clone(),
-            self.lock.clone(),
-            None,
-            self.metrics.clone(),
-            LANE,
-            &self.lease,
-            leases,
-        );
+        let heartbeat = self.heartbeat(queue.clone(), leases);
 
         self.answer_known(&mut groups, &mut report).await;
         self.lock_rest(&mut groups, &messages, &heartbeat).await;
@@ -921,6 +918,31 @@ mod tests {
         assert_eq!((report.cache_hits, report.llm_calls), (12, 0));
         assert_eq!(r.diffs.calls.load(Ordering::SeqCst), diff_calls);
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), calls);
+    }
+
+    /// In a Lambda invocation the acked deliveries are not deleted one by one: the event source
+    /// mapping deletes them when the invocation returns, and until then they stay hidden.
+    #[tokio::test]
+    async fn in_a_lambda_batch_acked_commits_are_left_for_the_mapping_to_delete() {
+        let diffs: HashMap<String, String> = (0..20).map(|i| (sha(i), diff("src/a.rs", 5))).collect();
+        let r = rig(diffs, "").await;
+        for i in 0..20 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        let batch = crate::lease::receive_batch(&r.queue, 100, Duration::from_secs(5)).await.unwrap();
+        let queue: Arc<dyn QueueConsume> = Arc::new(r.queue.clone());
+        let invocation: Arc<dyn QueueConsume> =
+            Arc::new(crate::lease::MappingDeletes::new(queue.clone(), r.worker.heartbeat(queue, Vec::new())));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (outcomes, report) = r.worker.process_batch(invocation.clone(), batch, deadline).await;
+        assert!(outcomes.iter().all(|(_, o)| *o == Outcome::Acked), "{outcomes:?}");
+        assert_eq!(report.done.len(), 20);
+        let depth = r.queue.depth().await.unwrap();
+        assert_eq!((depth.visible, depth.in_flight), (0, 20), "none deleted, none visible again");
+        // Past a whole lease (600 ms), the invocation's heartbeat still keeps them hidden.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(r.queue.depth().await.unwrap().visible, 0);
+        drop(invocation);
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@
 
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
+use crate::domain::Lane;
 use crate::lease::{self, CancelProbe, Heartbeat, Leased, Watch};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
@@ -92,12 +93,48 @@ enum Call {
 impl Worker {
     /// Processes one delivery to the end, applying the ack rule. Never panics on input.
     pub async fn process(&self, queue: Arc<dyn QueueConsume>, message: ReceivedMessage) -> Outcome {
-        let trace = message.attributes.get(crate::trace::TRACE_HEADER).map(String::as_str);
-        let span = info_span!("task", message_id = %message.message_id, task_id = tracing::field::Empty, lane = tracing::field::Empty, trace);
-        self.process_inner(queue, message).instrument(span).await
+        self.process_in(queue, message, None).await
     }
 
-    async fn process_inner(&self, queue: Arc<dyn QueueConsume>, message: ReceivedMessage) -> Outcome {
+    /// Like [`Self::process`], renewing the lease under `beat` (a heartbeat shared by the other
+    /// deliveries of a batch, see [`Self::heartbeat`]) instead of a heartbeat of its own.
+    pub async fn process_in(
+        &self,
+        queue: Arc<dyn QueueConsume>,
+        message: ReceivedMessage,
+        beat: Option<&Heartbeat>,
+    ) -> Outcome {
+        let trace = message.attributes.get(crate::trace::TRACE_HEADER).map(String::as_str);
+        let span = info_span!("task", message_id = %message.message_id, task_id = tracing::field::Empty, lane = tracing::field::Empty, trace);
+        self.process_inner(queue, message, beat).instrument(span).await
+    }
+
+    /// A heartbeat for `lane`'s deliveries read from `queue`, renewing each one's visibility and
+    /// lock and asking on every beat whether its client cancelled it. Every delivery of a batch
+    /// can share one ([`Self::process_in`]).
+    pub fn heartbeat(&self, queue: Arc<dyn QueueConsume>, lane: Lane) -> Heartbeat {
+        let probe: Arc<dyn CancelProbe> = Arc::new(CancelHint {
+            cache: self.cache.clone(),
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+        });
+        Heartbeat::start(
+            queue,
+            self.lock.clone(),
+            Some(probe),
+            self.metrics.clone(),
+            lane.as_str(),
+            &self.config,
+            Vec::new(),
+        )
+    }
+
+    async fn process_inner(
+        &self,
+        queue: Arc<dyn QueueConsume>,
+        message: ReceivedMessage,
+        beat: Option<&Heartbeat>,
+    ) -> Outcome {
         let task: TaskMessage = match serde_json::from_str(&message.body) {
             Ok(t) => t,
             Err(e) => {
@@ -145,8 +182,8 @@ impl Worker {
             }
         };
         let completed = std::sync::atomic::AtomicBool::new(false);
-        let outcome =
-            self.run_claimed(&queue, &message, &task, &lock_key, token.as_deref(), &completed).await;
+        let held = token.as_ref().map(|t| (lock_key.clone(), t.clone()));
+        let outcome = self.run_claimed(&queue, &message, &task, held, &completed, beat).await;
         // A completed task never runs again (a later delivery claims a terminal record and acks),
         // so its lock is left to expire rather than released: one request less per task. Any
         // other end may be followed by a run of the same id (a retry, a resubmission), which must
@@ -165,9 +202,9 @@ impl Worker {
         queue: &Arc<dyn QueueConsume>,
         message: &ReceivedMessage,
         task: &TaskMessage,
-        lock_key: &str,
-        token: Option<&str>,
+        held: Option<(String, String)>,
         completed: &std::sync::atomic::AtomicBool,
+        beat: Option<&Heartbeat>,
     ) -> Outcome {
         let lane = task.lane.as_str();
         let policy = *self.config.lane(task.lane);
@@ -203,14 +240,9 @@ impl Worker {
         }
 
         let (lost, cancelled) = (CancellationToken::new(), CancellationToken::new());
-        let probe: Arc<dyn CancelProbe> = Arc::new(CancelHint {
-            cache: self.cache.clone(),
-            store: self.store.clone(),
-            clock: self.clock.clone(),
-        });
         let leased = Leased {
             receipt: message.receipt.clone(),
-            lock: token.map(|t| (lock_key.to_owned(), t.to_owned())),
+            lock: held,
             lost: lost.clone(),
             watch: Some(Watch {
                 id: task.task_id.clone(),
@@ -218,15 +250,15 @@ impl Worker {
                 cancelled: cancelled.clone(),
             }),
         };
-        let _heartbeat = Heartbeat::start(
-            queue.clone(),
-            self.lock.clone(),
-            Some(probe),
-            self.metrics.clone(),
-            task.lane.as_str(),
-            &self.config,
-            vec![leased],
-        );
+        let own;
+        let beat = match beat {
+            Some(shared) => shared,
+            None => {
+                own = self.heartbeat(queue.clone(), task.lane);
+                &own
+            }
+        };
+        let _renewed = beat.join(leased);
         let params = ModelParams::from_value(&record.request.params);
         let request = LlmRequest {
             lane: task.lane,
@@ -473,7 +505,7 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock, SystemClock};
     use crate::config::IngressConfig;
-    use crate::domain::{Lane, TokenUsage};
+    use crate::domain::TokenUsage;
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };

@@ -1,0 +1,141 @@
+//! What one Lambda invocation's batch of tasks costs in requests, against moto (SQS, DynamoDB) and
+//! redis-server: the worker's batch handler on ten deliveries received the way the event source
+//! mapping receives them (the queue's long visibility). Its own test binary, because the request
+//! counter is process-wide and nothing else may run beside it.
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use aws_lambda_events::event::sqs::SqsMessage;
+use lanes_core::adapters::redis::RedisSettings;
+use lanes_core::backend::{AwsBackendConfig, create_aws_resources};
+use lanes_core::clock::{SharedClock, SystemClock};
+use lanes_core::config::WorkerConfig;
+use lanes_core::domain::Lane;
+use lanes_core::embedded::QueueSettings;
+use lanes_core::lambda::handle_batch;
+use lanes_core::llm::OfflineProvider;
+use lanes_core::metrics::Metrics;
+use lanes_core::tasks::worker::Worker;
+use lanes_core::tasks::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
+use lanes_tests::{MotoServer, RedisServer, now_ms};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `lanes_aws_requests_total` as `service operation -> count`.
+fn requests() -> BTreeMap<String, f64> {
+    Metrics::new()
+        .render()
+        .lines()
+        .filter_map(|l| l.strip_prefix("lanes_aws_requests_total{"))
+        .filter_map(|l| {
+            let (labels, value) = l.split_once("} ")?;
+            let op = labels.split("operation=\"").nth(1)?.split('"').next()?;
+            let service = labels.split("service=\"").nth(1)?.split('"').next()?;
+            Some((format!("{service} {op}"), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_deletes_nothing() {
+    let moto = MotoServer::start();
+    let redis = RedisServer::start();
+    let settings = moto.aws_settings();
+    let urls =
+        create_aws_resources(&settings, "batch", "lanes-batch", QueueSettings::default()).await.unwrap();
+    let config = AwsBackendConfig {
+        aws: settings,
+        table: "lanes-batch".into(),
+        queue_urls: urls,
+        redis: RedisSettings {
+            url: redis.url(),
+            cluster: false,
+            prefix: "lanes:".into(),
+            timeout: Duration::from_millis(500),
+            ca_pem: redis.ca_pem_if_tls(),
+        },
+        redrive: None,
+    };
+    let adapters = lanes_core::backend::aws(&config, &[Lane::Interactive]).await.unwrap();
+    let (queue, send) = (adapters.consume[0].clone(), adapters.send[0].clone());
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let req = TaskRequest::from_value(
+            json!({"project_id":"p","kind":"explain","prompt":format!("batch {i}"),"target_files":[]}),
+        )
+        .unwrap();
+        let rec = TaskRecord::pending(req.task_id(None), req, now_ms(), 3600);
+        adapters.store.put_pending(&rec, now_ms()).await.unwrap();
+        let msg = TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
+        send.send(&serde_json::to_string(&msg).unwrap(), Default::default()).await.unwrap();
+        ids.push(rec.task_id);
+    }
+    // Received as the mapping receives: the queue's own (long) visibility.
+    let mut received = Vec::new();
+    while received.len() < 10 {
+        received.extend(queue.receive(10).await.unwrap());
+    }
+    let records: Vec<SqsMessage> = received
+        .iter()
+        .map(|m| {
+            let mut s = SqsMessage::default();
+            s.message_id = Some(m.message_id.clone());
+            s.receipt_handle = Some(m.receipt.clone());
+            s.body = Some(m.body.clone());
+            s.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());
+            s
+        })
+        .collect();
+    let clock: SharedClock = Arc::new(SystemClock);
+    // Each task runs 1.2 s: past the first beats of a 1.5 s lease renewed every 0.5 s.
+    let worker = Worker {
+        store: adapters.store.clone(),
+        lock: adapters.lock.clone(),
+        cache: adapters.cache.clone(),
+        llm: Arc::new(OfflineProvider::new(|_| Duration::from_millis(1200))),
+        metrics: Metrics::new(),
+        clock,
+        config: WorkerConfig::default().with_lease(Duration::from_millis(1500)),
+    };
+
+    let before = requests();
+    let response =
+        handle_batch(&worker, &queue, Lane::Interactive, &records, Duration::from_secs(20), 10).await;
+    let after = requests();
+    assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
+    let spent: BTreeMap<String, f64> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect();
+    eprintln!("a Lambda batch of 10 tasks, worker side: {spent:?}");
+    let get = |k: &str| spent.get(k).copied().unwrap_or(0.0);
+    // Per task: the claim and the fenced finish, the lock, the finished record in the cache.
+    assert_eq!(get("dynamodb UpdateItem"), 20.0, "{spent:?}");
+    assert_eq!(get("redis EVALSHA acquire"), 10.0, "{spent:?}");
+    assert_eq!(get("redis SET"), 10.0, "{spent:?}");
+    // Per batch: one lease start and one renewal a beat, ten deliveries a request; nothing one by
+    // one, and no delete (the mapping deletes what the answer does not name).
+    assert_eq!(get("sqs ChangeMessageVisibility"), 0.0, "{spent:?}");
+    assert_eq!(get("sqs DeleteMessage"), 0.0, "{spent:?}");
+    let batches = get("sqs ChangeMessageVisibilityBatch");
+    assert!((2.0..=4.0).contains(&batches), "lease start plus 1-3 beats in ~1.2 s: {spent:?}");
+    let sqs_dynamo: f64 = spent.iter().filter(|(k, _)| !k.starts_with("redis")).map(|(_, v)| v).sum();
+    eprintln!(
+        "  per task: {} SQS/DynamoDB requests, plus ingress's PutItem and SendMessage",
+        sqs_dynamo / 10.0
+    );
+
+    // Everything settled is still hidden, and gone once the mapping deletes it.
+    let depth = queue.depth().await.unwrap();
+    assert_eq!((depth.visible, depth.in_flight), (0, 10));
+    lanes_tests::mapping_deletes(&*queue, &records, &response).await;
+    let depth = queue.depth().await.unwrap();
+    assert_eq!((depth.visible, depth.in_flight), (0, 0));
+    for id in &ids {
+        assert_eq!(adapters.store.get(id, now_ms()).await.unwrap().unwrap().status, TaskStatus::Completed);
+    }
+}
