@@ -371,6 +371,37 @@ mod bedrock_and_secrets {
             "{missing}"
         );
     }
+
+    /// The secrets a function reads at cold start come in one `BatchGetSecretValue`, asked by ARN or
+    /// by name; a missing one is named by its variable while the others are still read.
+    #[tokio::test]
+    async fn secrets_read_together_are_one_batch_request() {
+        use lanes_core::adapters::secrets::fetch_named_secrets;
+        let moto = MotoServer::start();
+        let sdk = sdk_config(&moto.aws_settings()).await;
+        let sm = lanes_core::adapters::requests::secrets(&sdk);
+        let created = sm.create_secret().name("hook/github").secret_string("gh-secret").send().await.unwrap();
+        let arn = created.arn().unwrap().to_owned();
+        sm.create_secret()
+            .name("hook/gitlab")
+            .secret_string(r#"{"api_key":"gl-token"}"#)
+            .send()
+            .await
+            .unwrap();
+        let count =
+            |op: &str| lanes_core::metrics::AWS_REQUESTS.with_label_values(&["secretsmanager", op]).get();
+        let before = (count("BatchGetSecretValue"), count("GetSecretValue"));
+        let read = fetch_named_secrets(&sm, &[(&arn, "LANES_A"), ("hook/gitlab", "LANES_B")]).await;
+        let values: Vec<String> = read.into_iter().map(Result::unwrap).collect();
+        assert_eq!(values, ["gh-secret", "gl-token"]);
+        let after = (count("BatchGetSecretValue"), count("GetSecretValue"));
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "one batch request, no single reads");
+
+        let read = fetch_named_secrets(&sm, &[("hook/gitlab", "LANES_B"), ("hook/none", "LANES_C")]).await;
+        assert_eq!(read[0].as_ref().unwrap(), "gl-token");
+        let missing = read[1].as_ref().unwrap_err().to_string();
+        assert!(missing.contains("LANES_C") && missing.contains("ResourceNotFound"), "{missing}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,34 +13,98 @@ pub async fn fetch_secret(client: &Client, secret_id: &str) -> Result<String, Co
 }
 
 /// For each `(var, secret_var)`: the variable `var`, else the Secrets Manager secret named by
-/// `secret_var` (read once, at cold start), else `None`. The secrets among them are read concurrently
-/// through one client (one SDK configuration and one connection pool), so a cold start that needs
-/// two pays about one round trip, and builds the client only if it reads a secret at all.
+/// `secret_var` (read once, at cold start), else `None`. The secrets among them are read together
+/// ([`fetch_named_secrets`]: one `BatchGetSecretValue`, so one round trip and one TLS handshake in a
+/// cold start); no client is built when nothing is a secret.
 pub async fn env_or_secrets<const N: usize>(
     vars: [(&'static str, &'static str); N],
 ) -> Result<[Option<String>; N], ConfigError> {
     let plain = vars.map(|(var, _)| optional_env(var));
     let named = vars.map(|(_, secret_var)| optional_env(secret_var));
-    if plain.iter().zip(&named).all(|(p, n)| p.is_some() || n.is_none()) {
+    let wanted: Vec<&str> =
+        plain.iter().zip(&named).filter_map(|(p, n)| if p.is_none() { n.as_deref() } else { None }).collect();
+    if wanted.is_empty() {
         return Ok(plain);
     }
     let sdk = super::sdk_config(&Default::default()).await;
     let client = super::requests::secrets(&sdk);
-    let fetched = futures::future::join_all(vars.iter().zip(plain.iter().zip(&named)).map(
-        |((_, secret_var), (plain, named))| {
-            let client = &client;
-            async move {
-                match (plain, named) {
-                    (Some(v), _) => Ok(Some(v.clone())),
-                    (None, Some(id)) => fetch_named_secret(client, id, secret_var).await.map(Some),
-                    (None, None) => Ok(None),
-                }
+    let secrets: Vec<(&str, &'static str)> = named
+        .iter()
+        .zip(&plain)
+        .zip(&vars)
+        .filter(|((_, p), _)| p.is_none())
+        .filter_map(|((n, _), (_, secret_var))| n.as_deref().map(|id| (id, *secret_var)))
+        .collect();
+    let mut read = fetch_named_secrets(&client, &secrets).await.into_iter();
+    let mut out = Vec::with_capacity(N);
+    for (p, n) in plain.iter().zip(&named) {
+        out.push(match (p, n) {
+            (Some(v), _) => Some(v.clone()),
+            (None, Some(_)) => Some(read.next().ok_or(ConfigError::Missing("secrets"))??),
+            (None, None) => None,
+        });
+    }
+    out.try_into().map_err(|_| ConfigError::Missing("secrets"))
+}
+
+/// Reads each `(secret id, variable naming it)`, in order: two or more in one
+/// `BatchGetSecretValue`, and any the batch did not answer (an id it answered under another form,
+/// a role allowed only `GetSecretValue`) on its own, all of those concurrently.
+pub async fn fetch_named_secrets(
+    client: &Client,
+    secrets: &[(&str, &'static str)],
+) -> Vec<Result<String, ConfigError>> {
+    let ids: Vec<&str> = secrets.iter().map(|(id, _)| *id).collect();
+    let batch = if ids.len() > 1 { batch_read(client, &ids).await } else { Default::default() };
+    futures::future::join_all(secrets.iter().map(|(id, var)| {
+        let batch = &batch;
+        async move {
+            match batch.get(*id) {
+                Some(Ok(raw)) => secret_field(raw, var, None),
+                Some(Err(reason)) => Err(ConfigError::Invalid { name: var, reason: reason.clone() }),
+                None => fetch_named_secret(client, id, var).await,
             }
-        },
-    ))
-    .await;
-    let values = fetched.into_iter().collect::<Result<Vec<_>, _>>()?;
-    values.try_into().map_err(|_| ConfigError::Missing("secrets"))
+        }
+    }))
+    .await
+}
+
+/// Reads up to 20 secrets in one `BatchGetSecretValue`: each answered id (matched by the name or
+/// ARN it was asked by) with its string, or why the service refused it. Empty when the call itself
+/// fails, so the caller reads each secret on its own instead.
+async fn batch_read(
+    client: &Client,
+    ids: &[&str],
+) -> std::collections::HashMap<String, Result<String, String>> {
+    let mut out = std::collections::HashMap::new();
+    let asked: Vec<String> = ids.iter().take(20).map(|id| (*id).to_owned()).collect();
+    let answer = match client.batch_get_secret_value().set_secret_id_list(Some(asked.clone())).send().await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::debug!(error = %e.code().unwrap_or("error"), "batch secret read refused; reading one by one");
+            return out;
+        }
+    };
+    for entry in answer.secret_values() {
+        let Some(id) =
+            asked.iter().find(|id| Some(id.as_str()) == entry.name() || Some(id.as_str()) == entry.arn())
+        else {
+            continue;
+        };
+        let value = entry
+            .secret_string()
+            .map(str::to_owned)
+            .ok_or_else(|| "the secret has no string value".to_owned());
+        out.insert(id.clone(), value);
+    }
+    for error in answer.errors() {
+        if let Some(id) = error.secret_id().filter(|id| asked.iter().any(|a| a == id)) {
+            let reason =
+                format!("{}: {}", error.error_code().unwrap_or("error"), error.message().unwrap_or_default());
+            out.insert(id.to_owned(), Err(reason));
+        }
+    }
+    out
 }
 
 /// [`fetch_secret`], naming `var` in its errors.
@@ -65,6 +129,13 @@ pub async fn fetch_secret_field(
         invalid(format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default()))
     })?;
     let raw = out.secret_string().ok_or_else(|| invalid("the secret has no string value".into()))?;
+    secret_field(raw, var, vendor_field)
+}
+
+/// The value in a secret's string: with `vendor_field`, that JSON field and nothing else; without,
+/// the plain string or the JSON field `api_key`. `var` is named in errors.
+fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Result<String, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid { name: var, reason };
     let json = match serde_json::from_str::<serde_json::Value>(raw) {
         Ok(serde_json::Value::Object(m)) => Some(m),
         _ => None,
