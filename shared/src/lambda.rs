@@ -516,18 +516,22 @@ pub async fn handle_batch(
             outcomes.push((message.message_id, Outcome::LeaseLost));
             continue;
         }
-        let (worker, queue, batch, slots) = (worker.clone(), queue.clone(), batch.clone(), slots.clone());
+        let (worker, batch, slots) = (worker.clone(), batch.clone(), slots.clone());
         set.spawn(async move {
             let id = message.message_id.clone();
             let delivery = message.clone();
+            let settling = batch.clone();
             let run = async move {
                 // Renewed from now on, while it waits for a slot too; the worker's own entry (with its
                 // lock and watch) takes this one's place when it runs.
-                let _waiting = batch.heartbeat().join(lease::Leased::new(
-                    message.receipt.clone(),
-                    tokio_util::sync::CancellationToken::new(),
-                ));
+                let lost = tokio_util::sync::CancellationToken::new();
+                let _waiting =
+                    batch.heartbeat().join(lease::Leased::new(message.receipt.clone(), lost.clone()));
                 let _slot = slots.acquire_owned().await;
+                if lost.is_cancelled() {
+                    // The queue refused a renewal while it waited: another delivery has it now.
+                    return Outcome::LeaseLost;
+                }
                 let consume: Arc<dyn QueueConsume> = batch.clone();
                 worker.process_in(consume, message, Some(batch.heartbeat())).await
             };
@@ -536,11 +540,13 @@ pub async fn handle_batch(
                     tracing::info!(message_id = %id, ?outcome, "message done");
                     (id, outcome)
                 }
+                // Stopped after its ack (releasing its lock, say): done, the mapping deletes it.
+                Err(_) if settling.is_settled(&delivery.receipt) => (id, Outcome::Acked),
                 Err(_) => {
                     // Not a failure: put off at once (a fresh copy on its last delivery), so the
                     // deadline never uses up the message's receives.
                     let outcome = lease::retry_later(
-                        &*queue,
+                        &*settling,
                         &delivery,
                         Duration::ZERO,
                         "invocation deadline",
@@ -884,6 +890,45 @@ mod batch_tests {
             queue.delete(r.receipt_handle.as_deref().unwrap()).await.unwrap();
         }
         assert_eq!(queue.depth().await.unwrap().in_flight, 0);
+    }
+
+    /// In an invocation, an acked delivery stays hidden until the invocation returns, and a handed-back
+    /// one keeps its delay: the heartbeat stops renewing it even while its worker still holds its
+    /// place.
+    #[tokio::test]
+    async fn an_acked_delivery_stays_hidden_and_a_hand_back_keeps_its_delay() {
+        let (_dir, worker, queue, records, _) = setup(Duration::from_millis(0)).await;
+        let mut messages: Vec<ReceivedMessage> =
+            records.iter().map(|r| received_from_sqs(r).unwrap()).collect();
+        lease::start_many(&*queue, &mut messages, worker.config.lease_ttl).await;
+        let batch =
+            lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone(), Lane::Interactive));
+        let places: Vec<_> = messages
+            .iter()
+            .map(|m| {
+                batch
+                    .heartbeat()
+                    .join(lease::Leased::new(m.receipt.clone(), tokio_util::sync::CancellationToken::new()))
+            })
+            .collect();
+        let (acked, handed_back) = (&messages[0], &messages[1]);
+        assert_eq!(lease::ack(&batch, acked).await, Outcome::Acked);
+        assert!(batch.is_settled(&acked.receipt));
+        lease::hand_back(&batch, handed_back, Duration::from_secs(2), "test", "interactive").await;
+        assert!(!batch.is_settled(&handed_back.receipt));
+        // Twice the lease (300 ms) with every place still held: only the third is renewed as work.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        drop(places);
+        // Past a lease after the last beat that could have touched them: the ack is still hidden
+        // (kept), the hand-back too (its 2 s delay), and the third, no longer renewed, is back.
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        let depth = queue.depth().await.unwrap();
+        assert_eq!((depth.visible, depth.in_flight), (1, 2));
+        let back = queue.receive(10).await.unwrap();
+        assert_eq!(
+            back.iter().map(|m| m.message_id.as_str()).collect::<Vec<_>>(),
+            [messages[2].message_id.as_str()]
+        );
     }
 
     /// Counts what a batch asks of its queue, by kind of request.

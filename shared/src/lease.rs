@@ -20,8 +20,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-/// What became of one delivery. Only `Acked` and `DeadLettered` remove it from its queue; everything
-/// else leaves it to come back (a batch item failure in Lambda).
+/// What became of one delivery. `Acked`, `Requeued` and `DeadLettered` remove it from its queue (an
+/// acked one in Lambda once the invocation returns, see [`MappingDeletes`]); everything else leaves
+/// it to come back (a batch item failure in Lambda).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The record is terminal and the message was deleted (in a Lambda batch: left for the event
@@ -423,21 +424,35 @@ impl Heartbeat {
 ///
 /// If the invocation dies before it returns, the mapping deletes nothing: the settled deliveries come
 /// back after their lease, find their work done (a terminal record, a stored summary) and are settled
-/// again. That costs requests, never work.
+/// again. That costs requests (a push's range message lists the push again), never an LLM call.
 pub struct MappingDeletes {
     queue: Arc<dyn QueueConsume>,
     heartbeat: Heartbeat,
+    settled: Mutex<std::collections::HashSet<String>>,
 }
 
 impl MappingDeletes {
     /// `heartbeat` renews this invocation's deliveries through `queue` (the real one).
     pub fn new(queue: Arc<dyn QueueConsume>, heartbeat: Heartbeat) -> Self {
-        Self { queue, heartbeat }
+        Self { queue, heartbeat, settled: Mutex::default() }
     }
 
     /// The invocation's heartbeat, which its deliveries join while they wait and run.
     pub fn heartbeat(&self) -> &Heartbeat {
         &self.heartbeat
+    }
+
+    /// Whether the delivery with `receipt` was acked (its delete left to the mapping): a worker
+    /// stopped by the deadline after that point has nothing left to hand back.
+    pub fn is_settled(&self, receipt: &str) -> bool {
+        self.settled.lock().is_ok_and(|s| s.contains(receipt))
+    }
+
+    fn unsettle(&self, receipt: &str) {
+        self.heartbeat.leave(receipt);
+        if let Ok(mut s) = self.settled.lock() {
+            s.remove(receipt);
+        }
     }
 }
 
@@ -462,7 +477,7 @@ impl QueueConsume for MappingDeletes {
     /// delivery first, or its next beat would cut the hand-back's delay to a lease.
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
         if timeout != self.heartbeat.ttl {
-            self.heartbeat.leave(receipt);
+            self.unsettle(receipt);
         }
         self.queue.change_visibility(receipt, timeout).await
     }
@@ -472,20 +487,23 @@ impl QueueConsume for MappingDeletes {
         timeout: Duration,
     ) -> Vec<Result<(), QueueError>> {
         if timeout != self.heartbeat.ttl {
-            receipts.iter().for_each(|r| self.heartbeat.leave(r));
+            receipts.iter().for_each(|r| self.unsettle(r));
         }
         self.queue.change_visibility_many(receipts, timeout).await
     }
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
         self.heartbeat.keep(receipt);
+        if let Ok(mut s) = self.settled.lock() {
+            s.insert(receipt.to_owned());
+        }
         Ok(())
     }
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
-        self.heartbeat.leave(&message.receipt);
+        self.unsettle(&message.receipt);
         self.queue.requeue(message, delay).await
     }
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
-        self.heartbeat.leave(&message.receipt);
+        self.unsettle(&message.receipt);
         self.queue.dead_letter(message, reason).await
     }
     async fn depth(&self) -> Result<crate::ports::QueueDepth, QueueError> {

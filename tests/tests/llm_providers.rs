@@ -397,10 +397,13 @@ mod bedrock_and_secrets {
         let after = (count("BatchGetSecretValue"), count("GetSecretValue"));
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "one batch request, no single reads");
 
+        // The batch answers the missing one in its error list: still one request.
         let read = fetch_named_secrets(&sm, &[("hook/gitlab", "LANES_B"), ("hook/none", "LANES_C")]).await;
         assert_eq!(read[0].as_ref().unwrap(), "gl-token");
         let missing = read[1].as_ref().unwrap_err().to_string();
         assert!(missing.contains("LANES_C") && missing.contains("ResourceNotFound"), "{missing}");
+        let last = (count("BatchGetSecretValue"), count("GetSecretValue"));
+        assert_eq!((last.0 - after.0, last.1 - after.1), (1, 0));
     }
 }
 

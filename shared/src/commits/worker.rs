@@ -202,6 +202,8 @@ impl CommitsWorker {
                 };
             for &i in &g.members {
                 let m = &messages[i];
+                // Settled now: no beat may renew it past a hand-back's delay.
+                heartbeat.leave(&m.receipt);
                 outcomes[i] = Some(match &end {
                     GroupEnd::Done(_) => lease::ack(&*queue, m).await,
                     GroupEnd::Lost => Outcome::LeaseLost,
