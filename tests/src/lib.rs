@@ -731,3 +731,28 @@ pub async fn mapping_deletes(
         }
     }
 }
+
+/// `lanes_aws_requests_total` in a Prometheus text exposition, as `service operation -> count`.
+pub fn aws_requests_in(metrics_text: &str) -> std::collections::BTreeMap<String, f64> {
+    metrics_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("lanes_aws_requests_total{"))
+        .filter_map(|l| {
+            let (labels, value) = l.split_once("} ")?;
+            let op = labels.split("operation=\"").nth(1)?.split('"').next()?;
+            let service = labels.split("service=\"").nth(1)?.split('"').next()?;
+            Some((format!("{service} {op}"), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A received message as the event source mapping hands it to a function (the fields the workers
+/// read).
+pub fn sqs_record(m: &lanes_core::ports::ReceivedMessage) -> aws_lambda_events::event::sqs::SqsMessage {
+    let mut s = aws_lambda_events::event::sqs::SqsMessage::default();
+    s.message_id = Some(m.message_id.clone());
+    s.receipt_handle = Some(m.receipt.clone());
+    s.body = Some(m.body.clone());
+    s.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());
+    s
+}

@@ -148,15 +148,6 @@ async fn cluster_redis_down_at_start_up_runs_degraded_and_is_used_once_up() {
     }
 }
 
-fn to_sqs(m: &lanes_core::ports::ReceivedMessage) -> SqsMessage {
-    let mut s = SqsMessage::default();
-    s.message_id = Some(m.message_id.clone());
-    s.receipt_handle = Some(m.receipt.clone());
-    s.body = Some(m.body.clone());
-    s.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());
-    s
-}
-
 #[tokio::test]
 async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succeeds() {
     let moto = MotoServer::start();
@@ -194,7 +185,7 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
         clock,
         config: WorkerConfig::default(),
     };
-    let records: Vec<SqsMessage> = received.iter().map(to_sqs).collect();
+    let records: Vec<SqsMessage> = received.iter().map(lanes_tests::sqs_record).collect();
     let consume: Arc<dyn QueueConsume> = Arc::new(queue.clone());
     let response = handle_batch(
         &worker,
@@ -259,15 +250,7 @@ async fn sqs_unreachable_at_ingress_is_503_and_leaves_no_pending_record() {
 /// Reads `lanes_aws_requests_total` as `service operation -> count`.
 async fn aws_requests(server: &DevServer) -> std::collections::BTreeMap<String, f64> {
     let text = reqwest::get(format!("{}/metrics", server.url)).await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("lanes_aws_requests_total{"))
-        .filter_map(|l| {
-            let (labels, value) = l.split_once("} ")?;
-            let op = labels.split("operation=\"").nth(1)?.split('"').next()?;
-            let service = labels.split("service=\"").nth(1)?.split('"').next()?;
-            Some((format!("{service} {op}"), value.trim().parse().ok()?))
-        })
-        .collect()
+    lanes_tests::aws_requests_in(&text)
 }
 
 fn delta(

@@ -26,17 +26,7 @@ use std::time::Duration;
 
 /// `lanes_aws_requests_total` as `service operation -> count`.
 fn requests() -> BTreeMap<String, f64> {
-    Metrics::new()
-        .render()
-        .lines()
-        .filter_map(|l| l.strip_prefix("lanes_aws_requests_total{"))
-        .filter_map(|l| {
-            let (labels, value) = l.split_once("} ")?;
-            let op = labels.split("operation=\"").nth(1)?.split('"').next()?;
-            let service = labels.split("service=\"").nth(1)?.split('"').next()?;
-            Some((format!("{service} {op}"), value.trim().parse().ok()?))
-        })
-        .collect()
+    lanes_tests::aws_requests_in(&Metrics::new().render())
 }
 
 #[tokio::test]
@@ -78,17 +68,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
     while received.len() < 10 {
         received.extend(queue.receive(10).await.unwrap());
     }
-    let records: Vec<SqsMessage> = received
-        .iter()
-        .map(|m| {
-            let mut s = SqsMessage::default();
-            s.message_id = Some(m.message_id.clone());
-            s.receipt_handle = Some(m.receipt.clone());
-            s.body = Some(m.body.clone());
-            s.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());
-            s
-        })
-        .collect();
+    let records: Vec<SqsMessage> = received.iter().map(lanes_tests::sqs_record).collect();
     let clock: SharedClock = Arc::new(SystemClock);
     // Each task runs 1.2 s, under a 1.5 s lease renewed every 0.5 s.
     let worker = Worker {
