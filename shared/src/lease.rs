@@ -111,6 +111,21 @@ pub async fn start(
     Err(hand_back(queue, message, after, "queue unavailable at lease start", lane).await)
 }
 
+/// Sets the visibility of every receipt in one call (ten a request on SQS): exactly one result per
+/// receipt, in order; a short answer counts as a failure for the receipts it left out, never as a
+/// success.
+pub async fn change_all(
+    queue: &dyn QueueConsume,
+    receipts: &[String],
+    ttl: Duration,
+) -> Vec<Result<(), QueueError>> {
+    let mut results = queue.change_visibility_many(receipts, ttl).await;
+    results.resize_with(receipts.len(), || {
+        Err(QueueError::Unavailable("no visibility result for this delivery".into()))
+    });
+    results
+}
+
 /// Starts the leases of a whole batch at once (ten a request on SQS) and marks each delivery the
 /// queue accepted as leased, so [`start`] asks nothing more for it. One result per message, in
 /// order: `ReceiptInvalid` means the delivery is gone; any other error leaves the delivery unmarked,
@@ -121,10 +136,7 @@ pub async fn start_many(
     ttl: Duration,
 ) -> Vec<Result<(), QueueError>> {
     let receipts: Vec<String> = messages.iter().map(|m| m.receipt.clone()).collect();
-    let mut started = queue.change_visibility_many(&receipts, ttl).await;
-    started.resize_with(messages.len(), || {
-        Err(QueueError::Unavailable("no lease result for this delivery".into()))
-    });
+    let started = change_all(queue, &receipts, ttl).await;
     for (m, r) in messages.iter_mut().zip(&started) {
         if r.is_ok() {
             m.leased_for = Some(ttl);
@@ -362,11 +374,7 @@ impl Heartbeat {
                 // Every visibility in one call (ten a request on SQS): a commits batch of 100 costs
                 // 10 requests a beat, not 100. Then each delivery's lock and cancellation.
                 let receipts: Vec<String> = live.iter().map(|e| e.receipt.clone()).collect();
-                let mut renewed = queue.change_visibility_many(&receipts, ttl).await;
-                // One result per receipt; a short answer counts as a failed renewal, never a skip.
-                renewed.resize_with(receipts.len(), || {
-                    Err(QueueError::Unavailable("no renewal result for this delivery".into()))
-                });
+                let renewed = change_all(&*queue, &receipts, ttl).await;
                 futures::future::join_all(live.into_iter().zip(renewed).map(|(entry, visibility)| {
                     let (lock, metrics, probe) = (lock.clone(), metrics.clone(), probe.clone());
                     async move { beat(visibility, &*lock, probe.as_deref(), &metrics, lane, ttl, entry).await }
@@ -381,22 +389,23 @@ impl Heartbeat {
     /// It takes the place of any entry with the same receipt (a delivery that waited for a slot
     /// under the same heartbeat, then runs with its lock and watch).
     pub fn join(&self, leased: Leased) -> Membership {
+        Membership { leases: self.leases.clone(), id: self.add(leased) }
+    }
+
+    /// Keeps an acked delivery hidden until the heartbeat stops: its visibility only, no lock, no
+    /// watch. For deliveries whose delete is left to Lambda's event source mapping ([`MappingDeletes`]).
+    pub fn keep(&self, receipt: &str) {
+        self.add(Leased::new(receipt.to_owned(), CancellationToken::new()));
+    }
+
+    /// Puts `leased` in the place of any entry with its receipt; returns its id.
+    fn add(&self, leased: Leased) -> u64 {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut l) = self.leases.lock() {
             l.retain(|(_, e)| e.receipt != leased.receipt);
             l.push((id, leased));
         }
-        Membership { leases: self.leases.clone(), id }
-    }
-
-    /// Keeps a settled delivery hidden until the heartbeat stops: its visibility only, no lock, no
-    /// watch. For deliveries whose delete is left to Lambda's event source mapping ([`MappingDeletes`]).
-    pub fn keep(&self, receipt: &str) {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(mut l) = self.leases.lock() {
-            l.retain(|(_, e)| e.receipt != receipt);
-            l.push((id, Leased::new(receipt.to_owned(), CancellationToken::new())));
-        }
+        id
     }
 
     /// Ends the renewals of the delivery with `receipt`, whoever added it.
@@ -418,17 +427,18 @@ impl Heartbeat {
 
 /// One Lambda invocation's view of its queue: a delete is left to the event source mapping, which
 /// deletes every message the invocation does not report as a batch item failure once it returns
-/// (`ReportBatchItemFailures`). Until then the invocation's heartbeat keeps each settled delivery
-/// hidden ([`Heartbeat::keep`]), so it is not delivered again meanwhile. Settling costs no
-/// `DeleteMessage` (a commits batch of 100 saves 100 requests); everything else goes to the queue.
+/// (`ReportBatchItemFailures`). Until then the invocation's heartbeat keeps each acked delivery
+/// hidden ([`Heartbeat::keep`]), so it is not delivered again meanwhile. An ack costs no
+/// `DeleteMessage` (a commits batch of 100 saves 100 requests); everything else (a requeue, a
+/// dead letter, a hand-back) goes to the queue.
 ///
-/// If the invocation dies before it returns, the mapping deletes nothing: the settled deliveries come
+/// If the invocation dies before it returns, the mapping deletes nothing: the acked deliveries come
 /// back after their lease, find their work done (a terminal record, a stored summary) and are settled
 /// again. That costs requests (a push's range message lists the push again), never an LLM call.
 pub struct MappingDeletes {
     queue: Arc<dyn QueueConsume>,
     heartbeat: Heartbeat,
-    settled: Mutex<std::collections::HashSet<String>>,
+    settled: Mutex<std::collections::HashMap<String, Outcome>>,
 }
 
 impl MappingDeletes {
@@ -442,16 +452,19 @@ impl MappingDeletes {
         &self.heartbeat
     }
 
-    /// Whether the delivery with `receipt` was acked (its delete left to the mapping): a worker
-    /// stopped by the deadline after that point has nothing left to hand back.
-    pub fn is_settled(&self, receipt: &str) -> bool {
-        self.settled.lock().is_ok_and(|s| s.contains(receipt))
+    /// How the delivery with `receipt` was settled, if it was: acked (its delete left to the
+    /// mapping), requeued or dead-lettered. A worker stopped by the deadline after that point has
+    /// nothing left to hand back.
+    pub fn settled(&self, receipt: &str) -> Option<Outcome> {
+        self.settled.lock().ok().and_then(|s| s.get(receipt).cloned())
     }
 
-    fn unsettle(&self, receipt: &str) {
-        self.heartbeat.leave(receipt);
+    fn settle(&self, receipt: &str, outcome: Option<Outcome>) {
         if let Ok(mut s) = self.settled.lock() {
-            s.remove(receipt);
+            match outcome {
+                Some(o) => s.insert(receipt.to_owned(), o),
+                None => s.remove(receipt),
+            };
         }
     }
 }
@@ -474,10 +487,13 @@ impl QueueConsume for MappingDeletes {
         self.queue.receive_waiting(max, visibility, wait).await
     }
     /// A visibility other than the lease's is a hand-back: the heartbeat must stop renewing that
-    /// delivery first, or its next beat would cut the hand-back's delay to a lease.
+    /// delivery first, or its next beat would cut the hand-back's delay to a lease. (A hand-back
+    /// whose delay is the lease to the millisecond stays renewed until its worker returns: no
+    /// harm, it is only put off later.)
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
         if timeout != self.heartbeat.ttl {
-            self.unsettle(receipt);
+            self.heartbeat.leave(receipt);
+            self.settle(receipt, None);
         }
         self.queue.change_visibility(receipt, timeout).await
     }
@@ -487,24 +503,30 @@ impl QueueConsume for MappingDeletes {
         timeout: Duration,
     ) -> Vec<Result<(), QueueError>> {
         if timeout != self.heartbeat.ttl {
-            receipts.iter().for_each(|r| self.unsettle(r));
+            for r in receipts {
+                self.heartbeat.leave(r);
+                self.settle(r, None);
+            }
         }
         self.queue.change_visibility_many(receipts, timeout).await
     }
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
         self.heartbeat.keep(receipt);
-        if let Ok(mut s) = self.settled.lock() {
-            s.insert(receipt.to_owned());
-        }
+        self.settle(receipt, Some(Outcome::Acked));
         Ok(())
     }
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
-        self.unsettle(&message.receipt);
-        self.queue.requeue(message, delay).await
+        self.heartbeat.leave(&message.receipt);
+        self.queue.requeue(message, delay).await?;
+        let reason = "requeued before the deadline".to_owned();
+        self.settle(&message.receipt, Some(Outcome::Requeued { after: delay.min(MAX_DELAY), reason }));
+        Ok(())
     }
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
-        self.unsettle(&message.receipt);
-        self.queue.dead_letter(message, reason).await
+        self.heartbeat.leave(&message.receipt);
+        self.queue.dead_letter(message, reason).await?;
+        self.settle(&message.receipt, Some(Outcome::DeadLettered { reason: reason.to_owned() }));
+        Ok(())
     }
     async fn depth(&self) -> Result<crate::ports::QueueDepth, QueueError> {
         self.queue.depth().await

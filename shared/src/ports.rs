@@ -58,9 +58,11 @@ pub struct ReceivedMessage {
     pub sent_at_ms: u64,
     /// Message attributes (lane, kind, enqueue time).
     pub attributes: BTreeMap<String, String>,
-    /// The visibility this delivery was received with, when the receiver chose one
-    /// ([`QueueConsume::receive_for`]); `None` when the queue's default applied, as for Lambda's
-    /// event source mapping. A delivery received straight into its lease needs no lease start.
+    /// The lease this delivery already has: the visibility it was received with, when the receiver
+    /// chose one ([`QueueConsume::receive_for`]), or the one a Lambda batch started for all its
+    /// deliveries at once (`lease::start_many`); `None` while the queue's default applies, as for
+    /// what Lambda's event source mapping delivers. A delivery already in its lease needs no lease
+    /// start.
     pub leased_for: Option<Duration>,
 }
 

@@ -168,15 +168,16 @@ async fn bad_input_is_a_named_problem_and_stores_nothing(backend: Backend) {
 }
 
 async fn kill_9_while_queued_or_running_then_restart_completes_every_task(backend: Backend) {
-    // Two slots and slow tasks, so that at the kill some run and most wait in the queue. A short
-    // lease lets the ones that were running come back quickly after the restart.
+    // Two slots and slow tasks (slow enough that a loaded machine's slow submissions still leave
+    // most of them queued), so that at the kill some run and most wait in the queue. A short lease
+    // lets the ones that were running come back quickly after the restart.
     let flags = [
         "--capacity",
         "2",
         "--interactive-latency-ms",
-        "300",
+        "800",
         "--synthesis-latency-ms",
-        "600",
+        "1200",
         "--lease-ttl-ms",
         "900",
     ];

@@ -21,13 +21,6 @@ pub async fn env_or_secrets<const N: usize>(
 ) -> Result<[Option<String>; N], ConfigError> {
     let plain = vars.map(|(var, _)| optional_env(var));
     let named = vars.map(|(_, secret_var)| optional_env(secret_var));
-    let wanted: Vec<&str> =
-        plain.iter().zip(&named).filter_map(|(p, n)| if p.is_none() { n.as_deref() } else { None }).collect();
-    if wanted.is_empty() {
-        return Ok(plain);
-    }
-    let sdk = super::sdk_config(&Default::default()).await;
-    let client = super::requests::secrets(&sdk);
     let secrets: Vec<(&str, &'static str)> = named
         .iter()
         .zip(&plain)
@@ -35,6 +28,11 @@ pub async fn env_or_secrets<const N: usize>(
         .filter(|((_, p), _)| p.is_none())
         .filter_map(|((n, _), (_, secret_var))| n.as_deref().map(|id| (id, *secret_var)))
         .collect();
+    if secrets.is_empty() {
+        return Ok(plain);
+    }
+    let sdk = super::sdk_config(&Default::default()).await;
+    let client = super::requests::secrets(&sdk);
     let mut read = fetch_named_secrets(&client, &secrets).await.into_iter();
     let mut out = Vec::with_capacity(N);
     for (p, n) in plain.iter().zip(&named) {

@@ -525,7 +525,7 @@ impl DiffSources {
             .unwrap_or_else(|| "https://api.github.com".into());
         let gitlab_url =
             crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
-        // Both at once, through one client: each is a Secrets Manager round trip at cold start.
+        // Both in one Secrets Manager request at cold start (`BatchGetSecretValue`).
         let [github_token, gitlab_token] = crate::adapters::secrets::env_or_secrets([
             ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
             ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),

@@ -57,7 +57,7 @@ impl WebhookConfig {
     /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
     /// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups).
     pub async fn from_env() -> Result<Self, ConfigError> {
-        // Both at once, through one client: each is a Secrets Manager round trip at cold start.
+        // Both in one Secrets Manager request at cold start (`BatchGetSecretValue`).
         let [github_secret, gitlab_token] = crate::adapters::secrets::env_or_secrets([
             ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
             ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),

@@ -164,7 +164,7 @@ impl CommitsWorker {
         let ttl = self.lease.lease_ttl;
         let members: Vec<usize> = groups.iter().flat_map(|g| g.members.iter().copied()).collect();
         let receipts: Vec<String> = members.iter().map(|&i| messages[i].receipt.clone()).collect();
-        let starts = members.into_iter().zip(queue.change_visibility_many(&receipts, ttl).await);
+        let starts = members.into_iter().zip(lease::change_all(&*queue, &receipts, ttl).await);
         let mut leases = Vec::new();
         for (i, r) in starts {
             let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
@@ -944,7 +944,6 @@ mod tests {
         // Past a whole lease (600 ms), the invocation's heartbeat still keeps them hidden.
         tokio::time::sleep(Duration::from_millis(900)).await;
         assert_eq!(r.queue.depth().await.unwrap().visible, 0);
-        drop(invocation);
     }
 
     #[tokio::test]
