@@ -594,10 +594,12 @@ pub async fn handle_commit_batch(
         }
     }
     let deadline = tokio::time::Instant::now() + budget;
-    // Acked deliveries are left for the mapping to delete: no DeleteMessage for a whole batch.
-    let batch: Arc<dyn QueueConsume> =
+    // Acked deliveries are left for the mapping to delete: no DeleteMessage for a whole batch. One
+    // heartbeat renews the batch's leases and keeps what was acked hidden until then.
+    let batch =
         Arc::new(lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone(), Vec::new())));
-    let (done, report) = worker.process_batch(batch, messages, deadline).await;
+    let (done, report) =
+        worker.process_batch_in(batch.clone(), messages, deadline, Some(batch.heartbeat())).await;
     tracing::info!(
         commits = report.commits,
         llm_calls = report.llm_calls,

@@ -15,7 +15,7 @@ use crate::domain::commit::{
     CommitMessage, CommitSummary, CommitsMessage, PushRange, SummarySource, summary_cache_key,
 };
 use crate::domain::{Kind, Lane, TokenUsage};
-use crate::lease::{self, Heartbeat, Leased, Outcome, after_holder, full_jitter_backoff};
+use crate::lease::{self, Heartbeat, Leased, Membership, Outcome, after_holder, full_jitter_backoff};
 use crate::metrics::Metrics;
 use crate::ports::{
     Acquire, Cache, DiffError, DiffSource, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
@@ -105,6 +105,18 @@ impl CommitsWorker {
         messages: Vec<ReceivedMessage>,
         deadline: Instant,
     ) -> (Vec<(String, Outcome)>, BatchReport) {
+        self.process_batch_in(queue, messages, deadline, None).await
+    }
+
+    /// Like [`Self::process_batch`], renewing the leases under `beat` (a Lambda invocation's
+    /// heartbeat, see [`Self::heartbeat`]) instead of a heartbeat of its own.
+    pub async fn process_batch_in(
+        &self,
+        queue: Arc<dyn QueueConsume>,
+        messages: Vec<ReceivedMessage>,
+        deadline: Instant,
+        beat: Option<&Heartbeat>,
+    ) -> (Vec<(String, Outcome)>, BatchReport) {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
         let mut report = BatchReport::default();
 
@@ -179,10 +191,18 @@ impl CommitsWorker {
             }
             leases.push(Leased::new(messages[i].receipt.clone(), groups[g].lost.clone()));
         }
-        let heartbeat = self.heartbeat(queue.clone(), leases);
+        let own;
+        let heartbeat = match beat {
+            Some(shared) => shared,
+            None => {
+                own = self.heartbeat(queue.clone(), Vec::new());
+                &own
+            }
+        };
+        let _renewed: Vec<Membership> = leases.into_iter().map(|l| heartbeat.join(l)).collect();
 
         self.answer_known(&mut groups, &mut report).await;
-        self.lock_rest(&mut groups, &messages, &heartbeat).await;
+        self.lock_rest(&mut groups, &messages, heartbeat).await;
         let pending = self.fetch_and_trim(&mut groups).await;
         self.summarize(&mut groups, pending, &mut report, deadline).await;
 
@@ -933,10 +953,13 @@ mod tests {
         }
         let batch = crate::lease::receive_batch(&r.queue, 100, Duration::from_secs(5)).await.unwrap();
         let queue: Arc<dyn QueueConsume> = Arc::new(r.queue.clone());
-        let invocation: Arc<dyn QueueConsume> =
+        let invocation =
             Arc::new(crate::lease::MappingDeletes::new(queue.clone(), r.worker.heartbeat(queue, Vec::new())));
         let deadline = Instant::now() + Duration::from_secs(30);
-        let (outcomes, report) = r.worker.process_batch(invocation.clone(), batch, deadline).await;
+        let (outcomes, report) = r
+            .worker
+            .process_batch_in(invocation.clone(), batch, deadline, Some(invocation.heartbeat()))
+            .await;
         assert!(outcomes.iter().all(|(_, o)| *o == Outcome::Acked), "{outcomes:?}");
         assert_eq!(report.done.len(), 20);
         let depth = r.queue.depth().await.unwrap();
