@@ -118,10 +118,10 @@ def main():
                 "release profile).", "",
                 "| function | init median | init p90 | x baseline | zip |", "|---|---:|---:|---:|---:|",
                 f"| baseline (hello-world lambda_runtime) | {base['init_ms']:.1f} ms | {base['init_p90_ms']:.1f} ms | 1.00 | "
-                f"{base['zip_bytes'] / 1048576:.2f} MB |"]
+                f"{base['zip_bytes'] / 1048576:.2f} MiB |"]
         out += [f"| {name} | {m['init_ms']:.1f} ms | {m['init_p90_ms']:.1f} ms | {m['init_ms'] / max(base['init_ms'], 1e-9):.2f} | "
-                f"{m['zip_bytes'] / 1048576:.2f} MB |" for name, m in cs["functions"].items()]
-        out += ["", f"- every init <= 2x the baseline's, every zip <= 8 MB: {'met' if cs['within_goals'] else '**not met**'}", ""]
+                f"{m['zip_bytes'] / 1048576:.2f} MiB |" for name, m in cs["functions"].items()]
+        out += ["", f"- every init <= 2x the baseline's, every zip <= 8 MiB: {'met' if cs['within_goals'] else '**not met**'}", ""]
     history = load(d, "before-after")
     if history:
         out += ["## Before and after", "", history["note"], "",

@@ -144,7 +144,8 @@ fn build(bins: &[&str], flags: &[&str], dir: &Path) -> Result<(), String> {
 /// and each function's environment as the template sets it, pointed at them.
 async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisServer, Vec<Function>), String>
 {
-    let (moto, redis) = (lanes_tests::MotoServer::start(), lanes_tests::RedisServer::start());
+    let (moto, redis, mut common) =
+        crate::aws_services().ok_or("redis-server or moto_server is missing: run scripts/test-deps.sh")?;
     let urls = lanes_core::backend::create_aws_resources(
         &moto.aws_settings(),
         "lanes",
@@ -155,27 +156,12 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     .map_err(|e| format!("moto resources: {e}"))?;
     let github = moto.create_secret("lanes/github-webhook", "bench-secret").await?;
     let gitlab = moto.create_secret("lanes/gitlab-webhook", "bench-token").await?;
-    // The commits worker's API tokens, as a stack with private repositories configures them: two
-    // more Secrets Manager reads in its init.
+    // The commits worker's API tokens, as a stack with private repositories configures them: one
+    // more Secrets Manager request (both in one batch) in its init.
     let github_token = moto.create_secret("lanes/github-token", "bench-github-token").await?;
     let gitlab_token = moto.create_secret("lanes/gitlab-token", "bench-gitlab-token").await?;
-    let mut common = moto.env();
-    common.extend(
-        [
-            ("LANES_BACKEND", "aws"),
-            ("LANES_TABLE", "lanes-tasks"),
-            ("LANES_QUEUE_URL_INTERACTIVE", &urls[0]),
-            ("LANES_QUEUE_URL_SYNTHESIS", &urls[1]),
-            ("LANES_QUEUE_URL_COMMITS", &urls[2]),
-            ("REDIS_URL", &redis.url()),
-            ("LANES_LLM_PROVIDER", "offline"),
-            ("LANES_MAX_RECEIVE_COUNT", "10"),
-            ("LANES_DLQ_URL_INTERACTIVE", &format!("{}-dlq", urls[0])),
-            ("LANES_DLQ_URL_SYNTHESIS", &format!("{}-dlq", urls[1])),
-            ("LANES_DLQ_URL_COMMITS", &format!("{}-dlq", urls[2])),
-        ]
-        .map(|(k, v)| (k.to_owned(), v.to_owned())),
-    );
+    common.extend(lanes_tests::stack_env("lanes-tasks", &urls));
+    common.push(("LANES_LLM_PROVIDER".into(), "offline".into()));
     let with = |extra: &[(&str, &str)]| {
         let mut env = common.clone();
         env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
@@ -322,7 +308,7 @@ impl std::fmt::Display for ColdStartReport {
             "Cold start: init on {} (median and p90 of {} starts), arm64 zip as deployed",
             self.init_arch, self.starts
         )?;
-        writeln!(f, "{:<18} {:>9} {:>9} {:>8} {:>10}", "function", "init ms", "p90 ms", "× base", "zip MB")?;
+        writeln!(f, "{:<18} {:>9} {:>9} {:>8} {:>10}", "function", "init ms", "p90 ms", "× base", "zip MiB")?;
         let row = |f: &mut std::fmt::Formatter<'_>, name: &str, m: &Measure| {
             writeln!(
                 f,
@@ -340,7 +326,7 @@ impl std::fmt::Display for ColdStartReport {
         }
         writeln!(
             f,
-            "goals (init <= {MAX_INIT_RATIO}x baseline, zip <= {} MB): {}",
+            "goals (init <= {MAX_INIT_RATIO}x baseline, zip <= {} MiB): {}",
             MAX_ZIP_BYTES / 1_048_576,
             if self.within_goals { "met" } else { "NOT met" }
         )?;

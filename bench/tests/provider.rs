@@ -17,13 +17,7 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_discipline_or_hint_style_fails_a_call_and_429s_stay_rare() {
     let redis = RedisServer::start();
-    let settings = RedisSettings {
-        url: redis.url(),
-        cluster: false,
-        prefix: "bench:".into(),
-        timeout: Duration::from_millis(500),
-        ca_pem: None,
-    };
+    let settings = RedisSettings { prefix: "bench:".into(), ..redis.settings(false) };
     let conn = connect(&settings).await.unwrap();
     let cases = [
         (Discipline::TokenBucket, Hint::Both, true),

@@ -374,6 +374,10 @@ impl WorkerFunction {
     /// 15000; the heartbeat renews at a third), and the backend's variables.
     pub async fn from_env() -> Result<Self, ColdStartError> {
         let lane = lane_from_env()?;
+        if lane == Lane::Commits {
+            // First, so the vocabulary loads while the rest of start-up waits on the network.
+            crate::commits::budget::warm();
+        }
         let concurrency = parse_env("LANES_WORKER_CONCURRENCY", 10)? as usize;
         let lease_ms = parse_env("LANES_LEASE_TTL_MS", 15_000)?;
         let config = WorkerConfig::default().with_lease(Duration::from_millis(lease_ms)).lanes_from_env()?;
@@ -410,9 +414,6 @@ impl WorkerFunction {
             config,
         };
         let queue = adapters.consume[lane.index()].clone();
-        if commits.is_some() {
-            crate::commits::budget::warm();
-        }
         Ok(Self { worker, queue, concurrency: concurrency.max(1), commits, lane, running })
     }
 
@@ -596,8 +597,7 @@ pub async fn handle_commit_batch(
     let deadline = tokio::time::Instant::now() + budget;
     // Acked deliveries are left for the mapping to delete: no DeleteMessage for a whole batch. One
     // heartbeat renews the batch's leases and keeps what was acked hidden until then.
-    let batch =
-        Arc::new(lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone(), Vec::new())));
+    let batch = Arc::new(lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone())));
     let (done, report) =
         worker.process_batch_in(batch.clone(), messages, deadline, Some(batch.heartbeat())).await;
     tracing::info!(

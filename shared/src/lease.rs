@@ -1,7 +1,7 @@
 //! The lease on a delivery, for both flows and the Lambda glue: starting it (one delivery, or a
 //! whole batch at once), the heartbeat that renews a batch's leases together, the Lambda batch whose
-//! deletes are left to the event source mapping, and the three ways a delivery ends (ack,
-//! hand-back, dead-letter) with the backoff of a hand-back. Outside the queue adapters and their
+//! deletes are left to the event source mapping, and the ways a delivery ends (ack, hand-back,
+//! requeue as a fresh copy, dead-letter) with the backoff of a hand-back. Outside the queue adapters and their
 //! twins, this is the only module that changes a message's visibility.
 //!
 //! Why a lease at all: Lambda wants the queue's own visibility timeout at least as long as the
@@ -111,21 +111,6 @@ pub async fn start(
     Err(hand_back(queue, message, after, "queue unavailable at lease start", lane).await)
 }
 
-/// Sets the visibility of every receipt in one call (ten a request on SQS): exactly one result per
-/// receipt, in order; a short answer counts as a failure for the receipts it left out, never as a
-/// success.
-pub async fn change_all(
-    queue: &dyn QueueConsume,
-    receipts: &[String],
-    ttl: Duration,
-) -> Vec<Result<(), QueueError>> {
-    let mut results = queue.change_visibility_many(receipts, ttl).await;
-    results.resize_with(receipts.len(), || {
-        Err(QueueError::Unavailable("no visibility result for this delivery".into()))
-    });
-    results
-}
-
 /// Starts the leases of a whole batch at once (ten a request on SQS) and marks each delivery the
 /// queue accepted as leased, so [`start`] asks nothing more for it. One result per message, in
 /// order: `ReceiptInvalid` means the delivery is gone; any other error leaves the delivery unmarked,
@@ -136,7 +121,7 @@ pub async fn start_many(
     ttl: Duration,
 ) -> Vec<Result<(), QueueError>> {
     let receipts: Vec<String> = messages.iter().map(|m| m.receipt.clone()).collect();
-    let started = change_all(queue, &receipts, ttl).await;
+    let started = queue.change_visibility_many(&receipts, ttl).await;
     for (m, r) in messages.iter_mut().zip(&started) {
         if r.is_ok() {
             m.leased_for = Some(ttl);
@@ -348,7 +333,8 @@ impl Drop for Membership {
 }
 
 impl Heartbeat {
-    /// Starts beating every `renew_interval` (the first beat one interval from now).
+    /// Starts beating every `renew_interval` (the first beat one interval from now), for the
+    /// deliveries that [`Self::join`] it.
     pub fn start(
         queue: Arc<dyn QueueConsume>,
         lock: Arc<dyn LeaseLock>,
@@ -356,10 +342,8 @@ impl Heartbeat {
         metrics: Metrics,
         lane: &'static str,
         config: &WorkerConfig,
-        leases: Vec<Leased>,
     ) -> Self {
-        let count = leases.len() as u64;
-        let leases: Entries = Arc::new(Mutex::new((0..).zip(leases).collect()));
+        let leases: Entries = Arc::new(Mutex::new(Vec::new()));
         let shared = leases.clone();
         let (ttl, every) = (config.lease_ttl, config.renew_interval);
         let task = tokio::spawn(async move {
@@ -374,7 +358,7 @@ impl Heartbeat {
                 // Every visibility in one call (ten a request on SQS): a commits batch of 100 costs
                 // 10 requests a beat, not 100. Then each delivery's lock and cancellation.
                 let receipts: Vec<String> = live.iter().map(|e| e.receipt.clone()).collect();
-                let renewed = change_all(&*queue, &receipts, ttl).await;
+                let renewed = queue.change_visibility_many(&receipts, ttl).await;
                 futures::future::join_all(live.into_iter().zip(renewed).map(|(entry, visibility)| {
                     let (lock, metrics, probe) = (lock.clone(), metrics.clone(), probe.clone());
                     async move { beat(visibility, &*lock, probe.as_deref(), &metrics, lane, ttl, entry).await }
@@ -382,7 +366,7 @@ impl Heartbeat {
                 .await;
             }
         });
-        Self { leases, next: count.into(), ttl, _task: AbortOnDrop(task) }
+        Self { leases, next: 0.into(), ttl, _task: AbortOnDrop(task) }
     }
 
     /// Adds a delivery, renewed from the next beat on for as long as the returned membership lives.
@@ -570,7 +554,10 @@ async fn beat(
             }
         }
     }
-    metrics.lease_renewals_total.with_label_values(&[lane]).inc();
+    // Work under a lease, not a settled delivery kept hidden for the mapping's delete.
+    if entry.lock.is_some() || entry.watch.is_some() {
+        metrics.lease_renewals_total.with_label_values(&[lane]).inc();
+    }
     if let (Some(probe), Some(watch)) = (probe, &entry.watch)
         && !watch.cancelled.is_cancelled()
         && probe.is_cancelled(&watch.id, watch.fence).await

@@ -271,6 +271,17 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// The adapter's settings for this server: prefix `lanes:`, a 500 ms bound, its CA when TLS.
+    pub fn settings(&self, cluster: bool) -> lanes_core::adapters::redis::RedisSettings {
+        lanes_core::adapters::redis::RedisSettings {
+            url: self.url(),
+            cluster,
+            prefix: "lanes:".into(),
+            timeout: Duration::from_millis(500),
+            ca_pem: self.ca_pem_if_tls(),
+        }
+    }
+
     /// Starts one on a free port.
     pub fn start() -> Self {
         let mut s = Self { child: None, port: free_port(), cluster_dir: None, tls_dir: None };
@@ -755,4 +766,50 @@ pub fn sqs_record(m: &lanes_core::ports::ReceivedMessage) -> aws_lambda_events::
     s.body = Some(m.body.clone());
     s.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());
     s
+}
+
+/// What was asked between two readings of [`aws_requests_in`], without the pollers' receives and
+/// depth reads (in Lambda the event source mapping polls).
+pub fn requests_between(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter(|(k, _)| !k.contains("ReceiveMessage") && !k.contains("GetQueueAttributes"))
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// Receives until `n` messages have come (each with the queue's default visibility), failing after
+/// 20 s rather than hanging on a lost one.
+pub async fn receive_n(
+    queue: &dyn lanes_core::ports::QueueConsume,
+    n: usize,
+) -> Vec<lanes_core::ports::ReceivedMessage> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut received = Vec::new();
+    while received.len() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} messages came", received.len());
+        received.extend(queue.receive(10).await.unwrap_or_else(|e| panic!("receive: {e}")));
+    }
+    received
+}
+
+/// The environment the template gives every function for the AWS backend: its table, the lane
+/// queues and their redrive policy (the DLQs as `create_aws_resources` names them, the queues'
+/// `maxReceiveCount`), so a function asks SQS nothing about them at start.
+pub fn stack_env(table: &str, queue_urls: &[String; 3]) -> Vec<(String, String)> {
+    let max_receive_count = lanes_core::embedded::QueueSettings::default().max_receive_count;
+    let mut env = vec![
+        ("LANES_BACKEND".to_owned(), "aws".to_owned()),
+        ("LANES_TABLE".to_owned(), table.to_owned()),
+        ("LANES_MAX_RECEIVE_COUNT".to_owned(), max_receive_count.to_string()),
+    ];
+    for (lane, url) in ["INTERACTIVE", "SYNTHESIS", "COMMITS"].iter().zip(queue_urls) {
+        env.push((format!("LANES_QUEUE_URL_{lane}"), url.clone()));
+        env.push((format!("LANES_DLQ_URL_{lane}"), format!("{url}-dlq")));
+    }
+    env
 }

@@ -18,14 +18,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 async fn redis_conn(redis: &RedisServer, cluster: bool) -> lanes_core::adapters::redis::RedisConn {
-    let settings = RedisSettings {
-        url: redis.url(),
-        cluster,
-        prefix: "lanes:".into(),
-        timeout: Duration::from_millis(500),
-        ca_pem: redis.ca_pem_if_tls(),
-    };
-    connect(&settings).await.unwrap()
+    connect(&redis.settings(cluster)).await.unwrap()
 }
 
 fn record(prompt: &str) -> TaskRecord {

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)]
 
 use axum::http::StatusCode;
-use lanes_core::adapters::redis::RedisSettings;
 use lanes_core::backend::{Adapters, AwsBackendConfig, create_aws_resources};
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::commits::sources::{DiffSources, GitHubSource, GitLabSource};
@@ -121,13 +120,7 @@ async fn rig() -> Rig {
         aws,
         table: "lanes-commits-test".into(),
         queue_urls,
-        redis: RedisSettings {
-            url: redis.url(),
-            cluster: false,
-            prefix: "lanes:".into(),
-            timeout: Duration::from_millis(500),
-            ca_pem: None,
-        },
+        redis: redis.settings(false),
         redrive: None,
     };
     let adapters = lanes_core::backend::aws(&config, &[Lane::Commits]).await.unwrap();

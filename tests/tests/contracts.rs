@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use lanes_core::adapters::dynamodb::{DynamoStore, DynamoSummaries};
-use lanes_core::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
+use lanes_core::adapters::redis::{RedisCache, RedisLock, connect};
 use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
 use lanes_core::clock::SystemClock;
@@ -95,13 +95,7 @@ async fn lock_and_cache_contracts(redis: RedisServer) {
 }
 
 async fn lock_and_cache_contracts_in(redis: RedisServer, cluster: bool) {
-    let settings = RedisSettings {
-        url: redis.url(),
-        cluster,
-        prefix: "lanes:".into(),
-        timeout: Duration::from_millis(500),
-        ca_pem: redis.ca_pem_if_tls(),
-    };
+    let settings = redis.settings(cluster);
     let conn = connect(&settings).await.unwrap();
     contract::lease_lock(&RedisLock::new(conn.clone(), "lanes:")).await;
     contract::cache(&RedisCache::new(conn, "lanes:")).await;

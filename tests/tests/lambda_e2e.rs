@@ -22,21 +22,13 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     let settings = moto.aws_settings();
     let urls =
         create_aws_resources(&settings, "lanes", "lanes-tasks", QueueSettings::default()).await.unwrap();
+    // The template's environment, redrive policy included: the worker asks SQS nothing at start.
     let mut env = moto.env();
+    env.extend(lanes_tests::stack_env("lanes-tasks", &urls));
     env.extend(
         [
-            ("LANES_BACKEND", "aws".to_owned()),
-            ("LANES_TABLE", "lanes-tasks".to_owned()),
-            ("LANES_QUEUE_URL_INTERACTIVE", urls[0].clone()),
-            ("LANES_QUEUE_URL_SYNTHESIS", urls[1].clone()),
-            ("LANES_QUEUE_URL_COMMITS", urls[2].clone()),
             ("REDIS_URL", redis.url()),
             ("LANES_LANE", "interactive".to_owned()),
-            // The redrive policy as the template states it: the worker asks SQS nothing at start.
-            ("LANES_MAX_RECEIVE_COUNT", "10".to_owned()),
-            ("LANES_DLQ_URL_INTERACTIVE", format!("{}-dlq", urls[0])),
-            ("LANES_DLQ_URL_SYNTHESIS", format!("{}-dlq", urls[1])),
-            ("LANES_DLQ_URL_COMMITS", format!("{}-dlq", urls[2])),
             ("RUST_LOG", "info".to_owned()),
         ]
         .map(|(k, v)| (k.to_owned(), v)),
@@ -119,13 +111,9 @@ async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
     let fetches = lanes_tests::Fetches::default();
     let github = lanes_tests::fake_github(fetches.clone()).await;
     let mut env = moto.env();
+    env.extend(lanes_tests::stack_env("lanes-hooks", &urls));
     env.extend(
         [
-            ("LANES_BACKEND", "aws".to_owned()),
-            ("LANES_TABLE", "lanes-hooks".to_owned()),
-            ("LANES_QUEUE_URL_INTERACTIVE", urls[0].clone()),
-            ("LANES_QUEUE_URL_SYNTHESIS", urls[1].clone()),
-            ("LANES_QUEUE_URL_COMMITS", urls[2].clone()),
             ("REDIS_URL", redis.url()),
             ("LANES_LANE", "commits".to_owned()),
             ("LANES_GITHUB_WEBHOOK_SECRET", "lanes-local-webhook-secret".to_owned()),

@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used)]
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use lanes_core::adapters::redis::RedisSettings;
 use lanes_core::backend::{AwsBackendConfig, create_aws_resources};
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::config::WorkerConfig;
@@ -40,13 +39,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
         aws: settings,
         table: "lanes-batch".into(),
         queue_urls: urls,
-        redis: RedisSettings {
-            url: redis.url(),
-            cluster: false,
-            prefix: "lanes:".into(),
-            timeout: Duration::from_millis(500),
-            ca_pem: redis.ca_pem_if_tls(),
-        },
+        redis: redis.settings(false),
         redrive: None,
     };
     let adapters = lanes_core::backend::aws(&config, &[Lane::Interactive]).await.unwrap();
@@ -64,10 +57,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
         ids.push(rec.task_id);
     }
     // Received as the mapping receives: the queue's own (long) visibility.
-    let mut received = Vec::new();
-    while received.len() < 10 {
-        received.extend(queue.receive(10).await.unwrap());
-    }
+    let received = lanes_tests::receive_n(&*queue, 10).await;
     let records: Vec<SqsMessage> = received.iter().map(lanes_tests::sqs_record).collect();
     let clock: SharedClock = Arc::new(SystemClock);
     // Each task runs 1.2 s, under a 1.5 s lease renewed every 0.5 s.
@@ -105,11 +95,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
     watching.store(false, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(watcher.await.unwrap(), 0, "a waiting or settled delivery became visible mid-batch");
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
-    let spent: BTreeMap<String, f64> = after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .filter(|(_, v)| *v > 0.0)
-        .collect();
+    let spent = lanes_tests::requests_between(&before, &after);
     eprintln!("a Lambda batch of 10 tasks, worker side: {spent:?}");
     let get = |k: &str| spent.get(k).copied().unwrap_or(0.0);
     // Per task: the claim and the fenced finish, the lock, the finished record in the cache.

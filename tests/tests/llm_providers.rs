@@ -327,6 +327,7 @@ mod bedrock_and_secrets {
 
     #[tokio::test]
     async fn api_keys_come_from_secrets_manager() {
+        const VAR: &str = "LANES_LLM_API_KEY_SECRET";
         let moto = MotoServer::start();
         let sdk = sdk_config(&moto.aws_settings()).await;
         let sm = aws_sdk_secretsmanager::Client::new(&sdk);
@@ -338,11 +339,13 @@ mod bedrock_and_secrets {
             .await
             .unwrap();
         assert_eq!(
-            lanes_core::adapters::secrets::fetch_secret(&sm, "lanes/openai").await.unwrap(),
+            lanes_core::adapters::secrets::fetch_secret_field(&sm, "lanes/openai", VAR, None).await.unwrap(),
             "sk-plain"
         );
         assert_eq!(
-            lanes_core::adapters::secrets::fetch_secret(&sm, "lanes/anthropic").await.unwrap(),
+            lanes_core::adapters::secrets::fetch_secret_field(&sm, "lanes/anthropic", VAR, None)
+                .await
+                .unwrap(),
             "sk-json"
         );
         // Routes of several vendors: each vendor's key from its own field, never another's.
@@ -353,7 +356,7 @@ mod bedrock_and_secrets {
             .send()
             .await
             .unwrap();
-        let var = "LANES_LLM_API_KEY_SECRET";
+        let var = VAR;
         assert_eq!(
             fetch_secret_field(&sm, "lanes/both", var, Some("anthropic_api_key")).await.unwrap(),
             "sk-a"
@@ -364,8 +367,10 @@ mod bedrock_and_secrets {
                 fetch_secret_field(&sm, secret, var, Some("openai_api_key")).await.unwrap_err().to_string();
             assert!(e.contains(why), "{secret}: {e}");
         }
-        let missing =
-            lanes_core::adapters::secrets::fetch_secret(&sm, "lanes/none").await.unwrap_err().to_string();
+        let missing = lanes_core::adapters::secrets::fetch_secret_field(&sm, "lanes/none", VAR, None)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             missing.contains("LANES_LLM_API_KEY_SECRET") && missing.contains("ResourceNotFound"),
             "{missing}"
@@ -380,14 +385,8 @@ mod bedrock_and_secrets {
         let moto = MotoServer::start();
         let sdk = sdk_config(&moto.aws_settings()).await;
         let sm = lanes_core::adapters::requests::secrets(&sdk);
-        let created = sm.create_secret().name("hook/github").secret_string("gh-secret").send().await.unwrap();
-        let arn = created.arn().unwrap().to_owned();
-        sm.create_secret()
-            .name("hook/gitlab")
-            .secret_string(r#"{"api_key":"gl-token"}"#)
-            .send()
-            .await
-            .unwrap();
+        let arn = moto.create_secret("hook/github", "gh-secret").await.unwrap();
+        moto.create_secret("hook/gitlab", r#"{"api_key":"gl-token"}"#).await.unwrap();
         let count =
             |op: &str| lanes_core::metrics::AWS_REQUESTS.with_label_values(&["secretsmanager", op]).get();
         let before = (count("BatchGetSecretValue"), count("GetSecretValue"));

@@ -103,8 +103,8 @@ pub struct AwsSettings {
 
 /// Timeouts of every AWS call the adapters make. Without them a call to an endpoint that stopped
 /// answering hangs until the Lambda deadline, with a task's record written and its message unsent.
-/// An attempt (one HTTP request; every call here is short: receives do not long-poll) gets 5 s, the
-/// whole operation with the SDK's retries 15 s; connecting gets 3 s.
+/// An attempt (one HTTP request) gets 5 s, the whole operation with the SDK's retries 15 s;
+/// connecting gets 3 s. A long-poll receive raises its own call's timeouts past its wait.
 pub fn timeouts() -> aws_config::timeout::TimeoutConfig {
     aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(std::time::Duration::from_secs(3))
@@ -113,7 +113,8 @@ pub fn timeouts() -> aws_config::timeout::TimeoutConfig {
         .build()
 }
 
-/// Loads the SDK configuration once per process, with [`timeouts`] and the standard retry mode
+/// Loads the SDK configuration (once per process for the environment's default settings; settings
+/// that name an endpoint, region or keys load their own), with [`timeouts`] and the standard retry mode
 /// stated rather than inherited: three attempts with exponential backoff and full jitter for
 /// throttling (`RequestThrottled`, `ThrottlingException`, `ProvisionedThroughputExceededException`),
 /// 5xx and timeouts. Longer storms surface as `Unavailable`, which every caller already retries on

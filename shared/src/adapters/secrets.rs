@@ -7,11 +7,6 @@ use crate::config::{ConfigError, optional_env};
 pub use aws_sdk_secretsmanager::Client;
 use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
 
-/// Reads an API key from AWS Secrets Manager (a plain string secret, or JSON with an `api_key` field).
-pub async fn fetch_secret(client: &Client, secret_id: &str) -> Result<String, ConfigError> {
-    fetch_named_secret(client, secret_id, "LANES_LLM_API_KEY_SECRET").await
-}
-
 /// For each `(var, secret_var)`: the variable `var`, else the Secrets Manager secret named by
 /// `secret_var` (read once, at cold start), else `None`. The secrets among them are read together
 /// ([`fetch_named_secrets`]: one `BatchGetSecretValue`, so one round trip and one TLS handshake in a
@@ -34,15 +29,14 @@ pub async fn env_or_secrets<const N: usize>(
     let sdk = super::sdk_config(&Default::default()).await;
     let client = super::requests::secrets(&sdk);
     let mut read = fetch_named_secrets(&client, &secrets).await.into_iter();
-    let mut out = Vec::with_capacity(N);
-    for (p, n) in plain.iter().zip(&named) {
-        out.push(match (p, n) {
-            (Some(v), _) => Some(v.clone()),
-            (None, Some(_)) => Some(read.next().ok_or(ConfigError::Missing("secrets"))??),
-            (None, None) => None,
-        });
+    // The secrets were read in the order of the slots that name one and have no plain value.
+    let mut out = plain;
+    for (slot, named) in out.iter_mut().zip(&named) {
+        if let (None, Some(_)) = (&slot, named) {
+            *slot = read.next().transpose()?;
+        }
     }
-    out.try_into().map_err(|_| ConfigError::Missing("secrets"))
+    Ok(out)
 }
 
 /// Reads each `(secret id, variable naming it)`, in order: two or more in one
@@ -60,7 +54,7 @@ pub async fn fetch_named_secrets(
             match batch.get(*id) {
                 Some(Ok(raw)) => secret_field(raw, var, None),
                 Some(Err(reason)) => Err(ConfigError::Invalid { name: var, reason: reason.clone() }),
-                None => fetch_named_secret(client, id, var).await,
+                None => fetch_secret_field(client, id, var, None).await,
             }
         }
     }))
@@ -105,15 +99,6 @@ async fn batch_read(
     out
 }
 
-/// [`fetch_secret`], naming `var` in its errors.
-pub async fn fetch_named_secret(
-    client: &Client,
-    secret_id: &str,
-    var: &'static str,
-) -> Result<String, ConfigError> {
-    fetch_secret_field(client, secret_id, var, None).await
-}
-
 /// A secret's value: with `vendor_field`, that JSON field (e.g. `openai_api_key`) and nothing else;
 /// without, a plain string or the JSON field `api_key`. `var` is named in errors.
 pub async fn fetch_secret_field(
@@ -122,12 +107,16 @@ pub async fn fetch_secret_field(
     var: &'static str,
     vendor_field: Option<&str>,
 ) -> Result<String, ConfigError> {
+    secret_field(&fetch_string(client, secret_id, var).await?, var, vendor_field)
+}
+
+/// A secret's whole string (`GetSecretValue`); `var` is named in errors.
+async fn fetch_string(client: &Client, secret_id: &str, var: &'static str) -> Result<String, ConfigError> {
     let invalid = |reason: String| ConfigError::Invalid { name: var, reason };
     let out = client.get_secret_value().secret_id(secret_id).send().await.map_err(|e| {
         invalid(format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default()))
     })?;
-    let raw = out.secret_string().ok_or_else(|| invalid("the secret has no string value".into()))?;
-    secret_field(raw, var, vendor_field)
+    out.secret_string().map(str::to_owned).ok_or_else(|| invalid("the secret has no string value".into()))
 }
 
 /// The value in a secret's string: with `vendor_field`, that JSON field and nothing else; without,
@@ -154,22 +143,24 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
 
 /// An LLM vendor's key: the variable `var`, else the field `vendor_field` of the secret named by
 /// `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as
-/// [`env_or_secrets`] reads it.
+/// [`env_or_secrets`] reads it. The secret is read once per process, however many routes take a
+/// key from it.
 pub async fn llm_key(
     var: &'static str,
     vendor_field: &str,
     shared: bool,
 ) -> Result<Option<String>, ConfigError> {
+    const SECRET_VAR: &str = "LANES_LLM_API_KEY_SECRET";
+    static RAW: tokio::sync::OnceCell<Option<String>> = tokio::sync::OnceCell::const_new();
     if let Some(v) = optional_env(var) {
         return Ok(Some(v));
     }
-    match optional_env("LANES_LLM_API_KEY_SECRET") {
-        None => Ok(None),
-        Some(secret) => {
+    let raw = RAW
+        .get_or_try_init(|| async {
+            let Some(secret) = optional_env(SECRET_VAR) else { return Ok(None) };
             let sdk = super::sdk_config(&Default::default()).await;
-            let client = super::requests::secrets(&sdk);
-            let field = shared.then_some(vendor_field);
-            Ok(Some(fetch_secret_field(&client, &secret, "LANES_LLM_API_KEY_SECRET", field).await?))
-        }
-    }
+            fetch_string(&super::requests::secrets(&sdk), &secret, SECRET_VAR).await.map(Some)
+        })
+        .await?;
+    raw.as_deref().map(|raw| secret_field(raw, SECRET_VAR, shared.then_some(vendor_field))).transpose()
 }

@@ -399,9 +399,12 @@ impl QueueConsume for SqsQueue {
                     };
                     chunk.iter().map(|_| Err(QueueError::Unavailable(message.clone()))).collect::<Vec<_>>()
                 }
+                // One result per receipt: an entry SQS lists neither as done nor as failed is a
+                // failed renewal, never a silent success.
                 Ok(out) => (0..chunk.len())
                     .map(|i| match out.failed().iter().find(|f| f.id() == i.to_string()) {
-                        None => Ok(()),
+                        None if out.successful().iter().any(|s| s.id() == i.to_string()) => Ok(()),
+                        None => Err(QueueError::Unavailable("SQS answered nothing for this receipt".into())),
                         Some(f) if is_lost_receipt(Some(f.code()), f.message()) => {
                             Err(QueueError::ReceiptInvalid)
                         }

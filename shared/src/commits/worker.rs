@@ -92,9 +92,10 @@ struct Pending {
 }
 
 impl CommitsWorker {
-    /// A heartbeat renewing `leases` (and what joins later) read from `queue`: visibility and lock.
-    pub fn heartbeat(&self, queue: Arc<dyn QueueConsume>, leases: Vec<Leased>) -> Heartbeat {
-        Heartbeat::start(queue, self.lock.clone(), None, self.metrics.clone(), LANE, &self.lease, leases)
+    /// A heartbeat for commit deliveries read from `queue`: each joined delivery's visibility and
+    /// lock, renewed together.
+    pub fn heartbeat(&self, queue: Arc<dyn QueueConsume>) -> Heartbeat {
+        Heartbeat::start(queue, self.lock.clone(), None, self.metrics.clone(), LANE, &self.lease)
     }
 
     /// Processes a batch before `deadline`; returns each message's outcome (by message id) and what
@@ -176,7 +177,7 @@ impl CommitsWorker {
         let ttl = self.lease.lease_ttl;
         let members: Vec<usize> = groups.iter().flat_map(|g| g.members.iter().copied()).collect();
         let receipts: Vec<String> = members.iter().map(|&i| messages[i].receipt.clone()).collect();
-        let starts = members.into_iter().zip(lease::change_all(&*queue, &receipts, ttl).await);
+        let starts = members.into_iter().zip(queue.change_visibility_many(&receipts, ttl).await);
         let mut leases = Vec::new();
         for (i, r) in starts {
             let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
@@ -195,7 +196,7 @@ impl CommitsWorker {
         let heartbeat = match beat {
             Some(shared) => shared,
             None => {
-                own = self.heartbeat(queue.clone(), Vec::new());
+                own = self.heartbeat(queue.clone());
                 &own
             }
         };
@@ -954,7 +955,7 @@ mod tests {
         let batch = crate::lease::receive_batch(&r.queue, 100, Duration::from_secs(5)).await.unwrap();
         let queue: Arc<dyn QueueConsume> = Arc::new(r.queue.clone());
         let invocation =
-            Arc::new(crate::lease::MappingDeletes::new(queue.clone(), r.worker.heartbeat(queue, Vec::new())));
+            Arc::new(crate::lease::MappingDeletes::new(queue.clone(), r.worker.heartbeat(queue)));
         let deadline = Instant::now() + Duration::from_secs(30);
         let (outcomes, report) = r
             .worker

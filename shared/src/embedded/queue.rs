@@ -19,6 +19,9 @@ use tokio::sync::Mutex;
 
 const MESSAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("queue_messages");
 
+/// The visibility of a message whose delete is committing: never visible, whatever asks.
+const DELETING: u64 = u64::MAX;
+
 impl From<String> for QueueError {
     fn from(s: String) -> Self {
         QueueError::Unavailable(s)
@@ -344,7 +347,11 @@ impl QueueConsume for EmbeddedQueue {
         let (queue, seq) = Self::lookup(&state, receipt)?;
         let entry =
             state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq)).ok_or(QueueError::ReceiptInvalid)?;
-        entry.visible_at_ms = now + timeout.as_millis() as u64;
+        // A delete in flight keeps it hidden: a renewal racing the ack must not let a receive take
+        // (and write back) a message whose delete is about to commit.
+        if entry.visible_at_ms != DELETING {
+            entry.visible_at_ms = now + timeout.as_millis() as u64;
+        }
         Ok(())
     }
 
@@ -358,7 +365,7 @@ impl QueueConsume for EmbeddedQueue {
         // (and write it back) even if its lease runs out meanwhile; memory forgets it once the
         // delete is durable, or shows it again as it was if the delete failed.
         let (id, was_visible_at) = (entry.id.clone(), entry.visible_at_ms);
-        entry.visible_at_ms = u64::MAX;
+        entry.visible_at_ms = DELETING;
         let written = self.queues.persist(vec![Op::Delete(id)]);
         drop(state);
         let outcome = written.wait().await;

@@ -74,14 +74,15 @@ impl SummaryStore for EmbeddedSummaries {
 
     async fn put_summary(&self, summary: &CommitSummary) -> Result<WriteOnce, StoreError> {
         let summary = summary.clone();
+        // An existing summary writes nothing: a group of only those costs no flush.
         self.db
-            .write(move |txn| {
+            .submit_maybe(move |txn| {
                 let key = summary.key();
                 let order = summary.order_key();
                 {
                     let mut by_key = txn.open_table(BY_KEY).map_err(unavailable)?;
                     if by_key.get(key.as_str()).map_err(unavailable)?.is_some() {
-                        return Ok(WriteOnce::Exists);
+                        return Ok((WriteOnce::Exists, false));
                     }
                     by_key.insert(key.as_str(), order.as_str()).map_err(unavailable)?;
                     let mut by_repo = txn.open_table(BY_REPO).map_err(unavailable)?;
@@ -90,8 +91,9 @@ impl SummaryStore for EmbeddedSummaries {
                         .insert(repo_key(&summary.repo_id, &order).as_str(), bytes.as_slice())
                         .map_err(unavailable)?;
                 }
-                Ok(WriteOnce::Written)
+                Ok((WriteOnce::Written, true))
             })
+            .wait()
             .await
     }
 
@@ -149,18 +151,17 @@ impl SummaryStore for EmbeddedSummaries {
 
     async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError> {
         let id = delivery.to_owned();
+        // A replay (the delivery still marked) writes nothing.
         self.db
-            .write(move |txn| {
-                let fresh = {
-                    let mut t = txn.open_table(DELIVERIES).map_err(unavailable)?;
-                    let live = t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms);
-                    if !live {
-                        t.insert(id.as_str(), now_ms + ttl_secs * 1000).map_err(unavailable)?;
-                    }
-                    !live
-                };
-                Ok(fresh)
+            .submit_maybe(move |txn| {
+                let mut t = txn.open_table(DELIVERIES).map_err(unavailable)?;
+                let live = t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms);
+                if !live {
+                    t.insert(id.as_str(), now_ms + ttl_secs * 1000).map_err(unavailable)?;
+                }
+                Ok((!live, !live))
             })
+            .wait()
             .await
     }
 

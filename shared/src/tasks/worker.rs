@@ -34,7 +34,7 @@ pub struct Worker {
     pub store: Arc<dyn TaskStore>,
     /// Lease lock.
     pub lock: Arc<dyn LeaseLock>,
-    /// Hot cache of completed tasks, and the cancellation and wake-up hints.
+    /// Finished records (completed ones answer reads; any one wakes long-polls) and cancellation hints.
     pub cache: Arc<dyn Cache>,
     /// The model.
     pub llm: Arc<dyn LlmClient>,
@@ -60,7 +60,8 @@ pub fn cancel_key(task_id: &str) -> String {
     format!("cancel:{task_id}")
 }
 
-/// How long the cancellation and wake-up hints live: longer than any lease or long-poll.
+/// How long cancellation hints and finished records that are not `COMPLETED` live in the cache:
+/// longer than any lease or long-poll.
 pub const HINT_TTL: Duration = Duration::from_secs(3600);
 
 /// The heartbeat's cancellation check: the cache's hint, or the store when the cache is down.
@@ -125,7 +126,6 @@ impl Worker {
             self.metrics.clone(),
             lane.as_str(),
             &self.config,
-            Vec::new(),
         )
     }
 
@@ -184,8 +184,9 @@ impl Worker {
         let completed = std::sync::atomic::AtomicBool::new(false);
         let held = token.as_ref().map(|t| (lock_key.clone(), t.clone()));
         let outcome = self.run_claimed(&queue, &message, &task, held, &completed, beat).await;
-        // A completed task never runs again (a later delivery claims a terminal record and acks),
-        // so its lock is left to expire rather than released: one request less per task. Any
+        // A completed task never runs again (a later delivery waits out the lock, then claims a
+        // terminal record and acks), so its lock is left to expire rather than released: one
+        // request less per task. Any
         // other end may be followed by a run of the same id (a retry, a resubmission), which must
         // not wait out the lock.
         let settled = completed.load(std::sync::atomic::Ordering::Relaxed);
@@ -638,6 +639,11 @@ mod tests {
         let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
         let m = r.receive().await;
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        // A completed task's lock is left to expire, not released: it never runs again. Asked
+        // first, well inside the lock's 300 ms.
+        let lock_key = format!("lease:{{task:{}}}", r.task_id);
+        let again = r.worker.lock.acquire(&lock_key, Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(again, Acquire::Held { .. }), "{again:?}");
         let rec = r.record().await;
         assert_eq!((rec.status, rec.fence, rec.attempts), (TaskStatus::Completed, 1, 0));
         let result = rec.result.unwrap();
@@ -651,10 +657,6 @@ mod tests {
         assert!((spent - 0.00021).abs() < 1e-12, "{spent}");
         let cached = r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().unwrap();
         assert_eq!(serde_json::from_str::<TaskRecord>(&cached).unwrap(), r.record().await);
-        // A completed task's lock is left to expire, not released: it never runs again.
-        let lock_key = format!("lease:{{task:{}}}", r.task_id);
-        let again = r.worker.lock.acquire(&lock_key, Duration::from_secs(1)).await.unwrap();
-        assert!(matches!(again, Acquire::Held { .. }), "{again:?}");
         assert_eq!(r.queue.depth().await.unwrap().visible + r.queue.depth().await.unwrap().in_flight, 0);
     }
 
