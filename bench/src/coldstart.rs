@@ -162,6 +162,10 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     let gitlab_token = moto.create_secret("lanes/gitlab-token", "bench-gitlab-token").await?;
     common.extend(lanes_tests::stack_env("lanes-tasks", &urls));
     common.push(("LANES_LLM_PROVIDER".into(), "offline".into()));
+    // The roots the SDK trusts as deployed: a function in Lambda with no endpoint override trusts
+    // Amazon's ([`lanes_core::adapters::trust`]); the moto endpoint above would otherwise pick the
+    // system's. moto is plain HTTP, so no handshake depends on it.
+    common.push(("LANES_AWS_TLS_ROOTS".into(), "amazon".into()));
     let with = |extra: &[(&str, &str)]| {
         let mut env = common.clone();
         env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));

@@ -237,8 +237,10 @@ pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
 
 impl AwsBackendConfig {
     /// Reads `LANES_TABLE`, `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `REDIS_URL`,
-    /// `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`.
+    /// `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`, and checks `LANES_AWS_TLS_ROOTS`
+    /// ([`crate::adapters::trust`], read again where the SDK configuration is loaded).
     pub fn from_env() -> Result<Self, ConfigError> {
+        crate::adapters::trust::AwsRoots::from_env(false)?;
         let table = require_env("LANES_TABLE")?;
         let mut urls = Vec::with_capacity(3);
         for var in QUEUE_URL_VARS {

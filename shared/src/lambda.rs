@@ -141,6 +141,7 @@ impl ControllerFunction {
     /// Reads `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `LANES_MAPPING_{INTERACTIVE,SYNTHESIS,COMMITS}`
     /// (event source mapping UUIDs) and `LANES_CONCURRENCY_BUDGET` (default 30).
     pub async fn from_env() -> Result<Self, ColdStartError> {
+        crate::adapters::trust::AwsRoots::from_env(false)?;
         let budget = parse_env("LANES_CONCURRENCY_BUDGET", 30)? as usize;
         crate::controller::validate_budget(budget)?;
         let mut urls = Vec::with_capacity(3);

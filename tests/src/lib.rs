@@ -290,65 +290,10 @@ impl RedisServer {
     }
 
     /// Starts one speaking TLS only, with a certificate for 127.0.0.1 signed by a fresh test CA
-    /// (made with the `openssl` CLI): what a self-hosted Valkey behind a private CA looks like.
+    /// ([`write_test_pki`]): what a self-hosted Valkey behind a private CA looks like.
     pub fn start_tls() -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let run = |args: &[&str]| {
-            let ok = Command::new("openssl")
-                .args(args)
-                .current_dir(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .unwrap_or_else(|e| panic!("openssl: {e}"));
-            assert!(ok.success(), "openssl {args:?}");
-        };
-        run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=lanes-test-ca",
-        ]);
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "srv.key",
-            "-out",
-            "srv.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
-        std::fs::write(dir.path().join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-            .unwrap_or_else(|e| panic!("ext.cnf: {e}"));
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "srv.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "srv.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-        ]);
+        write_test_pki(dir.path());
         let mut s = Self { child: None, port: free_port(), cluster_dir: None, tls_dir: Some(dir) };
         s.spawn();
         s
@@ -470,30 +415,116 @@ impl Drop for RedisServer {
     }
 }
 
+/// Writes a fresh test CA (`ca.pem`) and a server certificate for 127.0.0.1 and `localhost` signed by
+/// it (`srv.pem`, key `srv.key`) into `dir`, with the `openssl` CLI: the private CA a self-hosted
+/// server, an emulator or a TLS-inspecting proxy would present.
+pub fn write_test_pki(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("openssl: {e}"));
+        assert!(ok.success(), "openssl {args:?}");
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=lanes-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "srv.key",
+        "-out",
+        "srv.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        .unwrap_or_else(|e| panic!("ext.cnf: {e}"));
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "srv.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "srv.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+}
+
 /// A real `moto_server` on a loopback port.
 pub struct MotoServer {
     child: Child,
     /// Its port.
     pub port: u16,
+    tls_dir: Option<tempfile::TempDir>,
 }
 
 impl MotoServer {
     /// Starts one on a free port.
     pub fn start() -> Self {
+        Self::spawn(&[])
+    }
+
+    /// Starts one that serves HTTPS only, with a certificate signed by a fresh test CA
+    /// ([`write_test_pki`], whose `ca.pem` is in [`Self::tls_dir`]).
+    pub fn start_tls() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        write_test_pki(dir.path());
+        let (cert, key) = (dir.path().join("srv.pem"), dir.path().join("srv.key"));
+        let mut s =
+            Self::spawn(&["--ssl-cert", &cert.to_string_lossy(), "--ssl-key", &key.to_string_lossy()]);
+        s.tls_dir = Some(dir);
+        s
+    }
+
+    /// The directory of the test CA's files, for [`Self::start_tls`].
+    pub fn tls_dir(&self) -> Option<&std::path::Path> {
+        self.tls_dir.as_ref().map(|d| d.path())
+    }
+
+    fn spawn(extra: &[&str]) -> Self {
         let port = free_port();
         let mut child = Command::new(venv_bin("moto_server"))
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("moto_server: {e}"));
         wait_for_port(port, "moto_server", &mut child);
-        Self { child, port }
+        Self { child, port, tls_dir: None }
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https` for [`Self::start_tls`]).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls_dir.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Settings that point the SDK at this server with dummy credentials.

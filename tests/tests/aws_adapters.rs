@@ -528,3 +528,40 @@ async fn tls_redis_with_a_private_ca() {
     let unverified = RedisCache::new(connect(&settings(None)).await.unwrap(), "lanes:");
     assert!(unverified.get("task:tls").await.is_err(), "no trusted CA, no connection");
 }
+
+/// The pinned trust store is the one the SDK's connections use: a client pinned to the test CA
+/// reaches moto over TLS, and the same client pinned to Amazon's roots is refused with the issuer
+/// named, as an AWS call answered by a certificate Amazon did not issue would be in Lambda.
+#[tokio::test]
+async fn sdk_clients_trust_only_the_pinned_roots() {
+    use lanes_core::adapters::trust::{AMAZON_TRUST_ROOTS, pinned_https_client};
+    let moto = MotoServer::start_tls();
+    let ca = std::fs::read(moto.tls_dir().unwrap().join("ca.pem")).unwrap();
+    let sdk = sdk_config(&moto.aws_settings()).await;
+    let sqs = |pem: &[u8]| {
+        let http = pinned_https_client(pem).expect("a TLS context from PEM roots");
+        aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(&sdk).http_client(http).build())
+    };
+    sqs(&ca).create_queue().queue_name("pinned").send().await.unwrap();
+    let refused = sqs(AMAZON_TRUST_ROOTS).list_queues().send().await.unwrap_err();
+    let text = aws_sdk_sqs::error::DisplayErrorContext(&refused).to_string();
+    assert!(text.contains("UnknownIssuer"), "{text}");
+}
+
+/// The pinned roots are byte for byte the Amazon Trust Services roots of the Mozilla bundle that
+/// Debian's `ca-certificates` installs, not copies anyone could have edited.
+#[test]
+fn the_pinned_roots_are_in_the_system_bundle() {
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    let bundle = std::fs::read("/etc/ssl/certs/ca-certificates.crt")
+        .expect("the ca-certificates bundle (apt-get install ca-certificates)");
+    let system: Vec<CertificateDer<'_>> =
+        CertificateDer::pem_slice_iter(&bundle).collect::<Result<_, _>>().unwrap();
+    let pinned = lanes_core::adapters::trust::AMAZON_TRUST_ROOTS;
+    let pinned: Vec<CertificateDer<'_>> =
+        CertificateDer::pem_slice_iter(pinned).collect::<Result<_, _>>().unwrap();
+    assert_eq!(pinned.len(), 5);
+    for (i, cert) in pinned.iter().enumerate() {
+        assert!(system.contains(cert), "pinned root {i} is not in the system bundle");
+    }
+}

@@ -1,6 +1,7 @@
 //! Production adapters of the ports: SQS, DynamoDB, Redis/Valkey (ElastiCache), Lambda event source
 //! mappings, Bedrock and Secrets Manager; the SDK interceptor that counts every AWS request
-//! ([`requests`]) and, for the CLI, the OTLP trace exporter (`otlp`, feature `otlp`). Only this module names an SDK crate (`aws_sdk_*`,
+//! ([`requests`]), the roots the SDK clients trust ([`trust`]) and, for the CLI, the OTLP trace
+//! exporter (`otlp`, feature `otlp`). Only this module names an SDK crate (`aws_sdk_*`,
 //! `aws_config`, `redis`): the rest of the core sees the ports, and builds adapters through
 //! [`AwsClients`]. Each adapter has an embedded twin in `crate::embedded`.
 
@@ -13,6 +14,7 @@ pub mod redis;
 pub mod requests;
 pub mod secrets;
 pub mod sqs;
+pub mod trust;
 
 /// One process's AWS clients, built once from one SDK configuration, and the adapters over them.
 #[derive(Clone)]
@@ -152,6 +154,15 @@ async fn load_sdk_config(settings: &AwsSettings) -> aws_config::SdkConfig {
         // (its STS, SSO and IMDS clients), which is most of a function's init after the TLS roots.
         loader = loader
             .credentials_provider(aws_config::environment::EnvironmentVariableCredentialsProvider::new());
+    }
+    // Amazon's roots in Lambda, the system's otherwise ([`trust`]); a bad value was refused at cold
+    // start ([`crate::backend::AwsBackendConfig::from_env`]), so here it only falls back.
+    let roots = trust::AwsRoots::from_env(settings.endpoint.is_some()).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "keeping the system's TLS roots");
+        trust::AwsRoots::System
+    });
+    if let Some(client) = roots.http_client() {
+        loader = loader.http_client(client);
     }
     if settings.region.is_none()
         && let Some(region) = std::env::var("AWS_REGION").ok().filter(|r| !r.is_empty())
