@@ -102,7 +102,7 @@ pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
 /// backend, and the secrets ([`WebhookConfig::from_env`]). Refuses to start with no secret at all, since
 /// it could then accept nothing.
 pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
-    let config = WebhookConfig::from_env().await?;
+    let config = WebhookConfig::from_env();
     if config.github_secret.is_none() && config.gitlab_token.is_none() {
         return Err(ConfigError::Missing(
             "LANES_GITHUB_WEBHOOK_SECRET(_ID) or LANES_GITLAB_WEBHOOK_TOKEN(_ID)",
@@ -397,7 +397,7 @@ impl WorkerFunction {
         let commits = match lane {
             Lane::Commits => Some(adapters.commits_worker(
                 llm.clone(),
-                Arc::new(DiffSources::from_env(false).await?),
+                Arc::new(DiffSources::from_env(false)?),
                 metrics.clone(),
                 Arc::new(SystemClock),
                 config,

@@ -15,12 +15,14 @@
 //!   write) above them.
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping.
 //! - [`config`]: tunables with defaults, per-lane policies, and their validation.
+//! - [`secret`]: a secret read when first needed, re-read when old or when a check with it fails
+//!   (rotation), single-flight; the reading itself is Secrets Manager's, in [`adapters`].
 //! - [`ports`]: one small trait per capability (queue send/consume, task store, summary store, lease
 //!   lock, cache, LLM client, diff source), errors carrying retry intent, and shared constants.
 //! - [`embedded`]: the twin of every port: queues and stores in one redb file, in-process lock and
 //!   cache.
 //! - [`adapters`]: SQS, DynamoDB, Redis/Valkey (lock, cache, limiter scripts), Lambda mappings,
-//!   Bedrock, Secrets Manager. The only modules that name an SDK crate.
+//!   Bedrock, Secrets Manager, the SDK clients' TLS roots. The only modules that name an SDK crate.
 //! - [`metrics`], [`problem`]: Prometheus/EMF metrics; RFC 9457 problem+json responses.
 //! - [`openapi`]: the OpenAPI 3.1 document of every route, generated from the handlers and types.
 //! - [`trace`]: the X-Ray trace header a task's message carries from ingress to its worker.
@@ -63,6 +65,7 @@ pub mod ports;
 pub mod problem;
 pub mod quota;
 pub mod running;
+pub mod secret;
 pub mod summarize;
 pub mod tasks;
 pub mod trace;

@@ -194,10 +194,8 @@ impl Local {
             }
         };
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
-        let git = GitConfig {
-            webhook: WebhookConfig::from_env().await?,
-            diffs: Arc::new(DiffSources::from_env(true).await?),
-        };
+        let git =
+            GitConfig { webhook: WebhookConfig::from_env(), diffs: Arc::new(DiffSources::from_env(true)?) };
         Ok(Self::with_adapters(opts, adapters, llm, clock, git))
     }
 

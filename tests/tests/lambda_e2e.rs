@@ -98,12 +98,14 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     assert!(done["result"]["text"].as_str().unwrap().contains("NOT an LLM"));
 }
 
-/// The `webhook` binary with `events/webhook-*.json` (signed with the README's local secrets), then the
-/// `worker` binary on the commits lane with the SQS batch built from what the webhook sent; diffs from
-/// a fake GitHub API on loopback, the offline model.
+/// The `webhook` binary with `events/webhook-*.json` (signed with the README's local secrets; the
+/// GitHub one read from Secrets Manager, as deployed, then rotated there), then the `worker` binary on
+/// the commits lane with the SQS batch built from what the webhook sent; diffs from a fake GitHub
+/// API on loopback, the offline model.
 #[tokio::test]
 async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
     let moto = MotoServer::start();
+    let github_secret = moto.create_secret("hooks/github", "lanes-local-webhook-secret").await.unwrap();
     let redis = RedisServer::start();
     let settings = moto.aws_settings();
     let urls =
@@ -116,7 +118,7 @@ async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
         [
             ("REDIS_URL", redis.url()),
             ("LANES_LANE", "commits".to_owned()),
-            ("LANES_GITHUB_WEBHOOK_SECRET", "lanes-local-webhook-secret".to_owned()),
+            ("LANES_GITHUB_WEBHOOK_SECRET_ID", github_secret.clone()),
             ("LANES_GITLAB_WEBHOOK_TOKEN", "lanes-local-gitlab-token".to_owned()),
             ("LANES_GITHUB_API_URL", github),
             // A closed loopback port: GitLab is down for this test (and no test leaves the machine).
@@ -139,12 +141,34 @@ async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
     assert_eq!(replay["statusCode"], 200, "replayed delivery: {replay}");
     let gitlab = watch.invoke("webhook", &read("webhook-gitlab-push.json")).await;
     assert_eq!(gitlab["statusCode"], 202, "{gitlab}");
+
+    // The secret is rotated in Secrets Manager: the first delivery signed with the new value makes
+    // the running function read it again (a replay of the same delivery, so 200), and the old value
+    // is refused from then on. (A forged delivery in the 30 s before would delay that read.)
+    let config = sdk_config(&settings).await;
+    aws_sdk_secretsmanager::Client::new(&config)
+        .put_secret_value()
+        .secret_id(&github_secret)
+        .secret_string("rotated-webhook-secret")
+        .send()
+        .await
+        .unwrap();
+    let mut rotated = push.clone();
+    let signature = lanes_core::commits::webhook::github_signature(
+        b"rotated-webhook-secret",
+        rotated["body"].as_str().unwrap().as_bytes(),
+    );
+    rotated["headers"]["x-hub-signature-256"] = Value::String(signature);
+    let after = watch.invoke("webhook", &rotated).await;
+    assert_eq!(after["statusCode"], 200, "signed with the rotated secret: {after}");
+    let stale = watch.invoke("webhook", &push).await;
+    assert_eq!(stale["statusCode"], 401, "signed with the secret before rotation: {stale}");
+
     let mut forged = push.clone();
     forged["body"] = Value::String(forged["body"].as_str().unwrap().replace("French", "German"));
     let forged = watch.invoke("webhook", &forged).await;
     assert_eq!(forged["statusCode"], 401, "{forged}");
 
-    let config = sdk_config(&settings).await;
     let queue = SqsQueue::connect(aws_sdk_sqs::Client::new(&config), &urls[2]).await.unwrap();
     let received =
         lanes_core::lease::receive_batch(&queue, 100, std::time::Duration::from_secs(60)).await.unwrap();

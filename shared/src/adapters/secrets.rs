@@ -1,42 +1,63 @@
-//! AWS Secrets Manager: API keys and webhook secrets, read once per container at cold start. A secret
-//! is a plain string, or JSON with an `api_key` field; an LLM key secret shared by routes of several
+//! AWS Secrets Manager: webhook secrets and API tokens as [`Secret`]s (read in the background from
+//! cold start, again when old or when a check with them fails), and LLM API keys, read once per
+//! process at cold start. A secret is a plain string, or JSON with an `api_key` field; an LLM key secret shared by routes of several
 //! vendors holds one field per vendor (`openai_api_key`, `anthropic_api_key`), so no vendor is ever
 //! sent another's key.
 
+use crate::clock::{SharedClock, SystemClock};
 use crate::config::{ConfigError, optional_env};
+use crate::secret::{Fetch, Secret};
 pub use aws_sdk_secretsmanager::Client;
 use aws_sdk_secretsmanager::error::ProvideErrorMetadata;
+use std::sync::Arc;
 
-/// For each `(var, secret_var)`: the variable `var`, else the Secrets Manager secret named by
-/// `secret_var` (read once, at cold start), else `None`. The secrets among them are read together
-/// ([`fetch_named_secrets`]: one `BatchGetSecretValue`, so one round trip and one TLS handshake in a
-/// cold start); no client is built when nothing is a secret.
-pub async fn env_or_secrets<const N: usize>(
-    vars: [(&'static str, &'static str); N],
-) -> Result<[Option<String>; N], ConfigError> {
-    let plain = vars.map(|(var, _)| optional_env(var));
-    let named = vars.map(|(_, secret_var)| optional_env(secret_var));
-    let secrets: Vec<(&str, &'static str)> = named
-        .iter()
-        .zip(&plain)
-        .zip(&vars)
-        .filter(|((_, p), _)| p.is_none())
-        .filter_map(|((n, _), (_, secret_var))| n.as_deref().map(|id| (id, *secret_var)))
-        .collect();
-    if secrets.is_empty() {
-        return Ok(plain);
-    }
-    let sdk = super::sdk_config(&Default::default()).await;
-    let client = super::requests::secrets(&sdk);
-    let mut read = fetch_named_secrets(&client, &secrets).await.into_iter();
-    // The secrets were read in the order of the slots that name one and have no plain value.
-    let mut out = plain;
-    for (slot, named) in out.iter_mut().zip(&named) {
-        if let (None, Some(_)) = (&slot, named) {
-            *slot = read.next().transpose()?;
+/// For each `(var, secret_var)`: the variable `var` as a given [`Secret`], else the Secrets Manager
+/// secret named by `secret_var` as a [`Secret`] read when needed (`GetSecretValue`; again when old
+/// or when a check with it fails), else `None`. Nothing waits on the network here: the named
+/// secrets start reading together in the background ([`fetch_named_secrets`]: one
+/// `BatchGetSecretValue` for two or more), and their first use waits for that read.
+pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -> [Option<Secret>; N] {
+    let clock: SharedClock = Arc::new(SystemClock);
+    let mut named: Vec<(Secret, String, &'static str)> = Vec::new();
+    let out = vars.map(|(var, secret_var)| {
+        if let Some(v) = optional_env(var) {
+            return Some(Secret::fixed(v));
         }
+        let id = optional_env(secret_var)?;
+        let secret = Secret::read_by(read_one(id.clone(), secret_var), clock.clone());
+        named.push((secret.clone(), id, secret_var));
+        Some(secret)
+    });
+    if !named.is_empty() {
+        let secrets: Vec<&Secret> = named.iter().map(|(s, _, _)| s).collect();
+        let ids: Vec<(String, &'static str)> = named.iter().map(|(_, id, var)| (id.clone(), *var)).collect();
+        Secret::prefetch(
+            &secrets,
+            Box::pin(async move {
+                let ids: Vec<(&str, &'static str)> =
+                    ids.iter().map(|(id, var)| (id.as_str(), *var)).collect();
+                fetch_named_secrets(&client().await, &ids).await
+            }),
+        );
     }
-    Ok(out)
+    out
+}
+
+/// The process's Secrets Manager client, built at its first use.
+async fn client() -> Client {
+    static CLIENT: tokio::sync::OnceCell<Client> = tokio::sync::OnceCell::const_new();
+    CLIENT
+        .get_or_init(|| async { super::requests::secrets(&super::sdk_config(&Default::default()).await) })
+        .await
+        .clone()
+}
+
+/// Reads the secret `id` (named by the variable `var`) on its own.
+fn read_one(id: String, var: &'static str) -> Fetch {
+    Arc::new(move || {
+        let id = id.clone();
+        Box::pin(async move { fetch_secret_field(&client().await, &id, var, None).await })
+    })
 }
 
 /// Reads each `(secret id, variable naming it)`, in order: two or more in one
@@ -143,7 +164,7 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
 
 /// An LLM vendor's key: the variable `var`, else the field `vendor_field` of the secret named by
 /// `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as
-/// [`env_or_secrets`] reads it. The secret is read once per process, however many routes take a
+/// a plain string or its `api_key` field. The secret is read once per process, however many routes take a
 /// key from it.
 pub async fn llm_key(
     var: &'static str,
@@ -158,8 +179,7 @@ pub async fn llm_key(
     let raw = RAW
         .get_or_try_init(|| async {
             let Some(secret) = optional_env(SECRET_VAR) else { return Ok(None) };
-            let sdk = super::sdk_config(&Default::default()).await;
-            fetch_string(&super::requests::secrets(&sdk), &secret, SECRET_VAR).await.map(Some)
+            fetch_string(&client().await, &secret, SECRET_VAR).await.map(Some)
         })
         .await?;
     raw.as_deref().map(|raw| secret_field(raw, SECRET_VAR, shared.then_some(vendor_field))).transpose()

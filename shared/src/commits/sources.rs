@@ -7,6 +7,7 @@ use crate::config::ConfigError;
 use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
 use crate::llm::retry::retry_hint;
 use crate::ports::{DiffError, DiffSource};
+use crate::secret::Secret;
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -24,6 +25,27 @@ fn http(timeout: Duration) -> Result<reqwest::Client, ConfigError> {
         .user_agent("lanes-commit-summaries")
         .build()
         .map_err(|e| ConfigError::Invalid { name: "http client", reason: e.to_string() })
+}
+
+/// Sends what `build` makes with the current token, if any. A 401 to a token read from Secrets
+/// Manager reads it again and, if it was rotated, sends once more with the new one.
+async fn send_authed(
+    token: Option<&Secret>,
+    build: impl Fn(Option<&str>) -> reqwest::RequestBuilder,
+) -> Result<reqwest::Response, DiffError> {
+    let Some(secret) = token else { return build(None).send().await.map_err(|e| transport(&e)) };
+    let value = secret.current().await.map_err(|e| DiffError::Retryable {
+        message: format!("the API token could not be read: {e}"),
+        retry_after: None,
+    })?;
+    let resp = build(Some(&value)).send().await.map_err(|e| transport(&e))?;
+    if resp.status() != reqwest::StatusCode::UNAUTHORIZED {
+        return Ok(resp);
+    }
+    match secret.reread(&value).await {
+        Some(rotated) => build(Some(&rotated)).send().await.map_err(|e| transport(&e)),
+        None => Ok(resp),
+    }
 }
 
 fn transport(e: &reqwest::Error) -> DiffError {
@@ -97,12 +119,12 @@ async fn read_json_page(resp: reqwest::Response) -> Result<Vec<u8>, DiffError> {
 pub struct GitHubSource {
     http: reqwest::Client,
     api: String,
-    token: Option<String>,
+    token: Option<Secret>,
 }
 
 impl GitHubSource {
     /// A source on `api` (e.g. `https://api.github.com`) with an optional token.
-    pub fn new(api: &str, token: Option<String>, timeout: Duration) -> Result<Self, ConfigError> {
+    pub fn new(api: &str, token: Option<Secret>, timeout: Duration) -> Result<Self, ConfigError> {
         Ok(Self { http: http(timeout)?, api: api.trim_end_matches('/').to_owned(), token })
     }
 }
@@ -115,7 +137,8 @@ impl DiffSource for GitHubSource {
             return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", commit.repo)));
         }
         let url = format!("{}/repos/{}/commits/{}", self.api, commit.repo, commit.sha);
-        let resp = self.get(&url, "application/vnd.github.diff").send().await.map_err(|e| transport(&e))?;
+        let resp =
+            send_authed(self.token.as_ref(), |t| self.get(&url, "application/vnd.github.diff", t)).await?;
         match resp.status().as_u16() {
             200..=299 => read_diff(resp).await,
             // GitHub refuses the diff media type for a diff too large to render: the JSON form still
@@ -200,9 +223,9 @@ const GITHUB_FILES_PER_PAGE: usize = 100;
 const GITHUB_MAX_FILES: usize = 3_000;
 
 impl GitHubSource {
-    fn get(&self, url: &str, accept: &str) -> reqwest::RequestBuilder {
+    fn get(&self, url: &str, accept: &str, token: Option<&str>) -> reqwest::RequestBuilder {
         let req = self.http.get(url).header("accept", accept).header("x-github-api-version", "2022-11-28");
-        match &self.token {
+        match token {
             Some(t) => req.bearer_auth(t),
             None => req,
         }
@@ -210,7 +233,8 @@ impl GitHubSource {
 
     /// One page of GitHub's JSON: the parsed body and its size in bytes.
     async fn json_page<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<(T, usize), DiffError> {
-        let resp = self.get(url, "application/vnd.github+json").send().await.map_err(|e| transport(&e))?;
+        let resp =
+            send_authed(self.token.as_ref(), |t| self.get(url, "application/vnd.github+json", t)).await?;
         if !resp.status().is_success() {
             return Err(status_error("GitHub", resp).await);
         }
@@ -294,12 +318,12 @@ impl GitHubSource {
 pub struct GitLabSource {
     http: reqwest::Client,
     api: String,
-    token: Option<String>,
+    token: Option<Secret>,
 }
 
 impl GitLabSource {
     /// A source on `base` (e.g. `https://gitlab.com`) with an optional token.
-    pub fn new(base: &str, token: Option<String>, timeout: Duration) -> Result<Self, ConfigError> {
+    pub fn new(base: &str, token: Option<Secret>, timeout: Duration) -> Result<Self, ConfigError> {
         Ok(Self { http: http(timeout)?, api: base.trim_end_matches('/').to_owned(), token })
     }
 }
@@ -307,11 +331,11 @@ impl GitLabSource {
 impl GitLabSource {
     /// One page of a paged GitLab list: its body and `x-next-page`.
     async fn page(&self, url: &str) -> Result<(Vec<u8>, Option<u32>), DiffError> {
-        let mut req = self.http.get(url);
-        if let Some(t) = &self.token {
-            req = req.header("private-token", t);
-        }
-        let resp = req.send().await.map_err(|e| transport(&e))?;
+        let resp = send_authed(self.token.as_ref(), |t| match t {
+            Some(t) => self.http.get(url).header("private-token", t),
+            None => self.http.get(url),
+        })
+        .await?;
         if !resp.status().is_success() {
             return Err(status_error("GitLab", resp).await);
         }
@@ -519,18 +543,18 @@ impl DiffSources {
     /// `https://api.github.com`), `LANES_GITHUB_TOKEN` or the secret `LANES_GITHUB_TOKEN_SECRET`;
     /// `LANES_GITLAB_URL` (default `https://gitlab.com`), `LANES_GITLAB_API_TOKEN` or the secret
     /// `LANES_GITLAB_API_TOKEN_SECRET`. With `local`, local repositories too.
-    pub async fn from_env(local: bool) -> Result<Self, ConfigError> {
+    pub fn from_env(local: bool) -> Result<Self, ConfigError> {
         let timeout = Duration::from_secs(20);
         let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
             .unwrap_or_else(|| "https://api.github.com".into());
         let gitlab_url =
             crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
-        // Both in one Secrets Manager request at cold start (`BatchGetSecretValue`).
+        // Both read in the background from here, in one Secrets Manager request; a token refused
+        // with 401 is read again (rotation).
         let [github_token, gitlab_token] = crate::adapters::secrets::env_or_secrets([
             ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
             ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),
-        ])
-        .await?;
+        ]);
         Ok(Self {
             github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout)?)),
             gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout)?)),
@@ -639,6 +663,47 @@ mod tests {
                 .to_string()
                 .contains("owner/name")
         );
+    }
+
+    /// A token read from Secrets Manager and refused with 401 (rotated there) is read again and
+    /// the request sent once more with the new one; a token that stays refused is a permanent error
+    /// after one read, not a read per request.
+    #[tokio::test]
+    async fn a_rotated_token_refused_with_401_is_read_again() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let router = axum::Router::new().route(
+            "/repos/{owner}/{id}/commits/{sha}",
+            get(|headers: HeaderMap| async move {
+                match headers.get("authorization").and_then(|v| v.to_str().ok()) {
+                    Some("Bearer new") => "diff --git a/x b/x\n".into_response(),
+                    _ => (StatusCode::UNAUTHORIZED, r#"{"message":"Bad credentials"}"#).into_response(),
+                }
+            }),
+        );
+        let base = serve(router).await;
+        let (stored, reads) = (Arc::new(std::sync::Mutex::new("old")), Arc::new(AtomicUsize::new(0)));
+        let fetch: crate::secret::Fetch = {
+            let (stored, reads) = (stored.clone(), reads.clone());
+            Arc::new(move || {
+                reads.fetch_add(1, Ordering::SeqCst);
+                let v = stored.lock().map(|v| v.to_string()).unwrap_or_default();
+                Box::pin(async move { Ok(v) })
+            })
+        };
+        let clock = crate::clock::ManualClock::new(0);
+        let token = Secret::read_by(fetch, clock.clone());
+        let gh = GitHubSource::new(&base, Some(token), Duration::from_secs(5)).unwrap();
+        let commit = msg(Provider::Github, "github:1", "o/1");
+        assert!(matches!(gh.diff(&commit).await, Err(DiffError::Permanent(_))), "old token refused");
+        assert_eq!(reads.load(Ordering::SeqCst), 2, "the first read, then one more after the 401");
+        for _ in 0..5 {
+            assert!(gh.diff(&commit).await.is_err());
+        }
+        assert_eq!(reads.load(Ordering::SeqCst), 2, "no read per refused request");
+        *stored.lock().unwrap() = "new";
+        clock.advance_ms(crate::secret::MIN_REREAD.as_millis() as u64);
+        assert!(gh.diff(&commit).await.unwrap().starts_with("diff --git"), "rotated token picked up");
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
     }
 
     /// GitHub refuses the diff media type for a very large commit (406, as its REST docs say, or

@@ -6,11 +6,11 @@
 //! tells the hosts apart by header.
 
 use crate::clock::SharedClock;
-use crate::config::ConfigError;
 use crate::domain::commit::{CommitMessage, CommitsMessage, Provider, PushRange, subject_of, validate_sha};
 use crate::metrics::Metrics;
 use crate::ports::{QueueSend, SummaryStore};
 use crate::problem::Problem;
+use crate::secret::Secret;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -34,9 +34,9 @@ pub const DELIVERY_TTL_SECS: u64 = 7 * 24 * 3600;
 #[derive(Clone, Default)]
 pub struct WebhookConfig {
     /// GitHub's webhook secret.
-    pub github_secret: Option<String>,
+    pub github_secret: Option<Secret>,
     /// GitLab's secret token.
-    pub gitlab_token: Option<String>,
+    pub gitlab_token: Option<Secret>,
     /// Owners (GitHub users or organisations) and groups (GitLab, any depth) whose pushes are
     /// accepted; empty accepts every repository the secrets authenticate.
     pub allowlist: Vec<String>,
@@ -55,14 +55,14 @@ impl std::fmt::Debug for WebhookConfig {
 impl WebhookConfig {
     /// `LANES_GITHUB_WEBHOOK_SECRET` / `LANES_GITLAB_WEBHOOK_TOKEN`, or in Lambda the Secrets Manager
     /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
-    /// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups).
-    pub async fn from_env() -> Result<Self, ConfigError> {
-        // Both in one Secrets Manager request at cold start (`BatchGetSecretValue`).
+    /// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups). The secrets start reading
+    /// in the background (one Secrets Manager request for both); a rotated one is read again at the
+    /// first delivery it fails to verify ([`Secret::check`]).
+    pub fn from_env() -> Self {
         let [github_secret, gitlab_token] = crate::adapters::secrets::env_or_secrets([
             ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
             ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),
-        ])
-        .await?;
+        ]);
         let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
             .map(|v| {
                 v.split(',')
@@ -71,11 +71,7 @@ impl WebhookConfig {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(Self {
-            github_secret: github_secret.filter(|s| !s.is_empty()),
-            gitlab_token: gitlab_token.filter(|s| !s.is_empty()),
-            allowlist,
-        })
+        Self { github_secret, gitlab_token, allowlist }
     }
 
     /// Whether pushes to `repo` (`owner/name`, or GitLab's `group/sub/project`) are accepted: with an
@@ -105,6 +101,30 @@ pub fn verify_gitlab(token: &str, header: Option<&str>) -> bool {
     let a = Sha256::digest(token.as_bytes());
     let b = Sha256::digest(given.as_bytes());
     bool::from(a.as_slice().ct_eq(b.as_slice()))
+}
+
+/// Whether `accepts` holds for `secret`, read again once if it does not (a rotated secret). An
+/// empty secret accepts nothing (an HMAC under an empty key is anyone's); one that cannot be read
+/// at all is a 503, so the host's redelivery can succeed later.
+async fn verified(
+    w: &Webhook,
+    provider: Provider,
+    secret: &Secret,
+    accepts: impl Fn(&str) -> bool,
+) -> Result<bool, Problem> {
+    secret.check(|v| !v.is_empty() && accepts(v)).await.map_err(|e| {
+        tracing::error!(error = %e, "webhook secret unavailable");
+        w.metrics
+            .webhook_deliveries_total
+            .with_label_values(&[provider.as_str(), "secret_unavailable"])
+            .inc();
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "secret-unavailable",
+            "Webhook secret unavailable",
+            "the secret to verify this delivery could not be read; redeliver it later",
+        )
+    })
 }
 
 /// What the webhook needs.
@@ -304,10 +324,11 @@ async fn accept(
             format!("no {provider} webhook secret is configured on this deployment"),
         ));
     }
-    if let (Provider::Gitlab, Some(token)) = (provider, &w.config.gitlab_token)
-        && !verify_gitlab(token, header(headers, "x-gitlab-token"))
-    {
-        return Err(unauthorized());
+    if let (Provider::Gitlab, Some(token)) = (provider, &w.config.gitlab_token) {
+        let given = header(headers, "x-gitlab-token").ok_or_else(unauthorized)?;
+        if !verified(w, provider, token, |t| verify_gitlab(t, Some(given))).await? {
+            return Err(unauthorized());
+        }
     }
     let bytes = axum::body::to_bytes(body, MAX_WEBHOOK_BYTES).await.map_err(|_| {
         Problem::new(
@@ -317,10 +338,11 @@ async fn accept(
             format!("the body must be at most {MAX_WEBHOOK_BYTES} bytes"),
         )
     })?;
-    if let (Provider::Github, Some(secret)) = (provider, &w.config.github_secret)
-        && !verify_github(secret.as_bytes(), &bytes, header(headers, "x-hub-signature-256"))
-    {
-        return Err(unauthorized());
+    if let (Provider::Github, Some(secret)) = (provider, &w.config.github_secret) {
+        let given = header(headers, "x-hub-signature-256").ok_or_else(unauthorized)?;
+        if !verified(w, provider, secret, |s| verify_github(s.as_bytes(), &bytes, Some(given))).await? {
+            return Err(unauthorized());
+        }
     }
     let event = match provider {
         Provider::Gitlab => header(headers, "x-gitlab-event").unwrap_or(""),
@@ -724,6 +746,39 @@ mod tests {
         assert!(parse_push(Provider::Github, few.as_bytes()).unwrap().range.is_none());
     }
 
+    /// A secret that cannot be read is a 503 the host can redeliver after, naming no internal
+    /// error; an empty secret verifies nothing, not even a signature made with the empty key.
+    #[tokio::test]
+    async fn an_unreadable_secret_is_a_503_and_an_empty_one_accepts_nothing() {
+        let unreadable = crate::secret::Secret::read_by(
+            Arc::new(|| {
+                Box::pin(async {
+                    Err(crate::config::ConfigError::Invalid {
+                        name: "X",
+                        reason: "AccessDenied: internal".into(),
+                    })
+                })
+            }),
+            Arc::new(SystemClock),
+        );
+        let body = github_push(1, &"a".repeat(40), &[]);
+        let sig = github_signature(b"", body.as_bytes());
+        for (secret, status) in
+            [(unreadable, StatusCode::SERVICE_UNAVAILABLE), ("".into(), StatusCode::UNAUTHORIZED)]
+        {
+            let r = rig_with(WebhookConfig { github_secret: Some(secret), ..Default::default() }).await;
+            let resp = deliver(
+                &r,
+                "/webhooks/github",
+                &[("x-github-event", "push"), ("x-hub-signature-256", &sig)],
+                &body,
+            )
+            .await;
+            assert_eq!(resp.0, status);
+            assert!(!resp.1.to_string().contains("AccessDenied"), "{}", resp.1);
+        }
+    }
+
     #[test]
     fn the_allowlist_matches_owners_and_enclosing_groups_only() {
         let c =
@@ -765,6 +820,15 @@ mod tests {
     }
 
     async fn rig() -> Rig {
+        rig_with(WebhookConfig {
+            github_secret: Some("s3cret".into()),
+            gitlab_token: Some("gl".into()),
+            allowlist: vec![],
+        })
+        .await
+    }
+
+    async fn rig_with(config: WebhookConfig) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let clock: SharedClock = Arc::new(SystemClock);
@@ -775,11 +839,7 @@ mod tests {
             store: Arc::new(EmbeddedSummaries::new(db)),
             metrics: Metrics::new(),
             clock,
-            config: WebhookConfig {
-                github_secret: Some("s3cret".into()),
-                gitlab_token: Some("gl".into()),
-                allowlist: vec![],
-            },
+            config,
         });
         Rig { _dir: dir, router, queue }
     }

@@ -1,0 +1,331 @@
+//! A secret read when it is first needed, kept, and read again when it may have been rotated
+//! ([`Secret`]): the webhook's GitHub secret and GitLab token, and the commits worker's API tokens.
+//!
+//! Why not once at cold start: that read is a network round trip inside every init, and a value
+//! read once is kept for the container's life, hours after an operator rotated it, while every
+//! delivery signed with the new value is refused. Here:
+//! - a process starts reading its secrets in the background as it starts ([`Secret::prefetch`]);
+//!   a use before that read is done waits for it rather than starting a second one;
+//! - a value older than [`MAX_AGE`] is read again at its next use; if that read fails the old value
+//!   serves (Secrets Manager being down does not refuse every delivery) and the read is tried
+//!   again after [`MIN_REREAD`];
+//! - a check that fails with the value (a signature that does not match, a token refused with 401)
+//!   reads it again and tries once more ([`Secret::check`]), at most once per [`MIN_REREAD`], so
+//!   forged deliveries cannot become a stream of Secrets Manager requests;
+//! - a failed first read is not kept: the next use tries again.
+//!
+//! Reads are single-flight: one lock per secret is held across its read, so concurrent uses wait
+//! for one request. The reading itself is a [`Fetch`] (Secrets Manager in `adapters::secrets`).
+
+use crate::clock::SharedClock;
+use crate::config::ConfigError;
+use futures::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a read value serves before the next use reads it again.
+pub const MAX_AGE: Duration = Duration::from_secs(15 * 60);
+/// The least time between two reads that a failed check or a failed refresh asks for.
+pub const MIN_REREAD: Duration = Duration::from_secs(30);
+
+/// Reads the secret's current value.
+pub type Fetch = Arc<dyn Fn() -> BoxFuture<'static, Result<String, ConfigError>> + Send + Sync>;
+
+/// A secret value: given as such (a variable), or read through a [`Fetch`].
+#[derive(Clone)]
+pub struct Secret(Source);
+
+#[derive(Clone)]
+enum Source {
+    Fixed(Arc<str>),
+    Read(Arc<Reader>),
+}
+
+struct Reader {
+    fetch: Fetch,
+    clock: SharedClock,
+    state: Arc<tokio::sync::Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    value: Option<Arc<str>>,
+    /// When `value` was read, or when a failed refresh last let it serve on.
+    read_at_ms: u64,
+    /// When a failed check last asked for a read.
+    reread_at_ms: Option<u64>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Source::Fixed(_) => "Secret(<given>)",
+            Source::Read(_) => "Secret(<read>)",
+        })
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(value: &str) -> Self {
+        Self::fixed(value)
+    }
+}
+
+impl Secret {
+    /// A value given as such; never read again.
+    pub fn fixed(value: impl Into<String>) -> Self {
+        Self(Source::Fixed(value.into().into()))
+    }
+
+    /// A value read by `fetch` when first needed (see the module docs for when again).
+    pub fn read_by(fetch: Fetch, clock: SharedClock) -> Self {
+        Self(Source::Read(Arc::new(Reader { fetch, clock, state: Default::default() })))
+    }
+
+    /// Starts reading `secrets` in the background with `read_all`, which answers one value per
+    /// secret in order (one request for all of them); a use before it is done waits for it. Given
+    /// values, secrets already read and a process without a tokio runtime are left alone.
+    pub fn prefetch(secrets: &[&Secret], read_all: BoxFuture<'static, Vec<Result<String, ConfigError>>>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        // Taken now, before any use can start its own read.
+        let slots: Vec<_> = secrets
+            .iter()
+            .map(|s| match &s.0 {
+                Source::Read(r) => r.state.clone().try_lock_owned().ok().map(|g| (g, r.clock.clone())),
+                Source::Fixed(_) => None,
+            })
+            .collect();
+        runtime.spawn(async move {
+            for (slot, value) in slots.into_iter().zip(read_all.await) {
+                match (slot, value) {
+                    (Some((mut state, clock)), Ok(v)) if state.value.is_none() => {
+                        state.value = Some(v.into());
+                        state.read_at_ms = clock.now_ms();
+                    }
+                    (Some(_), Err(e)) => {
+                        tracing::warn!(error = %e, "secret not read at start; its first use reads it")
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+
+    /// The current value, read if it never was or is older than [`MAX_AGE`].
+    pub async fn current(&self) -> Result<Arc<str>, ConfigError> {
+        match &self.0 {
+            Source::Fixed(v) => Ok(v.clone()),
+            Source::Read(r) => r.current().await,
+        }
+    }
+
+    /// Whether `accepts` holds for the current value; when it does not, the value is read again
+    /// (unless a read was asked in the last [`MIN_REREAD`]) and, if it changed, `accepts` is asked
+    /// once more. Errors only when there is no value at all.
+    pub async fn check(&self, accepts: impl Fn(&str) -> bool) -> Result<bool, ConfigError> {
+        let value = self.current().await?;
+        if accepts(&value) {
+            return Ok(true);
+        }
+        Ok(self.reread(&value).await.is_some_and(|new| accepts(&new)))
+    }
+
+    /// A new value, if `refused` (the value a check just failed with) was rotated: read again unless
+    /// a read was asked in the last [`MIN_REREAD`]. `None` for a given value.
+    pub async fn reread(&self, refused: &str) -> Option<Arc<str>> {
+        match &self.0 {
+            Source::Fixed(_) => None,
+            Source::Read(r) => r.reread(refused).await,
+        }
+    }
+}
+
+impl Reader {
+    async fn current(&self) -> Result<Arc<str>, ConfigError> {
+        let mut state = self.state.lock().await;
+        let now = self.clock.now_ms();
+        if let Some(v) = &state.value
+            && now.saturating_sub(state.read_at_ms) < MAX_AGE.as_millis() as u64
+        {
+            return Ok(v.clone());
+        }
+        match (self.fetch)().await {
+            Ok(v) => {
+                let v: Arc<str> = v.into();
+                state.value = Some(v.clone());
+                state.read_at_ms = now;
+                Ok(v)
+            }
+            Err(e) => match state.value.clone() {
+                Some(old) => {
+                    tracing::warn!(error = %e, "secret refresh failed; the value read before serves on");
+                    // Serves on for MIN_REREAD more, then the next use tries again.
+                    state.read_at_ms = now.saturating_sub((MAX_AGE - MIN_REREAD).as_millis() as u64);
+                    Ok(old)
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// A new value, if reading again finds one that differs from `seen`.
+    async fn reread(&self, seen: &str) -> Option<Arc<str>> {
+        let mut state = self.state.lock().await;
+        // Another use may have read a new value while this one waited for the lock.
+        if let Some(v) = state.value.as_ref().filter(|v| &***v != seen) {
+            return Some(v.clone());
+        }
+        let now = self.clock.now_ms();
+        if state.reread_at_ms.is_some_and(|t| now.saturating_sub(t) < MIN_REREAD.as_millis() as u64) {
+            return None;
+        }
+        state.reread_at_ms = Some(now);
+        match (self.fetch)().await {
+            Ok(v) => {
+                state.read_at_ms = now;
+                if v == seen {
+                    return None;
+                }
+                let v: Arc<str> = v.into();
+                state.value = Some(v.clone());
+                Some(v)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "secret re-read failed");
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A store whose value the test sets, counting reads; `None` makes reads fail.
+    struct Store {
+        value: Mutex<Option<String>>,
+        reads: AtomicUsize,
+    }
+
+    fn store(value: &str) -> Arc<Store> {
+        Arc::new(Store { value: Mutex::new(Some(value.into())), reads: AtomicUsize::new(0) })
+    }
+
+    fn set(store: &Store, value: Option<&str>) {
+        *store.value.lock().unwrap_or_else(|e| e.into_inner()) = value.map(str::to_owned);
+    }
+
+    fn secret(store: &Arc<Store>, clock: &Arc<ManualClock>) -> Secret {
+        let store = store.clone();
+        let fetch: Fetch =
+            Arc::new(move || {
+                let store = store.clone();
+                Box::pin(async move {
+                    store.reads.fetch_add(1, Ordering::SeqCst);
+                    store.value.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(
+                        ConfigError::Invalid { name: "LANES_TEST_SECRET", reason: "unavailable".into() },
+                    )
+                })
+            });
+        Secret::read_by(fetch, clock.clone())
+    }
+
+    fn reads(store: &Store) -> usize {
+        store.reads.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn read_once_when_first_used_then_again_once_old() {
+        let (clock, store) = (ManualClock::new(0), store("v1"));
+        let s = secret(&store, &clock);
+        assert_eq!(reads(&store), 0, "nothing is read before a use");
+        assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v1");
+        assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v1");
+        assert_eq!(reads(&store), 1);
+        set(&store, Some("v2"));
+        clock.advance_ms(MAX_AGE.as_millis() as u64);
+        assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v2");
+        assert_eq!(reads(&store), 2);
+    }
+
+    #[tokio::test]
+    async fn a_failed_refresh_keeps_the_old_value_and_retries_later() {
+        let (clock, store) = (ManualClock::new(0), store("v1"));
+        let s = secret(&store, &clock);
+        s.current().await.ok();
+        set(&store, None);
+        clock.advance_ms(MAX_AGE.as_millis() as u64);
+        assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v1", "the old value serves on");
+        assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v1");
+        assert_eq!(reads(&store), 2, "no read on every use while the store is down");
+        set(&store, Some("v2"));
+        clock.advance_ms(MIN_REREAD.as_millis() as u64);
+        assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v2");
+    }
+
+    #[tokio::test]
+    async fn a_failed_first_read_is_an_error_and_is_not_kept() {
+        let (clock, store) = (ManualClock::new(0), store("v1"));
+        set(&store, None);
+        let s = secret(&store, &clock);
+        let err = s.current().await.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("LANES_TEST_SECRET"), "{err}");
+        set(&store, Some("v1"));
+        assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v1");
+    }
+
+    #[tokio::test]
+    async fn a_failed_check_reads_a_rotated_value_at_most_once_per_interval() {
+        let (clock, store) = (ManualClock::new(0), store("old"));
+        let s = secret(&store, &clock);
+        assert!(s.check(|v| v == "old").await.unwrap_or(false));
+        set(&store, Some("new"));
+        assert!(s.check(|v| v == "new").await.unwrap_or(false), "rotation picked up at the first mismatch");
+        assert_eq!(reads(&store), 2);
+        // Forged values: no read within MIN_REREAD of the last, then one per interval.
+        for _ in 0..10 {
+            assert!(!s.check(|v| v == "forged").await.unwrap_or(true));
+        }
+        assert_eq!(reads(&store), 2);
+        clock.advance_ms(MIN_REREAD.as_millis() as u64);
+        for _ in 0..10 {
+            assert!(!s.check(|v| v == "forged").await.unwrap_or(true));
+        }
+        assert_eq!(reads(&store), 3);
+        assert!(s.check(|v| v == "new").await.unwrap_or(false), "the value is unchanged by the failures");
+    }
+
+    #[tokio::test]
+    async fn a_prefetch_serves_the_first_use_without_a_second_read() {
+        let (clock, store) = (ManualClock::new(0), store("unused"));
+        let (a, b, given) = (secret(&store, &clock), secret(&store, &clock), Secret::fixed("g"));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        Secret::prefetch(
+            &[&a, &given, &b],
+            Box::pin(async move {
+                let _ = rx.await;
+                vec![Ok("a".into()), Ok("ignored".into()), Ok("b".into())]
+            }),
+        );
+        // The use starts while the prefetch is still waiting, and waits for it.
+        let first = tokio::spawn(async move { a.current().await.ok() });
+        tokio::task::yield_now().await;
+        let _ = tx.send(());
+        assert_eq!(first.await.ok().flatten().as_deref(), Some("a"));
+        assert_eq!(b.current().await.ok().as_deref(), Some("b"));
+        assert_eq!(given.current().await.ok().as_deref(), Some("g"));
+        assert_eq!(reads(&store), 0, "no reads of their own");
+    }
+
+    #[tokio::test]
+    async fn a_given_value_is_never_read() {
+        let s = Secret::fixed("plain");
+        assert!(s.check(|v| v == "plain").await.unwrap_or(false));
+        assert!(!s.check(|v| v == "other").await.unwrap_or(true));
+        assert_eq!(format!("{s:?}"), "Secret(<given>)");
+    }
+}
