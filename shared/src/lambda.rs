@@ -375,10 +375,6 @@ impl WorkerFunction {
     /// 15000; the heartbeat renews at a third), and the backend's variables.
     pub async fn from_env() -> Result<Self, ColdStartError> {
         let lane = lane_from_env()?;
-        if lane == Lane::Commits {
-            // First, so the vocabulary loads while the rest of start-up waits on the network.
-            crate::commits::budget::warm();
-        }
         let concurrency = parse_env("LANES_WORKER_CONCURRENCY", 10)? as usize;
         let lease_ms = parse_env("LANES_LEASE_TTL_MS", 15_000)?;
         let config = WorkerConfig::default().with_lease(Duration::from_millis(lease_ms)).lanes_from_env()?;
@@ -438,7 +434,11 @@ impl WorkerFunction {
         let until = now.saturating_add(remaining.as_millis() as u64);
         let entering = tokio::spawn(async move { running.enter(lane, until).await });
         let response = match &self.commits {
-            Some(commits) => handle_commit_batch(commits, &self.queue, records, budget).await,
+            Some(commits) => {
+                // The vocabulary loads beside this batch's reads, from the first batch on.
+                crate::commits::budget::warm();
+                handle_commit_batch(commits, &self.queue, records, budget).await
+            }
             None => {
                 handle_batch(&self.worker, &self.queue, self.lane, records, budget, self.concurrency).await
             }

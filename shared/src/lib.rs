@@ -15,6 +15,7 @@
 //!   write) above them.
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping.
 //! - [`config`]: tunables with defaults, per-lane policies, and their validation.
+//! - [`http`]: the process's one outbound HTTPS client (providers, Git hosts), built once.
 //! - [`secret`]: a secret read when first needed, re-read when old or when a check with it fails
 //!   (rotation), single-flight; the reading itself is Secrets Manager's, in [`adapters`].
 //! - [`ports`]: one small trait per capability (queue send/consume, task store, summary store, lease
@@ -53,6 +54,7 @@ pub mod controller;
 pub mod dlq;
 pub mod domain;
 pub mod embedded;
+pub mod http;
 pub mod lambda;
 pub mod lease;
 pub mod limiter;

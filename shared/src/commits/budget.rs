@@ -16,12 +16,16 @@ fn bpe() -> &'static CoreBPE {
 }
 
 /// Starts loading the vocabulary (about 0.1 s in release builds, more in debug) on its own thread,
-/// so neither start-up nor the first commit batch waits for it: that batch fetches its diffs before
-/// counting anything, and a count made before the load is done waits for it. Called at start-up by
-/// the processes that run the commits lane.
+/// once per process, so that a batch's counts rarely wait for it: a batch reads the cache, the store
+/// and its diffs before counting anything, and a count made before the load is done waits for it.
+/// The Lambda commits worker calls it as each batch starts: at init it would overlap no wait (the
+/// secrets are read in the background) and only slow init down.
 pub fn warm() {
-    let _ = std::thread::Builder::new().name("lanes-bpe".into()).spawn(|| {
-        let _ = bpe();
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let _ = std::thread::Builder::new().name("lanes-bpe".into()).spawn(|| {
+            let _ = bpe();
+        });
     });
 }
 

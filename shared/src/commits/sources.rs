@@ -19,20 +19,16 @@ pub const MAX_DIFF_BYTES: usize = 8 * 1024 * 1024;
 /// page over it is an error.
 pub const MAX_JSON_PAGE_BYTES: usize = 32 * 1024 * 1024;
 
-fn http(timeout: Duration) -> Result<reqwest::Client, ConfigError> {
-    reqwest::Client::builder()
-        .timeout(timeout)
-        .user_agent("lanes-commit-summaries")
-        .build()
-        .map_err(|e| ConfigError::Invalid { name: "http client", reason: e.to_string() })
-}
-
-/// Sends what `build` makes with the current token, if any. A 401 to a token read from Secrets
-/// Manager reads it again and, if it was rotated, sends once more with the new one.
+/// Sends what `build` makes on the process's HTTPS client ([`crate::http`], built at the first
+/// request) with the current token, if any. A 401 to a token read from Secrets Manager reads it
+/// again and, if it was rotated, sends once more with the new one.
 async fn send_authed(
     token: Option<&Secret>,
-    build: impl Fn(Option<&str>) -> reqwest::RequestBuilder,
+    build: impl Fn(&reqwest::Client, Option<&str>) -> reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, DiffError> {
+    let http = crate::http::client()
+        .map_err(|e| DiffError::Retryable { message: format!("HTTP client: {e}"), retry_after: None })?;
+    let build = |t: Option<&str>| build(&http, t);
     let Some(secret) = token else { return build(None).send().await.map_err(|e| transport(&e)) };
     let value = secret.current().await.map_err(|e| DiffError::Retryable {
         message: format!("the API token could not be read: {e}"),
@@ -117,7 +113,7 @@ async fn read_json_page(resp: reqwest::Response) -> Result<Vec<u8>, DiffError> {
 /// GitHub's REST API (github.com or Enterprise).
 #[derive(Debug, Clone)]
 pub struct GitHubSource {
-    http: reqwest::Client,
+    timeout: Duration,
     api: String,
     token: Option<Secret>,
 }
@@ -125,7 +121,7 @@ pub struct GitHubSource {
 impl GitHubSource {
     /// A source on `api` (e.g. `https://api.github.com`) with an optional token.
     pub fn new(api: &str, token: Option<Secret>, timeout: Duration) -> Result<Self, ConfigError> {
-        Ok(Self { http: http(timeout)?, api: api.trim_end_matches('/').to_owned(), token })
+        Ok(Self { timeout, api: api.trim_end_matches('/').to_owned(), token })
     }
 }
 
@@ -137,8 +133,10 @@ impl DiffSource for GitHubSource {
             return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", commit.repo)));
         }
         let url = format!("{}/repos/{}/commits/{}", self.api, commit.repo, commit.sha);
-        let resp =
-            send_authed(self.token.as_ref(), |t| self.get(&url, "application/vnd.github.diff", t)).await?;
+        let resp = send_authed(self.token.as_ref(), |http, t| {
+            self.get(http, &url, "application/vnd.github.diff", t)
+        })
+        .await?;
         match resp.status().as_u16() {
             200..=299 => read_diff(resp).await,
             // GitHub refuses the diff media type for a diff too large to render: the JSON form still
@@ -223,8 +221,18 @@ const GITHUB_FILES_PER_PAGE: usize = 100;
 const GITHUB_MAX_FILES: usize = 3_000;
 
 impl GitHubSource {
-    fn get(&self, url: &str, accept: &str, token: Option<&str>) -> reqwest::RequestBuilder {
-        let req = self.http.get(url).header("accept", accept).header("x-github-api-version", "2022-11-28");
+    fn get(
+        &self,
+        http: &reqwest::Client,
+        url: &str,
+        accept: &str,
+        token: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let req = http
+            .get(url)
+            .timeout(self.timeout)
+            .header("accept", accept)
+            .header("x-github-api-version", "2022-11-28");
         match token {
             Some(t) => req.bearer_auth(t),
             None => req,
@@ -234,7 +242,8 @@ impl GitHubSource {
     /// One page of GitHub's JSON: the parsed body and its size in bytes.
     async fn json_page<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<(T, usize), DiffError> {
         let resp =
-            send_authed(self.token.as_ref(), |t| self.get(url, "application/vnd.github+json", t)).await?;
+            send_authed(self.token.as_ref(), |http, t| self.get(http, url, "application/vnd.github+json", t))
+                .await?;
         if !resp.status().is_success() {
             return Err(status_error("GitHub", resp).await);
         }
@@ -316,7 +325,7 @@ impl GitHubSource {
 /// GitLab's REST API (gitlab.com or self-managed).
 #[derive(Debug, Clone)]
 pub struct GitLabSource {
-    http: reqwest::Client,
+    timeout: Duration,
     api: String,
     token: Option<Secret>,
 }
@@ -324,16 +333,16 @@ pub struct GitLabSource {
 impl GitLabSource {
     /// A source on `base` (e.g. `https://gitlab.com`) with an optional token.
     pub fn new(base: &str, token: Option<Secret>, timeout: Duration) -> Result<Self, ConfigError> {
-        Ok(Self { http: http(timeout)?, api: base.trim_end_matches('/').to_owned(), token })
+        Ok(Self { timeout, api: base.trim_end_matches('/').to_owned(), token })
     }
 }
 
 impl GitLabSource {
     /// One page of a paged GitLab list: its body and `x-next-page`.
     async fn page(&self, url: &str) -> Result<(Vec<u8>, Option<u32>), DiffError> {
-        let resp = send_authed(self.token.as_ref(), |t| match t {
-            Some(t) => self.http.get(url).header("private-token", t),
-            None => self.http.get(url),
+        let resp = send_authed(self.token.as_ref(), |http, t| match t {
+            Some(t) => http.get(url).timeout(self.timeout).header("private-token", t),
+            None => http.get(url).timeout(self.timeout),
         })
         .await?;
         if !resp.status().is_success() {

@@ -12,7 +12,7 @@ use std::time::Duration;
 /// A Messages API client.
 #[derive(Debug, Clone)]
 pub struct AnthropicClient {
-    http: reqwest::Client,
+    timeout: Duration,
     base_url: String,
     model: String,
     api_key: String,
@@ -22,7 +22,7 @@ impl AnthropicClient {
     /// A client for `base_url` (e.g. `https://api.anthropic.com`) and `model`.
     pub fn new(base_url: &str, model: &str, api_key: String, timeout: Duration) -> Result<Self, LlmError> {
         Ok(Self {
-            http: http_client(timeout)?,
+            timeout,
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             api_key,
@@ -51,9 +51,9 @@ impl LlmClient for AnthropicClient {
         if !p.stop.is_empty() {
             body["stop_sequences"] = json!(p.stop);
         }
-        let resp = self
-            .http
+        let resp = http_client()?
             .post(format!("{}/v1/messages", self.base_url))
+            .timeout(self.timeout)
             .header("x-api-key", &self.api_key)
             .header("anthropic-version", "2023-06-01")
             .json(&body)

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 /// A chat-completions client.
 #[derive(Debug, Clone)]
 pub struct OpenAiClient {
-    http: reqwest::Client,
+    timeout: Duration,
     base_url: String,
     model: String,
     api_key: Option<String>,
@@ -26,9 +26,8 @@ impl OpenAiClient {
         api_key: Option<String>,
         timeout: Duration,
     ) -> Result<Self, LlmError> {
-        let http = http_client(timeout)?;
         Ok(Self {
-            http,
+            timeout,
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             api_key,
@@ -43,12 +42,10 @@ impl OpenAiClient {
     }
 }
 
-/// One HTTP client per provider, with the per-request timeout.
-pub(super) fn http_client(timeout: Duration) -> Result<reqwest::Client, LlmError> {
-    reqwest::Client::builder()
-        .timeout(timeout)
-        .build()
-        .map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))
+/// The process's HTTPS client ([`crate::http`], built at the first request); each request sets its
+/// provider's timeout.
+pub(super) fn http_client() -> Result<reqwest::Client, LlmError> {
+    crate::http::client().map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))
 }
 
 /// Maps a transport error: timeouts and connection failures are worth retrying.
@@ -102,7 +99,10 @@ impl LlmClient for OpenAiClient {
         if let Some(seed) = p.seed {
             body["seed"] = json!(seed);
         }
-        let mut req = self.http.post(format!("{}/chat/completions", self.base_url)).json(&body);
+        let mut req = http_client()?
+            .post(format!("{}/chat/completions", self.base_url))
+            .timeout(self.timeout)
+            .json(&body);
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key);
         }
