@@ -5,11 +5,13 @@
 //!   arm64), zipped by cargo-lambda; the zip is what is uploaded.
 //! - **Init**: the same build for this machine's architecture is started under a local runtime-API
 //!   emulator, with the environment the template gives it, pointed at moto and redis-server (a
-//!   standalone one: `LANES_REDIS_CLUSTER` is left out; Redis connects lazily anyway), and the TLS
-//!   roots read from one bundle file as in Lambda ([`lambda_like_roots`]). Init is
-//!   the time from `exec` to the function's first `GET /runtime/invocation/next`: everything `main`
-//!   does before it can take an event (configuration, SDK clients, secrets, the tokenizer). The
-//!   median of `starts` starts, the functions taken in turn so that machine noise spreads evenly.
+//!   standalone one: `LANES_REDIS_CLUSTER` is left out; Redis connects lazily anyway), the AWS SDK
+//!   trusting Amazon's roots as it does in Lambda, and any other TLS roots read from one bundle file
+//!   as in Lambda ([`lambda_like_roots`]). Init is the time from `exec` to the function's first
+//!   `GET /runtime/invocation/next`: everything `main` does before it can take an event
+//!   (configuration, SDK clients; the secrets it starts reading in the background may still be in
+//!   flight, and the first event waits for them). The median of `starts` starts, the functions taken
+//!   in turn so that machine noise spreads evenly.
 
 use crate::percentile;
 use serde::Serialize;
@@ -162,9 +164,10 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     let gitlab_token = moto.create_secret("lanes/gitlab-token", "bench-gitlab-token").await?;
     common.extend(lanes_tests::stack_env("lanes-tasks", &urls));
     common.push(("LANES_LLM_PROVIDER".into(), "offline".into()));
-    // The roots the SDK trusts as deployed: a function in Lambda with no endpoint override trusts
-    // Amazon's ([`lanes_core::adapters::trust`]); the moto endpoint above would otherwise pick the
-    // system's. moto is plain HTTP, so no handshake depends on it.
+    // The roots the SDK trusts as deployed: a function in Lambda with no endpoint override, no
+    // proxy and no `SSL_CERT_FILE` trusts Amazon's ([`lanes_core::adapters::trust`]); the moto
+    // endpoint above and `lambda_like_roots` below would otherwise pick the system's. moto is plain
+    // HTTP, so no handshake depends on it.
     common.push(("LANES_AWS_TLS_ROOTS".into(), "amazon".into()));
     let with = |extra: &[(&str, &str)]| {
         let mut env = common.clone();

@@ -91,8 +91,7 @@ pub async fn limited_setup(rpm: f64, tpm: f64) -> std::io::Result<(MockLlm, Arc<
             .await?;
     let config = LimiterConfig { window_ms: 1_000.0, ..LimiterConfig::new(rpm, tpm) };
     let limiter: Arc<dyn RateLimiter> = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
-    let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5))
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5));
     Ok((mock, Arc::new(Limited::new(provider, limiter, Duration::from_secs(30)))))
 }
 

@@ -118,8 +118,7 @@ pub async fn run(
     seconds: f64,
 ) -> Result<ProviderRun, String> {
     let mock = MockLlm::start_limited(limits).await.map_err(|e| e.to_string())?;
-    let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5))
-        .map_err(|e| e.to_string())?;
+    let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5));
     let policy = RetryPolicy { max_hint: Duration::from_secs(2), ..RetryPolicy::default() };
     let client: Arc<dyn LlmClient> =
         Arc::new(Retrying::new(Limited::new(provider, limiter, Duration::from_secs(2)), policy));

@@ -386,36 +386,26 @@ async fn route_client(
 ) -> Result<crate::llm::route::RouteClient, ConfigError> {
     use crate::llm::route::Provider;
     let base = |default: &str| route.base_url.clone().unwrap_or_else(|| default.to_owned());
-    let invalid = |e: crate::ports::LlmError| ConfigError::Invalid {
-        name: "LANES_LLM_ROUTES",
-        reason: format!("{}: {e}", route.name()),
-    };
     let key =
         |var: &'static str, field: &'static str| crate::adapters::secrets::llm_key(var, field, shared_secret);
     let client: Arc<dyn crate::ports::LlmClient> = match route.provider {
         Provider::Offline => offline.clone(),
-        Provider::OpenAi => Arc::new(
-            crate::llm::OpenAiClient::new(
-                &base("https://api.openai.com/v1"),
-                &route.model,
-                key("OPENAI_API_KEY", "openai_api_key").await?,
-                timeout,
-            )
-            .map_err(invalid)?,
-        ),
+        Provider::OpenAi => Arc::new(crate::llm::OpenAiClient::new(
+            &base("https://api.openai.com/v1"),
+            &route.model,
+            key("OPENAI_API_KEY", "openai_api_key").await?,
+            timeout,
+        )),
         Provider::Anthropic => {
             let api_key = key("ANTHROPIC_API_KEY", "anthropic_api_key")
                 .await?
                 .ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
-            Arc::new(
-                crate::llm::AnthropicClient::new(
-                    &base("https://api.anthropic.com"),
-                    &route.model,
-                    api_key,
-                    timeout,
-                )
-                .map_err(invalid)?,
-            )
+            Arc::new(crate::llm::AnthropicClient::new(
+                &base("https://api.anthropic.com"),
+                &route.model,
+                api_key,
+                timeout,
+            ))
         }
         Provider::Bedrock => {
             let sdk = crate::adapters::sdk_config(&Default::default()).await;

@@ -5,7 +5,7 @@ use crate::domain::Lane;
 use std::time::Duration;
 
 /// Errors in configuration: always permanent, always naming the setting.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// A required environment variable is absent.
     #[error("missing environment variable {0}")]

@@ -7,16 +7,19 @@
 //! at start-up: a process that never calls out (a batch answered from the cache, the offline model)
 //! never loads the roots, and one that does pays once, before its first TLS handshake.
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
-/// The shared client, built at the first call. Its errors (a TLS backend that cannot start) are not
-/// kept: the next call tries again.
+/// The shared client, built at the first call; concurrent first calls wait for that one build
+/// (about half a millisecond) rather than each parse the roots. A build error (a TLS backend that
+/// cannot start) is not kept: the next call tries again.
 pub fn client() -> Result<reqwest::Client, reqwest::Error> {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    if let Some(c) = CLIENT.get() {
+    static CLIENT: Mutex<Option<reqwest::Client>> = Mutex::new(None);
+    let mut slot = CLIENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(c) = slot.as_ref() {
         return Ok(c.clone());
     }
     // GitHub refuses API requests without a User-Agent; it names the product to every host.
     let built = reqwest::Client::builder().user_agent("lanes-commit-summaries").build()?;
-    Ok(CLIENT.get_or_init(|| built).clone())
+    *slot = Some(built.clone());
+    Ok(built)
 }

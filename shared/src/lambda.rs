@@ -99,8 +99,9 @@ pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
 }
 
 /// The webhook function's router, from the environment: the `commits` queue and the store of the
-/// backend, and the secrets ([`WebhookConfig::from_env`]). Refuses to start with no secret at all, since
-/// it could then accept nothing.
+/// backend, and the secrets ([`WebhookConfig::from_env`]). Refuses to start with no secret configured,
+/// since it could then accept nothing; a configured one that cannot be read is logged as an error and
+/// answers `503` until it can.
 pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
     let config = WebhookConfig::from_env();
     if config.github_secret.is_none() && config.gitlab_token.is_none() {
@@ -393,7 +394,7 @@ impl WorkerFunction {
         let commits = match lane {
             Lane::Commits => Some(adapters.commits_worker(
                 llm.clone(),
-                Arc::new(DiffSources::from_env(false)?),
+                Arc::new(DiffSources::from_env(false)),
                 metrics.clone(),
                 Arc::new(SystemClock),
                 config,

@@ -195,7 +195,7 @@ impl Local {
         };
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
         let git =
-            GitConfig { webhook: WebhookConfig::from_env(), diffs: Arc::new(DiffSources::from_env(true)?) };
+            GitConfig { webhook: WebhookConfig::from_env(), diffs: Arc::new(DiffSources::from_env(true)) };
         Ok(Self::with_adapters(opts, adapters, llm, clock, git))
     }
 

@@ -12,7 +12,13 @@
 //! - a check that fails with the value (a signature that does not match, a token refused with 401)
 //!   reads it again and tries once more ([`Secret::check`]), at most once per [`MIN_REREAD`], so
 //!   forged deliveries cannot become a stream of Secrets Manager requests;
-//! - a failed first read is not kept: the next use tries again.
+//! - a failed first read is answered to every use for [`FAILED_READ_BACKOFF`], then tried again:
+//!   an unreadable secret costs one request per interval, not one per delivery;
+//! - a read made while a value exists is bounded by [`REFRESH_TIMEOUT`], well inside a webhook's
+//!   10 s, so a Secrets Manager that hangs delays a delivery by that much, not past its deadline.
+//!
+//! A secret that cannot be read at start is logged as an error: a wrong id or a missing permission
+//! no longer stops the cold start, and shows up as this log and as each use's error instead.
 //!
 //! Reads are single-flight: one lock per secret is held across its read, so concurrent uses wait
 //! for one request. The reading itself is a [`Fetch`] (Secrets Manager in `adapters::secrets`).
@@ -27,6 +33,10 @@ use std::time::Duration;
 pub const MAX_AGE: Duration = Duration::from_secs(15 * 60);
 /// The least time between two reads that a failed check or a failed refresh asks for.
 pub const MIN_REREAD: Duration = Duration::from_secs(30);
+/// How long a failed read with no value to fall back on is answered without reading again.
+pub const FAILED_READ_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest a refresh or re-read may take while an older value could serve instead.
+pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Reads the secret's current value.
 pub type Fetch = Arc<dyn Fn() -> BoxFuture<'static, Result<String, ConfigError>> + Send + Sync>;
@@ -54,6 +64,8 @@ struct State {
     read_at_ms: u64,
     /// When a failed check last asked for a read.
     reread_at_ms: Option<u64>,
+    /// The last failed read with no value to fall back on, and when: answered for FAILED_READ_BACKOFF.
+    failed: Option<(u64, ConfigError)>,
 }
 
 impl std::fmt::Debug for Secret {
@@ -99,11 +111,16 @@ impl Secret {
             for (slot, value) in slots.into_iter().zip(read_all.await) {
                 match (slot, value) {
                     (Some((mut state, clock)), Ok(v)) if state.value.is_none() => {
+                        if v.trim().is_empty() {
+                            tracing::error!(
+                                "a secret read at start is empty: nothing will verify against it"
+                            );
+                        }
                         state.value = Some(v.into());
                         state.read_at_ms = clock.now_ms();
                     }
                     (Some(_), Err(e)) => {
-                        tracing::warn!(error = %e, "secret not read at start; its first use reads it")
+                        tracing::error!(error = %e, "secret not read at start; each use tries again")
                     }
                     _ => {}
                 }
@@ -130,6 +147,11 @@ impl Secret {
         Ok(self.reread(&value).await.is_some_and(|new| accepts(&new)))
     }
 
+    /// Whether this secret is read (and so may be rotated) rather than given.
+    pub fn is_read(&self) -> bool {
+        matches!(self.0, Source::Read(_))
+    }
+
     /// A new value, if `refused` (the value a check just failed with) was rotated: read again unless
     /// a read was asked in the last [`MIN_REREAD`]. `None` for a given value.
     pub async fn reread(&self, refused: &str) -> Option<Arc<str>> {
@@ -149,11 +171,18 @@ impl Reader {
         {
             return Ok(v.clone());
         }
-        match (self.fetch)().await {
+        if let Some((at, e)) = &state.failed
+            && state.value.is_none()
+            && now.saturating_sub(*at) < FAILED_READ_BACKOFF.as_millis() as u64
+        {
+            return Err(e.clone());
+        }
+        match self.read(state.value.is_some()).await {
             Ok(v) => {
                 let v: Arc<str> = v.into();
                 state.value = Some(v.clone());
                 state.read_at_ms = now;
+                state.failed = None;
                 Ok(v)
             }
             Err(e) => match state.value.clone() {
@@ -163,9 +192,25 @@ impl Reader {
                     state.read_at_ms = now.saturating_sub((MAX_AGE - MIN_REREAD).as_millis() as u64);
                     Ok(old)
                 }
-                None => Err(e),
+                None => {
+                    state.failed = Some((now, e.clone()));
+                    Err(e)
+                }
             },
         }
+    }
+
+    /// One read; bounded by [`REFRESH_TIMEOUT`] when `fallback` (an older value can serve).
+    async fn read(&self, fallback: bool) -> Result<String, ConfigError> {
+        if !fallback {
+            return (self.fetch)().await;
+        }
+        tokio::time::timeout(REFRESH_TIMEOUT, (self.fetch)()).await.unwrap_or_else(|_| {
+            Err(ConfigError::Invalid {
+                name: "secret",
+                reason: format!("no answer within {REFRESH_TIMEOUT:?}"),
+            })
+        })
     }
 
     /// A new value, if reading again finds one that differs from `seen`.
@@ -180,7 +225,7 @@ impl Reader {
             return None;
         }
         state.reread_at_ms = Some(now);
-        match (self.fetch)().await {
+        match self.read(true).await {
             Ok(v) => {
                 state.read_at_ms = now;
                 if v == seen {
@@ -268,14 +313,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_first_read_is_an_error_and_is_not_kept() {
+    async fn a_failed_first_read_is_an_error_answered_for_a_backoff_then_retried() {
         let (clock, store) = (ManualClock::new(0), store("v1"));
         set(&store, None);
         let s = secret(&store, &clock);
         let err = s.current().await.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("LANES_TEST_SECRET"), "{err}");
         set(&store, Some("v1"));
+        for _ in 0..10 {
+            assert!(s.current().await.is_err(), "the failure is answered for the backoff");
+        }
+        assert_eq!(reads(&store), 1, "no read per use while the secret is unreadable");
+        clock.advance_ms(FAILED_READ_BACKOFF.as_millis() as u64);
         assert_eq!(&*s.current().await.ok().unwrap_or_default(), "v1");
+        assert_eq!(reads(&store), 2);
     }
 
     #[tokio::test]
@@ -311,14 +362,39 @@ mod tests {
                 vec![Ok("a".into()), Ok("ignored".into()), Ok("b".into())]
             }),
         );
-        // The use starts while the prefetch is still waiting, and waits for it.
-        let first = tokio::spawn(async move { a.current().await.ok() });
-        tokio::task::yield_now().await;
+        // A use polled before the prefetch task has even run finds the secret taken, and waits.
+        let mut first = std::pin::pin!(a.current());
+        assert!(futures::poll!(&mut first).is_pending());
         let _ = tx.send(());
-        assert_eq!(first.await.ok().flatten().as_deref(), Some("a"));
+        assert_eq!(first.await.ok().as_deref(), Some("a"));
         assert_eq!(b.current().await.ok().as_deref(), Some("b"));
         assert_eq!(given.current().await.ok().as_deref(), Some("g"));
         assert_eq!(reads(&store), 0, "no reads of their own");
+    }
+
+    /// A refresh that never answers is cut at REFRESH_TIMEOUT (2 s of this test) and the old value
+    /// serves: without the cut this test would never end.
+    #[tokio::test]
+    async fn a_hanging_refresh_is_cut_short_and_the_old_value_serves() {
+        let clock = ManualClock::new(0);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let fetch: Fetch = {
+            let calls = calls.clone();
+            Arc::new(move || {
+                let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+                Box::pin(async move {
+                    if !first {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok("v1".to_owned())
+                })
+            })
+        };
+        let s = Secret::read_by(fetch, clock.clone());
+        assert_eq!(s.current().await.ok().as_deref(), Some("v1"));
+        clock.advance_ms(MAX_AGE.as_millis() as u64);
+        assert_eq!(s.current().await.ok().as_deref(), Some("v1"));
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "the refresh was tried");
     }
 
     #[tokio::test]

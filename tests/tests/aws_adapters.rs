@@ -539,7 +539,7 @@ async fn sdk_clients_trust_only_the_pinned_roots() {
     let ca = std::fs::read(moto.tls_dir().unwrap().join("ca.pem")).unwrap();
     let sdk = sdk_config(&moto.aws_settings()).await;
     let sqs = |pem: &[u8]| {
-        let http = pinned_https_client(pem).expect("a TLS context from PEM roots");
+        let http = pinned_https_client(pem);
         aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(&sdk).http_client(http).build())
     };
     sqs(&ca).create_queue().queue_name("pinned").send().await.unwrap();

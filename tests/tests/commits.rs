@@ -128,7 +128,7 @@ async fn rig() -> Rig {
     let github = fake_github(fetches.clone()).await;
     let gitlab = fake_gitlab().await;
     let mock = MockLlm::start().await.unwrap();
-    let llm = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(10)).unwrap();
+    let llm = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(10));
     let clock: SharedClock = Arc::new(SystemClock);
     let webhook = lanes_core::commits::webhook::router(Webhook {
         queue: adapters.send[Lane::Commits.index()].clone(),
@@ -147,12 +147,8 @@ async fn rig() -> Rig {
         lock: adapters.lock.clone(),
         llm: Arc::new(llm),
         diffs: Arc::new(DiffSources {
-            github: Some(Arc::new(
-                GitHubSource::new(&github, Some("t".into()), Duration::from_secs(5)).unwrap(),
-            )),
-            gitlab: Some(Arc::new(
-                GitLabSource::new(&gitlab, Some("glpat".into()), Duration::from_secs(5)).unwrap(),
-            )),
+            github: Some(Arc::new(GitHubSource::new(&github, Some("t".into()), Duration::from_secs(5)))),
+            gitlab: Some(Arc::new(GitLabSource::new(&gitlab, Some("glpat".into()), Duration::from_secs(5)))),
             ..DiffSources::default()
         }),
         send: adapters.send[Lane::Commits.index()].clone(),

@@ -38,8 +38,7 @@ async fn openai_shape_usage_and_auth() {
         "gpt-test",
         Some("sk-test".into()),
         Duration::from_secs(5),
-    )
-    .unwrap();
+    );
     let r = client.complete(&request()).await.unwrap();
     assert_eq!((r.text.as_str(), r.model.as_str()), ("mock answer", "gpt-test"));
     assert!(r.usage.prompt > 5 && r.usage.completion == 2);
@@ -53,8 +52,7 @@ async fn openai_shape_usage_and_auth() {
 #[tokio::test]
 async fn anthropic_shape_usage_and_headers() {
     let mock = MockLlm::start().await.unwrap();
-    let client =
-        AnthropicClient::new(&mock.url, "claude-test", "key".into(), Duration::from_secs(5)).unwrap();
+    let client = AnthropicClient::new(&mock.url, "claude-test", "key".into(), Duration::from_secs(5));
     let r = client.complete(&request()).await.unwrap();
     assert_eq!((r.text.as_str(), r.model.as_str()), ("mock answer", "claude-test"));
     assert!(r.usage.prompt > 5 && r.usage.completion == 2);
@@ -75,7 +73,7 @@ fn capped_request() -> LlmRequest {
 #[tokio::test]
 async fn params_reach_the_provider_and_a_cut_answer_is_flagged() {
     let mock = MockLlm::start().await.unwrap();
-    let openai = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap();
+    let openai = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5));
     let r = openai.complete(&capped_request()).await.unwrap();
     assert!(r.truncated, "finish_reason length -> truncated");
     assert!(!openai.complete(&request()).await.unwrap().truncated);
@@ -86,7 +84,7 @@ async fn params_reach_the_provider_and_a_cut_answer_is_flagged() {
     assert!(body.get("max_completion_tokens").is_none());
 
     let mock = MockLlm::start().await.unwrap();
-    let anthropic = AnthropicClient::new(&mock.url, "c", "k".into(), Duration::from_secs(5)).unwrap();
+    let anthropic = AnthropicClient::new(&mock.url, "c", "k".into(), Duration::from_secs(5));
     let r = anthropic.complete(&capped_request()).await.unwrap();
     assert!(r.truncated, "stop_reason max_tokens -> truncated");
     assert!(!anthropic.complete(&request()).await.unwrap().truncated);
@@ -104,7 +102,7 @@ async fn throttles_and_server_errors_are_retried_honouring_the_hint() {
         Scripted::Status(503, vec![("x-ratelimit-reset-requests", "100ms".into())]),
     ]);
     let client = Retrying::new(
-        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap(),
+        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)),
         fast(),
     );
     let started = Instant::now();
@@ -121,7 +119,7 @@ async fn client_errors_are_never_retried() {
         mock.script([Scripted::Status(code, vec![])]);
     }
     let client = Retrying::new(
-        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap(),
+        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)),
         fast(),
     );
     for code in [400, 401, 403, 404] {
@@ -135,10 +133,8 @@ async fn client_errors_are_never_retried() {
 async fn a_storm_is_bounded_and_overlong_hints_hand_the_task_back() {
     let mock = MockLlm::start().await.unwrap();
     mock.script((0..10).map(|_| Scripted::Status(529, vec![])));
-    let client = Retrying::new(
-        AnthropicClient::new(&mock.url, "m", "k".into(), Duration::from_secs(5)).unwrap(),
-        fast(),
-    );
+    let client =
+        Retrying::new(AnthropicClient::new(&mock.url, "m", "k".into(), Duration::from_secs(5)), fast());
     assert!(matches!(client.complete(&request()).await, Err(LlmError::Retryable { .. })));
     assert_eq!(mock.seen().len(), 4, "max_attempts");
 
@@ -146,10 +142,8 @@ async fn a_storm_is_bounded_and_overlong_hints_hand_the_task_back() {
     let reset = humantime::format_rfc3339_seconds(std::time::SystemTime::now() + Duration::from_secs(120))
         .to_string();
     mock.script([Scripted::Status(429, vec![("anthropic-ratelimit-tokens-reset", reset)])]);
-    let client = Retrying::new(
-        AnthropicClient::new(&mock.url, "m", "k".into(), Duration::from_secs(5)).unwrap(),
-        fast(),
-    );
+    let client =
+        Retrying::new(AnthropicClient::new(&mock.url, "m", "k".into(), Duration::from_secs(5)), fast());
     let started = Instant::now();
     let Err(LlmError::Throttled { retry_after: Some(after), .. }) = client.complete(&request()).await else {
         panic!("a 429 is a throttle, not a failure")
@@ -165,8 +159,7 @@ async fn a_storm_is_bounded_and_overlong_hints_hand_the_task_back() {
 async fn a_slow_provider_times_out_as_retryable() {
     let mock = MockLlm::start().await.unwrap();
     mock.script([Scripted::Slow(Duration::from_secs(3))]);
-    let client =
-        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_millis(300)).unwrap();
+    let client = OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_millis(300));
     let e = client.complete(&request()).await.unwrap_err();
     assert!(matches!(&e, LlmError::Retryable { message, .. } if message.contains("timed out")), "{e}");
 }
@@ -417,7 +410,7 @@ async fn under_a_429_and_500_storm_every_call_finishes_with_bounded_jittered_att
     }));
     let policy = RetryPolicy { max_attempts: 10, ..fast() };
     let client = std::sync::Arc::new(Retrying::new(
-        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)).unwrap(),
+        OpenAiClient::new(&format!("{}/v1", mock.url), "m", None, Duration::from_secs(5)),
         policy,
     ));
     let mut handles = Vec::new();

@@ -155,12 +155,13 @@ async fn load_sdk_config(settings: &AwsSettings) -> aws_config::SdkConfig {
         loader = loader
             .credentials_provider(aws_config::environment::EnvironmentVariableCredentialsProvider::new());
     }
-    // Amazon's roots in Lambda, the system's otherwise ([`trust`]); a bad value was refused at cold
-    // start ([`crate::backend::AwsBackendConfig::from_env`]), so here it only falls back.
+    // Amazon's roots in Lambda, the system's otherwise ([`trust`]). The functions refuse a bad value
+    // at cold start (`AwsBackendConfig::from_env`, the controller's); other paths fall back here.
     let roots = trust::AwsRoots::from_env(settings.endpoint.is_some()).unwrap_or_else(|e| {
         tracing::error!(error = %e, "keeping the system's TLS roots");
         trust::AwsRoots::System
     });
+    tracing::info!(roots = ?roots, "AWS SDK TLS roots");
     if let Some(client) = roots.http_client() {
         loader = loader.http_client(client);
     }

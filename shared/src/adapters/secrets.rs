@@ -1,8 +1,8 @@
 //! AWS Secrets Manager: webhook secrets and API tokens as [`Secret`]s (read in the background from
 //! cold start, again when old or when a check with them fails), and LLM API keys, read once per
-//! process at cold start. A secret is a plain string, or JSON with an `api_key` field; an LLM key secret shared by routes of several
-//! vendors holds one field per vendor (`openai_api_key`, `anthropic_api_key`), so no vendor is ever
-//! sent another's key.
+//! process at cold start. A secret is a plain string, or JSON with an `api_key` field; an LLM key
+//! secret shared by routes of several vendors holds one field per vendor (`openai_api_key`,
+//! `anthropic_api_key`), so no vendor is ever sent another's key.
 
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{ConfigError, optional_env};
@@ -153,7 +153,7 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
         (Some(m), _) => m
             .get(field)
             .and_then(|v| v.as_str())
-            .map(str::to_owned)
+            .map(|v| v.trim().to_owned())
             .ok_or_else(|| invalid(format!("the JSON secret has no `{field}` string"))),
         (None, None) => Ok(raw.trim().to_owned()),
         (None, Some(field)) => Err(invalid(format!(

@@ -3,7 +3,6 @@
 //! local repository through the `git` CLI. [`DiffSources`] routes a commit to its provider's source;
 //! a provider without one is a permanent error, so a deployment never reads what it was not given.
 
-use crate::config::ConfigError;
 use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
 use crate::llm::retry::retry_hint;
 use crate::ports::{DiffError, DiffSource};
@@ -40,6 +39,12 @@ async fn send_authed(
     }
     match secret.reread(&value).await {
         Some(rotated) => build(Some(&rotated)).send().await.map_err(|e| transport(&e)),
+        // A read token may be mid-rotation (revoked before its successor was stored, or re-read
+        // moments ago): the queue's redrive, not this one answer, decides that it is wrong.
+        None if secret.is_read() => Err(DiffError::Retryable {
+            message: "the API token was refused (401) and no newer one is stored yet".into(),
+            retry_after: None,
+        }),
         None => Ok(resp),
     }
 }
@@ -120,8 +125,8 @@ pub struct GitHubSource {
 
 impl GitHubSource {
     /// A source on `api` (e.g. `https://api.github.com`) with an optional token.
-    pub fn new(api: &str, token: Option<Secret>, timeout: Duration) -> Result<Self, ConfigError> {
-        Ok(Self { timeout, api: api.trim_end_matches('/').to_owned(), token })
+    pub fn new(api: &str, token: Option<Secret>, timeout: Duration) -> Self {
+        Self { timeout, api: api.trim_end_matches('/').to_owned(), token }
     }
 }
 
@@ -332,8 +337,8 @@ pub struct GitLabSource {
 
 impl GitLabSource {
     /// A source on `base` (e.g. `https://gitlab.com`) with an optional token.
-    pub fn new(base: &str, token: Option<Secret>, timeout: Duration) -> Result<Self, ConfigError> {
-        Ok(Self { timeout, api: base.trim_end_matches('/').to_owned(), token })
+    pub fn new(base: &str, token: Option<Secret>, timeout: Duration) -> Self {
+        Self { timeout, api: base.trim_end_matches('/').to_owned(), token }
     }
 }
 
@@ -552,7 +557,7 @@ impl DiffSources {
     /// `https://api.github.com`), `LANES_GITHUB_TOKEN` or the secret `LANES_GITHUB_TOKEN_SECRET`;
     /// `LANES_GITLAB_URL` (default `https://gitlab.com`), `LANES_GITLAB_API_TOKEN` or the secret
     /// `LANES_GITLAB_API_TOKEN_SECRET`. With `local`, local repositories too.
-    pub fn from_env(local: bool) -> Result<Self, ConfigError> {
+    pub fn from_env(local: bool) -> Self {
         let timeout = Duration::from_secs(20);
         let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
             .unwrap_or_else(|| "https://api.github.com".into());
@@ -564,11 +569,11 @@ impl DiffSources {
             ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
             ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),
         ]);
-        Ok(Self {
-            github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout)?)),
-            gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout)?)),
+        Self {
+            github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout))),
+            gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout))),
             local: local.then(|| Arc::new(LocalGit) as Arc<dyn DiffSource>),
-        })
+        }
     }
 
     /// Only local repositories.
@@ -649,7 +654,7 @@ mod tests {
             }),
         );
         let base = serve(router).await;
-        let gh = GitHubSource::new(&base, Some("t0k".into()), Duration::from_secs(5)).unwrap();
+        let gh = GitHubSource::new(&base, Some("t0k".into()), Duration::from_secs(5));
         let d = gh.diff(&msg(Provider::Github, "github:1", "o/1")).await.unwrap();
         assert!(d.contains(SHA));
         assert!(matches!(
@@ -675,8 +680,8 @@ mod tests {
     }
 
     /// A token read from Secrets Manager and refused with 401 (rotated there) is read again and
-    /// the request sent once more with the new one; a token that stays refused is a permanent error
-    /// after one read, not a read per request.
+    /// the request sent once more with the new one; a token that stays refused is retryable (the
+    /// redrive limits it) and costs one read per interval, not one per request.
     #[tokio::test]
     async fn a_rotated_token_refused_with_401_is_read_again() {
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -701,9 +706,10 @@ mod tests {
         };
         let clock = crate::clock::ManualClock::new(0);
         let token = Secret::read_by(fetch, clock.clone());
-        let gh = GitHubSource::new(&base, Some(token), Duration::from_secs(5)).unwrap();
+        let gh = GitHubSource::new(&base, Some(token), Duration::from_secs(5));
         let commit = msg(Provider::Github, "github:1", "o/1");
-        assert!(matches!(gh.diff(&commit).await, Err(DiffError::Permanent(_))), "old token refused");
+        let refused = gh.diff(&commit).await;
+        assert!(matches!(refused, Err(DiffError::Retryable { .. })), "old token refused, maybe mid-rotation");
         assert_eq!(reads.load(Ordering::SeqCst), 2, "the first read, then one more after the 401");
         for _ in 0..5 {
             assert!(gh.diff(&commit).await.is_err());
@@ -746,7 +752,7 @@ mod tests {
             }),
         );
         let base = serve(router).await;
-        let gh = GitHubSource::new(&base, None, Duration::from_secs(30)).unwrap();
+        let gh = GitHubSource::new(&base, None, Duration::from_secs(30));
         for id in ["406", "422"] {
             let d = gh.diff(&msg(Provider::Github, "github:1", &format!("o/{id}"))).await.unwrap();
             assert_eq!(d.matches("diff --git ").count(), 103, "both pages read");
@@ -783,7 +789,7 @@ mod tests {
             }),
         );
         let base = serve(router).await;
-        let gh = GitHubSource::new(&base, None, Duration::from_secs(5)).unwrap();
+        let gh = GitHubSource::new(&base, None, Duration::from_secs(5));
         let range = PushRange {
             provider: Provider::Github,
             repo_id: "github:1".into(),
@@ -820,7 +826,7 @@ mod tests {
             }),
         );
         let base = serve(router).await;
-        let gl = GitLabSource::new(&base, Some("glpat".into()), Duration::from_secs(5)).unwrap();
+        let gl = GitLabSource::new(&base, Some("glpat".into()), Duration::from_secs(5));
         let d = gl.diff(&msg(Provider::Gitlab, "gitlab:42", "g/p")).await.unwrap();
         assert_eq!(
             d,

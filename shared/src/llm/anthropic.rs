@@ -20,13 +20,13 @@ pub struct AnthropicClient {
 
 impl AnthropicClient {
     /// A client for `base_url` (e.g. `https://api.anthropic.com`) and `model`.
-    pub fn new(base_url: &str, model: &str, api_key: String, timeout: Duration) -> Result<Self, LlmError> {
-        Ok(Self {
+    pub fn new(base_url: &str, model: &str, api_key: String, timeout: Duration) -> Self {
+        Self {
             timeout,
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             api_key,
-        })
+        }
     }
 }
 

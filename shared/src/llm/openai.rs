@@ -20,18 +20,13 @@ pub struct OpenAiClient {
 
 impl OpenAiClient {
     /// A client for `base_url` (e.g. `https://api.openai.com/v1`) and `model`, with a per-request timeout.
-    pub fn new(
-        base_url: &str,
-        model: &str,
-        api_key: Option<String>,
-        timeout: Duration,
-    ) -> Result<Self, LlmError> {
-        Ok(Self {
+    pub fn new(base_url: &str, model: &str, api_key: Option<String>, timeout: Duration) -> Self {
+        Self {
             timeout,
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             api_key,
-        })
+        }
     }
 }
 
@@ -45,7 +40,8 @@ impl OpenAiClient {
 /// The process's HTTPS client ([`crate::http`], built at the first request); each request sets its
 /// provider's timeout.
 pub(super) fn http_client() -> Result<reqwest::Client, LlmError> {
-    crate::http::client().map_err(|e| LlmError::Permanent(format!("HTTP client: {e}")))
+    crate::http::client()
+        .map_err(|e| LlmError::Retryable { message: format!("HTTP client: {e}"), retry_after: None })
 }
 
 /// Maps a transport error: timeouts and connection failures are worth retrying.
@@ -138,7 +134,7 @@ mod tests {
 
     #[test]
     fn openais_own_api_gets_max_completion_tokens_and_compatible_servers_max_tokens() {
-        let c = |url: &str| OpenAiClient::new(url, "m", None, Duration::from_secs(1)).unwrap();
+        let c = |url: &str| OpenAiClient::new(url, "m", None, Duration::from_secs(1));
         assert!(c("https://api.openai.com/v1").is_openai());
         assert!(!c("http://127.0.0.1:8000/v1").is_openai());
         assert!(!c("https://api.openai.com.example.org/v1").is_openai());
