@@ -393,12 +393,11 @@ async fn route_client(
         Provider::OpenAi => Arc::new(crate::llm::OpenAiClient::new(
             &base("https://api.openai.com/v1"),
             &route.model,
-            key("OPENAI_API_KEY", "openai_api_key").await?,
+            key("OPENAI_API_KEY", "openai_api_key"),
             timeout,
         )),
         Provider::Anthropic => {
             let api_key = key("ANTHROPIC_API_KEY", "anthropic_api_key")
-                .await?
                 .ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
             Arc::new(crate::llm::AnthropicClient::new(
                 &base("https://api.anthropic.com"),

@@ -1,5 +1,6 @@
 //! A secret read when it is first needed, kept, and read again when it may have been rotated
-//! ([`Secret`]): the webhook's GitHub secret and GitLab token, and the commits worker's API tokens.
+//! ([`Secret`]): the webhook's GitHub secret and GitLab token, the commits worker's API tokens and
+//! the LLM API keys.
 //!
 //! Why not once at cold start: that read is a network round trip inside every init, and a value
 //! read once is kept for the container's life, hours after an operator rotated it, while every

@@ -1,8 +1,8 @@
-//! AWS Secrets Manager: webhook secrets and API tokens as [`Secret`]s (read in the background from
-//! cold start, again when old or when a check with them fails), and LLM API keys, read once per
-//! process at cold start. A secret is a plain string, or JSON with an `api_key` field; an LLM key
-//! secret shared by routes of several vendors holds one field per vendor (`openai_api_key`,
-//! `anthropic_api_key`), so no vendor is ever sent another's key.
+//! AWS Secrets Manager: webhook secrets, API tokens and LLM API keys as [`Secret`]s, read in the
+//! background from cold start and again when old or when a check with them fails (a rotated value).
+//! A secret is a plain string, or JSON with an `api_key` field; an LLM key secret shared by routes of
+//! several vendors holds one field per vendor (`openai_api_key`, `anthropic_api_key`), so no vendor
+//! is ever sent another's key.
 
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::{ConfigError, optional_env};
@@ -162,25 +162,22 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
     }
 }
 
-/// An LLM vendor's key: the variable `var`, else the field `vendor_field` of the secret named by
-/// `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as
-/// a plain string or its `api_key` field. The secret is read once per process, however many routes take a
-/// key from it.
-pub async fn llm_key(
-    var: &'static str,
-    vendor_field: &str,
-    shared: bool,
-) -> Result<Option<String>, ConfigError> {
+/// An LLM vendor's key: the variable `var` (given), else the field `vendor_field` of the secret named
+/// by `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as a
+/// plain string or its `api_key` field, as a [`Secret`] read in the background from here and again
+/// when old or refused with 401 (a rotated key). `None` when neither is set.
+pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> Option<Secret> {
     const SECRET_VAR: &str = "LANES_LLM_API_KEY_SECRET";
-    static RAW: tokio::sync::OnceCell<Option<String>> = tokio::sync::OnceCell::const_new();
     if let Some(v) = optional_env(var) {
-        return Ok(Some(v));
+        return Some(Secret::fixed(v));
     }
-    let raw = RAW
-        .get_or_try_init(|| async {
-            let Some(secret) = optional_env(SECRET_VAR) else { return Ok(None) };
-            fetch_string(&client().await, &secret, SECRET_VAR).await.map(Some)
-        })
-        .await?;
-    raw.as_deref().map(|raw| secret_field(raw, SECRET_VAR, shared.then_some(vendor_field))).transpose()
+    let id = optional_env(SECRET_VAR)?;
+    let field = shared.then_some(vendor_field);
+    let fetch: Fetch = Arc::new(move || {
+        let id = id.clone();
+        Box::pin(async move { fetch_secret_field(&client().await, &id, SECRET_VAR, field).await })
+    });
+    let secret = Secret::read_by(fetch.clone(), Arc::new(SystemClock));
+    Secret::prefetch(&[&secret], Box::pin(async move { vec![fetch().await] }));
+    Some(secret)
 }

@@ -18,35 +18,21 @@ pub const MAX_DIFF_BYTES: usize = 8 * 1024 * 1024;
 /// page over it is an error.
 pub const MAX_JSON_PAGE_BYTES: usize = 32 * 1024 * 1024;
 
-/// Sends what `build` makes on the process's HTTPS client ([`crate::http`], built at the first
-/// request) with the current token, if any. A 401 to a token read from Secrets Manager reads it
-/// again and, if it was rotated, sends once more with the new one.
+/// Sends what `build` makes with the current token ([`crate::http::send`]: a rotated token is read
+/// again at its first 401).
 async fn send_authed(
     token: Option<&Secret>,
     build: impl Fn(&reqwest::Client, Option<&str>) -> reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, DiffError> {
-    let http = crate::http::client()
-        .map_err(|e| DiffError::Retryable { message: format!("HTTP client: {e}"), retry_after: None })?;
-    let build = |t: Option<&str>| build(&http, t);
-    let Some(secret) = token else { return build(None).send().await.map_err(|e| transport(&e)) };
-    let value = secret.current().await.map_err(|e| DiffError::Retryable {
-        message: format!("the API token could not be read: {e}"),
-        retry_after: None,
-    })?;
-    let resp = build(Some(&value)).send().await.map_err(|e| transport(&e))?;
-    if resp.status() != reqwest::StatusCode::UNAUTHORIZED {
-        return Ok(resp);
-    }
-    match secret.reread(&value).await {
-        Some(rotated) => build(Some(&rotated)).send().await.map_err(|e| transport(&e)),
-        // A read token may be mid-rotation (revoked before its successor was stored, or re-read
-        // moments ago): the queue's redrive, not this one answer, decides that it is wrong.
-        None if secret.is_read() => Err(DiffError::Retryable {
-            message: "the API token was refused (401) and no newer one is stored yet".into(),
-            retry_after: None,
-        }),
-        None => Ok(resp),
-    }
+    use crate::http::SendError;
+    let retry = |message: String| DiffError::Retryable { message, retry_after: None };
+    crate::http::send(token, build).await.map_err(|e| match e {
+        SendError::Client(e) => retry(format!("HTTP client: {e}")),
+        SendError::Credential(e) => retry(format!("the API token could not be read: {e}")),
+        SendError::Transport(e) => transport(&e),
+        // The queue's redrive, not this one answer, decides that the token is wrong.
+        SendError::Refused => retry("the API token was refused (401) and no newer one is stored yet".into()),
+    })
 }
 
 fn transport(e: &reqwest::Error) -> DiffError {

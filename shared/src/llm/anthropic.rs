@@ -1,10 +1,11 @@
 //! Anthropic Messages (`POST {base}/v1/messages`, `anthropic-version: 2023-06-01`). Usage is read
 //! from every response; 429/529 carry the `anthropic-ratelimit-*-reset` or `retry-after` hint.
 
-use super::openai::{http_client, status_error, transport_error};
+use super::openai::{send_error, status_error, transport_error};
 use super::{system_prompt, user_message};
 use crate::domain::TokenUsage;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::secret::Secret;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -15,12 +16,12 @@ pub struct AnthropicClient {
     timeout: Duration,
     base_url: String,
     model: String,
-    api_key: String,
+    api_key: Secret,
 }
 
 impl AnthropicClient {
     /// A client for `base_url` (e.g. `https://api.anthropic.com`) and `model`.
-    pub fn new(base_url: &str, model: &str, api_key: String, timeout: Duration) -> Self {
+    pub fn new(base_url: &str, model: &str, api_key: Secret, timeout: Duration) -> Self {
         Self {
             timeout,
             base_url: base_url.trim_end_matches('/').to_owned(),
@@ -51,15 +52,16 @@ impl LlmClient for AnthropicClient {
         if !p.stop.is_empty() {
             body["stop_sequences"] = json!(p.stop);
         }
-        let resp = http_client()?
-            .post(format!("{}/v1/messages", self.base_url))
-            .timeout(self.timeout)
-            .header("x-api-key", &self.api_key)
-            .header("anthropic-version", "2023-06-01")
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| transport_error(&e))?;
+        let url = format!("{}/v1/messages", self.base_url);
+        let resp = crate::http::send(Some(&self.api_key), |http, key| {
+            http.post(&url)
+                .timeout(self.timeout)
+                .header("x-api-key", key.unwrap_or_default())
+                .header("anthropic-version", "2023-06-01")
+                .json(&body)
+        })
+        .await
+        .map_err(send_error)?;
         if !resp.status().is_success() {
             return Err(status_error("provider", resp).await);
         }

@@ -5,6 +5,7 @@ use super::retry::{is_retryable_status, rate_limits, retry_hint};
 use super::{system_prompt, user_message};
 use crate::domain::TokenUsage;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::secret::Secret;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
@@ -15,12 +16,12 @@ pub struct OpenAiClient {
     timeout: Duration,
     base_url: String,
     model: String,
-    api_key: Option<String>,
+    api_key: Option<Secret>,
 }
 
 impl OpenAiClient {
     /// A client for `base_url` (e.g. `https://api.openai.com/v1`) and `model`, with a per-request timeout.
-    pub fn new(base_url: &str, model: &str, api_key: Option<String>, timeout: Duration) -> Self {
+    pub fn new(base_url: &str, model: &str, api_key: Option<Secret>, timeout: Duration) -> Self {
         Self {
             timeout,
             base_url: base_url.trim_end_matches('/').to_owned(),
@@ -37,11 +38,17 @@ impl OpenAiClient {
     }
 }
 
-/// The process's HTTPS client ([`crate::http`], built at the first request); each request sets its
-/// provider's timeout.
-pub(super) fn http_client() -> Result<reqwest::Client, LlmError> {
-    crate::http::client()
-        .map_err(|e| LlmError::Retryable { message: format!("HTTP client: {e}"), retry_after: None })
+/// Maps a failed [`crate::http::send`]: all of it is worth retrying, a key refused mid-rotation
+/// included (a key given as a variable and refused is a 401 answer, mapped by [`status_error`]).
+pub(super) fn send_error(e: crate::http::SendError) -> LlmError {
+    use crate::http::SendError;
+    let retry = |message: String| LlmError::Retryable { message, retry_after: None };
+    match e {
+        SendError::Client(e) => retry(format!("HTTP client: {e}")),
+        SendError::Credential(e) => retry(format!("the API key could not be read: {e}")),
+        SendError::Transport(e) => transport_error(&e),
+        SendError::Refused => retry("the API key was refused (401) and no newer one is stored yet".into()),
+    }
 }
 
 /// Maps a transport error: timeouts and connection failures are worth retrying.
@@ -95,14 +102,16 @@ impl LlmClient for OpenAiClient {
         if let Some(seed) = p.seed {
             body["seed"] = json!(seed);
         }
-        let mut req = http_client()?
-            .post(format!("{}/chat/completions", self.base_url))
-            .timeout(self.timeout)
-            .json(&body);
-        if let Some(key) = &self.api_key {
-            req = req.bearer_auth(key);
-        }
-        let resp = req.send().await.map_err(|e| transport_error(&e))?;
+        let url = format!("{}/chat/completions", self.base_url);
+        let resp = crate::http::send(self.api_key.as_ref(), |http, key| {
+            let req = http.post(&url).timeout(self.timeout).json(&body);
+            match key {
+                Some(key) => req.bearer_auth(key),
+                None => req,
+            }
+        })
+        .await
+        .map_err(send_error)?;
         if !resp.status().is_success() {
             return Err(status_error("provider", resp).await);
         }
@@ -138,5 +147,58 @@ mod tests {
         assert!(c("https://api.openai.com/v1").is_openai());
         assert!(!c("http://127.0.0.1:8000/v1").is_openai());
         assert!(!c("https://api.openai.com.example.org/v1").is_openai());
+    }
+
+    /// A key read from Secrets Manager and refused with 401 (rotated there) is read again and the
+    /// call made once more with the new key; refused again with no newer key, the call is
+    /// retryable (a rotation may be half done), not a permanent failure of the task.
+    #[tokio::test]
+    async fn a_rotated_key_refused_with_401_is_read_again() {
+        use axum::http::{HeaderMap, StatusCode};
+        use axum::response::IntoResponse;
+        let router = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(|headers: HeaderMap| async move {
+                match headers.get("authorization").and_then(|v| v.to_str().ok()) {
+                    Some("Bearer new") => {
+                        axum::Json(json!({"model": "m", "choices": [{"message": {"content": "ok"}}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 1}}))
+                        .into_response()
+                    }
+                    _ => (StatusCode::UNAUTHORIZED, r#"{"error":{"message":"Incorrect API key"}}"#)
+                        .into_response(),
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let stored = std::sync::Arc::new(std::sync::Mutex::new("old"));
+        let fetch: crate::secret::Fetch = {
+            let stored = stored.clone();
+            std::sync::Arc::new(move || {
+                let v = stored.lock().map(|v| v.to_string()).unwrap_or_default();
+                Box::pin(async move { Ok(v) })
+            })
+        };
+        let clock = crate::clock::ManualClock::new(0);
+        let key = Secret::read_by(fetch, clock.clone());
+        let client = OpenAiClient::new(&url, "m", Some(key), Duration::from_secs(5));
+        let request = LlmRequest {
+            lane: crate::domain::Lane::Interactive,
+            kind: crate::domain::Kind::Explain,
+            prompt: "p".into(),
+            target_files: vec![],
+            max_tokens: 8,
+            params: Default::default(),
+        };
+        let refused = client.complete(&request).await;
+        assert!(matches!(refused, Err(LlmError::Retryable { .. })), "{refused:?}");
+        *stored.lock().unwrap() = "new";
+        clock.advance_ms(crate::secret::MIN_REREAD.as_millis() as u64);
+        assert_eq!(client.complete(&request).await.unwrap().text, "ok");
+        // A key given as a variable and refused stays the permanent 401 it always was.
+        let given = OpenAiClient::new(&url, "m", Some("old".into()), Duration::from_secs(5));
+        assert!(matches!(given.complete(&request).await, Err(LlmError::Permanent(_))));
     }
 }
