@@ -165,13 +165,20 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
 /// An LLM vendor's key: the variable `var` (given), else the field `vendor_field` of the secret named
 /// by `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as a
 /// plain string or its `api_key` field, as a [`Secret`] read in the background from here and again
-/// when old or refused with 401 (a rotated key). `None` when neither is set.
+/// when old or refused with 401 (a rotated key). `None` when neither is set. Routes of one vendor
+/// share one [`Secret`], so one read serves them all.
 pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> Option<Secret> {
     const SECRET_VAR: &str = "LANES_LLM_API_KEY_SECRET";
+    type Keys = Vec<((&'static str, bool), Secret)>;
+    static KEYS: std::sync::Mutex<Keys> = std::sync::Mutex::new(Vec::new());
     if let Some(v) = optional_env(var) {
         return Some(Secret::fixed(v));
     }
     let id = optional_env(SECRET_VAR)?;
+    let mut keys = KEYS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, secret)) = keys.iter().find(|(k, _)| *k == (vendor_field, shared)) {
+        return Some(secret.clone());
+    }
     let field = shared.then_some(vendor_field);
     let fetch: Fetch = Arc::new(move || {
         let id = id.clone();
@@ -179,5 +186,6 @@ pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> O
     });
     let secret = Secret::read_by(fetch.clone(), Arc::new(SystemClock));
     Secret::prefetch(&[&secret], Box::pin(async move { vec![fetch().await] }));
+    keys.push(((vendor_field, shared), secret.clone()));
     Some(secret)
 }
