@@ -159,7 +159,7 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     let github = moto.create_secret("lanes/github-webhook", "bench-secret").await?;
     let gitlab = moto.create_secret("lanes/gitlab-webhook", "bench-token").await?;
     // The commits worker's API tokens, as a stack with private repositories configures them: one
-    // more Secrets Manager request (both in one batch) in its init.
+    // more Secrets Manager request (both in one batch), started in the background at init.
     let github_token = moto.create_secret("lanes/github-token", "bench-github-token").await?;
     let gitlab_token = moto.create_secret("lanes/gitlab-token", "bench-gitlab-token").await?;
     common.extend(lanes_tests::stack_env("lanes-tasks", &urls));

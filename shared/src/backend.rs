@@ -323,8 +323,9 @@ pub async fn create_aws_resources(
 /// budget wait past `max_wait` puts the task off. `offline` serves the `offline` routes.
 ///
 /// Keys come from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets Manager
-/// secret named by `LANES_LLM_API_KEY_SECRET` (fetched once per container); Bedrock uses the
-/// function's role. `LANES_LLM_TIMEOUT_MS` (default 120000) bounds each HTTP attempt.
+/// secret named by `LANES_LLM_API_KEY_SECRET` (read in the background from here, again when old or
+/// refused: [`crate::secret`]); Bedrock uses the function's role. `LANES_LLM_TIMEOUT_MS` (default
+/// 120000) bounds each HTTP attempt.
 pub async fn llm_from_env(
     adapters: &Adapters,
     clock: SharedClock,
@@ -347,7 +348,15 @@ pub async fn llm_from_env(
         .map(|r| r.provider)
         .filter(|p| matches!(p, crate::llm::route::Provider::OpenAi | crate::llm::route::Provider::Anthropic))
         .collect();
-    let shared_secret = vendors.len() > 1;
+    let shared = vendors.len() > 1;
+    // One key per vendor, shared by its routes (one background read each).
+    let key = |provider, var, field| {
+        vendors.contains(&provider).then(|| crate::adapters::secrets::llm_key(var, field, shared)).flatten()
+    };
+    let keys = Keys {
+        openai: key(crate::llm::route::Provider::OpenAi, "OPENAI_API_KEY", "openai_api_key"),
+        anthropic: key(crate::llm::route::Provider::Anthropic, "ANTHROPIC_API_KEY", "anthropic_api_key"),
+    };
     let mut built: std::collections::HashMap<crate::llm::route::Route, RouteClient> = Default::default();
     let mut lanes: [Vec<RouteClient>; 3] = Default::default();
     let mut any_real = false;
@@ -357,8 +366,7 @@ pub async fn llm_from_env(
                 Some(c) => c.clone(),
                 None => {
                     let c =
-                        route_client(adapters, &clock, route, &offline, (timeout, max_wait), shared_secret)
-                            .await?;
+                        route_client(adapters, &clock, route, &offline, (timeout, max_wait), &keys).await?;
                     built.insert(route.clone(), c.clone());
                     c
                 }
@@ -375,6 +383,12 @@ pub async fn llm_from_env(
     })
 }
 
+/// The providers' keys ([`crate::adapters::secrets::llm_key`]), when a route needs them.
+struct Keys {
+    openai: Option<crate::secret::Secret>,
+    anthropic: Option<crate::secret::Secret>,
+}
+
 /// One route's client behind its limiter.
 async fn route_client(
     adapters: &Adapters,
@@ -382,23 +396,20 @@ async fn route_client(
     route: &crate::llm::route::Route,
     offline: &Arc<dyn crate::ports::LlmClient>,
     (timeout, max_wait): (Duration, Duration),
-    shared_secret: bool,
+    keys: &Keys,
 ) -> Result<crate::llm::route::RouteClient, ConfigError> {
     use crate::llm::route::Provider;
     let base = |default: &str| route.base_url.clone().unwrap_or_else(|| default.to_owned());
-    let key =
-        |var: &'static str, field: &'static str| crate::adapters::secrets::llm_key(var, field, shared_secret);
     let client: Arc<dyn crate::ports::LlmClient> = match route.provider {
         Provider::Offline => offline.clone(),
         Provider::OpenAi => Arc::new(crate::llm::OpenAiClient::new(
             &base("https://api.openai.com/v1"),
             &route.model,
-            key("OPENAI_API_KEY", "openai_api_key"),
+            keys.openai.clone(),
             timeout,
         )),
         Provider::Anthropic => {
-            let api_key = key("ANTHROPIC_API_KEY", "anthropic_api_key")
-                .ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
+            let api_key = keys.anthropic.clone().ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
             Arc::new(crate::llm::AnthropicClient::new(
                 &base("https://api.anthropic.com"),
                 &route.model,

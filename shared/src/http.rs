@@ -26,24 +26,42 @@ pub fn client() -> Result<reqwest::Client, reqwest::Error> {
     Ok(built)
 }
 
-/// Why [`send`] failed.
-#[derive(Debug)]
+/// Why [`send`] failed. Every case but [`SendError::Transport`] is mapped by the caller as a
+/// retryable error with [`SendError::retry_after`] as its hint; a transport error keeps the caller's
+/// own mapping (timeouts and connection failures).
+#[derive(Debug, thiserror::Error)]
 pub enum SendError {
     /// The shared client could not be built.
+    #[error("HTTP client: {0}")]
     Client(reqwest::Error),
     /// The credential could not be read.
+    #[error("the credential could not be read: {0}")]
     Credential(crate::config::ConfigError),
     /// The request did not complete (connection, timeout).
+    #[error("request failed: {0}")]
     Transport(reqwest::Error),
-    /// A credential read from Secrets Manager was refused (401) and no newer one is stored yet:
-    /// possibly mid-rotation (revoked before its successor was stored), so worth retrying later.
+    /// A credential read from Secrets Manager was refused (401), and no newer one is stored, or the
+    /// newer one was refused too: possibly mid-rotation (revoked before its successor was stored).
+    #[error("the credential was refused (401) and no newer one is stored yet")]
     Refused,
+}
+
+impl SendError {
+    /// When trying again can help: not before the secret may be read again (a retry sooner would
+    /// send the same refused or unreadable credential).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Refused => Some(crate::secret::MIN_REREAD),
+            Self::Credential(_) => Some(crate::secret::FAILED_READ_BACKOFF),
+            Self::Client(_) | Self::Transport(_) => None,
+        }
+    }
 }
 
 /// Sends what `build` makes on the shared client with the current `credential`, if any. A 401 to a
 /// credential read from Secrets Manager reads it again ([`Secret::reread`]) and, if it was rotated,
-/// sends once more with the new one. Any other answer, a 401 to a given credential included, is the
-/// caller's to map.
+/// sends once more with the new one; a 401 to that one too is [`SendError::Refused`] as well. Any
+/// other answer, a 401 to a given credential included, is the caller's to map.
 pub async fn send(
     credential: Option<&Secret>,
     build: impl Fn(&reqwest::Client, Option<&str>) -> reqwest::RequestBuilder,
@@ -53,11 +71,11 @@ pub async fn send(
     let Some(secret) = credential else { return send(None).await.map_err(SendError::Transport) };
     let value = secret.current().await.map_err(SendError::Credential)?;
     let resp = send(Some(&value)).await.map_err(SendError::Transport)?;
-    if resp.status() != reqwest::StatusCode::UNAUTHORIZED || !secret.is_read() {
+    let refused = |resp: &reqwest::Response| resp.status() == reqwest::StatusCode::UNAUTHORIZED;
+    if !refused(&resp) || !secret.is_read() {
         return Ok(resp);
     }
-    match secret.reread(&value).await {
-        Some(rotated) => send(Some(&rotated)).await.map_err(SendError::Transport),
-        None => Err(SendError::Refused),
-    }
+    let rotated = secret.reread(&value).await.ok_or(SendError::Refused)?;
+    let resp = send(Some(&rotated)).await.map_err(SendError::Transport)?;
+    if refused(&resp) { Err(SendError::Refused) } else { Ok(resp) }
 }

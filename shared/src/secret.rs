@@ -19,7 +19,7 @@
 //!   10 s, so a Secrets Manager that hangs delays a delivery by that much, not past its deadline.
 //!
 //! A secret that cannot be read at start is logged as an error: a wrong id or a missing permission
-//! no longer stops the cold start, and shows up as this log and as each use's error instead.
+//! shows up as that log and as each use's error, not as a failed cold start.
 //!
 //! Reads are single-flight: one lock per secret is held across its read, so concurrent uses wait
 //! for one request. The reading itself is a [`Fetch`] (Secrets Manager in `adapters::secrets`).
@@ -60,13 +60,36 @@ struct Reader {
 
 #[derive(Default)]
 struct State {
-    value: Option<Arc<str>>,
-    /// When `value` was read, or when a failed refresh last let it serve on.
-    read_at_ms: u64,
+    held: Held,
     /// When a failed check last asked for a read.
     reread_at_ms: Option<u64>,
-    /// The last failed read with no value to fall back on, and when: answered for FAILED_READ_BACKOFF.
-    failed: Option<(u64, ConfigError)>,
+}
+
+/// What a read secret holds, and until when it is answered without reading.
+#[derive(Default)]
+enum Held {
+    #[default]
+    Unread,
+    /// The last read failed with nothing to fall back on.
+    Failed { error: ConfigError, until_ms: u64 },
+    /// A value: for MAX_AGE after a read, for MIN_REREAD more after a failed refresh.
+    Value { value: Arc<str>, until_ms: u64 },
+}
+
+impl State {
+    fn value(&self) -> Option<&Arc<str>> {
+        match &self.held {
+            Held::Value { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Keeps `value`, read at `now_ms`, for MAX_AGE.
+    fn keep(&mut self, value: String, now_ms: u64) -> Arc<str> {
+        let value: Arc<str> = value.into();
+        self.held = Held::Value { value: value.clone(), until_ms: now_ms + MAX_AGE.as_millis() as u64 };
+        value
+    }
 }
 
 impl std::fmt::Debug for Secret {
@@ -111,14 +134,11 @@ impl Secret {
         runtime.spawn(async move {
             for (slot, value) in slots.into_iter().zip(read_all.await) {
                 match (slot, value) {
-                    (Some((mut state, clock)), Ok(v)) if state.value.is_none() => {
+                    (Some((mut state, clock)), Ok(v)) if matches!(state.held, Held::Unread) => {
                         if v.trim().is_empty() {
-                            tracing::error!(
-                                "a secret read at start is empty: nothing will verify against it"
-                            );
+                            tracing::error!("a secret read at start is empty");
                         }
-                        state.value = Some(v.into());
-                        state.read_at_ms = clock.now_ms();
+                        state.keep(v, clock.now_ms());
                     }
                     (Some(_), Err(e)) => {
                         tracing::error!(error = %e, "secret not read at start; each use tries again")
@@ -167,34 +187,24 @@ impl Reader {
     async fn current(&self) -> Result<Arc<str>, ConfigError> {
         let mut state = self.state.lock().await;
         let now = self.clock.now_ms();
-        if let Some(v) = &state.value
-            && now.saturating_sub(state.read_at_ms) < MAX_AGE.as_millis() as u64
-        {
-            return Ok(v.clone());
+        match &state.held {
+            Held::Value { value, until_ms } if now < *until_ms => return Ok(value.clone()),
+            Held::Failed { error, until_ms } if now < *until_ms => return Err(error.clone()),
+            _ => {}
         }
-        if let Some((at, e)) = &state.failed
-            && state.value.is_none()
-            && now.saturating_sub(*at) < FAILED_READ_BACKOFF.as_millis() as u64
-        {
-            return Err(e.clone());
-        }
-        match self.read(state.value.is_some()).await {
-            Ok(v) => {
-                let v: Arc<str> = v.into();
-                state.value = Some(v.clone());
-                state.read_at_ms = now;
-                state.failed = None;
-                Ok(v)
-            }
-            Err(e) => match state.value.clone() {
+        let old = state.value().cloned();
+        match self.read(old.is_some()).await {
+            Ok(v) => Ok(state.keep(v, now)),
+            Err(e) => match old {
                 Some(old) => {
                     tracing::warn!(error = %e, "secret refresh failed; the value read before serves on");
-                    // Serves on for MIN_REREAD more, then the next use tries again.
-                    state.read_at_ms = now.saturating_sub((MAX_AGE - MIN_REREAD).as_millis() as u64);
+                    let until_ms = now + MIN_REREAD.as_millis() as u64;
+                    state.held = Held::Value { value: old.clone(), until_ms };
                     Ok(old)
                 }
                 None => {
-                    state.failed = Some((now, e.clone()));
+                    let until_ms = now + FAILED_READ_BACKOFF.as_millis() as u64;
+                    state.held = Held::Failed { error: e.clone(), until_ms };
                     Err(e)
                 }
             },
@@ -218,7 +228,7 @@ impl Reader {
     async fn reread(&self, seen: &str) -> Option<Arc<str>> {
         let mut state = self.state.lock().await;
         // Another use may have read a new value while this one waited for the lock.
-        if let Some(v) = state.value.as_ref().filter(|v| &***v != seen) {
+        if let Some(v) = state.value().filter(|v| &***v != seen) {
             return Some(v.clone());
         }
         let now = self.clock.now_ms();
@@ -228,13 +238,9 @@ impl Reader {
         state.reread_at_ms = Some(now);
         match self.read(true).await {
             Ok(v) => {
-                state.read_at_ms = now;
-                if v == seen {
-                    return None;
-                }
-                let v: Arc<str> = v.into();
-                state.value = Some(v.clone());
-                Some(v)
+                let rotated = v != seen;
+                let v = state.keep(v, now);
+                rotated.then_some(v)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "secret re-read failed");

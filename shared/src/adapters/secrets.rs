@@ -24,7 +24,7 @@ pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -
             return Some(Secret::fixed(v));
         }
         let id = optional_env(secret_var)?;
-        let secret = Secret::read_by(read_one(id.clone(), secret_var), clock.clone());
+        let secret = Secret::read_by(read_one(id.clone(), secret_var, None), clock.clone());
         named.push((secret.clone(), id, secret_var));
         Some(secret)
     });
@@ -52,11 +52,12 @@ async fn client() -> Client {
         .clone()
 }
 
-/// Reads the secret `id` (named by the variable `var`) on its own.
-fn read_one(id: String, var: &'static str) -> Fetch {
+/// Reads the secret `id` (named by the variable `var`) on its own: its `field`, or as
+/// [`fetch_secret_field`] reads it without one.
+fn read_one(id: String, var: &'static str, field: Option<&'static str>) -> Fetch {
     Arc::new(move || {
         let id = id.clone();
-        Box::pin(async move { fetch_secret_field(&client().await, &id, var, None).await })
+        Box::pin(async move { fetch_secret_field(&client().await, &id, var, field).await })
     })
 }
 
@@ -165,27 +166,15 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
 /// An LLM vendor's key: the variable `var` (given), else the field `vendor_field` of the secret named
 /// by `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as a
 /// plain string or its `api_key` field, as a [`Secret`] read in the background from here and again
-/// when old or refused with 401 (a rotated key). `None` when neither is set. Routes of one vendor
-/// share one [`Secret`], so one read serves them all.
+/// when old or refused with 401 (a rotated key). `None` when neither is set. Called once per vendor
+/// (`backend::llm_from_env`), so routes of one vendor share one read.
 pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> Option<Secret> {
     const SECRET_VAR: &str = "LANES_LLM_API_KEY_SECRET";
-    type Keys = Vec<((&'static str, bool), Secret)>;
-    static KEYS: std::sync::Mutex<Keys> = std::sync::Mutex::new(Vec::new());
     if let Some(v) = optional_env(var) {
         return Some(Secret::fixed(v));
     }
-    let id = optional_env(SECRET_VAR)?;
-    let mut keys = KEYS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, secret)) = keys.iter().find(|(k, _)| *k == (vendor_field, shared)) {
-        return Some(secret.clone());
-    }
-    let field = shared.then_some(vendor_field);
-    let fetch: Fetch = Arc::new(move || {
-        let id = id.clone();
-        Box::pin(async move { fetch_secret_field(&client().await, &id, SECRET_VAR, field).await })
-    });
+    let fetch = read_one(optional_env(SECRET_VAR)?, SECRET_VAR, shared.then_some(vendor_field));
     let secret = Secret::read_by(fetch.clone(), Arc::new(SystemClock));
     Secret::prefetch(&[&secret], Box::pin(async move { vec![fetch().await] }));
-    keys.push(((vendor_field, shared), secret.clone()));
     Some(secret)
 }

@@ -19,19 +19,15 @@ pub const MAX_DIFF_BYTES: usize = 8 * 1024 * 1024;
 pub const MAX_JSON_PAGE_BYTES: usize = 32 * 1024 * 1024;
 
 /// Sends what `build` makes with the current token ([`crate::http::send`]: a rotated token is read
-/// again at its first 401).
+/// again at its first 401). A token read from Secrets Manager and refused is retryable: the queue's
+/// redrive, not this one answer, decides that it is wrong.
 async fn send_authed(
     token: Option<&Secret>,
     build: impl Fn(&reqwest::Client, Option<&str>) -> reqwest::RequestBuilder,
 ) -> Result<reqwest::Response, DiffError> {
-    use crate::http::SendError;
-    let retry = |message: String| DiffError::Retryable { message, retry_after: None };
     crate::http::send(token, build).await.map_err(|e| match e {
-        SendError::Client(e) => retry(format!("HTTP client: {e}")),
-        SendError::Credential(e) => retry(format!("the API token could not be read: {e}")),
-        SendError::Transport(e) => transport(&e),
-        // The queue's redrive, not this one answer, decides that the token is wrong.
-        SendError::Refused => retry("the API token was refused (401) and no newer one is stored yet".into()),
+        crate::http::SendError::Transport(e) => transport(&e),
+        other => DiffError::Retryable { retry_after: other.retry_after(), message: other.to_string() },
     })
 }
 

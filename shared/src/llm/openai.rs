@@ -41,13 +41,9 @@ impl OpenAiClient {
 /// Maps a failed [`crate::http::send`]: all of it is worth retrying, a key refused mid-rotation
 /// included (a key given as a variable and refused is a 401 answer, mapped by [`status_error`]).
 pub(super) fn send_error(e: crate::http::SendError) -> LlmError {
-    use crate::http::SendError;
-    let retry = |message: String| LlmError::Retryable { message, retry_after: None };
     match e {
-        SendError::Client(e) => retry(format!("HTTP client: {e}")),
-        SendError::Credential(e) => retry(format!("the API key could not be read: {e}")),
-        SendError::Transport(e) => transport_error(&e),
-        SendError::Refused => retry("the API key was refused (401) and no newer one is stored yet".into()),
+        crate::http::SendError::Transport(e) => transport_error(&e),
+        other => LlmError::Retryable { retry_after: other.retry_after(), message: other.to_string() },
     }
 }
 
@@ -193,7 +189,12 @@ mod tests {
             params: Default::default(),
         };
         let refused = client.complete(&request).await;
-        assert!(matches!(refused, Err(LlmError::Retryable { .. })), "{refused:?}");
+        // Not before the key may be read again: a sooner retry would send the same refused key.
+        let hint = match refused {
+            Err(LlmError::Retryable { retry_after, .. }) => retry_after,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(hint, Some(crate::secret::MIN_REREAD));
         *stored.lock().unwrap() = "new";
         clock.advance_ms(crate::secret::MIN_REREAD.as_millis() as u64);
         assert_eq!(client.complete(&request).await.unwrap().text, "ok");
