@@ -6,7 +6,8 @@
 //!
 //! Why a lease at all: Lambda wants the queue's own visibility timeout at least as long as the
 //! function's, so a crashed worker would hide its message for that long. The worker shortens it
-//! at receipt (`ChangeMessageVisibility(lease_ttl)`) and the heartbeat extends it every
+//! at receipt to `lease_ttl` (one `ChangeMessageVisibilityBatch` for a Lambda batch, [`start_many`])
+//! and the heartbeat extends it every
 //! `renew_interval` (a third of the TTL, so two renewals may fail before it runs out). The lock in
 //! Redis is renewed on the same beat: either refusing means another worker owns the work now, and
 //! the work is cancelled rather than finished twice.
@@ -292,12 +293,15 @@ pub struct Leased {
     pub lost: CancellationToken,
     /// Work its client may cancel, asked about on every beat.
     pub watch: Option<Watch>,
+    /// Settled, and only kept hidden for the mapping's delete ([`Heartbeat::keep`]): not a lease
+    /// renewal in the metrics.
+    pub kept: bool,
 }
 
 impl Leased {
     /// A delivery with no lock yet and nothing watched.
     pub fn new(receipt: String, lost: CancellationToken) -> Self {
-        Self { receipt, lock: None, lost, watch: None }
+        Self { receipt, lock: None, lost, watch: None, kept: false }
     }
 }
 
@@ -379,7 +383,7 @@ impl Heartbeat {
     /// Keeps an acked delivery hidden until the heartbeat stops: its visibility only, no lock, no
     /// watch. For deliveries whose delete is left to Lambda's event source mapping ([`MappingDeletes`]).
     pub fn keep(&self, receipt: &str) {
-        self.add(Leased::new(receipt.to_owned(), CancellationToken::new()));
+        self.add(Leased { kept: true, ..Leased::new(receipt.to_owned(), CancellationToken::new()) });
     }
 
     /// Puts `leased` in the place of any entry with its receipt; returns its id.
@@ -554,8 +558,7 @@ async fn beat(
             }
         }
     }
-    // Work under a lease, not a settled delivery kept hidden for the mapping's delete.
-    if entry.lock.is_some() || entry.watch.is_some() {
+    if !entry.kept {
         metrics.lease_renewals_total.with_label_values(&[lane]).inc();
     }
     if let (Some(probe), Some(watch)) = (probe, &entry.watch)
@@ -584,6 +587,23 @@ mod tests {
                 assert!((1..=cap).contains(&d), "failure {n}: {d} not in 1..={cap}");
             }
         }
+    }
+
+    /// Every delivery under the heartbeat counts as a lease renewal on each beat (one waiting for a
+    /// slot, one without a lock), except a settled one kept hidden for the mapping's delete.
+    #[tokio::test]
+    async fn a_kept_delivery_is_renewed_but_not_counted_as_a_lease_renewal() {
+        let lock = crate::embedded::MemoryLock::new(Arc::new(crate::clock::SystemClock));
+        let metrics = Metrics::new();
+        let ttl = Duration::from_secs(1);
+        let entries = [
+            Leased::new("waiting".into(), CancellationToken::new()),
+            Leased { kept: true, ..Leased::new("kept".into(), CancellationToken::new()) },
+        ];
+        for entry in entries {
+            beat(Ok(()), &lock, None, &metrics, "commits", ttl, entry).await;
+        }
+        assert_eq!(metrics.lease_renewals_total.with_label_values(&["commits"]).get(), 1);
     }
 
     #[test]

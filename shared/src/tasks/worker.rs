@@ -186,9 +186,8 @@ impl Worker {
         let outcome = self.run_claimed(&queue, &message, &task, held, &completed, beat).await;
         // A completed task never runs again (a later delivery waits out the lock, then claims a
         // terminal record and acks), so its lock is left to expire rather than released: one
-        // request less per task. Any
-        // other end may be followed by a run of the same id (a retry, a resubmission), which must
-        // not wait out the lock.
+        // request less per task. Any other end may be followed by a run of the same id (a retry, a
+        // resubmission), which must not wait out the lock.
         let settled = completed.load(std::sync::atomic::Ordering::Relaxed);
         if let (Some(token), false) = (token, settled || matches!(outcome, Outcome::LeaseLost))
             && let Err(e) = self.lock.release(&lock_key, &token).await
@@ -250,6 +249,7 @@ impl Worker {
                 fence: record.fence,
                 cancelled: cancelled.clone(),
             }),
+            kept: false,
         };
         let own;
         let beat = match beat {
