@@ -418,7 +418,7 @@ impl Drop for RedisServer {
 /// Writes a fresh test CA (`ca.pem`) and a server certificate for 127.0.0.1 and `localhost` signed by
 /// it (`srv.pem`, key `srv.key`) into `dir`, with the `openssl` CLI: the private CA a self-hosted
 /// server, an emulator or a TLS-inspecting proxy would present.
-pub fn write_test_pki(dir: &std::path::Path) {
+fn write_test_pki(dir: &std::path::Path) {
     let run = |args: &[&str]| {
         let ok = Command::new("openssl")
             .args(args)

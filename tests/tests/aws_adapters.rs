@@ -547,21 +547,3 @@ async fn sdk_clients_trust_only_the_pinned_roots() {
     let text = aws_sdk_sqs::error::DisplayErrorContext(&refused).to_string();
     assert!(text.contains("UnknownIssuer"), "{text}");
 }
-
-/// The pinned roots are byte for byte the Amazon Trust Services roots of the Mozilla bundle that
-/// Debian's `ca-certificates` installs, not copies anyone could have edited.
-#[test]
-fn the_pinned_roots_are_in_the_system_bundle() {
-    use rustls_pki_types::{CertificateDer, pem::PemObject};
-    let bundle = std::fs::read("/etc/ssl/certs/ca-certificates.crt")
-        .expect("the ca-certificates bundle (apt-get install ca-certificates)");
-    let system: Vec<CertificateDer<'_>> =
-        CertificateDer::pem_slice_iter(&bundle).collect::<Result<_, _>>().unwrap();
-    let pinned = lanes_core::adapters::trust::AMAZON_TRUST_ROOTS;
-    let pinned: Vec<CertificateDer<'_>> =
-        CertificateDer::pem_slice_iter(pinned).collect::<Result<_, _>>().unwrap();
-    assert_eq!(pinned.len(), 5);
-    for (i, cert) in pinned.iter().enumerate() {
-        assert!(system.contains(cert), "pinned root {i} is not in the system bundle");
-    }
-}

@@ -67,7 +67,8 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     assert_eq!(answer["batchItemFailures"], json!([]), "{answer}");
     // The worker left the delete to the mapping: the message is still hidden, until the mapping
     // deletes what the answer does not name.
-    assert_eq!(queue.depth().await.unwrap().in_flight, 1, "left for the mapping");
+    let depth = queue.depth().await.unwrap();
+    assert_eq!((depth.visible, depth.in_flight), (0, 1), "left for the mapping");
     let response: aws_lambda_events::event::sqs::SqsBatchResponse =
         serde_json::from_value(answer.clone()).unwrap();
     let records: Vec<aws_lambda_events::event::sqs::SqsMessage> =
@@ -78,7 +79,8 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
     let now = lanes_tests::now_ms();
     let rec = store.get(&task_id, now).await.unwrap().unwrap();
     assert_eq!((rec.status, rec.fence), (TaskStatus::Completed, 1));
-    assert_eq!(queue.depth().await.unwrap().visible + queue.depth().await.unwrap().in_flight, 0, "acked");
+    let depth = queue.depth().await.unwrap();
+    assert_eq!((depth.visible, depth.in_flight), (0, 0), "deleted by the mapping, no copy left");
 
     // Both functions printed CloudWatch EMF documents: the worker's latency per lane, raw.
     let emf: Vec<Value> = watch
