@@ -490,7 +490,7 @@ fn parse_env(name: &'static str, default: u64) -> Result<u64, ConfigError> {
 /// lease starts at receipt, all in one go, also for those waiting for a slot, and one heartbeat
 /// renews them all; what is unfinished when the budget runs out is made visible again and reported
 /// as a failure, so nothing waits for a dead invocation. What is settled is left for the event
-/// source mapping to delete ([`lease::MappingDeletes`]).
+/// source mapping to delete ([`lease::LeasedQueue::for_mapping`]).
 pub async fn handle_batch(
     worker: &Worker,
     queue: &Arc<dyn QueueConsume>,
@@ -513,7 +513,8 @@ pub async fn handle_batch(
     // The mapping received them with the queue's long visibility: one lease start for the batch
     // (ten a request), then one heartbeat for every delivery, waiting or running.
     let started = lease::start_many(&**queue, &mut messages, worker.config.lease_ttl).await;
-    let batch = Arc::new(lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone(), lane)));
+    let batch =
+        Arc::new(lease::LeasedQueue::for_mapping(queue.clone(), worker.heartbeat(queue.clone(), lane)));
     for (message, start) in messages.into_iter().zip(started) {
         if let Err(crate::ports::QueueError::ReceiptInvalid) = start {
             outcomes.push((message.message_id, Outcome::LeaseLost));
@@ -535,8 +536,7 @@ pub async fn handle_batch(
                     // The queue refused a renewal while it waited: another delivery has it now.
                     return Outcome::LeaseLost;
                 }
-                let consume: Arc<dyn QueueConsume> = batch.clone();
-                worker.process_in(consume, message, Some(batch.heartbeat())).await
+                worker.process_in(batch, message).await
             };
             match tokio::time::timeout_at(deadline, run).await {
                 Ok(outcome) => {
@@ -599,9 +599,8 @@ pub async fn handle_commit_batch(
     let deadline = tokio::time::Instant::now() + budget;
     // Acked deliveries are left for the mapping to delete: no DeleteMessage for a whole batch. One
     // heartbeat renews the batch's leases and keeps what was acked hidden until then.
-    let batch = Arc::new(lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone())));
-    let (done, report) =
-        worker.process_batch_in(batch.clone(), messages, deadline, Some(batch.heartbeat())).await;
+    let batch = Arc::new(lease::LeasedQueue::for_mapping(queue.clone(), worker.heartbeat(queue.clone())));
+    let (done, report) = worker.process_batch_in(batch.clone(), messages, deadline).await;
     tracing::info!(
         commits = report.commits,
         llm_calls = report.llm_calls,
@@ -907,8 +906,10 @@ mod batch_tests {
         let mut messages: Vec<ReceivedMessage> =
             records.iter().map(|r| received_from_sqs(r).unwrap()).collect();
         lease::start_many(&*queue, &mut messages, worker.config.lease_ttl).await;
-        let batch =
-            lease::MappingDeletes::new(queue.clone(), worker.heartbeat(queue.clone(), Lane::Interactive));
+        let batch = lease::LeasedQueue::for_mapping(
+            queue.clone(),
+            worker.heartbeat(queue.clone(), Lane::Interactive),
+        );
         let places: Vec<_> = messages
             .iter()
             .map(|m| {

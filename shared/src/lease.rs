@@ -1,6 +1,7 @@
 //! The lease on a delivery, for both flows and the Lambda glue: starting it (one delivery, or a
-//! whole batch at once), the heartbeat that renews a batch's leases together, the Lambda batch whose
-//! deletes are left to the event source mapping, and the ways a delivery ends (ack, hand-back,
+//! whole batch at once), the heartbeat that renews a batch's leases together, the queue view through
+//! which its deliveries are settled (ending their renewals first; in Lambda, leaving deletes to the
+//! event source mapping), and the ways a delivery ends (ack, hand-back,
 //! requeue as a fresh copy, dead-letter) with the backoff of a hand-back. Outside the queue adapters and their
 //! twins, this is the only module that changes a message's visibility.
 //!
@@ -22,12 +23,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 /// What became of one delivery. `Acked`, `Requeued` and `DeadLettered` remove it from its queue (an
-/// acked one in Lambda once the invocation returns, see [`MappingDeletes`]); everything else leaves
+/// acked one in Lambda once the invocation returns, see [`LeasedQueue::for_mapping`]); everything else leaves
 /// it to come back (a batch item failure in Lambda).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The record is terminal and the message was deleted (in a Lambda batch: left for the event
-    /// source mapping to delete, see [`MappingDeletes`]).
+    /// source mapping to delete, see [`LeasedQueue::for_mapping`]).
     Acked,
     /// Handed back to come again after `after` (a failure worth retrying, or a wait).
     Retry {
@@ -316,6 +317,10 @@ type Entries = Arc<Mutex<Vec<(u64, Leased)>>>;
 /// beat, not ten `ChangeMessageVisibility`.
 pub struct Heartbeat {
     leases: Entries,
+    /// Held by a beat from the moment it reads the entries until its visibility renewals are
+    /// answered: [`Self::leave`] takes it once, so a beat already under way when a delivery is
+    /// settled has landed before the settle's own visibility change goes out.
+    round: Arc<tokio::sync::Mutex<()>>,
     next: std::sync::atomic::AtomicU64,
     ttl: Duration,
     _task: AbortOnDrop,
@@ -348,13 +353,15 @@ impl Heartbeat {
         config: &WorkerConfig,
     ) -> Self {
         let leases: Entries = Arc::new(Mutex::new(Vec::new()));
-        let shared = leases.clone();
+        let round = Arc::new(tokio::sync::Mutex::new(()));
+        let (shared, beating) = (leases.clone(), round.clone());
         let (ttl, every) = (config.lease_ttl, config.renew_interval);
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                let in_round = beating.lock().await;
                 let live: Vec<Leased> = match shared.lock() {
                     Ok(l) => l.iter().map(|(_, e)| e).filter(|e| !e.lost.is_cancelled()).cloned().collect(),
                     Err(_) => return,
@@ -363,6 +370,7 @@ impl Heartbeat {
                 // 10 requests a beat, not 100. Then each delivery's lock and cancellation.
                 let receipts: Vec<String> = live.iter().map(|e| e.receipt.clone()).collect();
                 let renewed = queue.change_visibility_many(&receipts, ttl).await;
+                drop(in_round);
                 futures::future::join_all(live.into_iter().zip(renewed).map(|(entry, visibility)| {
                     let (lock, metrics, probe) = (lock.clone(), metrics.clone(), probe.clone());
                     async move { beat(visibility, &*lock, probe.as_deref(), &metrics, lane, ttl, entry).await }
@@ -370,7 +378,7 @@ impl Heartbeat {
                 .await;
             }
         });
-        Self { leases, next: 0.into(), ttl, _task: AbortOnDrop(task) }
+        Self { leases, round, next: 0.into(), ttl, _task: AbortOnDrop(task) }
     }
 
     /// Adds a delivery, renewed from the next beat on for as long as the returned membership lives.
@@ -381,7 +389,7 @@ impl Heartbeat {
     }
 
     /// Keeps an acked delivery hidden until the heartbeat stops: its visibility only, no lock, no
-    /// watch. For deliveries whose delete is left to Lambda's event source mapping ([`MappingDeletes`]).
+    /// watch. For deliveries whose delete is left to Lambda's event source mapping ([`LeasedQueue::for_mapping`]).
     pub fn keep(&self, receipt: &str) {
         self.add(Leased { kept: true, ..Leased::new(receipt.to_owned(), CancellationToken::new()) });
     }
@@ -396,11 +404,13 @@ impl Heartbeat {
         id
     }
 
-    /// Ends the renewals of the delivery with `receipt`, whoever added it.
-    pub fn leave(&self, receipt: &str) {
+    /// Ends the renewals of the delivery with `receipt`, whoever added it, and returns once a beat
+    /// already under way has landed: no renewal of it reaches the queue after this.
+    pub async fn leave(&self, receipt: &str) {
         if let Ok(mut l) = self.leases.lock() {
             l.retain(|(_, e)| e.receipt != receipt);
         }
+        drop(self.round.lock().await);
     }
 
     /// Records the lock taken for the delivery with `receipt`, so the next beats renew it too.
@@ -413,36 +423,55 @@ impl Heartbeat {
     }
 }
 
-/// One Lambda invocation's view of its queue: a delete is left to the event source mapping, which
-/// deletes every message the invocation does not report as a batch item failure once it returns
-/// (`ReportBatchItemFailures`). Until then the invocation's heartbeat keeps each acked delivery
-/// hidden ([`Heartbeat::keep`]), so it is not delivered again meanwhile. An ack costs no
-/// `DeleteMessage` (a commits batch of 100 saves 100 requests); everything else (a requeue, a
-/// dead letter, a hand-back) goes to the queue.
+/// Where an acked delivery's delete goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deletes {
+    /// To the queue, at once.
+    Queue,
+    /// To Lambda's event source mapping, once the invocation returns.
+    Mapping,
+}
+
+/// The queue as the deliveries under one [`Heartbeat`] see it: settling a delivery through it (an
+/// ack, a hand-back, a requeue, a dead letter) first ends its renewals and waits out a beat already
+/// under way ([`Heartbeat::leave`]), so no beat can cut a hand-back's delay back to a lease. Every
+/// worker settles through one: its own around its own heartbeat ([`Self::new`]), or a Lambda
+/// invocation's ([`Self::for_mapping`]).
 ///
-/// If the invocation dies before it returns, the mapping deletes nothing: the acked deliveries come
-/// back after their lease, find their work done (a terminal record, a stored summary) and are settled
-/// again. That costs requests (a push's range message lists the push again), never an LLM call.
-pub struct MappingDeletes {
+/// In Lambda a delete is left to the event source mapping, which deletes every message the
+/// invocation does not report as a batch item failure once it returns (`ReportBatchItemFailures`).
+/// Until then the invocation's heartbeat keeps each acked delivery hidden ([`Heartbeat::keep`]), so
+/// it is not delivered again meanwhile. An ack costs no `DeleteMessage` (a commits batch of 100
+/// saves 100 requests). If the invocation dies before it returns, the mapping deletes nothing: the
+/// acked deliveries come back after their lease, find their work done (a terminal record, a stored
+/// summary) and are settled again. That costs requests (a push's range message lists the push
+/// again), never an LLM call.
+pub struct LeasedQueue {
     queue: Arc<dyn QueueConsume>,
     heartbeat: Heartbeat,
+    deletes: Deletes,
     settled: Mutex<std::collections::HashMap<String, Outcome>>,
 }
 
-impl MappingDeletes {
-    /// `heartbeat` renews this invocation's deliveries through `queue` (the real one).
+impl LeasedQueue {
+    /// Settles through `queue` (the real one, which `heartbeat` renews through too).
     pub fn new(queue: Arc<dyn QueueConsume>, heartbeat: Heartbeat) -> Self {
-        Self { queue, heartbeat, settled: Mutex::default() }
+        Self { queue, heartbeat, deletes: Deletes::Queue, settled: Mutex::default() }
     }
 
-    /// The invocation's heartbeat, which its deliveries join while they wait and run.
+    /// One Lambda invocation's batch: like [`Self::new`], with each ack's delete left to the event
+    /// source mapping.
+    pub fn for_mapping(queue: Arc<dyn QueueConsume>, heartbeat: Heartbeat) -> Self {
+        Self { deletes: Deletes::Mapping, ..Self::new(queue, heartbeat) }
+    }
+
+    /// The heartbeat its deliveries join while they wait and run.
     pub fn heartbeat(&self) -> &Heartbeat {
         &self.heartbeat
     }
 
-    /// How the delivery with `receipt` was settled, if it was: acked (its delete left to the
-    /// mapping), requeued or dead-lettered. A worker stopped by the deadline after that point has
-    /// nothing left to hand back.
+    /// How the delivery with `receipt` was settled, if it was: acked, requeued or dead-lettered. A
+    /// worker stopped by the deadline after that point has nothing left to hand back.
     pub fn settled(&self, receipt: &str) -> Option<Outcome> {
         self.settled.lock().ok().and_then(|s| s.get(receipt).cloned())
     }
@@ -458,7 +487,7 @@ impl MappingDeletes {
 }
 
 #[async_trait::async_trait]
-impl QueueConsume for MappingDeletes {
+impl QueueConsume for LeasedQueue {
     async fn receive_for(
         &self,
         max: usize,
@@ -480,7 +509,7 @@ impl QueueConsume for MappingDeletes {
     /// harm, it is only put off later.)
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
         if timeout != self.heartbeat.ttl {
-            self.heartbeat.leave(receipt);
+            self.heartbeat.leave(receipt).await;
             self.settle(receipt, None);
         }
         self.queue.change_visibility(receipt, timeout).await
@@ -492,26 +521,32 @@ impl QueueConsume for MappingDeletes {
     ) -> Vec<Result<(), QueueError>> {
         if timeout != self.heartbeat.ttl {
             for r in receipts {
-                self.heartbeat.leave(r);
+                self.heartbeat.leave(r).await;
                 self.settle(r, None);
             }
         }
         self.queue.change_visibility_many(receipts, timeout).await
     }
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
-        self.heartbeat.keep(receipt);
+        match self.deletes {
+            Deletes::Mapping => self.heartbeat.keep(receipt),
+            Deletes::Queue => {
+                self.heartbeat.leave(receipt).await;
+                self.queue.delete(receipt).await?;
+            }
+        }
         self.settle(receipt, Some(Outcome::Acked));
         Ok(())
     }
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
-        self.heartbeat.leave(&message.receipt);
+        self.heartbeat.leave(&message.receipt).await;
         self.queue.requeue(message, delay).await?;
         let reason = "requeued before the deadline".to_owned();
         self.settle(&message.receipt, Some(Outcome::Requeued { after: delay.min(MAX_DELAY), reason }));
         Ok(())
     }
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
-        self.heartbeat.leave(&message.receipt);
+        self.heartbeat.leave(&message.receipt).await;
         self.queue.dead_letter(message, reason).await?;
         self.settle(&message.receipt, Some(Outcome::DeadLettered { reason: reason.to_owned() }));
         Ok(())
@@ -604,6 +639,101 @@ mod tests {
             beat(Ok(()), &lock, None, &metrics, "commits", ttl, entry).await;
         }
         assert_eq!(metrics.lease_renewals_total.with_label_values(&["commits"]).get(), 1);
+    }
+
+    /// A queue whose batched visibility renewals wait at a gate (a beat under way), recording every
+    /// visibility in the order it lands.
+    struct Gated {
+        landed: Mutex<Vec<(String, Duration)>>,
+        entered: tokio::sync::Notify,
+        gate: tokio::sync::Semaphore,
+    }
+
+    #[async_trait::async_trait]
+    impl QueueConsume for Gated {
+        async fn receive_for(
+            &self,
+            _: usize,
+            _: Option<Duration>,
+        ) -> Result<Vec<ReceivedMessage>, QueueError> {
+            Ok(Vec::new())
+        }
+        async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+            self.landed.lock().unwrap().push((receipt.to_owned(), timeout));
+            Ok(())
+        }
+        async fn change_visibility_many(
+            &self,
+            receipts: &[String],
+            timeout: Duration,
+        ) -> Vec<Result<(), QueueError>> {
+            self.entered.notify_one();
+            drop(self.gate.acquire().await);
+            receipts
+                .iter()
+                .map(|r| self.change_visibility(r, timeout))
+                .collect::<futures::future::JoinAll<_>>()
+                .await
+        }
+        async fn delete(&self, _: &str) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn requeue(&self, _: &ReceivedMessage, _: Duration) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn dead_letter(&self, _: &ReceivedMessage, _: &str) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn depth(&self) -> Result<crate::ports::QueueDepth, QueueError> {
+            Ok(Default::default())
+        }
+        fn max_receive_count(&self) -> u32 {
+            5
+        }
+    }
+
+    /// A hand-back made while a beat is renewing the same delivery lands after that beat, so its
+    /// delay is what the queue keeps (not cut back to a lease).
+    #[tokio::test]
+    async fn a_hand_back_lands_after_a_beat_already_under_way() {
+        let queue = Arc::new(Gated {
+            landed: Mutex::default(),
+            entered: tokio::sync::Notify::new(),
+            gate: tokio::sync::Semaphore::new(0),
+        });
+        let config = WorkerConfig {
+            lease_ttl: Duration::from_millis(300),
+            renew_interval: Duration::from_millis(10),
+            ..WorkerConfig::default()
+        };
+        let lock = Arc::new(crate::embedded::MemoryLock::new(Arc::new(crate::clock::SystemClock)));
+        let heartbeat = Heartbeat::start(queue.clone(), lock, None, Metrics::new(), "interactive", &config);
+        let batch = Arc::new(LeasedQueue::new(queue.clone(), heartbeat));
+        let message = ReceivedMessage {
+            message_id: "m".into(),
+            receipt: "r".into(),
+            body: String::new(),
+            receive_count: 1,
+            sent_at_ms: 0,
+            attributes: Default::default(),
+            leased_for: Some(config.lease_ttl),
+        };
+        let _renewed = batch.heartbeat().join(Leased::new("r".into(), CancellationToken::new()));
+        queue.entered.notified().await;
+        let handing = tokio::spawn({
+            let (batch, message) = (batch.clone(), message.clone());
+            async move { hand_back(&*batch, &message, Duration::from_secs(10), "test", "interactive").await }
+        });
+        // Room for the hand-back to land first, which it must not while the beat is under way.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        queue.gate.add_permits(1000);
+        handing.await.unwrap();
+        let landed = queue.landed.lock().unwrap().clone();
+        assert_eq!(
+            landed,
+            vec![("r".to_owned(), config.lease_ttl), ("r".to_owned(), Duration::from_secs(10))],
+            "the beat's renewal, then the hand-back, and nothing after it"
+        );
     }
 
     #[test]

@@ -15,7 +15,9 @@ use crate::domain::commit::{
     CommitMessage, CommitSummary, CommitsMessage, PushRange, SummarySource, summary_cache_key,
 };
 use crate::domain::{Kind, Lane, TokenUsage};
-use crate::lease::{self, Heartbeat, Leased, Membership, Outcome, after_holder, full_jitter_backoff};
+use crate::lease::{
+    self, Heartbeat, Leased, LeasedQueue, Membership, Outcome, after_holder, full_jitter_backoff,
+};
 use crate::metrics::Metrics;
 use crate::ports::{
     Acquire, Cache, DiffError, DiffSource, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
@@ -106,18 +108,20 @@ impl CommitsWorker {
         messages: Vec<ReceivedMessage>,
         deadline: Instant,
     ) -> (Vec<(String, Outcome)>, BatchReport) {
-        self.process_batch_in(queue, messages, deadline, None).await
+        let batch = Arc::new(LeasedQueue::new(queue.clone(), self.heartbeat(queue)));
+        self.process_batch_in(batch, messages, deadline).await
     }
 
-    /// Like [`Self::process_batch`], renewing the leases under `beat` (a Lambda invocation's
-    /// heartbeat, see [`Self::heartbeat`]) instead of a heartbeat of its own.
+    /// Like [`Self::process_batch`], for the deliveries of `batch` (a Lambda invocation's, see
+    /// [`LeasedQueue::for_mapping`]): renewed by its heartbeat and settled through it.
     pub async fn process_batch_in(
         &self,
-        queue: Arc<dyn QueueConsume>,
+        batch: Arc<LeasedQueue>,
         messages: Vec<ReceivedMessage>,
         deadline: Instant,
-        beat: Option<&Heartbeat>,
     ) -> (Vec<(String, Outcome)>, BatchReport) {
+        let heartbeat = batch.heartbeat();
+        let queue: Arc<dyn QueueConsume> = batch.clone();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
         let mut report = BatchReport::default();
 
@@ -192,14 +196,6 @@ impl CommitsWorker {
             }
             leases.push(Leased::new(messages[i].receipt.clone(), groups[g].lost.clone()));
         }
-        let own;
-        let heartbeat = match beat {
-            Some(shared) => shared,
-            None => {
-                own = self.heartbeat(queue.clone());
-                &own
-            }
-        };
         let _renewed: Vec<Membership> = leases.into_iter().map(|l| heartbeat.join(l)).collect();
 
         self.answer_known(&mut groups, &mut report).await;
@@ -223,8 +219,6 @@ impl CommitsWorker {
                 };
             for &i in &g.members {
                 let m = &messages[i];
-                // Settled now: no beat may renew it past a hand-back's delay.
-                heartbeat.leave(&m.receipt);
                 outcomes[i] = Some(match &end {
                     GroupEnd::Done(_) => lease::ack(&*queue, m).await,
                     GroupEnd::Lost => Outcome::LeaseLost,
@@ -955,12 +949,9 @@ mod tests {
         let batch = crate::lease::receive_batch(&r.queue, 100, Duration::from_secs(5)).await.unwrap();
         let queue: Arc<dyn QueueConsume> = Arc::new(r.queue.clone());
         let invocation =
-            Arc::new(crate::lease::MappingDeletes::new(queue.clone(), r.worker.heartbeat(queue)));
+            Arc::new(crate::lease::LeasedQueue::for_mapping(queue.clone(), r.worker.heartbeat(queue)));
         let deadline = Instant::now() + Duration::from_secs(30);
-        let (outcomes, report) = r
-            .worker
-            .process_batch_in(invocation.clone(), batch, deadline, Some(invocation.heartbeat()))
-            .await;
+        let (outcomes, report) = r.worker.process_batch_in(invocation.clone(), batch, deadline).await;
         assert!(outcomes.iter().all(|(_, o)| *o == Outcome::Acked), "{outcomes:?}");
         assert_eq!(report.done.len(), 20);
         let depth = r.queue.depth().await.unwrap();

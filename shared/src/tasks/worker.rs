@@ -14,7 +14,7 @@
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
 use crate::domain::Lane;
-use crate::lease::{self, CancelProbe, Heartbeat, Leased, Watch};
+use crate::lease::{self, CancelProbe, Heartbeat, Leased, LeasedQueue, Watch};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
 use crate::ports::{
@@ -94,20 +94,25 @@ enum Call {
 impl Worker {
     /// Processes one delivery to the end, applying the ack rule. Never panics on input.
     pub async fn process(&self, queue: Arc<dyn QueueConsume>, message: ReceivedMessage) -> Outcome {
-        self.process_in(queue, message, None).await
+        self.traced(queue, message, None).await
     }
 
-    /// Like [`Self::process`], renewing the lease under `beat` (a heartbeat shared by the other
-    /// deliveries of a batch, see [`Self::heartbeat`]) instead of a heartbeat of its own.
-    pub async fn process_in(
+    /// Like [`Self::process`], for a delivery of `batch`: renewed by the batch's heartbeat (shared
+    /// by its other deliveries, see [`Self::heartbeat`]) and settled through it.
+    pub async fn process_in(&self, batch: Arc<LeasedQueue>, message: ReceivedMessage) -> Outcome {
+        let queue: Arc<dyn QueueConsume> = batch.clone();
+        self.traced(queue, message, Some(batch)).await
+    }
+
+    async fn traced(
         &self,
         queue: Arc<dyn QueueConsume>,
         message: ReceivedMessage,
-        beat: Option<&Heartbeat>,
+        batch: Option<Arc<LeasedQueue>>,
     ) -> Outcome {
         let trace = message.attributes.get(crate::trace::TRACE_HEADER).map(String::as_str);
         let span = info_span!("task", message_id = %message.message_id, task_id = tracing::field::Empty, lane = tracing::field::Empty, trace);
-        self.process_inner(queue, message, beat).instrument(span).await
+        self.process_inner(queue, message, batch).instrument(span).await
     }
 
     /// A heartbeat for `lane`'s deliveries read from `queue`, renewing each one's visibility and
@@ -133,7 +138,7 @@ impl Worker {
         &self,
         queue: Arc<dyn QueueConsume>,
         message: ReceivedMessage,
-        beat: Option<&Heartbeat>,
+        batch: Option<Arc<LeasedQueue>>,
     ) -> Outcome {
         let task: TaskMessage = match serde_json::from_str(&message.body) {
             Ok(t) => t,
@@ -183,7 +188,7 @@ impl Worker {
         };
         let completed = std::sync::atomic::AtomicBool::new(false);
         let held = token.as_ref().map(|t| (lock_key.clone(), t.clone()));
-        let outcome = self.run_claimed(&queue, &message, &task, held, &completed, beat).await;
+        let outcome = self.run_claimed(&queue, &message, &task, held, &completed, batch).await;
         // A completed task never runs again (a later delivery waits out the lock, then claims a
         // terminal record and acks), so its lock is left to expire rather than released: one
         // request less per task. Any other end may be followed by a run of the same id (a retry, a
@@ -204,7 +209,7 @@ impl Worker {
         task: &TaskMessage,
         held: Option<(String, String)>,
         completed: &std::sync::atomic::AtomicBool,
-        beat: Option<&Heartbeat>,
+        batch: Option<Arc<LeasedQueue>>,
     ) -> Outcome {
         let lane = task.lane.as_str();
         let policy = *self.config.lane(task.lane);
@@ -251,15 +256,14 @@ impl Worker {
             }),
             kept: false,
         };
-        let own;
-        let beat = match beat {
-            Some(shared) => shared,
-            None => {
-                own = self.heartbeat(queue.clone(), task.lane);
-                &own
-            }
-        };
-        let _renewed = beat.join(leased);
+        // Renewed from here on, and settled from here on through the batch (or a heartbeat of its
+        // own), which ends the renewals before any hand-back.
+        let batch = batch.unwrap_or_else(|| {
+            Arc::new(LeasedQueue::new(queue.clone(), self.heartbeat(queue.clone(), task.lane)))
+        });
+        let _renewed = batch.heartbeat().join(leased);
+        let leased_queue: Arc<dyn QueueConsume> = batch.clone();
+        let queue = &leased_queue;
         let params = ModelParams::from_value(&record.request.params);
         let request = LlmRequest {
             lane: task.lane,
