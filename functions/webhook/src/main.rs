@@ -5,7 +5,9 @@
 
 use lanes_core::lambda::{init_tracing, webhook_from_env};
 
-#[tokio::main]
+// One thread: at the template's memory sizes a function has less than one vCPU, so worker threads
+// would only add to its cold start.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_http::Error> {
     init_tracing();
     let router = webhook_from_env().await?;

@@ -6,7 +6,9 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use lambda_runtime::{Error, LambdaEvent, service_fn};
 use lanes_core::lambda::{WorkerFunction, init_tracing};
 
-#[tokio::main]
+// One thread: at the template's memory sizes a function has less than one vCPU, so worker threads
+// would only add to its cold start.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     init_tracing();
     let function = WorkerFunction::from_env().await?;
