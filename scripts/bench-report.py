@@ -115,9 +115,10 @@ def main():
                 f"Init is the time from exec to the function's first `GET /runtime/invocation/next` on a local runtime-API "
                 f"emulator ({cs['init_arch']}, median and p90 of {cs['starts']} starts), with the template's environment "
                 "pointed at moto and redis-server and the AWS SDK trusting Amazon's roots as it does in Lambda; the zip is "
-                "the arm64 package as `sam build` makes it (cargo-lambda, release profile). The webhook and the commits "
-                "worker start reading their secrets in the background, so moto answers that read on the same 2 cores "
-                "while they init; with the read refused at once, the webhook inits in ingress's time.", "",
+                "the arm64 package as `sam build` makes it (cargo-lambda, release profile). Each start is an on-demand cold "
+                "start (`AWS_LAMBDA_INITIALIZATION_TYPE=on-demand`), so the webhook and the commits worker read their "
+                "secrets at first use, not during init. The functions run on a current-thread runtime; the baseline is "
+                "the library's hello-world example as written (`#[tokio::main]`).", "",
                 "| function | init median | init p90 | x baseline | zip |", "|---|---:|---:|---:|---:|",
                 f"| baseline (hello-world lambda_runtime) | {base['init_ms']:.1f} ms | {base['init_p90_ms']:.1f} ms | 1.00 | "
                 f"{base['zip_bytes'] / 1048576:.2f} MiB |"]

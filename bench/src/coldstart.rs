@@ -9,9 +9,10 @@
 //!   trusting Amazon's roots as it does in Lambda, and any other TLS roots read from one bundle file
 //!   as in Lambda ([`lambda_like_roots`]). Init is the time from `exec` to the function's first
 //!   `GET /runtime/invocation/next`: everything `main` does before it can take an event
-//!   (configuration, SDK clients; the secrets it starts reading in the background may still be in
-//!   flight, and the first event waits for them). The median of `starts` starts, the functions taken
-//!   in turn so that machine noise spreads evenly.
+//!   (configuration, SDK clients). Each start is an on-demand cold start, as Lambda announces it
+//!   (`AWS_LAMBDA_INITIALIZATION_TYPE=on-demand`): its first event is already waiting, so the
+//!   functions read their secrets at first use rather than during init. The median of `starts`
+//!   starts, the functions taken in turn so that machine noise spreads evenly.
 
 use crate::percentile;
 use serde::Serialize;
@@ -158,8 +159,8 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     .map_err(|e| format!("moto resources: {e}"))?;
     let github = moto.create_secret("lanes/github-webhook", "bench-secret").await?;
     let gitlab = moto.create_secret("lanes/gitlab-webhook", "bench-token").await?;
-    // The commits worker's API tokens, as a stack with private repositories configures them: one
-    // more Secrets Manager request (both in one batch), started in the background at init.
+    // The commits worker's API tokens, as a stack with private repositories configures them (read
+    // at first use in an on-demand cold start, like the webhook's secrets).
     let github_token = moto.create_secret("lanes/github-token", "bench-github-token").await?;
     let gitlab_token = moto.create_secret("lanes/gitlab-token", "bench-gitlab-token").await?;
     common.extend(lanes_tests::stack_env("lanes-tasks", &urls));
@@ -268,6 +269,7 @@ impl RuntimeApi {
             .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/bench")
             .env("AWS_LAMBDA_LOG_STREAM_NAME", "bench")
             .env("AWS_LAMBDA_LOG_FORMAT", "JSON")
+            .env("AWS_LAMBDA_INITIALIZATION_TYPE", "on-demand")
             .envs(lambda_like_roots())
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())

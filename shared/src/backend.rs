@@ -323,8 +323,8 @@ pub async fn create_aws_resources(
 /// budget wait past `max_wait` puts the task off. `offline` serves the `offline` routes.
 ///
 /// Keys come from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets Manager
-/// secret named by `LANES_LLM_API_KEY_SECRET` (read in the background from here, again when old or
-/// refused: [`crate::secret`]); Bedrock uses the function's role. `LANES_LLM_TIMEOUT_MS` (default
+/// secret named by `LANES_LLM_API_KEY_SECRET` (read at first use or ahead of it, again when old or
+/// refused: [`crate::adapters::secrets::llm_key`]); Bedrock uses the function's role. `LANES_LLM_TIMEOUT_MS` (default
 /// 120000) bounds each HTTP attempt.
 pub async fn llm_from_env(
     adapters: &Adapters,
@@ -349,7 +349,7 @@ pub async fn llm_from_env(
         .filter(|p| matches!(p, crate::llm::route::Provider::OpenAi | crate::llm::route::Provider::Anthropic))
         .collect();
     let shared = vendors.len() > 1;
-    // One key per vendor, shared by its routes (one background read each).
+    // One key per vendor, shared by its routes (one read each).
     let key = |provider, var, field| {
         vendors.contains(&provider).then(|| crate::adapters::secrets::llm_key(var, field, shared)).flatten()
     };

@@ -1,5 +1,6 @@
 //! AWS Secrets Manager: webhook secrets, API tokens and LLM API keys as [`Secret`]s, read in the
-//! background from cold start and again when old or when a check with them fails (a rotated value).
+//! background from init where an init runs ahead of events ([`reads_ahead`]), else at first use, and
+//! again when old or when a check with them fails (a rotated value).
 //! A secret is a plain string, or JSON with an `api_key` field; an LLM key secret shared by routes of
 //! several vendors holds one field per vendor (`openai_api_key`, `anthropic_api_key`), so no vendor
 //! is ever sent another's key.
@@ -13,9 +14,10 @@ use std::sync::Arc;
 
 /// For each `(var, secret_var)`: the variable `var` as a given [`Secret`], else the Secrets Manager
 /// secret named by `secret_var` as a [`Secret`] read when needed (`GetSecretValue`; again when old
-/// or when a check with it fails), else `None`. Nothing waits on the network here: the named
-/// secrets start reading together in the background ([`fetch_named_secrets`]: one
-/// `BatchGetSecretValue` for two or more), and their first use waits for that read.
+/// or when a check with it fails), else `None`. Nothing waits on the network here. When the process
+/// [`reads_ahead`], the named secrets start reading together in the background
+/// ([`fetch_named_secrets`]: one `BatchGetSecretValue` for two or more) and their first use waits
+/// for that read; otherwise each is read at its first use.
 pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -> [Option<Secret>; N] {
     let clock: SharedClock = Arc::new(SystemClock);
     let mut named: Vec<(Secret, String, &'static str)> = Vec::new();
@@ -28,7 +30,7 @@ pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -
         named.push((secret.clone(), id, secret_var));
         Some(secret)
     });
-    if !named.is_empty() {
+    if !named.is_empty() && reads_ahead(optional_env(INIT_TYPE).as_deref()) {
         let secrets: Vec<&Secret> = named.iter().map(|(s, _, _)| s).collect();
         let ids: Vec<(String, &'static str)> = named.iter().map(|(_, id, var)| (id.clone(), *var)).collect();
         Secret::prefetch(
@@ -41,6 +43,24 @@ pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -
         );
     }
     out
+}
+
+/// Lambda's reserved variable naming how this execution environment was initialised.
+const INIT_TYPE: &str = "AWS_LAMBDA_INITIALIZATION_TYPE";
+
+/// Whether secrets are read ahead of their first use, from Lambda's `AWS_LAMBDA_INITIALIZATION_TYPE`.
+///
+/// An on-demand cold start (`on-demand`) has its first event already waiting. Reading ahead would
+/// only move the read's CPU (a client, a connector, a signed request) into the init: on one thread
+/// the read goes out as the runtime asks for that event, and its round trip is the same either way.
+/// So such a function reads each secret at its first use, and only the ones that use needs (a
+/// GitHub delivery reads the GitHub secret alone).
+///
+/// Provisioned concurrency, SnapStart and managed instances initialise ahead of any event, so there
+/// the secrets are read during init and the first event finds them ready; so does a process outside
+/// Lambda (no variable).
+pub fn reads_ahead(init_type: Option<&str>) -> bool {
+    init_type != Some("on-demand")
 }
 
 /// The process's Secrets Manager client, built at its first use.
@@ -165,8 +185,9 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
 
 /// An LLM vendor's key: the variable `var` (given), else the field `vendor_field` of the secret named
 /// by `LANES_LLM_API_KEY_SECRET` when `shared` (routes of several vendors), else that secret as a
-/// plain string or its `api_key` field, as a [`Secret`] read in the background from here and again
-/// when old or refused with 401 (a rotated key). `None` when neither is set. Called once per vendor
+/// plain string or its `api_key` field, as a [`Secret`] read from here in the background when the
+/// process [`reads_ahead`] (else at its first use), and again when old or refused with 401 (a
+/// rotated key). `None` when neither is set. Called once per vendor
 /// (`backend::llm_from_env`), so routes of one vendor share one read.
 pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> Option<Secret> {
     const SECRET_VAR: &str = "LANES_LLM_API_KEY_SECRET";
@@ -175,6 +196,22 @@ pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> O
     }
     let fetch = read_one(optional_env(SECRET_VAR)?, SECRET_VAR, shared.then_some(vendor_field));
     let secret = Secret::read_by(fetch.clone(), Arc::new(SystemClock));
-    Secret::prefetch(&[&secret], Box::pin(async move { vec![fetch().await] }));
+    if reads_ahead(optional_env(INIT_TYPE).as_deref()) {
+        Secret::prefetch(&[&secret], Box::pin(async move { vec![fetch().await] }));
+    }
     Some(secret)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_ahead;
+
+    #[test]
+    fn only_an_on_demand_cold_start_reads_at_first_use() {
+        assert!(!reads_ahead(Some("on-demand")));
+        for ahead in ["provisioned-concurrency", "snap-start", "lambda-managed-instances"] {
+            assert!(reads_ahead(Some(ahead)), "{ahead}");
+        }
+        assert!(reads_ahead(None), "outside Lambda");
+    }
 }

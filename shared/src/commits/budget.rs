@@ -18,8 +18,8 @@ fn bpe() -> &'static CoreBPE {
 /// Starts loading the vocabulary (about 0.1 s in release builds, more in debug) on its own thread,
 /// once per process, so that a batch's counts rarely wait for it: a batch reads the cache, the store
 /// and its diffs before counting anything, and a count made before the load is done waits for it.
-/// The Lambda commits worker calls it as each batch starts: at init it would overlap no wait (the
-/// secrets are read in the background) and only slow init down.
+/// The Lambda commits worker calls it as each batch starts: at init it would overlap no wait
+/// (nothing there waits on the network) and only slow init down.
 pub fn warm() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {

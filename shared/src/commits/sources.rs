@@ -545,8 +545,8 @@ impl DiffSources {
             .unwrap_or_else(|| "https://api.github.com".into());
         let gitlab_url =
             crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
-        // Both read in the background from here, in one Secrets Manager request; a token refused
-        // with 401 is read again (rotation).
+        // Read ahead together where the init runs ahead of events (one Secrets Manager request),
+        // else each at its first use; a token refused with 401 is read again (rotation).
         let [github_token, gitlab_token] = crate::adapters::secrets::env_or_secrets([
             ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
             ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),
