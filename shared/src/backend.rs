@@ -324,8 +324,8 @@ pub async fn create_aws_resources(
 ///
 /// Keys come from `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`, or, in Lambda, from the Secrets Manager
 /// secret named by `LANES_LLM_API_KEY_SECRET` (read at first use or ahead of it, again when old or
-/// refused: [`crate::adapters::secrets::llm_key`]); Bedrock uses the function's role. `LANES_LLM_TIMEOUT_MS` (default
-/// 120000) bounds each HTTP attempt.
+/// refused: [`crate::adapters::secrets::llm_key`]); Bedrock uses the function's role.
+/// `LANES_LLM_TIMEOUT_MS` (default 120000) bounds each HTTP attempt.
 pub async fn llm_from_env(
     adapters: &Adapters,
     clock: SharedClock,

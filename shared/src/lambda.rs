@@ -489,7 +489,7 @@ fn parse_env(name: &'static str, default: u64) -> Result<u64, ConfigError> {
 /// Processes a batch concurrently (at most `concurrency` at a time) within `budget`. Every message's
 /// lease starts at receipt, all in one go, also for those waiting for a slot, and one heartbeat
 /// renews them all; what is unfinished when the budget runs out is made visible again and reported
-/// as a failure, so nothing waits for a dead invocation. What is settled is left for the event
+/// as a failure, so nothing waits for a dead invocation. What is acked is left for the event
 /// source mapping to delete ([`lease::LeasedQueue::for_mapping`]).
 pub async fn handle_batch(
     worker: &Worker,
@@ -922,7 +922,10 @@ mod batch_tests {
         assert_eq!(lease::ack(&batch, acked).await, Outcome::Acked);
         assert_eq!(batch.settled(&acked.receipt), Some(Outcome::Acked));
         lease::hand_back(&batch, handed_back, Duration::from_secs(10), "test", "interactive").await;
-        assert_eq!(batch.settled(&handed_back.receipt), None);
+        assert!(
+            matches!(batch.settled(&handed_back.receipt), Some(Outcome::Retry { after, .. }) if after == Duration::from_secs(10)),
+            "a deadline after the hand-back must not hand it back again"
+        );
         // Twice the lease (300 ms) with every place still held: only the third is renewed as work.
         tokio::time::sleep(Duration::from_millis(600)).await;
         drop(places);

@@ -1,9 +1,9 @@
 //! The lease on a delivery, for both flows and the Lambda glue: starting it (one delivery, or a
 //! whole batch at once), the heartbeat that renews a batch's leases together, the queue view through
 //! which its deliveries are settled (ending their renewals first; in Lambda, leaving deletes to the
-//! event source mapping), and the ways a delivery ends (ack, hand-back,
-//! requeue as a fresh copy, dead-letter) with the backoff of a hand-back. Outside the queue adapters and their
-//! twins, this is the only module that changes a message's visibility.
+//! event source mapping), and the ways a delivery ends (ack, hand-back, requeue as a fresh copy,
+//! dead-letter) with the backoff of a hand-back. Outside the queue adapters and their twins, this is
+//! the only module that changes a message's visibility.
 //!
 //! Why a lease at all: Lambda wants the queue's own visibility timeout at least as long as the
 //! function's, so a crashed worker would hide its message for that long. The worker shortens it
@@ -389,7 +389,8 @@ impl Heartbeat {
     }
 
     /// Keeps an acked delivery hidden until the heartbeat stops: its visibility only, no lock, no
-    /// watch. For deliveries whose delete is left to Lambda's event source mapping ([`LeasedQueue::for_mapping`]).
+    /// watch. For deliveries whose delete is left to Lambda's event source mapping
+    /// ([`LeasedQueue::for_mapping`]).
     pub fn keep(&self, receipt: &str) {
         self.add(Leased { kept: true, ..Leased::new(receipt.to_owned(), CancellationToken::new()) });
     }
@@ -404,13 +405,21 @@ impl Heartbeat {
         id
     }
 
-    /// Ends the renewals of the delivery with `receipt`, whoever added it, and returns once a beat
-    /// already under way has landed: no renewal of it reaches the queue after this.
+    /// Ends the renewals of the delivery with `receipt`, whoever added it ([`Self::leave_all`]).
     pub async fn leave(&self, receipt: &str) {
+        self.leave_all(&[receipt]).await;
+    }
+
+    /// Ends the renewals of the deliveries with these receipts, whoever added them, and returns once
+    /// a beat already under way has landed (waiting at most [`LEAVE_WAIT`]): no renewal of them
+    /// reaches the queue after this. Leaving a whole batch at once waits for one beat, not one each.
+    pub async fn leave_all(&self, receipts: &[&str]) {
         if let Ok(mut l) = self.leases.lock() {
-            l.retain(|(_, e)| e.receipt != receipt);
+            l.retain(|(_, e)| !receipts.contains(&e.receipt.as_str()));
         }
-        drop(self.round.lock().await);
+        if tokio::time::timeout(LEAVE_WAIT, self.round.lock()).await.is_err() {
+            warn!("a lease renewal is still under way; settling without waiting for it");
+        }
     }
 
     /// Records the lock taken for the delivery with `receipt`, so the next beats renew it too.
@@ -423,6 +432,12 @@ impl Heartbeat {
     }
 }
 
+/// How long settling a delivery waits for a beat already under way ([`Heartbeat::leave_all`]). A
+/// beat's renewals are answered in milliseconds; one still out after this is failing and being
+/// retried, and waiting on would eat into a Lambda invocation's 2 s deadline margin. Past it the
+/// settle goes ahead: at worst that beat, landing later, puts the delivery off by one lease.
+pub const LEAVE_WAIT: Duration = Duration::from_secs(1);
+
 /// Where an acked delivery's delete goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Deletes {
@@ -432,11 +447,11 @@ enum Deletes {
     Mapping,
 }
 
-/// The queue as the deliveries under one [`Heartbeat`] see it: settling a delivery through it (an
-/// ack, a hand-back, a requeue, a dead letter) first ends its renewals and waits out a beat already
-/// under way ([`Heartbeat::leave`]), so no beat can cut a hand-back's delay back to a lease. Every
-/// worker settles through one: its own around its own heartbeat ([`Self::new`]), or a Lambda
-/// invocation's ([`Self::for_mapping`]).
+/// The queue as the deliveries under one [`Heartbeat`] see it: settling a delivery through it (a
+/// hand-back, a requeue, a dead letter; an ack outside Lambda) first ends its renewals and waits out
+/// a beat already under way ([`Heartbeat::leave_all`]), so no beat can cut a hand-back's delay back
+/// to a lease. Every worker settles through one: its own around its own heartbeat ([`Self::new`]),
+/// or a Lambda invocation's ([`Self::for_mapping`]), whose acks stay renewed instead (below).
 ///
 /// In Lambda a delete is left to the event source mapping, which deletes every message the
 /// invocation does not report as a batch item failure once it returns (`ReportBatchItemFailures`).
@@ -470,8 +485,9 @@ impl LeasedQueue {
         &self.heartbeat
     }
 
-    /// How the delivery with `receipt` was settled, if it was: acked, requeued or dead-lettered. A
-    /// worker stopped by the deadline after that point has nothing left to hand back.
+    /// How the delivery with `receipt` was settled, if it was: acked, handed back, requeued or
+    /// dead-lettered. A worker stopped by the deadline after that point has nothing left to hand
+    /// back (and must not hand it back again, which would replace the delay set).
     pub fn settled(&self, receipt: &str) -> Option<Outcome> {
         self.settled.lock().ok().and_then(|s| s.get(receipt).cloned())
     }
@@ -503,29 +519,33 @@ impl QueueConsume for LeasedQueue {
     ) -> Result<Vec<ReceivedMessage>, QueueError> {
         self.queue.receive_waiting(max, visibility, wait).await
     }
-    /// A visibility other than the lease's is a hand-back: the heartbeat must stop renewing that
-    /// delivery first, or its next beat would cut the hand-back's delay to a lease. (A hand-back
-    /// whose delay is the lease to the millisecond stays renewed until its worker returns: no
-    /// harm, it is only put off later.)
+    /// A visibility other than the lease's is a hand-back: the heartbeat stops renewing that
+    /// delivery and a beat already under way lands first, or it would cut the hand-back's delay to a
+    /// lease. (A lease start, or a hand-back whose delay is the lease to the millisecond, stays
+    /// renewed until its worker returns: no harm, it is only put off later.)
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
-        if timeout != self.heartbeat.ttl {
-            self.heartbeat.leave(receipt).await;
-            self.settle(receipt, None);
+        if timeout == self.heartbeat.ttl {
+            return self.queue.change_visibility(receipt, timeout).await;
         }
-        self.queue.change_visibility(receipt, timeout).await
+        self.heartbeat.leave(receipt).await;
+        let set = self.queue.change_visibility(receipt, timeout).await;
+        self.settle(receipt, Some(Outcome::Retry { after: timeout, reason: "handed back".into() }));
+        set
     }
     async fn change_visibility_many(
         &self,
         receipts: &[String],
         timeout: Duration,
     ) -> Vec<Result<(), QueueError>> {
-        if timeout != self.heartbeat.ttl {
-            for r in receipts {
-                self.heartbeat.leave(r).await;
-                self.settle(r, None);
-            }
+        if timeout == self.heartbeat.ttl {
+            return self.queue.change_visibility_many(receipts, timeout).await;
         }
-        self.queue.change_visibility_many(receipts, timeout).await
+        self.heartbeat.leave_all(&receipts.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        let set = self.queue.change_visibility_many(receipts, timeout).await;
+        for r in receipts {
+            self.settle(r, Some(Outcome::Retry { after: timeout, reason: "handed back".into() }));
+        }
+        set
     }
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
         match self.deletes {

@@ -5,7 +5,8 @@
 //! Why not once at cold start: that read is a network round trip inside every init, and a value
 //! read once is kept for the container's life, hours after an operator rotated it, while every
 //! delivery signed with the new value is refused. Here:
-//! - a process starts reading its secrets in the background as it starts ([`Secret::prefetch`]);
+//! - a secret is read at its first use or, where the process starts ahead of its first event
+//!   (`adapters::secrets::reads_ahead`), in the background from the start ([`Secret::prefetch`]);
 //!   a use before that read is done waits for it rather than starting a second one;
 //! - a value older than [`MAX_AGE`] is read again at its next use; if that read fails the old value
 //!   serves (Secrets Manager being down does not refuse every delivery) and the read is tried
@@ -18,8 +19,8 @@
 //! - a read made while a value exists is bounded by [`REFRESH_TIMEOUT`], well inside a webhook's
 //!   10 s, so a Secrets Manager that hangs delays a delivery by that much, not past its deadline.
 //!
-//! A secret that cannot be read at start is logged as an error: a wrong id or a missing permission
-//! shows up as that log and as each use's error, not as a failed cold start.
+//! A first read that fails, or that reads an empty value, is logged as an error: a wrong id or a
+//! missing permission shows up as that log and as each use's error, not as a failed cold start.
 //!
 //! Reads are single-flight: one lock per secret is held across its read, so concurrent uses wait
 //! for one request. The reading itself is a [`Fetch`] (Secrets Manager in `adapters::secrets`).
@@ -86,6 +87,9 @@ impl State {
 
     /// Keeps `value`, read at `now_ms`, for MAX_AGE.
     fn keep(&mut self, value: String, now_ms: u64) -> Arc<str> {
+        if value.trim().is_empty() {
+            tracing::error!("a secret read is empty");
+        }
         let value: Arc<str> = value.into();
         self.held = Held::Value { value: value.clone(), until_ms: now_ms + MAX_AGE.as_millis() as u64 };
         value
@@ -135,9 +139,6 @@ impl Secret {
             for (slot, value) in slots.into_iter().zip(read_all.await) {
                 match (slot, value) {
                     (Some((mut state, clock)), Ok(v)) if matches!(state.held, Held::Unread) => {
-                        if v.trim().is_empty() {
-                            tracing::error!("a secret read at start is empty");
-                        }
                         state.keep(v, clock.now_ms());
                     }
                     (Some(_), Err(e)) => {
@@ -203,6 +204,9 @@ impl Reader {
                     Ok(old)
                 }
                 None => {
+                    if matches!(state.held, Held::Unread) {
+                        tracing::error!(error = %e, "secret not read; each use tries again");
+                    }
                     let until_ms = now + FAILED_READ_BACKOFF.as_millis() as u64;
                     state.held = Held::Failed { error: e.clone(), until_ms };
                     Err(e)

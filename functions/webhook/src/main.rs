@@ -1,7 +1,7 @@
 //! `webhook`: the Git push endpoint behind a Lambda function URL. Configuration (the commits queue,
 //! the store, which secrets to read) is read once at cold start, the secrets from Secrets Manager at
-//! their first use (ahead of it where the init runs before any event); each delivery is handed to the lanes-core webhook router, which verifies it
-//! before reading it.
+//! their first use (ahead of it where the init runs before any event); each delivery is handed to
+//! the lanes-core webhook router, which verifies it before reading it.
 
 use lanes_core::lambda::{init_tracing, webhook_from_env};
 

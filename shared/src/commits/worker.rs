@@ -203,7 +203,10 @@ impl CommitsWorker {
         let pending = self.fetch_and_trim(&mut groups).await;
         self.summarize(&mut groups, pending, &mut report, deadline).await;
 
-        // Settle every delivery by its group's end.
+        // Settle every delivery by its group's end, off the heartbeat together first (one wait for a
+        // beat under way, not one per delivery).
+        let receipts: Vec<&str> = messages.iter().map(|m| m.receipt.as_str()).collect();
+        heartbeat.leave_all(&receipts).await;
         for g in &mut groups {
             let end = match g.outcome.take() {
                 Some(e) => e,
@@ -429,9 +432,23 @@ impl CommitsWorker {
                 // is handed back alone while the rest of the batch goes on.
                 let work = async {
                     let diff = diffs.diff(&commit).await?;
-                    // Tokenizing a large diff is CPU work: off the async workers.
-                    tokio::task::spawn_blocking(move || budget::trim(&diff, max_tokens)).await.map_err(|e| {
-                        DiffError::Retryable { message: format!("trim task: {e}"), retry_after: None }
+                    // Tokenizing a large diff, and then its prompt section, is CPU work: off the
+                    // runtime's thread, which the heartbeat shares.
+                    let (sha, subject) = (commit.sha.clone(), commit.subject.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let trimmed = budget::trim(&diff, max_tokens);
+                        let section = (!trimmed.noise_only).then(|| {
+                            let subject = if subject.is_empty() { "(unknown)" } else { &subject };
+                            let section = prompt::section(&sha, subject, &trimmed.text);
+                            let tokens = budget::count_tokens(&section);
+                            (section, tokens)
+                        });
+                        (trimmed, section)
+                    })
+                    .await
+                    .map_err(|e| DiffError::Retryable {
+                        message: format!("trim task: {e}"),
+                        retry_after: None,
                     })
                 };
                 let trimmed =
@@ -447,7 +464,7 @@ impl CommitsWorker {
         for (r, &g) in fetched.into_iter().zip(&open) {
             let commit = &groups[g].commit;
             match r {
-                Ok((_, trimmed)) if trimmed.noise_only => {
+                Ok((_, (trimmed, None))) => {
                     let summary = self.summary(
                         commit,
                         trimmed.rule_summary(),
@@ -458,10 +475,7 @@ impl CommitsWorker {
                     );
                     groups[g].outcome = Some(self.write(&groups[g], summary, Served::Rule).await);
                 }
-                Ok((_, trimmed)) => {
-                    let subject = if commit.subject.is_empty() { "(unknown)" } else { &commit.subject };
-                    let section = prompt::section(&commit.sha, subject, &trimmed.text);
-                    let section_tokens = budget::count_tokens(&section);
+                Ok((_, (trimmed, Some((section, section_tokens))))) => {
                     pending.push(Pending { group: g, trimmed, section, section_tokens });
                 }
                 Err(DiffError::Permanent(reason)) => {
