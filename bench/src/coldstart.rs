@@ -13,12 +13,18 @@
 //!   (`AWS_LAMBDA_INITIALIZATION_TYPE=on-demand`): its first event is already waiting, so the
 //!   functions read their secrets at first use rather than during init. The median of `starts`
 //!   starts, the functions taken in turn so that machine noise spreads evenly.
+//! - **First response** (the webhook): the emulator answers its first poll with a signed GitHub
+//!   `ping` and times the answer, from `exec` again: init, the secret's read and the verification.
+//!   It is also measured for an init that reads the secrets ahead (`provisioned-concurrency`),
+//!   reported apart: such an init runs before any event, so no caller waits for it, and it is not
+//!   held to the init goal.
 
 use crate::percentile;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -36,6 +42,9 @@ pub struct Measure {
     pub init_p90_ms: f64,
     /// The arm64 deployment zip, bytes.
     pub zip_bytes: u64,
+    /// Median time from exec to the answer to a first event, ms (the webhook's signed ping).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_response_ms: Option<f64>,
 }
 
 /// What `lanes bench coldstart` reports.
@@ -51,17 +60,25 @@ pub struct ColdStartReport {
     pub functions: BTreeMap<String, Measure>,
     /// The hello-world function.
     pub baseline: Measure,
+    /// Functions whose init reads their secrets ahead (`provisioned-concurrency`): for the cost of
+    /// that, not held to the init goal.
+    pub read_ahead: BTreeMap<String, Measure>,
     /// Whether every function is within [`MAX_INIT_RATIO`] of the baseline's init and under
     /// [`MAX_ZIP_BYTES`].
     pub within_goals: bool,
 }
 
-/// A function as the bench runs it: its name in the report, its binary, its own environment.
+/// A function as the bench runs it: its name in the report, its binary, its own environment, and
+/// whether its first poll is answered with a signed ping (timing the first response).
 struct Function {
     name: &'static str,
     bin: &'static str,
     env: Vec<(String, String)>,
+    ping: Option<&'static str>,
 }
+
+/// The name a function's read-ahead twin is reported under.
+const AHEAD: &str = " (read ahead)";
 
 /// Builds everything twice (arm64 zips, then this machine's binaries), then starts each binary
 /// `starts` times under the runtime-API emulator.
@@ -84,25 +101,31 @@ pub async fn coldstart_report(starts: usize) -> Result<ColdStartReport, String> 
 
     let (_moto, _redis, functions) = environments().await?;
     let api = RuntimeApi::start().await?;
-    let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut samples: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for _ in 0..starts {
         for f in &functions {
-            let ms = api.init_ms(&host.join(f.bin).join("bootstrap"), &f.env).await?;
-            samples.entry(f.name).or_default().push(ms);
+            let (init, first) = api.time_start(&host.join(f.bin).join("bootstrap"), &f.env, f.ping).await?;
+            let s = samples.entry(f.name).or_default();
+            s.0.push(init);
+            s.1.extend(first);
         }
     }
     let mut measure = |name: &str, bin: &str| -> Result<Measure, String> {
-        let s = samples.get_mut(name).ok_or_else(|| format!("no samples for {name}"))?;
+        let (init, first) = samples.get_mut(name).ok_or_else(|| format!("no samples for {name}"))?;
         Ok(Measure {
-            init_ms: percentile(s, 50.0),
-            init_p90_ms: percentile(s, 90.0),
+            init_ms: percentile(init, 50.0),
+            init_p90_ms: percentile(init, 90.0),
             zip_bytes: zip_bytes(bin)?,
+            first_response_ms: (!first.is_empty()).then(|| percentile(first, 50.0)),
         })
     };
     let baseline = measure("baseline", "hello")?;
-    let mut out = BTreeMap::new();
+    let (mut out, mut read_ahead) = (BTreeMap::new(), BTreeMap::new());
     for f in functions.iter().filter(|f| f.name != "baseline") {
-        out.insert(f.name.to_owned(), measure(f.name, f.bin)?);
+        match f.name.strip_suffix(AHEAD) {
+            Some(name) => read_ahead.insert(name.to_owned(), measure(f.name, f.bin)?),
+            None => out.insert(f.name.to_owned(), measure(f.name, f.bin)?),
+        };
     }
     let within_goals =
         out.values().all(|m| m.init_ms <= MAX_INIT_RATIO * baseline.init_ms && m.zip_bytes <= MAX_ZIP_BYTES);
@@ -113,6 +136,7 @@ pub async fn coldstart_report(starts: usize) -> Result<ColdStartReport, String> 
         starts,
         functions: out,
         baseline,
+        read_ahead,
         within_goals,
     })
 }
@@ -157,7 +181,7 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     )
     .await
     .map_err(|e| format!("moto resources: {e}"))?;
-    let github = moto.create_secret("lanes/github-webhook", "bench-secret").await?;
+    let github = moto.create_secret("lanes/github-webhook", WEBHOOK_SECRET).await?;
     let gitlab = moto.create_secret("lanes/gitlab-webhook", "bench-token").await?;
     // The commits worker's API tokens, as a stack with private repositories configures them (read
     // at first use in an on-demand cold start, like the webhook's secrets).
@@ -176,21 +200,25 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
         env
     };
     let mapping = "00000000-0000-0000-0000-000000000000";
+    let webhook =
+        [("LANES_GITHUB_WEBHOOK_SECRET_ID", github.as_str()), ("LANES_GITLAB_WEBHOOK_TOKEN_ID", &gitlab)];
+    let mut webhook_ahead = webhook.to_vec();
+    webhook_ahead.push(("AWS_LAMBDA_INITIALIZATION_TYPE", "provisioned-concurrency"));
     let functions = vec![
-        Function { name: "baseline", bin: "hello", env: Vec::new() },
-        Function { name: "ingress", bin: "ingress", env: with(&[]) },
+        Function { name: "baseline", bin: "hello", env: Vec::new(), ping: None },
+        Function { name: "ingress", bin: "ingress", env: with(&[]), ping: None },
+        Function { name: "webhook", bin: "webhook", env: with(&webhook), ping: Some(WEBHOOK_SECRET) },
         Function {
-            name: "webhook",
+            name: "webhook (read ahead)",
             bin: "webhook",
-            env: with(&[
-                ("LANES_GITHUB_WEBHOOK_SECRET_ID", &github),
-                ("LANES_GITLAB_WEBHOOK_TOKEN_ID", &gitlab),
-            ]),
+            env: with(&webhook_ahead),
+            ping: Some(WEBHOOK_SECRET),
         },
-        Function { name: "worker", bin: "worker", env: with(&[("LANES_LANE", "interactive")]) },
+        Function { name: "worker", bin: "worker", env: with(&[("LANES_LANE", "interactive")]), ping: None },
         Function {
             name: "worker (commits)",
             bin: "worker",
+            ping: None,
             env: with(&[
                 ("LANES_LANE", "commits"),
                 ("LANES_GITHUB_TOKEN_SECRET", &github_token),
@@ -200,6 +228,7 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
         Function {
             name: "controller",
             bin: "controller",
+            ping: None,
             env: with(&[
                 ("LANES_MAPPING_INTERACTIVE", mapping),
                 ("LANES_MAPPING_SYNTHESIS", mapping),
@@ -210,39 +239,70 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
     Ok((moto, redis, functions))
 }
 
+/// The GitHub webhook secret the bench stores, and signs its pings with.
+const WEBHOOK_SECRET: &str = "bench-secret";
+
 /// What the emulator saw from a starting function.
 enum Seen {
     /// Its first `GET /2018-06-01/runtime/invocation/next`, and when.
     Next(Instant),
-    /// `POST /2018-06-01/runtime/init/error`, with the body.
-    InitError(String),
+    /// `POST /2018-06-01/runtime/invocation/{id}/response`, when, and the body.
+    Response(Instant, String),
+    /// `POST /2018-06-01/runtime/init/error` or `.../invocation/{id}/error`, with the body.
+    Error(String),
 }
 
-/// A loopback runtime API that answers nothing but records the first poll: the function is then
-/// ready, and is killed.
+/// A loopback runtime API that records the first poll, answers it with the event it was given for
+/// this start (if any) and records the answer; every other poll waits forever. The function is then
+/// killed.
 struct RuntimeApi {
     addr: std::net::SocketAddr,
     seen: tokio::sync::Mutex<mpsc::UnboundedReceiver<Seen>>,
+    event: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
 }
 
 impl RuntimeApi {
     async fn start() -> Result<Self, String> {
         use axum::routing::{get, post};
         let (tx, rx) = mpsc::unbounded_channel();
-        let next_tx = tx.clone();
+        let event: Arc<std::sync::Mutex<Option<Vec<u8>>>> = Arc::default();
+        let (next_tx, answer_tx, pending) = (tx.clone(), tx.clone(), event.clone());
         let app = axum::Router::new()
             .route(
                 "/2018-06-01/runtime/invocation/next",
                 get(move || {
                     let _ = next_tx.send(Seen::Next(Instant::now()));
-                    // Never answers: the function is killed while it waits.
-                    std::future::pending::<&'static str>()
+                    let event = pending.lock().ok().and_then(|mut e| e.take());
+                    async move {
+                        match event {
+                            Some(body) => invocation(body),
+                            // Nothing to give: the function is killed while it waits.
+                            None => std::future::pending().await,
+                        }
+                    }
+                }),
+            )
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/response",
+                post(move |body: String| {
+                    let _ = answer_tx.send(Seen::Response(Instant::now(), body));
+                    async { axum::http::StatusCode::ACCEPTED }
+                }),
+            )
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/error",
+                post({
+                    let tx = tx.clone();
+                    move |body: String| {
+                        let _ = tx.send(Seen::Error(body));
+                        async { axum::http::StatusCode::ACCEPTED }
+                    }
                 }),
             )
             .route(
                 "/2018-06-01/runtime/init/error",
                 post(move |body: String| {
-                    let _ = tx.send(Seen::InitError(body));
+                    let _ = tx.send(Seen::Error(format!("init error: {body}")));
                     async { axum::http::StatusCode::ACCEPTED }
                 }),
             );
@@ -250,13 +310,23 @@ impl RuntimeApi {
             tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(|e| format!("runtime API: {e}"))?;
         let addr = listener.local_addr().map_err(|e| format!("runtime API: {e}"))?;
         tokio::spawn(async move { axum::serve(listener, app).await });
-        Ok(Self { addr, seen: tokio::sync::Mutex::new(rx) })
+        Ok(Self { addr, seen: tokio::sync::Mutex::new(rx), event })
     }
 
-    /// Starts `bootstrap` with the Lambda environment plus `env`; ms from spawn to its first poll.
-    async fn init_ms(&self, bootstrap: &PathBuf, env: &[(String, String)]) -> Result<f64, String> {
+    /// Starts `bootstrap` with the Lambda environment plus `env`: ms from spawn to its first poll,
+    /// and, with `ping` (a GitHub webhook secret), ms from spawn to its answer to a ping signed with
+    /// it, which must be a `200` `pong`.
+    async fn time_start(
+        &self,
+        bootstrap: &PathBuf,
+        env: &[(String, String)],
+        ping: Option<&str>,
+    ) -> Result<(f64, Option<f64>), String> {
         let mut seen = self.seen.lock().await;
         while seen.try_recv().is_ok() {} // a previous function's late requests
+        if let Ok(mut e) = self.event.lock() {
+            *e = ping.map(signed_ping);
+        }
         let stderr = tempfile_path();
         let err_file = std::fs::File::create(&stderr).map_err(|e| format!("stderr file: {e}"))?;
         let started = Instant::now();
@@ -278,14 +348,31 @@ impl RuntimeApi {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("{}: {e}", bootstrap.display()))?;
+        let ms = |at: Instant| at.duration_since(started).as_secs_f64() * 1000.0;
+        let outcome = async {
+            let init = match seen.recv().await {
+                Some(Seen::Next(at)) => ms(at),
+                Some(Seen::Response(..)) => return Err("answered before polling".to_owned()),
+                Some(Seen::Error(body)) => return Err(body),
+                None => return Err("runtime API stopped".to_owned()),
+            };
+            if ping.is_none() {
+                return Ok((init, None));
+            }
+            loop {
+                match seen.recv().await {
+                    Some(Seen::Next(_)) => continue,
+                    Some(Seen::Response(at, body)) if is_pong(&body) => return Ok((init, Some(ms(at)))),
+                    Some(Seen::Response(_, body)) => return Err(format!("the ping was answered {body}")),
+                    Some(Seen::Error(body)) => return Err(body),
+                    None => return Err("runtime API stopped".to_owned()),
+                }
+            }
+        };
         let outcome = tokio::select! {
-            s = seen.recv() => match s {
-                Some(Seen::Next(at)) => Ok(at.duration_since(started).as_secs_f64() * 1000.0),
-                Some(Seen::InitError(body)) => Err(format!("init error: {body}")),
-                None => Err("runtime API stopped".to_owned()),
-            },
-            status = child.wait() => Err(format!("exited before polling: {status:?}")),
-            _ = tokio::time::sleep(Duration::from_secs(20)) => Err("no poll within 20 s".to_owned()),
+            r = outcome => r,
+            status = child.wait() => Err(format!("exited before answering: {status:?}")),
+            _ = tokio::time::sleep(Duration::from_secs(20)) => Err("no poll or answer within 20 s".to_owned()),
         };
         let _ = child.start_kill();
         let _ = child.wait().await;
@@ -293,6 +380,68 @@ impl RuntimeApi {
         let _ = std::fs::remove_file(&stderr);
         outcome.map_err(|e| format!("{}: {e}\n{log}", bootstrap.display()))
     }
+}
+
+/// Whether a function URL response is the webhook's `200` answer to a ping.
+fn is_pong(response: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(response) else { return false };
+    v["statusCode"] == 200 && v["body"].as_str().is_some_and(|b| b.contains("pong"))
+}
+
+/// An answer to `GET /invocation/next` carrying `body` as the invocation's event.
+fn invocation(body: Vec<u8>) -> axum::response::Response {
+    let deadline = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64 + 30_000);
+    axum::response::Response::builder()
+        .header("Lambda-Runtime-Aws-Request-Id", uuid::Uuid::new_v4().to_string())
+        .header("Lambda-Runtime-Deadline-Ms", deadline.to_string())
+        .header("Lambda-Runtime-Invoked-Function-Arn", "arn:aws:lambda:us-east-1:000000000000:function:bench")
+        .header("Content-Type", "application/json")
+        .body(axum::body::Body::from(body))
+        .unwrap_or_default()
+}
+
+/// A function URL event (payload format 2.0) carrying a GitHub `ping` signed with `secret`, as
+/// GitHub sends it when a webhook is created; a new delivery id each time.
+fn signed_ping(secret: &str) -> Vec<u8> {
+    let body = serde_json::json!({
+        "zen": "Keep it logically awesome.",
+        "hook_id": 1,
+        "hook": { "type": "Repository", "events": ["push"] },
+        "repository": { "full_name": "octo-org/hello-world" },
+    })
+    .to_string();
+    let signature = lanes_core::commits::webhook::github_signature(secret.as_bytes(), body.as_bytes());
+    serde_json::json!({
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": "/",
+        "rawQueryString": "",
+        "headers": {
+            "content-type": "application/json",
+            "user-agent": "GitHub-Hookshot/bench",
+            "x-github-event": "ping",
+            "x-github-delivery": uuid::Uuid::new_v4().to_string(),
+            "x-hub-signature-256": signature,
+        },
+        "requestContext": {
+            "accountId": "anonymous",
+            "apiId": "bench",
+            "domainName": "bench.lambda-url.us-east-1.on.aws",
+            "domainPrefix": "bench",
+            "http": { "method": "POST", "path": "/", "protocol": "HTTP/1.1", "sourceIp": "192.30.252.1", "userAgent": "GitHub-Hookshot/bench" },
+            "requestId": uuid::Uuid::new_v4().to_string(),
+            "routeKey": "$default",
+            "stage": "$default",
+            "time": "01/Dec/2026:00:00:00 +0000",
+            "timeEpoch": 1_796_083_200_000u64,
+        },
+        "body": body,
+        "isBase64Encoded": false,
+    })
+    .to_string()
+    .into_bytes()
 }
 
 /// Lambda's runtime (Amazon Linux 2023) keeps its TLS roots in one bundle file, which is all that
@@ -317,21 +466,35 @@ impl std::fmt::Display for ColdStartReport {
             "Cold start: init on {} (median and p90 of {} starts), arm64 zip as deployed",
             self.init_arch, self.starts
         )?;
-        writeln!(f, "{:<18} {:>9} {:>9} {:>8} {:>10}", "function", "init ms", "p90 ms", "× base", "zip MiB")?;
+        writeln!(
+            f,
+            "{:<22} {:>9} {:>9} {:>8} {:>10} {:>16}",
+            "function", "init ms", "p90 ms", "× base", "zip MiB", "1st response ms"
+        )?;
         let row = |f: &mut std::fmt::Formatter<'_>, name: &str, m: &Measure| {
             writeln!(
                 f,
-                "{:<18} {:>9.1} {:>9.1} {:>8.2} {:>10.2}",
+                "{:<22} {:>9.1} {:>9.1} {:>8.2} {:>10.2} {:>16}",
                 name,
                 m.init_ms,
                 m.init_p90_ms,
                 m.init_ms / self.baseline.init_ms.max(f64::EPSILON),
-                m.zip_bytes as f64 / 1_048_576.0
+                m.zip_bytes as f64 / 1_048_576.0,
+                m.first_response_ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1}"))
             )
         };
         row(f, "baseline (hello)", &self.baseline)?;
         for (name, m) in &self.functions {
             row(f, name, m)?;
+        }
+        for (name, m) in &self.read_ahead {
+            row(f, &format!("{name}{AHEAD}*"), m)?;
+        }
+        if !self.read_ahead.is_empty() {
+            writeln!(
+                f,
+                "* an init that reads its secrets ahead (provisioned concurrency): not held to the goal"
+            )?;
         }
         writeln!(
             f,
