@@ -192,13 +192,21 @@ async fn kill_9_while_queued_or_running_then_restart_completes_every_task(backen
         assert_eq!(status, StatusCode::ACCEPTED);
         ids.push(v["task_id"].as_str().unwrap().to_owned());
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let mut unfinished = 0;
-    for id in &ids {
-        let v: Value =
-            reqwest::get(format!("{}/v1/tasks/{id}", server.url)).await.unwrap().json().await.unwrap();
-        unfinished += usize::from(v["status"] != "COMPLETED");
-    }
+    // Killed once some task runs, not after a guessed delay.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let unfinished = loop {
+        let mut statuses = Vec::new();
+        for id in &ids {
+            let v: Value =
+                reqwest::get(format!("{}/v1/tasks/{id}", server.url)).await.unwrap().json().await.unwrap();
+            statuses.push(v["status"].as_str().unwrap_or_default().to_owned());
+        }
+        if statuses.iter().any(|s| s == "PROCESSING") {
+            break statuses.iter().filter(|s| *s != "COMPLETED").count();
+        }
+        assert!(std::time::Instant::now() < deadline, "no task started running: {statuses:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(unfinished >= 6, "the kill must hit queued and running work, {unfinished} unfinished");
     server.kill9();
     server.restart().await;
