@@ -203,9 +203,11 @@ impl CommitsWorker {
         let pending = self.fetch_and_trim(&mut groups).await;
         self.summarize(&mut groups, pending, &mut report, deadline).await;
 
-        // Settle every delivery by its group's end, off the heartbeat together first (one wait for a
-        // beat under way, not one per delivery).
-        let receipts: Vec<&str> = messages.iter().map(|m| m.receipt.as_str()).collect();
+        // Settle every commit delivery by its group's end, off the heartbeat together first (one wait
+        // for a beat under way, not one per delivery). Only the groups' members: a range message
+        // acked earlier stays kept hidden for the mapping's delete.
+        let receipts: Vec<&str> =
+            groups.iter().flat_map(|g| &g.members).map(|&i| messages[i].receipt.as_str()).collect();
         heartbeat.leave_all(&receipts).await;
         for g in &mut groups {
             let end = match g.outcome.take() {
