@@ -6,7 +6,7 @@
 //! read once is kept for the container's life, hours after an operator rotated it, while every
 //! delivery signed with the new value is refused. Here:
 //! - a secret is read at its first use or, where the process starts ahead of its first event
-//!   (`adapters::secrets::reads_ahead`), in the background from the start ([`Secret::prefetch`]);
+//!   (`adapters::secrets::reads_ahead`), in the background from the start ([`Secret::read_ahead`]);
 //!   a use before that read is done waits for it rather than starting a second one;
 //! - a value older than [`MAX_AGE`] is read again at its next use; if that read fails the old value
 //!   serves (Secrets Manager being down does not refuse every delivery) and the read is tried
@@ -19,7 +19,7 @@
 //! - a read made while a value exists is bounded by [`REFRESH_TIMEOUT`], well inside a webhook's
 //!   10 s, so a Secrets Manager that hangs delays a delivery by that much, not past its deadline.
 //!
-//! A first read that fails, or that reads an empty value, is logged as an error: a wrong id or a
+//! A first read that fails (an empty value is a failed read) is logged as an error: a wrong id or a
 //! missing permission shows up as that log and as each use's error, not as a failed cold start.
 //!
 //! Reads are single-flight: one lock per secret is held across its read, so concurrent uses wait
@@ -87,9 +87,6 @@ impl State {
 
     /// Keeps `value`, read at `now_ms`, for MAX_AGE.
     fn keep(&mut self, value: String, now_ms: u64) -> Arc<str> {
-        if value.trim().is_empty() {
-            tracing::error!("a secret read is empty");
-        }
         let value: Arc<str> = value.into();
         self.held = Held::Value { value: value.clone(), until_ms: now_ms + MAX_AGE.as_millis() as u64 };
         value
@@ -122,31 +119,15 @@ impl Secret {
         Self(Source::Read(Arc::new(Reader { fetch, clock, state: Default::default() })))
     }
 
-    /// Starts reading `secrets` in the background with `read_all`, which answers one value per
-    /// secret in order (one request for all of them); a use before it is done waits for it. Given
-    /// values, secrets already read and a process without a tokio runtime are left alone.
-    pub fn prefetch(secrets: &[&Secret], read_all: BoxFuture<'static, Vec<Result<String, ConfigError>>>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        // Taken now, before any use can start its own read.
-        let slots: Vec<_> = secrets
-            .iter()
-            .map(|s| match &s.0 {
-                Source::Read(r) => r.state.clone().try_lock_owned().ok().map(|g| (g, r.clock.clone())),
-                Source::Fixed(_) => None,
-            })
-            .collect();
+    /// Starts reading in the background, for a process whose init runs ahead of its first event:
+    /// the first use finds the value, or waits for this read (reads are single-flight, so a use that
+    /// comes first reads and this one then finds the value). A given value, or a process without a
+    /// tokio runtime, is left alone.
+    pub fn read_ahead(&self) {
+        let (Source::Read(_), Ok(runtime)) = (&self.0, tokio::runtime::Handle::try_current()) else { return };
+        let secret = self.clone();
         runtime.spawn(async move {
-            for (slot, value) in slots.into_iter().zip(read_all.await) {
-                match (slot, value) {
-                    (Some((mut state, clock)), Ok(v)) if matches!(state.held, Held::Unread) => {
-                        state.keep(v, clock.now_ms());
-                    }
-                    (Some(_), Err(e)) => {
-                        tracing::error!(error = %e, "secret not read at start; each use tries again")
-                    }
-                    _ => {}
-                }
-            }
+            let _ = secret.current().await;
         });
     }
 
@@ -362,25 +343,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_prefetch_serves_the_first_use_without_a_second_read() {
-        let (clock, store) = (ManualClock::new(0), store("unused"));
-        let (a, b, given) = (secret(&store, &clock), secret(&store, &clock), Secret::fixed("g"));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        Secret::prefetch(
-            &[&a, &given, &b],
-            Box::pin(async move {
-                let _ = rx.await;
-                vec![Ok("a".into()), Ok("ignored".into()), Ok("b".into())]
-            }),
-        );
-        // A use polled before the prefetch task has even run finds the secret taken, and waits.
-        let mut first = std::pin::pin!(a.current());
-        assert!(futures::poll!(&mut first).is_pending());
-        let _ = tx.send(());
-        assert_eq!(first.await.ok().as_deref(), Some("a"));
-        assert_eq!(b.current().await.ok().as_deref(), Some("b"));
+    async fn a_read_ahead_reads_once_before_any_use_and_serves_it() {
+        let (clock, store) = (ManualClock::new(0), store("v1"));
+        let (s, given) = (secret(&store, &clock), Secret::fixed("g"));
+        s.read_ahead();
+        given.read_ahead();
+        for _ in 0..100 {
+            if reads(&store) > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(reads(&store), 1, "read with no use asking");
+        assert_eq!(s.current().await.ok().as_deref(), Some("v1"));
         assert_eq!(given.current().await.ok().as_deref(), Some("g"));
-        assert_eq!(reads(&store), 0, "no reads of their own");
+        assert_eq!(reads(&store), 1, "the first use finds it");
+    }
+
+    #[tokio::test]
+    async fn a_use_before_the_read_ahead_runs_makes_the_only_read() {
+        let (clock, store) = (ManualClock::new(0), store("v1"));
+        let s = secret(&store, &clock);
+        s.read_ahead();
+        assert_eq!(s.current().await.ok().as_deref(), Some("v1"));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(reads(&store), 1, "the read ahead finds the value and reads nothing");
     }
 
     /// A refresh that never answers is cut at REFRESH_TIMEOUT (2 s of this test) and the old value

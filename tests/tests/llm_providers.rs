@@ -370,32 +370,17 @@ mod bedrock_and_secrets {
         );
     }
 
-    /// The secrets a function reads at cold start come in one `BatchGetSecretValue`, asked by ARN or
-    /// by name; a missing one is named by its variable while the others are still read.
+    /// A secret is read by ARN as by name, and an empty one is refused, named by its variable.
     #[tokio::test]
-    async fn secrets_read_together_are_one_batch_request() {
-        use lanes_core::adapters::secrets::fetch_named_secrets;
+    async fn a_secret_is_read_by_arn_and_an_empty_one_is_refused() {
+        use lanes_core::adapters::secrets::fetch_secret_field;
         let moto = MotoServer::start();
-        let sdk = sdk_config(&moto.aws_settings()).await;
-        let sm = lanes_core::adapters::requests::secrets(&sdk);
+        let sm = lanes_core::adapters::requests::secrets(&sdk_config(&moto.aws_settings()).await);
         let arn = moto.create_secret("hook/github", "gh-secret").await.unwrap();
-        moto.create_secret("hook/gitlab", r#"{"api_key":"gl-token"}"#).await.unwrap();
-        let count =
-            |op: &str| lanes_core::metrics::AWS_REQUESTS.with_label_values(&["secretsmanager", op]).get();
-        let before = (count("BatchGetSecretValue"), count("GetSecretValue"));
-        let read = fetch_named_secrets(&sm, &[(&arn, "LANES_A"), ("hook/gitlab", "LANES_B")]).await;
-        let values: Vec<String> = read.into_iter().map(Result::unwrap).collect();
-        assert_eq!(values, ["gh-secret", "gl-token"]);
-        let after = (count("BatchGetSecretValue"), count("GetSecretValue"));
-        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "one batch request, no single reads");
-
-        // The batch answers the missing one in its error list: still one request.
-        let read = fetch_named_secrets(&sm, &[("hook/gitlab", "LANES_B"), ("hook/none", "LANES_C")]).await;
-        assert_eq!(read[0].as_ref().unwrap(), "gl-token");
-        let missing = read[1].as_ref().unwrap_err().to_string();
-        assert!(missing.contains("LANES_C") && missing.contains("ResourceNotFound"), "{missing}");
-        let last = (count("BatchGetSecretValue"), count("GetSecretValue"));
-        assert_eq!((last.0 - after.0, last.1 - after.1), (1, 0));
+        assert_eq!(fetch_secret_field(&sm, &arn, "LANES_A", None).await.unwrap(), "gh-secret");
+        moto.create_secret("hook/empty", r#"{"api_key":""}"#).await.unwrap();
+        let err = fetch_secret_field(&sm, "hook/empty", "LANES_B", None).await.unwrap_err().to_string();
+        assert!(err.contains("LANES_B") && err.contains("empty"), "{err}");
     }
 }
 

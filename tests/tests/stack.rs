@@ -249,7 +249,6 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
             "dynamodb:BatchGetItem",
             "dynamodb:PutItem",
             "secretsmanager:GetSecretValue",
-            "secretsmanager:BatchGetSecretValue",
             "bedrock:InvokeModel",
         ],
     ]
@@ -269,13 +268,7 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
         ),
         (
             "WebhookFunction",
-            &[
-                "dynamodb:PutItem",
-                "dynamodb:DeleteItem",
-                "sqs:SendMessage",
-                "secretsmanager:GetSecretValue",
-                "secretsmanager:BatchGetSecretValue",
-            ],
+            &["dynamodb:PutItem", "dynamodb:DeleteItem", "sqs:SendMessage", "secretsmanager:GetSecretValue"],
         ),
         ("InteractiveWorkerFunction", &task_worker),
         ("SynthesisWorkerFunction", &task_worker),
@@ -315,10 +308,8 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
             assert!(allowed.contains_key(*a), "{id} may not {a}");
         }
         granted.extend(allowed.keys().cloned());
-        // Least privilege: nothing on "*" except where the API has no resource-level permissions
-        // (BatchGetSecretValue: each secret it returns is still checked against GetSecretValue).
-        let no_resource_types = ["secretsmanager:BatchGetSecretValue"];
-        for (a, resources) in allowed.iter().filter(|(a, _)| !no_resource_types.contains(&a.as_str())) {
+        // Least privilege: nothing on "*".
+        for (a, resources) in &allowed {
             for r in resources {
                 assert_ne!(r.as_str(), Some("*"), "{id}: {a} on *");
             }

@@ -14,35 +14,22 @@ use std::sync::Arc;
 
 /// For each `(var, secret_var)`: the variable `var` as a given [`Secret`], else the Secrets Manager
 /// secret named by `secret_var` as a [`Secret`] read when needed (`GetSecretValue`; again when old
-/// or when a check with it fails), else `None`. Nothing waits on the network here. When the process
-/// [`reads_ahead`], the named secrets start reading together in the background
-/// ([`fetch_named_secrets`]: one `BatchGetSecretValue` for two or more) and their first use waits
-/// for that read; otherwise each is read at its first use.
+/// or when a check with it fails), else `None`. Nothing waits on the network here: when the
+/// process [`reads_ahead`], each named secret starts reading in the background
+/// ([`Secret::read_ahead`]); otherwise each is read at its first use.
 pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -> [Option<Secret>; N] {
     let clock: SharedClock = Arc::new(SystemClock);
-    let mut named: Vec<(Secret, String, &'static str)> = Vec::new();
-    let out = vars.map(|(var, secret_var)| {
+    let ahead = reads_ahead(optional_env(INIT_TYPE).as_deref());
+    vars.map(|(var, secret_var)| {
         if let Some(v) = optional_env(var) {
             return Some(Secret::fixed(v));
         }
-        let id = optional_env(secret_var)?;
-        let secret = Secret::read_by(read_one(id.clone(), secret_var, None), clock.clone());
-        named.push((secret.clone(), id, secret_var));
+        let secret = Secret::read_by(read_one(optional_env(secret_var)?, secret_var, None), clock.clone());
+        if ahead {
+            secret.read_ahead();
+        }
         Some(secret)
-    });
-    if !named.is_empty() && reads_ahead(optional_env(INIT_TYPE).as_deref()) {
-        let secrets: Vec<&Secret> = named.iter().map(|(s, _, _)| s).collect();
-        let ids: Vec<(String, &'static str)> = named.iter().map(|(_, id, var)| (id.clone(), *var)).collect();
-        Secret::prefetch(
-            &secrets,
-            Box::pin(async move {
-                let ids: Vec<(&str, &'static str)> =
-                    ids.iter().map(|(id, var)| (id.as_str(), *var)).collect();
-                fetch_named_secrets(&client().await, &ids).await
-            }),
-        );
-    }
-    out
+    })
 }
 
 /// Lambda's reserved variable naming how this execution environment was initialised.
@@ -73,73 +60,13 @@ async fn client() -> Client {
         .clone()
 }
 
-/// Reads the secret `id` (named by the variable `var`) on its own: its `field`, or as
-/// [`fetch_secret_field`] reads it without one.
+/// Reads the secret `id` (named by the variable `var`): its `field`, or as [`fetch_secret_field`]
+/// reads it without one.
 fn read_one(id: String, var: &'static str, field: Option<&'static str>) -> Fetch {
     Arc::new(move || {
         let id = id.clone();
         Box::pin(async move { fetch_secret_field(&client().await, &id, var, field).await })
     })
-}
-
-/// Reads each `(secret id, variable naming it)`, in order: two or more in one
-/// `BatchGetSecretValue`, and any the batch did not answer (an id it answered under another form,
-/// a role allowed only `GetSecretValue`) on its own, all of those concurrently.
-pub async fn fetch_named_secrets(
-    client: &Client,
-    secrets: &[(&str, &'static str)],
-) -> Vec<Result<String, ConfigError>> {
-    let ids: Vec<&str> = secrets.iter().map(|(id, _)| *id).collect();
-    let batch = if ids.len() > 1 { batch_read(client, &ids).await } else { Default::default() };
-    futures::future::join_all(secrets.iter().map(|(id, var)| {
-        let batch = &batch;
-        async move {
-            match batch.get(*id) {
-                Some(Ok(raw)) => secret_field(raw, var, None),
-                Some(Err(reason)) => Err(ConfigError::Invalid { name: var, reason: reason.clone() }),
-                None => fetch_secret_field(client, id, var, None).await,
-            }
-        }
-    }))
-    .await
-}
-
-/// Reads up to 20 secrets in one `BatchGetSecretValue`: each answered id (matched by the name or
-/// ARN it was asked by) with its string, or why the service refused it. Empty when the call itself
-/// fails, so the caller reads each secret on its own instead.
-async fn batch_read(
-    client: &Client,
-    ids: &[&str],
-) -> std::collections::HashMap<String, Result<String, String>> {
-    let mut out = std::collections::HashMap::new();
-    let asked: Vec<String> = ids.iter().take(20).map(|id| (*id).to_owned()).collect();
-    let answer = match client.batch_get_secret_value().set_secret_id_list(Some(asked.clone())).send().await {
-        Ok(a) => a,
-        Err(e) => {
-            tracing::debug!(error = %e.code().unwrap_or("error"), "batch secret read refused; reading one by one");
-            return out;
-        }
-    };
-    for entry in answer.secret_values() {
-        let Some(id) =
-            asked.iter().find(|id| Some(id.as_str()) == entry.name() || Some(id.as_str()) == entry.arn())
-        else {
-            continue;
-        };
-        let value = entry
-            .secret_string()
-            .map(str::to_owned)
-            .ok_or_else(|| "the secret has no string value".to_owned());
-        out.insert(id.clone(), value);
-    }
-    for error in answer.errors() {
-        if let Some(id) = error.secret_id().filter(|id| asked.iter().any(|a| a == id)) {
-            let reason =
-                format!("{}: {}", error.error_code().unwrap_or("error"), error.message().unwrap_or_default());
-            out.insert(id.to_owned(), Err(reason));
-        }
-    }
-    out
 }
 
 /// A secret's value: with `vendor_field`, that JSON field (e.g. `openai_api_key`) and nothing else;
@@ -163,7 +90,7 @@ async fn fetch_string(client: &Client, secret_id: &str, var: &'static str) -> Re
 }
 
 /// The value in a secret's string: with `vendor_field`, that JSON field and nothing else; without,
-/// the plain string or the JSON field `api_key`. `var` is named in errors.
+/// the plain string or the JSON field `api_key`. An empty value is an error. `var` is named in errors.
 fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Result<String, ConfigError> {
     let invalid = |reason: String| ConfigError::Invalid { name: var, reason };
     let json = match serde_json::from_str::<serde_json::Value>(raw) {
@@ -171,7 +98,7 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
         _ => None,
     };
     let field = vendor_field.unwrap_or("api_key");
-    match (json, vendor_field) {
+    let value = match (json, vendor_field) {
         (Some(m), _) => m
             .get(field)
             .and_then(|v| v.as_str())
@@ -181,7 +108,9 @@ fn secret_field(raw: &str, var: &'static str, vendor_field: Option<&str>) -> Res
         (None, Some(field)) => Err(invalid(format!(
             "routes name more than one vendor: the secret must be JSON with a `{field}` field per vendor"
         ))),
-    }
+    }?;
+    // An empty key would be sent as is, and an empty webhook secret would sign for anyone.
+    if value.is_empty() { Err(invalid("the secret is empty".into())) } else { Ok(value) }
 }
 
 /// An LLM vendor's key: the variable `var` (given), else the field `vendor_field` of the secret named
@@ -196,16 +125,28 @@ pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> O
         return Some(Secret::fixed(v));
     }
     let fetch = read_one(optional_env(SECRET_VAR)?, SECRET_VAR, shared.then_some(vendor_field));
-    let secret = Secret::read_by(fetch.clone(), Arc::new(SystemClock));
+    let secret = Secret::read_by(fetch, Arc::new(SystemClock));
     if reads_ahead(optional_env(INIT_TYPE).as_deref()) {
-        Secret::prefetch(&[&secret], Box::pin(async move { vec![fetch().await] }));
+        secret.read_ahead();
     }
     Some(secret)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::reads_ahead;
+    use super::{reads_ahead, secret_field};
+
+    #[test]
+    fn an_empty_secret_is_an_error_not_a_value() {
+        assert_eq!(secret_field(" k ", "V", None).ok().as_deref(), Some("k"));
+        assert_eq!(secret_field(r#"{"api_key":"k"}"#, "V", None).ok().as_deref(), Some("k"));
+        for raw in ["", "  ", r#"{"api_key":" "}"#] {
+            let err = secret_field(raw, "V", None).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("empty") && err.contains('V'), "{raw:?}: {err}");
+        }
+        let err = secret_field(r#"{"openai_api_key":""}"#, "V", Some("openai_api_key")).err();
+        assert!(err.is_some_and(|e| e.to_string().contains("empty")));
+    }
 
     #[test]
     fn only_an_on_demand_cold_start_reads_at_first_use() {
