@@ -666,13 +666,16 @@ pub struct LambdaWatch {
 }
 
 impl LambdaWatch {
-    /// Starts the emulator; functions compile on their first invocation.
+    /// Starts the emulator; functions compile on their first invocation. Each starts as Lambda
+    /// announces an on-demand cold start (cargo-lambda leaves `AWS_LAMBDA_INITIALIZATION_TYPE`
+    /// unset), so the tests run the path a deployed function takes, secrets read at first use.
     pub fn start(env: &[(String, String)]) -> Self {
         use std::io::Write;
         use std::os::unix::process::CommandExt;
         let port = free_port();
         let mut env_file = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("env file: {e}"));
-        for (k, v) in env {
+        let on_demand = ("AWS_LAMBDA_INITIALIZATION_TYPE".to_owned(), "on-demand".to_owned());
+        for (k, v) in std::iter::once(&on_demand).chain(env) {
             writeln!(env_file, "{k}={v}").unwrap_or_else(|e| panic!("env file: {e}"));
         }
         let log_path = std::env::temp_dir().join(format!("lanes-lambda-watch-{port}.log"));

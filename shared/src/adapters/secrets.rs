@@ -37,15 +37,15 @@ const INIT_TYPE: &str = "AWS_LAMBDA_INITIALIZATION_TYPE";
 
 /// Whether secrets are read ahead of their first use, from Lambda's `AWS_LAMBDA_INITIALIZATION_TYPE`.
 ///
-/// An on-demand cold start (`on-demand`) has its first event already waiting. Reading ahead there
-/// puts the read's CPU (a client, a connector, a signed request) into the init and overlaps its round
-/// trip with the event's delivery: a longer init for a first answer about a millisecond sooner
+/// An on-demand start (`on-demand`) usually has its first event waiting. Reading ahead there puts
+/// the read's CPU (a client, a connector, a signed request) into the init, and whatever it gains on
+/// the first answer is only the part of the round trip that overlaps the event's delivery
 /// (`lanes bench coldstart` measures both). Such a function keeps its init short and reads each
 /// secret at its first use, and only the ones that use needs (a GitHub delivery reads the GitHub
 /// secret alone).
 ///
-/// Provisioned concurrency, SnapStart and managed instances initialise ahead of any event, so there
-/// the secrets are read during init and the first event finds them ready; so does a process outside
+/// Any other type (provisioned concurrency, managed instances) initialises ahead of events, so the
+/// secrets are read during init and the first event finds them ready; so does a process outside
 /// Lambda (no variable).
 pub fn reads_ahead(init_type: Option<&str>) -> bool {
     init_type != Some("on-demand")
@@ -151,7 +151,7 @@ mod tests {
     #[test]
     fn only_an_on_demand_cold_start_reads_at_first_use() {
         assert!(!reads_ahead(Some("on-demand")));
-        for ahead in ["provisioned-concurrency", "snap-start", "lambda-managed-instances"] {
+        for ahead in ["provisioned-concurrency", "lambda-managed-instances"] {
             assert!(reads_ahead(Some(ahead)), "{ahead}");
         }
         assert!(reads_ahead(None), "outside Lambda");
