@@ -1,10 +1,11 @@
 //! `lanes`: the command-line entry point, one module per subcommand (dev, submit/status, summarize,
-//! dlq, bench), each failing with [`CliError`].
+//! dlq, bench, sim), each failing with [`CliError`].
 
 mod bench;
 mod dev;
 mod dlq;
 mod error;
+mod sim;
 mod summarize;
 mod tasks;
 
@@ -40,6 +41,8 @@ enum Command {
         #[command(subcommand)]
         what: bench::BenchCommand,
     },
+    /// The deterministic lifecycle simulation: histories from seeds, invariants checked.
+    Sim(sim::SimArgs),
 }
 
 #[tokio::main]
@@ -52,12 +55,13 @@ async fn main() -> ExitCode {
         Command::Summarize(args) => summarize::run(args).await,
         Command::Dlq { what } => dlq::run(what).await.map_err(CliError::from),
         Command::Bench { what } => bench::run(what).await,
+        Command::Sim(args) => sim::run(args),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    result.map_or_else(
+        |e| {
             eprintln!("lanes: {e}");
             ExitCode::FAILURE
-        }
-    }
+        },
+        |()| ExitCode::SUCCESS,
+    )
 }

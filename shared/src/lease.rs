@@ -69,13 +69,13 @@ pub fn full_jitter_backoff(config: &WorkerConfig, n: u32) -> Duration {
     let exp = n.saturating_sub(1).min(30);
     let cap = config.backoff_base.saturating_mul(1u32 << exp).min(config.backoff_max);
     let ms = cap.as_millis().max(1) as u64;
-    Duration::from_millis(rand::random_range(1..=ms))
+    Duration::from_millis(crate::jitter::range(1..=ms))
 }
 
 /// When to look again at work whose lock another worker holds for `remaining`: just after that
 /// lease would end, jittered so the waiters do not all come back at once.
 pub fn after_holder(config: &WorkerConfig, remaining: Duration) -> Duration {
-    let jitter = rand::random_range(0..=config.lock_jitter_max.as_millis() as u64);
+    let jitter = crate::jitter::range(0..=config.lock_jitter_max.as_millis() as u64);
     remaining + Duration::from_millis(jitter)
 }
 
@@ -98,7 +98,7 @@ pub async fn start(
     let mut last = None;
     for attempt in 0..3u32 {
         if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(rand::random_range(20..=100u64 << attempt))).await;
+            tokio::time::sleep(Duration::from_millis(crate::jitter::range(20..=100u64 << attempt))).await;
         }
         match queue.change_visibility(&message.receipt, config.lease_ttl).await {
             Ok(()) => return Ok(()),

@@ -13,7 +13,8 @@
 //!   validation, the idempotency key, the record's state machine) sits below the ports; its
 //!   [`tasks::ingress`] (the HTTP API, per [`tasks::tenant`]) and [`tasks::worker`] (claim to fenced
 //!   write) above them.
-//! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping.
+//! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping; [`jitter`]: the
+//!   randomness of delays, seedable per thread so a simulation replays it.
 //! - [`config`]: tunables with defaults, per-lane policies, and their validation.
 //! - [`http`]: the process's one outbound HTTPS client (providers, Git hosts), built once.
 //! - [`secret`]: a secret read when first needed, re-read when old or when a check with it fails
@@ -56,6 +57,7 @@ pub mod dlq;
 pub mod domain;
 pub mod embedded;
 pub mod http;
+pub mod jitter;
 pub mod lambda;
 pub mod lease;
 pub mod limiter;

@@ -206,7 +206,10 @@ impl Pool {
                 }
             }
             while polls.try_join_next().is_some() {}
+            // Biased (in the order written): every branch is cheap and the loop comes back at once,
+            // so none starves, and a seeded simulation decides the order instead of tokio's RNG.
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => {
                     // Whatever a long poll brought and nobody started goes back at once. A poll
                     // still waiting is dropped; should SQS have answered it meanwhile, that

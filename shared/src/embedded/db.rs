@@ -71,7 +71,9 @@ pub struct EmbeddedDb {
 /// finishes what it holds and is joined, so the file is closed when the last handle is gone (a
 /// reopen in the same process then succeeds).
 struct Writer {
+    /// `None` in the inline mode ([`EmbeddedDb::in_memory`]): jobs run in their caller.
     jobs: Option<mpsc::Sender<Job>>,
+    inline: bool,
     thread: Option<std::thread::JoinHandle<()>>,
     commits: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -123,7 +125,27 @@ impl EmbeddedDb {
             .name("lanes-db-writer".into())
             .spawn(move || write_groups(&thread_db, &rx, &counted))
             .map_err(|source| DbOpenError::DataDir { path: data_dir.display().to_string(), source })?;
-        Ok(Self { db, writer: Arc::new(Writer { jobs: Some(jobs), thread: Some(thread), commits }) })
+        Ok(Self {
+            db,
+            writer: Arc::new(Writer { jobs: Some(jobs), inline: false, thread: Some(thread), commits }),
+        })
+    }
+
+    /// A database in memory whose every read and write runs in its caller, at the call, one
+    /// transaction each: no writer thread and no blocking pool, so nothing happens outside the
+    /// runtime that polls the caller. The lifecycle simulation runs on it: with tokio's paused clock
+    /// and one thread, its seed then decides every interleaving. Nothing survives the process.
+    pub fn in_memory() -> Result<Self, DbOpenError> {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|source| DbOpenError::Open { path: "(memory)".into(), source })?;
+        let writer = Writer {
+            jobs: None,
+            inline: true,
+            thread: None,
+            commits: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        };
+        Ok(Self { db: Arc::new(db), writer: Arc::new(writer) })
     }
 
     /// Transactions committed so far by this handle's writer (each one a flush to disk).
@@ -168,7 +190,9 @@ impl EmbeddedDb {
             });
             Ran { ok, wrote, done }
         });
-        if let Some(jobs) = &self.writer.jobs {
+        if self.writer.inline {
+            write_groups_of(&self.db, vec![job], &self.writer.commits);
+        } else if let Some(jobs) = &self.writer.jobs {
             let _ = jobs.send(job); // refused only when the writer is gone: the job, and its sender, drop
         }
         Pending { rx }
@@ -199,6 +223,9 @@ impl EmbeddedDb {
         F: FnOnce(&Database) -> Result<T, E> + Send + 'static,
     {
         let db = self.db.clone();
+        if self.writer.inline {
+            return f(&db);
+        }
         match tokio::task::spawn_blocking(move || f(&db)).await {
             Ok(r) => r,
             Err(e) => Err(E::from(format!("embedded db task failed: {e}"))),
@@ -216,13 +243,20 @@ fn write_groups(db: &Database, rx: &mpsc::Receiver<Job>, commits: &std::sync::at
                 Err(_) => break,
             }
         }
+        write_groups_of(db, group, commits);
+    }
+}
+
+/// Runs one group of jobs in one transaction and answers each (see the module's Group commit).
+fn write_groups_of(db: &Database, group: Vec<Job>, commits: &std::sync::atomic::AtomicU64) {
+    {
         let txn = match db.begin_write() {
             Ok(t) => t,
             Err(e) => {
                 // Dropping the jobs unanswered tells their callers the write was not made.
                 tracing::error!(error = %e, "embedded db: cannot begin a write transaction");
                 drop(group);
-                continue;
+                return;
             }
         };
         let mut done = Vec::with_capacity(group.len());

@@ -203,6 +203,15 @@ impl EmbeddedQueue {
             .unwrap_or_default()
     }
 
+    /// The body and first send time of the message whose current delivery `receipt` is, if it is
+    /// one (inspection: the lifecycle simulation reads what an ack is about to delete).
+    pub async fn peek_receipt(&self, receipt: &str) -> Option<(String, u64)> {
+        let state = self.queues.state.lock().await;
+        let (queue, seq) = state.receipts.get(receipt)?;
+        let entry = state.queues.get(queue)?.get(seq)?;
+        Some((entry.stored.body.clone(), entry.stored.sent_at_ms))
+    }
+
     /// Moves an entry to the DLQ inside a held state lock; returns the persistence op.
     fn move_to_dlq(&self, state: &mut State, seq: u64, reason: &str) -> Result<Option<Op>, QueueError> {
         let Some(mut entry) = state.queues.get_mut(&self.name).and_then(|q| q.remove(&seq)) else {

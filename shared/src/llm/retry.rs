@@ -37,7 +37,7 @@ impl RetryPolicy {
     /// Full jitter: uniform in `[0, min(max_delay, base * 2^(attempt - 1))]`.
     pub fn backoff(&self, attempt: u32) -> Duration {
         let cap = self.base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20)).min(self.max_delay);
-        Duration::from_millis(rand::random_range(0..=cap.as_millis() as u64))
+        Duration::from_millis(crate::jitter::range(0..=cap.as_millis() as u64))
     }
 }
 

@@ -149,7 +149,7 @@ pub(super) async fn batch_get(
                     ));
                 }
                 let cap = 50u64 << attempt.min(6);
-                tokio::time::sleep(Duration::from_millis(rand::random_range(0..=cap))).await;
+                tokio::time::sleep(Duration::from_millis(crate::jitter::range(0..=cap))).await;
             }
         }
     }

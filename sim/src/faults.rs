@@ -1,0 +1,821 @@
+//! The fault injectors: one wrapper per port (store, queue, lock, cache, LLM) around the embedded
+//! twins, driven by the history's seeded generator, and the processes whose crash freezes them.
+//!
+//! A call through a wrapper may be delayed, may fail before it reaches the twin, or may fail
+//! *after* it took effect (the answer was lost: the ambiguous error). Its process may crash at any
+//! of these points: a crashed process's calls never return (its futures are parked for good, as if
+//! the process had died), and a call in flight when it crashed may or may not have taken effect.
+//! What the wrappers see on the way through (a record created, a message sent or acked, a model
+//! answer) is reported to the [`Oracle`](crate::oracle::Oracle), which checks the invariants.
+
+use crate::oracle::Oracle;
+use async_trait::async_trait;
+use lanes_core::clock::{Clock, SharedClock};
+use lanes_core::embedded::{EmbeddedQueue, EmbeddedStore, MemoryCache, MemoryLock};
+use lanes_core::ports::*;
+use lanes_core::tasks::TaskRecord;
+use rand::{RngExt, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Wall time of the simulation's epoch (Unix ms).
+pub const EPOCH_MS: u64 = 1_800_000_000_000;
+
+/// Simulated wall time: tokio's (paused) clock since the history began, plus this process's skew.
+#[derive(Debug)]
+pub struct SimClock {
+    start: tokio::time::Instant,
+    skew_ms: i64,
+}
+
+impl SimClock {
+    /// A clock `skew_ms` off the true simulated time.
+    pub fn new(start: tokio::time::Instant, skew_ms: i64) -> Arc<Self> {
+        Arc::new(Self { start, skew_ms })
+    }
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        let t = EPOCH_MS + self.start.elapsed().as_millis() as u64;
+        t.saturating_add_signed(self.skew_ms)
+    }
+}
+
+/// Which port a call goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Port {
+    /// The task store.
+    Store,
+    /// The lane queues and their DLQs.
+    Queue,
+    /// The lease lock.
+    Lock,
+    /// The hot cache.
+    Cache,
+}
+
+/// How one port misbehaves in a history.
+#[derive(Debug, Clone, Default)]
+pub struct PortPlan {
+    /// Chance that a call fails before it takes effect.
+    pub p_fail: f64,
+    /// Chance that a call takes effect and then reports a failure.
+    pub p_ambiguous: f64,
+    /// Chance that a call is slow, and how slow (ms).
+    pub p_slow: f64,
+    /// Upper bound of a slow call (ms).
+    pub slow_ms: u64,
+    /// Outages: from, to (ms since the epoch); every call in one is slow, then fails (some after
+    /// taking effect).
+    pub outages: Vec<(u64, u64)>,
+}
+
+/// How the provider misbehaves.
+#[derive(Debug, Clone, Default)]
+pub struct LlmPlan {
+    /// Chance of a 429.
+    pub p_throttle: f64,
+    /// Chance of a 5xx or a timeout.
+    pub p_retryable: f64,
+    /// Chance of a permanent refusal.
+    pub p_permanent: f64,
+    /// Chance of a slow answer (ten times the usual latency).
+    pub p_slow: f64,
+}
+
+/// What can go wrong in one history, drawn from its seed.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Per port, indexed by `Port as usize`.
+    pub ports: [PortPlan; 4],
+    /// The provider.
+    pub llm: LlmPlan,
+    /// Chance that a worker or ingress process crashes, per second it lives.
+    pub crash_per_sec: f64,
+    /// Times (ms since the epoch) at which every lock key vanishes (a failover without persistence).
+    pub lock_vanish_at: Vec<u64>,
+    /// Times at which every cache entry vanishes.
+    pub cache_vanish_at: Vec<u64>,
+    /// Chance that a send is delivered twice (SQS is at-least-once).
+    pub p_duplicate_delivery: f64,
+    /// Largest clock skew of a process (ms, either way).
+    pub max_skew_ms: i64,
+}
+
+/// What the wrappers of one history share: the generator, the plan, the oracle.
+pub struct Chaos {
+    rng: Mutex<rand::rngs::StdRng>,
+    /// The plan.
+    pub plan: Plan,
+    /// Set once the history calms down: no more faults, so every task can finish.
+    pub calm: std::sync::atomic::AtomicBool,
+    /// Invariants and the trace.
+    pub oracle: Mutex<Oracle>,
+    /// The true simulated clock.
+    pub clock: Arc<SimClock>,
+    /// The shared lock service (replaced when its keys vanish).
+    pub lock: Mutex<Arc<MemoryLock>>,
+    /// The shared cache (replaced when its entries vanish).
+    pub cache: Mutex<Arc<MemoryCache>>,
+    /// The store as it really is (no faults), for the oracle's checks.
+    pub truth: EmbeddedStore,
+    /// Which task each prompt belongs to (prompts are unique per task id).
+    pub prompts: BTreeMap<String, String>,
+}
+
+impl Chaos {
+    /// The chaos of one history.
+    pub fn new(seed: u64, plan: Plan, clock: Arc<SimClock>, truth: EmbeddedStore, oracle: Oracle) -> Self {
+        let shared: SharedClock = clock.clone();
+        Self {
+            rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed)),
+            plan,
+            calm: false.into(),
+            oracle: Mutex::new(oracle),
+            clock,
+            lock: Mutex::new(Arc::new(MemoryLock::new(shared.clone()))),
+            cache: Mutex::new(Arc::new(MemoryCache::new(shared))),
+            truth,
+            prompts: BTreeMap::new(),
+        }
+    }
+
+    /// Milliseconds since the epoch, true time.
+    pub fn now(&self) -> u64 {
+        self.clock.now_ms() - EPOCH_MS
+    }
+
+    /// A uniform draw in `[0, 1)`.
+    pub fn chance(&self) -> f64 {
+        self.rng.lock().map(|mut r| r.random::<f64>()).unwrap_or(0.0)
+    }
+
+    /// A uniform draw in `lo..=hi`.
+    pub fn between(&self, lo: u64, hi: u64) -> u64 {
+        if lo >= hi {
+            return lo;
+        }
+        self.rng.lock().map(|mut r| r.random_range(lo..=hi)).unwrap_or(lo)
+    }
+
+    /// Whether faults are off.
+    pub fn is_calm(&self) -> bool {
+        self.calm.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Runs `f` on the oracle.
+    pub fn oracle<T>(&self, f: impl FnOnce(&mut Oracle) -> T) -> T {
+        let mut o = match self.oracle.lock() {
+            Ok(o) => o,
+            Err(p) => p.into_inner(),
+        };
+        f(&mut o)
+    }
+
+    /// Adds a line to the trace.
+    pub fn trace(&self, line: impl FnOnce() -> String) {
+        let now = self.now();
+        self.oracle(|o| o.trace(now, line()));
+    }
+
+    /// What happens to the next call to `port`.
+    fn decide(&self, port: Port) -> Decision {
+        let base = self.between(0, 8);
+        if self.is_calm() {
+            return Decision { delay_ms: base, fail: None };
+        }
+        let plan = &self.plan.ports[port as usize];
+        let now = self.now();
+        if plan.outages.iter().any(|(a, b)| (*a..*b).contains(&now)) {
+            let ambiguous = self.chance() < 0.3;
+            return Decision { delay_ms: self.between(0, plan.slow_ms.max(1)), fail: Some(ambiguous) };
+        }
+        let mut delay_ms = base;
+        if self.chance() < plan.p_slow {
+            delay_ms += self.between(0, plan.slow_ms);
+        }
+        let roll = self.chance();
+        let fail = if roll < plan.p_fail {
+            Some(false)
+        } else if roll < plan.p_fail + plan.p_ambiguous {
+            Some(true)
+        } else {
+            None
+        };
+        Decision { delay_ms, fail }
+    }
+}
+
+/// One call's fate: its delay, and whether it fails (`Some(true)`: after taking effect).
+#[derive(Debug, Clone, Copy)]
+struct Decision {
+    delay_ms: u64,
+    fail: Option<bool>,
+}
+
+/// A simulated process (a pool worker, a Lambda invocation, an ingress instance, the admin): its
+/// clock and whether it has crashed.
+pub struct Process {
+    /// Its number, for the trace.
+    pub id: u32,
+    /// What it is.
+    pub kind: &'static str,
+    /// Cancelled when it crashes.
+    pub dead: CancellationToken,
+    /// Its clock (skewed).
+    pub clock: SharedClock,
+    /// Tasks whose model call it has started and not yet written: a crash loses that spend.
+    pub in_hand: Mutex<BTreeSet<String>>,
+    /// The admin (`lanes dlq`): its record resets are redrives, not client submissions.
+    pub admin: bool,
+}
+
+impl Process {
+    /// A live process.
+    pub fn new(id: u32, kind: &'static str, clock: SharedClock, admin: bool) -> Arc<Self> {
+        Arc::new(Self { id, kind, dead: CancellationToken::new(), clock, in_hand: Mutex::default(), admin })
+    }
+
+    /// Crashes it: every call of its from now on never returns.
+    pub fn crash(&self, chaos: &Chaos) {
+        if self.dead.is_cancelled() {
+            return;
+        }
+        self.dead.cancel();
+        let lost: Vec<String> = self.in_hand.lock().map(|s| s.iter().cloned().collect()).unwrap_or_default();
+        chaos.trace(|| format!("p{} {} CRASH (in hand: {})", self.id, self.kind, lost.len()));
+        chaos.oracle(|o| {
+            for t in &lost {
+                o.justify(t, "crash with a model call in hand");
+            }
+        });
+    }
+
+    /// Parks for good if it has crashed.
+    pub async fn alive(&self) {
+        if self.dead.is_cancelled() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Sleeps `ms`, or parks for good if it crashes meanwhile.
+    pub async fn sleep(&self, ms: u64) {
+        if ms > 0 {
+            tokio::select! {
+                biased;
+                _ = self.dead.cancelled() => std::future::pending::<()>().await,
+                _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+            }
+        }
+        self.alive().await;
+    }
+}
+
+/// An error a wrapper can inject.
+pub trait Injected {
+    /// The port's retryable failure; `ambiguous` when the call took effect.
+    fn injected(ambiguous: bool) -> Self;
+}
+
+fn what(ambiguous: bool) -> String {
+    if ambiguous { "injected: took effect, answer lost".into() } else { "injected: failed".into() }
+}
+
+impl Injected for StoreError {
+    fn injected(a: bool) -> Self {
+        StoreError::Unavailable(what(a))
+    }
+}
+impl Injected for QueueError {
+    fn injected(a: bool) -> Self {
+        QueueError::Unavailable(what(a))
+    }
+}
+impl Injected for LockError {
+    fn injected(a: bool) -> Self {
+        LockError::Unavailable(what(a))
+    }
+}
+impl Injected for CacheError {
+    fn injected(a: bool) -> Self {
+        CacheError::Unavailable(what(a))
+    }
+}
+
+/// What every wrapper holds.
+#[derive(Clone)]
+pub struct Ctx {
+    /// The history's chaos.
+    pub chaos: Arc<Chaos>,
+    /// The process making the calls.
+    pub proc: Arc<Process>,
+}
+
+impl Ctx {
+    /// Before a call: its delay, and a failure that comes before it takes effect.
+    async fn pre<E: Injected>(&self, port: Port, op: &str, key: &str) -> Result<Decision, E> {
+        self.proc.alive().await;
+        let d = self.chaos.decide(port);
+        self.proc.sleep(d.delay_ms).await;
+        if d.fail == Some(false) {
+            self.chaos.trace(|| format!("p{} {op} {} -> injected failure", self.proc.id, short(key)));
+            return Err(E::injected(false));
+        }
+        Ok(d)
+    }
+
+    /// After a call: parks if the process crashed meanwhile (the effect may stand), or loses the
+    /// answer.
+    async fn post<T, E: Injected>(&self, d: Decision, op: &str, key: &str, r: Result<T, E>) -> Result<T, E> {
+        if self.proc.dead.is_cancelled() {
+            self.proc.alive().await;
+        }
+        if d.fail == Some(true) {
+            self.chaos.trace(|| format!("p{} {op} {} -> took effect, answer lost", self.proc.id, short(key)));
+            return Err(E::injected(true));
+        }
+        r
+    }
+
+    fn note(&self, line: impl FnOnce() -> String) {
+        self.chaos.trace(|| format!("p{} {}", self.proc.id, line()));
+    }
+}
+
+/// A task id as the trace shows it.
+pub fn short(key: &str) -> String {
+    let id = key.trim_start_matches("lease:{task:").trim_end_matches('}');
+    id.chars().take(8).collect()
+}
+
+fn task_of_body(body: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(body).ok()?.get("task_id")?.as_str().map(str::to_owned)
+}
+
+// ---------------------------------------------------------------- store
+
+/// The task store with faults.
+pub struct FaultyStore {
+    /// The twin.
+    pub inner: EmbeddedStore,
+    /// Chaos and process.
+    pub ctx: Ctx,
+}
+
+#[async_trait]
+impl TaskStore for FaultyStore {
+    async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let id = &record.task_id;
+        let d = self.ctx.pre::<StoreError>(Port::Store, "put_pending", id).await?;
+        let before = self.inner.get(id, now_ms).await.ok().flatten();
+        let r = self.inner.put_pending(record, now_ms).await;
+        if let Ok(PutOutcome::Created) = &r {
+            let admin = self.ctx.proc.admin;
+            let was = before.map(|b| b.status);
+            self.ctx.chaos.oracle(|o| o.created(id, admin, was, record.created_at_ms));
+            self.ctx.note(|| format!("put_pending {} -> Created (admin: {admin})", short(id)));
+        }
+        self.ctx.post(d, "put_pending", id, r).await
+    }
+    async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "get", task_id).await?;
+        let r = self.inner.get(task_id, now_ms).await;
+        self.ctx.post(d, "get", task_id, r).await
+    }
+    async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "delete_pending", task_id).await?;
+        let r = self.inner.delete_pending(task_id, nonce).await;
+        if let Ok(true) = r {
+            self.ctx.note(|| format!("delete_pending {} -> deleted", short(task_id)));
+        }
+        self.ctx.post(d, "delete_pending", task_id, r).await
+    }
+    async fn mark_enqueued(
+        &self,
+        task_id: &str,
+        fence: u64,
+        now_ms: u64,
+        ttl: u64,
+    ) -> Result<bool, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "mark_enqueued", task_id).await?;
+        let r = self.inner.mark_enqueued(task_id, fence, now_ms, ttl).await;
+        self.ctx.post(d, "mark_enqueued", task_id, r).await
+    }
+    async fn claim(&self, task_id: &str, now_ms: u64, ttl: u64) -> Result<ClaimOutcome, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "claim", task_id).await?;
+        let r = self.inner.claim(task_id, now_ms, ttl).await;
+        if let Ok(ClaimOutcome::Claimed(rec)) = &r {
+            self.ctx.note(|| format!("claim {} -> fence {}", short(task_id), rec.fence));
+        }
+        self.ctx.post(d, "claim", task_id, r).await
+    }
+    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError> {
+        self.release_hand(task_id);
+        let d = self.ctx.pre::<StoreError>(Port::Store, "note_attempt", task_id).await?;
+        let r = self.inner.note_attempt(task_id, fence, reason).await;
+        self.ctx.post(d, "note_attempt", task_id, r).await
+    }
+    async fn cancel(&self, task_id: &str, now_ms: u64, ttl: u64) -> Result<CancelOutcome, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "cancel", task_id).await?;
+        let r = self.inner.cancel(task_id, now_ms, ttl).await;
+        if let Ok(CancelOutcome::Cancelled(rec)) = &r {
+            self.ctx.chaos.oracle(|o| {
+                o.terminal_write(task_id, "CANCELLED");
+                o.cancelled(task_id);
+            });
+            self.ctx.note(|| format!("cancel {} -> CANCELLED fence {}", short(task_id), rec.fence));
+        }
+        self.ctx.post(d, "cancel", task_id, r).await
+    }
+    async fn fail_unfinished(
+        &self,
+        task_id: &str,
+        reason: &str,
+        sent_before_ms: u64,
+        now_ms: u64,
+        ttl: u64,
+    ) -> Result<bool, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "fail_unfinished", task_id).await?;
+        let r = self.inner.fail_unfinished(task_id, reason, sent_before_ms, now_ms, ttl).await;
+        if let Ok(true) = r {
+            self.ctx.chaos.oracle(|o| o.terminal_write(task_id, "FAILED"));
+            self.ctx.note(|| format!("fail_unfinished {} -> FAILED ({reason})", short(task_id)));
+        }
+        self.ctx.post(d, "fail_unfinished", task_id, r).await
+    }
+    async fn finish(
+        &self,
+        task_id: &str,
+        fence: u64,
+        completion: Completion,
+        now_ms: u64,
+        ttl: u64,
+    ) -> Result<FinishOutcome, StoreError> {
+        let d = match self.ctx.pre::<StoreError>(Port::Store, "finish", task_id).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.ctx.chaos.oracle(|o| o.justify(task_id, "final write failed"));
+                return Err(e);
+            }
+        };
+        let answered = matches!(completion, Completion::Completed(_));
+        let r = self.inner.finish(task_id, fence, completion, now_ms, ttl).await;
+        match &r {
+            Ok(FinishOutcome::Written(rec)) => {
+                let status = rec.status.as_str();
+                self.ctx.chaos.oracle(|o| o.terminal_write(task_id, status));
+                self.ctx.note(|| format!("finish {} fence {fence} -> {status}", short(task_id)));
+            }
+            Ok(FinishOutcome::StaleFence) if answered => {
+                let now = self.ctx.chaos.clock.now_ms();
+                let current = self.inner.get(task_id, now).await.ok().flatten();
+                let (id, current) = (task_id.to_owned(), current);
+                self.ctx.note(|| {
+                    let st = current
+                        .as_ref()
+                        .map_or("gone".into(), |c| format!("{:?} fence {}", c.status, c.fence));
+                    format!("finish {} fence {fence} -> StaleFence (record {st})", short(&id))
+                });
+                self.ctx.chaos.oracle(|o| o.answer_refused(task_id, current.as_ref()));
+            }
+            _ => {}
+        }
+        self.release_hand(task_id);
+        if d.fail == Some(true) {
+            self.ctx.chaos.oracle(|o| o.justify(task_id, "final write's answer lost"));
+        }
+        self.ctx.post(d, "finish", task_id, r).await
+    }
+}
+
+impl FaultyStore {
+    fn release_hand(&self, task_id: &str) {
+        if let Ok(mut h) = self.ctx.proc.in_hand.lock() {
+            h.remove(task_id);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- queue
+
+/// A lane queue (or DLQ) with faults.
+pub struct FaultyQueue {
+    /// The twin.
+    pub inner: EmbeddedQueue,
+    /// Chaos and process.
+    pub ctx: Ctx,
+}
+
+#[async_trait]
+impl QueueSend for FaultyQueue {
+    async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
+        let task = task_of_body(body).unwrap_or_default();
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "send", &task).await?;
+        let r = self.inner.send(body, attributes.clone()).await;
+        if r.is_ok()
+            && !self.ctx.chaos.is_calm()
+            && self.ctx.chaos.chance() < self.ctx.chaos.plan.p_duplicate_delivery
+        {
+            let _ = self.inner.send(body, attributes).await;
+            self.ctx.note(|| format!("send {} delivered twice", short(&task)));
+        }
+        let r = self.ctx.post(d, "send", &task, r).await;
+        if r.is_ok() {
+            let (admin, now) = (self.ctx.proc.admin, self.ctx.chaos.now());
+            self.ctx.chaos.oracle(|o| o.sent(&task, admin, now));
+            self.ctx.note(|| format!("send {} ok to {}", short(&task), self.inner.name()));
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl QueueConsume for FaultyQueue {
+    async fn receive_for(
+        &self,
+        max: usize,
+        vis: Option<Duration>,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "receive", "").await?;
+        let r = self.inner.receive_for(max, vis).await;
+        if let Ok(got) = &r {
+            for m in got {
+                let t = task_of_body(&m.body).unwrap_or_default();
+                self.ctx.note(|| {
+                    format!("receive {} from {} (#{})", short(&t), self.inner.name(), m.receive_count)
+                });
+            }
+        }
+        self.ctx.post(d, "receive", "", r).await
+    }
+    async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "change_visibility", "").await?;
+        let r = self.inner.change_visibility(receipt, timeout).await;
+        self.ctx.post(d, "change_visibility", "", r).await
+    }
+    async fn change_visibility_many(
+        &self,
+        receipts: &[String],
+        timeout: Duration,
+    ) -> Vec<Result<(), QueueError>> {
+        let d = match self.ctx.pre::<QueueError>(Port::Queue, "change_visibility_many", "").await {
+            Ok(d) => d,
+            Err(_) => return receipts.iter().map(|_| Err(QueueError::injected(false))).collect(),
+        };
+        let r = self.inner.change_visibility_many(receipts, timeout).await;
+        match self.ctx.post::<_, QueueError>(d, "change_visibility_many", "", Ok(r)).await {
+            Ok(r) => r,
+            Err(_) => receipts.iter().map(|_| Err(QueueError::injected(true))).collect(),
+        }
+    }
+    async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "delete", "").await?;
+        check_ack(&self.ctx.chaos, &self.inner, receipt).await;
+        let r = self.inner.delete(receipt).await;
+        self.ctx.post(d, "delete", "", r).await
+    }
+    async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
+        let task = task_of_body(&message.body).unwrap_or_default();
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "requeue", &task).await?;
+        let r = self.inner.requeue(message, delay).await;
+        self.ctx.post(d, "requeue", &task, r).await
+    }
+    async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
+        let task = task_of_body(&message.body).unwrap_or_default();
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "dead_letter", &task).await?;
+        let r = self.inner.dead_letter(message, reason).await;
+        self.ctx.post(d, "dead_letter", &task, r).await
+    }
+    async fn depth(&self) -> Result<QueueDepth, QueueError> {
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "depth", "").await?;
+        let r = self.inner.depth().await;
+        self.ctx.post(d, "depth", "", r).await
+    }
+    fn max_receive_count(&self) -> u32 {
+        self.inner.max_receive_count()
+    }
+    async fn start_move_back(&self) -> Result<String, QueueError> {
+        let d = self.ctx.pre::<QueueError>(Port::Queue, "start_move_back", "").await?;
+        let r = self.inner.start_move_back().await;
+        self.ctx.post(d, "start_move_back", "", r).await
+    }
+    async fn move_tasks(&self) -> Result<Vec<MoveTask>, QueueError> {
+        self.inner.move_tasks().await
+    }
+}
+
+/// I5: a delivery is acked only once its record is settled. The message's task is read from the
+/// twin's own view of the receipt (peeked before the delete), the record from the true store.
+pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
+    let Some((body, sent_at_ms)) = queue.peek_receipt(receipt).await else { return };
+    let Some(task) = task_of_body(&body) else { return };
+    let record = chaos.truth.get(&task, chaos.clock.now_ms()).await.ok().flatten();
+    chaos.oracle(|o| o.acked(&task, record.as_ref(), sent_at_ms));
+}
+
+// ---------------------------------------------------------------- lock
+
+/// The lease lock with faults; its keys vanish on the plan's failovers.
+pub struct FaultyLock {
+    /// Chaos and process.
+    pub ctx: Ctx,
+}
+
+impl FaultyLock {
+    fn inner(&self) -> Arc<MemoryLock> {
+        match self.ctx.chaos.lock.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    async fn guarded<T>(
+        &self,
+        op: &str,
+        key: &str,
+        f: impl std::future::Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        let task = key.trim_start_matches("lease:{task:").trim_end_matches('}').to_owned();
+        let d = match self.ctx.pre::<LockError>(Port::Lock, op, key).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.ctx.chaos.oracle(|o| o.justify(&task, "lock unavailable"));
+                return Err(e);
+            }
+        };
+        let r = f.await;
+        if d.fail == Some(true) {
+            self.ctx.chaos.oracle(|o| o.justify(&task, "lock answer lost"));
+        }
+        self.ctx.post(d, op, key, r).await
+    }
+}
+
+#[async_trait]
+impl LeaseLock for FaultyLock {
+    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
+        let inner = self.inner();
+        let r = self.guarded("lock.acquire", key, inner.acquire(key, ttl)).await;
+        if let Ok(a) = &r {
+            let got = matches!(a, Acquire::Acquired(_));
+            self.ctx
+                .note(|| format!("lock.acquire {} -> {}", short(key), if got { "acquired" } else { "held" }));
+        }
+        r
+    }
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError> {
+        let inner = self.inner();
+        let r = self.guarded("lock.renew", key, inner.renew(key, token, ttl)).await;
+        if let Ok(false) = r {
+            self.ctx.note(|| format!("lock.renew {} -> refused", short(key)));
+        }
+        r
+    }
+    async fn release(&self, key: &str, token: &str) -> Result<bool, LockError> {
+        let inner = self.inner();
+        self.guarded("lock.release", key, inner.release(key, token)).await
+    }
+}
+
+// ---------------------------------------------------------------- cache
+
+/// The hot cache with faults; its entries vanish on the plan's failovers.
+pub struct FaultyCache {
+    /// Chaos and process.
+    pub ctx: Ctx,
+}
+
+impl FaultyCache {
+    fn inner(&self) -> Arc<MemoryCache> {
+        match self.ctx.chaos.cache.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl Cache for FaultyCache {
+    async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.get", key).await?;
+        let r = self.inner().get(key).await;
+        // I4: a completed record in the cache is one the store holds completed.
+        if let Ok(Some(json)) = &r
+            && let Some(id) = key.strip_prefix("task:")
+            && let Ok(rec) = serde_json::from_str::<TaskRecord>(json)
+            && rec.status == lanes_core::tasks::TaskStatus::Completed
+        {
+            let stored = self.ctx.chaos.truth.get(id, self.ctx.chaos.clock.now_ms()).await.ok().flatten();
+            self.ctx.chaos.oracle(|o| o.cache_answer(id, stored.as_ref()));
+        }
+        self.ctx.post(d, "cache.get", key, r).await
+    }
+    async fn set(&self, key: &str, value: &str, ttl: Duration) -> Result<(), CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.set", key).await?;
+        let r = self.inner().set(key, value, ttl).await;
+        self.ctx.post(d, "cache.set", key, r).await
+    }
+    async fn add(&self, key: &str, by: u64, ttl: Duration) -> Result<u64, CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.add", key).await?;
+        let r = self.inner().add(key, by, ttl).await;
+        self.ctx.post(d, "cache.add", key, r).await
+    }
+    async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.enter", key).await?;
+        let r = self.inner().enter(key, member, now_ms, until_ms).await;
+        self.ctx.post(d, "cache.enter", key, r).await
+    }
+    async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.leave", key).await?;
+        let r = self.inner().leave(key, member).await;
+        self.ctx.post(d, "cache.leave", key, r).await
+    }
+    async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.count_live", key).await?;
+        let r = self.inner().count_live(key, now_ms).await;
+        self.ctx.post(d, "cache.count_live", key, r).await
+    }
+}
+
+// ---------------------------------------------------------------- provider
+
+/// The provider: answers after a lane-sized latency, or throttles, fails, refuses, is slow. Every
+/// call that is not refused by an injected error is spend, answered or dropped mid-way.
+pub struct SimLlm {
+    /// Chaos and process.
+    pub ctx: Ctx,
+}
+
+/// Counts one call's spend when it ends, however it ends, unless the provider refused it.
+struct Spend {
+    chaos: Arc<Chaos>,
+    task: String,
+    refused: bool,
+}
+
+impl Drop for Spend {
+    fn drop(&mut self) {
+        if !self.refused {
+            let task = std::mem::take(&mut self.task);
+            self.chaos.oracle(|o| o.spent(&task));
+        }
+    }
+}
+
+#[async_trait]
+impl LlmClient for SimLlm {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let chaos = &self.ctx.chaos;
+        let task = chaos.prompts.get(&request.prompt).cloned().unwrap_or_default();
+        if let Ok(mut h) = self.ctx.proc.in_hand.lock() {
+            h.insert(task.clone());
+        }
+        self.ctx.note(|| format!("llm.call {} starts", short(&task)));
+        let mut spend = Spend { chaos: chaos.clone(), task: task.clone(), refused: false };
+        let plan = &chaos.plan.llm;
+        let mut latency = match request.lane {
+            lanes_core::domain::Lane::Interactive => chaos.between(100, 3_000),
+            _ => chaos.between(2_000, 40_000),
+        };
+        let roll = if chaos.is_calm() { 1.0 } else { chaos.chance() };
+        if !chaos.is_calm() && chaos.chance() < plan.p_slow {
+            latency *= 10;
+        }
+        let (p1, p2, p3) = (
+            plan.p_throttle,
+            plan.p_throttle + plan.p_retryable,
+            plan.p_throttle + plan.p_retryable + plan.p_permanent,
+        );
+        if roll < p3 {
+            spend.refused = true;
+            self.ctx.proc.sleep(latency / 4).await;
+            if let Ok(mut h) = self.ctx.proc.in_hand.lock() {
+                h.remove(&task);
+            }
+            self.ctx.note(|| format!("llm.call {} refused", short(&task)));
+            return Err(if roll < p1 {
+                LlmError::Throttled {
+                    message: "429".into(),
+                    retry_after: Some(Duration::from_secs(chaos.between(1, 20))),
+                }
+            } else if roll < p2 {
+                LlmError::Retryable { message: "503 or timeout".into(), retry_after: None }
+            } else {
+                LlmError::Permanent("400 the model refused the request".into())
+            });
+        }
+        self.ctx.proc.sleep(latency).await;
+        self.ctx.note(|| format!("llm.call {} answered", short(&task)));
+        let prompt = (request.prompt.len() / 4) as u64 + 20;
+        Ok(LlmResponse {
+            text: format!("answer to {}", short(&task)),
+            model: "sim-model".into(),
+            usage: lanes_core::domain::TokenUsage { prompt, completion: 80 },
+            truncated: false,
+            limits: ProviderLimits::default(),
+        })
+    }
+}

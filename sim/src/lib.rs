@@ -1,0 +1,144 @@
+//! # lanes-sim
+//!
+//! A deterministic simulation of the task lifecycle: the real core (ingress, worker, lease, pool,
+//! the Lambda batch glue, the DLQ sweep and redrive) over the embedded twins, every port behind a
+//! fault injector, on tokio's paused clock and one thread, so a history is decided by its seed
+//! alone and ten simulated minutes run in milliseconds. After each history the invariants are
+//! checked; a violation carries its seed and the trace that led to it.
+//!
+//! # Layout
+//!
+//! - [`faults`]: the plan of a history's faults, the processes that crash, the port wrappers.
+//! - [`oracle`]: the invariants and the book that checks them.
+//! - [`history`]: one history: the world, the actors, the phases.
+//! - this file: many histories across threads, and their summary.
+
+pub mod faults;
+pub mod history;
+pub mod oracle;
+
+pub use history::{HistoryReport, Options};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What a run of many histories found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Histories run.
+    pub histories: u64,
+    /// First seed.
+    pub first_seed: u64,
+    /// Wall time (s).
+    pub elapsed_secs: f64,
+    /// Histories per minute of wall time.
+    pub histories_per_minute: f64,
+    /// Mean faults injected per history.
+    pub faults_per_history: f64,
+    /// Mean simulated seconds per history.
+    pub simulated_secs_per_history: f64,
+    /// Violations per invariant.
+    pub violations: BTreeMap<&'static str, u64>,
+    /// Histories that exercised each invariant.
+    pub exercised: BTreeMap<&'static str, u64>,
+    /// Tasks by model calls per run (0, 1, 2, ...).
+    pub calls_per_run: BTreeMap<u32, u64>,
+    /// Model calls beyond one per run that the simulation's breaks justify.
+    pub justified_extra_calls: u64,
+    /// Runs of tasks in all.
+    pub runs: u64,
+    /// The first failing history of each invariant, with its violations.
+    pub failures: Vec<HistoryReport>,
+}
+
+impl Summary {
+    /// Violations in all.
+    pub fn violation_count(&self) -> u64 {
+        self.violations.values().sum()
+    }
+}
+
+/// Runs `count` histories from `first_seed` on `threads` threads (each history on its own
+/// single-threaded runtime), stopping early after `stop_after` failing histories when set.
+pub fn run_many(
+    first_seed: u64,
+    count: u64,
+    threads: usize,
+    options: &Options,
+    stop_after: Option<usize>,
+) -> Summary {
+    let started = std::time::Instant::now();
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let reports = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    if stop_after.is_some_and(|n| failed.load(std::sync::atomic::Ordering::Relaxed) >= n) {
+                        return;
+                    }
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= count {
+                        return;
+                    }
+                    let report = history::run(first_seed.wrapping_add(i), options);
+                    if !report.violations.is_empty() {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if let Ok(mut r) = reports.lock() {
+                        r.push(report);
+                    }
+                }
+            });
+        }
+    });
+    let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
+    reports.sort_by_key(|r| r.seed);
+    summarize(first_seed, &reports, started.elapsed().as_secs_f64())
+}
+
+fn summarize(first_seed: u64, reports: &[HistoryReport], elapsed: f64) -> Summary {
+    let n = reports.len().max(1) as f64;
+    let mut violations: BTreeMap<&'static str, u64> = oracle::INVARIANTS.iter().map(|i| (*i, 0)).collect();
+    let mut exercised: BTreeMap<&'static str, u64> = oracle::INVARIANTS.iter().map(|i| (*i, 0)).collect();
+    let mut calls_per_run = BTreeMap::new();
+    for r in reports {
+        for v in &r.violations {
+            *violations.entry(v.invariant).or_default() += 1;
+        }
+        for e in &r.exercised {
+            *exercised.entry(e).or_default() += 1;
+        }
+        for c in &r.calls_per_run {
+            *calls_per_run.entry(*c).or_default() += 1;
+        }
+    }
+    Summary {
+        histories: reports.len() as u64,
+        first_seed,
+        elapsed_secs: elapsed,
+        histories_per_minute: reports.len() as f64 / (elapsed / 60.0).max(1e-9),
+        faults_per_history: reports.iter().map(|r| r.faults as f64).sum::<f64>() / n,
+        simulated_secs_per_history: reports.iter().map(|r| r.simulated_secs as f64).sum::<f64>() / n,
+        violations,
+        exercised,
+        calls_per_run,
+        justified_extra_calls: reports.iter().map(|r| u64::from(r.justified_extra)).sum(),
+        runs: reports.iter().map(|r| u64::from(r.runs)).sum(),
+        failures: first_failures(reports),
+    }
+}
+
+/// The first history that broke each invariant (one history may stand for several).
+fn first_failures(reports: &[HistoryReport]) -> Vec<HistoryReport> {
+    let mut out: Vec<HistoryReport> = Vec::new();
+    for invariant in oracle::INVARIANTS {
+        let first = reports.iter().find(|r| r.violations.iter().any(|v| v.invariant == invariant));
+        if let Some(r) = first
+            && !out.iter().any(|o| o.seed == r.seed)
+        {
+            out.push(r.clone());
+        }
+    }
+    out
+}

@@ -1,0 +1,333 @@
+//! The invariants, and the book each history keeps to check them: what clients were answered, what
+//! each task's runs spent, which terminal writes happened, and a trace of the operations.
+//!
+//! - **I1.** Every id a client was answered 202 or 200 for ends `COMPLETED`, `FAILED` (with a
+//!   reason) or `CANCELLED`, and never reads 404.
+//! - **I2.** Each run of a task spends at most one model call (answered, or dropped mid-way: the
+//!   provider bills both). A call is a justified extra only when the simulation broke the run beyond
+//!   what the design survives: a crash or Lambda's deadline with the call in hand, the lock service
+//!   unreachable or its keys lost, the final write failing. Those are counted on their own.
+//! - **I3.** At most one terminal write per run; a task its client cancelled stays `CANCELLED`
+//!   unless the client submits it again (a redrive is not a submission).
+//! - **I4.** The cache never answers `COMPLETED` for a task the store does not hold completed.
+//! - **I5.** No delivery is acked while the run it carries is unsettled.
+//! - **I7.** A duplicate of an accepted task answers that task (same id, 202 or 200), whatever the
+//!   quotas and the cache.
+//! - **I8.** Ingress re-sends a run's message at most once per enqueue grace, however many clients
+//!   poll (sends the sender was told failed do not count).
+//! - **I9.** A paid answer is written: a completed final write is refused only by the client's
+//!   cancellation, or in a run the simulation broke (as in I2).
+//!
+//! I6 (commit summaries exactly once) belongs to the commits flow, which this simulation does not
+//! drive yet.
+
+use lanes_core::tasks::{TaskRecord, TaskStatus};
+use serde::Serialize;
+use std::collections::{BTreeMap, VecDeque};
+
+/// The invariants, by name.
+pub const INVARIANTS: [&str; 8] = ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "I9"];
+
+/// One broken invariant.
+#[derive(Debug, Clone, Serialize)]
+pub struct Violation {
+    /// Which.
+    pub invariant: &'static str,
+    /// The task (short id).
+    pub task: String,
+    /// What was seen.
+    pub detail: String,
+    /// The operations that led to it (this task's, and crashes), oldest first.
+    pub trace: Vec<String>,
+}
+
+/// What one task went through.
+#[derive(Debug, Default, Clone)]
+struct Book {
+    runs: u32,
+    spend: u32,
+    justified: u32,
+    why: Vec<String>,
+    terminal_writes: u32,
+    answered: bool,
+    sends_allowed: u32,
+    last_send_ms: Option<u64>,
+    cancelled_by_client: bool,
+}
+
+/// The book of one history.
+#[derive(Debug, Default)]
+pub struct Oracle {
+    trace: VecDeque<String>,
+    tasks: BTreeMap<String, Book>,
+    /// Broken invariants, in the order they were seen.
+    pub violations: Vec<Violation>,
+    /// Invariants this history gave something to check.
+    pub exercised: BTreeMap<&'static str, u64>,
+    /// Faults injected.
+    pub faults: u64,
+    /// The enqueue grace, less twice the largest skew (I8's window).
+    pub resend_window_ms: u64,
+    /// Largest skew between two processes.
+    pub skew_ms: u64,
+    digest: u64,
+}
+
+const TRACE_KEEP: usize = 20_000;
+
+impl Oracle {
+    /// A book for a history whose ingress re-sends after `grace_ms`, with clocks up to `skew_ms` off.
+    pub fn new(grace_ms: u64, skew_ms: u64) -> Self {
+        Self { resend_window_ms: grace_ms.saturating_sub(2 * skew_ms), skew_ms, ..Default::default() }
+    }
+
+    /// Records an operation.
+    pub fn trace(&mut self, now_ms: u64, line: String) {
+        if line.contains("injected") || line.contains("answer lost") {
+            self.faults += 1;
+        }
+        for b in line.bytes().chain(now_ms.to_le_bytes()) {
+            self.digest = (self.digest ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        if self.trace.len() == TRACE_KEEP {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(format!("{:>9.3}s {line}", now_ms as f64 / 1000.0));
+    }
+
+    fn book(&mut self, task: &str) -> &mut Book {
+        self.tasks.entry(task.to_owned()).or_default()
+    }
+
+    fn exercise(&mut self, invariant: &'static str) {
+        *self.exercised.entry(invariant).or_default() += 1;
+    }
+
+    /// Flags a violation, with this task's part of the trace.
+    pub fn violate(&mut self, invariant: &'static str, task: &str, detail: String) {
+        let short: String = task.chars().take(8).collect();
+        // One report per invariant and task: the first is the one with the story.
+        if self.violations.iter().any(|v| v.invariant == invariant && v.task == short) {
+            return;
+        }
+        let trace: Vec<String> = self
+            .trace
+            .iter()
+            .filter(|l| {
+                (!short.is_empty() && l.contains(&short)) || l.contains("CRASH") || l.contains("VANISH")
+            })
+            // A finished task's reads and duplicates say nothing new.
+            .filter(|l| !(l.contains(" client ") && l.contains("-> 200")))
+            .cloned()
+            .collect();
+        let trace = trace[trace.len().saturating_sub(50)..].to_vec();
+        self.violations.push(Violation { invariant, task: short, detail, trace });
+    }
+
+    /// A `PENDING` record was written for a new run; by the admin (a redrive) or by a client. `was`
+    /// is the status it replaced.
+    pub fn created(&mut self, task: &str, admin: bool, was: Option<TaskStatus>, _created_at_ms: u64) {
+        if admin && was == Some(TaskStatus::Cancelled) {
+            self.exercise("I3");
+            self.violate("I3", task, "a redrive reset a task its client had cancelled".into());
+        }
+        let b = self.book(task);
+        b.runs += 1;
+        b.sends_allowed = 1;
+        b.last_send_ms = None;
+        if !admin {
+            b.cancelled_by_client = false;
+        }
+    }
+
+    /// A message of `task` was sent and the sender was told so.
+    pub fn sent(&mut self, task: &str, admin: bool, now_ms: u64) {
+        let window = self.resend_window_ms;
+        let b = self.book(task);
+        if admin {
+            return;
+        }
+        if b.sends_allowed > 0 {
+            b.sends_allowed -= 1;
+            b.last_send_ms = Some(now_ms);
+            return;
+        }
+        let last = b.last_send_ms.replace(now_ms);
+        self.exercise("I8");
+        if let Some(last) = last
+            && now_ms.saturating_sub(last) < window
+        {
+            let gap = now_ms - last;
+            self.violate(
+                "I8",
+                task,
+                format!("re-sent {gap} ms after the last send (grace less skew: {window} ms)"),
+            );
+        }
+    }
+
+    /// A model call of `task` ended as spend (answered, or dropped).
+    pub fn spent(&mut self, task: &str) {
+        self.book(task).spend += 1;
+    }
+
+    /// The simulation broke a run of `task` beyond what the design survives.
+    pub fn justify(&mut self, task: &str, why: &str) {
+        let b = self.book(task);
+        b.justified += 1;
+        if b.why.len() < 8 {
+            b.why.push(why.to_owned());
+        }
+    }
+
+    /// A terminal write took effect.
+    pub fn terminal_write(&mut self, task: &str, _status: &str) {
+        self.book(task).terminal_writes += 1;
+    }
+
+    /// A completed final write was refused by the fence; `current` is the record then (I9).
+    pub fn answer_refused(&mut self, task: &str, current: Option<&TaskRecord>) {
+        self.exercise("I9");
+        let status = current.map(|r| r.status);
+        let b = self.book(task);
+        if status == Some(TaskStatus::Cancelled) || b.justified > 0 {
+            return;
+        }
+        let detail = match current {
+            Some(r) => format!(
+                "a paid answer was thrown away: the record was {:?} ({})",
+                r.status,
+                r.error.clone().unwrap_or_default()
+            ),
+            None => "a paid answer was thrown away: the record is gone".into(),
+        };
+        self.violate("I9", task, detail);
+    }
+
+    /// A delivery of `task`, sent at `sent_at_ms`, is being acked while the store holds `record` (I5).
+    pub fn acked(&mut self, task: &str, record: Option<&TaskRecord>, sent_at_ms: u64) {
+        self.exercise("I5");
+        if let Some(r) = record
+            && !r.status.is_terminal()
+            && r.created_at_ms <= sent_at_ms + self.skew_ms
+        {
+            self.violate("I5", task, format!("acked while the record is {:?}", r.status));
+        }
+    }
+
+    /// The cache answered `COMPLETED` for `task` while the store holds `stored` (I4).
+    pub fn cache_answer(&mut self, task: &str, stored: Option<&TaskRecord>) {
+        self.exercise("I4");
+        if stored.map(|r| r.status) != Some(TaskStatus::Completed) {
+            let st = stored.map_or("nothing".to_owned(), |r| format!("{:?}", r.status));
+            self.violate("I4", task, format!("the cache answered COMPLETED, the store holds {st}"));
+        }
+    }
+
+    /// A client was answered 202 or 200 for `task`.
+    pub fn answered(&mut self, task: &str) {
+        self.book(task).answered = true;
+    }
+
+    /// A client read 404 for `task`.
+    pub fn read_missing(&mut self, task: &str) {
+        if self.tasks.get(task).is_some_and(|b| b.answered) {
+            self.exercise("I1");
+            self.violate("I1", task, "read 404 after a 202 or 200".into());
+        }
+    }
+
+    /// A POST of an accepted task was answered `code` (I7); `stored` is the record then, `id` the
+    /// id the answer named.
+    pub fn duplicate_answer(&mut self, task: &str, code: u16, id: Option<&str>, stored: Option<&TaskRecord>) {
+        let Some(b) = self.tasks.get(task) else { return };
+        if !b.answered {
+            return;
+        }
+        self.exercise("I7");
+        let live = stored.is_some_and(|r| !r.status.is_resubmittable());
+        if (code == 200 || code == 202) && id != Some(task) {
+            self.violate("I7", task, format!("a duplicate was answered for another id {id:?}"));
+        } else if live && (400..500).contains(&code) {
+            self.violate("I7", task, format!("a duplicate of an accepted task was answered {code}"));
+        }
+    }
+
+    /// Its client cancelled `task` (DELETE answered 200).
+    pub fn cancelled(&mut self, task: &str) {
+        self.book(task).cancelled_by_client = true;
+    }
+
+    /// The checks at the end of a history, given each task's final record.
+    pub fn finish(&mut self, finals: &BTreeMap<String, Option<TaskRecord>>) -> Vec<u32> {
+        let mut per_run = Vec::new();
+        let tasks: Vec<(String, Book)> = self.tasks.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (task, b) in tasks {
+            let last = finals.get(&task).cloned().flatten();
+            if b.answered {
+                self.exercise("I1");
+                match &last {
+                    None => self.violate("I1", &task, "answered 202/200, and the record is gone".into()),
+                    Some(r) if !r.status.is_terminal() => self.violate(
+                        "I1",
+                        &task,
+                        format!("answered 202/200, and never finished: {:?}", r.status),
+                    ),
+                    Some(r)
+                        if r.status == TaskStatus::Failed && r.error.as_deref().unwrap_or("").is_empty() =>
+                    {
+                        self.violate("I1", &task, "FAILED without a reason".into())
+                    }
+                    _ => {}
+                }
+            }
+            if b.runs > 0 {
+                self.exercise("I2");
+                per_run.push(b.spend.div_ceil(b.runs.max(1)));
+                if b.spend > b.runs + b.justified {
+                    let why = b.why.join("; ");
+                    self.violate(
+                        "I2",
+                        &task,
+                        format!(
+                            "{} model calls for {} runs ({} justified: {why})",
+                            b.spend, b.runs, b.justified
+                        ),
+                    );
+                }
+                self.exercise("I3");
+                if b.terminal_writes > b.runs {
+                    self.violate(
+                        "I3",
+                        &task,
+                        format!("{} terminal writes for {} runs", b.terminal_writes, b.runs),
+                    );
+                }
+            }
+            if b.cancelled_by_client {
+                self.exercise("I3");
+                if let Some(r) = &last
+                    && r.status != TaskStatus::Cancelled
+                {
+                    self.violate("I3", &task, format!("cancelled by its client, and ended {:?}", r.status));
+                }
+            }
+        }
+        per_run
+    }
+
+    /// Model calls beyond one per run that the simulation's breaks justify.
+    pub fn justified_extra(&self) -> u32 {
+        self.tasks.values().map(|b| b.spend.saturating_sub(b.runs).min(b.justified)).sum()
+    }
+
+    /// A digest of every traced operation and its time: equal for equal histories.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// Runs in this history.
+    pub fn runs(&self) -> u32 {
+        self.tasks.values().map(|b| b.runs).sum()
+    }
+}
