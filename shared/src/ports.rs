@@ -223,6 +223,21 @@ pub enum PutOutcome {
     Exists(Box<TaskRecord>),
 }
 
+/// `enqueued_at_ms` of a `PENDING` record whose message is known unsent (its send failed): the
+/// next duplicate or read sends it at once.
+pub const UNSENT: u64 = 0;
+
+/// A compare-and-set of a `PENDING` record's `enqueued_at_ms` ([`TaskStore::mark_enqueued`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueMark {
+    /// The fence of the record read.
+    pub fence: u64,
+    /// Its `enqueued_at_ms` as read.
+    pub from_ms: u64,
+    /// The new value: the time of a send about to be made, or [`UNSENT`].
+    pub to_ms: u64,
+}
+
 /// Result of a claim.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClaimOutcome {
@@ -230,7 +245,7 @@ pub enum ClaimOutcome {
     Claimed(Box<TaskRecord>),
     /// Not claimable (terminal); the current record.
     Terminal(Box<TaskRecord>),
-    /// No record (never written, removed after a failed enqueue, or expired).
+    /// No record (never written, deleted, or expired).
     Missing,
 }
 
@@ -276,12 +291,15 @@ pub trait TaskStore: Send + Sync {
     async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError>;
     /// Deletes a `PENDING`, never-claimed record carrying `nonce` (undoes a put whose enqueue failed).
     async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError>;
-    /// Records a re-send of a stale `PENDING` record that no worker claimed, and extends its TTL to
-    /// at least `ttl_secs` from now (the new message's retention); false if it changed.
+    /// Moves a `PENDING` record's `enqueued_at_ms` from `mark.from_ms` to `mark.to_ms` if it is
+    /// still the record with `mark.fence` and still reads `from_ms` (compare-and-set), and extends
+    /// its TTL to at least `ttl_secs` from now (a new message's retention); false if it changed.
+    /// Ingress claims a re-send this way before sending, so of concurrent readers one sends, and
+    /// marks a message known unsent with [`UNSENT`].
     async fn mark_enqueued(
         &self,
         task_id: &str,
-        fence: u64,
+        mark: EnqueueMark,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError>;

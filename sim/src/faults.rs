@@ -396,12 +396,12 @@ impl TaskStore for FaultyStore {
     async fn mark_enqueued(
         &self,
         task_id: &str,
-        fence: u64,
+        mark: EnqueueMark,
         now_ms: u64,
         ttl: u64,
     ) -> Result<bool, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "mark_enqueued", task_id).await?;
-        let r = self.inner.mark_enqueued(task_id, fence, now_ms, ttl).await;
+        let r = self.inner.mark_enqueued(task_id, mark, now_ms, ttl).await;
         self.ctx.post(d, "mark_enqueued", task_id, r).await
     }
     async fn claim(&self, task_id: &str, now_ms: u64, ttl: u64) -> Result<ClaimOutcome, StoreError> {

@@ -7,8 +7,8 @@
 use lanes_core::domain::TokenUsage;
 use lanes_core::domain::commit::{CommitSummary, SummarySource};
 use lanes_core::ports::{
-    Acquire, Cache, CancelOutcome, ClaimOutcome, Completion, DEAD_LETTER_REASON, FinishOutcome, LeaseLock,
-    PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
+    Acquire, Cache, CancelOutcome, ClaimOutcome, Completion, DEAD_LETTER_REASON, EnqueueMark, FinishOutcome,
+    LeaseLock, PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
 };
 use lanes_core::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use std::collections::BTreeMap;
@@ -116,10 +116,16 @@ pub async fn task_store(store: &dyn TaskStore, now: u64) {
     // A re-send extends the life of a pending record to the new message's retention.
     let e = record("re-sent", now);
     store.put_pending(&e, now).await.unwrap();
-    assert!(store.mark_enqueued(&e.task_id, 0, now + 1_000, 90_000).await.unwrap());
+    let resend = EnqueueMark { fence: 0, from_ms: e.enqueued_at_ms, to_ms: now + 1_000 };
+    assert!(store.mark_enqueued(&e.task_id, resend, now + 1_000, 90_000).await.unwrap());
     let extended = get(e.task_id.clone()).await.unwrap();
     assert_eq!(extended.enqueued_at_ms, now + 1_000);
     assert!(extended.expires_at >= (now + 1_000) / 1000 + 90_000);
+    // It is a compare-and-set: of two readers that saw the same value, one re-sends.
+    assert!(!store.mark_enqueued(&e.task_id, resend, now + 1_000, 90_000).await.unwrap());
+    let unsent = EnqueueMark { fence: 0, from_ms: now + 1_000, to_ms: lanes_core::ports::UNSENT };
+    assert!(store.mark_enqueued(&e.task_id, unsent, now + 1_000, 90_000).await.unwrap());
+    assert_eq!(get(e.task_id.clone()).await.unwrap().enqueued_at_ms, lanes_core::ports::UNSENT);
 }
 
 /// A requeue puts a fresh copy of a delivery (receive count 1, after its delay) in place of it.

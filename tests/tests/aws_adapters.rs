@@ -119,13 +119,16 @@ async fn dynamodb_adapter_against_moto() {
     assert_eq!(store.get(&id, now).await.unwrap().unwrap().request, r.request);
 
     assert!(!store.delete_pending(&id, "not mine").await.unwrap());
-    assert!(store.mark_enqueued(&id, 0, now + 61_000, 3600).await.unwrap());
+    let resend = lanes_core::ports::EnqueueMark { fence: 0, from_ms: r.enqueued_at_ms, to_ms: now + 61_000 };
+    assert!(store.mark_enqueued(&id, resend, now + 61_000, 3600).await.unwrap());
+    assert!(!store.mark_enqueued(&id, resend, now + 61_000, 3600).await.unwrap(), "a compare-and-set");
     assert_eq!(store.get(&id, now).await.unwrap().unwrap().enqueued_at_ms, now + 61_000);
 
     let ClaimOutcome::Claimed(c1) = store.claim(&id, now, 86_400).await.unwrap() else { panic!("claim") };
     let ClaimOutcome::Claimed(c2) = store.claim(&id, now, 86_400).await.unwrap() else { panic!("claim") };
     assert_eq!((c1.fence, c2.fence, c2.attempts, c2.status), (1, 2, 0, TaskStatus::Processing));
-    assert!(!store.mark_enqueued(&id, 2, now, 3600).await.unwrap(), "only PENDING is re-sent");
+    let late = lanes_core::ports::EnqueueMark { fence: 2, from_ms: now + 61_000, to_ms: now };
+    assert!(!store.mark_enqueued(&id, late, now, 3600).await.unwrap(), "only PENDING is re-sent");
     let stale =
         store.finish(&id, 1, Completion::Completed(result("late".into())), now, 86_400).await.unwrap();
     assert_eq!(stale, FinishOutcome::StaleFence);

@@ -3,7 +3,7 @@
 
 use super::db::EmbeddedDb;
 use crate::ports::{
-    CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore,
+    CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
 use crate::tasks::{TaskRecord, TaskStatus};
 use async_trait::async_trait;
@@ -168,13 +168,17 @@ impl TaskStore for EmbeddedStore {
     async fn mark_enqueued(
         &self,
         task_id: &str,
-        fence: u64,
+        mark: EnqueueMark,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
         self.update(task_id, now_ms, move |current| match current {
-            Some(mut r) if r.status == TaskStatus::Pending && r.fence == fence => {
-                r.enqueued_at_ms = now_ms;
+            Some(mut r)
+                if r.status == TaskStatus::Pending
+                    && r.fence == mark.fence
+                    && r.enqueued_at_ms == mark.from_ms =>
+            {
+                r.enqueued_at_ms = mark.to_ms;
                 r.expires_at = r.expires_at.max(now_ms / 1000 + ttl_secs);
                 (Some(Write::Put(Box::new(r))), true)
             }
@@ -299,6 +303,10 @@ mod tests {
         TaskRecord::pending(req.task_id(None), req, now, 3600)
     }
 
+    fn mark(fence: u64, from_ms: u64, to_ms: u64) -> EnqueueMark {
+        EnqueueMark { fence, from_ms, to_ms }
+    }
+
     fn result() -> TaskResult {
         TaskResult {
             text: "t".into(),
@@ -347,7 +355,7 @@ mod tests {
             let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
             store.put_pending(&r, 1_000).await.unwrap();
             assert!(!store.delete_pending(&id, "someone else").await.unwrap());
-            assert!(store.mark_enqueued(&id, 0, 70_000, 3600).await.unwrap());
+            assert!(store.mark_enqueued(&id, mark(0, r.enqueued_at_ms, 70_000), 70_000, 3600).await.unwrap());
         }
         let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
         let back = store.get(&id, 70_000).await.unwrap().unwrap();

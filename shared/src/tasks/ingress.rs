@@ -1,13 +1,13 @@
 //! The task API as an axum router: `POST /v1/tasks`, `GET /v1/tasks/{id}[?wait=N]`,
 //! `DELETE /v1/tasks/{id}`, `GET /healthz`. It owns the ingress side of idempotency (hot cache,
-//! conditional put of `PENDING`, duplicate answers, the undo of a put whose enqueue failed), the
-//! re-send of an orphaned `PENDING` record (by a duplicate POST or by a GET), cancellation, and the
-//! long-poll.
+//! conditional put of `PENDING`, duplicate answers, the mark of a record whose enqueue failed), the
+//! re-send of an unsent or orphaned `PENDING` record (by a duplicate POST or by a GET, claimed in
+//! the store first), cancellation, and the long-poll.
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
 use crate::metrics::Metrics;
-use crate::ports::{Cache, CancelOutcome, PutOutcome, QueueSend, StoreError, TaskStore};
+use crate::ports::{Cache, CancelOutcome, EnqueueMark, PutOutcome, QueueSend, StoreError, TaskStore, UNSENT};
 use crate::problem::Problem;
 use crate::tasks::tenant::Tenant;
 use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key, publish_finished};
@@ -245,94 +245,134 @@ async fn accept(
         }
     }
 
-    // 2. The project's daily token budget: over it, nothing is stored (a completed duplicate was
-    // answered above).
+    // 2. The project's daily token budget: over it, no new task is stored. A duplicate of an
+    // accepted one is never refused: over the budget, the store is asked before answering 429.
     let quota_scope = crate::quota::scope(request.tenant.as_deref(), &request.project_id);
-    match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &quota_scope, ing.clock.now_ms()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(over)) => {
-            let mut p = Problem::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "quota-exceeded",
-                "Daily token budget used",
-                format!(
-                    "project `{}` has used its daily token budget; it renews at 00:00 UTC",
-                    request.project_id
-                ),
-            )
-            .with_field("project_id");
-            p.retry_after = Some(over.retry_after.as_secs().max(1));
-            return Err(p);
-        }
-        Err(e) => {
-            warn!(error = %e, "cache unavailable; the daily budget is not checked");
-            ing.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
-        }
+    let over =
+        match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &quota_scope, ing.clock.now_ms())
+            .await
+        {
+            Ok(Ok(())) => None,
+            Ok(Err(over)) => Some(over),
+            Err(e) => {
+                warn!(error = %e, "cache unavailable; the daily budget is not checked");
+                ing.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
+                None
+            }
+        };
+    let now = ing.clock.now_ms();
+    let retry_after = ing.config.retry_after_secs;
+    if let Some(over) = over {
+        let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
+        return match existing.filter(|r| !r.status.is_resubmittable()) {
+            Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
+            None => Err(over_budget(&request.project_id, over.retry_after)),
+        };
     }
 
     // 3. Conditional put of PENDING; a duplicate gets the existing record back in the same request.
-    let now = ing.clock.now_ms();
     let record = TaskRecord::pending(task_id, request, now, ing.config.pending_ttl_secs);
-    let retry_after = ing.config.retry_after_secs;
     match ing.store.put_pending(&record, now).await.map_err(|e| store_problem(&e, retry_after))? {
         PutOutcome::Created => {
-            // 4. New: enqueue. A failed send undoes the put so no record points at a missing message.
+            // 4. New: enqueue. A failed send is not undone: a duplicate may already have been
+            // answered 202 for this record. It is marked unsent instead, so the retry the 503 asks
+            // for, or the next read, sends it at once.
             if let Err(e) = send(ing, &record).await {
-                error!(error = %e, task_id = %record.task_id, "enqueue failed; removing the record");
-                if let Err(e) = ing.store.delete_pending(&record.task_id, &record.nonce).await {
-                    error!(error = %e, "could not remove the record; it will be re-sent as stale");
-                }
+                error!(error = %e, task_id = %record.task_id, "enqueue failed; the record is marked unsent");
+                let unsent =
+                    EnqueueMark { fence: record.fence, from_ms: record.enqueued_at_ms, to_ms: UNSENT };
+                mark(ing, &record.task_id, unsent, now).await;
                 return Err(Problem::unavailable("the task queue is unavailable; retry later", retry_after));
             }
             Ok(view_response(StatusCode::ACCEPTED, &record.view()))
         }
-        PutOutcome::Exists(existing) => {
-            if existing.payload_hash != payload_hash {
-                return Err(conflict());
+        PutOutcome::Exists(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
+    }
+}
+
+/// `429`: the project's daily budget is spent.
+fn over_budget(project_id: &str, retry_after: Duration) -> Problem {
+    let mut p = Problem::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "quota-exceeded",
+        "Daily token budget used",
+        format!("project `{project_id}` has used its daily token budget; it renews at 00:00 UTC"),
+    )
+    .with_field("project_id");
+    p.retry_after = Some(retry_after.as_secs().max(1));
+    p
+}
+
+/// The answer to a duplicate of `existing`: its result once completed, else `202` (re-sending its
+/// message when it is known unsent or looks lost).
+async fn answer_duplicate(
+    ing: &Ingress,
+    existing: &TaskRecord,
+    payload_hash: &str,
+    now: u64,
+) -> Result<Response, Problem> {
+    if existing.payload_hash != payload_hash {
+        return Err(conflict());
+    }
+    ing.metrics.duplicates_total.with_label_values(&["store"]).inc();
+    match existing.status {
+        TaskStatus::Completed => {
+            if let Ok(json) = serde_json::to_string(existing)
+                && let Err(e) =
+                    ing.cache.set(&cache_key(&existing.task_id), &json, ing.config.result_cache_ttl).await
+            {
+                warn!(error = %e, "cache refill failed");
             }
-            ing.metrics.duplicates_total.with_label_values(&["store"]).inc();
-            match existing.status {
-                TaskStatus::Completed => {
-                    if let Ok(json) = serde_json::to_string(&existing)
-                        && let Err(e) = ing
-                            .cache
-                            .set(&cache_key(&existing.task_id), &json, ing.config.result_cache_ttl)
-                            .await
-                    {
-                        warn!(error = %e, "cache refill failed");
-                    }
-                    Ok(view_response(StatusCode::OK, &existing.view()))
-                }
-                TaskStatus::Pending => {
-                    resend_if_orphaned(ing, &existing, now).await;
-                    Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
-                }
-                // The store replaces FAILED and CANCELLED records, so these only show in a race.
-                TaskStatus::Processing | TaskStatus::Failed | TaskStatus::Cancelled => {
-                    Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
-                }
-            }
+            Ok(view_response(StatusCode::OK, &existing.view()))
+        }
+        TaskStatus::Pending => {
+            resend_if_orphaned(ing, existing, now).await;
+            Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
+        }
+        // The store replaces FAILED and CANCELLED records, so these only show in a race.
+        TaskStatus::Processing | TaskStatus::Failed | TaskStatus::Cancelled => {
+            Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
         }
     }
 }
 
-/// Re-sends a `PENDING` record that no worker claimed within the enqueue grace: its message may be
-/// lost (a crash between the put and the send, a purge). Workers are idempotent, so a second message
-/// is harmless and a lost one is not.
+/// Re-sends a `PENDING` record whose message is known unsent (its send failed) or may be lost (no
+/// worker claimed it within the enqueue grace, then within twice its age at the last re-send: a
+/// crash between the put and the send, a purge).
+/// The re-send is claimed in the store first (a compare-and-set of `enqueued_at_ms`), so however
+/// many readers see the same record, one sends, at most once a grace. Workers are idempotent, so
+/// a second message is harmless and a lost one is not.
 async fn resend_if_orphaned(ing: &Ingress, record: &TaskRecord, now: u64) {
+    // The wait doubles with every re-send (it is the record's age at the last one), so a backlog
+    // longer than the grace costs a message per doubling, not one per grace and poll.
     let grace = ing.config.enqueue_grace.as_millis() as u64;
-    if record.status != TaskStatus::Pending || now.saturating_sub(record.enqueued_at_ms) < grace {
+    let wait = grace.max(record.enqueued_at_ms.saturating_sub(record.created_at_ms));
+    let unsent = record.enqueued_at_ms == UNSENT;
+    if record.status != TaskStatus::Pending || (!unsent && now.saturating_sub(record.enqueued_at_ms) < wait) {
         return;
     }
+    let claim = EnqueueMark { fence: record.fence, from_ms: record.enqueued_at_ms, to_ms: now.max(1) };
+    if !mark(ing, &record.task_id, claim, now).await {
+        return; // another reader re-sends it, or it changed
+    }
     match send(ing, record).await {
-        Ok(_) => {
-            ing.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc();
-            let ttl = ing.config.pending_ttl_secs;
-            if let Err(e) = ing.store.mark_enqueued(&record.task_id, record.fence, now, ttl).await {
-                warn!(error = %e, "could not record the re-send");
-            }
+        Ok(_) => ing.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc(),
+        Err(e) => {
+            warn!(error = %e, "re-send of a PENDING task failed; it stays marked unsent");
+            let back = EnqueueMark { fence: record.fence, from_ms: claim.to_ms, to_ms: UNSENT };
+            mark(ing, &record.task_id, back, now).await;
         }
-        Err(e) => warn!(error = %e, "re-send of an orphaned PENDING task failed"),
+    }
+}
+
+/// [`TaskStore::mark_enqueued`], logged when it fails; whether it took effect.
+async fn mark(ing: &Ingress, task_id: &str, mark: EnqueueMark, now: u64) -> bool {
+    match ing.store.mark_enqueued(task_id, mark, now, ing.config.pending_ttl_secs).await {
+        Ok(done) => done,
+        Err(e) => {
+            warn!(error = %e, "could not record the send; the enqueue grace re-sends it");
+            false
+        }
     }
 }
 
@@ -594,11 +634,25 @@ mod tests {
     struct Switchable {
         inner: EmbeddedQueue,
         down: Arc<AtomicBool>,
+        stall: Arc<Stall>,
+    }
+
+    /// A send that stalls (until released) and then fails, as SQS does in a brown-out.
+    #[derive(Default)]
+    struct Stall {
+        on: AtomicBool,
+        entered: tokio::sync::Notify,
+        release: tokio::sync::Notify,
     }
 
     #[async_trait]
     impl QueueSend for Switchable {
         async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
+            if self.stall.on.swap(false, Ordering::SeqCst) {
+                self.stall.entered.notify_one();
+                self.stall.release.notified().await;
+                return Err(QueueError::Unavailable("timed out".into()));
+            }
             if self.down.load(Ordering::SeqCst) {
                 return Err(QueueError::Unavailable("connection refused".into()));
             }
@@ -613,6 +667,8 @@ mod tests {
         store: EmbeddedStore,
         interactive: EmbeddedQueue,
         down: Arc<AtomicBool>,
+        stall: Arc<Stall>,
+        cache: Arc<MemoryCache>,
     }
 
     async fn rig() -> Rig {
@@ -626,13 +682,15 @@ mod tests {
         let store = EmbeddedStore::new(db.clone());
         let all = EmbeddedQueues::open(db, clock.clone(), QueueSettings::default()).await.unwrap();
         let down = Arc::new(AtomicBool::new(false));
+        let stall = Arc::new(Stall::default());
         let queues = Lane::ALL.map(|l| {
-            Arc::new(Switchable { inner: all.queue(l.as_str(), "dlq"), down: down.clone() })
-                as Arc<dyn QueueSend>
+            let inner = all.queue(l.as_str(), "dlq");
+            Arc::new(Switchable { inner, down: down.clone(), stall: stall.clone() }) as Arc<dyn QueueSend>
         });
+        let cache = Arc::new(MemoryCache::new(clock.clone()));
         let ingress = Ingress {
             store: Arc::new(store.clone()),
-            cache: Arc::new(MemoryCache::new(clock.clone())),
+            cache: cache.clone(),
             queues,
             metrics: Metrics::new(),
             clock: clock.clone(),
@@ -645,6 +703,8 @@ mod tests {
             store,
             interactive: all.queue("interactive", "dlq"),
             down,
+            stall,
+            cache,
             _dir: dir,
         }
     }
@@ -742,7 +802,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn enqueue_failure_removes_the_record_and_answers_503() {
+    async fn a_failed_send_answers_503_and_leaves_the_record_for_the_retry_to_send() {
         let r = rig().await;
         r.down.store(true, Ordering::SeqCst);
         let (status, headers, body) = post(&r, BODY, None).await;
@@ -750,10 +810,69 @@ mod tests {
         assert_eq!(headers[header::RETRY_AFTER], "2");
         assert_eq!(headers[header::CONTENT_TYPE], crate::problem::PROBLEM_JSON);
         assert!(!body.to_string().contains("connection refused"), "no internal error text leaks");
-        assert!(r.store.all(r.clock.now_ms()).await.unwrap().is_empty(), "no PENDING record left behind");
+        let left = r.store.all(r.clock.now_ms()).await.unwrap();
+        assert_eq!((left.len(), left[0].status, left[0].enqueued_at_ms), (1, TaskStatus::Pending, UNSENT));
         r.down.store(false, Ordering::SeqCst);
-        let (status, _, _) = post(&r, BODY, None).await;
-        assert_eq!(status, StatusCode::ACCEPTED, "the retry is accepted as new");
+        let (status, _, again) = post(&r, BODY, None).await;
+        assert_eq!(
+            (status, again["task_id"].as_str()),
+            (StatusCode::ACCEPTED, Some(left[0].task_id.as_str()))
+        );
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "the retry sent it at once");
+        post(&r, BODY, None).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "and only once");
+    }
+
+    /// F1: a duplicate answered 202 while the first POST's send was failing must not lose its task.
+    #[tokio::test]
+    async fn a_duplicate_answered_while_the_send_fails_never_reads_404() {
+        let r = rig().await;
+        r.stall.on.store(true, Ordering::SeqCst);
+        let router = r.router.clone();
+        let first = tokio::spawn(async move {
+            let req = Request::post("/v1/tasks").header("content-type", "application/json");
+            router.oneshot(req.body(Body::from(BODY)).unwrap()).await.unwrap().status()
+        });
+        r.stall.entered.notified().await;
+        let (status, _, dup) = post(&r, BODY, None).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{dup}");
+        r.stall.release.notify_one();
+        assert_eq!(first.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        let uri = format!("/v1/tasks/{}", dup["task_id"].as_str().unwrap());
+        let (status, _, view) = call(&r, "GET", &uri).await;
+        assert_eq!((status, view["status"].as_str()), (StatusCode::ACCEPTED, Some("PENDING")), "never 404");
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "the read sent the unsent message");
+    }
+
+    /// F8: a duplicate of an accepted task gets its task back whatever the project's budget.
+    #[tokio::test]
+    async fn a_duplicate_of_an_accepted_task_is_answered_over_the_budget() {
+        let quota = crate::quota::QuotaConfig { daily_tokens: Some(10), ..Default::default() };
+        let r = rig_with(IngressConfig { quota, ..Default::default() }).await;
+        let (s1, _, b1) = post(&r, BODY, None).await;
+        assert_eq!(s1, StatusCode::ACCEPTED);
+        let scope = crate::quota::scope(None, "p1");
+        crate::quota::charge(&*r.cache, &quota, &scope, 10, r.clock.now_ms()).await.unwrap();
+        let (s2, _, b2) = post(&r, BODY, None).await;
+        assert_eq!((s2, &b2["task_id"]), (StatusCode::ACCEPTED, &b1["task_id"]), "{b2}");
+        let (s3, _, p3) = post(&r, &BODY.replace("main", "lib"), None).await;
+        assert_eq!((s3, p3["field"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("project_id")));
+        // Completed, and no longer in the cache: the store answers with its result.
+        let id = b1["task_id"].as_str().unwrap();
+        let now = r.clock.now_ms();
+        let crate::ports::ClaimOutcome::Claimed(c) = r.store.claim(id, now, 3600).await.unwrap() else {
+            panic!()
+        };
+        let result = crate::tasks::TaskResult {
+            text: "t".into(),
+            model: "m".into(),
+            tokens: Default::default(),
+            truncated: false,
+            cost_usd: None,
+        };
+        r.store.finish(id, c.fence, crate::ports::Completion::Completed(result), now, 3600).await.unwrap();
+        let (s4, _, b4) = post(&r, BODY, None).await;
+        assert_eq!((s4, b4["status"].as_str()), (StatusCode::OK, Some("COMPLETED")));
     }
 
     #[tokio::test]
@@ -873,6 +992,29 @@ mod tests {
         assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "a poll re-sends it");
         call(&r, "GET", &uri).await;
         assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "once per grace");
+    }
+
+    /// F5: a task still queued after the grace is re-sent once, not once per poll, and the wait
+    /// doubles with each re-send.
+    #[tokio::test]
+    async fn polls_of_a_queued_task_re_send_it_once_per_doubling_wait() {
+        let r = rig().await;
+        let (_, _, body) = post(&r, BODY, None).await;
+        let uri = format!("/v1/tasks/{}", body["task_id"].as_str().unwrap());
+        r.clock.advance_ms(61_000);
+        let polls: Vec<_> = (0..10).map(|_| call(&r, "GET", &uri)).collect();
+        futures::future::join_all(polls).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 2, "ten polls, one re-send");
+        r.clock.advance_ms(50_000);
+        call(&r, "GET", &uri).await;
+        assert_eq!(
+            r.interactive.depth().await.unwrap().visible,
+            2,
+            "the next wait is the age at the re-send"
+        );
+        r.clock.advance_ms(12_000);
+        call(&r, "GET", &uri).await;
+        assert_eq!(r.interactive.depth().await.unwrap().visible, 3);
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::domain::Lane;
 use crate::ports::{
-    CancelOutcome, ClaimOutcome, Completion, FinishOutcome, PutOutcome, StoreError, TaskStore,
+    CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
 use crate::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use async_trait::async_trait;
@@ -263,7 +263,7 @@ impl TaskStore for DynamoStore {
     async fn mark_enqueued(
         &self,
         task_id: &str,
-        fence: u64,
+        mark: EnqueueMark,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
@@ -272,13 +272,14 @@ impl TaskStore for DynamoStore {
         let out = self
             .update(
                 task_id,
-                "SET enqueued_at_ms = :now, expires_at = :exp".into(),
-                "#st = :pending AND fence = :fence AND expires_at > :now_s",
+                "SET enqueued_at_ms = :to, expires_at = :exp".into(),
+                "#st = :pending AND fence = :fence AND enqueued_at_ms = :from AND expires_at > :now_s",
                 vec![
-                    (":now", n(now_ms)),
+                    (":to", n(mark.to_ms)),
+                    (":from", n(mark.from_ms)),
                     (":exp", n(now_ms / 1000 + ttl_secs)),
                     (":pending", s("PENDING")),
-                    (":fence", n(fence)),
+                    (":fence", n(mark.fence)),
                     (":now_s", n(now_ms / 1000)),
                 ],
                 &NAMES[..1],
