@@ -10,8 +10,9 @@
 //! at receipt to `lease_ttl` (one `ChangeMessageVisibilityBatch` for a Lambda batch, [`start_many`])
 //! and the heartbeat extends it every
 //! `renew_interval` (a third of the TTL, so two renewals may fail before it runs out). The lock in
-//! Redis is renewed on the same beat: either refusing means another worker owns the work now, and
-//! the work is cancelled rather than finished twice.
+//! Redis is renewed on the same beat, beside the visibility and not after it: a lock another worker
+//! holds means the work is theirs now, and it is cancelled rather than finished twice. A lock lost
+//! in a failover is taken again; a refused receipt under a lock still ours is left to the fence.
 
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
@@ -367,14 +368,31 @@ impl Heartbeat {
                     Err(_) => return,
                 };
                 // Every visibility in one call (ten a request on SQS): a commits batch of 100 costs
-                // 10 requests a beat, not 100. Then each delivery's lock and cancellation.
+                // 10 requests a beat, not 100. Beside it, not after it, each delivery's lock: each is
+                // cut at one interval, so a slow queue cannot let a lock lapse nor a slow lock the
+                // visibility, and no beat runs into the next.
                 let receipts: Vec<String> = live.iter().map(|e| e.receipt.clone()).collect();
-                let renewed = queue.change_visibility_many(&receipts, ttl).await;
-                drop(in_round);
-                futures::future::join_all(live.into_iter().zip(renewed).map(|(entry, visibility)| {
-                    let (lock, metrics, probe) = (lock.clone(), metrics.clone(), probe.clone());
-                    async move { beat(visibility, &*lock, probe.as_deref(), &metrics, lane, ttl, entry).await }
-                }))
+                let visibility = async {
+                    let renewed =
+                        tokio::time::timeout(every, queue.change_visibility_many(&receipts, ttl)).await;
+                    drop(in_round);
+                    renewed.unwrap_or_else(|_| {
+                        receipts
+                            .iter()
+                            .map(|_| Err(QueueError::Unavailable("renewal timed out".into())))
+                            .collect()
+                    })
+                };
+                let locks = futures::future::join_all(live.iter().map(|e| renew_lock(&*lock, e, ttl, every)));
+                let (renewed, locked) = tokio::join!(visibility, locks);
+                futures::future::join_all(live.into_iter().zip(renewed).zip(locked).map(
+                    |((entry, visibility), locked)| {
+                        let (metrics, probe) = (metrics.clone(), probe.clone());
+                        async move {
+                            beat(visibility, locked, probe.as_deref(), &metrics, lane, every, entry).await
+                        }
+                    },
+                ))
                 .await;
             }
         });
@@ -579,19 +597,64 @@ impl QueueConsume for LeasedQueue {
     }
 }
 
-/// One delivery's beat, after its visibility renewal (`visibility`, done for all at once): its lock,
-/// then whether its client cancelled it.
+/// What a beat's lock renewal said.
+enum Locked {
+    /// No lock to renew (none taken, or the lock service was unreachable at the start).
+    None,
+    /// Still ours (renewed, or taken again after a failover lost the key).
+    Held,
+    /// Another token holds it: another worker owns the work now.
+    Refused,
+    /// The lock service did not answer in time.
+    Unknown,
+}
+
+/// Renews `entry`'s lock, if it has one, within `within`.
+async fn renew_lock(lock: &dyn LeaseLock, entry: &Leased, ttl: Duration, within: Duration) -> Locked {
+    let Some((key, token)) = &entry.lock else { return Locked::None };
+    match tokio::time::timeout(within, lock.renew(key, token, ttl)).await {
+        Ok(Ok(true)) => Locked::Held,
+        Ok(Ok(false)) => {
+            warn!(%key, "lock renewal refused: another worker holds it");
+            Locked::Refused
+        }
+        Ok(Err(e)) => {
+            warn!(error = %e, "lock renewal failed; running degraded");
+            Locked::Unknown
+        }
+        Err(_) => {
+            warn!(%key, "lock renewal timed out; running degraded");
+            Locked::Unknown
+        }
+    }
+}
+
+/// One delivery's beat, given its visibility and lock renewals: the lease is lost when the lock
+/// is another's, or, without a lock of ours, when the queue refuses the receipt. A refused receipt
+/// under a lock we still hold is not a loss (another consumer was handed the message, refused by
+/// the lock, and gave it back): the run goes on and its fenced write decides. Then whether its
+/// client cancelled it, asked within one interval.
 async fn beat(
     visibility: Result<(), QueueError>,
-    lock: &dyn LeaseLock,
+    locked: Locked,
     probe: Option<&dyn CancelProbe>,
     metrics: &Metrics,
     lane: &'static str,
-    ttl: Duration,
+    within: Duration,
     entry: Leased,
 ) {
+    if matches!(locked, Locked::Refused) {
+        entry.lost.cancel();
+        return;
+    }
+    if matches!(locked, Locked::Unknown) {
+        metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
+    }
     match visibility {
         Ok(()) => {}
+        Err(QueueError::ReceiptInvalid) if matches!(locked, Locked::Held) => {
+            warn!("visibility renewal refused while the lock is ours: the fence decides the write");
+        }
         Err(QueueError::ReceiptInvalid) => {
             warn!("visibility renewal refused: lease lost");
             entry.lost.cancel();
@@ -599,26 +662,12 @@ async fn beat(
         }
         Err(e) => warn!(error = %e, "visibility renewal failed; retrying next beat"),
     }
-    if let Some((key, token)) = &entry.lock {
-        match lock.renew(key, token, ttl).await {
-            Ok(true) => {}
-            Ok(false) => {
-                warn!(%key, "lock renewal refused: lease lost");
-                entry.lost.cancel();
-                return;
-            }
-            Err(e) => {
-                warn!(error = %e, "lock renewal failed; running degraded");
-                metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
-            }
-        }
-    }
     if !entry.kept {
         metrics.lease_renewals_total.with_label_values(&[lane]).inc();
     }
     if let (Some(probe), Some(watch)) = (probe, &entry.watch)
         && !watch.cancelled.is_cancelled()
-        && probe.is_cancelled(&watch.id, watch.fence).await
+        && tokio::time::timeout(within, probe.is_cancelled(&watch.id, watch.fence)).await == Ok(true)
     {
         watch.cancelled.cancel();
     }
@@ -648,7 +697,6 @@ mod tests {
     /// slot, one without a lock), except a settled one kept hidden for the mapping's delete.
     #[tokio::test]
     async fn a_kept_delivery_is_not_counted_as_a_lease_renewal() {
-        let lock = crate::embedded::MemoryLock::new(Arc::new(crate::clock::SystemClock));
         let metrics = Metrics::new();
         let ttl = Duration::from_secs(1);
         let entries = [
@@ -656,9 +704,88 @@ mod tests {
             Leased { kept: true, ..Leased::new("kept".into(), CancellationToken::new()) },
         ];
         for entry in entries {
-            beat(Ok(()), &lock, None, &metrics, "commits", ttl, entry).await;
+            beat(Ok(()), Locked::None, None, &metrics, "commits", ttl, entry).await;
         }
         assert_eq!(metrics.lease_renewals_total.with_label_values(&["commits"]).get(), 1);
+    }
+
+    /// An embedded queue whose batched visibility renewals take `slow` from the second on.
+    struct Slow {
+        inner: crate::embedded::EmbeddedQueue,
+        calls: std::sync::atomic::AtomicU32,
+        slow: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl QueueConsume for Slow {
+        async fn receive_for(
+            &self,
+            max: usize,
+            v: Option<Duration>,
+        ) -> Result<Vec<ReceivedMessage>, QueueError> {
+            self.inner.receive_for(max, v).await
+        }
+        async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
+            self.inner.change_visibility(receipt, timeout).await
+        }
+        async fn change_visibility_many(
+            &self,
+            receipts: &[String],
+            t: Duration,
+        ) -> Vec<Result<(), QueueError>> {
+            if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1 {
+                tokio::time::sleep(self.slow).await;
+            }
+            self.inner.change_visibility_many(receipts, t).await
+        }
+        async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
+            self.inner.delete(receipt).await
+        }
+        async fn requeue(&self, m: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
+            self.inner.requeue(m, delay).await
+        }
+        async fn dead_letter(&self, m: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
+            self.inner.dead_letter(m, reason).await
+        }
+        async fn depth(&self) -> Result<crate::ports::QueueDepth, QueueError> {
+            self.inner.depth().await
+        }
+        fn max_receive_count(&self) -> u32 {
+            self.inner.max_receive_count()
+        }
+    }
+
+    /// F3: a visibility renewal slower than the lock's TTL does not let the lock lapse: the lock is
+    /// renewed beside it, and a lock lost in a failover is taken again.
+    #[tokio::test]
+    async fn a_slow_visibility_renewal_never_lets_the_lock_lapse() {
+        use crate::ports::{LeaseLock, QueueSend};
+        let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+        let db = crate::embedded::EmbeddedDb::in_memory().unwrap();
+        let queues =
+            crate::embedded::EmbeddedQueues::open(db, clock.clone(), Default::default()).await.unwrap();
+        let inner = queues.queue("q", "q-dlq");
+        inner.send("m", Default::default()).await.unwrap();
+        let m = inner.receive_for(1, Some(Duration::from_secs(60))).await.unwrap().remove(0);
+        let queue = Arc::new(Slow { inner, calls: 0.into(), slow: Duration::from_millis(250) });
+        let lock = Arc::new(crate::embedded::MemoryLock::new(clock));
+        let config = WorkerConfig::default().with_lease(Duration::from_millis(300));
+        let crate::ports::Acquire::Acquired(token) = lock.acquire("k", config.lease_ttl).await.unwrap()
+        else {
+            panic!()
+        };
+        let beat = Heartbeat::start(queue, lock.clone(), None, Metrics::new(), "interactive", &config);
+        let lost = CancellationToken::new();
+        let _m = beat
+            .join(Leased { lock: Some(("k".into(), token.clone())), ..Leased::new(m.receipt, lost.clone()) });
+        tokio::time::sleep(Duration::from_millis(650)).await;
+        assert!(!lost.is_cancelled(), "the lock lapsed behind a slow visibility renewal");
+        assert!(lock.renew("k", &token, config.lease_ttl).await.unwrap());
+        // A failover forgets the key: the next beat takes it again with the same token.
+        assert!(lock.release("k", &token).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(!lost.is_cancelled());
+        assert!(lock.release("k", &token).await.unwrap(), "taken again by the heartbeat");
     }
 
     /// A queue whose batched visibility renewals wait at a gate (a beat under way), recording every
@@ -723,7 +850,7 @@ mod tests {
         });
         let config = WorkerConfig {
             lease_ttl: Duration::from_millis(300),
-            renew_interval: Duration::from_millis(10),
+            renew_interval: Duration::from_millis(100),
             ..WorkerConfig::default()
         };
         let lock = Arc::new(crate::embedded::MemoryLock::new(Arc::new(crate::clock::SystemClock)));
@@ -748,8 +875,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         queue.gate.add_permits(1000);
         handing.await.unwrap();
-        // Several more beats (every 10 ms): none may renew it after the hand-back.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Several more beats (every 100 ms): none may renew it after the hand-back.
+        tokio::time::sleep(Duration::from_millis(350)).await;
         let landed = queue.landed.lock().unwrap().clone();
         assert_eq!(
             landed,

@@ -368,7 +368,8 @@ pub enum Acquire {
 pub trait LeaseLock: Send + Sync {
     /// Takes the lock if free.
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError>;
-    /// Extends the lease if `token` still holds it; false means the lease is lost.
+    /// Extends the lease if `token` still holds it, and takes it again with `token` if no one holds
+    /// it (a failover lost the key); false means another token holds it: the lease is lost.
     async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError>;
     /// Releases the lease if `token` still holds it.
     async fn release(&self, key: &str, token: &str) -> Result<bool, LockError>;

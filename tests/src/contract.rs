@@ -214,7 +214,8 @@ pub async fn queue<Q: QueueConsume + QueueSend>(queue: &Q, dlq: &dyn QueueConsum
 }
 
 /// A lease lock: one holder at a time, the holder's remaining TTL told to the others, renew and
-/// release only by the holder's token, and a lease that lapses can be taken.
+/// release only by the holder's token, a lease that lapses can be taken, and a holder's renewal
+/// takes its key again while no one else has it.
 pub async fn lease_lock(lock: &dyn LeaseLock) {
     let ttl = Duration::from_millis(300);
     let key = "lease:{task:contract}";
@@ -224,9 +225,14 @@ pub async fn lease_lock(lock: &dyn LeaseLock) {
     assert!(lock.renew(key, &token, ttl).await.unwrap());
     assert!(!lock.renew(key, "not the token", ttl).await.unwrap());
     assert!(!lock.release(key, "not the token").await.unwrap());
+    // A lease whose key is gone (lapsed, or lost in a failover) is taken again by its holder's
+    // renewal while no one else holds it.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(!lock.renew(key, &token, ttl).await.unwrap(), "a lapsed lease cannot be renewed");
+    assert!(lock.renew(key, &token, ttl).await.unwrap(), "a free key is taken again by its holder");
+    assert!(matches!(lock.acquire(key, ttl).await.unwrap(), Acquire::Held { .. }));
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let Acquire::Acquired(next) = lock.acquire(key, ttl).await.unwrap() else { panic!("lapsed lease") };
+    assert!(!lock.renew(key, &token, ttl).await.unwrap(), "another holder's lease is not renewed");
     assert!(!lock.release(key, &token).await.unwrap(), "an old token cannot release the new lease");
     assert!(lock.release(key, &next).await.unwrap());
     assert!(matches!(lock.acquire(key, ttl).await.unwrap(), Acquire::Acquired(_)));

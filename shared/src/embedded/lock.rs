@@ -48,7 +48,11 @@ impl LeaseLock for MemoryLock {
                 *expires = now + ttl.as_millis() as u64;
                 true
             }
-            _ => false,
+            Some(_) => false,
+            None => {
+                held.insert(key.to_owned(), (token.to_owned(), now + ttl.as_millis() as u64));
+                true
+            }
         })
     }
 

@@ -19,7 +19,7 @@ pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
 use crate::ports::{
     Acquire, Cache, ClaimOutcome, Completion, FinishOutcome, LeaseLock, LlmClient, LlmError, LlmRequest,
-    QueueConsume, ReceivedMessage, TaskStore,
+    QueueConsume, ReceivedMessage, RetryIntent, TaskStore,
 };
 use crate::tasks::{ModelParams, TaskMessage, TaskRecord, TaskResult, TaskStatus};
 use std::sync::Arc;
@@ -54,6 +54,11 @@ pub fn cache_key(task_id: &str) -> String {
     format!("task:{task_id}")
 }
 
+/// Lock key of a task's lease (one hash slot per task in Redis Cluster).
+pub fn lock_key(task_id: &str) -> String {
+    format!("lease:{{task:{task_id}}}")
+}
+
 /// Cache key of the hint that a task was cancelled (read by the running worker's heartbeat); its
 /// value is the cancelled record's fence, so it cannot cancel a later run of the same id.
 pub fn cancel_key(task_id: &str) -> String {
@@ -82,6 +87,19 @@ impl CancelProbe for CancelHint {
             ),
         }
     }
+}
+
+/// Tries of the fenced final write before its answer is given up (about 2.5 s in all).
+const FINISH_TRIES: u32 = 4;
+
+/// How a put-off delivery's record is settled when the put-off fails on its last delivery.
+enum Settle<'a> {
+    /// This run's claim: the fenced write fails it.
+    Fenced(&'a TaskRecord),
+    /// Not claimed by this delivery, and no one else holds the lock: failed whatever the fence.
+    Unfinished,
+    /// Another worker holds the lock: it settles the run.
+    ByHolder,
 }
 
 /// How one provider call ended, from the worker's point of view.
@@ -166,7 +184,7 @@ impl Worker {
             return outcome;
         }
 
-        let lock_key = format!("lease:{{task:{}}}", task.task_id);
+        let lock_key = lock_key(&task.task_id);
         let token = match self.lock.acquire(&lock_key, self.config.lease_ttl).await {
             Ok(Acquire::Acquired(token)) => Some(token),
             Ok(Acquire::Held { remaining }) => {
@@ -175,7 +193,15 @@ impl Worker {
                 self.metrics.lock_contended_total.with_label_values(&[lane]).inc();
                 let after = lease::after_holder(&self.config, remaining);
                 return self
-                    .wait(&*queue, &message, &task, None, after, Some("lock"), "lease held by another worker")
+                    .wait(
+                        &*queue,
+                        &message,
+                        &task,
+                        Settle::ByHolder,
+                        after,
+                        Some("lock"),
+                        "lease held by another worker",
+                    )
                     .await;
             }
             Err(e) => {
@@ -229,7 +255,15 @@ impl Worker {
                 warn!(error = %e, "claim failed");
                 let after = full_jitter_backoff(&self.config, message.receive_count);
                 return self
-                    .wait(&**queue, message, task, None, after, Some("store"), "store unavailable")
+                    .wait(
+                        &**queue,
+                        message,
+                        task,
+                        Settle::Unfinished,
+                        after,
+                        Some("store"),
+                        "store unavailable",
+                    )
                     .await;
             }
         };
@@ -281,7 +315,15 @@ impl Worker {
             Ok(Err(over)) => {
                 let why = format!("project `{project}` is over its per-minute quota");
                 return self
-                    .wait(&**queue, message, task, Some(&record), over.retry_after, Some("quota"), &why)
+                    .wait(
+                        &**queue,
+                        message,
+                        task,
+                        Settle::Fenced(&record),
+                        over.retry_after,
+                        Some("quota"),
+                        &why,
+                    )
                     .await;
             }
             Err(e) => {
@@ -295,11 +337,9 @@ impl Worker {
             _ = cancelled.cancelled() => Call::Cancelled,
             r = self.llm.complete(&request) => Call::Answered(r),
         };
+        // An answer in hand is written even if the lease was lost meanwhile: the fenced write
+        // decides whether this run still owns the record.
         let answer = match call {
-            Call::Answered(_) if lost.is_cancelled() => Call::LeaseLost,
-            other => other,
-        };
-        let answer = match answer {
             Call::Answered(a) => a,
             Call::LeaseLost => {
                 info!("lease lost mid-task; dropping the work, writing nothing");
@@ -366,8 +406,16 @@ impl Worker {
                 let after = e
                     .retry_after()
                     .unwrap_or_else(|| full_jitter_backoff(&self.config, message.receive_count));
-                self.wait(&**queue, message, task, Some(&record), after, Some("throttled"), &e.to_string())
-                    .await
+                self.wait(
+                    &**queue,
+                    message,
+                    task,
+                    Settle::Fenced(&record),
+                    after,
+                    Some("throttled"),
+                    &e.to_string(),
+                )
+                .await
             }
             Err(e @ LlmError::Retryable { .. }) => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
@@ -389,22 +437,22 @@ impl Worker {
                 }
                 let after =
                     full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
-                self.wait(&**queue, message, task, Some(&record), after, None, &reason).await
+                self.wait(&**queue, message, task, Settle::Fenced(&record), after, None, &reason).await
             }
         }
     }
 
     /// Puts the delivery off for `after` ([`lease::retry_later`]); `wait` names why when it is a wait
-    /// (counted), `None` for a failed attempt's backoff. If even that could not keep it
-    /// from its last delivery's redrive, the record is settled `FAILED` first, so no task is left
-    /// `PROCESSING` behind a message in the DLQ.
+    /// (counted), `None` for a failed attempt's backoff. If even that could not keep it from its
+    /// last delivery's redrive, the record is settled `FAILED` first, as `settle` says, so no task
+    /// is left `PROCESSING` behind a message in the DLQ.
     #[allow(clippy::too_many_arguments)]
     async fn wait(
         &self,
         queue: &dyn QueueConsume,
         message: &ReceivedMessage,
         task: &TaskMessage,
-        claimed: Option<&TaskRecord>,
+        settle: Settle<'_>,
         after: Duration,
         wait: Option<&str>,
         reason: &str,
@@ -417,16 +465,19 @@ impl Worker {
             let reason = format!("last delivery could not be put off ({reason})");
             let now = self.clock.now_ms();
             let ttl = self.config.record_ttl_secs;
-            let settled = match claimed {
-                Some(r) => self
+            let settled = match settle {
+                Settle::Fenced(r) => self
                     .store
                     .finish(&r.task_id, r.fence, Completion::Failed(reason), now, ttl)
                     .await
                     .map(|o| matches!(o, FinishOutcome::Written(_))),
-                None => {
+                Settle::Unfinished => {
                     let sent_before = message.sent_at_ms.saturating_add(crate::dlq::CLOCK_SKEW_MS);
                     self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, ttl).await
                 }
+                // A live worker holds the lock and settles the run itself; failing it here would
+                // throw away the answer it is about to write. The DLQ sweep looks at the lock too.
+                Settle::ByHolder => Ok(false),
             };
             if let Err(e) = settled {
                 warn!(error = %e, "could not settle the record; the DLQ sweep will");
@@ -447,10 +498,20 @@ impl Worker {
     ) -> Outcome {
         let lane = record.lane.as_str();
         let now = self.clock.now_ms();
-        let written = self
-            .store
-            .finish(&record.task_id, record.fence, completion, now, self.config.record_ttl_secs)
-            .await;
+        // A failed write is tried again (the heartbeat still holds the lease) before a paid answer
+        // is given up: the fence keeps a late retry from writing over another run.
+        let mut written = Err(crate::ports::StoreError::Unavailable("not tried".into()));
+        for attempt in 0..FINISH_TRIES {
+            if attempt > 0 {
+                let ms = crate::jitter::range(100..=400 << attempt);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let ttl = self.config.record_ttl_secs;
+            written = self.store.finish(&record.task_id, record.fence, completion.clone(), now, ttl).await;
+            if !matches!(&written, Err(e) if e.is_retryable()) {
+                break;
+            }
+        }
         let done = match written {
             Ok(FinishOutcome::Written(done)) => done,
             Ok(FinishOutcome::StaleFence) => {
@@ -723,6 +784,171 @@ mod tests {
         assert_eq!((rec.status, rec.result), (TaskStatus::Processing, None), "nothing written");
         assert_eq!(r.worker.metrics.leases_lost_total.with_label_values(&["interactive"]).get(), 1);
         assert_eq!(r.queue.depth().await.unwrap().in_flight, 1, "the message is left to its next delivery");
+    }
+
+    /// F4: a lock key lost in a failover (here: lapsed while the worker paused) with no one else
+    /// holding it is taken again by the next beat; the run goes on and its answer is written.
+    #[tokio::test]
+    async fn a_lock_key_lost_without_a_new_holder_is_taken_again_and_the_call_kept() {
+        let clock = ManualClock::new(1_000_000);
+        let llm = ScriptedLlm { delay: Duration::from_millis(300), ..Default::default() };
+        let r = rig(clock.clone(), llm, fast()).await;
+        let m = r.receive().await;
+        let (w, q) = (r.worker.clone(), r.queue());
+        let run = tokio::spawn(async move { w.process(q, m).await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        clock.advance_ms(301);
+        assert_eq!(run.await.unwrap(), Outcome::Acked);
+        assert_eq!((r.llm.calls.load(Ordering::SeqCst), r.status().await), (1, TaskStatus::Completed));
+    }
+
+    /// A store whose first `n` final writes fail.
+    struct FlakyFinish {
+        inner: EmbeddedStore,
+        failures: std::sync::atomic::AtomicU32,
+    }
+
+    #[async_trait]
+    impl TaskStore for FlakyFinish {
+        async fn put_pending(
+            &self,
+            r: &TaskRecord,
+            now: u64,
+        ) -> Result<PutOutcome, crate::ports::StoreError> {
+            self.inner.put_pending(r, now).await
+        }
+        async fn get(&self, id: &str, now: u64) -> Result<Option<TaskRecord>, crate::ports::StoreError> {
+            self.inner.get(id, now).await
+        }
+        async fn delete_pending(&self, id: &str, nonce: &str) -> Result<bool, crate::ports::StoreError> {
+            self.inner.delete_pending(id, nonce).await
+        }
+        async fn mark_enqueued(
+            &self,
+            id: &str,
+            mark: crate::ports::EnqueueMark,
+            now: u64,
+            ttl: u64,
+        ) -> Result<bool, crate::ports::StoreError> {
+            self.inner.mark_enqueued(id, mark, now, ttl).await
+        }
+        async fn claim(
+            &self,
+            id: &str,
+            now: u64,
+            ttl: u64,
+        ) -> Result<ClaimOutcome, crate::ports::StoreError> {
+            self.inner.claim(id, now, ttl).await
+        }
+        async fn note_attempt(
+            &self,
+            id: &str,
+            f: u64,
+            why: &str,
+        ) -> Result<Option<u32>, crate::ports::StoreError> {
+            self.inner.note_attempt(id, f, why).await
+        }
+        async fn cancel(
+            &self,
+            id: &str,
+            now: u64,
+            ttl: u64,
+        ) -> Result<CancelOutcome, crate::ports::StoreError> {
+            self.inner.cancel(id, now, ttl).await
+        }
+        async fn fail_unfinished(
+            &self,
+            id: &str,
+            why: &str,
+            before: u64,
+            now: u64,
+            ttl: u64,
+        ) -> Result<bool, crate::ports::StoreError> {
+            self.inner.fail_unfinished(id, why, before, now, ttl).await
+        }
+        async fn finish(
+            &self,
+            id: &str,
+            fence: u64,
+            c: Completion,
+            now: u64,
+            ttl: u64,
+        ) -> Result<FinishOutcome, crate::ports::StoreError> {
+            let left = self.failures.load(Ordering::SeqCst);
+            if left > 0 {
+                self.failures.store(left - 1, Ordering::SeqCst);
+                return Err(crate::ports::StoreError::Unavailable("throttled".into()));
+            }
+            self.inner.finish(id, fence, c, now, ttl).await
+        }
+    }
+
+    /// F7: a final write that fails is tried again before the paid answer is given up.
+    #[tokio::test]
+    async fn a_failed_final_write_is_retried_before_the_answer_is_given_up() {
+        let mut r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
+        r.worker.store = Arc::new(FlakyFinish { inner: r.store.clone(), failures: 2.into() });
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!((r.llm.calls.load(Ordering::SeqCst), r.status().await), (1, TaskStatus::Completed));
+    }
+
+    /// A queue whose requeues fail.
+    struct NoRequeue(EmbeddedQueue);
+
+    #[async_trait]
+    impl QueueConsume for NoRequeue {
+        async fn receive_for(
+            &self,
+            n: usize,
+            v: Option<Duration>,
+        ) -> Result<Vec<ReceivedMessage>, crate::ports::QueueError> {
+            self.0.receive_for(n, v).await
+        }
+        async fn change_visibility(&self, r: &str, t: Duration) -> Result<(), crate::ports::QueueError> {
+            self.0.change_visibility(r, t).await
+        }
+        async fn delete(&self, r: &str) -> Result<(), crate::ports::QueueError> {
+            self.0.delete(r).await
+        }
+        async fn requeue(&self, _: &ReceivedMessage, _: Duration) -> Result<(), crate::ports::QueueError> {
+            Err(crate::ports::QueueError::Unavailable("throttled".into()))
+        }
+        async fn dead_letter(&self, m: &ReceivedMessage, why: &str) -> Result<(), crate::ports::QueueError> {
+            self.0.dead_letter(m, why).await
+        }
+        async fn depth(&self) -> Result<crate::ports::QueueDepth, crate::ports::QueueError> {
+            self.0.depth().await
+        }
+        fn max_receive_count(&self) -> u32 {
+            self.0.max_receive_count()
+        }
+    }
+
+    /// F10: a duplicate on its last delivery, refused by a live holder's lock and unable to requeue,
+    /// leaves the holder's run alone.
+    #[tokio::test]
+    async fn a_last_delivery_duplicate_never_fails_a_run_a_live_holder_is_finishing() {
+        let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
+        let now = SystemClock.now_ms();
+        let key = lock_key(&r.task_id);
+        assert!(matches!(r.lock.acquire(&key, Duration::from_secs(10)).await.unwrap(), Acquire::Acquired(_)));
+        let ClaimOutcome::Claimed(held) = r.store.claim(&r.task_id, now, 3600).await.unwrap() else {
+            panic!()
+        };
+        let mut m = r.receive().await;
+        while m.receive_count < MAX_RECEIVES {
+            r.queue.change_visibility(&m.receipt, Duration::ZERO).await.unwrap();
+            m = r.receive().await;
+        }
+        let outcome = r.worker.process(Arc::new(NoRequeue(r.queue.clone())), m).await;
+        assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+        let rec = r.record().await;
+        assert_eq!(
+            (rec.status, rec.fence),
+            (TaskStatus::Processing, held.fence),
+            "the holder's run is untouched"
+        );
     }
 
     #[tokio::test]
