@@ -18,7 +18,9 @@ use crate::clock::SharedClock;
 use crate::domain::Lane;
 use crate::metrics::Metrics;
 use crate::ports::DEAD_LETTER_REASON;
-use crate::ports::{PutOutcome, QueueConsume, QueueError, QueueSend, ReceivedMessage, StoreError, TaskStore};
+use crate::ports::{
+    LeaseLock, PutOutcome, QueueConsume, QueueError, QueueSend, ReceivedMessage, StoreError, TaskStore,
+};
 use crate::tasks::{TaskMessage, TaskRecord, TaskStatus};
 use serde::Serialize;
 use std::time::Duration;
@@ -94,39 +96,95 @@ pub struct SweepReport {
     pub marked_failed: usize,
 }
 
-/// Marks `FAILED` (with the DLQ's reason) the record of each task message in `dlq` that is still
-/// `PENDING` or `PROCESSING`; looks at up to `max` messages. The messages stay in the DLQ.
-pub async fn sweep(
-    lane: Lane,
-    dlq: &dyn QueueConsume,
-    store: &dyn TaskStore,
-    metrics: &Metrics,
-    clock: &SharedClock,
-    ttl_secs: u64,
-    max: usize,
-) -> Result<SweepReport, DlqError> {
-    let messages = peek(dlq, max).await?;
-    let mut report = SweepReport { seen: messages.len(), ..Default::default() };
-    let mut failure = None;
-    for m in &messages {
-        let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else { continue };
-        let reason = format!("dead-lettered: {}", reason_of(m));
-        let sent_before = m.sent_at_ms.saturating_add(CLOCK_SKEW_MS);
-        match store.fail_unfinished(&task.task_id, &reason, sent_before, clock.now_ms(), ttl_secs).await {
-            Ok(true) => {
-                info!(task_id = %task.task_id, %reason, "record of a dead-lettered task marked FAILED");
-                metrics.dlq_marked_failed_total.with_label_values(&[lane.as_str()]).inc();
-                metrics.tasks_finished_total.with_label_values(&[lane.as_str(), "FAILED"]).inc();
-                report.marked_failed += 1;
+/// What a sweep of one task lane's DLQ works with.
+pub struct Sweep<'a> {
+    /// The lane.
+    pub lane: Lane,
+    /// Its DLQ.
+    pub dlq: &'a dyn QueueConsume,
+    /// The task records.
+    pub store: &'a dyn TaskStore,
+    /// The lease lock, where the deployment has one: a task whose lock is held has a live worker
+    /// that settles its run, and is left to it (a later sweep looks again).
+    pub lock: Option<&'a dyn LeaseLock>,
+    /// Metrics.
+    pub metrics: &'a Metrics,
+    /// Time.
+    pub clock: &'a SharedClock,
+    /// TTL of a settled record.
+    pub ttl_secs: u64,
+}
+
+/// How long a swept message whose record is settled stays hidden: later sweeps look at the
+/// messages behind it rather than at the same first `max` again, so a DLQ of any size is covered,
+/// `max` a tick. `lanes dlq` sees it again after this.
+pub const SETTLED_HIDE: Duration = Duration::from_secs(600);
+
+impl Sweep<'_> {
+    /// Marks `FAILED` (with the DLQ's reason) the record of each task message in the DLQ that is
+    /// still `PENDING` or `PROCESSING` and whose lock no worker holds; looks at up to `max` messages.
+    /// The messages stay in the DLQ: the settled ones hidden for [`SETTLED_HIDE`], the others
+    /// visible again at once.
+    pub async fn run(&self, max: usize) -> Result<SweepReport, DlqError> {
+        let messages = peek(self.dlq, max).await?;
+        let mut report = SweepReport { seen: messages.len(), ..Default::default() };
+        let (mut failure, mut unsettled) = (None, Vec::new());
+        for m in messages {
+            match self.settle(&m).await {
+                Ok(Some(true)) => report.marked_failed += 1,
+                Ok(Some(false)) => {}
+                Ok(None) => unsettled.push(m),
+                Err(e) => {
+                    failure = Some(e);
+                    unsettled.push(m);
+                }
             }
-            Ok(false) => {}
-            Err(e) => failure = Some(e),
+        }
+        release(self.dlq, &unsettled).await;
+        match failure {
+            Some(e) => Err(e.into()),
+            None => Ok(report),
         }
     }
-    release(dlq, &messages).await;
-    match failure {
-        Some(e) => Err(e.into()),
-        None => Ok(report),
+
+    /// Settles the record behind one message: `Some(true)` marked `FAILED` now, `Some(false)`
+    /// settled already, `None` not settled (left to a live lock holder, or not a task message).
+    async fn settle(&self, m: &ReceivedMessage) -> Result<Option<bool>, StoreError> {
+        let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else { return Ok(None) };
+        if let Some(lock) = self.lock {
+            let key = crate::tasks::worker::lock_key(&task.task_id);
+            match lock.acquire(&key, PEEK_VISIBILITY).await {
+                Ok(crate::ports::Acquire::Acquired(token)) => {
+                    // Held while the record is settled, so no worker starts it meanwhile.
+                    let settled = self.fail_unfinished(m, &task).await;
+                    let _ = lock.release(&key, &token).await;
+                    return settled.map(Some);
+                }
+                Ok(crate::ports::Acquire::Held { .. }) => return Ok(None),
+                Err(e) => {
+                    warn!(error = %e, "lock unavailable; leaving the record to a later sweep");
+                    return Ok(None);
+                }
+            }
+        }
+        self.fail_unfinished(m, &task).await.map(Some)
+    }
+
+    async fn fail_unfinished(&self, m: &ReceivedMessage, task: &TaskMessage) -> Result<bool, StoreError> {
+        let reason = format!("dead-lettered: {}", reason_of(m));
+        let sent_before = m.sent_at_ms.saturating_add(CLOCK_SKEW_MS);
+        let now = self.clock.now_ms();
+        let failed =
+            self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, self.ttl_secs).await?;
+        if failed {
+            info!(task_id = %task.task_id, %reason, "record of a dead-lettered task marked FAILED");
+            self.metrics.dlq_marked_failed_total.with_label_values(&[self.lane.as_str()]).inc();
+            self.metrics.tasks_finished_total.with_label_values(&[self.lane.as_str(), "FAILED"]).inc();
+        }
+        if let Err(e) = self.dlq.change_visibility(&m.receipt, SETTLED_HIDE).await {
+            warn!(error = %e, "a swept DLQ message is visible again after its peek");
+        }
+        Ok(failed)
     }
 }
 
@@ -162,7 +220,8 @@ pub async fn list(
 pub struct RedriveReport {
     /// Tasks sent back to their lane with their record reset to `PENDING`.
     pub redriven: usize,
-    /// Messages of tasks already `COMPLETED`, deleted without running again.
+    /// Messages of tasks already `COMPLETED` (or `CANCELLED` by their client), deleted without
+    /// running again.
     pub already_completed: usize,
     /// Messages left in the DLQ (undecodable, or no record to run), with why. A move task moves
     /// them too; the worker dead-letters them again.
@@ -177,11 +236,11 @@ pub struct RedriveReport {
 
 /// What a message of the DLQ needs before it may run again (read only; see [`make_runnable`]).
 enum Readiness {
-    /// Runnable once its record is: `Some` is a `FAILED`/`CANCELLED` record to reset, `None` a
+    /// Runnable once its record is: `Some` is a `FAILED` record to reset, `None` a
     /// `PENDING`/`PROCESSING` one that runs as it is.
     Run(Option<Box<TaskRecord>>),
-    /// Its task is `COMPLETED`: delete it.
-    Completed,
+    /// Its task is `COMPLETED` or `CANCELLED`: delete it.
+    Settled,
     /// Leave it in the DLQ, with why; `dropped` when its worker would drop it if it were sent back
     /// (no live record), rather than dead-letter it again (undecodable).
     Leave { why: String, dropped: bool },
@@ -200,13 +259,14 @@ async fn assess(
         return Ok(Readiness::Leave { why: "no live record for the task".into(), dropped: true });
     };
     Ok(match record.status {
-        TaskStatus::Completed => Readiness::Completed,
+        // A cancelled task is its client's decision: a redrive never runs it again.
+        TaskStatus::Completed | TaskStatus::Cancelled => Readiness::Settled,
         s if s.is_resubmittable() => Readiness::Run(Some(Box::new(record))),
         _ => Readiness::Run(None),
     })
 }
 
-/// Replaces a `FAILED`/`CANCELLED` record with a fresh `PENDING` one (the fence carries over).
+/// Replaces a `FAILED` record with a fresh `PENDING` one (the fence carries over).
 /// `false`: its client resubmitted it meanwhile, and that submission's own message runs it.
 async fn make_runnable(
     record: &TaskRecord,
@@ -260,7 +320,7 @@ pub async fn redrive(
                 report.left.push((m.message_id.clone(), why));
                 keep.push(m);
             }
-            Readiness::Completed => {
+            Readiness::Settled => {
                 dlq.delete(&m.receipt).await?;
                 report.already_completed += 1;
             }
@@ -319,8 +379,9 @@ pub async fn redrive_by_move(
     let held = depth.visible + depth.in_flight;
     if held > messages.len() as u64 {
         let why = format!(
-            "the DLQ holds about {held} messages and this redrive could look at {}: a move would take messages whose records were not made runnable; redrive by relay (repeatedly) instead",
-            messages.len()
+            "the DLQ holds about {held} messages and this redrive could look at {}: a move would take messages whose records were not made runnable; redrive by relay (repeatedly) instead, or again once the messages a sweep settled are visible ({} s after it)",
+            messages.len(),
+            SETTLED_HIDE.as_secs()
         );
         return refuse(why).await;
     }
@@ -341,7 +402,7 @@ pub async fn redrive_by_move(
     let mut keep = Vec::new();
     for (m, readiness) in messages.into_iter().zip(assessed) {
         match readiness {
-            Readiness::Completed => {
+            Readiness::Settled => {
                 dlq.delete(&m.receipt).await?;
                 report.already_completed += 1;
             }
@@ -395,24 +456,28 @@ impl Admin {
         self.adapters.dlq[lane.index()].as_ref().ok_or(DlqError::NoDlq(lane))
     }
 
-    /// Sweeps the task lanes' DLQs once (see [`sweep`]).
+    /// Sweeps the task lanes' DLQs once (see [`Sweep`]); a lane that fails does not stop the other.
     pub async fn sweep_all(&self, max: usize) -> Result<SweepReport, DlqError> {
-        let mut total = SweepReport::default();
+        let (mut total, mut failure) = (SweepReport::default(), None);
         for lane in [Lane::Interactive, Lane::Synthesis] {
-            let r = sweep(
+            let sweep = Sweep {
                 lane,
-                &**self.dlq(lane)?,
-                &*self.adapters.store,
-                &self.metrics,
-                &self.clock,
-                self.record_ttl_secs,
-                max,
-            )
-            .await?;
-            total.seen += r.seen;
-            total.marked_failed += r.marked_failed;
+                dlq: &**self.dlq(lane)?,
+                store: &*self.adapters.store,
+                lock: Some(&*self.adapters.lock),
+                metrics: &self.metrics,
+                clock: &self.clock,
+                ttl_secs: self.record_ttl_secs,
+            };
+            match sweep.run(max).await {
+                Ok(r) => {
+                    total.seen += r.seen;
+                    total.marked_failed += r.marked_failed;
+                }
+                Err(e) => failure = Some(e),
+            }
         }
-        Ok(total)
+        failure.map_or(Ok(total), Err)
     }
 
     /// Lists a task lane's DLQ.
@@ -574,6 +639,7 @@ mod tests {
     struct DeadLettered {
         _dir: tempfile::TempDir,
         clock: SharedClock,
+        manual: Arc<crate::clock::ManualClock>,
         store: EmbeddedStore,
         queue: crate::embedded::EmbeddedQueue,
         dlq: crate::embedded::EmbeddedQueue,
@@ -582,7 +648,8 @@ mod tests {
 
     async fn dead_lettered() -> DeadLettered {
         let dir = tempfile::tempdir().unwrap();
-        let clock: SharedClock = Arc::new(SystemClock);
+        let manual = crate::clock::ManualClock::new(crate::clock::Clock::now_ms(&SystemClock));
+        let clock: SharedClock = manual.clone();
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let store = EmbeddedStore::new(db.clone());
         let settings = QueueSettings { default_visibility: Duration::from_millis(1), max_receive_count: 1 };
@@ -623,18 +690,18 @@ mod tests {
         store.claim(&ids[1], clock.now_ms(), 3600).await.unwrap();
         // One receive each (a crashed worker), then the queue's redrive moves all four.
         assert_eq!(queue.receive(10).await.unwrap().len(), 4);
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        manual.advance_ms(5);
         assert!(queue.receive(10).await.unwrap().is_empty());
         let dlq = queue.dead_letter_queue();
         assert_eq!(dlq.peek_all().await.len(), 4);
 
         let dlq = queue.dead_letter_queue();
-        DeadLettered { _dir: dir, clock, store, queue, dlq, ids }
+        DeadLettered { _dir: dir, clock, manual, store, queue, dlq, ids }
     }
 
     #[tokio::test]
     async fn the_sweep_fails_unsettled_records_and_the_redrive_runs_them_again() {
-        let DeadLettered { _dir, clock, store, queue, dlq, ids } = dead_lettered().await;
+        let DeadLettered { _dir, clock, manual, store, queue, dlq, ids } = dead_lettered().await;
         assert_eq!(dlq.peek_all().await.len(), 4);
         let metrics = Metrics::new();
         let report = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
@@ -646,7 +713,12 @@ mod tests {
         let rec = store.get(&ids[2], clock.now_ms()).await.unwrap().unwrap();
         assert!(rec.error.unwrap().contains("maxReceiveCount"), "the reason is the DLQ's");
         let again = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
-        assert_eq!(again.marked_failed, 0, "a second sweep changes nothing");
+        assert_eq!(
+            (again.seen, again.marked_failed),
+            (1, 0),
+            "settled ones stay hidden; the poison one is seen again"
+        );
+        manual.advance_ms(SETTLED_HIDE.as_millis() as u64);
 
         let listed = list(&dlq, &store, &clock, 100).await.unwrap();
         assert_eq!(listed.len(), 4, "the sweep and the listing leave the messages in place");
@@ -661,6 +733,75 @@ mod tests {
         assert_eq!(dlq.peek_all().await.len(), 1, "the poison message stays");
     }
 
+    /// The sweep as the controller runs it, with no lock service.
+    async fn sweep(
+        lane: Lane,
+        dlq: &dyn QueueConsume,
+        store: &dyn TaskStore,
+        metrics: &Metrics,
+        clock: &SharedClock,
+        ttl_secs: u64,
+        max: usize,
+    ) -> Result<SweepReport, DlqError> {
+        Sweep { lane, dlq, store, lock: None, metrics, clock, ttl_secs }.run(max).await
+    }
+
+    /// F13: a sweep of `max` hides what it settled, so the next looks at the messages behind them.
+    /// F10: a record whose lock is held is left to its holder.
+    #[tokio::test]
+    async fn sweeps_of_two_cover_three_and_leave_a_locked_run_to_its_holder() {
+        let DeadLettered { _dir, clock, manual: _, store, queue: _, dlq, ids } = dead_lettered().await;
+        let lock = crate::embedded::MemoryLock::new(clock.clone());
+        let key = crate::tasks::worker::lock_key(&ids[1]);
+        let crate::ports::Acquire::Acquired(token) =
+            lock.acquire(&key, Duration::from_secs(60)).await.unwrap()
+        else {
+            panic!()
+        };
+        let metrics = Metrics::new();
+        let sweep = |max| {
+            let s = Sweep {
+                lane: Lane::Synthesis,
+                dlq: &dlq,
+                store: &store,
+                lock: Some(&lock),
+                metrics: &metrics,
+                clock: &clock,
+                ttl_secs: 3600,
+            };
+            async move { s.run(max).await.unwrap() }
+        };
+        for _ in 0..4 {
+            sweep(2).await;
+        }
+        let status = |i: usize| {
+            let (store, id, now) = (&store, ids[i].clone(), clock.now_ms());
+            async move { store.get(&id, now).await.unwrap().unwrap().status }
+        };
+        assert_eq!((status(1).await, status(2).await), (TaskStatus::Processing, TaskStatus::Failed));
+        lock.release(&key, &token).await.unwrap();
+        sweep(2).await;
+        assert_eq!(status(1).await, TaskStatus::Failed, "settled once its holder is gone");
+    }
+
+    /// F9: a redrive never runs a task its client cancelled; F12: a moved message is enqueued anew.
+    #[tokio::test]
+    async fn a_redrive_leaves_cancelled_tasks_cancelled_and_moved_messages_are_new() {
+        let DeadLettered { _dir, clock, manual: _, store, queue, dlq, ids } = dead_lettered().await;
+        store.cancel(&ids[2], clock.now_ms(), 3600).await.unwrap();
+        let report = redrive(&dlq, &queue, &store, &clock, 3600, 100).await.unwrap();
+        assert_eq!((report.redriven, report.already_completed), (1, 2), "{report:?}");
+        let rec = store.get(&ids[2], clock.now_ms()).await.unwrap().unwrap();
+        assert_eq!(rec.status, TaskStatus::Cancelled);
+        let again = dead_lettered().await;
+        let before = again.clock.now_ms();
+        again.manual.advance_ms(10_000);
+        again.dlq.start_move_back().await.unwrap();
+        let moved = again.queue.receive(10).await.unwrap();
+        assert_eq!(moved.len(), 4);
+        assert!(moved.iter().all(|m| m.sent_at_ms >= before + 10_000), "a moved message is sent anew");
+    }
+
     /// Makes every peeked message of `dlq` visible again (the receives above hid them).
     async fn clock_settle(dlq: &crate::embedded::EmbeddedQueue) {
         for m in dlq.receive(100).await.unwrap() {
@@ -673,9 +814,10 @@ mod tests {
     /// tasks run again; the move is listed.
     #[tokio::test]
     async fn the_redrive_by_move_task_resets_records_before_the_move() {
-        let DeadLettered { _dir, clock, store, queue, dlq, ids } = dead_lettered().await;
+        let DeadLettered { _dir, clock, manual, store, queue, dlq, ids } = dead_lettered().await;
         let metrics = Metrics::new();
         sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
+        manual.advance_ms(SETTLED_HIDE.as_millis() as u64);
         assert!(matches!(queue.start_move_back().await, Err(QueueError::Rejected(_))), "not a DLQ");
         // A message whose task has no live record would be dropped by its worker: refused, nothing changed.
         let lost = TaskMessage {
@@ -706,6 +848,7 @@ mod tests {
         let m =
             dlq.receive(10).await.unwrap().into_iter().find(|m| m.body.contains(&"0".repeat(64))).unwrap();
         dlq.delete(&m.receipt).await.unwrap();
+        manual.advance_ms(5);
         clock_settle(&dlq).await;
 
         let report = redrive_by_move(&dlq, &queue, &store, &clock, 3600, 100).await.unwrap();

@@ -135,8 +135,14 @@ pub struct ControllerFunction {
 pub struct DlqSweep {
     dlqs: Vec<(Lane, Arc<dyn QueueConsume>)>,
     store: Arc<dyn crate::ports::TaskStore>,
+    /// The workers' lease lock (with Redis): a run its lock shows live is left to its worker.
+    lock: Option<Arc<dyn crate::ports::LeaseLock>>,
     metrics: Metrics,
 }
+
+/// Messages a DLQ sweep looks at per lane and tick (the settled ones then stay hidden for
+/// [`crate::dlq::SETTLED_HIDE`], so the next ticks look further).
+const SWEEP_MAX: usize = 1000;
 
 impl ControllerFunction {
     /// Reads `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `LANES_MAPPING_{INTERACTIVE,SYNTHESIS,COMMITS}`
@@ -179,18 +185,23 @@ impl ControllerFunction {
                     }
                 }
                 let store = Arc::new(aws.task_store(&table));
-                Some(DlqSweep { dlqs, store, metrics: Metrics::new() })
+                Some(DlqSweep { dlqs, store, lock: None, metrics: Metrics::new() })
             }
         };
         let mut controller = crate::controller::Controller::new(queues, mappings, control, budget.max(6));
-        // Running work as the workers register it, when the stack has Redis (in-flight otherwise).
+        // Running work as the workers register it, when the stack has Redis (in-flight otherwise);
+        // and the workers' locks for the sweep.
+        let mut sweep = sweep;
         if crate::config::optional_env("REDIS_URL").is_some() {
             let redis = crate::backend::redis_from_env()?;
             let conn =
                 crate::adapters::redis::connect(&redis).await.map_err(crate::backend::BackendError::from)?;
-            let cache = Arc::new(crate::adapters::redis::RedisCache::new(conn, &redis.prefix));
+            let cache = Arc::new(crate::adapters::redis::RedisCache::new(conn.clone(), &redis.prefix));
             controller =
                 controller.with_running(crate::running::RunningWork::new(cache, Arc::new(SystemClock)));
+            if let Some(s) = sweep.as_mut() {
+                s.lock = Some(Arc::new(crate::adapters::redis::RedisLock::new(conn, &redis.prefix)));
+            }
         }
         Ok(Self { controller, sweep })
     }
@@ -223,8 +234,16 @@ impl ControllerFunction {
             let clock: SharedClock = Arc::new(SystemClock);
             let ttl = WorkerConfig::default().record_ttl_secs;
             for (lane, dlq) in &sweep.dlqs {
-                match crate::dlq::sweep(*lane, &**dlq, &*sweep.store, &sweep.metrics, &clock, ttl, 100).await
-                {
+                let run = crate::dlq::Sweep {
+                    lane: *lane,
+                    dlq: &**dlq,
+                    store: &*sweep.store,
+                    lock: sweep.lock.as_deref(),
+                    metrics: &sweep.metrics,
+                    clock: &clock,
+                    ttl_secs: ttl,
+                };
+                match run.run(SWEEP_MAX).await {
                     Ok(r) => {
                         tracing::info!(lane = %lane, seen = r.seen, marked_failed = r.marked_failed, "DLQ swept")
                     }

@@ -604,9 +604,18 @@ async fn sweeper(world: Arc<World>) {
         tokio::time::sleep(Duration::from_secs(60)).await;
         for lane in [Lane::Interactive, Lane::Synthesis] {
             let (dlq, store) = (world.dlq(&ctx, lane), world.store(&ctx));
+            let lock = FaultyLock { ctx: ctx.clone() };
             let clock = ctx.proc.clock.clone();
-            let ttl = world.worker_config.record_ttl_secs;
-            let r = lanes_core::dlq::sweep(lane, &*dlq, &*store, &world.metrics, &clock, ttl, 100).await;
+            let sweep = lanes_core::dlq::Sweep {
+                lane,
+                dlq: &*dlq,
+                store: &*store,
+                lock: Some(&lock),
+                metrics: &world.metrics,
+                clock: &clock,
+                ttl_secs: world.worker_config.record_ttl_secs,
+            };
+            let r = sweep.run(100).await;
             if let Ok(r) = r
                 && r.seen > 0
             {

@@ -477,6 +477,10 @@ impl QueueConsume for EmbeddedQueue {
             copy.stored.queue = source.clone();
             copy.stored.seq = state.next_seq + n as u64;
             copy.stored.receive_count = 0;
+            // As SQS does: a moved message is enqueued anew, so the DLQ sweep's guard (a record no
+            // newer than the message) holds for it if it dead-letters again.
+            copy.stored.sent_at_ms = now;
+            copy.stored.attributes.insert("SentTimestamp".into(), now.to_string());
             moved.push((*seq, copy));
         }
         // Same ids: each put replaces the DLQ row, so the move is one atomic write.
