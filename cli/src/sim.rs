@@ -21,6 +21,9 @@ pub struct SimArgs {
     /// Stop after this many failing histories.
     #[arg(long)]
     stop_after: Option<usize>,
+    /// Print each history's whole trace (for replaying one seed).
+    #[arg(long)]
+    trace: bool,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -29,7 +32,15 @@ pub struct SimArgs {
 /// Runs it.
 pub fn run(args: SimArgs) -> Result<(), CliError> {
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let options = lanes_sim::Options::default();
+    let options = lanes_sim::Options { full_trace: args.trace, ..Default::default() };
+    if args.trace {
+        // Its own thread: a history runs on a runtime of its own, not inside the CLI's.
+        let seed = args.seed;
+        let replay = std::thread::spawn(move || lanes_sim::history::run(seed, &options)).join();
+        for line in replay.ok().and_then(|r| r.trace).unwrap_or_default() {
+            println!("{line}");
+        }
+    }
     let summary = lanes_sim::run_many(args.seed, args.histories, threads, &options, args.stop_after);
     let command = format!("lanes sim --seed {} --histories {}", args.seed, args.histories);
     if args.json {

@@ -374,8 +374,8 @@ impl TaskStore for FaultyStore {
         let r = self.inner.put_pending(record, now_ms).await;
         if let Ok(PutOutcome::Created) = &r {
             let admin = self.ctx.proc.admin;
-            let was = before.map(|b| b.status);
-            self.ctx.chaos.oracle(|o| o.created(id, admin, was, record.created_at_ms));
+            let (was, now) = (before.map(|b| b.status), self.ctx.chaos.now());
+            self.ctx.chaos.oracle(|o| o.created(id, admin, was, now));
             self.ctx.note(|| format!("put_pending {} -> Created (admin: {admin})", short(id)));
         }
         self.ctx.post(d, "put_pending", id, r).await
@@ -383,6 +383,10 @@ impl TaskStore for FaultyStore {
     async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "get", task_id).await?;
         let r = self.inner.get(task_id, now_ms).await;
+        if let Ok(Some(rec)) = &r {
+            let (st, f, e) = (rec.status, rec.fence, rec.enqueued_at_ms);
+            self.ctx.note(|| format!("get {} -> {st:?} fence {f} enqueued {e}", short(task_id)));
+        }
         self.ctx.post(d, "get", task_id, r).await
     }
     async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
@@ -402,6 +406,13 @@ impl TaskStore for FaultyStore {
     ) -> Result<bool, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "mark_enqueued", task_id).await?;
         let r = self.inner.mark_enqueued(task_id, mark, now_ms, ttl).await;
+        if let Ok(done) = &r {
+            let done = *done;
+            self.ctx.note(|| format!("mark_enqueued {} {mark:?} -> {done}", short(task_id)));
+            if done && mark.to_ms != UNSENT {
+                self.ctx.chaos.oracle(|o| o.resend_claimed(task_id, mark.to_ms, mark.from_ms));
+            }
+        }
         self.ctx.post(d, "mark_enqueued", task_id, r).await
     }
     async fn claim(&self, task_id: &str, now_ms: u64, ttl: u64) -> Result<ClaimOutcome, StoreError> {
@@ -424,7 +435,7 @@ impl TaskStore for FaultyStore {
         if let Ok(CancelOutcome::Cancelled(rec)) = &r {
             self.ctx.chaos.oracle(|o| {
                 o.terminal_write(task_id, "CANCELLED");
-                o.cancelled(task_id);
+                o.cancelled(task_id, rec.fence);
             });
             self.ctx.note(|| format!("cancel {} -> CANCELLED fence {}", short(task_id), rec.fence));
         }
@@ -479,7 +490,7 @@ impl TaskStore for FaultyStore {
                         .map_or("gone".into(), |c| format!("{:?} fence {}", c.status, c.fence));
                     format!("finish {} fence {fence} -> StaleFence (record {st})", short(&id))
                 });
-                self.ctx.chaos.oracle(|o| o.answer_refused(task_id, current.as_ref()));
+                self.ctx.chaos.oracle(|o| o.answer_refused(task_id, fence, current.as_ref()));
             }
             _ => {}
         }
@@ -524,8 +535,6 @@ impl QueueSend for FaultyQueue {
         }
         let r = self.ctx.post(d, "send", &task, r).await;
         if r.is_ok() {
-            let (admin, now) = (self.ctx.proc.admin, self.ctx.chaos.now());
-            self.ctx.chaos.oracle(|o| o.sent(&task, admin, now));
             self.ctx.note(|| format!("send {} ok to {}", short(&task), self.inner.name()));
         }
         r
@@ -612,6 +621,7 @@ impl QueueConsume for FaultyQueue {
 pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
     let Some((body, sent_at_ms)) = queue.peek_receipt(receipt).await else { return };
     let Some(task) = task_of_body(&body) else { return };
+    let sent_at_ms = sent_at_ms.saturating_sub(EPOCH_MS);
     let record = chaos.truth.get(&task, chaos.clock.now_ms()).await.ok().flatten();
     chaos.oracle(|o| o.acked(&task, record.as_ref(), sent_at_ms));
 }

@@ -39,11 +39,19 @@ pub struct Options {
     pub clients: usize,
     /// Distinct payloads they share.
     pub payloads: usize,
+    /// Keep the whole trace in the report (one history's replay).
+    pub full_trace: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { busy: Duration::from_secs(600), calm: Duration::from_secs(3600), clients: 5, payloads: 8 }
+        Self {
+            busy: Duration::from_secs(600),
+            calm: Duration::from_secs(3600),
+            clients: 5,
+            payloads: 8,
+            full_trace: false,
+        }
     }
 }
 
@@ -68,6 +76,9 @@ pub struct HistoryReport {
     pub simulated_secs: u64,
     /// A digest of its trace: the same seed gives the same digest.
     pub digest: u64,
+    /// The whole trace, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Vec<String>>,
 }
 
 /// Runs the history of `seed` on a fresh single-threaded runtime with a paused clock.
@@ -281,10 +292,10 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     world.chaos.calm.store(true, Ordering::Relaxed);
     world.chaos.trace(|| "---- calm: no more faults".into());
     let _ = tokio::time::timeout(options.calm, async { while clients.join_next().await.is_some() {} }).await;
-    finish(seed, &world, start).await
+    finish(seed, &world, start, options.full_trace).await
 }
 
-async fn finish(seed: u64, world: &World, start: tokio::time::Instant) -> HistoryReport {
+async fn finish(seed: u64, world: &World, start: tokio::time::Instant, full_trace: bool) -> HistoryReport {
     let now = world.chaos.clock.now_ms();
     let mut finals = BTreeMap::new();
     for (_, _, id) in &world.payloads {
@@ -304,6 +315,7 @@ async fn finish(seed: u64, world: &World, start: tokio::time::Instant) -> Histor
             justified_extra: o.justified_extra(),
             simulated_secs: start.elapsed().as_secs(),
             digest,
+            trace: full_trace.then(|| o.lines()),
         }
     })
 }

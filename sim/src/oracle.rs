@@ -14,7 +14,7 @@
 //! - **I7.** A duplicate of an accepted task answers that task (same id, 202 or 200), whatever the
 //!   quotas and the cache.
 //! - **I8.** Ingress re-sends a run's message at most once per enqueue grace, however many clients
-//!   poll (sends the sender was told failed do not count).
+//!   poll, but at once when its send is known to have failed.
 //! - **I9.** A paid answer is written: a completed final write is refused only by the client's
 //!   cancellation, or in a run the simulation broke (as in I2).
 //!
@@ -50,9 +50,12 @@ struct Book {
     why: Vec<String>,
     terminal_writes: u32,
     answered: bool,
-    sends_allowed: u32,
     last_send_ms: Option<u64>,
     cancelled_by_client: bool,
+    /// The fence the client's last cancellation gave the record.
+    cancelled_fence: u64,
+    /// True time (ms since the epoch) the current run was created.
+    run_since_ms: u64,
 }
 
 /// The book of one history.
@@ -126,34 +129,32 @@ impl Oracle {
 
     /// A `PENDING` record was written for a new run; by the admin (a redrive) or by a client. `was`
     /// is the status it replaced.
-    pub fn created(&mut self, task: &str, admin: bool, was: Option<TaskStatus>, _created_at_ms: u64) {
+    pub fn created(&mut self, task: &str, admin: bool, was: Option<TaskStatus>, now_ms: u64) {
         if admin && was == Some(TaskStatus::Cancelled) {
             self.exercise("I3");
             self.violate("I3", task, "a redrive reset a task its client had cancelled".into());
         }
         let b = self.book(task);
         b.runs += 1;
-        b.sends_allowed = 1;
         b.last_send_ms = None;
+        b.run_since_ms = now_ms;
         if !admin {
             b.cancelled_by_client = false;
         }
     }
 
-    /// A message of `task` was sent and the sender was told so.
-    pub fn sent(&mut self, task: &str, admin: bool, now_ms: u64) {
+    /// Ingress claimed a re-send of `task` (moved its `enqueued_at_ms` from `from_ms` to `to_ms`,
+    /// both its clocks' times): I8 holds if the run's last claim is at least the grace older (less
+    /// the skew between the two clocks), unless the message was known unsent.
+    pub fn resend_claimed(&mut self, task: &str, to_ms: u64, from_ms: u64) {
         let window = self.resend_window_ms;
-        let b = self.book(task);
-        if admin {
-            return;
-        }
-        if b.sends_allowed > 0 {
-            b.sends_allowed -= 1;
-            b.last_send_ms = Some(now_ms);
-            return;
-        }
-        let last = b.last_send_ms.replace(now_ms);
         self.exercise("I8");
+        let b = self.book(task);
+        let now_ms = to_ms;
+        let last = b.last_send_ms.replace(now_ms);
+        if from_ms == lanes_core::ports::UNSENT {
+            return;
+        }
         if let Some(last) = last
             && now_ms.saturating_sub(last) < window
         {
@@ -161,7 +162,7 @@ impl Oracle {
             self.violate(
                 "I8",
                 task,
-                format!("re-sent {gap} ms after the last send (grace less skew: {window} ms)"),
+                format!("re-sent {gap} ms after the last re-send (grace less skew: {window} ms)"),
             );
         }
     }
@@ -185,13 +186,13 @@ impl Oracle {
         self.book(task).terminal_writes += 1;
     }
 
-    /// A completed final write was refused by the fence; `current` is the record then (I9).
-    pub fn answer_refused(&mut self, task: &str, current: Option<&TaskRecord>) {
+    /// A completed final write with `fence` was refused by the fence; `current` is the record then
+    /// (I9).
+    pub fn answer_refused(&mut self, task: &str, fence: u64, current: Option<&TaskRecord>) {
         self.exercise("I9");
-        let status = current.map(|r| r.status);
         let b = self.book(task);
-        if status == Some(TaskStatus::Cancelled) || b.justified > 0 {
-            return;
+        if b.cancelled_fence > fence || b.justified > 0 {
+            return; // its client cancelled this run, or the simulation broke it
         }
         let detail = match current {
             Some(r) => format!(
@@ -204,12 +205,15 @@ impl Oracle {
         self.violate("I9", task, detail);
     }
 
-    /// A delivery of `task`, sent at `sent_at_ms`, is being acked while the store holds `record` (I5).
+    /// A delivery of `task`, sent at `sent_at_ms` (true time since the epoch), is being acked while
+    /// the store holds `record` (I5). A message sent before the current run began carries an
+    /// earlier run, which may be acked.
     pub fn acked(&mut self, task: &str, record: Option<&TaskRecord>, sent_at_ms: u64) {
         self.exercise("I5");
+        let since = self.tasks.get(task).map_or(0, |b| b.run_since_ms);
         if let Some(r) = record
             && !r.status.is_terminal()
-            && r.created_at_ms <= sent_at_ms + self.skew_ms
+            && since <= sent_at_ms
         {
             self.violate("I5", task, format!("acked while the record is {:?}", r.status));
         }
@@ -253,9 +257,11 @@ impl Oracle {
         }
     }
 
-    /// Its client cancelled `task` (DELETE answered 200).
-    pub fn cancelled(&mut self, task: &str) {
-        self.book(task).cancelled_by_client = true;
+    /// Its client cancelled `task`, moving the fence to `fence`.
+    pub fn cancelled(&mut self, task: &str, fence: u64) {
+        let b = self.book(task);
+        b.cancelled_by_client = true;
+        b.cancelled_fence = b.cancelled_fence.max(fence);
     }
 
     /// The checks at the end of a history, given each task's final record.
@@ -319,6 +325,11 @@ impl Oracle {
     /// Model calls beyond one per run that the simulation's breaks justify.
     pub fn justified_extra(&self) -> u32 {
         self.tasks.values().map(|b| b.spend.saturating_sub(b.runs).min(b.justified)).sum()
+    }
+
+    /// The trace kept (the last 20,000 operations).
+    pub fn lines(&self) -> Vec<String> {
+        self.trace.iter().cloned().collect()
     }
 
     /// A digest of every traced operation and its time: equal for equal histories.

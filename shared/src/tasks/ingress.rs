@@ -351,7 +351,10 @@ async fn resend_if_orphaned(ing: &Ingress, record: &TaskRecord, now: u64) {
     if record.status != TaskStatus::Pending || (!unsent && now.saturating_sub(record.enqueued_at_ms) < wait) {
         return;
     }
-    let claim = EnqueueMark { fence: record.fence, from_ms: record.enqueued_at_ms, to_ms: now.max(1) };
+    // The send's time is read now, not at the request's start: slow reads before it must not
+    // make the next grace start early.
+    let sent_at = ing.clock.now_ms().max(now).max(1);
+    let claim = EnqueueMark { fence: record.fence, from_ms: record.enqueued_at_ms, to_ms: sent_at };
     if !mark(ing, &record.task_id, claim, now).await {
         return; // another reader re-sends it, or it changed
     }

@@ -209,12 +209,24 @@ impl Worker {
                 // writes single; only duplicate LLM calls become possible.
                 warn!(error = %e, "lock unavailable; running degraded");
                 self.metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
-                None
+                // A token of its own, not yet held: the first beat the lock service answers takes
+                // the key with it (a renewal takes a free key), or finds another worker holding it
+                // and drops this run. So one outage does not leave the whole run unlocked.
+                Some(uuid::Uuid::new_v4().to_string())
             }
         };
         let completed = std::sync::atomic::AtomicBool::new(false);
         let held = token.as_ref().map(|t| (lock_key.clone(), t.clone()));
-        let outcome = self.run_claimed(&queue, &message, &task, held, &completed, batch).await;
+        // Renewed from the lock's start, not the claim's, so a slow claim cannot let the lock or
+        // the visibility lapse; settled through the batch (or a heartbeat of its own) from here on,
+        // which ends the renewals before any hand-back.
+        let batch = batch.unwrap_or_else(|| {
+            Arc::new(LeasedQueue::new(queue.clone(), self.heartbeat(queue.clone(), task.lane)))
+        });
+        let lease = Leased { lock: held, ..Leased::new(message.receipt.clone(), CancellationToken::new()) };
+        let _locked = batch.heartbeat().join(lease.clone());
+        let leased: Arc<dyn QueueConsume> = batch.clone();
+        let outcome = self.run_claimed(&leased, &message, &task, lease, &completed, &batch).await;
         // A completed task never runs again (a later delivery waits out the lock, then claims a
         // terminal record and acks), so its lock is left to expire rather than released: one
         // request less per task. Any other end may be followed by a run of the same id (a retry, a
@@ -233,9 +245,9 @@ impl Worker {
         queue: &Arc<dyn QueueConsume>,
         message: &ReceivedMessage,
         task: &TaskMessage,
-        held: Option<(String, String)>,
+        lease: Leased,
         completed: &std::sync::atomic::AtomicBool,
-        batch: Option<Arc<LeasedQueue>>,
+        batch: &Arc<LeasedQueue>,
     ) -> Outcome {
         let lane = task.lane.as_str();
         let policy = *self.config.lane(task.lane);
@@ -278,26 +290,10 @@ impl Worker {
             return self.finish(queue, message, &record, Completion::Failed(reason), completed).await;
         }
 
-        let (lost, cancelled) = (CancellationToken::new(), CancellationToken::new());
-        let leased = Leased {
-            receipt: message.receipt.clone(),
-            lock: held,
-            lost: lost.clone(),
-            watch: Some(Watch {
-                id: task.task_id.clone(),
-                fence: record.fence,
-                cancelled: cancelled.clone(),
-            }),
-            kept: false,
-        };
-        // Renewed from here on, and settled from here on through the batch (or a heartbeat of its
-        // own), which ends the renewals before any hand-back.
-        let batch = batch.unwrap_or_else(|| {
-            Arc::new(LeasedQueue::new(queue.clone(), self.heartbeat(queue.clone(), task.lane)))
-        });
-        let _renewed = batch.heartbeat().join(leased);
-        let leased_queue: Arc<dyn QueueConsume> = batch.clone();
-        let queue = &leased_queue;
+        // From the claim on, the beats also ask whether its client cancelled this run.
+        let (lost, cancelled) = (lease.lost.clone(), CancellationToken::new());
+        let watch = Watch { id: task.task_id.clone(), fence: record.fence, cancelled: cancelled.clone() };
+        let _renewed = batch.heartbeat().join(Leased { watch: Some(watch), ..lease });
         let params = ModelParams::from_value(&record.request.params);
         let request = LlmRequest {
             lane: task.lane,
