@@ -21,7 +21,16 @@ pub struct SimArgs {
     /// Stop after this many failing histories.
     #[arg(long)]
     stop_after: Option<usize>,
-    /// Print each history's whole trace (for replaying one seed).
+    /// Simulated seconds of a history's busy phase (faults on); a calm phase follows.
+    #[arg(long, default_value_t = 600)]
+    busy_secs: u64,
+    /// Clients per history.
+    #[arg(long, default_value_t = 5)]
+    clients: usize,
+    /// Distinct payloads the clients share.
+    #[arg(long, default_value_t = 8)]
+    payloads: usize,
+    /// Print the first history's whole trace (for replaying one seed).
     #[arg(long)]
     trace: bool,
     /// One JSON object instead of a table.
@@ -32,7 +41,13 @@ pub struct SimArgs {
 /// Runs it.
 pub fn run(args: SimArgs) -> Result<(), CliError> {
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let options = lanes_sim::Options { full_trace: args.trace, ..Default::default() };
+    let options = lanes_sim::Options {
+        busy: std::time::Duration::from_secs(args.busy_secs),
+        clients: args.clients,
+        payloads: args.payloads,
+        full_trace: args.trace,
+        ..Default::default()
+    };
     if args.trace {
         // Its own thread: a history runs on a runtime of its own, not inside the CLI's.
         let seed = args.seed;
@@ -42,7 +57,10 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
         }
     }
     let summary = lanes_sim::run_many(args.seed, args.histories, threads, &options, args.stop_after);
-    let command = format!("lanes sim --seed {} --histories {}", args.seed, args.histories);
+    let command = format!(
+        "lanes sim --seed {} --histories {} --busy-secs {} --clients {} --payloads {}",
+        args.seed, args.histories, args.busy_secs, args.clients, args.payloads
+    );
     if args.json {
         let mut v = serde_json::to_value(&summary)?;
         v["command"] = serde_json::Value::String(format!("{command} --json"));

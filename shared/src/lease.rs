@@ -84,8 +84,8 @@ pub fn after_holder(config: &WorkerConfig, remaining: Duration) -> Duration {
 pub const MAX_VISIBILITY: Duration = Duration::from_secs(12 * 3600);
 
 /// Starts the lease of a delivery: its visibility becomes `lease_ttl` from now. A queue that does not
-/// answer is asked twice more (briefly); if it still fails, the delivery is handed back with backoff,
-/// so it does not hide for the queue's long default. A delivery received straight into this very
+/// answer is asked twice more (briefly); if it still fails, the delivery is put off with backoff
+/// ([`retry_later`]), so it does not hide for the queue's long default. A delivery received straight into this very
 /// lease (the local pool's receives) already has it: no request.
 pub async fn start(
     queue: &dyn QueueConsume,
@@ -110,8 +110,10 @@ pub async fn start(
     let reason = last.map_or_else(|| "queue unavailable".to_owned(), |e| e.to_string());
     // The hand-back below logs and counts it; the error's own text is only here.
     tracing::debug!(error = %reason, "could not start the lease");
+    // Put off like any wait: on the last delivery a fresh copy, so a queue that briefly refuses
+    // visibility changes does not send the message to the DLQ (and its record to FAILED).
     let after = full_jitter_backoff(config, message.receive_count);
-    Err(hand_back(queue, message, after, "queue unavailable at lease start", lane).await)
+    Err(retry_later(queue, message, after, "queue unavailable at lease start", lane).await)
 }
 
 /// Starts the leases of a whole batch at once (ten a request on SQS) and marks each delivery the

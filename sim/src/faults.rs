@@ -649,6 +649,9 @@ impl FaultyLock {
         f: impl std::future::Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
         let task = key.trim_start_matches("lease:{task:").trim_end_matches('}').to_owned();
+        // A lock call its caller gives up on (the heartbeat cuts each at one interval) is the lock
+        // service not answering: as unavailable as an error.
+        let mut cut = Unanswered { chaos: self.ctx.chaos.clone(), task: task.clone(), armed: true };
         let d = match self.ctx.pre::<LockError>(Port::Lock, op, key).await {
             Ok(d) => d,
             Err(e) => {
@@ -657,10 +660,27 @@ impl FaultyLock {
             }
         };
         let r = f.await;
+        cut.armed = false;
         if d.fail == Some(true) {
             self.ctx.chaos.oracle(|o| o.justify(&task, "lock answer lost"));
         }
         self.ctx.post(d, op, key, r).await
+    }
+}
+
+/// Justifies its task's extra calls if dropped while armed (the call was given up on).
+struct Unanswered {
+    chaos: Arc<Chaos>,
+    task: String,
+    armed: bool,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.armed && !self.chaos.is_calm() {
+            let task = std::mem::take(&mut self.task);
+            self.chaos.oracle(|o| o.justify(&task, "lock call unanswered in time"));
+        }
     }
 }
 

@@ -25,7 +25,11 @@ fn two_thousand_histories_break_no_invariant() {
             );
         }
     }
-    assert_eq!(summary.violation_count(), 0, "replay with: lanes sim --seed S --histories 1");
+    assert_eq!(
+        summary.violation_count(),
+        0,
+        "replay with: lanes sim --seed S --histories 1 --busy-secs 300 --clients 4 --payloads 6 --trace"
+    );
     assert_eq!(summary.histories, 2_000);
     for (invariant, n) in &summary.exercised {
         assert!(*n > 0, "{invariant} was never exercised");
@@ -42,16 +46,22 @@ fn a_seed_replays_the_same_history() {
     assert_ne!(a.digest, history::run(43, &ci()).digest, "another seed, another history");
 }
 
-/// Seeds that found a defect (named in the comment), replayed with the default ten-minute history.
-const REGRESSIONS: &[(u64, &str)] = &[
-    (5, "F1: a failed send deleted a record a duplicate had been answered 202 for"),
-    (7, "F3: slow visibility renewals delayed the lock's, which lapsed mid-call"),
+/// Seeds that found a defect (named), replayed with the history they failed in: `true` for CI's
+/// short histories, `false` for the default ten-minute ones.
+const REGRESSIONS: &[(u64, bool, &str)] = &[
+    (5, false, "F1: a failed send deleted a record a duplicate had been answered 202 for"),
+    (7, false, "F3: slow visibility renewals delayed the lock's, which lapsed mid-call"),
+    (453, false, "a slow claim before the first beat let the lock and the visibility lapse"),
+    (174, false, "a run started without the lock stayed unlocked, and a second claim ran beside it"),
+    (1_001_439, true, "a resubmission's failed send was not marked unsent (the record kept the old fence)"),
+    (1_000_942, true, "slow lock renewals let the lock lapse (a justified extra call)"),
 ];
 
 #[test]
 fn seeds_that_once_failed_replay_clean() {
-    for (seed, finding) in REGRESSIONS {
-        let r = history::run(*seed, &Options::default());
+    for (seed, short, finding) in REGRESSIONS {
+        let options = if *short { ci() } else { Options::default() };
+        let r = history::run(*seed, &options);
         assert!(r.violations.is_empty(), "seed {seed} ({finding}): {:#?}", r.violations);
     }
 }

@@ -378,10 +378,12 @@ impl CommitsWorker {
                 }
             }
             Err(e) => {
+                // A wait, as in the task flow: an outage uses none of a commit's deliveries, so it
+                // never sends the commit to the DLQ.
                 warn!(error = %e, "store unavailable");
                 for &g in &open {
                     let after = full_jitter_backoff(&self.lease, groups[g].receives);
-                    groups[g].outcome = Some(GroupEnd::Retry { after, reason: "store unavailable".into() });
+                    groups[g].outcome = Some(GroupEnd::Wait { after, reason: "store unavailable".into() });
                 }
             }
         }
@@ -736,7 +738,7 @@ impl CommitsWorker {
             }
             Err(e) => {
                 warn!(error = %e, key = %group.commit.key(), "summary write failed");
-                GroupEnd::Retry {
+                GroupEnd::Wait {
                     after: full_jitter_backoff(&self.lease, group.receives),
                     reason: "store unavailable".into(),
                 }

@@ -279,9 +279,7 @@ async fn accept(
             // for, or the next read, sends it at once.
             if let Err(e) = send(ing, &record).await {
                 error!(error = %e, task_id = %record.task_id, "enqueue failed; the record is marked unsent");
-                let unsent =
-                    EnqueueMark { fence: record.fence, from_ms: record.enqueued_at_ms, to_ms: UNSENT };
-                mark(ing, &record.task_id, unsent, now).await;
+                mark_unsent(ing, &record, now).await;
                 return Err(Problem::unavailable("the task queue is unavailable; retry later", retry_after));
             }
             Ok(view_response(StatusCode::ACCEPTED, &record.view()))
@@ -365,6 +363,20 @@ async fn resend_if_orphaned(ing: &Ingress, record: &TaskRecord, now: u64) {
             let back = EnqueueMark { fence: record.fence, from_ms: claim.to_ms, to_ms: UNSENT };
             mark(ing, &record.task_id, back, now).await;
         }
+    }
+}
+
+/// Marks the record ingress just wrote as unsent. The stored record carries the fence of the run it
+/// replaced, so it is read first, and marked only while it is still this submission's (its nonce)
+/// and unclaimed; should the read fail, the enqueue grace re-sends it.
+async fn mark_unsent(ing: &Ingress, ours: &TaskRecord, now: u64) {
+    match ing.store.get(&ours.task_id, now).await {
+        Ok(Some(r)) if r.nonce == ours.nonce && r.status == TaskStatus::Pending => {
+            let unsent = EnqueueMark { fence: r.fence, from_ms: r.enqueued_at_ms, to_ms: UNSENT };
+            mark(ing, &r.task_id, unsent, now).await;
+        }
+        Ok(_) => {} // claimed or replaced meanwhile: no longer this submission's to mark
+        Err(e) => warn!(error = %e, "could not read the record to mark it unsent; the grace re-sends it"),
     }
 }
 
@@ -824,6 +836,26 @@ mod tests {
         assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "the retry sent it at once");
         post(&r, BODY, None).await;
         assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "and only once");
+    }
+
+    /// A resubmission's record carries the cancelled run's fence: its failed send is marked unsent
+    /// all the same, and the retry sends it at once.
+    #[tokio::test]
+    async fn a_resubmission_whose_send_fails_is_sent_by_the_retry() {
+        let r = rig().await;
+        let (_, _, body) = post(&r, BODY, None).await;
+        call(&r, "DELETE", &format!("/v1/tasks/{}", body["task_id"].as_str().unwrap())).await;
+        r.down.store(true, Ordering::SeqCst);
+        assert_eq!(post(&r, BODY, None).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        let left = r.store.all(r.clock.now_ms()).await.unwrap();
+        assert_eq!((left[0].fence, left[0].enqueued_at_ms), (1, UNSENT));
+        r.down.store(false, Ordering::SeqCst);
+        assert_eq!(post(&r, BODY, None).await.0, StatusCode::ACCEPTED);
+        assert_eq!(
+            r.interactive.depth().await.unwrap().visible,
+            2,
+            "the first run's message and the retry's"
+        );
     }
 
     /// F1: a duplicate answered 202 while the first POST's send was failing must not lose its task.

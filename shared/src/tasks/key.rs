@@ -113,4 +113,20 @@ mod tests {
         assert!(validate_idempotency_key("has space").is_err());
         assert!(validate_idempotency_key(&"k".repeat(256)).is_err());
     }
+
+    /// F14: payloads that differ only in how an absent or equal parameter is written are one task.
+    #[test]
+    fn equal_params_written_differently_are_one_task() {
+        let id = |params: &str| {
+            let body =
+                format!(r#"{{"project_id":"p","kind":"explain","prompt":"x","target_files":[]{params}}}"#);
+            TaskRequest::from_json(body.as_bytes()).unwrap().task_id(None)
+        };
+        let none = id("");
+        for same in [r#","params":null"#, r#","params":{}"#, r#","params":{"stop":[]}"#] {
+            assert_eq!(id(same), none, "{same}");
+        }
+        assert_eq!(id(r#","params":{"temperature":1}"#), id(r#","params":{"temperature":1.0}"#));
+        assert_ne!(id(r#","params":{"temperature":1}"#), id(r#","params":{"temperature":0.5}"#));
+    }
 }

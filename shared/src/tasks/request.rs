@@ -193,7 +193,11 @@ impl TaskRequest {
                     if let Some(Value::String(s)) = m.get("stop").cloned() {
                         m.insert("stop".into(), Value::Array(vec![Value::String(s)]));
                     }
-                    Some(Value::Object(m))
+                    // Equal requests, equal ids: a null or an empty list is an absent parameter,
+                    // no parameters at all are no params, and 1.0 is the number 1.
+                    m.retain(|_, v| !(v.is_null() || v.as_array().is_some_and(Vec::is_empty)));
+                    m.values_mut().for_each(integral);
+                    Some(if m.is_empty() { Value::Null } else { Value::Object(m) })
                 } else {
                     errors.extend(problems);
                     None
@@ -292,6 +296,14 @@ fn validate_relative_path(path: &str) -> Result<(), &'static str> {
         return Err("must be a relative path (no drive letter)");
     }
     Ok(())
+}
+
+/// A float with no fraction, written as the integer it equals (JSON does not tell `1.0` from `1`;
+/// serde_json's text does, and the canonical form must not).
+fn integral(v: &mut Value) {
+    if let Some(f) = v.as_f64().filter(|f| v.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
+        *v = if f >= 0.0 { Value::from(f as u64) } else { Value::from(f as i64) };
+    }
 }
 
 #[cfg(test)]
