@@ -1,6 +1,6 @@
 //! Fault tests of the task flow on its production adapters (moto for SQS and DynamoDB, a real
 //! redis-server): a worker killed mid-task, an LLM slower than the queue's visibility, Redis lost and
-//! back, a poison message in a batch, and SQS unreachable at ingress.
+//! back, a poison message in a batch, and SQS unreachable at ingress (the record kept, unsent).
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -210,7 +210,7 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
 }
 
 #[tokio::test]
-async fn sqs_unreachable_at_ingress_is_503_and_leaves_no_pending_record() {
+async fn sqs_unreachable_at_ingress_is_503_and_leaves_the_record_marked_unsent() {
     let dynamo_server = MotoServer::start();
     let sqs_server = MotoServer::start();
     let dconf = sdk_config(&dynamo_server.aws_settings()).await;
@@ -241,7 +241,10 @@ async fn sqs_unreachable_at_ingress_is_503_and_leaves_no_pending_record() {
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     let id = TaskRequest::from_value(body).unwrap().task_id(None);
-    assert_eq!(store.get(&id, now_ms()).await.unwrap(), None, "no PENDING record left behind");
+    // Not deleted (a duplicate may have been answered 202 for it): marked unsent, for the retry or
+    // the next read to send at once.
+    let left = store.get(&id, now_ms()).await.unwrap().unwrap();
+    assert_eq!((left.status, left.enqueued_at_ms), (TaskStatus::Pending, lanes_core::ports::UNSENT));
 }
 
 /// Reads `lanes_aws_requests_total` as `service operation -> count`.
