@@ -64,4 +64,5 @@ bench: build test-deps
 	$(LANES_BIN) bench provider --json > bench/provider.json
 	$(LANES_BIN) bench batching --json > bench/batching.json
 	$(LANES_BIN) bench duplicates --json > bench/duplicates.json
+	$(LANES_BIN) sim --histories 10000 --json > bench/sim.json
 	$(VENV)/bin/python scripts/bench-report.py bench

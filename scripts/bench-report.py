@@ -217,6 +217,40 @@ def main():
                 "the background borrows in the instants when no interactive call is waiting. The last row is a "
                 "provider that says nothing: its limits are inferred at its first 429 from what got through.", "",
                 "![provider](provider.png)", ""]
+    sim = load(d, "sim")
+    if sim:
+        goal = 100_000
+        broken = sum(sim["violations"].values())
+        out += ["## Lifecycle simulation", "", f"`{sim['command']}`", "",
+                f"{sim['histories']:,} histories from seed {sim['first_seed']} in {sim['elapsed_secs'] / 60:.1f} min "
+                f"({sim['histories_per_minute']:.0f} a minute on this machine's two cores, debug build), "
+                f"{sim['faults_per_history']:.0f} faults injected and {sim['simulated_secs_per_history']:.0f} simulated "
+                f"seconds per history, {sim['runs']:,} task runs.", "",
+                "| invariant | histories that exercised it | violations |", "|---|---:|---:|"]
+        out += [f"| {k} | {sim['exercised'].get(k, 0):,} | {v} |" for k, v in sim["violations"].items()]
+        calls = ", ".join(f"{c} calls: {n:,}" for c, n in sim["calls_per_run"].items())
+        minutes = goal / max(sim["histories_per_minute"], 1e-9)
+        out += ["", f"- Model calls per run, tasks by count: {calls}; extra calls the simulation's breaks justify: "
+                f"{sim['justified_extra_calls']:,}.",
+                f"- 0 violations: {'met' if broken == 0 else '**not met**'} ({broken}).",
+                f"- At least {goal:,} histories: {'met' if sim['histories'] >= goal else '**not met**'} "
+                f"({sim['histories']:,}; {goal:,} take about {minutes:.0f} min at this rate).", ""]
+    rv = load(d, "sim-reverts")
+    if rv:
+        out += ["### The simulation finds the old defects", "", f"`{rv['command']}`", "",
+                "Each row puts back one fixed defect's old code, builds `lanes` and runs `lanes sim` from seed 1 until a "
+                "history breaks an invariant.", "",
+                "| finding | old behaviour | histories until a violation | seed | invariant | what it saw |",
+                "|---|---|---:|---:|---|---|"]
+        for r in rv["reverts"]:
+            if not r.get("applied"):
+                out.append(f"| {r['finding']} | {r['what']} | (revert no longer applies) | | | |")
+                continue
+            found = r["histories_run"] if r["found"] else f"none in {r['histories_run']}"
+            out.append(f"| {r['finding']} | {r['what']} | {found} | {r['seed'] or ''} | {', '.join(r['invariants'])} | "
+                       f"{r['detail'] or ''} |")
+        missed = [r["finding"] for r in rv["reverts"] if r.get("applied") and not r["found"]]
+        out += ["", f"- Every revert found: {'met' if not missed else '**not met** (' + ', '.join(missed) + ')'}", ""]
     (d / "REPORT.md").write_text("\n".join(out))
     print(f"wrote {d / 'REPORT.md'}")
 

@@ -38,3 +38,14 @@ pub enum CliError {
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
 }
+
+/// The process's exit: success, or the error printed as `lanes: <error>` and exit code 1.
+pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lanes: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -48,7 +48,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let _telemetry = lanes_core::init_cli_tracing();
-    let result = match Cli::parse().command {
+    error::exit(match Cli::parse().command {
         Command::Dev(args) => dev::run(args).await,
         Command::Submit(args) => tasks::submit(args).await,
         Command::Status(args) => tasks::status(args).await,
@@ -56,12 +56,5 @@ async fn main() -> ExitCode {
         Command::Dlq { what } => dlq::run(what).await.map_err(CliError::from),
         Command::Bench { what } => bench::run(what).await,
         Command::Sim(args) => sim::run(args),
-    };
-    result.map_or_else(
-        |e| {
-            eprintln!("lanes: {e}");
-            ExitCode::FAILURE
-        },
-        |()| ExitCode::SUCCESS,
-    )
+    })
 }

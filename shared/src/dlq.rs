@@ -107,6 +107,9 @@ pub struct Sweep<'a> {
     /// The lease lock, where the deployment has one: a task whose lock is held has a live worker
     /// that settles its run, and is left to it (a later sweep looks again).
     pub lock: Option<&'a dyn LeaseLock>,
+    /// The lane's queue, where the sweep may send to it: a message older than the run it finds
+    /// unsettled is relayed there (see [`Sweep::run`]).
+    pub lane_queue: Option<&'a dyn QueueSend>,
     /// Metrics.
     pub metrics: &'a Metrics,
     /// Time.
@@ -124,7 +127,11 @@ impl Sweep<'_> {
     /// Marks `FAILED` (with the DLQ's reason) the record of each task message in the DLQ that is
     /// still `PENDING` or `PROCESSING` and whose lock no worker holds; looks at up to `max` messages.
     /// The messages stay in the DLQ: the settled ones hidden for [`SETTLED_HIDE`], the others
-    /// visible again at once.
+    /// visible again at once. A message older than the unsettled run it names is another run's:
+    /// that run is a resubmission the old message went on to run and crash on, and its own message
+    /// may never have been sent (its submission's put answered an error). With a `lane_queue` such a
+    /// message is relayed to its lane, so the run gets a message of its own age; without one it is
+    /// left.
     pub async fn run(&self, max: usize) -> Result<SweepReport, DlqError> {
         let messages = peek(self.dlq, max).await?;
         let mut report = SweepReport { seen: messages.len(), ..Default::default() };
@@ -174,6 +181,18 @@ impl Sweep<'_> {
         let reason = format!("dead-lettered: {}", reason_of(m));
         let sent_before = m.sent_at_ms.saturating_add(CLOCK_SKEW_MS);
         let now = self.clock.now_ms();
+        if let Some(lane_queue) = self.lane_queue {
+            let current = self.store.get(&task.task_id, now).await?;
+            if current.is_some_and(|r| !r.status.is_terminal() && r.created_at_ms > sent_before)
+                && lane_queue.send(&m.body, routing(m)).await.is_ok()
+            {
+                info!(task_id = %task.task_id, "a DLQ message older than its task's run relayed to run it");
+                if let Err(e) = self.dlq.delete(&m.receipt).await {
+                    warn!(error = %e, "a relayed DLQ message stays until a later sweep");
+                }
+                return Ok(false);
+            }
+        }
         let failed =
             self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, self.ttl_secs).await?;
         if failed {
@@ -299,6 +318,16 @@ async fn runnable_or_dropped(
     Ok(true)
 }
 
+/// A DLQ message's attributes that travel back to its lane: only the routing ones, never the DLQ's
+/// own (reason, source).
+fn routing(m: &ReceivedMessage) -> std::collections::BTreeMap<String, String> {
+    m.attributes
+        .iter()
+        .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// Moves up to `max` task messages from `dlq` back to `lane_queue`, resetting each record so the task
 /// runs again: a `FAILED` or `CANCELLED` record becomes a fresh `PENDING` one (the fence carries
 /// over); a `PENDING` or `PROCESSING` one is simply sent again. Each message is deleted from the DLQ
@@ -328,14 +357,7 @@ pub async fn redrive(
                 if !runnable_or_dropped(dlq, &m, reset, store, clock, pending_ttl_secs).await? {
                     continue;
                 }
-                // Only the routing attributes travel: the DLQ's own (reason, source) must not.
-                let attributes = m
-                    .attributes
-                    .iter()
-                    .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind"))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                lane_queue.send(&m.body, attributes).await?;
+                lane_queue.send(&m.body, routing(&m)).await?;
                 dlq.delete(&m.receipt).await?;
                 report.redriven += 1;
             }
@@ -465,6 +487,7 @@ impl Admin {
                 dlq: &**self.dlq(lane)?,
                 store: &*self.adapters.store,
                 lock: Some(&*self.adapters.lock),
+                lane_queue: Some(&*self.adapters.send[lane.index()]),
                 metrics: &self.metrics,
                 clock: &self.clock,
                 ttl_secs: self.record_ttl_secs,
@@ -743,7 +766,7 @@ mod tests {
         ttl_secs: u64,
         max: usize,
     ) -> Result<SweepReport, DlqError> {
-        Sweep { lane, dlq, store, lock: None, metrics, clock, ttl_secs }.run(max).await
+        Sweep { lane, dlq, store, lock: None, lane_queue: None, metrics, clock, ttl_secs }.run(max).await
     }
 
     /// F13: a sweep of `max` hides what it settled, so the next looks at the messages behind them.

@@ -239,6 +239,8 @@ impl ControllerFunction {
                     dlq: &**dlq,
                     store: &*sweep.store,
                     lock: sweep.lock.as_deref(),
+                    // The controller has no SendMessage on the lanes: it leaves, never relays.
+                    lane_queue: None,
                     metrics: &sweep.metrics,
                     clock: &clock,
                     ttl_secs: ttl,

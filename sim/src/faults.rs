@@ -699,8 +699,10 @@ impl LeaseLock for FaultyLock {
     async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError> {
         let inner = self.inner();
         let r = self.guarded("lock.renew", key, inner.renew(key, token, ttl)).await;
-        if let Ok(false) = r {
-            self.ctx.note(|| format!("lock.renew {} -> refused", short(key)));
+        match &r {
+            Ok(false) => self.ctx.note(|| format!("lock.renew {} -> refused", short(key))),
+            Ok(true) => self.ctx.note(|| format!("lock.renew {} -> ok", short(key))),
+            Err(_) => {}
         }
         r
     }

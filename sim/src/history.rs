@@ -615,7 +615,8 @@ async fn sweeper(world: Arc<World>) {
     loop {
         tokio::time::sleep(Duration::from_secs(60)).await;
         for lane in [Lane::Interactive, Lane::Synthesis] {
-            let (dlq, store) = (world.dlq(&ctx, lane), world.store(&ctx));
+            let (dlq, store, lane_queue) =
+                (world.dlq(&ctx, lane), world.store(&ctx), world.queue(&ctx, lane));
             let lock = FaultyLock { ctx: ctx.clone() };
             let clock = ctx.proc.clock.clone();
             let sweep = lanes_core::dlq::Sweep {
@@ -623,6 +624,7 @@ async fn sweeper(world: Arc<World>) {
                 dlq: &*dlq,
                 store: &*store,
                 lock: Some(&lock),
+                lane_queue: Some(&*lane_queue),
                 metrics: &world.metrics,
                 clock: &clock,
                 ttl_secs: world.worker_config.record_ttl_secs,

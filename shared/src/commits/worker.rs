@@ -198,8 +198,11 @@ impl CommitsWorker {
         }
         let _renewed: Vec<Membership> = leases.into_iter().map(|l| heartbeat.join(l)).collect();
 
-        self.answer_known(&mut groups, &mut report).await;
+        // Locked first, then looked up: a worker that summarized a commit did so under its lock, so
+        // once the lock is ours its summary is in the store. Looking up first let a commit
+        // summarized between the lookup and the lock be summarized again.
         self.lock_rest(&mut groups, &messages, heartbeat).await;
+        self.answer_known(&mut groups, &mut report).await;
         let pending = self.fetch_and_trim(&mut groups).await;
         self.summarize(&mut groups, pending, &mut report, deadline).await;
 

@@ -185,7 +185,7 @@ impl Worker {
         }
 
         let lock_key = lock_key(&task.task_id);
-        let token = match self.lock.acquire(&lock_key, self.config.lease_ttl).await {
+        let token = match self.acquire(&lock_key).await {
             Ok(Acquire::Acquired(token)) => Some(token),
             Ok(Acquire::Held { remaining }) => {
                 // Another live worker has it: look again when its lease would have ended. Never
@@ -238,6 +238,21 @@ impl Worker {
             warn!(error = %e, "lock release failed; it expires with its TTL");
         }
         outcome
+    }
+
+    /// Takes the lease lock, asking twice more (briefly) when the lock service fails: a failure whose
+    /// answer was lost may have taken the lock, or found it held, and running degraded then would
+    /// claim a run another worker holds.
+    async fn acquire(&self, key: &str) -> Result<Acquire, crate::ports::LockError> {
+        let mut last = self.lock.acquire(key, self.config.lease_ttl).await;
+        for attempt in 1..3u64 {
+            if last.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(crate::jitter::range(20..=100 << attempt))).await;
+            last = self.lock.acquire(key, self.config.lease_ttl).await;
+        }
+        last
     }
 
     async fn run_claimed(

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of five
+lifecycle defects that the current code fixes (F1, F3, F5, F8, F10 of the lifecycle review), builds
+`lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
+bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
+scripts/bench-report.py renders.
+
+Usage: scripts/sim-reverts.py [HISTORIES]   (default 3000 per revert; run from the repository root)
+
+Each revert is a text replacement of today's fix by the old code; when the code around a fix has
+changed, the replacement no longer applies and the script says so rather than guessing.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REVERTS = {
+    "F1": ("a failed send deletes the record a duplicate was answered 202 for", [
+        ("shared/src/tasks/ingress.rs", "mark_unsent(ing, &record, now).await;",
+         "let _ = ing.store.delete_pending(&record.task_id, &record.nonce).await;"),
+    ]),
+    "F3": ("the lock is renewed only after the visibility renewal returns", [
+        ("shared/src/lease.rs", """                let visibility = async {
+                    let renewed =
+                        tokio::time::timeout(every, queue.change_visibility_many(&receipts, ttl)).await;
+                    drop(in_round);
+                    renewed.unwrap_or_else(|_| {
+                        receipts
+                            .iter()
+                            .map(|_| Err(QueueError::Unavailable("renewal timed out".into())))
+                            .collect()
+                    })
+                };""", """                let renewed = queue.change_visibility_many(&receipts, ttl).await;
+                drop(in_round);"""),
+        ("shared/src/lease.rs", "let (renewed, locked) = tokio::join!(visibility, locks);", "let locked = locks.await;"),
+    ]),
+    "F5": ("every poll past the grace re-sends, before any claim of the re-send", [
+        ("shared/src/tasks/ingress.rs",
+         "let wait = grace.max(record.enqueued_at_ms.saturating_sub(record.created_at_ms));", "let wait = grace;"),
+        ("shared/src/tasks/ingress.rs", """    if !mark(ing, &record.task_id, claim, now).await {
+        return; // another reader re-sends it, or it changed
+    }
+""", ""),
+        ("shared/src/tasks/ingress.rs",
+         "        Ok(_) => ing.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc(),",
+         "        Ok(_) => {\n            mark(ing, &record.task_id, claim, now).await;\n        }"),
+    ]),
+    "F8": ("the daily budget is checked before the idempotent lookup", [
+        ("shared/src/tasks/ingress.rs", """        let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
+        return match existing.filter(|r| !r.status.is_resubmittable()) {
+            Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
+            None => Err(over_budget(&request.project_id, over.retry_after)),
+        };""", "        return Err(over_budget(&request.project_id, over.retry_after));"),
+    ]),
+    "F10": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
+        ("shared/src/tasks/worker.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {
+                    let sent_before = message.sent_at_ms.saturating_add(crate::dlq::CLOCK_SKEW_MS);
+                    self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, ttl).await
+                }"""),
+        ("shared/src/dlq.rs", "if let Some(lock) = self.lock {", "if let Some(lock) = self.lock.filter(|_| false) {"),
+    ]),
+}
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, **kw)
+
+
+def main():
+    histories = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
+    repo = Path.cwd()
+    target = os.environ.get("LANES_REVERTS_TARGET", "/var/tmp/lanes-reverts-target")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        run(["git", "worktree", "add", "--detach", "-q", str(tree), "HEAD"])
+        try:
+            for name, (what, subs) in REVERTS.items():
+                run(["git", "checkout", "-q", "--", "."], cwd=tree)
+                missing = []
+                for path, new, old in subs:
+                    p = tree / path
+                    text = p.read_text()
+                    if new not in text:
+                        missing.append(path)
+                        continue
+                    p.write_text(text.replace(new, old, 1))
+                if missing:
+                    print(f"{name}: the fix's code changed in {', '.join(missing)}; update this revert", file=sys.stderr)
+                    results.append({"finding": name, "what": what, "applied": False})
+                    continue
+                env = dict(os.environ, CARGO_TARGET_DIR=target, RUST_LOG="off")
+                run(["cargo", "build", "-q", "--locked", "-p", "lanes-cli"], cwd=tree, env=env)
+                out = subprocess.run([f"{target}/debug/lanes", "sim", "--seed", "1", "--histories", str(histories),
+                                      "--stop-after", "1", "--json"], cwd=tree, env=env, text=True,
+                                     capture_output=True).stdout
+                s = json.loads(out)
+                first = s["failures"][0] if s["failures"] else None
+                row = {"finding": name, "what": what, "applied": True, "histories_run": s["histories"],
+                       "found": first is not None,
+                       "seed": first and first["seed"],
+                       "invariants": sorted({v["invariant"] for v in first["violations"]}) if first else [],
+                       "detail": first and first["violations"][0]["detail"]}
+                print(json.dumps(row))
+                results.append(row)
+        finally:
+            run(["git", "worktree", "remove", "--force", str(tree)])
+    report = {"command": f"scripts/sim-reverts.py {histories}", "histories_per_revert": histories, "reverts": results}
+    Path("bench/sim-reverts.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
