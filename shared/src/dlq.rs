@@ -788,6 +788,7 @@ mod tests {
                 dlq: &dlq,
                 store: &store,
                 lock: Some(&lock),
+                lane_queue: None,
                 metrics: &metrics,
                 clock: &clock,
                 ttl_secs: 3600,

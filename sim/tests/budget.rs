@@ -55,7 +55,11 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
     (174, false, "a run started without the lock stayed unlocked, and a second claim ran beside it"),
     (1_001_439, true, "a resubmission's failed send was not marked unsent (the record kept the old fence)"),
     (1_000_942, true, "slow lock renewals let the lock lapse (a justified extra call)"),
-    (367, false, "an old message ran a resubmission whose own send was never made, and crash-looped to the DLQ"),
+    (
+        367,
+        false,
+        "an old message ran a resubmission whose own send was never made, and crash-looped to the DLQ",
+    ),
     (1593, false, "an acquire whose answer was lost sent a worker degraded, and it claimed a live run"),
 ];
 
