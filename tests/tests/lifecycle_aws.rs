@@ -19,7 +19,6 @@ use lanes_core::tasks::ingress::{Ingress, router};
 use lanes_core::tasks::worker::{Outcome, Worker};
 use lanes_core::tasks::{TaskRequest, TaskStatus};
 use lanes_tests::{MotoServer, RedisServer, now_ms};
-use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
