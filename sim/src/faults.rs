@@ -524,6 +524,9 @@ pub struct FaultyQueue {
 impl QueueSend for FaultyQueue {
     async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
         let task = task_of_body(body).unwrap_or_default();
+        if self.ctx.proc.kind == "ingress" {
+            self.ctx.chaos.oracle(|o| o.ingress_send(&task));
+        }
         let d = self.ctx.pre::<QueueError>(Port::Queue, "send", &task).await?;
         let r = self.inner.send(body, attributes.clone()).await;
         if r.is_ok()

@@ -13,8 +13,9 @@
 //! - **I5.** No delivery is acked while the run it carries is unsettled.
 //! - **I7.** A duplicate of an accepted task answers that task (same id, 202 or 200), whatever the
 //!   quotas and the cache.
-//! - **I8.** Ingress re-sends a run's message at most once per enqueue grace, however many clients
-//!   poll, but at once when its send is known to have failed.
+//! - **I8.** Ingress sends a run's message once, and again only after winning a re-send claim: at
+//!   most once per enqueue grace however many clients poll, at once when its send is known to have
+//!   failed.
 //! - **I9.** A paid answer is written: a completed final write is refused only by the client's
 //!   cancellation, or in a run the simulation broke (as in I2).
 //!
@@ -56,6 +57,8 @@ struct Book {
     cancelled_fence: u64,
     /// True time (ms since the epoch) the current run was created.
     run_since_ms: u64,
+    /// Ingress sends the run's creation and won re-send claims allow, not yet made.
+    sends_allowed: u32,
 }
 
 /// The book of one history.
@@ -138,6 +141,7 @@ impl Oracle {
         b.runs += 1;
         b.last_send_ms = None;
         b.run_since_ms = now_ms;
+        b.sends_allowed += 1;
         if !admin {
             b.cancelled_by_client = false;
         }
@@ -151,6 +155,7 @@ impl Oracle {
         self.exercise("I8");
         let b = self.book(task);
         let now_ms = to_ms;
+        b.sends_allowed += 1;
         let last = b.last_send_ms.replace(now_ms);
         if from_ms == lanes_core::ports::UNSENT {
             return;
@@ -165,6 +170,18 @@ impl Oracle {
                 format!("re-sent {gap} ms after the last re-send (grace less skew: {window} ms)"),
             );
         }
+    }
+
+    /// Ingress is sending a message of `task` (I8): a send its run's creation or a won re-send claim
+    /// does not back is one more message per poll.
+    pub fn ingress_send(&mut self, task: &str) {
+        let b = self.book(task);
+        if b.sends_allowed > 0 {
+            b.sends_allowed -= 1;
+            return;
+        }
+        self.exercise("I8");
+        self.violate("I8", task, "ingress sent a message that no creation or re-send claim backs".into());
     }
 
     /// A model call of `task` ended as spend (answered, or dropped).
