@@ -59,6 +59,8 @@ struct Book {
     run_since_ms: u64,
     /// Ingress sends the run's creation and won re-send claims allow, not yet made.
     sends_allowed: u32,
+    /// `justified` when the current run began: I9 looks only at the run's own breaks.
+    justified_before_run: u32,
 }
 
 /// The book of one history.
@@ -142,6 +144,7 @@ impl Oracle {
         b.last_send_ms = None;
         b.run_since_ms = now_ms;
         b.sends_allowed += 1;
+        b.justified_before_run = b.justified;
         if !admin {
             b.cancelled_by_client = false;
         }
@@ -208,7 +211,7 @@ impl Oracle {
     pub fn answer_refused(&mut self, task: &str, fence: u64, current: Option<&TaskRecord>) {
         self.exercise("I9");
         let b = self.book(task);
-        if b.cancelled_fence > fence || b.justified > 0 {
+        if b.cancelled_fence > fence || b.justified > b.justified_before_run {
             return; // its client cancelled this run, or the simulation broke it
         }
         let detail = match current {
