@@ -61,6 +61,7 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
         "an old message ran a resubmission whose own send was never made, and crash-looped to the DLQ",
     ),
     (1593, false, "an acquire whose answer was lost sent a worker degraded, and it claimed a live run"),
+    (1_001_005, true, "the oracle took the sweep's relay (a DLQ delete after its copy was sent) for an ack"),
 ];
 
 #[test]
