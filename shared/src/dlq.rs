@@ -118,36 +118,48 @@ pub struct Sweep<'a> {
     pub ttl_secs: u64,
 }
 
-/// How long a swept message whose record is settled stays hidden: later sweeps look at the
-/// messages behind it rather than at the same first `max` again, so a DLQ of any size is covered,
-/// `max` a tick. `lanes dlq` sees it again after this.
+/// How long a swept message whose record is settled stays hidden when the DLQ holds more than one
+/// sweep looks at: later sweeps look at the messages behind it rather than at the same first `max`
+/// again, so a DLQ of any size is covered, `max` a tick. `lanes dlq` sees it again after this.
 pub const SETTLED_HIDE: Duration = Duration::from_secs(600);
 
 impl Sweep<'_> {
     /// Marks `FAILED` (with the DLQ's reason) the record of each task message in the DLQ that is
     /// still `PENDING` or `PROCESSING` and whose lock no worker holds; looks at up to `max` messages.
-    /// The messages stay in the DLQ: the settled ones hidden for [`SETTLED_HIDE`], the others
-    /// visible again at once. A message older than the unsettled run it names is another run's:
+    /// The messages stay in the DLQ, visible again at once; when the sweep saw `max` of them (the
+    /// DLQ may hold more), the settled ones stay hidden for [`SETTLED_HIDE`]. A message older than the unsettled run it names is another run's:
     /// that run is a resubmission the old message went on to run and crash on, and its own message
     /// may never have been sent (its submission's put answered an error). With a `lane_queue` such a
     /// message is relayed to its lane, so the run gets a message of its own age; without one it is
     /// left.
     pub async fn run(&self, max: usize) -> Result<SweepReport, DlqError> {
         let messages = peek(self.dlq, max).await?;
+        // A DLQ larger than one look: what is settled stays hidden, so the next sweeps look further.
+        // A smaller one is all seen each time, and stays visible for operators.
+        let hide = messages.len() >= max;
         let mut report = SweepReport { seen: messages.len(), ..Default::default() };
-        let (mut failure, mut unsettled) = (None, Vec::new());
+        let (mut failure, mut visible) = (None, Vec::new());
         for m in messages {
-            match self.settle(&m).await {
-                Ok(Some(true)) => report.marked_failed += 1,
-                Ok(Some(false)) => {}
-                Ok(None) => unsettled.push(m),
+            let settled = match self.settle(&m).await {
+                Ok(Some(marked)) => {
+                    report.marked_failed += usize::from(marked);
+                    true
+                }
+                Ok(None) => false,
                 Err(e) => {
                     failure = Some(e);
-                    unsettled.push(m);
+                    false
                 }
+            };
+            if settled && hide {
+                if let Err(e) = self.dlq.change_visibility(&m.receipt, SETTLED_HIDE).await {
+                    warn!(error = %e, "a swept DLQ message is visible again after its peek");
+                }
+            } else {
+                visible.push(m);
             }
         }
-        release(self.dlq, &unsettled).await;
+        release(self.dlq, &visible).await;
         match failure {
             Some(e) => Err(e.into()),
             None => Ok(report),
@@ -199,9 +211,6 @@ impl Sweep<'_> {
             info!(task_id = %task.task_id, %reason, "record of a dead-lettered task marked FAILED");
             self.metrics.dlq_marked_failed_total.with_label_values(&[self.lane.as_str()]).inc();
             self.metrics.tasks_finished_total.with_label_values(&[self.lane.as_str(), "FAILED"]).inc();
-        }
-        if let Err(e) = self.dlq.change_visibility(&m.receipt, SETTLED_HIDE).await {
-            warn!(error = %e, "a swept DLQ message is visible again after its peek");
         }
         Ok(failed)
     }
@@ -724,7 +733,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_sweep_fails_unsettled_records_and_the_redrive_runs_them_again() {
-        let DeadLettered { _dir, clock, manual, store, queue, dlq, ids } = dead_lettered().await;
+        let DeadLettered { _dir, clock, manual: _, store, queue, dlq, ids } = dead_lettered().await;
         assert_eq!(dlq.peek_all().await.len(), 4);
         let metrics = Metrics::new();
         let report = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
@@ -738,10 +747,9 @@ mod tests {
         let again = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
         assert_eq!(
             (again.seen, again.marked_failed),
-            (1, 0),
-            "settled ones stay hidden; the poison one is seen again"
+            (4, 0),
+            "a second sweep changes nothing, and a small DLQ stays visible"
         );
-        manual.advance_ms(SETTLED_HIDE.as_millis() as u64);
 
         let listed = list(&dlq, &store, &clock, 100).await.unwrap();
         assert_eq!(listed.len(), 4, "the sweep and the listing leave the messages in place");
