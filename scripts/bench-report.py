@@ -240,16 +240,16 @@ def main():
         out += ["### The simulation finds the old defects", "", f"`{rv['command']}`", "",
                 "Each row puts back one fixed defect's old code, builds `lanes` and runs `lanes sim` from seed 1 until a "
                 "history breaks an invariant.", "",
-                "| finding | old behaviour | histories until a violation | seed | invariant | what it saw |",
+                "| fix | old behaviour | histories until a violation | seed | invariant | what it saw |",
                 "|---|---|---:|---:|---|---|"]
         for r in rv["reverts"]:
             if not r.get("applied"):
-                out.append(f"| {r['finding']} | {r['what']} | (revert no longer applies) | | | |")
+                out.append(f"| {r['fix']} | {r['what']} | (revert no longer applies) | | | |")
                 continue
             found = r["histories_run"] if r["found"] else f"none in {r['histories_run']}"
-            out.append(f"| {r['finding']} | {r['what']} | {found} | {r['seed'] or ''} | {', '.join(r['invariants'])} | "
+            out.append(f"| {r['fix']} | {r['what']} | {found} | {r['seed'] or ''} | {', '.join(r['invariants'])} | "
                        f"{r['detail'] or ''} |")
-        missed = [r["finding"] for r in rv["reverts"] if r.get("applied") and not r["found"]]
+        missed = [r["fix"] for r in rv["reverts"] if r.get("applied") and not r["found"]]
         out += ["", f"- Every revert found: {'met' if not missed else '**not met** (' + ', '.join(missed) + ')'}", ""]
     (d / "REPORT.md").write_text("\n".join(out))
     print(f"wrote {d / 'REPORT.md'}")

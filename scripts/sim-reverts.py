@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of five
-lifecycle defects that the current code fixes (F1, F3, F5, F8, F10 of the lifecycle review), builds
+lifecycle defects that the current code fixes (docs/ARCHITECTURE.md, Lifecycle simulation), builds
 `lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
 bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
 scripts/bench-report.py renders.
@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 
 REVERTS = {
-    "F1": ("a failed send deletes the record a duplicate was answered 202 for", [
+    "unsent-record": ("a failed send deletes the record a duplicate was answered 202 for", [
         ("shared/src/tasks/ingress.rs", "mark_unsent(ing, &record, now).await;",
          "let _ = ing.store.delete_pending(&record.task_id, &record.nonce).await;"),
     ]),
-    "F3": ("the lock is renewed only after the visibility renewal returns", [
+    "lock-beside-visibility": ("the lock is renewed only after the visibility renewal returns", [
         ("shared/src/lease.rs", """                let visibility = async {
                     let renewed =
                         tokio::time::timeout(every, queue.change_visibility_many(&receipts, ttl)).await;
@@ -37,7 +37,7 @@ REVERTS = {
                 drop(in_round);"""),
         ("shared/src/lease.rs", "let (renewed, locked) = tokio::join!(visibility, locks);", "let locked = locks.await;"),
     ]),
-    "F5": ("every poll past the grace re-sends, before any claim of the re-send", [
+    "resend-claim": ("every poll past the grace re-sends, before any claim of the re-send", [
         ("shared/src/tasks/ingress.rs",
          "let wait = grace.max(record.enqueued_at_ms.saturating_sub(record.created_at_ms));", "let wait = grace;"),
         ("shared/src/tasks/ingress.rs", """    if !mark(ing, &record.task_id, claim, now).await {
@@ -48,14 +48,14 @@ REVERTS = {
          "        Ok(_) => ing.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc(),",
          "        Ok(_) => {\n            mark(ing, &record.task_id, claim, now).await;\n        }"),
     ]),
-    "F8": ("the daily budget is checked before the idempotent lookup", [
+    "quota-after-lookup": ("the daily budget is checked before the idempotent lookup", [
         ("shared/src/tasks/ingress.rs", """        let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
         return match existing.filter(|r| !r.status.is_resubmittable()) {
             Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };""", "        return Err(over_budget(&request.project_id, over.retry_after));"),
     ]),
-    "F10": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
+    "holder-settles": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
         ("shared/src/tasks/worker.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {
                     let sent_before = message.sent_at_ms.saturating_add(crate::dlq::CLOCK_SKEW_MS);
                     self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, ttl).await
@@ -90,7 +90,7 @@ def main():
                     p.write_text(text.replace(new, old, 1))
                 if missing:
                     print(f"{name}: the fix's code changed in {', '.join(missing)}; update this revert", file=sys.stderr)
-                    results.append({"finding": name, "what": what, "applied": False})
+                    results.append({"fix": name, "what": what, "applied": False})
                     continue
                 env = dict(os.environ, CARGO_TARGET_DIR=target, RUST_LOG="off")
                 run(["cargo", "build", "-q", "--locked", "-p", "lanes-cli"], cwd=tree, env=env)
@@ -99,7 +99,7 @@ def main():
                                      capture_output=True).stdout
                 s = json.loads(out)
                 first = s["failures"][0] if s["failures"] else None
-                row = {"finding": name, "what": what, "applied": True, "histories_run": s["histories"],
+                row = {"fix": name, "what": what, "applied": True, "histories_run": s["histories"],
                        "found": first is not None,
                        "seed": first and first["seed"],
                        "invariants": sorted({v["invariant"] for v in first["violations"]}) if first else [],

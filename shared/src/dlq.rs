@@ -193,7 +193,15 @@ impl Sweep<'_> {
         let reason = format!("dead-lettered: {}", reason_of(m));
         let sent_before = m.sent_at_ms.saturating_add(CLOCK_SKEW_MS);
         let now = self.clock.now_ms();
-        if let Some(lane_queue) = self.lane_queue {
+        let failed =
+            self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, self.ttl_secs).await?;
+        if failed {
+            info!(task_id = %task.task_id, %reason, "record of a dead-lettered task marked FAILED");
+            self.metrics.dlq_marked_failed_total.with_label_values(&[self.lane.as_str()]).inc();
+            self.metrics.tasks_finished_total.with_label_values(&[self.lane.as_str(), "FAILED"]).inc();
+        }
+        // Not failed: settled, gone, or a run newer than the message. Only the last is read for.
+        if !failed && let Some(lane_queue) = self.lane_queue {
             let current = self.store.get(&task.task_id, now).await?;
             if current.is_some_and(|r| !r.status.is_terminal() && r.created_at_ms > sent_before)
                 && lane_queue.send(&m.body, routing(m)).await.is_ok()
@@ -202,15 +210,7 @@ impl Sweep<'_> {
                 if let Err(e) = self.dlq.delete(&m.receipt).await {
                     warn!(error = %e, "a relayed DLQ message stays until a later sweep");
                 }
-                return Ok(false);
             }
-        }
-        let failed =
-            self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, self.ttl_secs).await?;
-        if failed {
-            info!(task_id = %task.task_id, %reason, "record of a dead-lettered task marked FAILED");
-            self.metrics.dlq_marked_failed_total.with_label_values(&[self.lane.as_str()]).inc();
-            self.metrics.tasks_finished_total.with_label_values(&[self.lane.as_str(), "FAILED"]).inc();
         }
         Ok(failed)
     }
@@ -777,8 +777,8 @@ mod tests {
         Sweep { lane, dlq, store, lock: None, lane_queue: None, metrics, clock, ttl_secs }.run(max).await
     }
 
-    /// F13: a sweep of `max` hides what it settled, so the next looks at the messages behind them.
-    /// F10: a record whose lock is held is left to its holder.
+    /// A sweep of `max` hides what it settled, so the next looks at the messages behind them.
+    /// A record whose lock is held is left to its holder.
     #[tokio::test]
     async fn sweeps_of_two_cover_three_and_leave_a_locked_run_to_its_holder() {
         let DeadLettered { _dir, clock, manual: _, store, queue: _, dlq, ids } = dead_lettered().await;
@@ -816,7 +816,7 @@ mod tests {
         assert_eq!(status(1).await, TaskStatus::Failed, "settled once its holder is gone");
     }
 
-    /// F9: a redrive never runs a task its client cancelled; F12: a moved message is enqueued anew.
+    /// A redrive never runs a task its client cancelled; a moved message is enqueued anew.
     #[tokio::test]
     async fn a_redrive_leaves_cancelled_tasks_cancelled_and_moved_messages_are_new() {
         let DeadLettered { _dir, clock, manual: _, store, queue, dlq, ids } = dead_lettered().await;

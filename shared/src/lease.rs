@@ -96,24 +96,40 @@ pub async fn start(
     if message.leased_for == Some(config.lease_ttl) {
         return Ok(());
     }
-    let mut last = None;
-    for attempt in 0..3u32 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(crate::jitter::range(20..=100u64 << attempt))).await;
-        }
-        match queue.change_visibility(&message.receipt, config.lease_ttl).await {
-            Ok(()) => return Ok(()),
-            Err(QueueError::ReceiptInvalid) => return Err(Outcome::LeaseLost),
-            Err(e) => last = Some(e),
-        }
-    }
-    let reason = last.map_or_else(|| "queue unavailable".to_owned(), |e| e.to_string());
+    let started = ask_thrice(
+        || queue.change_visibility(&message.receipt, config.lease_ttl),
+        |e| !matches!(e, QueueError::ReceiptInvalid),
+    )
+    .await;
+    let reason = match started {
+        Ok(()) => return Ok(()),
+        Err(QueueError::ReceiptInvalid) => return Err(Outcome::LeaseLost),
+        Err(e) => e.to_string(),
+    };
     // The hand-back below logs and counts it; the error's own text is only here.
     tracing::debug!(error = %reason, "could not start the lease");
     // Put off like any wait: on the last delivery a fresh copy, so a queue that briefly refuses
     // visibility changes does not send the message to the DLQ (and its record to FAILED).
     let after = full_jitter_backoff(config, message.receive_count);
     Err(retry_later(queue, message, after, "queue unavailable at lease start", lane).await)
+}
+
+/// Makes `call` up to three times, briefly apart (jittered, at most 400 ms), while `again` says its
+/// error may pass: for a service that blips, before the caller gives up on it (a lease start, a lock
+/// whose answer may have been lost).
+pub async fn ask_thrice<T, E, Fut>(mut call: impl FnMut() -> Fut, again: impl Fn(&E) -> bool) -> Result<T, E>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut last = call().await;
+    for attempt in 1..3u32 {
+        if !matches!(&last, Err(e) if again(e)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(crate::jitter::range(20..=100u64 << attempt))).await;
+        last = call().await;
+    }
+    last
 }
 
 /// Starts the leases of a whole batch at once (ten a request on SQS) and marks each delivery the
@@ -757,7 +773,7 @@ mod tests {
         }
     }
 
-    /// F3: a visibility renewal slower than the lock's TTL does not let the lock lapse: the lock is
+    /// A visibility renewal slower than the lock's TTL does not let the lock lapse: the lock is
     /// renewed beside it, and a lock lost in a failover is taken again.
     #[tokio::test]
     async fn a_slow_visibility_renewal_never_lets_the_lock_lapse() {

@@ -4,7 +4,8 @@
 //! the Lambda batch glue, the DLQ sweep and redrive) over the embedded twins, every port behind a
 //! fault injector, on tokio's paused clock and one thread, so a history is decided by its seed
 //! alone and ten simulated minutes run in milliseconds. After each history the invariants are
-//! checked; a violation carries its seed and the trace that led to it.
+//! checked; a violation carries its seed and the trace that led to it (docs/ARCHITECTURE.md,
+//! Lifecycle simulation).
 //!
 //! # Layout
 //!

@@ -49,8 +49,8 @@ fn a_seed_replays_the_same_history() {
 /// Seeds that found a defect (named), replayed with the history they failed in: `true` for CI's
 /// short histories, `false` for the default ten-minute ones.
 const REGRESSIONS: &[(u64, bool, &str)] = &[
-    (5, false, "F1: a failed send deleted a record a duplicate had been answered 202 for"),
-    (7, false, "F3: slow visibility renewals delayed the lock's, which lapsed mid-call"),
+    (5, false, "a failed send deleted a record a duplicate had been answered 202 for"),
+    (7, false, "slow visibility renewals delayed the lock's, which lapsed mid-call"),
     (453, false, "a slow claim before the first beat let the lock and the visibility lapse"),
     (174, false, "a run started without the lock stayed unlocked, and a second claim ran beside it"),
     (1_001_439, true, "a resubmission's failed send was not marked unsent (the record kept the old fence)"),

@@ -858,7 +858,7 @@ mod tests {
         );
     }
 
-    /// F1: a duplicate answered 202 while the first POST's send was failing must not lose its task.
+    /// A duplicate answered 202 while the first POST's send was failing must not lose its task.
     #[tokio::test]
     async fn a_duplicate_answered_while_the_send_fails_never_reads_404() {
         let r = rig().await;
@@ -879,7 +879,7 @@ mod tests {
         assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "the read sent the unsent message");
     }
 
-    /// F8: a duplicate of an accepted task gets its task back whatever the project's budget.
+    /// A duplicate of an accepted task gets its task back whatever the project's budget.
     #[tokio::test]
     async fn a_duplicate_of_an_accepted_task_is_answered_over_the_budget() {
         let quota = crate::quota::QuotaConfig { daily_tokens: Some(10), ..Default::default() };
@@ -1029,7 +1029,7 @@ mod tests {
         assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "once per grace");
     }
 
-    /// F5: a task still queued after the grace is re-sent once, not once per poll, and the wait
+    /// A task still queued after the grace is re-sent once, not once per poll, and the wait
     /// doubles with each re-send.
     #[tokio::test]
     async fn polls_of_a_queued_task_re_send_it_once_per_doubling_wait() {

@@ -114,7 +114,7 @@ mod tests {
         assert!(validate_idempotency_key(&"k".repeat(256)).is_err());
     }
 
-    /// F14: payloads that differ only in how an absent or equal parameter is written are one task.
+    /// Payloads that differ only in how an absent or equal parameter is written are one task.
     #[test]
     fn equal_params_written_differently_are_one_task() {
         let id = |params: &str| {

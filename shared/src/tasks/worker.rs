@@ -244,15 +244,7 @@ impl Worker {
     /// answer was lost may have taken the lock, or found it held, and running degraded then would
     /// claim a run another worker holds.
     async fn acquire(&self, key: &str) -> Result<Acquire, crate::ports::LockError> {
-        let mut last = self.lock.acquire(key, self.config.lease_ttl).await;
-        for attempt in 1..3u64 {
-            if last.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(crate::jitter::range(20..=100 << attempt))).await;
-            last = self.lock.acquire(key, self.config.lease_ttl).await;
-        }
-        last
+        lease::ask_thrice(|| self.lock.acquire(key, self.config.lease_ttl), |_| true).await
     }
 
     async fn run_claimed(
@@ -797,7 +789,7 @@ mod tests {
         assert_eq!(r.queue.depth().await.unwrap().in_flight, 1, "the message is left to its next delivery");
     }
 
-    /// F4: a lock key lost in a failover (here: lapsed while the worker paused) with no one else
+    /// A lock key lost in a failover (here: lapsed while the worker paused) with no one else
     /// holding it is taken again by the next beat; the run goes on and its answer is written.
     #[tokio::test]
     async fn a_lock_key_lost_without_a_new_holder_is_taken_again_and_the_call_kept() {
@@ -894,7 +886,7 @@ mod tests {
         }
     }
 
-    /// F7: a final write that fails is tried again before the paid answer is given up.
+    /// A final write that fails is tried again before the paid answer is given up.
     #[tokio::test]
     async fn a_failed_final_write_is_retried_before_the_answer_is_given_up() {
         let mut r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
@@ -936,7 +928,7 @@ mod tests {
         }
     }
 
-    /// F10: a duplicate on its last delivery, refused by a live holder's lock and unable to requeue,
+    /// A duplicate on its last delivery, refused by a live holder's lock and unable to requeue,
     /// leaves the holder's run alone.
     #[tokio::test]
     async fn a_last_delivery_duplicate_never_fails_a_run_a_live_holder_is_finishing() {
