@@ -1,19 +1,21 @@
-//! `lanes dlq list|redrive --lane L`: a task lane's dead-letter queue, through a running `lanes dev`
+//! `lanes dlq list|redrive --lane L`: a lane's dead-letter queue, through a running `lanes dev`
 //! (its admin routes) or straight on AWS with the functions' environment (`--backend aws`).
 
 use clap::{Args, Subcommand, ValueEnum};
 use lanes_core::clock::SystemClock;
 use lanes_core::config::{IngressConfig, WorkerConfig};
-use lanes_core::dlq::{Admin, DlqOp};
+use lanes_core::dlq_admin::{Admin, DlqOp};
 use lanes_core::domain::Lane;
 use std::sync::Arc;
 
 /// `lanes dlq …`.
 #[derive(Subcommand)]
 pub enum DlqCommand {
-    /// List the messages of a task lane's DLQ with their task's status (the messages stay).
+    /// List the messages of a lane's DLQ with their task's status, or their commit and whether it
+    /// is summarized (the messages stay).
     List(Target),
-    /// Send a task lane's DLQ messages back to the lane, resetting each task's record so it runs again.
+    /// Send a lane's DLQ messages back to the lane, resetting each task's record so it runs again
+    /// (a commit goes back as it is; a summarized one is deleted).
     Redrive {
         #[command(flatten)]
         target: Target,
@@ -29,9 +31,9 @@ pub enum DlqCommand {
 /// Which DLQ, where.
 #[derive(Args)]
 pub struct Target {
-    /// The task lane.
+    /// The lane.
     #[arg(long, value_enum)]
-    lane: TaskLane,
+    lane: DlqLane,
     /// A running `lanes dev`.
     #[arg(long, default_value = "http://127.0.0.1:3000", conflicts_with = "backend")]
     server: String,
@@ -44,18 +46,20 @@ pub struct Target {
     json: bool,
 }
 
-/// The lanes that have task DLQs.
+/// The lanes, each with its DLQ.
 #[derive(Clone, Copy, ValueEnum)]
-enum TaskLane {
+enum DlqLane {
     Interactive,
     Synthesis,
+    Commits,
 }
 
-impl From<TaskLane> for Lane {
-    fn from(l: TaskLane) -> Self {
+impl From<DlqLane> for Lane {
+    fn from(l: DlqLane) -> Self {
         match l {
-            TaskLane::Interactive => Lane::Interactive,
-            TaskLane::Synthesis => Lane::Synthesis,
+            DlqLane::Interactive => Lane::Interactive,
+            DlqLane::Synthesis => Lane::Synthesis,
+            DlqLane::Commits => Lane::Commits,
         }
     }
 }
@@ -110,7 +114,7 @@ pub async fn run(command: DlqCommand) -> Result<(), DlqCliError> {
             None => "sent back".to_owned(),
         };
         println!(
-            "{lane}: {} task(s) {how}, {} already completed (deleted), {} left in the DLQ",
+            "{lane}: {} message(s) {how}, {} already completed or summarized (deleted), {} left in the DLQ",
             r["redriven"],
             r["already_completed"],
             r["left"].as_array().map_or(0, Vec::len)
@@ -120,12 +124,18 @@ pub async fn run(command: DlqCommand) -> Result<(), DlqCliError> {
         }
     } else {
         let messages = answer["messages"].as_array().cloned().unwrap_or_default();
-        println!("{:<36}  {:<12}  {:<10}  reason", "message", "task", "status");
+        println!("{:<36}  {:<12}  {:<10}  reason", "message", "task/commit", "status");
         for m in &messages {
+            // A task by the first 12 of its id; a commit by `repo_id:sha`.
+            let what = match (m["task_id"].as_str(), m["commit"].as_str()) {
+                (Some(t), _) => t[..12.min(t.len())].to_owned(),
+                (None, Some(c)) => c.to_owned(),
+                (None, None) => "-".to_owned(),
+            };
             println!(
                 "{:<36}  {:<12}  {:<10}  {}",
                 m["message_id"].as_str().unwrap_or(""),
-                m["task_id"].as_str().map_or("-", |t| &t[..12.min(t.len())]),
+                what,
                 m["status"].as_str().unwrap_or("-"),
                 m["reason"].as_str().unwrap_or("")
             );

@@ -55,8 +55,11 @@ pub enum DlqError {
 pub struct DlqEntry {
     /// The message id.
     pub message_id: String,
-    /// The task it carries, when the body decodes.
+    /// The task it carries, when the body decodes as a task message.
     pub task_id: Option<String>,
+    /// The commit (`repo_id:sha`) it carries, on the commits lane.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
     /// Why it is there.
     pub reason: String,
     /// The task record's status now, when there is one.
@@ -94,6 +97,8 @@ pub struct SweepReport {
     pub seen: usize,
     /// Records marked `FAILED` now.
     pub marked_failed: usize,
+    /// Commit messages deleted because their commit is summarized (the commits lane).
+    pub settled: usize,
 }
 
 /// What a sweep of one task lane's DLQ works with.
@@ -234,6 +239,7 @@ pub async fn list(
         out.push(DlqEntry {
             message_id: m.message_id.clone(),
             task_id,
+            commit: None,
             reason: reason_of(m),
             status,
             sent_at_ms: m.sent_at_ms,
@@ -466,195 +472,6 @@ pub async fn redrive_by_move(
     Ok(report)
 }
 
-/// What the admin routes work on (only `lanes dev` serves them: in Lambda the DLQ is operated with
-/// `lanes dlq --backend aws`, under IAM).
-#[derive(Clone)]
-pub struct Admin {
-    /// The backend's adapters.
-    pub adapters: crate::backend::Adapters,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// Time.
-    pub clock: SharedClock,
-    /// TTL of a `PENDING` record.
-    pub pending_ttl_secs: u64,
-    /// TTL of a settled record.
-    pub record_ttl_secs: u64,
-}
-
-impl Admin {
-    fn dlq(&self, lane: Lane) -> Result<&std::sync::Arc<dyn QueueConsume>, DlqError> {
-        self.adapters.dlq[lane.index()].as_ref().ok_or(DlqError::NoDlq(lane))
-    }
-
-    /// Sweeps the task lanes' DLQs once (see [`Sweep`]); a lane that fails does not stop the other.
-    pub async fn sweep_all(&self, max: usize) -> Result<SweepReport, DlqError> {
-        let (mut total, mut failure) = (SweepReport::default(), None);
-        for lane in [Lane::Interactive, Lane::Synthesis] {
-            let sweep = Sweep {
-                lane,
-                dlq: &**self.dlq(lane)?,
-                store: &*self.adapters.store,
-                lock: Some(&*self.adapters.lock),
-                lane_queue: Some(&*self.adapters.send[lane.index()]),
-                metrics: &self.metrics,
-                clock: &self.clock,
-                ttl_secs: self.record_ttl_secs,
-            };
-            match sweep.run(max).await {
-                Ok(r) => {
-                    total.seen += r.seen;
-                    total.marked_failed += r.marked_failed;
-                }
-                Err(e) => failure = Some(e),
-            }
-        }
-        failure.map_or(Ok(total), Err)
-    }
-
-    /// Lists a task lane's DLQ.
-    pub async fn list(&self, lane: Lane, max: usize) -> Result<Vec<DlqEntry>, DlqError> {
-        list(&**self.dlq(lane)?, &*self.adapters.store, &self.clock, max).await
-    }
-
-    /// One operation as the JSON both the admin routes and `lanes dlq --backend aws` print:
-    /// `{lane, messages}`, `{lane, report}` or `{lane, moves}`.
-    pub async fn answer(&self, lane: Lane, op: DlqOp) -> Result<serde_json::Value, DlqError> {
-        Ok(match op {
-            DlqOp::List => serde_json::json!({"lane": lane, "messages": self.list(lane, ADMIN_MAX).await?}),
-            DlqOp::Redrive => {
-                serde_json::json!({"lane": lane, "report": self.redrive(lane, ADMIN_MAX).await?})
-            }
-            DlqOp::RedriveByMove => {
-                let report = redrive_by_move(
-                    &**self.dlq(lane)?,
-                    &*self.adapters.send[lane.index()],
-                    &*self.adapters.store,
-                    &self.clock,
-                    self.pending_ttl_secs,
-                    ADMIN_MAX,
-                )
-                .await?;
-                serde_json::json!({"lane": lane, "report": report})
-            }
-            DlqOp::Moves => serde_json::json!({"lane": lane, "moves": self.dlq(lane)?.move_tasks().await?}),
-        })
-    }
-
-    /// Redrives a task lane's DLQ.
-    pub async fn redrive(&self, lane: Lane, max: usize) -> Result<RedriveReport, DlqError> {
-        let dlq = self.dlq(lane)?;
-        redrive(
-            &**dlq,
-            &*self.adapters.send[lane.index()],
-            &*self.adapters.store,
-            &self.clock,
-            self.pending_ttl_secs,
-            max,
-        )
-        .await
-    }
-}
-
-/// The DLQ operations of the admin routes and `lanes dlq`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DlqOp {
-    /// List the messages with their task's status.
-    List,
-    /// Relay the messages back one by one ([`redrive`]).
-    Redrive,
-    /// Reset the records, then one move task ([`redrive_by_move`]).
-    RedriveByMove,
-    /// The DLQ's recent move tasks.
-    Moves,
-}
-
-/// Most messages one admin call looks at.
-pub const ADMIN_MAX: usize = 1000;
-
-/// `GET /admin/dlq/{lane}` (list), `POST /admin/dlq/{lane}/redrive[?by=move]` and
-/// `GET /admin/dlq/{lane}/moves`, for `lanes dlq --server`.
-pub fn admin_router(admin: Admin) -> axum::Router {
-    use crate::problem::Problem;
-    use axum::extract::{Path, Query, State};
-    use axum::http::StatusCode;
-    use axum::response::IntoResponse;
-    use axum::routing::{get, post};
-    type Shared = std::sync::Arc<Admin>;
-    #[derive(serde::Deserialize)]
-    struct RedriveQuery {
-        by: Option<String>,
-    }
-
-    fn task_lane(lane: &str) -> Result<Lane, Box<Problem>> {
-        match lane.parse::<Lane>() {
-            Ok(l @ (Lane::Interactive | Lane::Synthesis)) => Ok(l),
-            _ => Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid-lane",
-                "Invalid lane",
-                "the task lanes with a DLQ are `interactive` and `synthesis`",
-            )
-            .with_field("lane")
-            .into()),
-        }
-    }
-    fn failure(e: DlqError) -> Problem {
-        warn!(error = %e, "DLQ operation failed");
-        match e {
-            DlqError::NoDlq(_) => {
-                Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue")
-            }
-            DlqError::NotMovable(why) => {
-                Problem::new(StatusCode::CONFLICT, "not-movable", "Not redriven by move task", why)
-            }
-            _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
-        }
-    }
-    async fn answer(a: Shared, lane: String, op: DlqOp) -> axum::response::Response {
-        let lane = match task_lane(&lane) {
-            Ok(l) => l,
-            Err(problem) => return problem.into_response(),
-        };
-        match a.answer(lane, op).await {
-            Ok(body) => axum::Json(body).into_response(),
-            Err(e) => failure(e).into_response(),
-        }
-    }
-    axum::Router::new()
-        .route(
-            "/admin/dlq/{lane}",
-            get(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, DlqOp::List)),
-        )
-        .route(
-            "/admin/dlq/{lane}/redrive",
-            post(
-                |State(a): State<Shared>, Path(l): Path<String>, Query(q): Query<RedriveQuery>| async move {
-                    let op = match q.by.as_deref() {
-                        None | Some("relay") => DlqOp::Redrive,
-                        Some("move") => DlqOp::RedriveByMove,
-                        Some(_) => {
-                            return Problem::new(
-                                StatusCode::BAD_REQUEST,
-                                "invalid-query",
-                                "Invalid query",
-                                "`by` is `relay` (the default) or `move`",
-                            )
-                            .with_field("by")
-                            .into_response();
-                        }
-                    };
-                    answer(a, l, op).await
-                },
-            ),
-        )
-        .route(
-            "/admin/dlq/{lane}/moves",
-            get(|State(a): State<Shared>, Path(l): Path<String>| answer(a, l, DlqOp::Moves)),
-        )
-        .with_state(std::sync::Arc::new(admin))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -737,7 +554,7 @@ mod tests {
         assert_eq!(dlq.peek_all().await.len(), 4);
         let metrics = Metrics::new();
         let report = sweep(Lane::Synthesis, &dlq, &store, &metrics, &clock, 3600, 100).await.unwrap();
-        assert_eq!(report, SweepReport { seen: 4, marked_failed: 2 });
+        assert_eq!(report, SweepReport { seen: 4, marked_failed: 2, settled: 0 });
         for (id, want) in ids.iter().zip([TaskStatus::Completed, TaskStatus::Failed, TaskStatus::Failed]) {
             let rec = store.get(id, clock.now_ms()).await.unwrap().unwrap();
             assert_eq!(rec.status, want, "every task behind a DLQ message has an answer");

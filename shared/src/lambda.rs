@@ -127,14 +127,18 @@ pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
 pub struct ControllerFunction {
     /// The controller core.
     pub controller: crate::controller::Controller,
-    /// The task lanes' DLQs (interactive, synthesis) and the store, for the sweep.
+    /// The lanes' DLQs, the store and the summaries, for the sweep.
     pub sweep: Option<DlqSweep>,
 }
 
-/// What the controller needs to sweep the task lanes' DLQs each tick.
+/// What the controller needs to sweep the lanes' DLQs each tick.
 pub struct DlqSweep {
-    dlqs: Vec<(Lane, Arc<dyn QueueConsume>)>,
+    /// The task lanes' DLQs, each with its lane's queue (where a message older than the run it names
+    /// is relayed, see [`crate::dlq::Sweep::run`]).
+    dlqs: Vec<(Lane, Arc<dyn QueueConsume>, Arc<dyn crate::ports::QueueSend>)>,
     store: Arc<dyn crate::ports::TaskStore>,
+    /// The commits lane's DLQ and the summaries: summarized commits are swept out.
+    commits: Option<(Arc<dyn QueueConsume>, Arc<dyn crate::ports::SummaryStore>)>,
     /// The workers' lease lock (with Redis): a run its lock shows live is left to its worker.
     lock: Option<Arc<dyn crate::ports::LeaseLock>>,
     metrics: Metrics,
@@ -173,19 +177,23 @@ impl ControllerFunction {
         let sweep = match crate::config::optional_env("LANES_TABLE") {
             None => None,
             Some(table) => {
-                let mut dlqs = Vec::new();
+                let (mut dlqs, mut commits) = (Vec::new(), None);
                 let redrive = crate::backend::Redrive::from_env()?;
-                for lane in [Lane::Interactive, Lane::Synthesis] {
+                for lane in Lane::ALL {
                     let q = aws
                         .consumer(&urls[lane.index()], lane, redrive.as_ref())
                         .await
                         .map_err(crate::backend::BackendError::Queue)?;
-                    if let Some(dlq) = q.dead_letter_queue() {
-                        dlqs.push((lane, Arc::new(dlq) as Arc<dyn QueueConsume>));
+                    let Some(dlq) = q.dead_letter_queue() else { continue };
+                    let dlq = Arc::new(dlq) as Arc<dyn QueueConsume>;
+                    if lane == Lane::Commits {
+                        commits = Some((dlq, Arc::new(aws.summaries(&table)) as _));
+                    } else {
+                        dlqs.push((lane, dlq, Arc::new(aws.queue_sender(&urls[lane.index()])) as _));
                     }
                 }
                 let store = Arc::new(aws.task_store(&table));
-                Some(DlqSweep { dlqs, store, lock: None, metrics: Metrics::new() })
+                Some(DlqSweep { dlqs, store, commits, lock: None, metrics: Metrics::new() })
             }
         };
         let mut controller = crate::controller::Controller::new(queues, mappings, control, budget.max(6));
@@ -233,14 +241,22 @@ impl ControllerFunction {
         if let Some(sweep) = &self.sweep {
             let clock: SharedClock = Arc::new(SystemClock);
             let ttl = WorkerConfig::default().record_ttl_secs;
-            for (lane, dlq) in &sweep.dlqs {
+            if let Some((dlq, summaries)) = &sweep.commits {
+                let run = crate::commits::dead_letters::CommitsDlq { dlq: &**dlq, summaries: &**summaries };
+                match run.sweep(SWEEP_MAX).await {
+                    Ok(r) => {
+                        tracing::info!(lane = "commits", seen = r.seen, settled = r.settled, "DLQ swept")
+                    }
+                    Err(e) => warn!(lane = "commits", error = %e, "DLQ sweep failed; the next tick retries"),
+                }
+            }
+            for (lane, dlq, lane_queue) in &sweep.dlqs {
                 let run = crate::dlq::Sweep {
                     lane: *lane,
                     dlq: &**dlq,
                     store: &*sweep.store,
                     lock: sweep.lock.as_deref(),
-                    // The controller has no SendMessage on the lanes: it leaves, never relays.
-                    lane_queue: None,
+                    lane_queue: Some(&**lane_queue),
                     metrics: &sweep.metrics,
                     clock: &clock,
                     ttl_secs: ttl,

@@ -40,6 +40,7 @@
 //! - [`commits`]: the commit flow: webhook, diff sources, diff budget, prompt, worker, read API.
 //! - [`dlq`]: the sweep that settles the records behind dead-lettered task messages; list and
 //!   redrive (relayed, or by the queue's own move task).
+//! - [`dlq_admin`]: the DLQ operations of every lane, by lane, for `lanes dev` and `lanes dlq`.
 //! - [`running`]: running invocations per lane, registered by the workers with leases in the cache.
 //! - [`controller`]: mapping concurrency from queue depth and running work, every minute.
 //! - [`backend`]: one process's adapters, from the environment or created for `--create`.
@@ -54,6 +55,7 @@ pub mod commits;
 pub mod config;
 pub mod controller;
 pub mod dlq;
+pub mod dlq_admin;
 pub mod domain;
 pub mod embedded;
 pub mod http;

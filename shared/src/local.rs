@@ -159,7 +159,7 @@ pub struct Local {
     /// Metrics.
     pub metrics: Metrics,
     /// The DLQ sweep and redrive.
-    pub dlq: crate::dlq::Admin,
+    pub dlq: crate::dlq_admin::Admin,
 }
 
 impl Local {
@@ -241,7 +241,7 @@ impl Local {
             summaries: adapters.summaries.clone(),
             cache: adapters.cache.clone(),
         });
-        let dlq = crate::dlq::Admin {
+        let dlq = crate::dlq_admin::Admin {
             adapters: adapters.clone(),
             metrics: metrics.clone(),
             clock: clock.clone(),
@@ -259,7 +259,7 @@ impl Local {
         let tasks = crate::tasks::tenant::with_header(router(ingress), &opts.tenancy);
         let m = metrics.clone();
         let router =
-            tasks.merge(hooks).merge(read).merge(crate::dlq::admin_router(dlq.clone())).route(
+            tasks.merge(hooks).merge(read).merge(crate::dlq_admin::admin_router(dlq.clone())).route(
                 "/metrics",
                 get(move || {
                     let m = m.clone();
@@ -288,7 +288,7 @@ impl Local {
                     _ = sweep_stop.cancelled() => return,
                     _ = tokio::time::sleep(every) => {}
                 }
-                if let Err(e) = dlq.sweep_all(crate::dlq::ADMIN_MAX).await {
+                if let Err(e) = dlq.sweep_all(crate::dlq_admin::ADMIN_MAX).await {
                     tracing::warn!(error = %e, "DLQ sweep failed; next round retries");
                 }
             }

@@ -7,11 +7,13 @@
 //! - [`api`]: the read API (one summary, a repository's summaries newest first).
 //! - [`budget`]: noise filtering and the 4,000-token cut, counted by a real BPE tokenizer.
 //! - [`prompt`]: the batch prompt, first-fit-decreasing packing, answer validation, token apportioning.
+//! - [`dead_letters`]: the commits DLQ: summarized commits swept out, the rest listed and redriven.
 //! - [`report`]: what a batch did, commit by commit.
 //! - [`worker`]: the commits lane's batch worker (cache -> store -> lease -> diffs -> LLM -> write once).
 
 pub mod api;
 pub mod budget;
+pub mod dead_letters;
 pub mod prompt;
 pub mod report;
 pub mod sources;

@@ -778,7 +778,7 @@ mod tests {
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedSummaries, MemoryCache, MemoryLock,
     };
     use crate::llm::OfflineProvider;
-    use crate::ports::LlmResponse;
+    use crate::ports::{LlmResponse, StoreError};
     use async_trait::async_trait;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -1111,6 +1111,81 @@ mod tests {
         let dead = outcomes.iter().filter(|o| matches!(o, Outcome::DeadLettered { .. })).count();
         assert_eq!(dead, 2, "unknown commit (404) and undecodable message: {outcomes:?}");
         assert_eq!(r.queue.depth().await.unwrap(), Default::default());
+    }
+
+    /// Summaries whose reads fail while `failing` counts down (a store outage).
+    struct Outage {
+        inner: EmbeddedSummaries,
+        failing: AtomicU64,
+    }
+
+    #[async_trait]
+    impl SummaryStore for Outage {
+        async fn get_summaries(&self, keys: &[(String, String)]) -> Result<Vec<CommitSummary>, StoreError> {
+            if self.failing.load(Ordering::SeqCst) > 0 {
+                self.failing.fetch_sub(1, Ordering::SeqCst);
+                return Err(StoreError::Unavailable("throttled".into()));
+            }
+            self.inner.get_summaries(keys).await
+        }
+        async fn put_summary(&self, summary: &CommitSummary) -> Result<WriteOnce, StoreError> {
+            self.inner.put_summary(summary).await
+        }
+        async fn list_summaries(
+            &self,
+            repo_id: &str,
+            limit: usize,
+            cursor: Option<&str>,
+        ) -> Result<crate::ports::SummaryPage, StoreError> {
+            self.inner.list_summaries(repo_id, limit, cursor).await
+        }
+        async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl: u64) -> Result<bool, StoreError> {
+            self.inner.mark_delivery(delivery, now_ms, ttl).await
+        }
+        async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
+            self.inner.unmark_delivery(delivery).await
+        }
+    }
+
+    /// A store outage is a wait, not an attempt: with three deliveries allowed, a commit whose
+    /// lookups fail on five deliveries in a row is put off each time, never dead-lettered, and
+    /// summarized once (one call) when the store answers again.
+    #[tokio::test]
+    async fn a_store_outage_longer_than_the_deliveries_never_dead_letters_a_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let manual = crate::clock::ManualClock::new(1_000_000);
+        let clock: SharedClock = manual.clone();
+        let settings = crate::embedded::QueueSettings { max_receive_count: 3, ..Default::default() };
+        let queue = EmbeddedQueues::open(db.clone(), clock.clone(), settings)
+            .await
+            .unwrap()
+            .queue("commits", "commits-dlq");
+        let mut r = rig(HashMap::from([(sha(1), diff("a.rs", 5))]), "").await;
+        r.worker.summaries =
+            Arc::new(Outage { inner: EmbeddedSummaries::new(db), failing: AtomicU64::new(5) });
+        (r.worker.clock, r.worker.send) = (clock, Arc::new(queue.clone()));
+        queue.send(&message("github:1", &sha(1)), Default::default()).await.unwrap();
+        let mut ends = Vec::new();
+        for _ in 0..10 {
+            // Whatever was put off is due again.
+            manual.advance_ms(3_600_000);
+            let batch = crate::lease::receive_batch(&queue, 10, Duration::from_secs(5)).await.unwrap();
+            let Some(m) = batch.first() else { break };
+            let receives = m.receive_count;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let (outcomes, _) = r.worker.process_batch(Arc::new(queue.clone()), batch, deadline).await;
+            ends.push((receives, outcomes[0].1.clone()));
+        }
+        let dlq = queue.dead_letter_queue().depth().await.unwrap();
+        assert_eq!(dlq.visible + dlq.in_flight, 0, "{ends:?}");
+        assert!(matches!(ends.last(), Some((_, Outcome::Acked))), "{ends:?}");
+        assert_eq!(ends.len(), 6, "five waits, then the summary: {ends:?}");
+        assert!(
+            ends.iter().any(|(_, o)| matches!(o, Outcome::Requeued { .. })),
+            "a last delivery requeued: {ends:?}"
+        );
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
