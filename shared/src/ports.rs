@@ -548,10 +548,11 @@ pub trait SummaryStore: Send + Sync {
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<SummaryPage, StoreError>;
-    /// Records a webhook delivery id for `ttl_secs`; false when it was already recorded (a replay).
+    /// Records a webhook delivery id for `ttl_secs` once its commits are enqueued; false when it was
+    /// already recorded.
     async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError>;
-    /// Forgets a delivery id (its commits could not be enqueued, so a redelivery must be accepted).
-    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError>;
+    /// Whether a delivery id is recorded (a replay of a delivery whose commits were enqueued).
+    async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError>;
 }
 
 /// Errors fetching a diff.

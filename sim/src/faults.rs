@@ -55,6 +55,8 @@ pub enum Port {
     Lock,
     /// The hot cache.
     Cache,
+    /// The Git host's diff API.
+    Git,
 }
 
 /// How one port misbehaves in a history.
@@ -90,7 +92,7 @@ pub struct LlmPlan {
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     /// Per port, indexed by `Port as usize`.
-    pub ports: [PortPlan; 4],
+    pub ports: [PortPlan; 5],
     /// The provider.
     pub llm: LlmPlan,
     /// Chance that a worker or ingress process crashes, per second it lives.
@@ -122,13 +124,22 @@ pub struct Chaos {
     pub cache: Mutex<Arc<MemoryCache>>,
     /// The store as it really is (no faults), for the oracle's checks.
     pub truth: EmbeddedStore,
+    /// The summaries as they are (the commits flow's truth).
+    pub summaries: lanes_core::embedded::EmbeddedSummaries,
     /// Which task each prompt belongs to (prompts are unique per task id).
     pub prompts: BTreeMap<String, String>,
 }
 
 impl Chaos {
     /// The chaos of one history.
-    pub fn new(seed: u64, plan: Plan, clock: Arc<SimClock>, truth: EmbeddedStore, oracle: Oracle) -> Self {
+    pub fn new(
+        seed: u64,
+        plan: Plan,
+        clock: Arc<SimClock>,
+        truth: EmbeddedStore,
+        summaries: lanes_core::embedded::EmbeddedSummaries,
+        oracle: Oracle,
+    ) -> Self {
         let shared: SharedClock = clock.clone();
         Self {
             rng: Mutex::new(rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed)),
@@ -139,6 +150,7 @@ impl Chaos {
             lock: Mutex::new(Arc::new(MemoryLock::new(shared.clone()))),
             cache: Mutex::new(Arc::new(MemoryCache::new(shared))),
             truth,
+            summaries,
             prompts: BTreeMap::new(),
         }
     }
@@ -211,9 +223,9 @@ impl Chaos {
 
 /// One call's fate: its delay, and whether it fails (`Some(true)`: after taking effect).
 #[derive(Debug, Clone, Copy)]
-struct Decision {
-    delay_ms: u64,
-    fail: Option<bool>,
+pub(crate) struct Decision {
+    pub(crate) delay_ms: u64,
+    pub(crate) fail: Option<bool>,
 }
 
 /// A simulated process (a pool worker, a Lambda invocation, an ingress instance, the admin): its
@@ -229,6 +241,9 @@ pub struct Process {
     pub clock: SharedClock,
     /// Tasks whose model call it has started and not yet written: a crash loses that spend.
     pub in_hand: Mutex<BTreeSet<String>>,
+    /// The messages it received and has not settled (receipt, then the task or commit they carry):
+    /// a crash holding one uses up one of its deliveries.
+    pub holding: Mutex<BTreeMap<String, String>>,
     /// The admin (`lanes dlq`): its record resets are redrives, not client submissions.
     pub admin: bool,
 }
@@ -236,7 +251,15 @@ pub struct Process {
 impl Process {
     /// A live process.
     pub fn new(id: u32, kind: &'static str, clock: SharedClock, admin: bool) -> Arc<Self> {
-        Arc::new(Self { id, kind, dead: CancellationToken::new(), clock, in_hand: Mutex::default(), admin })
+        Arc::new(Self {
+            id,
+            kind,
+            dead: CancellationToken::new(),
+            clock,
+            in_hand: Mutex::default(),
+            holding: Mutex::default(),
+            admin,
+        })
     }
 
     /// Crashes it: every call of its from now on never returns.
@@ -247,9 +270,14 @@ impl Process {
         self.dead.cancel();
         let lost: Vec<String> = self.in_hand.lock().map(|s| s.iter().cloned().collect()).unwrap_or_default();
         chaos.trace(|| format!("p{} {} CRASH (in hand: {})", self.id, self.kind, lost.len()));
+        let held: Vec<String> =
+            self.holding.lock().map(|h| h.values().cloned().collect()).unwrap_or_default();
         chaos.oracle(|o| {
             for t in &lost {
                 o.justify(t, "crash with a model call in hand");
+            }
+            for t in &held {
+                o.attempted(t);
             }
         });
     }
@@ -299,6 +327,11 @@ impl Injected for LockError {
         LockError::Unavailable(what(a))
     }
 }
+impl Injected for DiffError {
+    fn injected(a: bool) -> Self {
+        DiffError::Retryable { message: what(a), retry_after: None }
+    }
+}
 impl Injected for CacheError {
     fn injected(a: bool) -> Self {
         CacheError::Unavailable(what(a))
@@ -316,7 +349,7 @@ pub struct Ctx {
 
 impl Ctx {
     /// Before a call: its delay, and a failure that comes before it takes effect.
-    async fn pre<E: Injected>(&self, port: Port, op: &str, key: &str) -> Result<Decision, E> {
+    pub(crate) async fn pre<E: Injected>(&self, port: Port, op: &str, key: &str) -> Result<Decision, E> {
         self.proc.alive().await;
         let d = self.chaos.decide(port);
         self.proc.sleep(d.delay_ms).await;
@@ -329,7 +362,13 @@ impl Ctx {
 
     /// After a call: parks if the process crashed meanwhile (the effect may stand), or loses the
     /// answer.
-    async fn post<T, E: Injected>(&self, d: Decision, op: &str, key: &str, r: Result<T, E>) -> Result<T, E> {
+    pub(crate) async fn post<T, E: Injected>(
+        &self,
+        d: Decision,
+        op: &str,
+        key: &str,
+        r: Result<T, E>,
+    ) -> Result<T, E> {
         if self.proc.dead.is_cancelled() {
             self.proc.alive().await;
         }
@@ -340,19 +379,56 @@ impl Ctx {
         r
     }
 
-    fn note(&self, line: impl FnOnce() -> String) {
+    /// The model call of `id` has ended (its answer is being written, or its failure noted).
+    pub(crate) fn release_hand(&self, id: &str) {
+        if let Ok(mut h) = self.proc.in_hand.lock() {
+            h.remove(id);
+        }
+    }
+
+    /// This process holds `messages` (received for it by someone else: Lambda's mapping).
+    pub fn hold(&self, messages: &[ReceivedMessage]) {
+        if let Ok(mut h) = self.proc.holding.lock() {
+            for m in messages {
+                h.insert(m.receipt.clone(), id_of_body(&m.body).unwrap_or_default());
+            }
+        }
+    }
+
+    fn settled(&self, receipt: &str) {
+        if let Ok(mut h) = self.proc.holding.lock() {
+            h.remove(receipt);
+        }
+    }
+
+    pub(crate) fn note(&self, line: impl FnOnce() -> String) {
         self.chaos.trace(|| format!("p{} {}", self.proc.id, line()));
     }
 }
 
 /// A task id as the trace shows it.
 pub fn short(key: &str) -> String {
-    let id = key.trim_start_matches("lease:{task:").trim_end_matches('}');
+    let id = if key.starts_with("lease:{") { id_of_lock_key(key) } else { key.to_owned() };
     id.chars().take(8).collect()
 }
 
 fn task_of_body(body: &str) -> Option<String> {
     serde_json::from_str::<serde_json::Value>(body).ok()?.get("task_id")?.as_str().map(str::to_owned)
+}
+
+/// The task or the commit (its sha) a message carries.
+pub fn id_of_body(body: &str) -> Option<String> {
+    let v = serde_json::from_str::<serde_json::Value>(body).ok()?;
+    v.get("task_id").or_else(|| v.get("sha"))?.as_str().map(str::to_owned)
+}
+
+/// The task or the commit (its sha) a lock key names.
+fn id_of_lock_key(key: &str) -> String {
+    let inner = key.trim_start_matches("lease:{").trim_end_matches('}');
+    match inner.strip_prefix("task:") {
+        Some(task) => task.to_owned(),
+        None => inner.rsplit(':').next().unwrap_or(inner).to_owned(),
+    }
 }
 
 // ---------------------------------------------------------------- store
@@ -504,9 +580,7 @@ impl TaskStore for FaultyStore {
 
 impl FaultyStore {
     fn release_hand(&self, task_id: &str) {
-        if let Ok(mut h) = self.ctx.proc.in_hand.lock() {
-            h.remove(task_id);
-        }
+        self.ctx.release_hand(task_id);
     }
 }
 
@@ -523,7 +597,7 @@ pub struct FaultyQueue {
 #[async_trait]
 impl QueueSend for FaultyQueue {
     async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
-        let task = task_of_body(body).unwrap_or_default();
+        let task = id_of_body(body).unwrap_or_default();
         if self.ctx.proc.kind == "ingress" {
             self.ctx.chaos.oracle(|o| o.ingress_send(&task));
         }
@@ -554,8 +628,12 @@ impl QueueConsume for FaultyQueue {
         let d = self.ctx.pre::<QueueError>(Port::Queue, "receive", "").await?;
         let r = self.inner.receive_for(max, vis).await;
         if let Ok(got) = &r {
+            // The mapping receives for the invocations it starts: they hold the messages.
+            if self.ctx.proc.kind != "sqs-mapping" {
+                self.ctx.hold(got);
+            }
             for m in got {
-                let t = task_of_body(&m.body).unwrap_or_default();
+                let t = id_of_body(&m.body).unwrap_or_default();
                 self.ctx.note(|| {
                     format!("receive {} from {} (#{})", short(&t), self.inner.name(), m.receive_count)
                 });
@@ -566,6 +644,9 @@ impl QueueConsume for FaultyQueue {
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
         let d = self.ctx.pre::<QueueError>(Port::Queue, "change_visibility", "").await?;
         let r = self.inner.change_visibility(receipt, timeout).await;
+        if r.is_ok() {
+            self.ctx.settled(receipt);
+        }
         self.ctx.post(d, "change_visibility", "", r).await
     }
     async fn change_visibility_many(
@@ -591,18 +672,27 @@ impl QueueConsume for FaultyQueue {
             check_ack(&self.ctx.chaos, &self.inner, receipt).await;
         }
         let r = self.inner.delete(receipt).await;
+        if r.is_ok() {
+            self.ctx.settled(receipt);
+        }
         self.ctx.post(d, "delete", "", r).await
     }
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
         let task = task_of_body(&message.body).unwrap_or_default();
         let d = self.ctx.pre::<QueueError>(Port::Queue, "requeue", &task).await?;
         let r = self.inner.requeue(message, delay).await;
+        if r.is_ok() {
+            self.ctx.settled(&message.receipt);
+        }
         self.ctx.post(d, "requeue", &task, r).await
     }
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
         let task = task_of_body(&message.body).unwrap_or_default();
         let d = self.ctx.pre::<QueueError>(Port::Queue, "dead_letter", &task).await?;
         let r = self.inner.dead_letter(message, reason).await;
+        if r.is_ok() {
+            self.ctx.settled(&message.receipt);
+        }
         self.ctx.post(d, "dead_letter", &task, r).await
     }
     async fn depth(&self) -> Result<QueueDepth, QueueError> {
@@ -627,6 +717,13 @@ impl QueueConsume for FaultyQueue {
 /// twin's own view of the receipt (peeked before the delete), the record from the true store.
 pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
     let Some((body, sent_at_ms)) = queue.peek_receipt(receipt).await else { return };
+    if let Ok(c) = serde_json::from_str::<lanes_core::domain::commit::CommitMessage>(&body) {
+        // A commit's delivery is acked once its summary is written.
+        let found = chaos.summaries.get_summaries(&[(c.repo_id.clone(), c.sha.clone())]).await;
+        let summarized = found.is_ok_and(|v| !v.is_empty());
+        chaos.oracle(|o| o.commit_acked(&c.sha, summarized));
+        return;
+    }
     let Some(task) = task_of_body(&body) else { return };
     let sent_at_ms = sent_at_ms.saturating_sub(EPOCH_MS);
     let record = chaos.truth.get(&task, chaos.clock.now_ms()).await.ok().flatten();
@@ -655,7 +752,7 @@ impl FaultyLock {
         key: &str,
         f: impl std::future::Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        let task = key.trim_start_matches("lease:{task:").trim_end_matches('}').to_owned();
+        let task = id_of_lock_key(key);
         // A lock call its caller gives up on (the heartbeat cuts each at one interval) is the lock
         // service not answering: as unavailable as an error.
         let mut cut = Unanswered { chaos: self.ctx.chaos.clone(), task: task.clone(), armed: true };
@@ -788,18 +885,19 @@ pub struct SimLlm {
     pub ctx: Ctx,
 }
 
-/// Counts one call's spend when it ends, however it ends, unless the provider refused it.
+/// Counts one call's spend when it ends, however it ends, unless the provider refused it: for
+/// each task or commit the call carries.
 struct Spend {
     chaos: Arc<Chaos>,
-    task: String,
+    ids: Vec<String>,
     refused: bool,
 }
 
 impl Drop for Spend {
     fn drop(&mut self) {
         if !self.refused {
-            let task = std::mem::take(&mut self.task);
-            self.chaos.oracle(|o| o.spent(&task));
+            let ids = std::mem::take(&mut self.ids);
+            self.chaos.oracle(|o| ids.iter().for_each(|id| o.spent(id)));
         }
     }
 }
@@ -808,12 +906,19 @@ impl Drop for Spend {
 impl LlmClient for SimLlm {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let chaos = &self.ctx.chaos;
-        let task = chaos.prompts.get(&request.prompt).cloned().unwrap_or_default();
+        let commits = request.lane == lanes_core::domain::Lane::Commits;
+        // A commit call carries each commit between `=== commit <sha>` lines.
+        let ids: Vec<String> = if commits {
+            request.prompt.lines().filter_map(|l| l.strip_prefix("=== commit ")).map(str::to_owned).collect()
+        } else {
+            vec![chaos.prompts.get(&request.prompt).cloned().unwrap_or_default()]
+        };
+        let task = ids.first().cloned().unwrap_or_default();
         if let Ok(mut h) = self.ctx.proc.in_hand.lock() {
-            h.insert(task.clone());
+            h.extend(ids.iter().cloned());
         }
-        self.ctx.note(|| format!("llm.call {} starts", short(&task)));
-        let mut spend = Spend { chaos: chaos.clone(), task: task.clone(), refused: false };
+        self.ctx.note(|| format!("llm.call {} starts ({} in the call)", short(&task), ids.len()));
+        let mut spend = Spend { chaos: chaos.clone(), ids: ids.clone(), refused: false };
         let plan = &chaos.plan.llm;
         let mut latency = match request.lane {
             lanes_core::domain::Lane::Interactive => chaos.between(100, 3_000),
@@ -831,9 +936,7 @@ impl LlmClient for SimLlm {
         if roll < p3 {
             spend.refused = true;
             self.ctx.proc.sleep(latency / 4).await;
-            if let Ok(mut h) = self.ctx.proc.in_hand.lock() {
-                h.remove(&task);
-            }
+            ids.iter().for_each(|id| self.ctx.release_hand(id));
             self.ctx.note(|| format!("llm.call {} refused", short(&task)));
             return Err(if roll < p1 {
                 LlmError::Throttled {
@@ -849,8 +952,13 @@ impl LlmClient for SimLlm {
         self.ctx.proc.sleep(latency).await;
         self.ctx.note(|| format!("llm.call {} answered", short(&task)));
         let prompt = (request.prompt.len() / 4) as u64 + 20;
+        let text = if commits {
+            lanes_core::commits::prompt::offline_answer(&request.prompt)
+        } else {
+            format!("answer to {}", short(&task))
+        };
         Ok(LlmResponse {
-            text: format!("answer to {}", short(&task)),
+            text,
             model: "sim-model".into(),
             usage: lanes_core::domain::TokenUsage { prompt, completion: 80 },
             truncated: false,

@@ -16,7 +16,9 @@ use http_body_util::BodyExt;
 use lanes_core::clock::{Clock, SharedClock};
 use lanes_core::config::{IngressConfig, WorkerConfig};
 use lanes_core::domain::Lane;
-use lanes_core::embedded::{EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, QueueSettings};
+use lanes_core::embedded::{
+    EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, QueueSettings,
+};
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{QueueConsume, QueueSend, ReceivedMessage, TaskStore};
 use lanes_core::tasks::worker::Worker;
@@ -133,11 +135,13 @@ fn plan(rng: &mut rand::rngs::StdRng) -> Plan {
 }
 
 /// The world's fixed parts, shared by every actor.
-struct World {
-    chaos: Arc<Chaos>,
+pub(crate) struct World {
+    pub(crate) chaos: Arc<Chaos>,
     queues: Arc<EmbeddedQueues>,
-    metrics: Metrics,
-    worker_config: WorkerConfig,
+    pub(crate) metrics: Metrics,
+    pub(crate) worker_config: WorkerConfig,
+    /// The summaries (the same as `chaos.summaries`).
+    pub(crate) summaries: EmbeddedSummaries,
     ingress_config: IngressConfig,
     next_process: AtomicU32,
     start: tokio::time::Instant,
@@ -146,7 +150,7 @@ struct World {
 }
 
 impl World {
-    fn process(&self, kind: &'static str, admin: bool) -> Ctx {
+    pub(crate) fn process(&self, kind: &'static str, admin: bool) -> Ctx {
         let id = self.next_process.fetch_add(1, Ordering::Relaxed);
         let skew = self.chaos.plan.max_skew_ms;
         let skew = self.chaos.between(0, 2 * skew as u64) as i64 - skew;
@@ -154,15 +158,15 @@ impl World {
         Ctx { chaos: self.chaos.clone(), proc: Process::new(id, kind, clock, admin) }
     }
 
-    fn queue(&self, ctx: &Ctx, lane: Lane) -> Arc<FaultyQueue> {
+    pub(crate) fn queue(&self, ctx: &Ctx, lane: Lane) -> Arc<FaultyQueue> {
         Arc::new(FaultyQueue { inner: self.lane_queue(lane), ctx: ctx.clone() })
     }
 
-    fn dlq(&self, ctx: &Ctx, lane: Lane) -> Arc<FaultyQueue> {
+    pub(crate) fn dlq(&self, ctx: &Ctx, lane: Lane) -> Arc<FaultyQueue> {
         Arc::new(FaultyQueue { inner: self.lane_queue(lane).dead_letter_queue(), ctx: ctx.clone() })
     }
 
-    fn lane_queue(&self, lane: Lane) -> EmbeddedQueue {
+    pub(crate) fn lane_queue(&self, lane: Lane) -> EmbeddedQueue {
         self.queues.queue(lane.as_str(), &format!("{}-dlq", lane.as_str()))
     }
 
@@ -205,7 +209,7 @@ impl World {
     }
 
     /// Crashes `ctx`'s process after its drawn time, unless the history has calmed down by then.
-    fn arm_crash(self: &Arc<Self>, ctx: &Ctx) {
+    pub(crate) fn arm_crash(self: &Arc<Self>, ctx: &Ctx) {
         if let Some(after) = self.crash_after() {
             let (world, ctx) = (self.clone(), ctx.clone());
             tokio::spawn(async move {
@@ -229,6 +233,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
         Err(e) => panic!("in-memory db: {e}"),
     };
     let truth = EmbeddedStore::new(db.clone());
+    let summaries = EmbeddedSummaries::new(db.clone());
     // Low counts often: last deliveries (and their settling) are where waits and crashes meet.
     let max_receive_count =
         if rng.random::<bool>() { rng.random_range(2..=4) } else { rng.random_range(5..=10) };
@@ -249,7 +254,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     }
     let skew = plan.max_skew_ms as u64;
     let oracle = Oracle::new(ingress_config.enqueue_grace.as_millis() as u64, 2 * skew);
-    let mut chaos = Chaos::new(seed, plan, clock, truth, oracle);
+    let mut chaos = Chaos::new(seed, plan, clock, truth, summaries.clone(), oracle);
     let payloads = payloads(&mut rng, options.payloads);
     for (body, _, id) in &payloads {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(body)
@@ -263,6 +268,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
         queues,
         metrics: Metrics::new(),
         worker_config,
+        summaries,
         ingress_config,
         next_process: AtomicU32::new(0),
         start,
@@ -284,7 +290,9 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
         for lane in [Lane::Interactive, Lane::Synthesis] {
             actors.spawn(mapping(world.clone(), lane));
         }
+        actors.spawn(crate::commits::commits_mapping(world.clone()));
     }
+    clients.spawn(crate::commits::git_host(world.clone(), seed, options.busy));
     actors.spawn(sweeper(world.clone()));
     if rng.random::<f64>() < 0.5 {
         let at = Duration::from_millis(rng.random_range(60_000..options.busy.as_millis() as u64));
@@ -294,7 +302,14 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     tokio::time::sleep(options.busy).await;
     world.chaos.calm.store(true, Ordering::Relaxed);
     world.chaos.trace(|| "---- calm: no more faults".into());
-    let _ = tokio::time::timeout(options.calm, async { while clients.join_next().await.is_some() {} }).await;
+    let _ = tokio::time::timeout(options.calm, async {
+        while clients.join_next().await.is_some() {}
+        // Then until every accepted commit is summarized or dead-lettered.
+        while crate::commits::finals(&world).await.values().any(|(done, dlq)| !done && dlq.is_none()) {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+    })
+    .await;
     finish(seed, &world, start, options.full_trace).await
 }
 
@@ -304,8 +319,10 @@ async fn finish(seed: u64, world: &World, start: tokio::time::Instant, full_trac
     for (_, _, id) in &world.payloads {
         finals.insert(id.clone(), world.chaos.truth.get(id, now).await.ok().flatten());
     }
+    let commits = crate::commits::finals(world).await;
     world.chaos.oracle(|o| {
         let calls_per_run = o.finish(&finals);
+        o.finish_commits(&commits);
         let exercised = o.exercised.keys().copied().collect();
         let digest = o.digest();
         HistoryReport {
@@ -513,17 +530,16 @@ async fn cancel(world: &Arc<World>, fleet: &IngressFleet, i: usize) {
 async fn pools(world: Arc<World>) {
     loop {
         let ctx = world.process("pool", false);
-        let queues: Vec<(Lane, Arc<dyn QueueConsume>)> = [Lane::Interactive, Lane::Synthesis]
-            .into_iter()
-            .map(|l| (l, world.queue(&ctx, l) as Arc<dyn QueueConsume>))
-            .collect();
+        let queues: Vec<(Lane, Arc<dyn QueueConsume>)> =
+            Lane::ALL.into_iter().map(|l| (l, world.queue(&ctx, l) as Arc<dyn QueueConsume>)).collect();
         let pool = lanes_core::pool::Pool::new(
             4,
-            [0.7, 0.3, 0.0],
+            [0.7, 0.15, 0.15],
             queues,
             world.worker(&ctx),
             Duration::from_millis(250),
-        );
+        )
+        .with_commits(world.commits_worker(&ctx));
         world.arm_crash(&ctx);
         let stop = tokio_util::sync::CancellationToken::new();
         tokio::select! {
@@ -560,7 +576,7 @@ async fn mapping(world: Arc<World>, lane: Lane) {
     }
 }
 
-fn to_sqs(m: &ReceivedMessage) -> aws_lambda_events::event::sqs::SqsMessage {
+pub(crate) fn to_sqs(m: &ReceivedMessage) -> aws_lambda_events::event::sqs::SqsMessage {
     let mut r = aws_lambda_events::event::sqs::SqsMessage::default();
     r.message_id = Some(m.message_id.clone());
     r.receipt_handle = Some(m.receipt.clone());
@@ -589,7 +605,7 @@ async fn invoke(world: &Arc<World>, lane: Lane, mapping_queue: &FaultyQueue, got
     match tokio::time::timeout(timeout, run).await {
         Ok(response) => {
             if started.elapsed() >= budget {
-                justify_in_hand(world, &ctx, "invocation deadline");
+                world.justify_in_hand(&ctx, "invocation deadline");
             }
             let failed: Vec<String> =
                 response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
@@ -599,15 +615,19 @@ async fn invoke(world: &Arc<World>, lane: Lane, mapping_queue: &FaultyQueue, got
         }
         Err(_) => {
             // Killed by Lambda (or crashed): the mapping deletes nothing.
-            justify_in_hand(world, &ctx, "invocation killed");
+            world.justify_in_hand(&ctx, "invocation killed");
             ctx.proc.crash(&world.chaos);
         }
     }
 }
 
-fn justify_in_hand(world: &World, ctx: &Ctx, why: &str) {
-    let held: Vec<String> = ctx.proc.in_hand.lock().map(|h| h.iter().cloned().collect()).unwrap_or_default();
-    world.chaos.oracle(|o| held.iter().for_each(|t| o.justify(t, why)));
+impl World {
+    /// The simulation broke the runs whose model calls `ctx` has in hand.
+    pub(crate) fn justify_in_hand(&self, ctx: &Ctx, why: &str) {
+        let held: Vec<String> =
+            ctx.proc.in_hand.lock().map(|h| h.iter().cloned().collect()).unwrap_or_default();
+        self.chaos.oracle(|o| held.iter().for_each(|t| o.justify(t, why)));
+    }
 }
 
 // ---------------------------------------------------------------- admin
@@ -617,6 +637,7 @@ async fn sweeper(world: Arc<World>) {
     let ctx = world.process("controller", true);
     loop {
         tokio::time::sleep(Duration::from_secs(60)).await;
+        crate::commits::sweep_commits(&world, &ctx).await;
         for lane in [Lane::Interactive, Lane::Synthesis] {
             let (dlq, store, lane_queue) =
                 (world.dlq(&ctx, lane), world.store(&ctx), world.queue(&ctx, lane));
@@ -661,6 +682,7 @@ async fn redriver(world: Arc<World>, at: Duration, by_move: bool) {
             .chaos
             .trace(|| format!("redrive {} (move: {by_move}) -> {:?}", lane.as_str(), r.map(|r| r.redriven)));
     }
+    crate::commits::redrive_commits(&world, &ctx, by_move).await;
 }
 
 /// The plan's failovers: lock keys and cache entries that vanish.
@@ -682,6 +704,7 @@ async fn failovers(world: Arc<World>) {
                 for r in open.iter().filter(|r| !r.status.is_terminal()) {
                     o.justify(&r.task_id, "lock keys vanished");
                 }
+                o.justify_open_commits("lock keys vanished");
             });
             world.chaos.trace(|| "LOCK KEYS VANISH".into());
         } else {

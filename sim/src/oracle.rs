@@ -19,15 +19,19 @@
 //! - **I9.** A paid answer is written: a completed final write is refused only by the client's
 //!   cancellation, or in a run the simulation broke (as in I2).
 //!
-//! I6 (commit summaries exactly once) belongs to the commits flow, which this simulation does not
-//! drive yet.
+//! - **I6.** Every commit of a push the webhook accepted is summarized, in at most one paid call
+//!   (the same justified extras as I2), or sits in the commits DLQ for a reason that is not a wait.
+//!   A commit's delivery is acked only once its summary is written (I5 for commits).
+//! - **I5, second half.** A message reaches a DLQ only after a failure or a crash: one the worker
+//!   dead-lettered names a failure, never a wait (throttling, a lock held, a deadline, an outage);
+//!   one the queue moved there was held by a process that crashed on at least one delivery.
 
 use lanes_core::tasks::{TaskRecord, TaskStatus};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
 /// The invariants, by name.
-pub const INVARIANTS: [&str; 8] = ["I1", "I2", "I3", "I4", "I5", "I7", "I8", "I9"];
+pub const INVARIANTS: [&str; 9] = ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9"];
 
 /// One broken invariant.
 #[derive(Debug, Clone, Serialize)]
@@ -61,6 +65,12 @@ struct Book {
     sends_allowed: u32,
     /// `justified` when the current run began: I9 looks only at the run's own breaks.
     justified_before_run: u32,
+    /// A commit of an accepted push (I6).
+    accepted_commit: bool,
+    /// A commit the Git host pushed (accepted or not yet).
+    pushed_commit: bool,
+    /// Deliveries a crash used up while a process held them (I5, second half).
+    crashed_holding: u32,
 }
 
 /// The book of one history.
@@ -198,6 +208,98 @@ impl Oracle {
         b.justified += 1;
         if b.why.len() < 8 {
             b.why.push(why.to_owned());
+        }
+    }
+
+    /// A process crashed holding a delivery of `id` (a task or a commit).
+    pub fn attempted(&mut self, id: &str) {
+        self.book(id).crashed_holding += 1;
+    }
+
+    /// The Git host pushed commit `sha` (its delivery may not be accepted yet, and its commits
+    /// enqueued all the same).
+    pub fn commit_pushed(&mut self, sha: &str) {
+        self.book(sha).pushed_commit = true;
+    }
+
+    /// The webhook accepted a push with commit `sha` (I6).
+    pub fn commit_accepted(&mut self, sha: &str) {
+        self.book(sha).accepted_commit = true;
+    }
+
+    /// Lock keys vanished: every commit of an accepted push without a summary yet may be leased
+    /// twice (as a task's run may be).
+    pub fn justify_open_commits(&mut self, why: &str) {
+        let open: Vec<String> = self
+            .tasks
+            .iter()
+            .filter(|(_, b)| b.pushed_commit && b.terminal_writes == 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        open.iter().for_each(|sha| self.justify(sha, why));
+    }
+
+    /// The commits of accepted pushes.
+    pub fn accepted_commits(&self) -> Vec<String> {
+        self.tasks.iter().filter(|(_, b)| b.accepted_commit).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// A summary of `sha` was written.
+    pub fn summary_written(&mut self, sha: &str) {
+        self.book(sha).terminal_writes += 1;
+    }
+
+    /// A delivery of commit `sha` is being acked (I5 for commits): its summary must be written.
+    pub fn commit_acked(&mut self, sha: &str, summarized: bool) {
+        self.exercise("I5");
+        if !summarized {
+            self.violate("I5", sha, "a commit's delivery acked with no summary written".into());
+        }
+    }
+
+    /// The worker's reason for dead-lettering names a wait (I5, second half).
+    fn is_wait(reason: &str) -> bool {
+        const WAITS: [&str; 6] = [
+            "store unavailable",
+            "queue unavailable",
+            "lease held",
+            "not reached before the deadline",
+            "429",
+            "lock unavailable",
+        ];
+        WAITS.iter().any(|w| reason.contains(w))
+    }
+
+    /// I6, and I5's second half for commits, given each accepted commit's end: summarized, and the
+    /// commits DLQ's reason when it holds the commit (`Some(None)`: moved there by the queue).
+    pub fn finish_commits(&mut self, finals: &BTreeMap<String, (bool, Option<Option<String>>)>) {
+        for (sha, (summarized, dlq)) in finals {
+            let b = self.tasks.get(sha).cloned().unwrap_or_default();
+            self.exercise("I6");
+            if let Some(reason) = dlq {
+                self.exercise("I5");
+                match reason {
+                    Some(r) if Self::is_wait(r) => {
+                        self.violate("I5", sha, format!("dead-lettered by the worker for a wait: {r}"))
+                    }
+                    None if b.crashed_holding == 0 => self.violate(
+                        "I5",
+                        sha,
+                        "moved to the DLQ by the queue, and no process holding it ever crashed".into(),
+                    ),
+                    _ => {}
+                }
+            }
+            if *summarized {
+                if b.spend > 1 + b.justified {
+                    let why = b.why.join("; ");
+                    let detail =
+                        format!("summarized in {} paid calls ({} justified: {why})", b.spend, b.justified);
+                    self.violate("I6", sha, detail);
+                }
+            } else if dlq.is_none() {
+                self.violate("I6", sha, "accepted, never summarized, and not in the commits DLQ".into());
+            }
         }
     }
 

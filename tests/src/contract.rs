@@ -321,9 +321,11 @@ pub async fn summary_store(s: &dyn SummaryStore) {
     let p3 = s.list_summaries("github:1", 2, p2.next.as_deref()).await.unwrap();
     assert_eq!((p3.items.len(), p3.next), (1, None));
 
+    assert!(!s.delivery_seen("github:d1", 1_000).await.unwrap(), "never marked");
     assert!(s.mark_delivery("github:d1", 1_000, 60).await.unwrap());
+    assert!(s.delivery_seen("github:d1", 2_000).await.unwrap(), "marked");
+    assert!(!s.delivery_seen("github:d2", 2_000).await.unwrap(), "another id");
     assert!(!s.mark_delivery("github:d1", 2_000, 60).await.unwrap(), "replay");
+    assert!(!s.delivery_seen("github:d1", 62_000).await.unwrap(), "expired");
     assert!(s.mark_delivery("github:d1", 62_000, 60).await.unwrap(), "expired");
-    s.unmark_delivery("github:d1").await.unwrap();
-    assert!(s.mark_delivery("github:d1", 62_001, 60).await.unwrap());
 }

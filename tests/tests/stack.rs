@@ -268,7 +268,7 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
         ),
         (
             "WebhookFunction",
-            &["dynamodb:PutItem", "dynamodb:DeleteItem", "sqs:SendMessage", "secretsmanager:GetSecretValue"],
+            &["dynamodb:PutItem", "dynamodb:GetItem", "sqs:SendMessage", "secretsmanager:GetSecretValue"],
         ),
         ("InteractiveWorkerFunction", &task_worker),
         ("SynthesisWorkerFunction", &task_worker),

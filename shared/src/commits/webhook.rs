@@ -380,55 +380,19 @@ async fn accept(
     }
     .filter(|d| !d.is_empty() && d.len() <= 200)
     .map(|d| format!("{provider}:{d}"));
-    if let Some(d) = &delivery {
-        let now = w.clock.now_ms();
-        match w.store.mark_delivery(d, now, DELIVERY_TTL_SECS).await {
-            Ok(true) => {}
-            Ok(false) => {
-                info!(delivery = %d, "replayed delivery dropped");
-                w.metrics.duplicates_total.with_label_values(&["webhook_delivery"]).inc();
-                w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "duplicate"]).inc();
-                return Ok(json(
-                    StatusCode::OK,
-                    WebhookAnswer { status: "duplicate", delivery: Some(d.clone()), ..Default::default() },
-                ));
-            }
-            Err(e) => {
-                warn!(error = %e, "delivery marker unavailable");
-                return Err(Problem::unavailable("the store is unavailable; redeliver later", 30));
-            }
-        }
+    // Enqueued first, recorded after: a delivery is recorded only once its commits are all in the
+    // queue, so a failure or a crash anywhere before leaves the host's redelivery to enqueue them
+    // (commits sent twice are summarized once). A replay of a recorded delivery is answered as such.
+    if let Some(d) = &delivery
+        && let Some(answer) = replayed(w, provider, d).await?
+    {
+        return Ok(answer);
     }
-    // The listed commits, and for an incomplete payload the range the commits worker expands (with
-    // the host's API) into the rest, so no commit of the push is missed.
-    let range = push
-        .range
-        .iter()
-        .filter_map(|r| serde_json::to_string(&CommitsMessage::Range { range: r.clone() }).ok());
-    let messages: Vec<(String, BTreeMap<String, String>)> = push
-        .commits
-        .iter()
-        .filter_map(|c| serde_json::to_string(c).ok())
-        .chain(range)
-        .map(|body| (body, BTreeMap::from([("lane".to_owned(), "commits".to_owned())])))
-        .collect();
-    if !messages.is_empty() {
-        let sent = w.queue.send_batch(&messages).await;
-        let failed = match &sent {
-            Ok(unsent) => unsent.len(),
-            Err(_) => messages.len(),
-        };
-        if failed > 0 {
-            warn!(failed, "could not enqueue every commit");
-            // Forget the delivery so the host's redelivery is accepted; commits already sent are
-            // summarized once anyway.
-            if let Some(d) = &delivery
-                && let Err(e) = w.store.unmark_delivery(d).await
-            {
-                warn!(error = %e, "could not forget the delivery id");
-            }
-            return Err(Problem::unavailable("the commits queue is unavailable; redeliver later", 30));
-        }
+    enqueue(w, &push).await?;
+    if let Some(d) = &delivery
+        && let Err(e) = w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await
+    {
+        warn!(error = %e, "delivery not recorded; a replay of it enqueues its commits again");
     }
     w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "accepted"]).inc();
     Ok(json(
@@ -444,6 +408,54 @@ async fn accept(
             ..Default::default()
         },
     ))
+}
+
+/// The answer to a replay of a recorded delivery, if `d` is one.
+async fn replayed(w: &Webhook, provider: Provider, d: &str) -> Result<Option<Response>, Problem> {
+    match w.store.delivery_seen(d, w.clock.now_ms()).await {
+        Ok(false) => Ok(None),
+        Ok(true) => {
+            info!(delivery = %d, "replayed delivery dropped");
+            w.metrics.duplicates_total.with_label_values(&["webhook_delivery"]).inc();
+            w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "duplicate"]).inc();
+            Ok(Some(json(
+                StatusCode::OK,
+                WebhookAnswer { status: "duplicate", delivery: Some(d.to_owned()), ..Default::default() },
+            )))
+        }
+        Err(e) => {
+            warn!(error = %e, "delivery markers unavailable");
+            Err(Problem::unavailable("the store is unavailable; redeliver later", 30))
+        }
+    }
+}
+
+/// Sends one message per listed commit, and for an incomplete payload the range the commits worker
+/// expands (with the host's API) into the rest, so no commit of the push is missed.
+async fn enqueue(w: &Webhook, push: &Push) -> Result<(), Problem> {
+    let range = push
+        .range
+        .iter()
+        .filter_map(|r| serde_json::to_string(&CommitsMessage::Range { range: r.clone() }).ok());
+    let messages: Vec<(String, BTreeMap<String, String>)> = push
+        .commits
+        .iter()
+        .filter_map(|c| serde_json::to_string(c).ok())
+        .chain(range)
+        .map(|body| (body, BTreeMap::from([("lane".to_owned(), "commits".to_owned())])))
+        .collect();
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let failed = match w.queue.send_batch(&messages).await {
+        Ok(unsent) => unsent.len(),
+        Err(_) => messages.len(),
+    };
+    if failed > 0 {
+        warn!(failed, "could not enqueue every commit");
+        return Err(Problem::unavailable("the commits queue is unavailable; redeliver later", 30));
+    }
+    Ok(())
 }
 
 /// A parsed push: the commits to summarize.

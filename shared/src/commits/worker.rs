@@ -185,16 +185,21 @@ impl CommitsWorker {
         let mut leases = Vec::new();
         for (i, r) in starts {
             let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
+            // The group's lease follows its first delivery, the one that carries its lock: another
+            // delivery of the same commit whose receipt is refused went to another consumer, which
+            // the lock turns away; it must not stop the group's run (and drop a paid call).
+            let carrier = groups[g].members.first() == Some(&i);
+            let lost = if carrier { groups[g].lost.clone() } else { CancellationToken::new() };
             match r {
                 Ok(()) => {}
-                Err(QueueError::ReceiptInvalid) => groups[g].lost.cancel(),
+                Err(QueueError::ReceiptInvalid) => lost.cancel(),
                 Err(e) => {
                     warn!(error = %e, "could not start the lease");
                     let after = full_jitter_backoff(&self.lease, groups[g].receives);
                     groups[g].outcome = Some(GroupEnd::Wait { after, reason: "queue unavailable".into() });
                 }
             }
-            leases.push(Leased::new(messages[i].receipt.clone(), groups[g].lost.clone()));
+            leases.push(Leased::new(messages[i].receipt.clone(), lost));
         }
         let _renewed: Vec<Membership> = leases.into_iter().map(|l| heartbeat.join(l)).collect();
 
@@ -722,7 +727,14 @@ impl CommitsWorker {
 
     /// Write once; when another worker won the race, its summary is the one kept and served.
     async fn write(&self, group: &Group, summary: CommitSummary, served: Served) -> GroupEnd {
-        match self.summaries.put_summary(&summary).await {
+        // A failed write is asked again before a paid answer is put off: the write is once only
+        // (`attribute_not_exists`), so a write whose answer was lost reads `Exists` the next time.
+        let written = lease::ask_thrice(
+            || self.summaries.put_summary(&summary),
+            |e: &crate::ports::StoreError| crate::ports::RetryIntent::is_retryable(e),
+        )
+        .await;
+        match written {
             Ok(WriteOnce::Written) => {
                 self.fill_cache(&summary).await;
                 GroupEnd::Done(Box::new(Done { served, summary }))
@@ -1142,8 +1154,8 @@ mod tests {
         async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl: u64) -> Result<bool, StoreError> {
             self.inner.mark_delivery(delivery, now_ms, ttl).await
         }
-        async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
-            self.inner.unmark_delivery(delivery).await
+        async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
+            self.inner.delivery_seen(delivery, now_ms).await
         }
     }
 

@@ -165,12 +165,17 @@ impl SummaryStore for EmbeddedSummaries {
             .await
     }
 
-    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
+    async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
         let id = delivery.to_owned();
         self.db
-            .write(move |txn| {
-                txn.open_table(DELIVERIES).map_err(unavailable)?.remove(id.as_str()).map_err(unavailable)?;
-                Ok(())
+            .run(move |db| {
+                let txn = db.begin_read().map_err(unavailable)?;
+                let t = match txn.open_table(DELIVERIES) {
+                    Ok(t) => t,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+                    Err(e) => return Err(unavailable(e)),
+                };
+                Ok(t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms))
             })
             .await
     }

@@ -158,14 +158,19 @@ impl crate::ports::SummaryStore for DynamoSummaries {
         conditional(out)
     }
 
-    async fn unmark_delivery(&self, delivery: &str) -> Result<(), StoreError> {
-        self.client
-            .delete_item()
+    async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .get_item()
             .table_name(&self.table)
             .key("pk", s(format!("delivery#{delivery}")))
+            .consistent_read(true)
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
-        Ok(())
+        // An expired marker that TTL has not deleted yet counts as absent, as in `mark_delivery`.
+        let expires =
+            out.item().and_then(|i| i.get("expires_at")).and_then(|v| v.as_n().ok()?.parse::<u64>().ok());
+        Ok(expires.is_some_and(|e| e >= now_ms / 1000))
     }
 }
