@@ -296,10 +296,14 @@ async fn invoke(world: &Arc<World>, mapping_queue: &FaultyQueue, got: Vec<Receiv
     let queue: Arc<dyn QueueConsume> = world.queue(&ctx, Lane::Commits);
     let records: Vec<_> = got.iter().map(crate::history::to_sqs).collect();
     let timeout = Duration::from_secs(300);
-    let run =
-        lanes_core::lambda::handle_commit_batch(&worker, &queue, &records, timeout - Duration::from_secs(2));
+    let budget = timeout - Duration::from_secs(2);
+    let started = tokio::time::Instant::now();
+    let run = lanes_core::lambda::handle_commit_batch(&worker, &queue, &records, budget);
     match tokio::time::timeout(timeout, run).await {
         Ok(response) => {
+            if started.elapsed() >= budget {
+                world.justify_in_hand(&ctx, "invocation deadline");
+            }
             let failed: Vec<String> =
                 response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
             for m in got.iter().filter(|m| !failed.contains(&m.message_id)) {
