@@ -45,7 +45,6 @@ impl SummaryStore for FaultySummaries {
     }
     async fn put_summary(&self, summary: &CommitSummary) -> Result<WriteOnce, StoreError> {
         let sha = summary.sha.clone();
-        self.ctx.release_hand(&sha);
         let d = match self.ctx.pre::<StoreError>(Port::Store, "put_summary", &sha).await {
             Ok(d) => d,
             Err(e) => {
@@ -54,6 +53,8 @@ impl SummaryStore for FaultySummaries {
             }
         };
         let r = self.inner.put_summary(summary).await;
+        // The answer is out of hand once written (a crash before this point loses it, as a task's).
+        self.ctx.release_hand(&sha);
         if let Ok(WriteOnce::Written) = r {
             self.ctx.chaos.oracle(|o| o.summary_written(&sha));
             self.ctx.note(|| format!("put_summary {} -> Written", short(&sha)));

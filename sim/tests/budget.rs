@@ -62,6 +62,11 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
     ),
     (1593, false, "an acquire whose answer was lost sent a worker degraded, and it claimed a live run"),
     (1_001_005, true, "the oracle took the sweep's relay (a DLQ delete after its copy was sent) for an ack"),
+    (1, true, "a webhook delivery recorded before its commits were sent was dropped as a replay"),
+    (6, true, "a failed summary write threw a paid answer away"),
+    (99, true, "a duplicate delivery's refused receipt stopped its group's run mid-call"),
+    (296, true, "the oracle took a call cut at the invocation's deadline for a double spend"),
+    (1_000_559, true, "the oracle let a crash during a summary write go unjustified"),
 ];
 
 #[test]
