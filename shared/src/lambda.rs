@@ -131,11 +131,14 @@ pub struct ControllerFunction {
     pub sweep: Option<DlqSweep>,
 }
 
+/// A task lane, its DLQ, and its queue (to relay to).
+type TaskDlq = (Lane, Arc<dyn QueueConsume>, Arc<dyn crate::ports::QueueSend>);
+
 /// What the controller needs to sweep the lanes' DLQs each tick.
 pub struct DlqSweep {
     /// The task lanes' DLQs, each with its lane's queue (where a message older than the run it names
     /// is relayed, see [`crate::dlq::Sweep::run`]).
-    dlqs: Vec<(Lane, Arc<dyn QueueConsume>, Arc<dyn crate::ports::QueueSend>)>,
+    dlqs: Vec<TaskDlq>,
     store: Arc<dyn crate::ports::TaskStore>,
     /// The commits lane's DLQ and the summaries: summarized commits are swept out.
     commits: Option<(Arc<dyn QueueConsume>, Arc<dyn crate::ports::SummaryStore>)>,

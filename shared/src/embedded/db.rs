@@ -205,6 +205,17 @@ impl EmbeddedDb {
         Pending { rx }
     }
 
+    /// [`Self::submit`] and wait: `f`'s answer once it is committed.
+    #[cfg(test)]
+    pub(crate) async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: Send + 'static + From<String>,
+        F: FnOnce(&WriteTransaction) -> Result<T, E> + Send + 'static,
+    {
+        self.submit(f).wait().await
+    }
+
     /// Runs a blocking read against the database off the async workers.
     pub(crate) async fn run<T, E, F>(&self, f: F) -> Result<T, E>
     where
