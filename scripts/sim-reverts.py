@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of five
-lifecycle defects that the current code fixes (docs/ARCHITECTURE.md, Lifecycle simulation), builds
+"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of nine
+lifecycle defects that the current code fixes (five of the task flow, four of the commits flow;
+docs/ARCHITECTURE.md, Lifecycle simulation), builds
 `lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
 bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
 scripts/bench-report.py renders.
 
-Usage: scripts/sim-reverts.py [HISTORIES]   (default 3000 per revert; run from the repository root)
+Usage: scripts/sim-reverts.py [HISTORIES]   (default 3000 per revert; run from the repository root;
+LANES_REVERTS_ONLY=a,b runs only those reverts and keeps the other rows of the JSON)
 
 Each revert is a text replacement of today's fix by the old code; when the code around a fix has
 changed, the replacement no longer applies and the script says so rather than guessing.
@@ -55,6 +57,45 @@ REVERTS = {
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };""", "        return Err(over_budget(&request.project_id, over.retry_after));"),
     ]),
+    "commits-store-wait": ("a store outage is an attempt for the commits worker, which dead-letters the commit", [
+        ("shared/src/commits/worker.rs",
+         'groups[g].outcome = Some(GroupEnd::Wait { after, reason: "store unavailable".into() });',
+         'groups[g].outcome = Some(GroupEnd::Retry { after, reason: "store unavailable".into() });'),
+    ]),
+    "delivery-after-enqueue": ("the webhook records a delivery before its commits are enqueued", [
+        ("shared/src/commits/webhook.rs", """    if let Some(d) = &delivery
+        && let Some(answer) = replayed(w, provider, d).await?
+    {
+        return Ok(answer);
+    }
+    enqueue(w, &push).await?;
+    if let Some(d) = &delivery
+        && let Err(e) = w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await
+    {
+        warn!(error = %e, "delivery not recorded; a replay of it enqueues its commits again");
+    }
+""", """    if let Some(d) = &delivery {
+        match w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await {
+            Ok(true) => {}
+            Ok(false) => return replayed(w, provider, d).await.map(|a| a.unwrap_or_default()),
+            Err(_) => return Err(Problem::unavailable("the store is unavailable; redeliver later", 30)),
+        }
+    }
+    enqueue(w, &push).await?;
+"""),
+    ]),
+    "group-lease-carrier": ("any delivery of a commit whose receipt is refused stops the commit's run", [
+        ("shared/src/commits/worker.rs",
+         "let lost = if carrier { groups[g].lost.clone() } else { CancellationToken::new() };",
+         "let lost = if carrier { groups[g].lost.clone() } else { groups[g].lost.clone() };"),
+    ]),
+    "summary-write-again": ("a failed summary write puts the paid answer off at once", [
+        ("shared/src/commits/worker.rs", """        let written = lease::ask_thrice(
+            || self.summaries.put_summary(&summary),
+            |e: &crate::ports::StoreError| crate::ports::RetryIntent::is_retryable(e),
+        )
+        .await;""", "        let written = self.summaries.put_summary(&summary).await;"),
+    ]),
     "holder-settles": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
         ("shared/src/tasks/worker.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {
                     let sent_before = message.sent_at_ms.saturating_add(crate::dlq::CLOCK_SKEW_MS);
@@ -78,7 +119,10 @@ def main():
         tree = Path(tmp) / "tree"
         run(["git", "worktree", "add", "--detach", "-q", str(tree), "HEAD"])
         try:
+            only = [n for n in os.environ.get("LANES_REVERTS_ONLY", "").split(",") if n]
             for name, (what, subs) in REVERTS.items():
+                if only and name not in only:
+                    continue
                 run(["git", "checkout", "-q", "--", "."], cwd=tree)
                 missing = []
                 for path, new, old in subs:
@@ -108,6 +152,12 @@ def main():
                 results.append(row)
         finally:
             run(["git", "worktree", "remove", "--force", str(tree)])
+    # A partial run (LANES_REVERTS_ONLY) replaces its rows and keeps the others.
+    path = Path("bench/sim-reverts.json")
+    only = [n for n in os.environ.get("LANES_REVERTS_ONLY", "").split(",") if n]
+    if only and path.exists():
+        kept = [r for r in json.loads(path.read_text())["reverts"] if r["fix"] not in only]
+        results = kept + results
     report = {"command": f"scripts/sim-reverts.py {histories}", "histories_per_revert": histories, "reverts": results}
     Path("bench/sim-reverts.json").write_text(json.dumps(report, indent=2) + "\n")
 

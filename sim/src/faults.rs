@@ -501,6 +501,8 @@ impl TaskStore for FaultyStore {
     }
     async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError> {
         self.release_hand(task_id);
+        // A failure: its delivery is an attempt, handed back (I5's second half).
+        self.ctx.chaos.oracle(|o| o.attempted(task_id));
         let d = self.ctx.pre::<StoreError>(Port::Store, "note_attempt", task_id).await?;
         let r = self.inner.note_attempt(task_id, fence, reason).await;
         self.ctx.post(d, "note_attempt", task_id, r).await
@@ -678,22 +680,38 @@ impl QueueConsume for FaultyQueue {
         self.ctx.post(d, "delete", "", r).await
     }
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
-        let task = task_of_body(&message.body).unwrap_or_default();
-        let d = self.ctx.pre::<QueueError>(Port::Queue, "requeue", &task).await?;
-        let r = self.inner.requeue(message, delay).await;
-        if r.is_ok() {
-            self.ctx.settled(&message.receipt);
+        let task = id_of_body(&message.body).unwrap_or_default();
+        let r = async {
+            let d = self.ctx.pre::<QueueError>(Port::Queue, "requeue", &task).await?;
+            let r = self.inner.requeue(message, delay).await;
+            if r.is_ok() {
+                self.ctx.settled(&message.receipt);
+            }
+            self.ctx.post(d, "requeue", &task, r).await
         }
-        self.ctx.post(d, "requeue", &task, r).await
+        .await;
+        // A put-off whose fresh copy failed leaves the last delivery to the queue's redrive.
+        if r.is_err() {
+            self.ctx.chaos.oracle(|o| o.attempted(&task));
+        }
+        r
     }
     async fn dead_letter(&self, message: &ReceivedMessage, reason: &str) -> Result<(), QueueError> {
-        let task = task_of_body(&message.body).unwrap_or_default();
-        let d = self.ctx.pre::<QueueError>(Port::Queue, "dead_letter", &task).await?;
-        let r = self.inner.dead_letter(message, reason).await;
-        if r.is_ok() {
-            self.ctx.settled(&message.receipt);
+        let task = id_of_body(&message.body).unwrap_or_default();
+        let r = async {
+            let d = self.ctx.pre::<QueueError>(Port::Queue, "dead_letter", &task).await?;
+            let r = self.inner.dead_letter(message, reason).await;
+            if r.is_ok() {
+                self.ctx.settled(&message.receipt);
+            }
+            self.ctx.post(d, "dead_letter", &task, r).await
         }
-        self.ctx.post(d, "dead_letter", &task, r).await
+        .await;
+        // A failed dead-letter leaves the message to the queue's redrive, without its reason.
+        if r.is_err() {
+            self.ctx.chaos.oracle(|o| o.attempted(&task));
+        }
+        r
     }
     async fn depth(&self) -> Result<QueueDepth, QueueError> {
         let d = self.ctx.pre::<QueueError>(Port::Queue, "depth", "").await?;

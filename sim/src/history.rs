@@ -320,8 +320,13 @@ async fn finish(seed: u64, world: &World, start: tokio::time::Instant, full_trac
         finals.insert(id.clone(), world.chaos.truth.get(id, now).await.ok().flatten());
     }
     let commits = crate::commits::finals(world).await;
+    let mut in_dlqs = Vec::new();
+    for lane in [Lane::Interactive, Lane::Synthesis] {
+        in_dlqs.extend(held_in_dlq(&world.lane_queue(lane).dead_letter_queue()).await);
+    }
     world.chaos.oracle(|o| {
         let calls_per_run = o.finish(&finals);
+        o.finish_task_dlqs(&in_dlqs);
         o.finish_commits(&commits);
         let exercised = o.exercised.keys().copied().collect();
         let digest = o.digest();
@@ -338,6 +343,20 @@ async fn finish(seed: u64, world: &World, start: tokio::time::Instant, full_trac
             trace: full_trace.then(|| o.lines()),
         }
     })
+}
+
+/// The task messages a DLQ holds: the task, and the worker's reason when it dead-lettered the
+/// message itself. Looked at, not taken.
+async fn held_in_dlq(dlq: &EmbeddedQueue) -> Vec<(String, Option<String>)> {
+    let Ok(messages) = dlq.receive_for(1000, Some(Duration::from_secs(1))).await else { return Vec::new() };
+    let mut out = Vec::new();
+    for m in messages {
+        let _ = dlq.change_visibility(&m.receipt, Duration::ZERO).await;
+        if let Ok(t) = serde_json::from_str::<lanes_core::tasks::TaskMessage>(&m.body) {
+            out.push((t.task_id, m.attributes.get(lanes_core::ports::DEAD_LETTER_REASON).cloned()));
+        }
+    }
+    out
 }
 
 fn payloads(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<(String, Option<String>, String)> {

@@ -22,7 +22,7 @@
 //! - **I6.** Every commit of a push the webhook accepted is summarized, in at most one paid call
 //!   (the same justified extras as I2), or sits in the commits DLQ for a reason that is not a wait.
 //!   A commit's delivery is acked only once its summary is written (I5 for commits).
-//! - **I5, second half.** A message reaches a DLQ only after a failure or a crash: one the worker
+//! - **I5b** (I5's second half). A message reaches a DLQ only after a failure or a crash: one the worker
 //!   dead-lettered names a failure, never a wait (throttling, a lock held, a deadline, an outage);
 //!   one the queue moved there was held by a process that crashed on at least one delivery.
 
@@ -31,7 +31,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
 /// The invariants, by name.
-pub const INVARIANTS: [&str; 9] = ["I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9"];
+pub const INVARIANTS: [&str; 10] = ["I1", "I2", "I3", "I4", "I5", "I5b", "I6", "I7", "I8", "I9"];
 
 /// One broken invariant.
 #[derive(Debug, Clone, Serialize)]
@@ -211,7 +211,8 @@ impl Oracle {
         }
     }
 
-    /// A process crashed holding a delivery of `id` (a task or a commit).
+    /// A delivery of `id` (a task or a commit) was used up: a process crashed holding it, its run
+    /// failed (an attempt), or putting it off failed on the queue.
     pub fn attempted(&mut self, id: &str) {
         self.book(id).crashed_holding += 1;
     }
@@ -277,13 +278,13 @@ impl Oracle {
             let b = self.tasks.get(sha).cloned().unwrap_or_default();
             self.exercise("I6");
             if let Some(reason) = dlq {
-                self.exercise("I5");
+                self.exercise("I5b");
                 match reason {
                     Some(r) if Self::is_wait(r) => {
-                        self.violate("I5", sha, format!("dead-lettered by the worker for a wait: {r}"))
+                        self.violate("I5b", sha, format!("dead-lettered by the worker for a wait: {r}"))
                     }
                     None if b.crashed_holding == 0 => self.violate(
-                        "I5",
+                        "I5b",
                         sha,
                         "moved to the DLQ by the queue, and no process holding it ever crashed".into(),
                     ),
@@ -299,6 +300,26 @@ impl Oracle {
                 }
             } else if dlq.is_none() {
                 self.violate("I6", sha, "accepted, never summarized, and not in the commits DLQ".into());
+            }
+        }
+    }
+
+    /// I5's second half for the task lanes, given the task messages their DLQs hold at the end
+    /// (the task, and the worker's reason when it dead-lettered the message itself).
+    pub fn finish_task_dlqs(&mut self, held: &[(String, Option<String>)]) {
+        for (task, reason) in held {
+            let b = self.tasks.get(task).cloned().unwrap_or_default();
+            self.exercise("I5b");
+            match reason {
+                Some(r) if Self::is_wait(r) => {
+                    self.violate("I5b", task, format!("dead-lettered by the worker for a wait: {r}"))
+                }
+                None if b.crashed_holding == 0 => self.violate(
+                    "I5b",
+                    task,
+                    "moved to the DLQ by the queue with no crash, failure or failed put-off behind it".into(),
+                ),
+                _ => {}
             }
         }
     }
