@@ -223,7 +223,7 @@ def main():
         broken = sum(sim["violations"].values())
         out += ["## Lifecycle simulation", "", f"`{sim['command']}`", "",
                 f"{sim['histories']:,} histories from seed {sim['first_seed']} in {sim['elapsed_secs'] / 60:.1f} min "
-                f"({sim['histories_per_minute']:.0f} a minute on this machine's two cores, debug build), "
+                f"({sim['histories_per_minute']:.0f} a minute on this machine's two cores, {sim.get('build', 'debug')} build), "
                 f"{sim['faults_per_history']:.0f} faults injected and {sim['simulated_secs_per_history']:.0f} simulated "
                 f"seconds per history, {sim['runs']:,} task runs.", "",
                 "| invariant | histories that exercised it | violations |", "|---|---:|---:|"]

@@ -64,6 +64,8 @@ pub fn run(args: SimArgs) -> Result<(), CliError> {
     if args.json {
         let mut v = serde_json::to_value(&summary)?;
         v["command"] = serde_json::Value::String(format!("{command} --json"));
+        // The rate depends on it: the report says which build ran.
+        v["build"] = serde_json::Value::from(if cfg!(debug_assertions) { "debug" } else { "release" });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_table(&summary, &command);
