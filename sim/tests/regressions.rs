@@ -1,0 +1,50 @@
+//! Replays: the same seed gives the same history, and every seed that once failed replays clean.
+
+use lanes_sim::{Options, history};
+use std::time::Duration;
+
+/// CI's histories (as `budget.rs`): five busy minutes, four clients, six payloads.
+fn ci() -> Options {
+    Options { busy: Duration::from_secs(300), clients: 4, payloads: 6, ..Options::default() }
+}
+
+#[test]
+fn a_seed_replays_the_same_history() {
+    let a = history::run(42, &ci());
+    let b = history::run(42, &ci());
+    assert_eq!(a.digest, b.digest);
+    assert_eq!((a.faults, a.runs), (b.faults, b.runs));
+    assert_ne!(a.digest, history::run(43, &ci()).digest, "another seed, another history");
+}
+
+/// Seeds that found a defect (named), replayed with the history they failed in: `true` for CI's
+/// short histories, `false` for the default ten-minute ones.
+const REGRESSIONS: &[(u64, bool, &str)] = &[
+    (5, false, "a failed send deleted a record a duplicate had been answered 202 for"),
+    (7, false, "slow visibility renewals delayed the lock's, which lapsed mid-call"),
+    (453, false, "a slow claim before the first beat let the lock and the visibility lapse"),
+    (174, false, "a run started without the lock stayed unlocked, and a second claim ran beside it"),
+    (1_001_439, true, "a resubmission's failed send was not marked unsent (the record kept the old fence)"),
+    (1_000_942, true, "slow lock renewals let the lock lapse (a justified extra call)"),
+    (
+        367,
+        false,
+        "an old message ran a resubmission whose own send was never made, and crash-looped to the DLQ",
+    ),
+    (1593, false, "an acquire whose answer was lost sent a worker degraded, and it claimed a live run"),
+    (1_001_005, true, "the oracle took the sweep's relay (a DLQ delete after its copy was sent) for an ack"),
+    (1, true, "a webhook delivery recorded before its commits were sent was dropped as a replay"),
+    (6, true, "a failed summary write threw a paid answer away"),
+    (99, true, "a duplicate delivery's refused receipt stopped its group's run mid-call"),
+    (296, true, "the oracle took a call cut at the invocation's deadline for a double spend"),
+    (1_000_559, true, "the oracle let a crash during a summary write go unjustified"),
+];
+
+#[test]
+fn seeds_that_once_failed_replay_clean() {
+    for (seed, short, finding) in REGRESSIONS {
+        let options = if *short { ci() } else { Options::default() };
+        let r = history::run(*seed, &options);
+        assert!(r.violations.is_empty(), "seed {seed} ({finding}): {:#?}", r.violations);
+    }
+}
