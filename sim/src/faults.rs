@@ -923,6 +923,8 @@ impl Drop for Spend {
 #[async_trait]
 impl LlmClient for SimLlm {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        // A crashed process makes no call (its calls never return, as at every other port).
+        self.ctx.proc.alive().await;
         let chaos = &self.ctx.chaos;
         let commits = request.lane == lanes_core::domain::Lane::Commits;
         // A commit call carries each commit between `=== commit <sha>` lines.

@@ -38,6 +38,7 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
     (99, true, "a duplicate delivery's refused receipt stopped its group's run mid-call"),
     (296, true, "the oracle took a call cut at the invocation's deadline for a double spend"),
     (1_000_559, true, "the oracle let a crash during a summary write go unjustified"),
+    (8755, true, "a crashed process still started a model call"),
 ];
 
 #[test]
