@@ -4,9 +4,10 @@
 //!
 //! The actors run the real code: clients go through the task API's router (`tasks::ingress`),
 //! workers are the local pool (`pool::Pool`) and Lambda invocations (`lambda::handle_batch`, with
-//! the event source mapping's receive and delete played here), the DLQ is swept (`dlq::sweep`) and
-//! redriven (`dlq::redrive`, `dlq::redrive_by_move`) as `lanes dlq` and the controller do. The
-//! design and what it checks: docs/ARCHITECTURE.md, Lifecycle simulation.
+//! the event source mapping's receive and delete played here), the DLQs are swept (`dlq::Sweep`)
+//! and redriven (`dlq::redrive`, `dlq::redrive_by_move`) as `lanes dlq` and the controller do; the
+//! commits flow's actors are in [`crate::commits`]. What is checked, and why: docs/ARCHITECTURE.md,
+//! section "Lifecycle simulation".
 
 use crate::faults::*;
 use crate::oracle::{Oracle, Violation};
