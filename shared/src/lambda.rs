@@ -686,6 +686,7 @@ pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordE
         sent_at_ms,
         attributes,
         leased_for: None, // the mapping received it with the queue's long visibility
+        leased_at: None,
     })
 }
 

@@ -96,6 +96,45 @@ pub async fn start(
     if message.leased_for == Some(config.lease_ttl) {
         return Ok(());
     }
+    renew_now(queue, message, config, lane).await
+}
+
+/// Confirms that a delivery is still this worker's before a claim ties the task's record to it,
+/// when more than one renewal interval has passed since its lease was last known good: the latest
+/// of its lease's start (the delivery's own `leased_at` if it came already leased, else `started`,
+/// just before [`start`]) and a renewal by the batch's `heartbeat` it waited under. A wait that long
+/// (a pool slow to start what it received, a slow lock, a slow lease start) may have let
+/// the lease lapse; another consumer may then have received the message and deleted it (its record
+/// was terminal then). A record claimed on that dead delivery would stay `PROCESSING` with no
+/// message left to finish it, so a refused receipt ends this delivery unclaimed
+/// ([`Outcome::LeaseLost`]) and any other failure puts it off like a lease start's. A quick path
+/// costs no request.
+pub async fn confirm(
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    config: &WorkerConfig,
+    started: tokio::time::Instant,
+    heartbeat: Option<&Heartbeat>,
+    lane: &str,
+) -> Result<(), Outcome> {
+    let began = match message.leased_at {
+        Some(at) if message.leased_for == Some(config.lease_ttl) => at.min(started),
+        _ => started,
+    };
+    let since = heartbeat.and_then(|h| h.renewed_at(&message.receipt)).map_or(began, |at| at.max(began));
+    if since.elapsed() <= config.renew_interval {
+        return Ok(());
+    }
+    renew_now(queue, message, config, lane).await
+}
+
+/// Sets the delivery's visibility to `lease_ttl` from now, as [`start`] describes.
+async fn renew_now(
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    config: &WorkerConfig,
+    lane: &str,
+) -> Result<(), Outcome> {
     let started = ask_thrice(
         || queue.change_visibility(&message.receipt, config.lease_ttl),
         |e| !matches!(e, QueueError::ReceiptInvalid),
@@ -142,10 +181,11 @@ pub async fn start_many(
     ttl: Duration,
 ) -> Vec<Result<(), QueueError>> {
     let receipts: Vec<String> = messages.iter().map(|m| m.receipt.clone()).collect();
+    let asked = tokio::time::Instant::now();
     let started = queue.change_visibility_many(&receipts, ttl).await;
     for (m, r) in messages.iter_mut().zip(&started) {
         if r.is_ok() {
-            m.leased_for = Some(ttl);
+            (m.leased_for, m.leased_at) = (Some(ttl), Some(asked));
         }
     }
     started
@@ -336,6 +376,9 @@ type Entries = Arc<Mutex<Vec<(u64, Leased)>>>;
 /// beat, not ten `ChangeMessageVisibility`.
 pub struct Heartbeat {
     leases: Entries,
+    /// When each delivery's visibility was last renewed (the beat's request, not its answer), so a
+    /// delivery that waited under the heartbeat needs no [`confirm`] of its own.
+    renewed: Arc<Mutex<std::collections::HashMap<String, tokio::time::Instant>>>,
     /// Held by a beat from the moment it reads the entries until its visibility renewals are
     /// answered: [`Self::leave`] takes it once, so a beat already under way when a delivery is
     /// settled has landed before the settle's own visibility change goes out.
@@ -372,8 +415,9 @@ impl Heartbeat {
         config: &WorkerConfig,
     ) -> Self {
         let leases: Entries = Arc::new(Mutex::new(Vec::new()));
+        let renewed = Arc::new(Mutex::new(std::collections::HashMap::new()));
         let round = Arc::new(tokio::sync::Mutex::new(()));
-        let (shared, beating) = (leases.clone(), round.clone());
+        let (shared, beating, stamps) = (leases.clone(), round.clone(), renewed.clone());
         let (ttl, every) = (config.lease_ttl, config.renew_interval);
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -390,6 +434,7 @@ impl Heartbeat {
                 // cut at one interval, so a slow queue cannot let a lock lapse nor a slow lock the
                 // visibility, and no beat runs into the next.
                 let receipts: Vec<String> = live.iter().map(|e| e.receipt.clone()).collect();
+                let asked = tokio::time::Instant::now();
                 let visibility = async {
                     let renewed =
                         tokio::time::timeout(every, queue.change_visibility_many(&receipts, ttl)).await;
@@ -403,6 +448,11 @@ impl Heartbeat {
                 };
                 let locks = futures::future::join_all(live.iter().map(|e| renew_lock(&*lock, e, ttl, every)));
                 let (renewed, locked) = tokio::join!(visibility, locks);
+                if let Ok(mut stamps) = stamps.lock() {
+                    for (receipt, _) in receipts.iter().zip(&renewed).filter(|(_, r)| r.is_ok()) {
+                        stamps.insert(receipt.clone(), asked);
+                    }
+                }
                 futures::future::join_all(live.into_iter().zip(renewed).zip(locked).map(
                     |((entry, visibility), locked)| {
                         let (metrics, probe) = (metrics.clone(), probe.clone());
@@ -414,7 +464,7 @@ impl Heartbeat {
                 .await;
             }
         });
-        Self { leases, round, next: 0.into(), ttl, _task: AbortOnDrop(task) }
+        Self { leases, renewed, round, next: 0.into(), ttl, _task: AbortOnDrop(task) }
     }
 
     /// Adds a delivery, renewed from the next beat on for as long as the returned membership lives.
@@ -453,9 +503,17 @@ impl Heartbeat {
         if let Ok(mut l) = self.leases.lock() {
             l.retain(|(_, e)| !receipts.contains(&e.receipt.as_str()));
         }
+        if let Ok(mut stamps) = self.renewed.lock() {
+            stamps.retain(|r, _| !receipts.contains(&r.as_str()));
+        }
         if tokio::time::timeout(LEAVE_WAIT, self.round.lock()).await.is_err() {
             warn!("a lease renewal is still under way; settling without waiting for it");
         }
+    }
+
+    /// When the delivery with `receipt` last had its visibility renewed by this heartbeat.
+    pub fn renewed_at(&self, receipt: &str) -> Option<tokio::time::Instant> {
+        self.renewed.lock().ok()?.get(receipt).copied()
     }
 
     /// Records the lock taken for the delivery with `receipt`, so the next beats renew it too.
@@ -882,6 +940,7 @@ mod tests {
             sent_at_ms: 0,
             attributes: Default::default(),
             leased_for: Some(config.lease_ttl),
+            leased_at: Some(tokio::time::Instant::now()),
         };
         let _renewed = batch.heartbeat().join(Leased::new("r".into(), CancellationToken::new()));
         queue.entered.notified().await;
@@ -900,6 +959,49 @@ mod tests {
             landed,
             vec![("r".to_owned(), config.lease_ttl), ("r".to_owned(), Duration::from_secs(10))],
             "the beat's renewal, then the hand-back, and nothing after it"
+        );
+    }
+
+    /// A delivery started within one renewal interval of its lease costs no request; one started
+    /// later is confirmed first, and one another consumer has since received and deleted ends
+    /// unclaimed.
+    #[tokio::test]
+    async fn a_delivery_started_late_is_confirmed_before_it_is_claimed() {
+        use crate::clock::ManualClock;
+        use crate::ports::QueueSend;
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(1_000_000);
+        let settings = crate::embedded::QueueSettings {
+            default_visibility: Duration::from_secs(900),
+            max_receive_count: 5,
+        };
+        let db = crate::embedded::EmbeddedDb::open(dir.path()).unwrap();
+        let queues = crate::embedded::EmbeddedQueues::open(db, clock.clone(), settings).await.unwrap();
+        let queue = queues.queue("interactive", "interactive-dlq");
+        let config = WorkerConfig {
+            lease_ttl: Duration::from_millis(300),
+            renew_interval: Duration::from_millis(20),
+            ..WorkerConfig::default()
+        };
+        queue.send("{}", Default::default()).await.unwrap();
+        let ours = queue.receive_for(1, Some(config.lease_ttl)).await.unwrap().remove(0);
+        // A receipt the queue would refuse: asking at all would lose the lease.
+        let unasked = ReceivedMessage { receipt: "not-a-receipt".into(), ..ours.clone() };
+        let now = tokio::time::Instant::now();
+        assert!(confirm(&queue, &unasked, &config, now, None, "interactive").await.is_ok());
+        // Started late, and meanwhile the lease lapsed and another consumer took and deleted it.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        clock.advance_ms(301);
+        let theirs = queue.receive_for(1, Some(config.lease_ttl)).await.unwrap().remove(0);
+        queue.delete(&theirs.receipt).await.unwrap();
+        let late = tokio::time::Instant::now();
+        assert_eq!(confirm(&queue, &ours, &config, late, None, "interactive").await, Err(Outcome::LeaseLost));
+        // The same wait on a live delivery renews it and goes on.
+        queue.send("{}", Default::default()).await.unwrap();
+        let live = queue.receive_for(1, Some(config.lease_ttl)).await.unwrap().remove(0);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(
+            confirm(&queue, &live, &config, tokio::time::Instant::now(), None, "interactive").await.is_ok()
         );
     }
 

@@ -64,6 +64,10 @@ pub struct ReceivedMessage {
     /// what Lambda's event source mapping delivers. A delivery already in its lease needs no lease
     /// start.
     pub leased_for: Option<Duration>,
+    /// When that lease began, as this process saw it: the receive's answer, or the batch's lease
+    /// start. A worker that starts a delivery later than one renewal interval after this confirms
+    /// the lease before it claims anything on it (`lease::confirm`).
+    pub leased_at: Option<tokio::time::Instant>,
 }
 
 /// Queue depth as SQS reports it.

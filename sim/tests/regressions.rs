@@ -39,6 +39,16 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
     (296, true, "the oracle took a call cut at the invocation's deadline for a double spend"),
     (1_000_559, true, "the oracle let a crash during a summary write go unjustified"),
     (8755, true, "a crashed process still started a model call"),
+    (
+        35_796,
+        true,
+        "the pool started a delivery after its lease lapsed and claimed on it: PROCESSING, no message",
+    ),
+    (
+        25_752,
+        true,
+        "a delivery claimed after its lease lapsed paid for an answer a resubmission's fence refused",
+    ),
 ];
 
 #[test]

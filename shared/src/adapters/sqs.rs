@@ -317,6 +317,7 @@ impl QueueConsume for SqsQueue {
                         as u32,
                     sent_at_ms: get(MessageSystemAttributeName::SentTimestamp).unwrap_or(0),
                     leased_for: visibility,
+                    leased_at: visibility.map(|_| tokio::time::Instant::now()),
                     attributes: m
                         .message_attributes()
                         .into_iter()

@@ -324,6 +324,7 @@ impl QueueConsume for EmbeddedQueue {
                 sent_at_ms: entry.stored.sent_at_ms,
                 attributes: entry.stored.attributes.clone(),
                 leased_for: visibility,
+                leased_at: visibility.map(|_| tokio::time::Instant::now()),
             });
             if let Some(old) = old {
                 state.receipts.remove(&old);

@@ -179,6 +179,7 @@ impl Worker {
         let lane = task.lane.as_str();
 
         // The queue's own visibility stays long (Lambda requires it); the lease is made short here.
+        let entered = tokio::time::Instant::now();
         if let Err(outcome) = lease::start(&*queue, &message, &self.config, lane).await {
             self.metrics.waits_total.with_label_values(&[lane, "queue"]).inc();
             return outcome;
@@ -215,6 +216,15 @@ impl Worker {
                 Some(uuid::Uuid::new_v4().to_string())
             }
         };
+        let beating = batch.as_ref().map(|b| b.heartbeat());
+        if let Err(outcome) = lease::confirm(&*queue, &message, &self.config, entered, beating, lane).await {
+            if let Some(token) = &token
+                && let Err(e) = self.lock.release(&lock_key, token).await
+            {
+                warn!(error = %e, "lock release failed; it expires with its TTL");
+            }
+            return outcome;
+        }
         let completed = std::sync::atomic::AtomicBool::new(false);
         let held = token.as_ref().map(|t| (lock_key.clone(), t.clone()));
         // Renewed from the lock's start, not the claim's, so a slow claim cannot let the lock or
@@ -803,6 +813,57 @@ mod tests {
         clock.advance_ms(301);
         assert_eq!(run.await.unwrap(), Outcome::Acked);
         assert_eq!((r.llm.calls.load(Ordering::SeqCst), r.status().await), (1, TaskStatus::Completed));
+    }
+
+    /// A lock whose acquire answers only once the test opens the gate.
+    struct GatedLock {
+        inner: Arc<MemoryLock>,
+        gate: tokio::sync::Semaphore,
+    }
+
+    #[async_trait]
+    impl LeaseLock for GatedLock {
+        async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, crate::ports::LockError> {
+            let _open = self.gate.acquire().await.expect("the gate is never closed");
+            self.inner.acquire(key, ttl).await
+        }
+        async fn renew(
+            &self,
+            key: &str,
+            token: &str,
+            ttl: Duration,
+        ) -> Result<bool, crate::ports::LockError> {
+            self.inner.renew(key, token, ttl).await
+        }
+        async fn release(&self, key: &str, token: &str) -> Result<bool, crate::ports::LockError> {
+            self.inner.release(key, token).await
+        }
+    }
+
+    /// A lock acquire slower than the lease: meanwhile the message is delivered again and deleted by
+    /// another consumer. The late worker must not claim the record on its dead delivery: nothing
+    /// would be left to finish a `PROCESSING` record. It ends unclaimed and frees the lock.
+    #[tokio::test]
+    async fn a_delivery_that_lapsed_during_a_slow_lock_acquire_claims_nothing() {
+        let clock = ManualClock::new(1_000_000);
+        let mut r = rig(clock.clone(), ScriptedLlm::default(), fast()).await;
+        let gated = Arc::new(GatedLock { inner: r.lock.clone(), gate: tokio::sync::Semaphore::new(0) });
+        r.worker.lock = gated.clone();
+        let m = r.receive().await;
+        let (w, q) = (r.worker.clone(), r.queue());
+        let run = tokio::spawn(async move { w.process(q, m).await });
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        clock.advance_ms(301);
+        let again = r.receive().await;
+        r.queue.delete(&again.receipt).await.unwrap();
+        gated.gate.add_permits(1);
+        assert_eq!(run.await.unwrap(), Outcome::LeaseLost);
+        let rec = r.record().await;
+        assert_eq!((rec.status, rec.fence), (TaskStatus::Pending, 0), "claimed on a dead delivery");
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 0);
+        let key = lock_key(&r.task_id);
+        let free = r.lock.acquire(&key, Duration::from_secs(1)).await.unwrap();
+        assert!(matches!(free, Acquire::Acquired(_)), "the lock is left held: {free:?}");
     }
 
     /// A store whose first `n` final writes fail.
