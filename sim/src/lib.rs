@@ -50,6 +50,8 @@ pub struct Summary {
     pub runs: u64,
     /// The first failing history of each invariant, with its violations.
     pub failures: Vec<HistoryReport>,
+    /// Every failing seed, with the invariants it broke: the list to replay.
+    pub failing_seeds: BTreeMap<u64, Vec<&'static str>>,
 }
 
 impl Summary {
@@ -128,6 +130,16 @@ fn summarize(first_seed: u64, reports: &[HistoryReport], elapsed: f64) -> Summar
         justified_extra_calls: reports.iter().map(|r| u64::from(r.justified_extra)).sum(),
         runs: reports.iter().map(|r| u64::from(r.runs)).sum(),
         failures: first_failures(reports),
+        failing_seeds: reports
+            .iter()
+            .filter(|r| !r.violations.is_empty())
+            .map(|r| {
+                let mut broke: Vec<&'static str> = r.violations.iter().map(|v| v.invariant).collect();
+                broke.sort_unstable();
+                broke.dedup();
+                (r.seed, broke)
+            })
+            .collect(),
     }
 }
 

@@ -278,18 +278,7 @@ impl Oracle {
             let b = self.tasks.get(sha).cloned().unwrap_or_default();
             self.exercise("I6");
             if let Some(reason) = dlq {
-                self.exercise("I5b");
-                match reason {
-                    Some(r) if Self::is_wait(r) => {
-                        self.violate("I5b", sha, format!("dead-lettered by the worker for a wait: {r}"))
-                    }
-                    None if b.crashed_holding == 0 => self.violate(
-                        "I5b",
-                        sha,
-                        "moved to the DLQ by the queue, and no process holding it ever crashed".into(),
-                    ),
-                    _ => {}
-                }
+                self.dead_lettered(sha, reason.as_deref());
             }
             if *summarized {
                 if b.spend > 1 + b.justified {
@@ -308,19 +297,26 @@ impl Oracle {
     /// (the task, and the worker's reason when it dead-lettered the message itself).
     pub fn finish_task_dlqs(&mut self, held: &[(String, Option<String>)]) {
         for (task, reason) in held {
-            let b = self.tasks.get(task).cloned().unwrap_or_default();
-            self.exercise("I5b");
-            match reason {
-                Some(r) if Self::is_wait(r) => {
-                    self.violate("I5b", task, format!("dead-lettered by the worker for a wait: {r}"))
-                }
-                None if b.crashed_holding == 0 => self.violate(
-                    "I5b",
-                    task,
-                    "moved to the DLQ by the queue with no crash, failure or failed put-off behind it".into(),
-                ),
-                _ => {}
+            self.dead_lettered(task, reason.as_deref());
+        }
+    }
+
+    /// I5's second half for one message (of a task or a commit) a DLQ holds at the end: `reason` is
+    /// the worker's when it dead-lettered the message itself, `None` when the queue moved it there
+    /// (its receive count ran out), which only a used-up delivery may explain.
+    fn dead_lettered(&mut self, id: &str, reason: Option<&str>) {
+        let used_up = self.tasks.get(id).map_or(0, |b| b.crashed_holding);
+        self.exercise("I5b");
+        match reason {
+            Some(r) if Self::is_wait(r) => {
+                self.violate("I5b", id, format!("dead-lettered by the worker for a wait: {r}"))
             }
+            None if used_up == 0 => self.violate(
+                "I5b",
+                id,
+                "moved to the DLQ by the queue with no crash, failure or failed put-off behind it".into(),
+            ),
+            _ => {}
         }
     }
 
@@ -465,9 +461,12 @@ impl Oracle {
         per_run
     }
 
-    /// Model calls beyond one per run that the simulation's breaks justify.
+    /// Model calls beyond one per run (one per commit: a commit's summary is its only answer) that
+    /// the simulation's breaks justify.
     pub fn justified_extra(&self) -> u32 {
-        self.tasks.values().map(|b| b.spend.saturating_sub(b.runs).min(b.justified)).sum()
+        let extra =
+            |b: &Book| b.spend.saturating_sub(if b.pushed_commit { 1 } else { b.runs }).min(b.justified);
+        self.tasks.values().map(extra).sum()
     }
 
     /// The trace kept (the last 20,000 operations).
