@@ -221,6 +221,8 @@ def main():
     if sim:
         goal = 100_000
         broken = sum(sim["violations"].values())
+        failing = ", ".join(f"{seed} ({'/'.join(v)})" for seed, v in sim.get("failing_seeds", {}).items())
+        seeds = f"; failing seeds: {failing}" if failing else ""
         out += ["## Lifecycle simulation", "", f"`{sim['command']}`", "",
                 f"{sim['histories']:,} histories from seed {sim['first_seed']} in {sim['elapsed_secs'] / 60:.1f} min "
                 f"({sim['histories_per_minute']:.0f} a minute on this machine's two cores, {sim.get('build', 'debug')} build), "
@@ -232,7 +234,7 @@ def main():
         minutes = goal / max(sim["histories_per_minute"], 1e-9)
         out += ["", f"- Model calls per run, tasks by count: {calls}; extra calls the simulation's breaks justify: "
                 f"{sim['justified_extra_calls']:,}.",
-                f"- 0 violations: {'met' if broken == 0 else '**not met**'} ({broken}).",
+                f"- 0 violations: {'met' if broken == 0 else '**not met**'} ({broken}{seeds}).",
                 f"- At least {goal:,} histories: {'met' if sim['histories'] >= goal else '**not met**'} "
                 f"({sim['histories']:,}; {goal:,} take about {minutes:.0f} min at this rate).", ""]
     rv = load(d, "sim-reverts")

@@ -114,7 +114,7 @@ pub struct Pool {
     commits: Option<CommitsWorker>,
     borrow: bool,
     idle_grace: Duration,
-    interactive_seen: std::sync::Mutex<Option<std::time::Instant>>,
+    interactive_seen: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -242,7 +242,7 @@ impl Pool {
         let active = match self.interactive_seen.lock() {
             Ok(mut seen) => {
                 if running[0] + backlog[0] > 0 {
-                    *seen = Some(std::time::Instant::now());
+                    *seen = Some(tokio::time::Instant::now());
                 }
                 seen.is_some_and(|t| t.elapsed() < self.idle_grace)
             }

@@ -1,5 +1,6 @@
-//! The commits flow in a history: a Git host whose pushes (sharing commits, replayed, redelivered
-//! after an error or no answer) go through the real webhook router (`commits::webhook`); commits
+//! The commits flow in a history: a Git host whose pushes (to two GitHub repositories and a GitLab
+//! project; sharing commits, replayed, redelivered after an error or no answer) go through the real
+//! webhook router (`commits::webhook`), signed or tokened as each provider does; commits
 //! workers on the local pool and on Lambda's mapping (`lambda::handle_commit_batch`); the
 //! summaries and the diff source behind fault injectors; the commits DLQ swept and redriven
 //! (`commits::dead_letters`). What it checks (I6, and I5 for commits): docs/ARCHITECTURE.md,
@@ -23,8 +24,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
 
-/// The webhook secret the host signs with.
+/// The webhook secret the host signs with (GitHub) or sends as its token (GitLab).
 const SECRET: &str = "sim-webhook-secret";
+
+/// The repositories pushed to: two on GitHub, one project on GitLab.
+const REPOS: [(Provider, u64); 3] =
+    [(Provider::Github, 101), (Provider::Github, 102), (Provider::Gitlab, 201)];
+
+/// The two providers' webhooks.
+#[derive(Clone, Copy)]
+enum Provider {
+    Github,
+    Gitlab,
+}
 
 // ---------------------------------------------------------------- summaries
 
@@ -135,6 +147,7 @@ impl World {
     fn webhook(&self, ctx: &Ctx) -> axum::Router {
         let config = WebhookConfig {
             github_secret: Some(lanes_core::secret::Secret::fixed(SECRET)),
+            gitlab_token: Some(lanes_core::secret::Secret::fixed(SECRET)),
             ..Default::default()
         };
         lanes_core::commits::webhook::router(Webhook {
@@ -155,7 +168,8 @@ fn sha(seed: u64, repo: u64, n: usize) -> String {
     format!("{:016x}{:08x}{:016x}", h.wrapping_mul(0x2545_f491_4f6c_dd1d), repo as u32, n as u64)
 }
 
-fn push_body(repo: u64, shas: &[String]) -> String {
+/// A push payload in the provider's documented shape (GitHub's `push` event, GitLab's Push Hook).
+fn push_body(provider: Provider, repo: u64, shas: &[String]) -> String {
     let commits: Vec<serde_json::Value> = shas
         .iter()
         .map(|s| {
@@ -163,42 +177,51 @@ fn push_body(repo: u64, shas: &[String]) -> String {
                 "timestamp": "2026-11-30T10:00:00Z"})
         })
         .collect();
-    serde_json::json!({"ref": "refs/heads/main", "before": "1".repeat(40),
-        "after": shas.last().cloned().unwrap_or_default(), "deleted": false,
-        "repository": {"id": repo, "full_name": format!("org/r{repo}"), "default_branch": "main"},
-        "commits": commits})
+    let (before, after) = ("1".repeat(40), shas.last().cloned().unwrap_or_default());
+    match provider {
+        Provider::Github => serde_json::json!({"ref": "refs/heads/main", "before": before, "after": after,
+            "deleted": false,
+            "repository": {"id": repo, "full_name": format!("org/r{repo}"), "default_branch": "main"},
+            "commits": commits}),
+        Provider::Gitlab => serde_json::json!({"object_kind": "push", "event_name": "push",
+            "ref": "refs/heads/main", "before": before, "after": after, "total_commits_count": shas.len(),
+            "project": {"id": repo, "path_with_namespace": format!("group/sub/r{repo}"), "default_branch": "main"},
+            "commits": commits}),
+    }
     .to_string()
 }
 
 /// One delivery.
 struct Delivery {
+    provider: Provider,
     id: String,
     body: String,
     shas: Vec<String>,
     accepted: bool,
 }
 
-/// The Git host: pushes to two repositories (some re-listing commits an earlier push had, as a
+/// The Git host: pushes to three repositories (some re-listing commits an earlier push had, as a
 /// force-push or a second branch does), replays of delivered ones, and redelivery of every delivery
 /// not answered with a 2xx, until each is accepted.
 pub(crate) async fn git_host(world: Arc<World>, seed: u64, busy: Duration) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x617_4057);
     let until = tokio::time::Instant::now() + busy;
-    let mut heads = [0usize; 2];
+    let mut heads = [0usize; REPOS.len()];
     let mut deliveries: Vec<Delivery> = Vec::new();
     while tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..25_000))).await;
         let roll = rng.random_range(0..10u32);
         if roll < 6 || deliveries.is_empty() {
-            let r = rng.random_range(0..2usize);
+            let r = rng.random_range(0..REPOS.len());
             let back = if rng.random_range(0..4u32) == 0 { rng.random_range(1..=3usize) } else { 0 };
             let from = heads[r].saturating_sub(back);
             heads[r] += rng.random_range(1..=4usize);
-            let repo = 101 + r as u64;
+            let (provider, repo) = REPOS[r];
             let shas: Vec<String> = (from..heads[r]).map(|n| sha(seed, repo, n)).collect();
-            let body = push_body(repo, &shas);
+            let body = push_body(provider, repo, &shas);
             world.chaos.oracle(|o| shas.iter().for_each(|s| o.commit_pushed(s)));
-            deliveries.push(Delivery { id: format!("d-{}", deliveries.len()), body, shas, accepted: false });
+            let id = format!("d-{}", deliveries.len());
+            deliveries.push(Delivery { provider, id, body, shas, accepted: false });
             let i = deliveries.len() - 1;
             deliver(&world, &mut deliveries[i]).await;
         } else if roll < 8 {
@@ -232,16 +255,20 @@ async fn deliver(world: &Arc<World>, d: &mut Delivery) {
             proc.crash(&chaos2);
         });
     }
-    let signature = github_signature(SECRET.as_bytes(), d.body.as_bytes());
-    let Ok(req) = Request::builder()
-        .method("POST")
-        .uri("/webhooks/github")
-        .header("x-github-event", "push")
-        .header("x-github-delivery", &d.id)
-        .header("x-hub-signature-256", signature)
-        .header("content-type", "application/json")
-        .body(Body::from(d.body.clone()))
-    else {
+    let request = Request::builder().method("POST").header("content-type", "application/json");
+    let request = match d.provider {
+        Provider::Github => request
+            .uri("/webhooks/github")
+            .header("x-github-event", "push")
+            .header("x-github-delivery", &d.id)
+            .header("x-hub-signature-256", github_signature(SECRET.as_bytes(), d.body.as_bytes())),
+        Provider::Gitlab => request
+            .uri("/webhooks/gitlab")
+            .header("x-gitlab-event", "Push Hook")
+            .header("x-gitlab-event-uuid", &d.id)
+            .header("x-gitlab-token", SECRET),
+    };
+    let Ok(req) = request.body(Body::from(d.body.clone())) else {
         return;
     };
     let router = world.webhook(&ctx);
@@ -252,10 +279,14 @@ async fn deliver(world: &Arc<World>, d: &mut Delivery) {
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
         Some((status, v["status"].as_str().unwrap_or("").to_owned()))
     };
-    // GitHub gives a delivery 10 s.
+    // GitHub gives a delivery 10 s (GitLab's default is the same).
     let got = tokio::time::timeout(Duration::from_secs(10), answer).await.ok().flatten();
     let id = d.id.clone();
-    chaos.trace(|| format!("host delivery {id} ({} commits) -> {got:?}", d.shas.len()));
+    let via = match d.provider {
+        Provider::Github => "github",
+        Provider::Gitlab => "gitlab",
+    };
+    chaos.trace(|| format!("host delivery {id} ({} commits, {via}) -> {got:?}", d.shas.len()));
     if let Some((code, status)) = got
         && ((code == 202 && status == "accepted") || (code == 200 && status == "duplicate"))
     {
@@ -357,7 +388,12 @@ pub(crate) async fn finals(world: &World) -> BTreeMap<String, (bool, Option<Opti
     let accepted: Vec<String> = world.chaos.oracle(|o| o.accepted_commits());
     for sha in accepted {
         // The repository's id is the sha's middle eight hex digits (see `sha`).
-        let repo = format!("github:{}", u64::from_str_radix(&sha[16..24], 16).unwrap_or(0));
+        let number = u64::from_str_radix(&sha[16..24], 16).unwrap_or(0);
+        let host = match REPOS.iter().find(|(_, n)| *n == number) {
+            Some((Provider::Gitlab, _)) => "gitlab",
+            _ => "github",
+        };
+        let repo = format!("{host}:{number}");
         let found = world.summaries.get_summaries(&[(repo, sha.clone())]).await.map(|v| !v.is_empty());
         out.insert(sha.clone(), (found.unwrap_or(false), in_dlq.get(&sha).cloned()));
     }

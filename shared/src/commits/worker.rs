@@ -444,10 +444,8 @@ impl CommitsWorker {
                 // is handed back alone while the rest of the batch goes on.
                 let work = async {
                     let diff = diffs.diff(&commit).await?;
-                    // Tokenizing a large diff, and then its prompt section, is CPU work: off the
-                    // runtime's thread, which the heartbeat shares.
                     let (sha, subject) = (commit.sha.clone(), commit.subject.clone());
-                    tokio::task::spawn_blocking(move || {
+                    let trim = move || {
                         let trimmed = budget::trim(&diff, max_tokens);
                         let section = (!trimmed.noise_only).then(|| {
                             let subject = if subject.is_empty() { "(unknown)" } else { &subject };
@@ -456,9 +454,17 @@ impl CommitsWorker {
                             (section, tokens)
                         });
                         (trimmed, section)
-                    })
-                    .await
-                    .map_err(|e| DiffError::Retryable {
+                    };
+                    // Tokenizing a large diff, and then its prompt section, is CPU work: off the
+                    // runtime's threads, which the heartbeat shares. A current-thread runtime (the
+                    // simulation's, on a paused clock) runs it in place: blocking threads finish in
+                    // wall-clock order, and a seeded history must not depend on it.
+                    if tokio::runtime::Handle::current().runtime_flavor()
+                        == tokio::runtime::RuntimeFlavor::CurrentThread
+                    {
+                        return Ok(trim());
+                    }
+                    tokio::task::spawn_blocking(trim).await.map_err(|e| DiffError::Retryable {
                         message: format!("trim task: {e}"),
                         retry_after: None,
                     })
