@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of nine
-lifecycle defects that the current code fixes (five of the task flow, four of the commits flow;
+"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of ten
+lifecycle defects that the current code fixes (six of the task flow, four of the commits flow;
 docs/ARCHITECTURE.md, Lifecycle simulation), builds
 `lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
 bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
@@ -95,6 +95,10 @@ REVERTS = {
             |e: &crate::ports::StoreError| crate::ports::RetryIntent::is_retryable(e),
         )
         .await;""", "        let written = self.summaries.put_summary(&summary).await;"),
+    ]),
+    "late-claim": ("a delivery started after its lease lapsed claims the record all the same", [
+        ("shared/src/lease.rs", "    if since.elapsed() <= config.renew_interval {",
+         "    if since.elapsed() <= config.renew_interval || since.elapsed() > config.renew_interval {"),
     ]),
     "holder-settles": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
         ("shared/src/tasks/worker.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {
