@@ -486,7 +486,8 @@ async fn client(world: Arc<World>, fleet: Arc<IngressFleet>, seed: u64, busy: Du
             }
         }
     }
-    // Settle: every task this client saw must end.
+    // Settle: every task this client saw must end (one that was never created reads missing: a
+    // client polling it for good would never reach the next).
     for i in mine {
         loop {
             match get(&world, &fleet, i, 20).await {
@@ -515,7 +516,8 @@ async fn post(world: &Arc<World>, fleet: &IngressFleet, i: usize) {
     });
 }
 
-/// A GET (long-poll with `wait`); `Some(true)` once the task is terminal.
+/// A GET (long-poll with `wait`); `Some(true)` once there is nothing left to wait for: the task is
+/// terminal, or it reads missing (the oracle judges whether it may: only an id never answered may).
 async fn get(world: &Arc<World>, fleet: &IngressFleet, i: usize, wait: u64) -> Option<bool> {
     let id = &world.payloads[i].2;
     let uri = if wait > 0 { format!("/v1/tasks/{id}?wait={wait}") } else { format!("/v1/tasks/{id}") };
@@ -530,7 +532,7 @@ async fn get(world: &Arc<World>, fleet: &IngressFleet, i: usize, wait: u64) -> O
         }
         404 => {
             world.chaos.oracle(|o| o.read_missing(id));
-            Some(false)
+            Some(true)
         }
         _ => Some(false),
     }

@@ -216,15 +216,6 @@ impl Worker {
                 Some(uuid::Uuid::new_v4().to_string())
             }
         };
-        let beating = batch.as_ref().map(|b| b.heartbeat());
-        if let Err(outcome) = lease::confirm(&*queue, &message, &self.config, entered, beating, lane).await {
-            if let Some(token) = &token
-                && let Err(e) = self.lock.release(&lock_key, token).await
-            {
-                warn!(error = %e, "lock release failed; it expires with its TTL");
-            }
-            return outcome;
-        }
         let completed = std::sync::atomic::AtomicBool::new(false);
         let held = token.as_ref().map(|t| (lock_key.clone(), t.clone()));
         // Renewed from the lock's start, not the claim's, so a slow claim cannot let the lock or
@@ -236,13 +227,21 @@ impl Worker {
         let lease = Leased { lock: held, ..Leased::new(message.receipt.clone(), CancellationToken::new()) };
         let _locked = batch.heartbeat().join(lease.clone());
         let leased: Arc<dyn QueueConsume> = batch.clone();
-        let outcome = self.run_claimed(&leased, &message, &task, lease, &completed, &batch).await;
+        // Under the heartbeat already, so a slow confirmation cannot let the lock lapse either.
+        let confirmed =
+            lease::confirm(&*leased, &message, &self.config, entered, Some(batch.heartbeat()), lane).await;
+        let (outcome, claimed) = match confirmed {
+            Ok(()) => (self.run_claimed(&leased, &message, &task, lease, &completed, &batch).await, true),
+            Err(unclaimed) => (unclaimed, false),
+        };
         // A completed task never runs again (a later delivery waits out the lock, then claims a
         // terminal record and acks), so its lock is left to expire rather than released: one
         // request less per task. Any other end may be followed by a run of the same id (a retry, a
-        // resubmission), which must not wait out the lock.
+        // resubmission), which must not wait out the lock. A lost lease's lock may be another's; one
+        // lost before the claim is still ours.
         let settled = completed.load(std::sync::atomic::Ordering::Relaxed);
-        if let (Some(token), false) = (token, settled || matches!(outcome, Outcome::LeaseLost))
+        let lost = claimed && matches!(outcome, Outcome::LeaseLost);
+        if let (Some(token), false) = (token, settled || lost)
             && let Err(e) = self.lock.release(&lock_key, &token).await
         {
             warn!(error = %e, "lock release failed; it expires with its TTL");
