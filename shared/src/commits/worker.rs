@@ -404,18 +404,22 @@ impl CommitsWorker {
         let results = join_all(open.iter().map(|&g| {
             let key = format!("lease:{{commit:{}}}", groups[g].commit.key());
             let lock = self.lock.clone();
-            async move { (g, key.clone(), lock.acquire(&key, ttl).await) }
+            // One delivery of the group carries the lock on the heartbeat.
+            let carrier = groups[g].members.first().map(|&m| messages[m].receipt.clone());
+            async move {
+                let r = lock.acquire(&key, ttl).await;
+                // Renewed from the moment it is taken, not once every other commit's lock has
+                // answered: one slow acquire must not let the batch's other locks lapse.
+                if let (Ok(Acquire::Acquired(token)), Some(receipt)) = (&r, &carrier) {
+                    heartbeat.set_lock(receipt, key.clone(), token.clone());
+                }
+                (g, key, r)
+            }
         }))
         .await;
         for (g, key, r) in results {
             match r {
-                Ok(Acquire::Acquired(token)) => {
-                    groups[g].lock = Some((key.clone(), token.clone()));
-                    // One delivery of the group carries the lock on the heartbeat.
-                    if let Some(&first) = groups[g].members.first() {
-                        heartbeat.set_lock(&messages[first].receipt, key, token);
-                    }
-                }
+                Ok(Acquire::Acquired(token)) => groups[g].lock = Some((key, token)),
                 Ok(Acquire::Held { remaining }) => {
                     self.metrics.lock_contended_total.with_label_values(&[LANE]).inc();
                     let after = after_holder(&self.lease, remaining);
@@ -974,6 +978,62 @@ mod tests {
         assert_eq!((report.cache_hits, report.llm_calls), (12, 0));
         assert_eq!(r.diffs.calls.load(Ordering::SeqCst), diff_calls);
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), calls);
+    }
+
+    /// A lock whose acquire of one key answers only after `delay`.
+    struct SlowFor {
+        inner: Arc<MemoryLock>,
+        slow: String,
+        delay: Duration,
+    }
+
+    #[async_trait]
+    impl LeaseLock for SlowFor {
+        async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, crate::ports::LockError> {
+            if key.contains(&self.slow) {
+                tokio::time::sleep(self.delay).await;
+            }
+            self.inner.acquire(key, ttl).await
+        }
+        async fn renew(
+            &self,
+            key: &str,
+            token: &str,
+            ttl: Duration,
+        ) -> Result<bool, crate::ports::LockError> {
+            self.inner.renew(key, token, ttl).await
+        }
+        async fn release(&self, key: &str, token: &str) -> Result<bool, crate::ports::LockError> {
+            self.inner.release(key, token).await
+        }
+    }
+
+    /// One commit's lock answers later than the lease (600 ms): the batch's other lock, taken at
+    /// once, is renewed meanwhile, so no other worker can take that commit and pay for it twice.
+    #[tokio::test]
+    async fn one_slow_lock_acquire_does_not_let_the_batchs_other_locks_lapse() {
+        let diffs: HashMap<String, String> = (0..2).map(|i| (sha(i), diff("src/a.rs", 5))).collect();
+        let mut r = rig(diffs, "").await;
+        let inner = Arc::new(MemoryLock::new(Arc::new(SystemClock)));
+        r.worker.lock =
+            Arc::new(SlowFor { inner: inner.clone(), slow: sha(1), delay: Duration::from_millis(1_200) });
+        for i in 0..2 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        let (worker, queue) = (r.worker.clone(), r.queue.clone());
+        let run = tokio::spawn(async move {
+            let batch = crate::lease::receive_batch(&queue, 100, Duration::from_secs(5)).await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            worker.process_batch(Arc::new(queue), batch, deadline).await
+        });
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let first: CommitMessage = serde_json::from_str(&message("github:1", &sha(0))).unwrap();
+        let key = format!("lease:{{commit:{}}}", first.key());
+        let probe = inner.acquire(&key, Duration::from_secs(5)).await.unwrap();
+        assert!(matches!(probe, Acquire::Held { .. }), "the fast commit's lock lapsed: {probe:?}");
+        let (outcomes, report) = run.await.unwrap();
+        assert!(outcomes.iter().all(|(_, o)| *o == Outcome::Acked), "{outcomes:?}");
+        assert_eq!(report.done.len(), 2);
     }
 
     /// In a Lambda invocation the acked deliveries are not deleted one by one: the event source
