@@ -764,6 +764,15 @@ impl FaultyLock {
         }
     }
 
+    /// A call made on `inner` that landed after the keys vanished (it was sent before the failover)
+    /// took or renewed a key that is gone: its task may be leased twice, as any open run is then.
+    fn landed_on_lost_keys(&self, inner: &Arc<MemoryLock>, key: &str) {
+        if !Arc::ptr_eq(inner, &self.inner()) {
+            let task = id_of_lock_key(key);
+            self.ctx.chaos.oracle(|o| o.justify(&task, "a lock call landed on keys that then vanished"));
+        }
+    }
+
     async fn guarded<T>(
         &self,
         op: &str,
@@ -811,6 +820,7 @@ impl LeaseLock for FaultyLock {
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
         let inner = self.inner();
         let r = self.guarded("lock.acquire", key, inner.acquire(key, ttl)).await;
+        self.landed_on_lost_keys(&inner, key);
         if let Ok(a) = &r {
             let got = matches!(a, Acquire::Acquired(_));
             self.ctx
@@ -821,6 +831,7 @@ impl LeaseLock for FaultyLock {
     async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError> {
         let inner = self.inner();
         let r = self.guarded("lock.renew", key, inner.renew(key, token, ttl)).await;
+        self.landed_on_lost_keys(&inner, key);
         match &r {
             Ok(false) => self.ctx.note(|| format!("lock.renew {} -> refused", short(key))),
             Ok(true) => self.ctx.note(|| format!("lock.renew {} -> ok", short(key))),
