@@ -639,10 +639,11 @@ impl CommitsWorker {
         for (p, text, usage, model) in answered {
             let g = p.group;
             if groups[g].lost.is_cancelled() {
-                info!(key = %groups[g].commit.key(), "lease lost mid-batch; not writing");
+                // Written all the same, as a task's answer in hand is: a summary is written once
+                // (the store refuses a second), so a paid answer can only spare another worker
+                // its call, never overwrite one.
+                info!(key = %groups[g].commit.key(), "lease lost mid-batch; writing the answer in hand");
                 self.metrics.leases_lost_total.with_label_values(&[LANE]).inc();
-                groups[g].outcome = Some(GroupEnd::Lost);
-                continue;
             }
             let summary =
                 self.summary(&groups[g].commit, text, &model, SummarySource::Llm, usage, &p.trimmed);
@@ -897,13 +898,18 @@ mod tests {
     }
 
     async fn rig(diffs: HashMap<String, String>, forget: &str) -> Rig {
+        rig_answering_in(diffs, forget, Duration::ZERO).await
+    }
+
+    /// A rig whose model takes `latency` to answer.
+    async fn rig_answering_in(diffs: HashMap<String, String>, forget: &str, latency: Duration) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let clock: SharedClock = Arc::new(SystemClock);
         let queues = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
         let queue = queues.queue("commits", "commits-dlq");
         let llm = Arc::new(Forgetful {
-            inner: OfflineProvider::new(|_| Duration::ZERO).answering_batches(prompt::offline_answer),
+            inner: OfflineProvider::new(move |_| latency).answering_batches(prompt::offline_answer),
             forget: forget.to_owned(),
             calls: AtomicU64::new(0),
             commits_asked: Mutex::new(Vec::new()),
@@ -1034,6 +1040,64 @@ mod tests {
         let (outcomes, report) = run.await.unwrap();
         assert!(outcomes.iter().all(|(_, o)| *o == Outcome::Acked), "{outcomes:?}");
         assert_eq!(report.done.len(), 2);
+    }
+
+    /// A lock that, once `stolen` is set, answers every renewal of one key as held by another.
+    struct Stolen {
+        inner: Arc<MemoryLock>,
+        key_part: String,
+        stolen: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl LeaseLock for Stolen {
+        async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, crate::ports::LockError> {
+            self.inner.acquire(key, ttl).await
+        }
+        async fn renew(
+            &self,
+            key: &str,
+            token: &str,
+            ttl: Duration,
+        ) -> Result<bool, crate::ports::LockError> {
+            if key.contains(&self.key_part) && self.stolen.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
+            self.inner.renew(key, token, ttl).await
+        }
+        async fn release(&self, key: &str, token: &str) -> Result<bool, crate::ports::LockError> {
+            self.inner.release(key, token).await
+        }
+    }
+
+    /// A commit whose lease is lost while the call that carries it (with another commit) is under
+    /// way: the answer is paid for, so it is written all the same (a summary is written once).
+    #[tokio::test]
+    async fn an_answer_in_hand_is_written_though_its_lease_was_lost_mid_call() {
+        let diffs: HashMap<String, String> = (0..2).map(|i| (sha(i), diff("src/a.rs", 5))).collect();
+        let mut r = rig_answering_in(diffs, "", Duration::from_millis(1_000)).await;
+        let lock = Arc::new(Stolen {
+            inner: Arc::new(MemoryLock::new(Arc::new(SystemClock))),
+            key_part: sha(1),
+            stolen: false.into(),
+        });
+        r.worker.lock = lock.clone();
+        for i in 0..2 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        let (worker, queue) = (r.worker.clone(), r.queue.clone());
+        let run = tokio::spawn(async move {
+            let batch = crate::lease::receive_batch(&queue, 100, Duration::from_secs(5)).await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            worker.process_batch(Arc::new(queue), batch, deadline).await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        lock.stolen.store(true, Ordering::SeqCst);
+        let (_, report) = run.await.unwrap();
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1, "one call for both");
+        let keys: Vec<(String, String)> = (0..2).map(|i| ("github:1".to_owned(), sha(i))).collect();
+        let stored = r.worker.summaries.get_summaries(&keys).await.unwrap();
+        assert_eq!(stored.len(), 2, "the lost commit's paid answer was thrown away: {:?}", report.done.len());
     }
 
     /// In a Lambda invocation the acked deliveries are not deleted one by one: the event source
