@@ -496,6 +496,7 @@ impl TaskStore for FaultyStore {
         let r = self.inner.claim(task_id, now_ms, ttl).await;
         if let Ok(ClaimOutcome::Claimed(rec)) = &r {
             self.ctx.note(|| format!("claim {} -> fence {}", short(task_id), rec.fence));
+            self.ctx.chaos.oracle(|o| o.claimed(task_id, rec.fence));
         }
         self.ctx.post(d, "claim", task_id, r).await
     }

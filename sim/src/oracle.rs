@@ -65,6 +65,9 @@ struct Book {
     sends_allowed: u32,
     /// `justified` when the current run began: I9 looks only at the run's own breaks.
     justified_before_run: u32,
+    /// For each fence claimed, `justified_before_run` of the run it claimed: a refused answer is
+    /// judged by its own run's breaks, not by those of a resubmission made since.
+    run_of_fence: BTreeMap<u64, u32>,
     /// A commit of an accepted push (I6).
     accepted_commit: bool,
     /// A commit the Git host pushed (accepted or not yet).
@@ -325,12 +328,20 @@ impl Oracle {
         self.book(task).terminal_writes += 1;
     }
 
+    /// A claim gave the current run `fence`.
+    pub fn claimed(&mut self, task: &str, fence: u64) {
+        let b = self.book(task);
+        let since = b.justified_before_run;
+        b.run_of_fence.insert(fence, since);
+    }
+
     /// A completed final write with `fence` was refused by the fence; `current` is the record then
     /// (I9).
     pub fn answer_refused(&mut self, task: &str, fence: u64, current: Option<&TaskRecord>) {
         self.exercise("I9");
         let b = self.book(task);
-        if b.cancelled_fence > fence || b.justified > b.justified_before_run {
+        let since = b.run_of_fence.get(&fence).copied().unwrap_or(b.justified_before_run);
+        if b.cancelled_fence > fence || b.justified > since {
             return; // its client cancelled this run, or the simulation broke it
         }
         let detail = match current {
