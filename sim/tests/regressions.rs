@@ -49,6 +49,8 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
         true,
         "a delivery claimed after its lease lapsed paid for an answer a resubmission's fence refused",
     ),
+    (210_693, true, "the oracle judged an old run's refused answer by a resubmission's breaks"),
+    (218_308, true, "the oracle judged an old run's refused answer by a resubmission's breaks"),
 ];
 
 #[test]
