@@ -1,13 +1,13 @@
-//! One history: a plan of faults drawn from the seed, the world (the embedded twins in memory,
-//! behind the fault injectors), the actors, a busy phase with faults and a calm one without, and
-//! the invariants checked at the end.
+//! One history of the lifecycle simulation (docs/ARCHITECTURE.md, "Lifecycle simulation"): the
+//! faults drawn from its seed, the world (the embedded twins in memory, behind the fault
+//! injectors), the actors, a busy phase with faults and a calm one without, and the invariants
+//! checked at the end.
 //!
 //! The actors run the real code: clients go through the task API's router (`tasks::ingress`),
 //! workers are the local pool (`pool::Pool`) and Lambda invocations (`lambda::handle_batch`, with
 //! the event source mapping's receive and delete played here), the DLQs are swept (`dlq::Sweep`)
 //! and redriven (`dlq::redrive`, `dlq::redrive_by_move`) as `lanes dlq` and the controller do; the
-//! commits flow's actors are in [`crate::commits`]. What is checked, and why: docs/ARCHITECTURE.md,
-//! section "Lifecycle simulation".
+//! commits flow's actors are in [`crate::commits`].
 
 use crate::faults::*;
 use crate::oracle::{Oracle, Violation};

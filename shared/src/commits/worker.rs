@@ -986,88 +986,40 @@ mod tests {
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), calls);
     }
 
-    /// A lock whose acquire of one key answers only after `delay`.
-    struct SlowFor {
-        inner: Arc<MemoryLock>,
-        slow: String,
-        delay: Duration,
+    /// Queues commits 0 and 1 and processes them as one batch in the background.
+    async fn two_commits_in_one_batch(
+        r: &Rig,
+    ) -> tokio::task::JoinHandle<(Vec<(String, Outcome)>, BatchReport)> {
+        for i in 0..2 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        let (worker, queue) = (r.worker.clone(), r.queue.clone());
+        tokio::spawn(async move {
+            let batch = crate::lease::receive_batch(&queue, 100, Duration::from_secs(5)).await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            worker.process_batch(Arc::new(queue), batch, deadline).await
+        })
     }
 
-    #[async_trait]
-    impl LeaseLock for SlowFor {
-        async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, crate::ports::LockError> {
-            if key.contains(&self.slow) {
-                tokio::time::sleep(self.delay).await;
-            }
-            self.inner.acquire(key, ttl).await
-        }
-        async fn renew(
-            &self,
-            key: &str,
-            token: &str,
-            ttl: Duration,
-        ) -> Result<bool, crate::ports::LockError> {
-            self.inner.renew(key, token, ttl).await
-        }
-        async fn release(&self, key: &str, token: &str) -> Result<bool, crate::ports::LockError> {
-            self.inner.release(key, token).await
-        }
-    }
-
-    /// One commit's lock answers later than the lease (600 ms): the batch's other lock, taken at
-    /// once, is renewed meanwhile, so no other worker can take that commit and pay for it twice.
+    /// One commit's lock answers only after the lease (600 ms) has passed: the batch's other lock,
+    /// taken at once, is renewed meanwhile, so no other worker can take that commit and pay for it twice.
     #[tokio::test]
     async fn one_slow_lock_acquire_does_not_let_the_batchs_other_locks_lapse() {
         let diffs: HashMap<String, String> = (0..2).map(|i| (sha(i), diff("src/a.rs", 5))).collect();
         let mut r = rig(diffs, "").await;
         let inner = Arc::new(MemoryLock::new(Arc::new(SystemClock)));
-        r.worker.lock =
-            Arc::new(SlowFor { inner: inner.clone(), slow: sha(1), delay: Duration::from_millis(1_200) });
-        for i in 0..2 {
-            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
-        }
-        let (worker, queue) = (r.worker.clone(), r.queue.clone());
-        let run = tokio::spawn(async move {
-            let batch = crate::lease::receive_batch(&queue, 100, Duration::from_secs(5)).await.unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            worker.process_batch(Arc::new(queue), batch, deadline).await
-        });
+        let slow = Arc::new(crate::embedded::ScriptedLock::new(inner.clone(), sha(1), true));
+        r.worker.lock = slow.clone();
+        let run = two_commits_in_one_batch(&r).await;
         tokio::time::sleep(Duration::from_millis(900)).await;
         let first: CommitMessage = serde_json::from_str(&message("github:1", &sha(0))).unwrap();
         let key = format!("lease:{{commit:{}}}", first.key());
         let probe = inner.acquire(&key, Duration::from_secs(5)).await.unwrap();
         assert!(matches!(probe, Acquire::Held { .. }), "the fast commit's lock lapsed: {probe:?}");
+        slow.gate.add_permits(1);
         let (outcomes, report) = run.await.unwrap();
         assert!(outcomes.iter().all(|(_, o)| *o == Outcome::Acked), "{outcomes:?}");
         assert_eq!(report.done.len(), 2);
-    }
-
-    /// A lock that, once `stolen` is set, answers every renewal of one key as held by another.
-    struct Stolen {
-        inner: Arc<MemoryLock>,
-        key_part: String,
-        stolen: std::sync::atomic::AtomicBool,
-    }
-
-    #[async_trait]
-    impl LeaseLock for Stolen {
-        async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, crate::ports::LockError> {
-            self.inner.acquire(key, ttl).await
-        }
-        async fn renew(
-            &self,
-            key: &str,
-            token: &str,
-            ttl: Duration,
-        ) -> Result<bool, crate::ports::LockError> {
-            if key.contains(&self.key_part) && self.stolen.load(Ordering::SeqCst) {
-                return Ok(false);
-            }
-            self.inner.renew(key, token, ttl).await
-        }
-        async fn release(&self, key: &str, token: &str) -> Result<bool, crate::ports::LockError> {
-            self.inner.release(key, token).await
-        }
     }
 
     /// A commit whose lease is lost while the call that carries it (with another commit) is under
@@ -1076,23 +1028,12 @@ mod tests {
     async fn an_answer_in_hand_is_written_though_its_lease_was_lost_mid_call() {
         let diffs: HashMap<String, String> = (0..2).map(|i| (sha(i), diff("src/a.rs", 5))).collect();
         let mut r = rig_answering_in(diffs, "", Duration::from_millis(1_000)).await;
-        let lock = Arc::new(Stolen {
-            inner: Arc::new(MemoryLock::new(Arc::new(SystemClock))),
-            key_part: sha(1),
-            stolen: false.into(),
-        });
+        let inner = Arc::new(MemoryLock::new(Arc::new(SystemClock)));
+        let lock = Arc::new(crate::embedded::ScriptedLock::new(inner, sha(1), false));
         r.worker.lock = lock.clone();
-        for i in 0..2 {
-            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
-        }
-        let (worker, queue) = (r.worker.clone(), r.queue.clone());
-        let run = tokio::spawn(async move {
-            let batch = crate::lease::receive_batch(&queue, 100, Duration::from_secs(5)).await.unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            worker.process_batch(Arc::new(queue), batch, deadline).await
-        });
+        let run = two_commits_in_one_batch(&r).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        lock.stolen.store(true, Ordering::SeqCst);
+        lock.refuse_renewals.store(true, Ordering::SeqCst);
         let (_, report) = run.await.unwrap();
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1, "one call for both");
         let keys: Vec<(String, String)> = (0..2).map(|i| ("github:1".to_owned(), sha(i))).collect();

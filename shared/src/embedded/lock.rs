@@ -63,3 +63,47 @@ impl LeaseLock for MemoryLock {
         })
     }
 }
+
+/// The embedded lock with one set of keys (those containing `key_part`) scripted, for unit tests
+/// of what a slow or stolen lock does to a worker: their acquires wait for a permit of `gate`, and
+/// once `refuse_renewals` is set their renewals answer "held by another".
+#[cfg(test)]
+pub(crate) struct ScriptedLock {
+    pub inner: std::sync::Arc<MemoryLock>,
+    pub key_part: String,
+    pub gate: tokio::sync::Semaphore,
+    pub refuse_renewals: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(test)]
+impl ScriptedLock {
+    /// Scripts the keys containing `key_part`; `gated` closes their acquires until permits are added.
+    pub fn new(inner: std::sync::Arc<MemoryLock>, key_part: String, gated: bool) -> Self {
+        let permits = if gated { 0 } else { tokio::sync::Semaphore::MAX_PERMITS };
+        Self { inner, key_part, gate: tokio::sync::Semaphore::new(permits), refuse_renewals: false.into() }
+    }
+
+    fn scripted(&self, key: &str) -> bool {
+        key.contains(&self.key_part)
+    }
+}
+
+#[cfg(test)]
+#[async_trait]
+impl LeaseLock for ScriptedLock {
+    async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
+        if self.scripted(key) {
+            let _open = self.gate.acquire().await.map_err(|e| LockError::Unavailable(e.to_string()))?;
+        }
+        self.inner.acquire(key, ttl).await
+    }
+    async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError> {
+        if self.scripted(key) && self.refuse_renewals.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(false);
+        }
+        self.inner.renew(key, token, ttl).await
+    }
+    async fn release(&self, key: &str, token: &str) -> Result<bool, LockError> {
+        self.inner.release(key, token).await
+    }
+}

@@ -13,6 +13,8 @@ mod summaries;
 pub use cache::MemoryCache;
 pub use db::{DbOpenError, EmbeddedDb};
 pub use lock::MemoryLock;
+#[cfg(test)]
+pub(crate) use lock::ScriptedLock;
 pub use mappings::MemoryMappings;
 pub use queue::{EmbeddedQueue, EmbeddedQueues, QueueSettings};
 pub use store::EmbeddedStore;

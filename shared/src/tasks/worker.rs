@@ -814,31 +814,6 @@ mod tests {
         assert_eq!((r.llm.calls.load(Ordering::SeqCst), r.status().await), (1, TaskStatus::Completed));
     }
 
-    /// A lock whose acquire answers only once the test opens the gate.
-    struct GatedLock {
-        inner: Arc<MemoryLock>,
-        gate: tokio::sync::Semaphore,
-    }
-
-    #[async_trait]
-    impl LeaseLock for GatedLock {
-        async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, crate::ports::LockError> {
-            let _open = self.gate.acquire().await.expect("the gate is never closed");
-            self.inner.acquire(key, ttl).await
-        }
-        async fn renew(
-            &self,
-            key: &str,
-            token: &str,
-            ttl: Duration,
-        ) -> Result<bool, crate::ports::LockError> {
-            self.inner.renew(key, token, ttl).await
-        }
-        async fn release(&self, key: &str, token: &str) -> Result<bool, crate::ports::LockError> {
-            self.inner.release(key, token).await
-        }
-    }
-
     /// A lock acquire slower than the lease: meanwhile the message is delivered again and deleted by
     /// another consumer. The late worker must not claim the record on its dead delivery: nothing
     /// would be left to finish a `PROCESSING` record. It ends unclaimed and frees the lock.
@@ -846,7 +821,7 @@ mod tests {
     async fn a_delivery_that_lapsed_during_a_slow_lock_acquire_claims_nothing() {
         let clock = ManualClock::new(1_000_000);
         let mut r = rig(clock.clone(), ScriptedLlm::default(), fast()).await;
-        let gated = Arc::new(GatedLock { inner: r.lock.clone(), gate: tokio::sync::Semaphore::new(0) });
+        let gated = Arc::new(crate::embedded::ScriptedLock::new(r.lock.clone(), r.task_id.clone(), true));
         r.worker.lock = gated.clone();
         let m = r.receive().await;
         let (w, q) = (r.worker.clone(), r.queue());
