@@ -97,8 +97,7 @@ REVERTS = {
         .await;""", "        let written = self.summaries.put_summary(&summary).await;"),
     ]),
     "late-claim": ("a delivery started after its lease lapsed claims the record all the same", [
-        ("shared/src/lease.rs", "    if since.elapsed() <= config.renew_interval {",
-         "    if since.elapsed() <= config.renew_interval || since.elapsed() > config.renew_interval {"),
+        ("shared/src/lease.rs", "    if fresh {", "    if fresh || !fresh {"),
     ]),
     "holder-settles": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
         ("shared/src/tasks/worker.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {

@@ -100,9 +100,10 @@ pub async fn start(
 }
 
 /// Confirms that a delivery is still this worker's before a claim ties the task's record to it,
-/// when more than one renewal interval has passed since its lease was last known good: the latest
-/// of its lease's start (the delivery's own `leased_at` if it came already leased, else `started`,
-/// just before [`start`]) and a renewal by the batch's `heartbeat` it waited under. A wait that long
+/// when its lease may have lapsed: more than one renewal interval since the lease began (the
+/// delivery's own `leased_at` if it came already leased, else `started`, just before [`start`]),
+/// or, for a delivery the batch's `heartbeat` renewed while it waited, a last renewal so old that
+/// the lease could run out before the next beat. A wait that long
 /// (a pool slow to start what it received, a slow lock, a slow lease start) may have let
 /// the lease lapse; another consumer may then have received the message and deleted it (its record
 /// was terminal then). A record claimed on that dead delivery would stay `PROCESSING` with no
@@ -121,8 +122,13 @@ pub async fn confirm(
         Some(at) if message.leased_for == Some(config.lease_ttl) => at.min(started),
         _ => started,
     };
-    let since = heartbeat.and_then(|h| h.renewed_at(&message.receipt)).map_or(began, |at| at.max(began));
-    if since.elapsed() <= config.renew_interval {
+    let fresh = match heartbeat.and_then(|h| h.renewed_at(&message.receipt)).filter(|at| *at > began) {
+        // Renewed by a heartbeat that goes on beating: its next renewal comes within an interval,
+        // so only a lease that could lapse before then needs confirming.
+        Some(at) => at.elapsed() <= config.lease_ttl.saturating_sub(config.renew_interval),
+        None => began.elapsed() <= config.renew_interval,
+    };
+    if fresh {
         return Ok(());
     }
     renew_now(queue, message, config, lane).await
