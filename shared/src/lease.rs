@@ -712,10 +712,12 @@ async fn renew_lock(lock: &dyn LeaseLock, entry: &Leased, ttl: Duration, within:
 }
 
 /// One delivery's beat, given its visibility and lock renewals: the lease is lost when the lock
-/// is another's, or, without a lock of ours, when the queue refuses the receipt. A refused receipt
-/// under a lock we still hold is not a loss (another consumer was handed the message, refused by
-/// the lock, and gave it back): the run goes on and its fenced write decides. Then whether its
-/// client cancelled it, asked within one interval.
+/// is another's, or, without a lock, when the queue refuses the receipt. A refused receipt under a
+/// lock we hold is not a loss (another consumer was handed the message, refused by the lock, and
+/// gave it back): the run goes on and its fenced write decides. Nor is it under a lock whose renewal
+/// went unanswered: the key is ours until a beat hears otherwise, and dropping the run there would
+/// stop renewing a key still held, let it lapse, and hand a paid call in progress to a second run.
+/// Then whether its client cancelled it, asked within one interval.
 async fn beat(
     visibility: Result<(), QueueError>,
     locked: Locked,
@@ -734,7 +736,7 @@ async fn beat(
     }
     match visibility {
         Ok(()) => {}
-        Err(QueueError::ReceiptInvalid) if matches!(locked, Locked::Held) => {
+        Err(QueueError::ReceiptInvalid) if matches!(locked, Locked::Held | Locked::Unknown) => {
             warn!("visibility renewal refused while the lock is ours: the fence decides the write");
         }
         Err(QueueError::ReceiptInvalid) => {
@@ -772,6 +774,25 @@ mod tests {
                 let d = full_jitter_backoff(&c, n).as_millis() as u64;
                 assert!((1..=cap).contains(&d), "failure {n}: {d} not in 1..={cap}");
             }
+        }
+    }
+
+    /// A refused receipt is a lost lease without a lock, not under a lock of ours nor one whose
+    /// renewal went unanswered (its key stays ours until a beat hears otherwise).
+    #[tokio::test]
+    async fn a_refused_receipt_loses_the_lease_only_when_no_lock_of_ours_may_hold_it() {
+        let metrics = Metrics::new();
+        let within = Duration::from_secs(1);
+        for (locked, lost) in [(Locked::Held, false), (Locked::Unknown, false), (Locked::None, true)] {
+            let shown = match locked {
+                Locked::Held => "held",
+                Locked::Unknown => "unanswered",
+                _ => "none",
+            };
+            let entry = Leased::new("r".into(), CancellationToken::new());
+            let token = entry.lost.clone();
+            beat(Err(QueueError::ReceiptInvalid), locked, None, &metrics, "commits", within, entry).await;
+            assert_eq!(token.is_cancelled(), lost, "lock {shown}");
         }
     }
 

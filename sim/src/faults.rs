@@ -128,6 +128,11 @@ pub struct Chaos {
     pub summaries: lanes_core::embedded::EmbeddedSummaries,
     /// Which task each prompt belongs to (prompts are unique per task id).
     pub prompts: BTreeMap<String, String>,
+    /// For each delivery (the tokio task that runs it) and lock key, the lock service it last took
+    /// that key from, or `None` when the acquire failed (the run went on degraded). A claim made
+    /// from a key since lost to a failover, or with none, is a broken claim: it may take over a live
+    /// run, whose paid answer its fence then refuses (I9).
+    pub holders: Mutex<std::collections::HashMap<(tokio::task::Id, String), Option<Arc<MemoryLock>>>>,
 }
 
 impl Chaos {
@@ -152,6 +157,35 @@ impl Chaos {
             truth,
             summaries,
             prompts: BTreeMap::new(),
+            holders: Mutex::default(),
+        }
+    }
+
+    /// The current delivery's acquire of `key` ended with `on` (the lock service it took the key
+    /// from) or with no key (`None`).
+    fn took(&self, key: &str, on: Option<Arc<MemoryLock>>) {
+        if let (Some(id), Ok(mut h)) = (tokio::task::try_id(), self.holders.lock()) {
+            h.insert((id, key.to_owned()), on);
+        }
+    }
+
+    /// Whether the current delivery claims `task_id` without the lock (degraded), or on a key a
+    /// failover has since lost.
+    fn claims_broken(&self, task_id: &str) -> bool {
+        let key = lanes_core::tasks::worker::lock_key(task_id);
+        let Some(id) = tokio::task::try_id() else { return false };
+        let taken = match self.holders.lock() {
+            Ok(h) => h.get(&(id, key)).cloned(),
+            Err(_) => None,
+        };
+        let current = match self.lock.lock() {
+            Ok(l) => l.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        match taken {
+            None => false,
+            Some(None) => true,
+            Some(Some(on)) => !Arc::ptr_eq(&on, &current),
         }
     }
 
@@ -495,8 +529,10 @@ impl TaskStore for FaultyStore {
         let d = self.ctx.pre::<StoreError>(Port::Store, "claim", task_id).await?;
         let r = self.inner.claim(task_id, now_ms, ttl).await;
         if let Ok(ClaimOutcome::Claimed(rec)) = &r {
-            self.ctx.note(|| format!("claim {} -> fence {}", short(task_id), rec.fence));
-            self.ctx.chaos.oracle(|o| o.claimed(task_id, rec.fence));
+            let broken = self.ctx.chaos.claims_broken(task_id);
+            let how = if broken { " (lock lost or never held)" } else { "" };
+            self.ctx.note(|| format!("claim {} -> fence {}{how}", short(task_id), rec.fence));
+            self.ctx.chaos.oracle(|o| o.claimed(task_id, rec.fence, broken));
         }
         self.ctx.post(d, "claim", task_id, r).await
     }
@@ -783,7 +819,9 @@ impl FaultyLock {
         let task = id_of_lock_key(key);
         // A lock call its caller gives up on (the heartbeat cuts each at one interval) is the lock
         // service not answering: as unavailable as an error.
-        let mut cut = Unanswered { chaos: self.ctx.chaos.clone(), task: task.clone(), armed: true };
+        let asked_calm = self.ctx.chaos.is_calm();
+        let mut cut =
+            Unanswered { chaos: self.ctx.chaos.clone(), task: task.clone(), armed: true, asked_calm };
         let d = match self.ctx.pre::<LockError>(Port::Lock, op, key).await {
             Ok(d) => d,
             Err(e) => {
@@ -805,12 +843,16 @@ struct Unanswered {
     chaos: Arc<Chaos>,
     task: String,
     armed: bool,
+    /// The history was calm when the call was asked (no fault slowed it).
+    asked_calm: bool,
 }
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
-        if self.armed && !self.chaos.is_calm() {
+        // Judged by when it was asked: a call slowed before the history calmed is cut after it.
+        if self.armed && !self.asked_calm {
             let task = std::mem::take(&mut self.task);
+            self.chaos.trace(|| format!("lock call of {} cut unanswered", short(&task)));
             self.chaos.oracle(|o| o.justify(&task, "lock call unanswered in time"));
         }
     }
@@ -822,6 +864,11 @@ impl LeaseLock for FaultyLock {
         let inner = self.inner();
         let r = self.guarded("lock.acquire", key, inner.acquire(key, ttl)).await;
         self.landed_on_lost_keys(&inner, key);
+        match &r {
+            Ok(Acquire::Acquired(_)) => self.ctx.chaos.took(key, Some(inner.clone())),
+            Ok(Acquire::Held { .. }) => {}
+            Err(_) => self.ctx.chaos.took(key, None),
+        }
         if let Ok(a) = &r {
             let got = matches!(a, Acquire::Acquired(_));
             self.ctx

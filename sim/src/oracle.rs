@@ -17,7 +17,8 @@
 //!   most once per enqueue grace however many clients poll, at once when its send is known to have
 //!   failed.
 //! - **I9.** A paid answer is written: a completed final write is refused only by the client's
-//!   cancellation, or in a run the simulation broke (as in I2).
+//!   cancellation, in a run the simulation broke (as in I2), or after a broken claim took the run
+//!   over: one made without the lock (the lock service failing) or on a key a failover lost.
 //!
 //! - **I6.** Every commit of a push the webhook accepted is summarized, in at most one paid call
 //!   (the same justified extras as I2), or sits in the commits DLQ for a reason that is not a wait.
@@ -65,9 +66,10 @@ struct Book {
     sends_allowed: u32,
     /// `justified` when the current run began: I9 looks only at the run's own breaks.
     justified_before_run: u32,
-    /// For each fence claimed, `justified_before_run` of the run it claimed: a refused answer is
-    /// judged by its own run's breaks, not by those of a resubmission made since.
-    run_of_fence: BTreeMap<u64, u32>,
+    /// For each fence claimed, `justified_before_run` of the run it claimed (a refused answer is
+    /// judged by its own run's breaks, not by those of a resubmission made since), and whether the
+    /// claim was broken: made without the lock, or on a key a failover lost.
+    run_of_fence: BTreeMap<u64, (u32, bool)>,
     /// A commit of an accepted push (I6).
     accepted_commit: bool,
     /// A commit the Git host pushed (accepted or not yet).
@@ -328,11 +330,12 @@ impl Oracle {
         self.book(task).terminal_writes += 1;
     }
 
-    /// A claim gave the current run `fence`.
-    pub fn claimed(&mut self, task: &str, fence: u64) {
+    /// A claim gave the current run `fence`; `broken` if its delivery held no lock (degraded) or
+    /// one a failover has since lost.
+    pub fn claimed(&mut self, task: &str, fence: u64, broken: bool) {
         let b = self.book(task);
         let since = b.justified_before_run;
-        b.run_of_fence.insert(fence, since);
+        b.run_of_fence.insert(fence, (since, broken));
     }
 
     /// A completed final write with `fence` was refused by the fence; `current` is the record then
@@ -340,9 +343,12 @@ impl Oracle {
     pub fn answer_refused(&mut self, task: &str, fence: u64, current: Option<&TaskRecord>) {
         self.exercise("I9");
         let b = self.book(task);
-        let since = b.run_of_fence.get(&fence).copied().unwrap_or(b.justified_before_run);
-        if b.cancelled_fence > fence || b.justified > since {
-            return; // its client cancelled this run, or the simulation broke it
+        let since = b.run_of_fence.get(&fence).map_or(b.justified_before_run, |(since, _)| *since);
+        // A broken claim since this run's own may have taken over a run that was still live: the
+        // fence then refuses the older answer, as designed (only the lock keeps runs single).
+        let taken_over = b.run_of_fence.range(fence + 1..).any(|(_, (_, broken))| *broken);
+        if b.cancelled_fence > fence || b.justified > since || taken_over {
+            return; // its client cancelled this run, or the simulation broke it or its taker
         }
         let detail = match current {
             Some(r) => format!(

@@ -51,6 +51,13 @@ const REGRESSIONS: &[(u64, bool, &str)] = &[
     ),
     (210_693, true, "the oracle judged an old run's refused answer by a resubmission's breaks"),
     (218_308, true, "the oracle judged an old run's refused answer by a resubmission's breaks"),
+    (
+        312_108,
+        true,
+        "a refused receipt under an unanswered lock renewal gave the run up: its key lapsed, a second call",
+    ),
+    (408_893, true, "the oracle did not see that a claim made without the lock took over a live run"),
+    (505_373, true, "the oracle did not see that a claim on a key a failover lost took over a live run"),
 ];
 
 #[test]
