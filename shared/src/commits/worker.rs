@@ -1041,6 +1041,58 @@ mod tests {
         assert_eq!(stored.len(), 2, "the lost commit's paid answer was thrown away: {:?}", report.done.len());
     }
 
+    /// Summaries whose first write fails (the store blips): the answer is paid for.
+    struct BlipOnce {
+        inner: Arc<dyn SummaryStore>,
+        failed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl SummaryStore for BlipOnce {
+        async fn get_summaries(&self, keys: &[(String, String)]) -> Result<Vec<CommitSummary>, StoreError> {
+            self.inner.get_summaries(keys).await
+        }
+        async fn put_summary(&self, summary: &CommitSummary) -> Result<crate::ports::WriteOnce, StoreError> {
+            if !self.failed.swap(true, Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("blip".into()));
+            }
+            self.inner.put_summary(summary).await
+        }
+        async fn list_summaries(
+            &self,
+            repo_id: &str,
+            limit: usize,
+            after: Option<&str>,
+        ) -> Result<crate::ports::SummaryPage, StoreError> {
+            self.inner.list_summaries(repo_id, limit, after).await
+        }
+        async fn mark_delivery(
+            &self,
+            delivery: &str,
+            now_ms: u64,
+            ttl_secs: u64,
+        ) -> Result<bool, StoreError> {
+            self.inner.mark_delivery(delivery, now_ms, ttl_secs).await
+        }
+        async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
+            self.inner.delivery_seen(delivery, now_ms).await
+        }
+    }
+
+    /// A summary write that fails once is asked again before the paid answer is put off: the
+    /// commit is written from the one call and acked, not handed back to be summarized again.
+    #[tokio::test]
+    async fn a_summary_write_that_fails_once_is_retried_before_the_answer_is_put_off() {
+        let mut r = rig(HashMap::from([(sha(0), diff("src/a.rs", 5))]), "").await;
+        r.worker.summaries = Arc::new(BlipOnce { inner: r.worker.summaries.clone(), failed: false.into() });
+        r.queue.send(&message("github:1", &sha(0)), Default::default()).await.unwrap();
+        let (outcomes, _) = drain(&r).await;
+        assert_eq!(outcomes, vec![Outcome::Acked]);
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1);
+        let stored = r.worker.summaries.get_summaries(&[("github:1".into(), sha(0))]).await.unwrap();
+        assert_eq!(stored.len(), 1);
+    }
+
     /// In a Lambda invocation the acked deliveries are not deleted one by one: the event source
     /// mapping deletes them when the invocation returns, and until then they stay hidden.
     #[tokio::test]
