@@ -132,8 +132,11 @@ pub struct Chaos {
     /// that key from, or `None` when the acquire failed (the run went on degraded). A claim made
     /// from a key since lost to a failover, or with none, is a broken claim: it may take over a live
     /// run, whose paid answer its fence then refuses (I9).
-    pub holders: Mutex<std::collections::HashMap<(tokio::task::Id, String), Option<Arc<MemoryLock>>>>,
+    pub holders: Mutex<Holders>,
 }
+
+/// Per delivery (its tokio task) and lock key: the lock service the key was taken from, if any.
+pub type Holders = std::collections::HashMap<(tokio::task::Id, String), Option<Arc<MemoryLock>>>;
 
 impl Chaos {
     /// The chaos of one history.
