@@ -50,8 +50,8 @@ pub async fn duplicates_report(
     visibility_ms: u64,
 ) -> Result<DuplicatesReport, String> {
     use lanes_core::domain::commit::{CommitMessage, Provider};
+    use lanes_core::domain::{TaskMessage, TaskRecord, TaskRequest};
     use lanes_core::ports::{QueueConsume, QueueSend};
-    use lanes_core::tasks::{TaskMessage, TaskRecord, TaskRequest};
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let pollers = 3;
     let visibility = Duration::from_millis(visibility_ms);

@@ -54,8 +54,8 @@ pub struct HolReport {
 /// 5% synthesis (45-180 s) and 95% interactive (0.5-2 s) at about 85% of `slots`, through the real
 /// pool and embedded queues and store, under three policies.
 pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<HolReport, String> {
+    use lanes_core::domain::{TaskMessage, TaskRecord, TaskRequest};
     use lanes_core::ports::{QueueConsume, QueueSend};
-    use lanes_core::tasks::{TaskMessage, TaskRecord, TaskRequest};
     let err = |e: &dyn std::fmt::Display| e.to_string();
     // A fixed pseudo-random stream, so every policy sees the same arrivals.
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;

@@ -4,7 +4,8 @@
 
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::{Kind, Lane};
-use lanes_core::limiter::{Limited, LimiterConfig, MemoryLimiter, RateLimiter};
+use lanes_core::limiter::{LimiterConfig, MemoryLimiter, RateLimiter};
+use lanes_core::llm::Limited;
 use lanes_core::llm::OpenAiClient;
 use lanes_core::ports::{LlmClient, LlmError, LlmRequest};
 use lanes_tests::mock_llm::{MockLimits, MockLlm};

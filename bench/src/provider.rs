@@ -9,7 +9,8 @@
 use crate::limiter::{MIXED, mixed_request};
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::Lane;
-use lanes_core::limiter::{Limited, LimiterConfig, MemoryLimiter, RateLimiter};
+use lanes_core::limiter::{LimiterConfig, MemoryLimiter, RateLimiter};
+use lanes_core::llm::Limited;
 use lanes_core::llm::{OpenAiClient, RetryPolicy, Retrying};
 use lanes_core::ports::{LlmClient, LlmError};
 use lanes_tests::mock_llm::{Discipline, Hint, MockLimits, MockLlm};

@@ -6,7 +6,9 @@ use crate::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::{AwsClients, AwsSettings};
 use crate::clock::SharedClock;
-use crate::config::{ConfigError, require_env};
+use crate::commits::sources::{DiffSources, GitHubSource, GitLabSource, LocalGit};
+use crate::commits::webhook::WebhookConfig;
+use crate::config::{ConfigError, Redrive, require_env};
 use crate::domain::Lane;
 use crate::embedded::{
     EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, MemoryCache, MemoryLock,
@@ -154,51 +156,6 @@ pub struct AwsBackendConfig {
     /// without asking SQS for it.
     pub redrive: Option<Redrive>,
 }
-
-/// A redrive policy known from the environment (`LANES_MAX_RECEIVE_COUNT` and
-/// `LANES_DLQ_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, set by the template from the same values it
-/// gives the queues). Without it, a consumer reads its queue's policy from SQS when it starts: two
-/// more requests, and a TLS handshake, in every worker's cold start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Redrive {
-    /// `maxReceiveCount` of every lane queue.
-    pub max_receive_count: u32,
-    /// The DLQ URL per lane.
-    pub dlq_urls: [String; 3],
-}
-
-impl Redrive {
-    /// `Some` when all four variables are set, `None` when none is; a partial set is an error that
-    /// names what is missing, and a count that is not a positive number one that names it too.
-    pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        Self::parse(
-            crate::config::optional_env("LANES_MAX_RECEIVE_COUNT"),
-            DLQ_URL_VARS.map(crate::config::optional_env),
-        )
-    }
-
-    /// [`Self::from_env`] on the variables' values.
-    pub fn parse(count: Option<String>, dlqs: [Option<String>; 3]) -> Result<Option<Self>, ConfigError> {
-        if count.is_none() && dlqs.iter().all(Option::is_none) {
-            return Ok(None);
-        }
-        let count = count.ok_or(ConfigError::Missing("LANES_MAX_RECEIVE_COUNT"))?;
-        let max_receive_count =
-            count.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| ConfigError::Invalid {
-                name: "LANES_MAX_RECEIVE_COUNT",
-                reason: format!("{count:?} is not a positive count"),
-            })?;
-        let mut urls = Vec::with_capacity(3);
-        for (var, url) in DLQ_URL_VARS.into_iter().zip(dlqs) {
-            urls.push(url.ok_or(ConfigError::Missing(var))?);
-        }
-        let dlq_urls: [String; 3] = urls.try_into().map_err(|_| ConfigError::Missing("LANES_DLQ_URL_*"))?;
-        Ok(Some(Self { max_receive_count, dlq_urls }))
-    }
-}
-
-const DLQ_URL_VARS: [&str; 3] =
-    ["LANES_DLQ_URL_INTERACTIVE", "LANES_DLQ_URL_SYNTHESIS", "LANES_DLQ_URL_COMMITS"];
 
 const QUEUE_URL_VARS: [&str; 3] =
     ["LANES_QUEUE_URL_INTERACTIVE", "LANES_QUEUE_URL_SYNTHESIS", "LANES_QUEUE_URL_COMMITS"];
@@ -425,10 +382,52 @@ async fn route_client(
     let name = route.name();
     let limiter = adapters.limiter(route, clock.clone())?;
     let client = match &limiter {
-        Some(l) => Arc::new(crate::limiter::Limited::new(client, l.clone(), max_wait).for_route(&name)) as _,
+        Some(l) => Arc::new(crate::llm::Limited::new(client, l.clone(), max_wait).for_route(&name)) as _,
         None => client,
     };
     Ok(crate::llm::route::RouteClient { name, client, limiter })
+}
+
+/// The webhook's settings: `LANES_GITHUB_WEBHOOK_SECRET` / `LANES_GITLAB_WEBHOOK_TOKEN`, or in Lambda the Secrets Manager
+/// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
+/// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups). The secrets are read at
+/// first use, or ahead of it where the init runs ahead of events
+/// ([`crate::adapters::secrets::reads_ahead`]); a rotated one is read again at the first delivery
+/// it fails to verify ([`crate::secret::Secret::check`]).
+pub fn webhook_config() -> WebhookConfig {
+    let [github_secret, gitlab_token] = crate::adapters::secrets::env_or_secrets([
+        ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
+        ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),
+    ]);
+    let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
+        .map(|v| {
+            v.split(',').map(|e| e.trim().trim_matches('/').to_owned()).filter(|e| !e.is_empty()).collect()
+        })
+        .unwrap_or_default();
+    WebhookConfig { github_secret, gitlab_token, allowlist }
+}
+
+/// The commits flow's Git hosts, GitHub and GitLab, from the environment: `LANES_GITHUB_API_URL` (default
+/// `https://api.github.com`), `LANES_GITHUB_TOKEN` or the secret `LANES_GITHUB_TOKEN_SECRET`;
+/// `LANES_GITLAB_URL` (default `https://gitlab.com`), `LANES_GITLAB_API_TOKEN` or the secret
+/// `LANES_GITLAB_API_TOKEN_SECRET`. With `local`, local repositories too.
+pub fn diff_sources(local: bool) -> DiffSources {
+    let timeout = Duration::from_secs(20);
+    let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
+        .unwrap_or_else(|| "https://api.github.com".into());
+    let gitlab_url =
+        crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
+    // Read ahead together where the init runs ahead of events (one Secrets Manager request),
+    // else each at its first use; a token refused with 401 is read again (rotation).
+    let [github_token, gitlab_token] = crate::adapters::secrets::env_or_secrets([
+        ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
+        ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),
+    ]);
+    DiffSources {
+        github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout))),
+        gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout))),
+        local: local.then(|| Arc::new(LocalGit) as Arc<dyn crate::ports::DiffSource>),
+    }
 }
 
 #[cfg(test)]

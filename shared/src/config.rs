@@ -41,7 +41,7 @@ pub struct WorkerConfig {
     pub lanes: [LanePolicy; 3],
     /// Per-project quotas (the per-minute caps are enforced before each call, and the day's tokens
     /// charged after it).
-    pub quota: crate::quota::QuotaConfig,
+    pub quota: QuotaConfig,
 }
 
 /// What a lane allows one task before it ends `FAILED`. Waiting (throttling, a lock held elsewhere, a
@@ -101,9 +101,9 @@ impl WorkerConfig {
     /// The same settings with each lane's policy read from `LANES_ATTEMPTS_<LANE>`,
     /// `LANES_MAX_AGE_SECS_<LANE>` and `LANES_MAX_TOKENS_<LANE>` (`<LANE>` = `INTERACTIVE`,
     /// `SYNTHESIS`, `COMMITS`), where set, and the per-project quotas
-    /// ([`crate::quota::QuotaConfig::from_env`]).
+    /// ([`QuotaConfig::from_env`]).
     pub fn lanes_from_env(mut self) -> Result<Self, ConfigError> {
-        self.quota = crate::quota::QuotaConfig::from_env()?;
+        self.quota = QuotaConfig::from_env()?;
         const NAMES: [[&str; 3]; 3] = [
             ["LANES_ATTEMPTS_INTERACTIVE", "LANES_MAX_AGE_SECS_INTERACTIVE", "LANES_MAX_TOKENS_INTERACTIVE"],
             ["LANES_ATTEMPTS_SYNTHESIS", "LANES_MAX_AGE_SECS_SYNTHESIS", "LANES_MAX_TOKENS_SYNTHESIS"],
@@ -116,7 +116,7 @@ impl WorkerConfig {
             if let Some(n) = env_number(age, 1, 14 * 24 * 3600)? {
                 policy.max_age = Duration::from_secs(n);
             }
-            if let Some(n) = env_number(tokens, 1, crate::tasks::request::MAX_PARAM_TOKENS as u64)? {
+            if let Some(n) = env_number(tokens, 1, crate::domain::MAX_PARAM_TOKENS as u64)? {
                 policy.max_tokens = n as u32;
             }
         }
@@ -163,7 +163,7 @@ pub struct IngressConfig {
     /// `Retry-After` seconds on a 503.
     pub retry_after_secs: u64,
     /// Per-project quotas (the daily budget is checked here).
-    pub quota: crate::quota::QuotaConfig,
+    pub quota: QuotaConfig,
     /// Whether every request must carry an authenticated [`crate::tasks::tenant::Tenant`].
     pub tenancy: bool,
 }
@@ -197,7 +197,7 @@ impl IngressConfig {
         if let Some(retention) = env_number("LANES_QUEUE_RETENTION_SECS", 60, 14 * 24 * 3600)? {
             config.pending_ttl_secs = pending_ttl_for(retention);
         }
-        config.quota = crate::quota::QuotaConfig::from_env()?;
+        config.quota = QuotaConfig::from_env()?;
         Ok(config)
     }
 }
@@ -224,6 +224,71 @@ pub fn optional_env(name: &str) -> Option<String> {
 pub fn require_env(name: &'static str) -> Result<String, ConfigError> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name))
 }
+
+/// The quotas every project gets; `None` = no quota of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaConfig {
+    /// Tokens (prompt + completion) per UTC day.
+    pub daily_tokens: Option<u64>,
+    /// Provider calls per calendar minute.
+    pub rpm: Option<u64>,
+    /// Estimated tokens per calendar minute.
+    pub tpm: Option<u64>,
+}
+
+impl QuotaConfig {
+    /// Reads `LANES_PROJECT_DAILY_TOKENS`, `LANES_PROJECT_RPM` and `LANES_PROJECT_TPM` (each
+    /// optional).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Self {
+            daily_tokens: env_number("LANES_PROJECT_DAILY_TOKENS", 1, u64::MAX / 2)?,
+            rpm: env_number("LANES_PROJECT_RPM", 1, 1_000_000)?,
+            tpm: env_number("LANES_PROJECT_TPM", 1, u64::MAX / 2)?,
+        })
+    }
+}
+
+/// A redrive policy known from the environment (`LANES_MAX_RECEIVE_COUNT` and
+/// `LANES_DLQ_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, set by the template from the same values it
+/// gives the queues). Without it, a consumer reads its queue's policy from SQS when it starts: two
+/// more requests, and a TLS handshake, in every worker's cold start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redrive {
+    /// `maxReceiveCount` of every lane queue.
+    pub max_receive_count: u32,
+    /// The DLQ URL per lane.
+    pub dlq_urls: [String; 3],
+}
+
+impl Redrive {
+    /// `Some` when all four variables are set, `None` when none is; a partial set is an error that
+    /// names what is missing, and a count that is not a positive number one that names it too.
+    pub fn from_env() -> Result<Option<Self>, ConfigError> {
+        Self::parse(optional_env("LANES_MAX_RECEIVE_COUNT"), DLQ_URL_VARS.map(optional_env))
+    }
+
+    /// [`Self::from_env`] on the variables' values.
+    pub fn parse(count: Option<String>, dlqs: [Option<String>; 3]) -> Result<Option<Self>, ConfigError> {
+        if count.is_none() && dlqs.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let count = count.ok_or(ConfigError::Missing("LANES_MAX_RECEIVE_COUNT"))?;
+        let max_receive_count =
+            count.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| ConfigError::Invalid {
+                name: "LANES_MAX_RECEIVE_COUNT",
+                reason: format!("{count:?} is not a positive count"),
+            })?;
+        let mut urls = Vec::with_capacity(3);
+        for (var, url) in DLQ_URL_VARS.into_iter().zip(dlqs) {
+            urls.push(url.ok_or(ConfigError::Missing(var))?);
+        }
+        let dlq_urls: [String; 3] = urls.try_into().map_err(|_| ConfigError::Missing("LANES_DLQ_URL_*"))?;
+        Ok(Some(Self { max_receive_count, dlq_urls }))
+    }
+}
+
+const DLQ_URL_VARS: [&str; 3] =
+    ["LANES_DLQ_URL_INTERACTIVE", "LANES_DLQ_URL_SYNTHESIS", "LANES_DLQ_URL_COMMITS"];
 
 #[cfg(test)]
 mod tests {

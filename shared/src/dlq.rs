@@ -16,12 +16,12 @@
 
 use crate::clock::SharedClock;
 use crate::domain::Lane;
+use crate::domain::{TaskMessage, TaskRecord, TaskStatus};
 use crate::metrics::Metrics;
 use crate::ports::DEAD_LETTER_REASON;
 use crate::ports::{
     LeaseLock, PutOutcome, QueueConsume, QueueError, QueueSend, ReceivedMessage, StoreError, TaskStore,
 };
-use crate::tasks::{TaskMessage, TaskRecord, TaskStatus};
 use serde::Serialize;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -176,7 +176,7 @@ impl Sweep<'_> {
     async fn settle(&self, m: &ReceivedMessage) -> Result<Option<bool>, StoreError> {
         let Ok(task) = serde_json::from_str::<TaskMessage>(&m.body) else { return Ok(None) };
         if let Some(lock) = self.lock {
-            let key = crate::tasks::worker::lock_key(&task.task_id);
+            let key = crate::lease::task_lock_key(&task.task_id);
             match lock.acquire(&key, PEEK_VISIBILITY).await {
                 Ok(crate::ports::Acquire::Acquired(token)) => {
                     // Held while the record is settled, so no worker starts it meanwhile.
@@ -476,9 +476,9 @@ pub async fn redrive_by_move(
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
+    use crate::domain::TaskRequest;
     use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, QueueSettings};
     use crate::ports::{ClaimOutcome, Completion};
-    use crate::tasks::TaskRequest;
     use serde_json::json;
     use std::collections::BTreeMap;
     use std::sync::Arc;
@@ -528,7 +528,7 @@ mod tests {
         let ClaimOutcome::Claimed(c) = store.claim(&ids[0], clock.now_ms(), 3600).await.unwrap() else {
             panic!()
         };
-        let done = crate::tasks::TaskResult {
+        let done = crate::domain::TaskResult {
             text: "t".into(),
             model: "m".into(),
             tokens: Default::default(),
@@ -600,7 +600,7 @@ mod tests {
     async fn sweeps_of_two_cover_three_and_leave_a_locked_run_to_its_holder() {
         let DeadLettered { _dir, clock, manual: _, store, queue: _, dlq, ids } = dead_lettered().await;
         let lock = crate::embedded::MemoryLock::new(clock.clone());
-        let key = crate::tasks::worker::lock_key(&ids[1]);
+        let key = crate::lease::task_lock_key(&ids[1]);
         let crate::ports::Acquire::Acquired(token) =
             lock.acquire(&key, Duration::from_secs(60)).await.unwrap()
         else {

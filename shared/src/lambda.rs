@@ -4,8 +4,7 @@
 use crate::backend::{Adapters, AwsBackendConfig};
 use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::commits::api::{self, SummariesApi};
-use crate::commits::sources::DiffSources;
-use crate::commits::webhook::{Webhook, WebhookConfig};
+use crate::commits::webhook::Webhook;
 use crate::commits::worker::CommitsWorker;
 use crate::config::{ConfigError, require_env};
 use crate::config::{IngressConfig, WorkerConfig};
@@ -99,11 +98,11 @@ pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
 }
 
 /// The webhook function's router, from the environment: the `commits` queue and the store of the
-/// backend, and the secrets ([`WebhookConfig::from_env`]). Refuses to start with no secret configured,
+/// backend, and the secrets ([`crate::backend::webhook_config`]). Refuses to start with no secret configured,
 /// since it could then accept nothing; a configured one that cannot be read is logged as an error and
 /// answers `503` until it can.
 pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
-    let config = WebhookConfig::from_env();
+    let config = crate::backend::webhook_config();
     if config.github_secret.is_none() && config.gitlab_token.is_none() {
         return Err(ConfigError::Missing(
             "LANES_GITHUB_WEBHOOK_SECRET(_ID) or LANES_GITLAB_WEBHOOK_TOKEN(_ID)",
@@ -181,7 +180,7 @@ impl ControllerFunction {
             None => None,
             Some(table) => {
                 let (mut dlqs, mut commits) = (Vec::new(), None);
-                let redrive = crate::backend::Redrive::from_env()?;
+                let redrive = crate::config::Redrive::from_env()?;
                 for lane in Lane::ALL {
                     let q = aws
                         .consumer(&urls[lane.index()], lane, redrive.as_ref())
@@ -335,6 +334,7 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         clock: Arc::new(SystemClock),
         config,
     });
+    let tasks = tasks.merge(crate::openapi::routes());
     Ok(with_emf(with_trace(with_tenancy(tasks, tenancy)).merge(read), metrics))
 }
 
@@ -434,7 +434,7 @@ impl WorkerFunction {
         let commits = match lane {
             Lane::Commits => Some(adapters.commits_worker(
                 llm.clone(),
-                Arc::new(DiffSources::from_env(false)),
+                Arc::new(crate::backend::diff_sources(false)),
                 metrics.clone(),
                 Arc::new(SystemClock),
                 config,
@@ -863,7 +863,7 @@ mod tests {
             serde_json::from_str(include_str!("../../events/sqs-interactive.json")).unwrap();
         let m = received_from_sqs(&sample.records[0]).unwrap();
         assert_eq!((m.receive_count, m.attributes["lane"].as_str()), (1, "interactive"));
-        assert!(serde_json::from_str::<crate::tasks::TaskMessage>(&m.body).is_ok());
+        assert!(serde_json::from_str::<crate::domain::TaskMessage>(&m.body).is_ok());
         let ids: Vec<&str> = resp.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
         assert_eq!(ids, ["b", "c"]);
     }
@@ -872,9 +872,9 @@ mod tests {
 #[cfg(test)]
 mod batch_tests {
     use super::*;
+    use crate::domain::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
     use crate::llm::OfflineProvider;
     use crate::ports::QueueSend;
-    use crate::tasks::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
     use serde_json::json;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -99,6 +99,12 @@ pub async fn start(
     renew_now(queue, message, config, lane).await
 }
 
+/// Lock key of a task's lease (one hash slot per task in Redis Cluster): the workers take it, and
+/// the DLQ sweep reads it to leave a run its lock shows live.
+pub fn task_lock_key(task_id: &str) -> String {
+    format!("lease:{{task:{task_id}}}")
+}
+
 /// Confirms that a delivery is still this worker's before a claim ties the task's record to it,
 /// when its lease may have lapsed: more than one renewal interval since the lease began (the
 /// delivery's own `leased_at` if it came already leased, else `started`, just before [`start`]),

@@ -7,12 +7,11 @@
 //!
 //! From the bottom up; docs/ARCHITECTURE.md (Dependency rule) draws the layers and says why:
 //!
-//! - [`domain`]: the vocabulary both flows share: lanes, kinds, token counts, commit messages and
-//!   summaries. Pure.
-//! - [`tasks`]: the task flow. Its pure half ([`tasks::request`], [`tasks::key`], [`tasks::record`]:
-//!   validation, the idempotency key, the record's state machine) sits below the ports; its
-//!   [`tasks::ingress`] (the HTTP API, per [`tasks::tenant`]) and [`tasks::worker`] (claim to fenced
-//!   write) above them.
+//! - [`domain`]: the vocabulary both flows and the ports share: lanes, kinds, token counts, the
+//!   task request and its validation ([`domain::request`]), the task record and its state machine
+//!   ([`domain::task`]), commit messages and summaries. Pure.
+//! - [`tasks`]: the task flow: the idempotency key ([`tasks::key`], pure), [`tasks::ingress`] (the
+//!   HTTP API, per [`tasks::tenant`]) and [`tasks::worker`] (claim to fenced write).
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping; [`jitter`]: the
 //!   randomness of delays, seedable per thread so a simulation replays it.
 //! - [`config`]: tunables with defaults, per-lane policies, and their validation.

@@ -7,7 +7,6 @@ use crate::adapters::AwsSettings;
 use crate::backend::{Adapters, AwsBackendConfig, BackendError, create_aws_resources, redis_from_env};
 use crate::clock::{SharedClock, SystemClock};
 use crate::commits::api::{self, SummariesApi};
-use crate::commits::sources::DiffSources;
 use crate::commits::webhook::{self, Webhook, WebhookConfig};
 use crate::config::{ConfigError, IngressConfig, WorkerConfig};
 use crate::domain::Lane;
@@ -194,8 +193,10 @@ impl Local {
             }
         };
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
-        let git =
-            GitConfig { webhook: WebhookConfig::from_env(), diffs: Arc::new(DiffSources::from_env(true)) };
+        let git = GitConfig {
+            webhook: crate::backend::webhook_config(),
+            diffs: Arc::new(crate::backend::diff_sources(true)),
+        };
         Ok(Self::with_adapters(opts, adapters, llm, clock, git))
     }
 
@@ -256,7 +257,8 @@ impl Local {
             clock,
             config: IngressConfig { tenancy: opts.tenancy.is_on(), ..opts.ingress },
         };
-        let tasks = crate::tasks::tenant::with_header(router(ingress), &opts.tenancy);
+        let tasks =
+            crate::tasks::tenant::with_header(router(ingress).merge(crate::openapi::routes()), &opts.tenancy);
         let m = metrics.clone();
         let router =
             tasks.merge(hooks).merge(read).merge(crate::dlq_admin::admin_router(dlq.clone())).route(

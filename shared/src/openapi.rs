@@ -6,6 +6,15 @@
 
 use utoipa::OpenApi;
 
+/// The routes that serve the document: `/openapi.json`, and `/v1/openapi.json` (the path API
+/// Gateway routes to ingress). Merged beside the task routes by whoever serves them.
+pub fn routes() -> axum::Router {
+    let serve = || async { axum::Json(document()) };
+    axum::Router::new()
+        .route("/openapi.json", axum::routing::get(serve))
+        .route("/v1/openapi.json", axum::routing::get(serve))
+}
+
 /// The document's source: every public route and the schemas they use.
 #[derive(OpenApi)]
 #[openapi(
@@ -27,11 +36,11 @@ use utoipa::OpenApi;
         crate::commits::webhook::function_url,
     ),
     components(schemas(
-        crate::tasks::TaskRequest,
-        crate::tasks::request::ModelParams,
-        crate::tasks::TaskView,
-        crate::tasks::TaskStatus,
-        crate::tasks::TaskResult,
+        crate::domain::TaskRequest,
+        crate::domain::request::ModelParams,
+        crate::domain::TaskView,
+        crate::domain::TaskStatus,
+        crate::domain::TaskResult,
         crate::domain::Lane,
         crate::domain::Kind,
         crate::domain::TokenUsage,

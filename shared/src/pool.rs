@@ -541,12 +541,12 @@ mod tests {
     #[tokio::test]
     async fn pool_reserves_70_30_and_lends_idle_capacity() {
         use crate::clock::SystemClock;
+        use crate::domain::{TaskMessage, TaskRecord, TaskRequest};
         use crate::embedded::{
             EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
         };
         use crate::llm::OfflineProvider;
         use crate::ports::{QueueSend, TaskStore};
-        use crate::tasks::{TaskMessage, TaskRecord, TaskRequest};
         use serde_json::json;
 
         let dir = tempfile::tempdir().unwrap();

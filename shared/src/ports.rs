@@ -4,7 +4,7 @@
 //! intent.
 
 use crate::domain::{Lane, TokenUsage};
-use crate::tasks::{TaskRecord, TaskResult};
+use crate::domain::{TaskRecord, TaskResult};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -465,7 +465,7 @@ pub struct LlmRequest {
     /// Upper bound on completion tokens.
     pub max_tokens: u32,
     /// Sampling parameters from the task's `params`.
-    pub params: crate::tasks::ModelParams,
+    pub params: crate::domain::ModelParams,
 }
 
 /// What a provider's rate-limit headers say about its limits (per window) and its budget now.

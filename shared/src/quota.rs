@@ -14,35 +14,12 @@
 //! with the cache unreachable the quotas are not enforced (counted as degraded), because a quota
 //! protects spend but must not stop the service.
 
-use crate::config::{ConfigError, env_number};
+use crate::config::QuotaConfig;
 use crate::ports::{Cache, CacheError};
 use std::time::Duration;
 
 const DAY_MS: u64 = 24 * 3600 * 1000;
 const MINUTE_MS: u64 = 60 * 1000;
-
-/// The quotas every project gets; `None` = no quota of that kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QuotaConfig {
-    /// Tokens (prompt + completion) per UTC day.
-    pub daily_tokens: Option<u64>,
-    /// Provider calls per calendar minute.
-    pub rpm: Option<u64>,
-    /// Estimated tokens per calendar minute.
-    pub tpm: Option<u64>,
-}
-
-impl QuotaConfig {
-    /// Reads `LANES_PROJECT_DAILY_TOKENS`, `LANES_PROJECT_RPM` and `LANES_PROJECT_TPM` (each
-    /// optional).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Ok(Self {
-            daily_tokens: env_number("LANES_PROJECT_DAILY_TOKENS", 1, u64::MAX / 2)?,
-            rpm: env_number("LANES_PROJECT_RPM", 1, 1_000_000)?,
-            tpm: env_number("LANES_PROJECT_TPM", 1, u64::MAX / 2)?,
-        })
-    }
-}
 
 /// The counters' name for a project: the `project_id` alone, or with tenancy the pair (hashed), so
 /// one tenant's `project_id` can neither spend nor reveal another tenant's budget.

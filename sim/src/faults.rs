@@ -11,9 +11,9 @@
 use crate::oracle::Oracle;
 use async_trait::async_trait;
 use lanes_core::clock::{Clock, SharedClock};
+use lanes_core::domain::TaskRecord;
 use lanes_core::embedded::{EmbeddedQueue, EmbeddedStore, MemoryCache, MemoryLock};
 use lanes_core::ports::*;
-use lanes_core::tasks::TaskRecord;
 use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -175,7 +175,7 @@ impl Chaos {
     /// Whether the current delivery claims `task_id` without the lock (degraded), or on a key a
     /// failover has since lost.
     fn claims_broken(&self, task_id: &str) -> bool {
-        let key = lanes_core::tasks::worker::lock_key(task_id);
+        let key = lanes_core::lease::task_lock_key(task_id);
         let Some(id) = tokio::task::try_id() else { return false };
         let taken = match self.holders.lock() {
             Ok(h) => h.get(&(id, key)).cloned(),
@@ -922,7 +922,7 @@ impl Cache for FaultyCache {
         if let Ok(Some(json)) = &r
             && let Some(id) = key.strip_prefix("task:")
             && let Ok(rec) = serde_json::from_str::<TaskRecord>(json)
-            && rec.status == lanes_core::tasks::TaskStatus::Completed
+            && rec.status == lanes_core::domain::TaskStatus::Completed
         {
             let stored = self.ctx.chaos.truth.get(id, self.ctx.chaos.clock.now_ms()).await.ok().flatten();
             self.ctx.chaos.oracle(|o| o.cache_answer(id, stored.as_ref()));

@@ -17,13 +17,13 @@ use http_body_util::BodyExt;
 use lanes_core::clock::{Clock, SharedClock};
 use lanes_core::config::{IngressConfig, WorkerConfig};
 use lanes_core::domain::Lane;
+use lanes_core::domain::{TaskRecord, TaskRequest};
 use lanes_core::embedded::{
     EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, QueueSettings,
 };
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{QueueConsume, QueueSend, ReceivedMessage, TaskStore};
 use lanes_core::tasks::worker::Worker;
-use lanes_core::tasks::{TaskRecord, TaskRequest};
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -246,7 +246,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     let mut ingress_config = IngressConfig::default();
     let mut worker_config = WorkerConfig::default();
     if rng.random::<f64>() < 0.5 {
-        let quota = lanes_core::quota::QuotaConfig {
+        let quota = lanes_core::config::QuotaConfig {
             daily_tokens: Some(rng.random_range(200..3_000)),
             ..Default::default()
         };
@@ -353,7 +353,7 @@ async fn held_in_dlq(dlq: &EmbeddedQueue) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     for m in messages {
         let _ = dlq.change_visibility(&m.receipt, Duration::ZERO).await;
-        if let Ok(t) = serde_json::from_str::<lanes_core::tasks::TaskMessage>(&m.body) {
+        if let Ok(t) = serde_json::from_str::<lanes_core::domain::TaskMessage>(&m.body) {
             out.push((t.task_id, m.attributes.get(lanes_core::ports::DEAD_LETTER_REASON).cloned()));
         }
     }

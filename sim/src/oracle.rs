@@ -27,7 +27,7 @@
 //!   dead-lettered names a failure, never a wait (throttling, a lock held, a deadline, an outage);
 //!   one the queue moved there was held by a process that crashed on at least one delivery.
 
-use lanes_core::tasks::{TaskRecord, TaskStatus};
+use lanes_core::domain::{TaskRecord, TaskStatus};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 

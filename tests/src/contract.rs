@@ -6,11 +6,11 @@
 
 use lanes_core::domain::TokenUsage;
 use lanes_core::domain::commit::{CommitSummary, SummarySource};
+use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_core::ports::{
     Acquire, Cache, CancelOutcome, ClaimOutcome, Completion, DEAD_LETTER_REASON, EnqueueMark, FinishOutcome,
     LeaseLock, PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
 };
-use lanes_core::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

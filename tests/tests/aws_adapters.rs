@@ -9,9 +9,9 @@ use lanes_core::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect}
 use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
 use lanes_core::domain::TokenUsage;
+use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_core::ports::DEAD_LETTER_REASON;
 use lanes_core::ports::*;
-use lanes_core::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_tests::{MotoServer, RedisServer, now_ms};
 use serde_json::json;
 use std::collections::BTreeMap;

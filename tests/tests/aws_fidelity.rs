@@ -11,9 +11,9 @@
 
 use lanes_core::adapters::AwsClients;
 use lanes_core::clock::{SharedClock, SystemClock};
+use lanes_core::domain::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
 use lanes_core::metrics::AWS_REQUESTS;
 use lanes_core::ports::*;
-use lanes_core::tasks::{TaskMessage, TaskRecord, TaskRequest, TaskStatus};
 use lanes_tests::aws_stub::{Answer, AwsStub};
 use lanes_tests::now_ms;
 use serde_json::json;
@@ -186,7 +186,7 @@ async fn the_move_task_redrive_resets_records_then_starts_one_move() {
             panic!()
         };
         let end = if r.task_id == completed.task_id {
-            Completion::Completed(lanes_core::tasks::TaskResult {
+            Completion::Completed(lanes_core::domain::TaskResult {
                 text: "t".into(),
                 model: "m".into(),
                 tokens: Default::default(),

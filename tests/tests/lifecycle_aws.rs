@@ -12,12 +12,12 @@ use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::config::{IngressConfig, WorkerConfig};
+use lanes_core::domain::{TaskRequest, TaskStatus};
 use lanes_core::llm::OfflineProvider;
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{Cache, QueueConsume, QueueSend, TaskStore, UNSENT};
 use lanes_core::tasks::ingress::{Ingress, router};
 use lanes_core::tasks::worker::{Outcome, Worker};
-use lanes_core::tasks::{TaskRequest, TaskStatus};
 use lanes_tests::{MotoServer, RedisServer, now_ms};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -159,7 +159,7 @@ async fn a_duplicate_answered_while_sqs_stalls_and_fails_gets_its_task_run() {
 
 #[tokio::test]
 async fn a_retry_of_an_accepted_task_gets_its_task_over_the_daily_budget() {
-    let quota = lanes_core::quota::QuotaConfig { daily_tokens: Some(50), ..Default::default() };
+    let quota = lanes_core::config::QuotaConfig { daily_tokens: Some(50), ..Default::default() };
     let r = rig(IngressConfig { quota, ..IngressConfig::default() }).await;
     let (status, first) = post(&r.url).await;
     assert_eq!(status, 202, "{first}");

@@ -420,7 +420,7 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
             let c: lanes_core::domain::commit::CommitMessage = serde_json::from_str(&m.body).unwrap();
             c.validate().unwrap();
         } else {
-            let t: lanes_core::tasks::TaskMessage = serde_json::from_str(&m.body).unwrap();
+            let t: lanes_core::domain::TaskMessage = serde_json::from_str(&m.body).unwrap();
             assert_eq!(t.lane.as_str(), lane, "{file}");
         }
     }

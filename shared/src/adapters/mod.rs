@@ -43,7 +43,7 @@ impl AwsClients {
         &self,
         url: &str,
         lane: crate::domain::Lane,
-        redrive: Option<&crate::backend::Redrive>,
+        redrive: Option<&crate::config::Redrive>,
     ) -> Result<sqs::SqsQueue, crate::ports::QueueError> {
         match redrive {
             Some(r) => Ok(sqs::SqsQueue::known(

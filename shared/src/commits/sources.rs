@@ -535,29 +535,6 @@ pub struct DiffSources {
 }
 
 impl DiffSources {
-    /// GitHub and GitLab from the environment: `LANES_GITHUB_API_URL` (default
-    /// `https://api.github.com`), `LANES_GITHUB_TOKEN` or the secret `LANES_GITHUB_TOKEN_SECRET`;
-    /// `LANES_GITLAB_URL` (default `https://gitlab.com`), `LANES_GITLAB_API_TOKEN` or the secret
-    /// `LANES_GITLAB_API_TOKEN_SECRET`. With `local`, local repositories too.
-    pub fn from_env(local: bool) -> Self {
-        let timeout = Duration::from_secs(20);
-        let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
-            .unwrap_or_else(|| "https://api.github.com".into());
-        let gitlab_url =
-            crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
-        // Read ahead together where the init runs ahead of events (one Secrets Manager request),
-        // else each at its first use; a token refused with 401 is read again (rotation).
-        let [github_token, gitlab_token] = crate::adapters::secrets::env_or_secrets([
-            ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
-            ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),
-        ]);
-        Self {
-            github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout))),
-            gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout))),
-            local: local.then(|| Arc::new(LocalGit) as Arc<dyn DiffSource>),
-        }
-    }
-
     /// Only local repositories.
     pub fn local_only() -> Self {
         Self { local: Some(Arc::new(LocalGit)), ..Self::default() }

@@ -53,28 +53,6 @@ impl std::fmt::Debug for WebhookConfig {
 }
 
 impl WebhookConfig {
-    /// `LANES_GITHUB_WEBHOOK_SECRET` / `LANES_GITLAB_WEBHOOK_TOKEN`, or in Lambda the Secrets Manager
-    /// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
-    /// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups). The secrets are read at
-    /// first use, or ahead of it where the init runs ahead of events
-    /// ([`crate::adapters::secrets::reads_ahead`]); a rotated one is read again at the first delivery
-    /// it fails to verify ([`Secret::check`]).
-    pub fn from_env() -> Self {
-        let [github_secret, gitlab_token] = crate::adapters::secrets::env_or_secrets([
-            ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
-            ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),
-        ]);
-        let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
-            .map(|v| {
-                v.split(',')
-                    .map(|e| e.trim().trim_matches('/').to_owned())
-                    .filter(|e| !e.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        Self { github_secret, gitlab_token, allowlist }
-    }
-
     /// Whether pushes to `repo` (`owner/name`, or GitLab's `group/sub/project`) are accepted: with an
     /// allowlist, its owner or one of its enclosing groups must be listed (case-insensitively).
     pub fn allows(&self, repo: &str) -> bool {

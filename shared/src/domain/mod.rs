@@ -1,7 +1,13 @@
-//! The vocabulary both flows share: lanes and the kinds that decide them, token counts, the
-//! field-naming error of a rejected input, and the commit types ([`commit`]). Pure: no I/O.
+//! The vocabulary both flows and the ports share: lanes and the kinds that decide them, token
+//! counts, the field-naming error of a rejected input, what a client asks for ([`request`]), the
+//! task's record and its state machine ([`task`]), and the commit types ([`commit`]). Pure: no I/O.
 
 pub mod commit;
+pub mod request;
+pub mod task;
+
+pub use request::{MAX_BODY_BYTES, ModelParams, TaskRequest};
+pub use task::{TaskMessage, TaskRecord, TaskResult, TaskStatus, TaskView};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -162,6 +168,10 @@ impl FieldError {
         Self { field: field.into(), reason: reason.into() }
     }
 }
+
+/// Largest completion cap a task may ask for (`params.max_tokens`; a lane's own cap may be lower,
+/// and the lower one applies).
+pub const MAX_PARAM_TOKENS: u32 = 128_000;
 
 /// Tokens spent on one answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

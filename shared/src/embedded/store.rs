@@ -2,10 +2,10 @@
 //! DynamoDB adapter makes (each runs in one write transaction, so it is atomic).
 
 use super::db::EmbeddedDb;
+use crate::domain::{TaskRecord, TaskStatus};
 use crate::ports::{
     CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
-use crate::tasks::{TaskRecord, TaskStatus};
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
@@ -292,7 +292,7 @@ const MAX_ERROR_CHARS: usize = 4096;
 mod tests {
     use super::*;
     use crate::domain::TokenUsage;
-    use crate::tasks::{TaskRequest, TaskResult};
+    use crate::domain::{TaskRequest, TaskResult};
     use serde_json::json;
 
     fn record(now: u64) -> TaskRecord {

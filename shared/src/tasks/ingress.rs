@@ -6,15 +6,13 @@
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
+use crate::domain::{MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
 use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, EnqueueMark, PutOutcome, QueueSend, StoreError, TaskStore, UNSENT};
 use crate::problem::Problem;
 use crate::tasks::tenant::Tenant;
 use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key, publish_finished};
-use crate::tasks::{
-    MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, is_task_id,
-    validate_idempotency_key,
-};
+use crate::tasks::{is_task_id, validate_idempotency_key};
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
@@ -50,8 +48,6 @@ pub fn router(ingress: Ingress) -> Router {
         .route("/v1/tasks", post(post_task))
         .route("/v1/tasks/{id}", get(get_task).delete(cancel_task))
         .route("/healthz", get(healthz))
-        .route("/openapi.json", get(|| async { Json(crate::openapi::document()) }))
-        .route("/v1/openapi.json", get(|| async { Json(crate::openapi::document()) }))
         .fallback(|| async { Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -882,7 +878,7 @@ mod tests {
     /// A duplicate of an accepted task gets its task back whatever the project's budget.
     #[tokio::test]
     async fn a_duplicate_of_an_accepted_task_is_answered_over_the_budget() {
-        let quota = crate::quota::QuotaConfig { daily_tokens: Some(10), ..Default::default() };
+        let quota = crate::config::QuotaConfig { daily_tokens: Some(10), ..Default::default() };
         let r = rig_with(IngressConfig { quota, ..Default::default() }).await;
         let (s1, _, b1) = post(&r, BODY, None).await;
         assert_eq!(s1, StatusCode::ACCEPTED);
@@ -898,7 +894,7 @@ mod tests {
         let crate::ports::ClaimOutcome::Claimed(c) = r.store.claim(id, now, 3600).await.unwrap() else {
             panic!()
         };
-        let result = crate::tasks::TaskResult {
+        let result = crate::domain::TaskResult {
             text: "t".into(),
             model: "m".into(),
             tokens: Default::default(),

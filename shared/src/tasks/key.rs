@@ -1,7 +1,7 @@
 //! The task's idempotency key: canonical JSON of the payload, its sha256 as the task id, and the
 //! `Idempotency-Key` header's scoping to the project (see docs/ARCHITECTURE.md, Idempotency). Pure.
 
-use super::request::{MAX_IDEMPOTENCY_KEY_LEN, TaskRequest};
+use crate::domain::request::{MAX_IDEMPOTENCY_KEY_LEN, TaskRequest};
 use crate::domain::{FieldError, sha256_hex};
 use serde_json::{Map, Value};
 
@@ -65,7 +65,7 @@ pub fn is_task_id(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tasks::request::tests::req;
+    use crate::domain::request::tests::req;
     use serde_json::json;
 
     #[test]

@@ -14,6 +14,7 @@
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
 use crate::domain::Lane;
+use crate::domain::{ModelParams, TaskMessage, TaskRecord, TaskResult, TaskStatus};
 use crate::lease::{self, CancelProbe, Heartbeat, Leased, LeasedQueue, Watch};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
@@ -21,7 +22,6 @@ use crate::ports::{
     Acquire, Cache, ClaimOutcome, Completion, FinishOutcome, LeaseLock, LlmClient, LlmError, LlmRequest,
     QueueConsume, ReceivedMessage, RetryIntent, TaskStore,
 };
-use crate::tasks::{ModelParams, TaskMessage, TaskRecord, TaskResult, TaskStatus};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -52,11 +52,6 @@ pub struct Worker {
 /// leftover of an earlier run of the id from the current one).
 pub fn cache_key(task_id: &str) -> String {
     format!("task:{task_id}")
-}
-
-/// Lock key of a task's lease (one hash slot per task in Redis Cluster).
-pub fn lock_key(task_id: &str) -> String {
-    format!("lease:{{task:{task_id}}}")
 }
 
 /// Cache key of the hint that a task was cancelled (read by the running worker's heartbeat); its
@@ -185,7 +180,7 @@ impl Worker {
             return outcome;
         }
 
-        let lock_key = lock_key(&task.task_id);
+        let lock_key = crate::lease::task_lock_key(&task.task_id);
         let token = match self.acquire(&lock_key).await {
             Ok(Acquire::Acquired(token)) => Some(token),
             Ok(Acquire::Held { remaining }) => {
@@ -321,7 +316,7 @@ impl Worker {
         };
         let project = &record.request.project_id;
         let quota_scope = crate::quota::scope(record.request.tenant.as_deref(), project);
-        let estimate = crate::limiter::estimate_tokens(&request);
+        let estimate = crate::llm::estimate_tokens(&request);
         match crate::quota::admit(&*self.cache, &self.config.quota, &quota_scope, estimate, now).await {
             Ok(Ok(())) => {}
             Ok(Err(over)) => {
@@ -584,11 +579,11 @@ mod tests {
     use crate::clock::{Clock, ManualClock, SystemClock};
     use crate::config::IngressConfig;
     use crate::domain::TokenUsage;
+    use crate::domain::{TaskRequest, TaskStatus};
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };
     use crate::ports::{CancelOutcome, LlmResponse, PutOutcome, QueueSend};
-    use crate::tasks::{TaskRequest, TaskStatus};
     use async_trait::async_trait;
     use serde_json::json;
     use std::collections::{BTreeMap, VecDeque};
@@ -835,7 +830,7 @@ mod tests {
         let rec = r.record().await;
         assert_eq!((rec.status, rec.fence), (TaskStatus::Pending, 0), "claimed on a dead delivery");
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), 0);
-        let key = lock_key(&r.task_id);
+        let key = crate::lease::task_lock_key(&r.task_id);
         let free = r.lock.acquire(&key, Duration::from_secs(1)).await.unwrap();
         assert!(matches!(free, Acquire::Acquired(_)), "the lock is left held: {free:?}");
     }
@@ -969,7 +964,7 @@ mod tests {
     async fn a_last_delivery_duplicate_never_fails_a_run_a_live_holder_is_finishing() {
         let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), fast()).await;
         let now = SystemClock.now_ms();
-        let key = lock_key(&r.task_id);
+        let key = crate::lease::task_lock_key(&r.task_id);
         assert!(matches!(r.lock.acquire(&key, Duration::from_secs(10)).await.unwrap(), Acquire::Acquired(_)));
         let ClaimOutcome::Claimed(held) = r.store.claim(&r.task_id, now, 3600).await.unwrap() else {
             panic!()

@@ -9,10 +9,10 @@ use super::{
     Item, MAX_ITEM_BYTES, batch_get, conditional, get_n, get_s, n, read_text, s, text_attr, unavailable,
 };
 use crate::domain::Lane;
+use crate::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use crate::ports::{
     CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
-use crate::tasks::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};

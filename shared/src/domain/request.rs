@@ -1,7 +1,7 @@
 //! A task request as a client sends it: the fields, the documented shape of `params`, and the
 //! validation that names every bad field. Pure.
 
-use crate::domain::{FieldError, Kind, Lane};
+use crate::domain::{FieldError, Kind, Lane, MAX_PARAM_TOKENS};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -104,9 +104,6 @@ impl ModelParams {
         errors
     }
 }
-
-/// Largest `params.max_tokens` accepted (a lane's own cap may be lower; the lower one applies).
-pub const MAX_PARAM_TOKENS: u32 = 128_000;
 
 const ALLOWED_FIELDS: [&str; 5] = ["project_id", "kind", "prompt", "target_files", "params"];
 
