@@ -61,8 +61,15 @@ impl Summary {
     }
 }
 
+/// Wall time after which a history is reported as making no progress. A history is ten simulated
+/// minutes that take milliseconds; one that runs this long is spinning without letting the paused
+/// clock advance (a loop that never waits), or advancing it without end.
+pub const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Runs `count` histories from `first_seed` on `threads` threads (each history on its own
-/// single-threaded runtime), stopping early after `stop_after` failing histories when set.
+/// single-threaded runtime), stopping early after `stop_after` failing histories when set. A
+/// watchdog names on stderr, once each, the seeds of histories that have run longer than
+/// [`STUCK_AFTER`], so a run that does not end says which history to replay.
 pub fn run_many(
     first_seed: u64,
     count: u64,
@@ -70,24 +77,37 @@ pub fn run_many(
     options: &Options,
     stop_after: Option<usize>,
 ) -> Summary {
+    use std::sync::atomic::Ordering::Relaxed;
     let started = std::time::Instant::now();
     let next = std::sync::atomic::AtomicU64::new(0);
     let failed = std::sync::atomic::AtomicUsize::new(0);
     let reports = std::sync::Mutex::new(Vec::new());
+    let threads = threads.max(1);
+    // The seed each thread runs, and since when.
+    let running: std::sync::Mutex<Vec<Option<(u64, std::time::Instant)>>> =
+        std::sync::Mutex::new(vec![None; threads]);
+    let finished = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for _ in 0..threads.max(1) {
-            s.spawn(|| {
+        for slot in 0..threads {
+            let (next, failed, reports, running, finished) = (&next, &failed, &reports, &running, &finished);
+            s.spawn(move || {
+                // Counted done even if a history panics, so the watchdog ends and the panic surfaces.
+                let _done = Done(finished);
                 loop {
-                    if stop_after.is_some_and(|n| failed.load(std::sync::atomic::Ordering::Relaxed) >= n) {
-                        return;
+                    if stop_after.is_some_and(|n| failed.load(Relaxed) >= n) {
+                        break;
                     }
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let i = next.fetch_add(1, Relaxed);
                     if i >= count {
-                        return;
+                        break;
                     }
-                    let report = history::run(first_seed.wrapping_add(i), options);
+                    let seed = first_seed.wrapping_add(i);
+                    if let Ok(mut r) = running.lock() {
+                        r[slot] = Some((seed, std::time::Instant::now()));
+                    }
+                    let report = history::run(seed, options);
                     if !report.violations.is_empty() {
-                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        failed.fetch_add(1, Relaxed);
                     }
                     if let Ok(mut r) = reports.lock() {
                         r.push(report);
@@ -95,10 +115,43 @@ pub fn run_many(
                 }
             });
         }
+        s.spawn(|| watch(&running, &finished, threads));
     });
     let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
     reports.sort_by_key(|r| r.seed);
     summarize(first_seed, &reports, started.elapsed().as_secs_f64())
+}
+
+/// Counts a thread of [`run_many`] done when it ends, however it ends.
+struct Done<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The watchdog of [`run_many`]: until every thread is done, names each history that has run
+/// longer than [`STUCK_AFTER`].
+fn watch(
+    running: &std::sync::Mutex<Vec<Option<(u64, std::time::Instant)>>>,
+    finished: &std::sync::atomic::AtomicUsize,
+    threads: usize,
+) {
+    let mut named = std::collections::BTreeSet::new();
+    while finished.load(std::sync::atomic::Ordering::Relaxed) < threads {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let Ok(now) = running.lock().map(|r| r.clone()) else { return };
+        for (seed, since) in now.into_iter().flatten() {
+            if since.elapsed() >= STUCK_AFTER && named.insert(seed) {
+                eprintln!(
+                    "lanes sim: history {seed} has run {} s of wall time without ending; replay it with \
+                     `lanes sim --seed {seed} --histories 1 --trace`",
+                    since.elapsed().as_secs()
+                );
+            }
+        }
+    }
 }
 
 fn summarize(first_seed: u64, reports: &[HistoryReport], elapsed: f64) -> Summary {
