@@ -295,7 +295,7 @@ async fn assess(
     Ok(match record.status {
         // A cancelled task is its client's decision: a redrive never runs it again.
         TaskStatus::Completed | TaskStatus::Cancelled => Readiness::Settled,
-        s if s.is_resubmittable() => Readiness::Run(Some(Box::new(record))),
+        s if crate::domain::lifecycle::is_resubmittable(s) => Readiness::Run(Some(Box::new(record))),
         _ => Readiness::Run(None),
     })
 }

@@ -8,8 +8,8 @@
 //! From the bottom up; docs/ARCHITECTURE.md (Dependency rule) draws the layers and says why:
 //!
 //! - [`domain`]: the vocabulary both flows and the ports share: lanes, kinds, token counts, the
-//!   task request and its validation ([`domain::request`]), the task record and its state machine
-//!   ([`domain::task`]), commit messages and summaries. Pure.
+//!   task request and its validation ([`domain::request`]), the task record ([`domain::task`])
+//!   and its transition table ([`domain::lifecycle`]), commit messages and summaries. Pure.
 //! - [`tasks`]: the task flow: the idempotency key ([`tasks::key`], pure), [`tasks::ingress`] (the
 //!   HTTP API, per [`tasks::tenant`]) and [`tasks::worker`] (claim to fenced write).
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping; [`jitter`]: the

@@ -3,8 +3,8 @@
 //! (`crate::adapters`), held to the same contract (`tests/src/contract.rs`). Errors carry retry
 //! intent.
 
+use crate::domain::TaskRecord;
 use crate::domain::{Lane, TokenUsage};
-use crate::domain::{TaskRecord, TaskResult};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -227,20 +227,7 @@ pub enum PutOutcome {
     Exists(Box<TaskRecord>),
 }
 
-/// `enqueued_at_ms` of a `PENDING` record whose message is known unsent (its send failed): the
-/// next duplicate or read sends it at once.
-pub const UNSENT: u64 = 0;
-
-/// A compare-and-set of a `PENDING` record's `enqueued_at_ms` ([`TaskStore::mark_enqueued`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EnqueueMark {
-    /// The fence of the record read.
-    pub fence: u64,
-    /// Its `enqueued_at_ms` as read.
-    pub from_ms: u64,
-    /// The new value: the time of a send about to be made, or [`UNSENT`].
-    pub to_ms: u64,
-}
+pub use crate::domain::lifecycle::{Completion, EnqueueMark, UNSENT};
 
 /// Result of a claim.
 #[derive(Debug, Clone, PartialEq)]
@@ -251,15 +238,6 @@ pub enum ClaimOutcome {
     Terminal(Box<TaskRecord>),
     /// No record (never written, deleted, or expired).
     Missing,
-}
-
-/// How a claimed task ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Completion {
-    /// The model answered.
-    Completed(TaskResult),
-    /// Retrying cannot fix it.
-    Failed(String),
 }
 
 /// Result of the fenced final write.
@@ -285,7 +263,9 @@ pub enum CancelOutcome {
     Missing,
 }
 
-/// The durable task store (DynamoDB in AWS, a redb file locally).
+/// The durable task store (DynamoDB in AWS, a redb file locally). Every write is one row of
+/// [`crate::domain::lifecycle::TRANSITIONS`], carried out atomically; a record past its TTL counts
+/// as absent.
 #[async_trait]
 pub trait TaskStore: Send + Sync {
     /// Writes `record` (status `PENDING`) if the key is absent, expired, `FAILED` or `CANCELLED`; else
@@ -293,11 +273,9 @@ pub trait TaskStore: Send + Sync {
     async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError>;
     /// Reads a live (unexpired) record.
     async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError>;
-    /// Deletes a `PENDING`, never-claimed record carrying `nonce` (undoes a put whose enqueue failed).
-    async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError>;
     /// Moves a `PENDING` record's `enqueued_at_ms` from `mark.from_ms` to `mark.to_ms` if it is
-    /// still the record with `mark.fence` and still reads `from_ms` (compare-and-set), and extends
-    /// its TTL to at least `ttl_secs` from now (a new message's retention); false if it changed.
+    /// still the record with `mark.fence` and still reads `from_ms` (compare-and-set), and sets
+    /// its TTL to `ttl_secs` from now (a new message's retention); false if it changed.
     /// Ingress claims a re-send this way before sending, so of concurrent readers one sends, and
     /// marks a message known unsent with [`UNSENT`].
     async fn mark_enqueued(
@@ -307,12 +285,18 @@ pub trait TaskStore: Send + Sync {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError>;
-    /// Claims the task: `PENDING|PROCESSING -> PROCESSING`, fence + 1; the TTL becomes at least
+    /// Claims the task: `PENDING|PROCESSING -> PROCESSING`, fence + 1; the TTL becomes
     /// `ttl_secs` from now. Attempts are not claims: see [`TaskStore::note_attempt`].
     async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError>;
     /// Counts one failed provider attempt of the claim holding `fence` and keeps its reason; the new
     /// count, or `None` when the fence moved on.
-    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError>;
+    async fn note_attempt(
+        &self,
+        task_id: &str,
+        fence: u64,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<Option<u32>, StoreError>;
     /// `PENDING|PROCESSING -> CANCELLED`, fence + 1.
     async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError>;
     /// `PENDING|PROCESSING -> FAILED` with `reason` whatever the fence, fence + 1: for a message that

@@ -502,14 +502,6 @@ impl TaskStore for FaultyStore {
         }
         self.ctx.post(d, "get", task_id, r).await
     }
-    async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
-        let d = self.ctx.pre::<StoreError>(Port::Store, "delete_pending", task_id).await?;
-        let r = self.inner.delete_pending(task_id, nonce).await;
-        if let Ok(true) = r {
-            self.ctx.note(|| format!("delete_pending {} -> deleted", short(task_id)));
-        }
-        self.ctx.post(d, "delete_pending", task_id, r).await
-    }
     async fn mark_enqueued(
         &self,
         task_id: &str,
@@ -539,12 +531,18 @@ impl TaskStore for FaultyStore {
         }
         self.ctx.post(d, "claim", task_id, r).await
     }
-    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError> {
+    async fn note_attempt(
+        &self,
+        task_id: &str,
+        fence: u64,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<Option<u32>, StoreError> {
         self.release_hand(task_id);
         // A failure: its delivery is an attempt, handed back (I5's second half).
         self.ctx.chaos.oracle(|o| o.attempted(task_id));
         let d = self.ctx.pre::<StoreError>(Port::Store, "note_attempt", task_id).await?;
-        let r = self.inner.note_attempt(task_id, fence, reason).await;
+        let r = self.inner.note_attempt(task_id, fence, reason, now_ms).await;
         self.ctx.post(d, "note_attempt", task_id, r).await
     }
     async fn cancel(&self, task_id: &str, now_ms: u64, ttl: u64) -> Result<CancelOutcome, StoreError> {

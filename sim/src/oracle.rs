@@ -405,7 +405,7 @@ impl Oracle {
             return;
         }
         self.exercise("I7");
-        let live = stored.is_some_and(|r| !r.status.is_resubmittable());
+        let live = stored.is_some_and(|r| !lanes_core::domain::lifecycle::is_resubmittable(r.status));
         if (code == 200 || code == 202) && id != Some(task) {
             self.violate("I7", task, format!("a duplicate was answered for another id {id:?}"));
         } else if live && (400..500).contains(&code) {

@@ -6,6 +6,7 @@
 
 use lanes_core::domain::TokenUsage;
 use lanes_core::domain::commit::{CommitSummary, SummarySource};
+use lanes_core::domain::lifecycle::{self, Command, Event, Guard, TRANSITIONS};
 use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_core::ports::{
     Acquire, Cache, CancelOutcome, ClaimOutcome, Completion, DEAD_LETTER_REASON, EnqueueMark, FinishOutcome,
@@ -49,16 +50,24 @@ pub async fn task_store(store: &dyn TaskStore, now: u64) {
     let c1 = claimed(store.claim(&r.task_id, now, 7200).await.unwrap());
     assert_eq!((c1.fence, c1.attempts), (1, 0), "a claim is not an attempt");
     assert!(c1.expires_at >= now / 1000 + 7200, "a claim extends the TTL");
-    assert_eq!(store.note_attempt(&r.task_id, 1, "502").await.unwrap(), Some(1));
-    assert_eq!(store.note_attempt(&r.task_id, 1, "503").await.unwrap(), Some(2));
+    assert_eq!(store.note_attempt(&r.task_id, 1, "502", now).await.unwrap(), Some(1));
+    assert_eq!(store.note_attempt(&r.task_id, 1, "503", now).await.unwrap(), Some(2));
     let c2 = claimed(store.claim(&r.task_id, now, 7200).await.unwrap());
     assert_eq!((c2.fence, c2.attempts), (2, 2), "attempts survive a re-claim");
-    assert_eq!(store.note_attempt(&r.task_id, 1, "late").await.unwrap(), None, "an old fence counts nothing");
+    assert_eq!(
+        store.note_attempt(&r.task_id, 1, "late", now).await.unwrap(),
+        None,
+        "an old fence counts nothing"
+    );
     let done = store.finish(&r.task_id, 2, Completion::Completed(result()), now, 7200).await.unwrap();
     let FinishOutcome::Written(done) = done else { panic!("the current fence writes") };
     assert_eq!((done.status, done.attempts), (TaskStatus::Completed, 2));
     assert!(done.result.unwrap().truncated, "the stored result keeps its truncation flag");
-    assert_eq!(store.note_attempt(&r.task_id, 2, "after").await.unwrap(), None, "terminal records are final");
+    assert_eq!(
+        store.note_attempt(&r.task_id, 2, "after", now).await.unwrap(),
+        None,
+        "terminal records are final"
+    );
 
     // Cancellation of a pending task, then of a running one; a third is a conflict.
     let p = record("cancel pending", now);
@@ -126,6 +135,131 @@ pub async fn task_store(store: &dyn TaskStore, now: u64) {
     let unsent = EnqueueMark { fence: 0, from_ms: now + 1_000, to_ms: lanes_core::ports::UNSENT };
     assert!(store.mark_enqueued(&e.task_id, unsent, now + 1_000, 90_000).await.unwrap());
     assert_eq!(get(e.task_id.clone()).await.unwrap().enqueued_at_ms, lanes_core::ports::UNSENT);
+}
+
+/// Where a record is before a transition of the table is tried on it.
+#[derive(Debug, Clone, Copy)]
+enum Prior {
+    Absent,
+    /// Claimed, then past its TTL: the store still holds it, with its fence.
+    Expired,
+    Is(TaskStatus),
+}
+
+/// Puts the record of `name` where `prior` says, through the port, and returns it as stored.
+async fn arrange(store: &dyn TaskStore, name: &str, prior: Prior, now: u64) -> Option<TaskRecord> {
+    let earlier = now - 10_000;
+    let (at, ttl) = match prior {
+        Prior::Expired => (now - 7_200_000, 3600),
+        _ => (earlier, 7200),
+    };
+    let id = record(name, at).task_id;
+    if !matches!(prior, Prior::Absent) {
+        assert_eq!(store.put_pending(&record(name, at), at).await.unwrap(), PutOutcome::Created, "{name}");
+    }
+    let finish = |completion| async move {
+        let c = claimed(store.claim(&id, at, ttl).await.unwrap());
+        match store.finish(&c.task_id, c.fence, completion, at, ttl).await.unwrap() {
+            FinishOutcome::Written(r) => Some(*r),
+            FinishOutcome::StaleFence => panic!("the arrangement's own fence"),
+        }
+    };
+    let id = record(name, at).task_id;
+    match prior {
+        Prior::Absent => None,
+        Prior::Is(TaskStatus::Pending) => store.get(&id, at).await.unwrap(),
+        Prior::Expired => Some(claimed(store.claim(&id, at, ttl).await.unwrap())),
+        Prior::Is(TaskStatus::Processing) => {
+            // A failed attempt first, so the record carries a reason a final write must clear.
+            let c = claimed(store.claim(&id, at, ttl).await.unwrap());
+            assert_eq!(store.note_attempt(&id, c.fence, "503", at).await.unwrap(), Some(1));
+            store.get(&id, at).await.unwrap()
+        }
+        Prior::Is(TaskStatus::Completed) => finish(Completion::Completed(result())).await,
+        Prior::Is(TaskStatus::Failed) => finish(Completion::Failed("bad".into())).await,
+        Prior::Is(TaskStatus::Cancelled) => match store.cancel(&id, at, ttl).await.unwrap() {
+            CancelOutcome::Cancelled(r) => Some(*r),
+            other => panic!("{name}: {other:?}"),
+        },
+    }
+}
+
+/// The command of `event` a caller holding `stored` would send, with `broken` made false.
+fn command(
+    event: Event,
+    stored: Option<&TaskRecord>,
+    broken: Option<Guard>,
+    name: &str,
+    now: u64,
+) -> Command {
+    let fence = stored.map_or(0, |r| r.fence) + if broken == Some(Guard::Fence) { 7 } else { 0 };
+    match event {
+        Event::Submit => Command::Submit(Box::new(record(name, now))),
+        Event::MarkEnqueued => {
+            let from_ms =
+                stored.map_or(0, |r| r.enqueued_at_ms) + u64::from(broken == Some(Guard::EnqueuedAt));
+            Command::MarkEnqueued(EnqueueMark { fence, from_ms, to_ms: now })
+        }
+        Event::Claim => Command::Claim,
+        Event::NoteAttempt => Command::NoteAttempt { fence, reason: "502".into() },
+        Event::Complete => Command::Finish { fence, completion: Completion::Completed(result()) },
+        Event::Fail => Command::Finish { fence, completion: Completion::Failed("bad".into()) },
+        Event::Cancel => Command::Cancel,
+        Event::FailUnfinished => {
+            let created = stored.map_or(now, |r| r.created_at_ms);
+            let sent_before_ms = if broken == Some(Guard::CreatedBefore) { created - 1 } else { created };
+            Command::FailUnfinished { reason: "dead-lettered".into(), sent_before_ms }
+        }
+    }
+}
+
+/// Sends `command` through the port; whether the store took it.
+async fn carry_out(store: &dyn TaskStore, id: &str, command: Command, now: u64, ttl: u64) -> bool {
+    match command {
+        Command::Submit(r) => store.put_pending(&r, now).await.unwrap() == PutOutcome::Created,
+        Command::MarkEnqueued(m) => store.mark_enqueued(id, m, now, ttl).await.unwrap(),
+        Command::Claim => matches!(store.claim(id, now, ttl).await.unwrap(), ClaimOutcome::Claimed(_)),
+        Command::NoteAttempt { fence, reason } => {
+            store.note_attempt(id, fence, &reason, now).await.unwrap().is_some()
+        }
+        Command::Finish { fence, completion } => {
+            matches!(store.finish(id, fence, completion, now, ttl).await.unwrap(), FinishOutcome::Written(_))
+        }
+        Command::Cancel => matches!(store.cancel(id, now, ttl).await.unwrap(), CancelOutcome::Cancelled(_)),
+        Command::FailUnfinished { reason, sent_before_ms } => {
+            store.fail_unfinished(id, &reason, sent_before_ms, now, ttl).await.unwrap()
+        }
+    }
+}
+
+/// Every row of the transition table, on a record in every state (none, expired, each status),
+/// with its guards held and with each broken: the store takes exactly what the row admits and
+/// leaves the record as [`lifecycle::apply`] computes it, field for field. A transition one
+/// store makes and the table does not (or the other way round) fails here.
+pub async fn task_transitions(store: &dyn TaskStore, now: u64) {
+    use TaskStatus::*;
+    let priors = [Prior::Absent, Prior::Expired, Prior::Is(Pending), Prior::Is(Processing)]
+        .into_iter()
+        .chain([Completed, Failed, Cancelled].map(Prior::Is));
+    let mut tried = 0;
+    for prior in priors {
+        for row in &TRANSITIONS {
+            for broken in std::iter::once(None).chain(row.guards.iter().copied().map(Some)) {
+                let name = format!("{:?} on {prior:?}, breaking {broken:?}", row.event);
+                let stored = arrange(store, &name, prior, now).await;
+                let id = record(&name, now).task_id;
+                let cmd = command(row.event, stored.as_ref(), broken, &name, now);
+                let expected = lifecycle::apply(cmd.clone(), stored.as_ref(), now, 7200);
+                let took = carry_out(store, &id, cmd, now, 7200).await;
+                assert_eq!(took, expected.is_some(), "{name}: taken by the store, by the table");
+                let after = store.get(&id, now).await.unwrap();
+                let unchanged = stored.filter(|r| !r.is_expired(now));
+                assert_eq!(after, expected.or(unchanged), "{name}: the record after it");
+                tried += 1;
+            }
+        }
+    }
+    assert!(tried >= 7 * TRANSITIONS.len());
 }
 
 /// A requeue puts a fresh copy of a delivery (receive count 1, after its delay) in place of it.

@@ -19,7 +19,9 @@ use std::time::Duration;
 #[tokio::test]
 async fn task_store_embedded() {
     let dir = tempfile::tempdir().unwrap();
-    contract::task_store(&EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap()), now_ms()).await;
+    let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
+    contract::task_store(&store, now_ms()).await;
+    contract::task_transitions(&store, now_ms()).await;
 }
 
 #[tokio::test]
@@ -27,7 +29,9 @@ async fn task_store_dynamodb() {
     let moto = MotoServer::start();
     let client = aws_sdk_dynamodb::Client::new(&sdk_config(&moto.aws_settings()).await);
     DynamoStore::create_table(&client, "contract").await.unwrap();
-    contract::task_store(&DynamoStore::new(client, "contract"), now_ms()).await;
+    let store = DynamoStore::new(client, "contract");
+    contract::task_store(&store, now_ms()).await;
+    contract::task_transitions(&store, now_ms()).await;
 }
 
 #[tokio::test]

@@ -1,8 +1,9 @@
 //! The vocabulary both flows and the ports share: lanes and the kinds that decide them, token
 //! counts, the field-naming error of a rejected input, what a client asks for ([`request`]), the
-//! task's record and its state machine ([`task`]), and the commit types ([`commit`]). Pure: no I/O.
+//! task's record ([`task`]) and its transition table ([`lifecycle`]), and the commit types ([`commit`]). Pure: no I/O.
 
 pub mod commit;
+pub mod lifecycle;
 pub mod request;
 pub mod task;
 

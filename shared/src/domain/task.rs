@@ -1,5 +1,6 @@
-//! The durable record of a task and its state machine (see docs/ARCHITECTURE.md, Task lifecycle),
-//! the view a client gets, and the queue message. Pure: times are passed in.
+//! The durable record of a task, the view a client gets, and the queue message. Its transitions
+//! are [`super::lifecycle`]'s table (docs/ARCHITECTURE.md, Task lifecycle). Pure: times are passed
+//! in.
 
 use super::request::TaskRequest;
 use crate::domain::{Kind, Lane, TokenUsage};
@@ -36,30 +37,6 @@ impl TaskStatus {
     /// Whether no worker will touch the record again.
     pub fn is_terminal(self) -> bool {
         matches!(self, TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled)
-    }
-
-    /// Whether a new submission of the same payload replaces the record and runs again.
-    pub fn is_resubmittable(self) -> bool {
-        matches!(self, TaskStatus::Failed | TaskStatus::Cancelled)
-    }
-
-    /// The legal transitions. `Processing -> Processing` is a re-claim after a lost lease (the fence
-    /// grows); `Pending -> Failed` is the DLQ sweep or the age limit failing a task no worker finished;
-    /// `Failed|Cancelled -> Pending` is a new submission; `Completed` is final.
-    pub fn can_become(self, next: TaskStatus) -> bool {
-        use TaskStatus::*;
-        matches!(
-            (self, next),
-            (Pending, Processing)
-                | (Pending, Failed)
-                | (Pending, Cancelled)
-                | (Processing, Processing)
-                | (Processing, Completed)
-                | (Processing, Failed)
-                | (Processing, Cancelled)
-                | (Failed, Pending)
-                | (Cancelled, Pending)
-        )
     }
 }
 
@@ -201,27 +178,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn state_machine_allows_only_legal_transitions() {
+    fn terminal_statuses() {
         use TaskStatus::*;
-        let all = [Pending, Processing, Completed, Failed, Cancelled];
-        let legal = [
-            (Pending, Processing),
-            (Pending, Failed),
-            (Pending, Cancelled),
-            (Processing, Processing),
-            (Processing, Completed),
-            (Processing, Failed),
-            (Processing, Cancelled),
-            (Failed, Pending),
-            (Cancelled, Pending),
-        ];
-        for from in all {
-            for to in all {
-                assert_eq!(from.can_become(to), legal.contains(&(from, to)), "{from:?} -> {to:?}");
-            }
-        }
         assert!(Completed.is_terminal() && Failed.is_terminal() && Cancelled.is_terminal());
-        assert!(Failed.is_resubmittable() && Cancelled.is_resubmittable() && !Completed.is_resubmittable());
         assert!(!Pending.is_terminal() && !Processing.is_terminal());
     }
 

@@ -1,8 +1,10 @@
-//! Embedded durable task store: one redb table of JSON records, with the same conditional writes the
-//! DynamoDB adapter makes (each runs in one write transaction, so it is atomic).
+//! Embedded durable task store: one redb table of JSON records. Every write is a row of the
+//! transition table carried out by [`lifecycle::apply`] inside one write transaction, so it is
+//! atomic and the same row the DynamoDB adapter renders as its condition.
 
 use super::db::EmbeddedDb;
-use crate::domain::{TaskRecord, TaskStatus};
+use crate::domain::TaskRecord;
+use crate::domain::lifecycle::{self, Command};
 use crate::ports::{
     CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
@@ -33,22 +35,13 @@ impl EmbeddedStore {
         Self { db }
     }
 
-    /// Runs `f` on the current live record inside one write transaction; `f` returns the record to
-    /// write (or `None` to leave it) and the call's answer.
-    async fn update<T, F>(&self, task_id: &str, now_ms: u64, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(Option<TaskRecord>) -> (Option<Write>, T) + Send + 'static,
-    {
-        self.update_stored(task_id, move |stored| f(stored.filter(|r| !r.is_expired(now_ms)))).await
-    }
-
-    /// [`Self::update`] on the stored record, expired or not (DynamoDB keeps an expired item until
-    /// its TTL sweep, and a replacement keeps its fence).
+    /// Runs `f` on the stored record, expired or not (DynamoDB keeps an expired item until its TTL
+    /// sweep, and a replacement keeps its fence), inside one write transaction; `f` returns the
+    /// record to write (or `None` to leave it) and the call's answer.
     async fn update_stored<T, F>(&self, task_id: &str, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(Option<TaskRecord>) -> (Option<Write>, T) + Send + 'static,
+        F: FnOnce(Option<TaskRecord>) -> (Option<TaskRecord>, T) + Send + 'static,
     {
         let id = task_id.to_owned();
         // A refusal made before anything is written (an unreadable record, a record that will not
@@ -60,25 +53,14 @@ impl EmbeddedStore {
                     Err(e) => return Ok((Err(e), false)),
                 };
                 let (write, answer) = f(current);
-                let bytes = match &write {
-                    Some(Write::Put(record)) => match serde_json::to_vec(record) {
-                        Ok(b) => Some(b),
-                        Err(e) => return Ok((Err(unavailable(e)), false)),
-                    },
-                    _ => None,
+                let Some(record) = write else { return Ok((Ok(answer), false)) };
+                let bytes = match serde_json::to_vec(&record) {
+                    Ok(b) => b,
+                    Err(e) => return Ok((Err(unavailable(e)), false)),
                 };
-                let wrote = write.is_some();
                 let mut table = txn.open_table(TASKS).map_err(unavailable)?;
-                match (write, bytes) {
-                    (Some(Write::Put(_)), Some(bytes)) => {
-                        table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
-                    }
-                    (Some(Write::Delete), _) => {
-                        table.remove(id.as_str()).map_err(unavailable)?;
-                    }
-                    _ => {}
-                }
-                Ok((Ok(answer), wrote))
+                table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
+                Ok((Ok(answer), true))
             })
             .wait()
             .await?
@@ -109,33 +91,41 @@ impl EmbeddedStore {
     }
 }
 
-enum Write {
-    Put(Box<TaskRecord>),
-    Delete,
-}
-
 fn read(txn: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>, StoreError> {
     let table = txn.open_table(TASKS).map_err(unavailable)?;
     let Some(v) = table.get(id).map_err(unavailable)? else { return Ok(None) };
     serde_json::from_slice(v.value()).map(Some).map_err(|e| StoreError::Corrupt(format!("task {id}: {e}")))
 }
 
-#[async_trait]
-impl TaskStore for EmbeddedStore {
-    async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        let mut record = record.clone();
-        self.update_stored(&record.task_id.clone(), move |current| match current {
-            Some(existing) if !existing.is_expired(now_ms) && !existing.status.is_resubmittable() => {
-                (None, PutOutcome::Exists(Box::new(existing)))
-            }
-            previous => {
-                // The fence never goes back, even past an expiry: a worker still holding a fence from
-                // the earlier run must not be able to finish the new one.
-                record.fence = previous.map_or(0, |p| p.fence);
-                (Some(Write::Put(Box::new(record))), PutOutcome::Created)
+impl EmbeddedStore {
+    /// Carries `command` out on the record as its row of the transition table says, in one write
+    /// transaction: the record written, or the live record (if any) the row refused.
+    async fn transition(
+        &self,
+        task_id: &str,
+        command: Command,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<Result<TaskRecord, Option<TaskRecord>>, StoreError> {
+        self.update_stored(task_id, move |stored| {
+            match lifecycle::apply(command, stored.as_ref(), now_ms, ttl_secs) {
+                Some(next) => (Some(next.clone()), Ok(next)),
+                None => (None, Err(stored.filter(|r| !r.is_expired(now_ms)))),
             }
         })
         .await
+    }
+}
+
+#[async_trait]
+impl TaskStore for EmbeddedStore {
+    async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
+        let submit = Command::Submit(Box::new(record.clone()));
+        match self.transition(&record.task_id, submit, now_ms, 0).await? {
+            Ok(_) => Ok(PutOutcome::Created),
+            Err(Some(live)) => Ok(PutOutcome::Exists(Box::new(live))),
+            Err(None) => Err(StoreError::Corrupt("a submission was refused where no record lives".into())),
+        }
     }
 
     async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
@@ -156,15 +146,6 @@ impl TaskStore for EmbeddedStore {
             .await
     }
 
-    async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
-        let nonce = nonce.to_owned();
-        self.update(task_id, 0, move |current| match current {
-            Some(r) if r.status == TaskStatus::Pending && r.nonce == nonce => (Some(Write::Delete), true),
-            _ => (None, false),
-        })
-        .await
-    }
-
     async fn mark_enqueued(
         &self,
         task_id: &str,
@@ -172,34 +153,15 @@ impl TaskStore for EmbeddedStore {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
-        self.update(task_id, now_ms, move |current| match current {
-            Some(mut r)
-                if r.status == TaskStatus::Pending
-                    && r.fence == mark.fence
-                    && r.enqueued_at_ms == mark.from_ms =>
-            {
-                r.enqueued_at_ms = mark.to_ms;
-                r.expires_at = r.expires_at.max(now_ms / 1000 + ttl_secs);
-                (Some(Write::Put(Box::new(r))), true)
-            }
-            _ => (None, false),
-        })
-        .await
+        Ok(self.transition(task_id, Command::MarkEnqueued(mark), now_ms, ttl_secs).await?.is_ok())
     }
 
     async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
-        self.update(task_id, now_ms, move |current| match current {
-            None => (None, ClaimOutcome::Missing),
-            Some(r) if r.status.is_terminal() => (None, ClaimOutcome::Terminal(Box::new(r))),
-            Some(mut r) => {
-                r.status = TaskStatus::Processing;
-                r.fence += 1;
-                r.started_at_ms = Some(now_ms);
-                r.expires_at = r.expires_at.max(now_ms / 1000 + ttl_secs);
-                (Some(Write::Put(Box::new(r.clone()))), ClaimOutcome::Claimed(Box::new(r)))
-            }
+        Ok(match self.transition(task_id, Command::Claim, now_ms, ttl_secs).await? {
+            Ok(r) => ClaimOutcome::Claimed(Box::new(r)),
+            Err(Some(live)) => ClaimOutcome::Terminal(Box::new(live)),
+            Err(None) => ClaimOutcome::Missing,
         })
-        .await
     }
 
     async fn finish(
@@ -210,55 +172,29 @@ impl TaskStore for EmbeddedStore {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<FinishOutcome, StoreError> {
-        self.update(task_id, now_ms, move |current| match current {
-            Some(mut r) if r.status == TaskStatus::Processing && r.fence == fence => {
-                match completion {
-                    Completion::Completed(result) => {
-                        r.status = TaskStatus::Completed;
-                        r.result = Some(result);
-                        r.error = None;
-                    }
-                    Completion::Failed(reason) => {
-                        r.status = TaskStatus::Failed;
-                        r.error = Some(reason);
-                    }
-                }
-                r.finished_at_ms = Some(now_ms);
-                r.expires_at = now_ms / 1000 + ttl_secs;
-                (Some(Write::Put(Box::new(r.clone()))), FinishOutcome::Written(Box::new(r)))
-            }
-            _ => (None, FinishOutcome::StaleFence),
+        Ok(match self.transition(task_id, Command::Finish { fence, completion }, now_ms, ttl_secs).await? {
+            Ok(r) => FinishOutcome::Written(Box::new(r)),
+            Err(_) => FinishOutcome::StaleFence,
         })
-        .await
     }
 
-    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError> {
-        let reason = reason.chars().take(MAX_ERROR_CHARS).collect::<String>();
-        self.update(task_id, 0, move |current| match current {
-            Some(mut r) if r.status == TaskStatus::Processing && r.fence == fence => {
-                r.attempts += 1;
-                r.error = Some(reason);
-                let n = r.attempts;
-                (Some(Write::Put(Box::new(r))), Some(n))
-            }
-            _ => (None, None),
-        })
-        .await
+    async fn note_attempt(
+        &self,
+        task_id: &str,
+        fence: u64,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<Option<u32>, StoreError> {
+        let command = Command::NoteAttempt { fence, reason: reason.to_owned() };
+        Ok(self.transition(task_id, command, now_ms, 0).await?.ok().map(|r| r.attempts))
     }
 
     async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError> {
-        self.update(task_id, now_ms, move |current| match current {
-            None => (None, CancelOutcome::Missing),
-            Some(r) if r.status.is_terminal() => (None, CancelOutcome::Terminal(Box::new(r))),
-            Some(mut r) => {
-                r.status = TaskStatus::Cancelled;
-                r.fence += 1;
-                r.finished_at_ms = Some(now_ms);
-                r.expires_at = now_ms / 1000 + ttl_secs;
-                (Some(Write::Put(Box::new(r.clone()))), CancelOutcome::Cancelled(Box::new(r)))
-            }
+        Ok(match self.transition(task_id, Command::Cancel, now_ms, ttl_secs).await? {
+            Ok(r) => CancelOutcome::Cancelled(Box::new(r)),
+            Err(Some(live)) => CancelOutcome::Terminal(Box::new(live)),
+            Err(None) => CancelOutcome::Missing,
         })
-        .await
     }
 
     async fn fail_unfinished(
@@ -269,30 +205,16 @@ impl TaskStore for EmbeddedStore {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
-        let reason = reason.chars().take(MAX_ERROR_CHARS).collect::<String>();
-        self.update(task_id, now_ms, move |current| match current {
-            Some(mut r) if !r.status.is_terminal() && r.created_at_ms <= sent_before_ms => {
-                r.status = TaskStatus::Failed;
-                r.fence += 1;
-                r.error = Some(reason);
-                r.finished_at_ms = Some(now_ms);
-                r.expires_at = now_ms / 1000 + ttl_secs;
-                (Some(Write::Put(Box::new(r))), true)
-            }
-            _ => (None, false),
-        })
-        .await
+        let command = Command::FailUnfinished { reason: reason.to_owned(), sent_before_ms };
+        Ok(self.transition(task_id, command, now_ms, ttl_secs).await?.is_ok())
     }
 }
-
-/// Longest stored failure reason (as DynamoDB's adapter keeps it).
-const MAX_ERROR_CHARS: usize = 4096;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::TokenUsage;
     use crate::domain::{TaskRequest, TaskResult};
+    use crate::domain::{TaskStatus, TokenUsage};
     use serde_json::json;
 
     fn record(now: u64) -> TaskRecord {
@@ -347,22 +269,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn delete_pending_only_removes_own_unclaimed_record_and_records_survive_reopen() {
+    async fn records_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let r = record(1_000);
         let id = r.task_id.clone();
         {
             let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
             store.put_pending(&r, 1_000).await.unwrap();
-            assert!(!store.delete_pending(&id, "someone else").await.unwrap());
+            assert!(
+                !store.mark_enqueued(&id, mark(3, r.enqueued_at_ms, 70_000), 70_000, 3600).await.unwrap()
+            );
             assert!(store.mark_enqueued(&id, mark(0, r.enqueued_at_ms, 70_000), 70_000, 3600).await.unwrap());
         }
         let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
         let back = store.get(&id, 70_000).await.unwrap().unwrap();
         assert_eq!(back.enqueued_at_ms, 70_000);
-        assert!(store.delete_pending(&id, &r.nonce).await.unwrap());
-        assert_eq!(store.get(&id, 70_000).await.unwrap(), None);
-        assert_eq!(store.claim(&id, 70_000, 3600).await.unwrap(), ClaimOutcome::Missing);
     }
 
     #[tokio::test]

@@ -427,7 +427,11 @@ impl Worker {
             Err(e @ LlmError::Retryable { .. }) => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
                 let reason = e.to_string();
-                let attempts = match self.store.note_attempt(&task.task_id, record.fence, &reason).await {
+                let attempts = match self
+                    .store
+                    .note_attempt(&task.task_id, record.fence, &reason, self.clock.now_ms())
+                    .await
+                {
                     Ok(Some(n)) => n,
                     Ok(None) => {
                         self.metrics.stale_writes_rejected_total.with_label_values(&[lane]).inc();
@@ -853,9 +857,6 @@ mod tests {
         async fn get(&self, id: &str, now: u64) -> Result<Option<TaskRecord>, crate::ports::StoreError> {
             self.inner.get(id, now).await
         }
-        async fn delete_pending(&self, id: &str, nonce: &str) -> Result<bool, crate::ports::StoreError> {
-            self.inner.delete_pending(id, nonce).await
-        }
         async fn mark_enqueued(
             &self,
             id: &str,
@@ -878,8 +879,9 @@ mod tests {
             id: &str,
             f: u64,
             why: &str,
+            now: u64,
         ) -> Result<Option<u32>, crate::ports::StoreError> {
-            self.inner.note_attempt(id, f, why).await
+            self.inner.note_attempt(id, f, why, now).await
         }
         async fn cancel(
             &self,

@@ -6,6 +6,7 @@
 pub mod schema;
 pub mod summaries;
 pub mod tasks;
+mod transitions;
 
 pub use schema::BY_REPO_INDEX;
 pub use summaries::DynamoSummaries;

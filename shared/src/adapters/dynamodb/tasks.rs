@@ -1,14 +1,15 @@
 //! DynamoDB adapter of the task store: partition key `pk` = `task#<id>`, TTL attribute `expires_at`.
-//! Every write is one conditional request: the `PENDING` put returns the old item on conflict
+//! Every write is one conditional request whose condition and transition are rendered from the
+//! transition table ([`super::transitions`]): the `PENDING` put returns the old item on conflict
 //! (`ReturnValuesOnConditionCheckFailure`; replacing an expired, `FAILED` or `CANCELLED` record takes a
 //! second, conditional update that keeps the fence), the claim increments and returns the fence, and
 //! the final write is conditional on it. Large requests and results are gzip-compressed; a result that
 //! still does not fit an item ends the task `FAILED` with that reason, never truncated.
 
-use super::{
-    Item, MAX_ITEM_BYTES, batch_get, conditional, get_n, get_s, n, read_text, s, text_attr, unavailable,
-};
+use super::transitions::Write;
+use super::{Item, MAX_ITEM_BYTES, batch_get, get_n, get_s, n, read_text, s, text_attr, unavailable};
 use crate::domain::Lane;
+use crate::domain::lifecycle::{Command, Event, stored_reason, transition};
 use crate::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use crate::ports::{
     CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
@@ -99,14 +100,10 @@ impl DynamoStore {
         super::schema::create_table(client, table).await
     }
 
-    async fn update(
-        &self,
-        task_id: &str,
-        expression: String,
-        condition: &str,
-        values: Vec<(&str, AttributeValue)>,
-        names: &[(&str, &str)],
-    ) -> Result<Result<Item, Option<Item>>, StoreError> {
+    /// Sends one conditional `UpdateItem`: the new item, or the old one (if any) when the
+    /// condition failed.
+    async fn write(&self, task_id: &str, write: Write) -> Result<Result<Item, Option<Item>>, StoreError> {
+        let (expression, condition, values, names) = write.bindings();
         let mut req = self
             .client
             .update_item()
@@ -120,7 +117,7 @@ impl DynamoStore {
             req = req.expression_attribute_values(k, v);
         }
         for (k, v) in names {
-            req = req.expression_attribute_names(*k, *v);
+            req = req.expression_attribute_names(k, v);
         }
         match req.send().await {
             Ok(out) => Ok(Ok(out.attributes().cloned().unwrap_or_default())),
@@ -133,9 +130,6 @@ impl DynamoStore {
         }
     }
 }
-
-const NAMES: [(&str, &str); 4] =
-    [("#st", "status"), ("#res", "result"), ("#err", "error"), ("#req", "request")];
 
 #[async_trait]
 impl TaskStore for DynamoStore {
@@ -182,40 +176,39 @@ impl TaskStore for DynamoStore {
             // Real DynamoDB returns the whole old item; an emulator racing with the writer may not.
             _ => self.get(&rec.task_id, 0).await?,
         };
-        if let Some(old) = old.filter(|o| !o.is_expired(now_ms) && !o.status.is_resubmittable()) {
-            return Ok(PutOutcome::Exists(Box::new(old)));
+        let live = old.filter(|o| !o.is_expired(now_ms));
+        if let Some(live) = live.filter(|l| !transition(Event::Submit).admits(Some(l))) {
+            return Ok(PutOutcome::Exists(Box::new(live)));
         }
 
         // Expired, FAILED or CANCELLED: replace it in place. UpdateItem rather than PutItem: the fence must carry
         // over, so a worker still holding a fence from the old run can never finish the new one.
         let (set_req, remove_req) =
             if req_name == "request" { ("#req", "request_z") } else { ("request_z", "#req") };
-        let expression = format!(
-            "SET #st = :pending, fence = if_not_exists(fence, :zero), attempts = :zero, nonce = :nonce, \
-             payload_hash = :ph, lane = :lane, created_at_ms = :now, enqueued_at_ms = :now, expires_at = :exp, \
-             {set_req} = :req REMOVE started_at_ms, finished_at_ms, #res, result_z, #err, {remove_req}"
+        let mut write = Write::of(&Command::Submit(Box::new(rec.clone())), now_ms, 0);
+        write.set.extend(
+            [
+                "fence = if_not_exists(fence, :zero)",
+                "attempts = :zero",
+                "nonce = :nonce",
+                "payload_hash = :ph",
+                "lane = :lane",
+                "created_at_ms = :created",
+                "enqueued_at_ms = :created",
+                &format!("{set_req} = :req"),
+            ]
+            .map(str::to_owned),
         );
-        let outcome = self
-            .update(
-                &rec.task_id,
-                expression,
-                "attribute_not_exists(pk) OR expires_at <= :now_s OR #st = :failed OR #st = :cancelled",
-                vec![
-                    (":pending", s("PENDING")),
-                    (":failed", s("FAILED")),
-                    (":cancelled", s("CANCELLED")),
-                    (":zero", n(0)),
-                    (":nonce", s(&rec.nonce)),
-                    (":ph", s(&rec.payload_hash)),
-                    (":lane", s(rec.lane.as_str())),
-                    (":now", n(rec.created_at_ms)),
-                    (":exp", n(rec.expires_at)),
-                    (":now_s", n(now_ms / 1000)),
-                    (":req", req_value),
-                ],
-                &NAMES,
-            )
-            .await?;
+        write.remove.extend(
+            ["started_at_ms", "finished_at_ms", "#res", "result_z", "#err", remove_req].map(str::to_owned),
+        );
+        write.value(":zero", n(0));
+        write.value(":nonce", s(&rec.nonce));
+        write.value(":ph", s(&rec.payload_hash));
+        write.value(":lane", s(rec.lane.as_str()));
+        write.value(":created", n(rec.created_at_ms));
+        write.value(":req", req_value);
+        let outcome = self.write(&rec.task_id, write).await?;
         match outcome {
             Ok(_) => Ok(PutOutcome::Created),
             // Someone else replaced it first: theirs is the live record.
@@ -245,21 +238,6 @@ impl TaskStore for DynamoStore {
         }
     }
 
-    async fn delete_pending(&self, task_id: &str, nonce: &str) -> Result<bool, StoreError> {
-        let out = self
-            .client
-            .delete_item()
-            .table_name(&self.table)
-            .key("pk", key(task_id))
-            .condition_expression("#st = :pending AND nonce = :nonce")
-            .expression_attribute_names("#st", "status")
-            .expression_attribute_values(":pending", s("PENDING"))
-            .expression_attribute_values(":nonce", s(nonce))
-            .send()
-            .await;
-        conditional(out)
-    }
-
     async fn mark_enqueued(
         &self,
         task_id: &str,
@@ -267,44 +245,12 @@ impl TaskStore for DynamoStore {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
-        // The new message's retention starts now: the record must live at least as long. (A pending
-        // record's TTL is never longer than `now + ttl_secs`, so no max() is needed.)
-        let out = self
-            .update(
-                task_id,
-                "SET enqueued_at_ms = :to, expires_at = :exp".into(),
-                "#st = :pending AND fence = :fence AND enqueued_at_ms = :from AND expires_at > :now_s",
-                vec![
-                    (":to", n(mark.to_ms)),
-                    (":from", n(mark.from_ms)),
-                    (":exp", n(now_ms / 1000 + ttl_secs)),
-                    (":pending", s("PENDING")),
-                    (":fence", n(mark.fence)),
-                    (":now_s", n(now_ms / 1000)),
-                ],
-                &NAMES[..1],
-            )
-            .await?;
-        Ok(out.is_ok())
+        let write = Write::of(&Command::MarkEnqueued(mark), now_ms, ttl_secs);
+        Ok(self.write(task_id, write).await?.is_ok())
     }
 
     async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
-        let out = self
-            .update(
-                task_id,
-                "SET #st = :processing, started_at_ms = :now, expires_at = :exp ADD fence :one".into(),
-                "attribute_exists(pk) AND expires_at > :now_s AND (#st = :pending OR #st = :processing)",
-                vec![
-                    (":processing", s("PROCESSING")),
-                    (":pending", s("PENDING")),
-                    (":now", n(now_ms)),
-                    (":exp", n(now_ms / 1000 + ttl_secs)),
-                    (":one", n(1)),
-                    (":now_s", n(now_ms / 1000)),
-                ],
-                &NAMES[..1],
-            )
-            .await?;
+        let out = self.write(task_id, Write::of(&Command::Claim, now_ms, ttl_secs)).await?;
         match out {
             Ok(item) => Ok(ClaimOutcome::Claimed(Box::new(record(&item)?))),
             Err(Some(old)) => {
@@ -327,77 +273,61 @@ impl TaskStore for DynamoStore {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<FinishOutcome, StoreError> {
-        let mut values = vec![
-            (":processing", s("PROCESSING")),
-            (":fence", n(fence)),
-            (":now", n(now_ms)),
-            (":exp", n(now_ms / 1000 + ttl_secs)),
-        ];
-        let expression = match completion {
+        // A result too large for an item ends the task FAILED with that reason, never truncated.
+        let (completion, stored) = match completion {
             Completion::Completed(result) => {
                 let json = serde_json::to_string(&result).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 let (name, value, size) = text_attr("result", &json)?;
                 if size > MAX_ITEM_BYTES / 2 {
-                    values.push((":st", s("FAILED")));
-                    values.push((
-                        ":err",
-                        s(format!(
-                            "result too large to store: {} bytes, {size} bytes compressed",
-                            json.len()
-                        )),
-                    ));
-                    "SET #st = :st, #err = :err, finished_at_ms = :now, expires_at = :exp".to_owned()
+                    let reason =
+                        format!("result too large to store: {} bytes, {size} bytes compressed", json.len());
+                    (Completion::Failed(reason), None)
                 } else {
-                    values.push((":st", s("COMPLETED")));
-                    values.push((":res", value));
-                    let target = if name == "result" { "#res" } else { "result_z" };
-                    format!(
-                        "SET #st = :st, {target} = :res, finished_at_ms = :now, expires_at = :exp REMOVE #err"
-                    )
+                    (Completion::Completed(result), Some((name, value)))
                 }
             }
-            Completion::Failed(reason) => {
-                values.push((":st", s("FAILED")));
-                values.push((":err", s(reason.chars().take(4096).collect::<String>())));
-                "SET #st = :st, #err = :err, finished_at_ms = :now, expires_at = :exp".to_owned()
-            }
+            failed => (failed, None),
         };
-        let names: Vec<(&str, &str)> = NAMES
-            .iter()
-            .copied()
-            .filter(|(k, _)| *k != "#req" && (expression.contains(k) || *k == "#st"))
-            .collect();
-        let out =
-            self.update(task_id, expression, "#st = :processing AND fence = :fence", values, &names).await?;
-        Ok(match out {
+        let command = Command::Finish { fence, completion };
+        let mut write = Write::of(&command, now_ms, ttl_secs);
+        match (command, stored) {
+            (_, Some((name, value))) => {
+                let target = if name == "result" { "#res" } else { "result_z" };
+                write.set.push(format!("{target} = :res"));
+                write.value(":res", value);
+                write.remove.push("#err".into());
+            }
+            (Command::Finish { completion: Completion::Failed(reason), .. }, None) => {
+                write.set.push("#err = :err".into());
+                write.value(":err", s(stored_reason(&reason)));
+            }
+            _ => {}
+        }
+        Ok(match self.write(task_id, write).await? {
             Ok(item) => FinishOutcome::Written(Box::new(record(&item)?)),
             Err(_) => FinishOutcome::StaleFence,
         })
     }
 
-    async fn note_attempt(&self, task_id: &str, fence: u64, reason: &str) -> Result<Option<u32>, StoreError> {
-        let out = self
-            .update(
-                task_id,
-                "SET #err = :err ADD attempts :one".into(),
-                "#st = :processing AND fence = :fence",
-                vec![
-                    (":err", s(reason.chars().take(4096).collect::<String>())),
-                    (":one", n(1)),
-                    (":processing", s("PROCESSING")),
-                    (":fence", n(fence)),
-                ],
-                &[NAMES[0], NAMES[2]],
-            )
-            .await?;
-        match out {
+    async fn note_attempt(
+        &self,
+        task_id: &str,
+        fence: u64,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<Option<u32>, StoreError> {
+        let mut write = Write::of(&Command::NoteAttempt { fence, reason: reason.to_owned() }, now_ms, 0);
+        write.set.push("#err = :err".into());
+        write.add.push("attempts :one".into());
+        write.value(":err", s(stored_reason(reason)));
+        match self.write(task_id, write).await? {
             Ok(item) => Ok(Some(get_n(&item, "attempts")?.unwrap_or(1) as u32)),
             Err(_) => Ok(None),
         }
     }
 
     async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError> {
-        let out = self.settle(task_id, "CANCELLED", None, None, now_ms, ttl_secs).await?;
+        let out = self.write(task_id, Write::of(&Command::Cancel, now_ms, ttl_secs)).await?;
         Ok(match out {
             Ok(item) => CancelOutcome::Cancelled(Box::new(record(&item)?)),
             Err(Some(old)) => {
@@ -420,49 +350,10 @@ impl TaskStore for DynamoStore {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError> {
-        Ok(self
-            .settle(task_id, "FAILED", Some(reason), Some(sent_before_ms), now_ms, ttl_secs)
-            .await?
-            .is_ok())
-    }
-}
-
-impl DynamoStore {
-    /// `PENDING|PROCESSING -> status` (with `reason` as the error) whatever the fence, moving the fence
-    /// on so no claim still running can finish it. One conditional update.
-    async fn settle(
-        &self,
-        task_id: &str,
-        status: &str,
-        reason: Option<&str>,
-        sent_before_ms: Option<u64>,
-        now_ms: u64,
-        ttl_secs: u64,
-    ) -> Result<Result<Item, Option<Item>>, StoreError> {
-        let mut values = vec![
-            (":st", s(status)),
-            (":pending", s("PENDING")),
-            (":processing", s("PROCESSING")),
-            (":now", n(now_ms)),
-            (":now_s", n(now_ms / 1000)),
-            (":exp", n(now_ms / 1000 + ttl_secs)),
-            (":one", n(1)),
-        ];
-        let mut expression = "SET #st = :st, finished_at_ms = :now, expires_at = :exp".to_owned();
-        if let Some(reason) = reason {
-            values.push((":err", s(reason.chars().take(4096).collect::<String>())));
-            expression.push_str(", #err = :err");
-        }
-        expression.push_str(" ADD fence :one");
-        let mut condition =
-            "attribute_exists(pk) AND expires_at > :now_s AND (#st = :pending OR #st = :processing)"
-                .to_owned();
-        if let Some(sent) = sent_before_ms {
-            values.push((":sent", n(sent)));
-            condition.push_str(" AND created_at_ms <= :sent");
-        }
-        let names: Vec<(&str, &str)> =
-            if reason.is_some() { vec![NAMES[0], NAMES[2]] } else { vec![NAMES[0]] };
-        self.update(task_id, expression, &condition, values, &names).await
+        let command = Command::FailUnfinished { reason: reason.to_owned(), sent_before_ms };
+        let mut write = Write::of(&command, now_ms, ttl_secs);
+        write.set.push("#err = :err".into());
+        write.value(":err", s(stored_reason(reason)));
+        Ok(self.write(task_id, write).await?.is_ok())
     }
 }
