@@ -82,9 +82,9 @@ async fn peek(dlq: &dyn QueueConsume, max: usize) -> Result<Vec<ReceivedMessage>
 }
 
 /// Makes peeked messages visible again.
-async fn release(dlq: &dyn QueueConsume, messages: &[ReceivedMessage]) {
-    for m in messages {
-        if let Err(e) = dlq.change_visibility(&m.receipt, Duration::ZERO).await {
+pub(crate) async fn release(dlq: &dyn QueueConsume, messages: &[ReceivedMessage]) {
+    for r in crate::lease::release(dlq, messages).await {
+        if let Err(e) = r {
             warn!(error = %e, "peeked DLQ message stays hidden until its visibility ends");
         }
     }
@@ -157,7 +157,7 @@ impl Sweep<'_> {
                 }
             };
             if settled && hide {
-                if let Err(e) = self.dlq.change_visibility(&m.receipt, SETTLED_HIDE).await {
+                if let Err(e) = crate::lease::hide(self.dlq, &m, SETTLED_HIDE).await {
                     warn!(error = %e, "a swept DLQ message is visible again after its peek");
                 }
             } else {

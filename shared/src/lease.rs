@@ -1,9 +1,11 @@
 //! The lease on a delivery, for both flows and the Lambda glue: starting it (one delivery, or a
 //! whole batch at once), the heartbeat that renews a batch's leases together, the queue view through
 //! which its deliveries are settled (ending their renewals first; in Lambda, leaving deletes to the
-//! event source mapping), and the ways a delivery ends (ack, hand-back, requeue as a fresh copy,
-//! dead-letter) with the backoff of a hand-back. Outside the queue adapters and their twins, this is
-//! the only module that changes a message's visibility.
+//! event source mapping), the ways a delivery ends (ack, hand-back, requeue as a fresh copy,
+//! dead-letter) with the backoff of a hand-back, and the release of deliveries nobody will start
+//! (a pool's surplus, a DLQ sweep's peek) or the hiding of swept ones. Outside the queue adapters
+//! and their twins, this is the only module that changes a message's visibility
+//! (`tests/layers.rs` checks it).
 //!
 //! Why a lease at all: Lambda wants the queue's own visibility timeout at least as long as the
 //! function's, so a crashed worker would hide its message for that long. The worker shortens it
@@ -201,6 +203,27 @@ pub async fn start_many(
         }
     }
     started
+}
+
+/// Makes deliveries visible again at once, for whoever polls next: received messages a poller will
+/// not start, or DLQ messages a sweep only looked at. Per delivery, whether the queue took it (one
+/// it refused returns when its visibility ends).
+pub async fn release(queue: &dyn QueueConsume, messages: &[ReceivedMessage]) -> Vec<Result<(), QueueError>> {
+    let receipts: Vec<String> = messages.iter().map(|m| m.receipt.clone()).collect();
+    if receipts.is_empty() {
+        return Vec::new();
+    }
+    queue.change_visibility_many(&receipts, Duration::ZERO).await
+}
+
+/// Keeps a delivery hidden for `hide` from now (a DLQ message a sweep settled, so the next sweeps
+/// look past it).
+pub async fn hide(
+    queue: &dyn QueueConsume,
+    message: &ReceivedMessage,
+    hide: Duration,
+) -> Result<(), QueueError> {
+    queue.change_visibility(&message.receipt, hide.min(MAX_VISIBILITY)).await
 }
 
 /// Receives up to `max` messages (SQS gives at most 10 a call), each leased for `visibility` from the

@@ -29,8 +29,8 @@
 //! - [`trace`]: the X-Ray trace header a task's message carries from ingress to its worker.
 //! - [`lease`]: a delivery's lease: start, the batch heartbeat, the queue view that settles through
 //!   it (deletes left to Lambda's event source mapping), ack / hand-back / requeue / dead-letter,
-//!   backoff. The only module besides the queue
-//!   adapters that changes a message's visibility.
+//!   backoff, release and hide. The only module besides the queue adapters and their twins that
+//!   changes a message's visibility.
 //! - [`limiter`]: the RPM/TPM decision with lane reservations (pure) and the in-process limiter.
 //! - [`quota`]: per-project daily token budgets and per-minute caps, counted in the cache.
 //! - [`llm`]: providers (offline, OpenAI-compatible, Anthropic), the retry policy, per-lane routes

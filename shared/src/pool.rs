@@ -303,8 +303,7 @@ impl Pool {
         if messages.is_empty() {
             return;
         }
-        let receipts: Vec<String> = messages.into_iter().map(|m| m.receipt).collect();
-        for r in queue.change_visibility_many(&receipts, Duration::ZERO).await {
+        for r in crate::lease::release(&**queue, &messages).await {
             if let Err(e) = r {
                 warn!(lane = %lane, error = %e, "could not hand a received message back; it returns with its lease");
             }

@@ -460,3 +460,53 @@ fn the_resolver_sees_every_kind_of_reference() {
     found.sort();
     assert_eq!(found, ["a b", "c d"]);
 }
+
+/// The functions that call the visibility methods, outside tests.
+#[derive(Default)]
+struct VisibilityCalls {
+    within: Vec<String>,
+    found: Vec<String>,
+}
+
+impl<'ast> Visit<'ast> for VisibilityCalls {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if !is_test_only(item_attrs(item)) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        self.within.push(f.sig.ident.to_string());
+        syn::visit::visit_item_fn(self, f);
+        self.within.pop();
+    }
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        self.within.push(f.sig.ident.to_string());
+        syn::visit::visit_impl_item_fn(self, f);
+        self.within.pop();
+    }
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        if call.method == "change_visibility" || call.method == "change_visibility_many" {
+            self.found.push(format!("{} in {}", call.method, self.within.join("::")));
+        }
+        syn::visit::visit_expr_method_call(self, call);
+    }
+}
+
+/// Outside the adapters, the twins and the port's own default, only `lease` changes a message's
+/// visibility: the lease start, the heartbeat, the hand-back, the release of messages not started
+/// and the hide of swept ones all go through it, so each rule about visibility is written there once.
+#[test]
+fn only_lease_changes_visibility() {
+    let mut found = Vec::new();
+    for (module, path) in modules(&src()) {
+        let owner = module.first().map(String::as_str);
+        if matches!(owner, Some("adapters" | "embedded" | "lease" | "ports")) {
+            continue;
+        }
+        let file = syn::parse_file(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut calls = VisibilityCalls::default();
+        calls.visit_file(&file);
+        found.extend(calls.found.into_iter().map(|call| format!("{} ({call})", path.display())));
+    }
+    assert!(found.is_empty(), "visibility changed outside lease: {}", found.join(", "));
+}

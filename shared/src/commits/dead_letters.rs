@@ -56,11 +56,7 @@ impl CommitsDlq<'_> {
     }
 
     async fn release(&self, messages: &[ReceivedMessage]) {
-        for m in messages {
-            if let Err(e) = self.dlq.change_visibility(&m.receipt, Duration::ZERO).await {
-                warn!(error = %e, "peeked DLQ message stays hidden until its visibility ends");
-            }
-        }
+        crate::dlq::release(self.dlq, messages).await;
     }
 
     fn is_summarized(m: &ReceivedMessage, summarized: &HashSet<String>) -> bool {

@@ -180,8 +180,8 @@ impl CommitsWorker {
         // Lease every delivery now: the queue's own visibility is long; ours is short and renewed.
         let ttl = self.lease.lease_ttl;
         let members: Vec<usize> = groups.iter().flat_map(|g| g.members.iter().copied()).collect();
-        let receipts: Vec<String> = members.iter().map(|&i| messages[i].receipt.clone()).collect();
-        let starts = members.into_iter().zip(queue.change_visibility_many(&receipts, ttl).await);
+        let mut leased: Vec<ReceivedMessage> = members.iter().map(|&i| messages[i].clone()).collect();
+        let starts = members.into_iter().zip(crate::lease::start_many(&*queue, &mut leased, ttl).await);
         let mut leases = Vec::new();
         for (i, r) in starts {
             let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
