@@ -405,8 +405,11 @@ fn one_loop<V>(
     vec![start]
 }
 
+/// `lanes-core`'s source, or `LANES_LAYERS_SRC` (another checkout's, for a before-and-after).
 fn src() -> PathBuf {
-    lanes_tests::workspace_root().join("shared/src")
+    std::env::var("LANES_LAYERS_SRC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| lanes_tests::workspace_root().join("shared/src"))
 }
 
 #[test]
