@@ -44,8 +44,10 @@
 //! - [`controller`]: mapping concurrency from queue depth and running work, every minute.
 //! - [`backend`]: one process's adapters, from the environment or created for `--create`.
 //! - [`local`]: `lanes dev`, everything wired in one process; [`summarize`]: `lanes summarize`.
-//! - [`lambda`]: Lambda events to the core (used by `functions/*`): cold-start wiring, the SQS batch
-//!   handler with its partial failures and deadline hand-back.
+//! - [`lambda`]: Lambda events to the core (used by `functions/*`): cold-start assembly
+//!   ([`lambda::startup`]), the controller's and worker's per-container state and invocations
+//!   ([`lambda::handlers`]), and the SQS batch plumbing with its partial failures and deadline
+//!   hand-back ([`lambda::batch`]).
 
 pub mod adapters;
 pub mod backend;

@@ -25,7 +25,7 @@ const LONG_FUNCTIONS: [(&str, usize); 15] = [
     ("summarize.rs::run", 106),
     ("tasks/ingress.rs::accept", 104),
     ("tasks/worker.rs::Worker::process_inner", 96),
-    ("lambda.rs::handle_batch", 93),
+    ("lambda/batch.rs::handle_batch", 93),
     ("domain/request.rs::TaskRequest::from_value", 93),
     ("dlq.rs::redrive_by_move", 89),
     ("tasks/ingress.rs::get_task", 87),
@@ -35,10 +35,9 @@ const LONG_FUNCTIONS: [(&str, usize); 15] = [
 ];
 
 /// Files still over the limit before their tests, with the size they may not exceed.
-const LARGE_FILES: [(&str, usize); 10] = [
+const LARGE_FILES: [(&str, usize); 9] = [
     ("commits/worker.rs", 794),
     ("lease.rs", 788),
-    ("lambda.rs", 715),
     ("commits/webhook.rs", 681),
     ("tasks/ingress.rs", 628),
     ("ports.rs", 609),
