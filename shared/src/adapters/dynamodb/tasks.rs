@@ -1,6 +1,6 @@
 //! DynamoDB adapter of the task store: partition key `pk` = `task#<id>`, TTL attribute `expires_at`.
 //! Every write is one conditional request whose condition and transition are rendered from the
-//! transition table ([`super::transitions`]): the `PENDING` put returns the old item on conflict
+//! transition table (`transitions.rs`): the `PENDING` put returns the old item on conflict
 //! (`ReturnValuesOnConditionCheckFailure`; replacing an expired, `FAILED` or `CANCELLED` record takes a
 //! second, conditional update that keeps the fence), the claim increments and returns the fence, and
 //! the final write is conditional on it. Large requests and results are gzip-compressed; a result that
