@@ -47,7 +47,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let _telemetry = lanes_core::init_cli_tracing();
+    let _telemetry = lanes_core::adapters::otlp::init_cli_tracing();
     error::exit(match Cli::parse().command {
         Command::Dev(args) => dev::run(args).await,
         Command::Submit(args) => tasks::submit(args).await,

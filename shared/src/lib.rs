@@ -79,38 +79,3 @@ pub mod tasks;
 pub mod trace;
 
 pub use tokio_util::sync::CancellationToken;
-
-/// Human-readable logs for the CLI, level from `RUST_LOG` (default `info`); with the `otlp` feature
-/// (the CLI's) and `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) set, spans
-/// are also exported as OTLP traces (`adapters::otlp`). Keep the returned guard until exit: dropping
-/// it flushes the spans not yet sent.
-#[cfg(feature = "otlp")]
-pub fn init_cli_tracing() -> Option<adapters::otlp::Guard> {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let otlp = match adapters::otlp::from_env() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("lanes: OTLP export off: {e}");
-            None
-        }
-    };
-    let (layer, guard) = match otlp {
-        Some((layer, guard)) => (Some(layer), Some(guard)),
-        None => (None, None),
-    };
-    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(layer).try_init();
-    guard
-}
-
-/// Human-readable logs for the CLI, level from `RUST_LOG` (default `info`).
-#[cfg(not(feature = "otlp"))]
-pub fn init_cli_tracing() -> Option<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
-    None
-}

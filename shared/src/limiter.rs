@@ -22,92 +22,11 @@
 
 use crate::clock::SharedClock;
 use crate::domain::Lane;
-pub use crate::ports::ProviderLimits;
+pub use crate::domain::limits::{Class, Decision, Learned, LimiterConfig, ProviderLimits, UNKNOWN};
+pub use crate::ports::{LimiterError, RateLimiter};
 use async_trait::async_trait;
 use std::sync::Mutex;
 use std::time::Duration;
-
-/// Errors of the limiter store.
-#[derive(Debug, thiserror::Error)]
-pub enum LimiterError {
-    /// Redis unreachable: callers proceed unthrottled and count a degraded operation (the provider's
-    /// own 429s, retried with backoff, are the backstop).
-    #[error("limiter unavailable: {0}")]
-    Unavailable(String),
-}
-
-/// Reservation classes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// The interactive lane.
-    Interactive = 0,
-    /// Synthesis and commits.
-    Background = 1,
-}
-
-impl From<Lane> for Class {
-    fn from(l: Lane) -> Self {
-        if l == Lane::Interactive { Class::Interactive } else { Class::Background }
-    }
-}
-
-/// Limits and reservations.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimiterConfig {
-    /// Requests per minute.
-    pub rpm: f64,
-    /// Tokens per minute.
-    pub tpm: f64,
-    /// Interactive's reserved share (background gets the rest).
-    pub interactive_share: f64,
-    /// A bucket lends only what it holds above this fraction of its capacity.
-    pub lend_above: f64,
-    /// The period the limits are per, in ms: 60000 for providers' per-minute limits; tests shorten it.
-    pub window_ms: f64,
-    /// The share of a window's limit a bucket holds as its burst.
-    pub burst: f64,
-}
-
-/// A limit to stand for "not known yet": large enough never to pace, finite so the Lua script and
-/// JSON carry it.
-pub const UNKNOWN: f64 = 1e12;
-
-impl LimiterConfig {
-    /// Limits with the default 70/30 reservation and a 5% burst.
-    pub fn new(rpm: f64, tpm: f64) -> Self {
-        Self { rpm, tpm, interactive_share: 0.7, lend_above: 0.5, window_ms: 60_000.0, burst: 0.05 }
-    }
-
-    /// No configured cap: pacing starts when the provider's headers say its limits.
-    pub fn unknown() -> Self {
-        Self::new(UNKNOWN, UNKNOWN)
-    }
-
-    /// Each class's share of each limit: requests (interactive, background), tokens (same order).
-    fn shares(&self) -> [f64; 4] {
-        let s = self.interactive_share.clamp(0.0, 1.0);
-        [self.rpm * s, self.rpm * (1.0 - s), self.tpm * s, self.tpm * (1.0 - s)]
-    }
-
-    /// Capacities of the four buckets: the burst of each share.
-    fn caps(&self) -> [f64; 4] {
-        self.shares().map(|l| l * self.burst.clamp(0.0, 1.0))
-    }
-
-    /// Refill rates of the four buckets, per ms: the rest of each share over the window.
-    fn rates(&self) -> [f64; 4] {
-        self.shares().map(|l| l * (1.0 - self.burst.clamp(0.0, 1.0)) / self.window_ms)
-    }
-
-    /// These caps lowered to what the provider said (`None` fields keep the cap).
-    pub fn within(&self, learned: &ProviderLimits) -> Self {
-        Self {
-            rpm: learned.rpm.map_or(self.rpm, |l| l.min(self.rpm)),
-            tpm: learned.tpm.map_or(self.tpm, |l| l.min(self.tpm)),
-            ..*self
-        }
-    }
-}
 
 /// Bucket levels (requests i/b, tokens i/b) and when they were last refilled.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -128,18 +47,6 @@ impl BucketState {
     pub fn full(config: &LimiterConfig, now_ms: u64) -> Self {
         Self { levels: config.caps(), at_ms: now_ms, cool_until_ms: 0, aligned: false }
     }
-}
-
-/// The answer to a request for budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Taken: call now.
-    Granted,
-    /// Taken from the class's own buckets ahead of their refill: call after this long. Requests
-    /// that come later queue behind it, and the other class cannot borrow what it waits for.
-    Reserved(Duration),
-    /// Nothing taken; enough will be there after this long.
-    Wait(Duration),
 }
 
 fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
@@ -289,55 +196,6 @@ pub fn reconcile(
     let i = 2 + class as usize;
     let cap = config.caps()[i];
     state.levels[i] = (state.levels[i] + estimated as f64 - actual as f64).min(cap);
-}
-
-/// The limiter port: shared by every worker of a deployment.
-#[async_trait]
-pub trait RateLimiter: Send + Sync {
-    /// Tries to take budget for one call of `lane` estimated at `tokens`, reserving it when the
-    /// caller would wait at most `reserve_up_to` for it ([`decide`]).
-    async fn try_acquire(
-        &self,
-        lane: Lane,
-        tokens: u64,
-        reserve_up_to: Duration,
-    ) -> Result<Decision, LimiterError>;
-    /// Reconciles the estimate with the reported usage.
-    async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError>;
-    /// Returns an unused reservation: one request and `tokens` ([`give_back`]).
-    async fn give_back(&self, lane: Lane, tokens: u64) -> Result<(), LimiterError>;
-    /// Makes every caller wait `for_` from now (a 429's hint): the cooldown is shared.
-    async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError>;
-    /// How long the shared cooldown has left, if one is running (a route cooling down is skipped
-    /// while a fallback route exists).
-    async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError>;
-    /// Paces by the limits the provider said, where lower than the configured caps; true when this
-    /// process did not know them before (then [`RateLimiter::align`] with the same answer).
-    fn learn(&self, limits: &ProviderLimits) -> bool;
-    /// Lines the shared buckets up with the provider's `remaining-*`/`reset-*` ([`align`]).
-    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError>;
-    /// The limits in force (the caps lowered to what was learned).
-    fn limits(&self) -> LimiterConfig;
-}
-
-/// Limits learned from a provider's headers, kept per process: every worker reads the same headers.
-#[derive(Debug, Default)]
-pub struct Learned(Mutex<ProviderLimits>);
-
-impl Learned {
-    /// Keeps the newest limits the provider stated; true when none were known before.
-    pub fn learn(&self, limits: &ProviderLimits) -> bool {
-        let Ok(mut l) = self.0.lock() else { return false };
-        let first = l.rpm.is_none() && l.tpm.is_none() && (limits.rpm.is_some() || limits.tpm.is_some());
-        l.rpm = limits.rpm.or(l.rpm);
-        l.tpm = limits.tpm.or(l.tpm);
-        first
-    }
-
-    /// `caps` lowered to what was learned.
-    pub fn apply(&self, caps: &LimiterConfig) -> LimiterConfig {
-        self.0.lock().map(|l| caps.within(&l)).unwrap_or(*caps)
-    }
 }
 
 /// The in-process limiter (local mode, tests).

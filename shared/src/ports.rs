@@ -3,8 +3,8 @@
 //! (`crate::adapters`), held to the same contract (`tests/src/contract.rs`). Errors carry retry
 //! intent.
 
+use crate::domain::Lane;
 use crate::domain::TaskRecord;
-use crate::domain::{Lane, TokenUsage};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -435,51 +435,48 @@ impl LlmError {
     }
 }
 
-/// One call to a model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlmRequest {
-    /// Lane of the caller (for reservations and metrics).
-    pub lane: Lane,
-    /// Task kind (the system prompt depends on it).
-    pub kind: crate::domain::Kind,
-    /// The full prompt.
-    pub prompt: String,
-    /// Files the task is about.
-    pub target_files: Vec<String>,
-    /// Upper bound on completion tokens.
-    pub max_tokens: u32,
-    /// Sampling parameters from the task's `params`.
-    pub params: crate::domain::ModelParams,
+pub use crate::domain::model_call::{LlmRequest, LlmResponse, ProviderLimits};
+
+// ---------------------------------------------------------------- limiter
+
+/// Errors of the limiter store.
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    /// Redis unreachable: callers proceed unthrottled and count a degraded operation (the provider's
+    /// own 429s, retried with backoff, are the backstop).
+    #[error("limiter unavailable: {0}")]
+    Unavailable(String),
 }
 
-/// What a provider's rate-limit headers say about its limits (per window) and its budget now.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ProviderLimits {
-    /// Requests per window (`x-ratelimit-limit-requests`, `anthropic-ratelimit-requests-limit`).
-    pub rpm: Option<f64>,
-    /// Tokens per window (`x-ratelimit-limit-tokens`, `anthropic-ratelimit-tokens-limit`).
-    pub tpm: Option<f64>,
-    /// Set when a `remaining-*` header says the budget is spent: until its `reset-*`.
-    pub exhausted_for: Option<Duration>,
-    /// What is left of the current window (`remaining-*`): requests, tokens.
-    pub remaining: [Option<f64>; 2],
-    /// When each of those resets (`reset-*`): requests, tokens.
-    pub reset: [Option<Duration>; 2],
-}
+pub use crate::domain::limits::{Decision, LimiterConfig};
 
-/// A model's answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlmResponse {
-    /// Generated text.
-    pub text: String,
-    /// Model name as reported.
-    pub model: String,
-    /// Usage as reported (or counted, for the offline provider).
-    pub usage: TokenUsage,
-    /// The model stopped at `max_tokens` (`finish_reason` / `stop_reason` = length / max_tokens).
-    pub truncated: bool,
-    /// What the provider's rate-limit headers said with this answer.
-    pub limits: ProviderLimits,
+/// The limiter port: shared by every worker of a deployment.
+#[async_trait]
+pub trait RateLimiter: Send + Sync {
+    /// Tries to take budget for one call of `lane` estimated at `tokens`, reserving it when the
+    /// caller would wait at most `reserve_up_to` for it (`crate::limiter::decide`).
+    async fn try_acquire(
+        &self,
+        lane: Lane,
+        tokens: u64,
+        reserve_up_to: Duration,
+    ) -> Result<Decision, LimiterError>;
+    /// Reconciles the estimate with the reported usage.
+    async fn reconcile(&self, lane: Lane, estimated: u64, actual: u64) -> Result<(), LimiterError>;
+    /// Returns an unused reservation: one request and `tokens` (`crate::limiter::give_back`).
+    async fn give_back(&self, lane: Lane, tokens: u64) -> Result<(), LimiterError>;
+    /// Makes every caller wait `for_` from now (a 429's hint): the cooldown is shared.
+    async fn cool_down(&self, for_: Duration) -> Result<(), LimiterError>;
+    /// How long the shared cooldown has left, if one is running (a route cooling down is skipped
+    /// while a fallback route exists).
+    async fn cooling_for(&self) -> Result<Option<Duration>, LimiterError>;
+    /// Paces by the limits the provider said, where lower than the configured caps; true when this
+    /// process did not know them before (then [`RateLimiter::align`] with the same answer).
+    fn learn(&self, limits: &ProviderLimits) -> bool;
+    /// Lines the shared buckets up with the provider's `remaining-*`/`reset-*` (`crate::limiter::align`).
+    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError>;
+    /// The limits in force (the caps lowered to what was learned).
+    fn limits(&self) -> LimiterConfig;
 }
 
 /// A model provider.

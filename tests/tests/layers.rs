@@ -513,3 +513,40 @@ fn only_lease_changes_visibility() {
     }
     assert!(found.is_empty(), "visibility changed outside lease: {}", found.join(", "));
 }
+
+/// The bottom layers name nothing above them: `domain` and `ports` (vocabulary and traits),
+/// `adapters` and `embedded` (a twin per port) never reach into a mechanism, a flow or the wiring.
+#[test]
+fn the_bottom_layers_name_nothing_above_them() {
+    let bottom = ["domain", "ports", "adapters", "embedded"];
+    let above = [
+        "lease",
+        "limiter",
+        "llm",
+        "pool",
+        "quota",
+        "running",
+        "tasks",
+        "commits",
+        "dlq",
+        "dlq_admin",
+        "controller",
+        "openapi",
+        "backend",
+        "local",
+        "summarize",
+        "lambda",
+    ];
+    let mut wrong = Vec::new();
+    for (module, refs) in references(&src()) {
+        if !module.first().is_some_and(|m| bottom.contains(&m.as_str())) {
+            continue;
+        }
+        for r in refs {
+            if r.first().is_some_and(|m| above.contains(&m.as_str())) {
+                wrong.push(format!("{} -> {}", name(&module), name(&r)));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "a bottom layer names one above it: {}", wrong.join(", "));
+}

@@ -3,7 +3,6 @@
 //! from every response.
 
 use crate::domain::TokenUsage;
-use crate::llm::{system_prompt, user_message};
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use aws_sdk_bedrockruntime::Client;
@@ -71,7 +70,7 @@ impl LlmClient for BedrockClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let message = Message::builder()
             .role(ConversationRole::User)
-            .content(ContentBlock::Text(user_message(request)))
+            .content(ContentBlock::Text(request.user_message()))
             .build()
             .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
         let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
@@ -79,7 +78,7 @@ impl LlmClient for BedrockClient {
             .client
             .converse()
             .model_id(&self.model_id)
-            .system(SystemContentBlock::Text(system_prompt(request.kind).to_owned()))
+            .system(SystemContentBlock::Text(request.kind.system_prompt().to_owned()))
             .messages(message)
             .inference_config(inference_config(request, max_tokens))
             .send()

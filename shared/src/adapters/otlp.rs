@@ -54,3 +54,28 @@ where
     let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("lanes"));
     Ok(Some((layer, Guard(Some(provider)))))
 }
+
+/// Human-readable logs for the CLI, level from `RUST_LOG` (default `info`); with the `otlp` feature
+/// (the CLI's) and `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) set, spans
+/// are also exported as OTLP traces. Keep the returned guard until exit: dropping
+/// it flushes the spans not yet sent.
+pub fn init_cli_tracing() -> Option<Guard> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let otlp = match from_env() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("lanes: OTLP export off: {e}");
+            None
+        }
+    };
+    let (layer, guard) = match otlp {
+        Some((layer, guard)) => (Some(layer), Some(guard)),
+        None => (None, None),
+    };
+    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(layer).try_init();
+    guard
+}

@@ -4,6 +4,8 @@
 
 pub mod commit;
 pub mod lifecycle;
+pub mod limits;
+pub mod model_call;
 pub mod request;
 pub mod task;
 
@@ -95,6 +97,27 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The system prompt of the kind's model calls.
+    pub fn system_prompt(self) -> &'static str {
+        match self {
+            Kind::Autocomplete => "Complete the code at the cursor. Answer with code only.",
+            Kind::Explain => "Explain what the code does, briefly and precisely.",
+            Kind::LintPatch => {
+                "Propose a minimal patch that fixes the lint findings. Answer with a unified diff."
+            }
+            Kind::Classify => "Classify the change. Answer with one label and one sentence of reason.",
+            Kind::TestPatch => "Write a focused test for the code. Answer with a unified diff.",
+            Kind::Scaffold => "Scaffold the requested project or module. Answer with files as unified diffs.",
+            Kind::MultiFile => "Make the requested change across the files. Answer with a unified diff.",
+            Kind::Refactor => "Refactor as requested without changing behaviour. Answer with a unified diff.",
+            Kind::Agent => "Plan and carry out the task step by step. Answer with the result.",
+            Kind::CommitSummary => {
+                "You summarize Git commits for a changelog, one or two sentences each. Answer with only a JSON \
+                 array of {\"sha\", \"summary\"} objects, one per commit in the prompt."
+            }
+        }
+    }
+
     /// Every kind.
     pub const ALL: [Kind; 10] = [
         Kind::Autocomplete,

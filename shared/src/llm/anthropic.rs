@@ -2,7 +2,6 @@
 //! from every response; 429/529 carry the `anthropic-ratelimit-*-reset` or `retry-after` hint.
 
 use super::openai::{send_error, status_error, transport_error};
-use super::{system_prompt, user_message};
 use crate::domain::TokenUsage;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use crate::secret::Secret;
@@ -37,8 +36,8 @@ impl LlmClient for AnthropicClient {
         let mut body = json!({
             "model": self.model,
             "max_tokens": request.max_tokens,
-            "system": system_prompt(request.kind),
-            "messages": [{"role": "user", "content": user_message(request)}],
+            "system": request.kind.system_prompt(),
+            "messages": [{"role": "user", "content": request.user_message()}],
         });
         // The Messages API has no seed.
         let p = &request.params;

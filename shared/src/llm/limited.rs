@@ -3,8 +3,9 @@
 //! teaching the limiter its limits and its 429s starting the shared cooldown. The budget decision
 //! itself is [`crate::limiter`]'s.
 
-use crate::limiter::{Decision, RateLimiter, UNKNOWN};
+use crate::domain::limits::{Decision, UNKNOWN};
 use crate::ports::ProviderLimits;
+use crate::ports::RateLimiter;
 use async_trait::async_trait;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -69,7 +70,7 @@ impl<C> Limited<C> {
 /// ([`crate::llm::Retrying`] over [`Limited`]) so each HTTP attempt is charged.
 pub fn limited(
     llm: std::sync::Arc<dyn crate::ports::LlmClient>,
-    limiter: Option<std::sync::Arc<dyn crate::limiter::RateLimiter>>,
+    limiter: Option<std::sync::Arc<dyn RateLimiter>>,
     max_wait: std::time::Duration,
 ) -> std::sync::Arc<dyn crate::ports::LlmClient> {
     match limiter {
@@ -80,7 +81,7 @@ pub fn limited(
 
 /// Tokens charged before a call: the prompt at four bytes a token plus the completion cap.
 pub fn estimate_tokens(request: &crate::ports::LlmRequest) -> u64 {
-    crate::llm::user_message(request).len().div_ceil(4) as u64 + 200 + u64::from(request.max_tokens)
+    request.user_message().len().div_ceil(4) as u64 + 200 + u64::from(request.max_tokens)
 }
 
 #[async_trait]

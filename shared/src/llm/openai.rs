@@ -2,7 +2,6 @@
 //! Usage is read from every response; throttles and server errors carry the provider's reset hint.
 
 use super::retry::{is_retryable_status, rate_limits, retry_hint};
-use super::{system_prompt, user_message};
 use crate::domain::TokenUsage;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use crate::secret::Secret;
@@ -77,8 +76,8 @@ impl LlmClient for OpenAiClient {
         let mut body = json!({
             "model": self.model,
             "messages": [
-                {"role": "system", "content": system_prompt(request.kind)},
-                {"role": "user", "content": user_message(request)},
+                {"role": "system", "content": request.kind.system_prompt()},
+                {"role": "user", "content": request.user_message()},
             ],
         });
         // OpenAI's own API deprecated `max_tokens` (its reasoning models refuse it); compatible

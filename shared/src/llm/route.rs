@@ -14,7 +14,7 @@
 
 use crate::config::ConfigError;
 use crate::domain::Lane;
-use crate::limiter::RateLimiter;
+use crate::ports::RateLimiter;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use std::sync::Arc;

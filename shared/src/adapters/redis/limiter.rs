@@ -1,17 +1,18 @@
-//! The RPM/TPM limiter in Redis, shared by every worker: [`crate::limiter::decide`] and
-//! [`crate::limiter::reconcile`] as one Lua script (`limiter.lua`) over one hash key, so all workers
+//! The RPM/TPM limiter in Redis, shared by every worker: `limiter::decide` and
+//! `limiter::reconcile` as one Lua script (`limiter.lua`) over one hash key, so all workers
 //! draw from the same buckets atomically (EVALSHA, with EVAL on NOSCRIPT). All of one limiter's keys
 //! share a hash tag, so the script touches one cluster slot.
 
 use super::RedisConn;
 use crate::clock::SharedClock;
 use crate::domain::Lane;
-use crate::limiter::{Class, Decision, Learned, LimiterConfig, LimiterError, ProviderLimits, RateLimiter};
+use crate::domain::limits::{Class, Decision, Learned, LimiterConfig, ProviderLimits};
+use crate::ports::{LimiterError, RateLimiter};
 use async_trait::async_trait;
 use redis::Script;
 use std::time::Duration;
 
-/// [`crate::limiter::decide`] and [`crate::limiter::reconcile`] as one Lua script over one hash key, so every worker shares the
+/// `limiter::decide` and `limiter::reconcile` as one Lua script over one hash key, so every worker shares the
 /// buckets atomically. ARGV: op (`take`/`put`/`cool`), now_ms, class (0/1), tokens, estimated, rpm,
 /// tpm, interactive share, lend_above, window_ms, burst, reserve_up_to_ms. Returns 0 (granted), the
 /// wait in ms, or minus the wait of a reservation.

@@ -1,0 +1,63 @@
+//! One call to a model, as every provider and the limiter see it: the request (with its user
+//! message), the answer, and what the provider's rate-limit headers said with it. Pure.
+
+use super::{Kind, Lane, ModelParams, TokenUsage};
+use std::time::Duration;
+
+/// One call to a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmRequest {
+    /// Lane of the caller (for reservations and metrics).
+    pub lane: Lane,
+    /// Task kind (the system prompt depends on it).
+    pub kind: Kind,
+    /// The full prompt.
+    pub prompt: String,
+    /// Files the task is about.
+    pub target_files: Vec<String>,
+    /// Upper bound on completion tokens.
+    pub max_tokens: u32,
+    /// Sampling parameters from the task's `params`.
+    pub params: ModelParams,
+}
+
+impl LlmRequest {
+    /// The user message: the prompt plus the files it is about.
+    pub fn user_message(&self) -> String {
+        if self.target_files.is_empty() {
+            self.prompt.clone()
+        } else {
+            format!("{}\n\nFiles: {}", self.prompt, self.target_files.join(", "))
+        }
+    }
+}
+
+/// What a provider's rate-limit headers say about its limits (per window) and its budget now.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProviderLimits {
+    /// Requests per window (`x-ratelimit-limit-requests`, `anthropic-ratelimit-requests-limit`).
+    pub rpm: Option<f64>,
+    /// Tokens per window (`x-ratelimit-limit-tokens`, `anthropic-ratelimit-tokens-limit`).
+    pub tpm: Option<f64>,
+    /// Set when a `remaining-*` header says the budget is spent: until its `reset-*`.
+    pub exhausted_for: Option<Duration>,
+    /// What is left of the current window (`remaining-*`): requests, tokens.
+    pub remaining: [Option<f64>; 2],
+    /// When each of those resets (`reset-*`): requests, tokens.
+    pub reset: [Option<Duration>; 2],
+}
+
+/// A model's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmResponse {
+    /// Generated text.
+    pub text: String,
+    /// Model name as reported.
+    pub model: String,
+    /// Usage as reported (or counted, for the offline provider).
+    pub usage: TokenUsage,
+    /// The model stopped at `max_tokens` (`finish_reason` / `stop_reason` = length / max_tokens).
+    pub truncated: bool,
+    /// What the provider's rate-limit headers said with this answer.
+    pub limits: ProviderLimits,
+}
