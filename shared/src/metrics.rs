@@ -140,7 +140,7 @@ pub struct Metrics {
     pub task_wait_seconds: HistogramVec,
     /// Claim to completion, per lane.
     pub task_run_seconds: HistogramVec,
-    /// Provider calls by lane and status (`ok`, `retryable`, `permanent`).
+    /// Provider calls by lane and status (`ok`, `throttled`, `retryable`, `permanent`).
     pub llm_requests_total: IntCounterVec,
     /// Tokens by lane and type (`prompt`, `completion`).
     pub llm_tokens_total: IntCounterVec,
@@ -165,8 +165,8 @@ pub struct Metrics {
     /// Deliveries acked because no live record was left for them (expired, or removed after a failed
     /// send), by lane. Should stay at zero: a record outlives its message.
     pub tasks_missing_total: IntCounterVec,
-    /// Work put off without using an attempt, by lane and why (`throttled`, `lock`, `deadline`,
-    /// `store`, `queue`).
+    /// Work put off without using an attempt, by lane and why (`throttled`, `lock`, `quota`,
+    /// `store`, `queue`); a deadline's hand-back is counted in `lanes_handed_back_total`.
     pub waits_total: IntCounterVec,
     /// Provider calls abandoned before their answer, by lane and why (`cancelled`, `lease`).
     pub llm_calls_dropped_total: IntCounterVec,
@@ -315,7 +315,7 @@ impl Metrics {
             metrics.queue_in_flight.with_label_values(&[l]);
             metrics.task_latency_seconds.with_label_values(&[l]);
             metrics.tasks_missing_total.with_label_values(&[l]);
-            for status in ["ok", "retryable", "permanent"] {
+            for status in ["ok", "throttled", "retryable", "permanent"] {
                 metrics.llm_requests_total.with_label_values(&[l, status]);
             }
         }

@@ -1,7 +1,11 @@
 //! Ports: the small traits the core talks to, one capability each, and the constants their
-//! implementations share. Every port has an embedded twin (`crate::embedded`) and an AWS adapter
-//! (`crate::adapters`), held to the same contract (`tests/src/contract.rs`). Errors carry retry
-//! intent.
+//! implementations share. Errors carry retry intent. The storage and messaging ports (task store,
+//! summary store, queue, lease lock, cache) each have an embedded twin (`crate::embedded`) and an
+//! AWS adapter (`crate::adapters`) held to one contract (`tests/src/contract.rs`); the rate
+//! limiter has an in-process and a Redis implementation, tested against each other on a real
+//! `redis-server`; the model client (`crate::llm`, Bedrock in `crate::adapters`), the diff sources
+//! (`crate::commits::sources`) and the mapping control (an in-memory twin and the Lambda adapter)
+//! are tested each on its own.
 
 use crate::domain::Lane;
 use crate::domain::TaskRecord;

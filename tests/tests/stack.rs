@@ -213,7 +213,12 @@ fn every_function_gets_the_variables_its_configuration_requires() {
     }
     // Whatever the code requires by name is set somewhere in the template.
     let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
-    for file in ["shared/src/backend.rs", "shared/src/lambda.rs"] {
+    for file in [
+        "shared/src/backend.rs",
+        "shared/src/lambda/startup.rs",
+        "shared/src/lambda/handlers.rs",
+        "shared/src/lambda/batch.rs",
+    ] {
         let src = std::fs::read_to_string(workspace_root().join(file)).unwrap();
         for part in src.split("require_env(\"").skip(1) {
             let name = part.split('"').next().unwrap();
@@ -504,7 +509,7 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
 ///   `Opts::new("lanes_…_total", …), &[labels]`), with the label values its call sites pass as
 ///   literals (`.<field>.with_label_values(&[lane, "prompt"])`), named by the core's own
 ///   `emf_name`; a non-literal value of a non-dimension label is a wildcard (`*`);
-/// - the controller's hand-written documents (`{"Name": "queue_depth", …}` in `lambda.rs`), per lane.
+/// - the controller's hand-written documents (`{"Name": "queue_depth", …}` in `lambda/handlers.rs`), per lane.
 fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
     use lanes_core::metrics::{EMF_DIMENSIONS, Latency, emf_name};
     let root = workspace_root().join("shared/src");
@@ -574,7 +579,9 @@ fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
             }
         }
     }
-    let lambda_rs = std::fs::read_to_string(root.join("lambda.rs")).unwrap();
+    let lambda_rs: String = ["startup.rs", "handlers.rs", "batch.rs"]
+        .map(|f| std::fs::read_to_string(root.join("lambda").join(f)).unwrap())
+        .concat();
     for part in lambda_rs.split("{\"Name\": \"").skip(1) {
         out.insert(part.split('"').next().unwrap().to_owned(), BTreeSet::from(["lane".to_owned()]));
     }

@@ -6,6 +6,7 @@
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
+use crate::domain::lifecycle::is_resubmittable;
 use crate::domain::{MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
 use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, EnqueueMark, PutOutcome, QueueSend, StoreError, TaskStore, UNSENT};
@@ -260,7 +261,7 @@ async fn accept(
     let retry_after = ing.config.retry_after_secs;
     if let Some(over) = over {
         let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
-        return match existing.filter(|r| !crate::domain::lifecycle::is_resubmittable(r.status)) {
+        return match existing.filter(|r| !is_resubmittable(r.status)) {
             Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };
