@@ -52,7 +52,7 @@ REVERTS = {
     ]),
     "quota-after-lookup": ("the daily budget is checked before the idempotent lookup", [
         ("shared/src/tasks/ingress.rs", """        let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
-        return match existing.filter(|r| !is_resubmittable(r.status)) {
+        return match existing.filter(|r| !lifecycle::is_resubmittable(r.status)) {
             Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };""", "        return Err(over_budget(&request.project_id, over.retry_after));"),

@@ -1,14 +1,10 @@
-//! Ports: the small traits the core talks to, one capability each, and the constants their
-//! implementations share. Errors carry retry intent. The storage and messaging ports (task store,
-//! summary store, queue, lease lock, cache) each have an embedded twin (`crate::embedded`) and an
-//! AWS adapter (`crate::adapters`) held to one contract (`tests/src/contract.rs`); the rate
-//! limiter has an in-process and a Redis implementation, tested against each other on a real
-//! `redis-server`; the model client (`crate::llm`, Bedrock in `crate::adapters`), the diff sources
-//! (`crate::commits::sources`) and the mapping control (an in-memory twin and the Lambda adapter)
-//! are tested each on its own.
+//! Ports: the small traits the core talks to, one capability each, with retry intent in their
+//! errors. Task and summary stores, queue, lock and cache each have an embedded twin and an AWS
+//! adapter held to one contract (`tests/src/contract.rs`); the limiter's in-process and Redis
+//! implementations are run side by side on `redis-server`; the model clients, diff sources and
+//! mapping control are tested each on its own.
 
-use crate::domain::Lane;
-use crate::domain::TaskRecord;
+use crate::domain::{Lane, TaskRecord};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -16,8 +16,7 @@ const MAX_FN_LINES: usize = 80;
 const MAX_FILE_LINES: usize = 500;
 
 /// Functions still over the limit, with the size they may not exceed.
-const LONG_FUNCTIONS: [(&str, usize); 15] = [
-    ("tasks/worker.rs::Worker::run_claimed", 201),
+const LONG_FUNCTIONS: [(&str, usize); 14] = [
     ("commits/worker.rs::CommitsWorker::process_batch_in", 166),
     ("commits/worker.rs::CommitsWorker::summarize", 136),
     ("commits/webhook.rs::accept", 133),
@@ -42,7 +41,7 @@ const LARGE_FILES: [(&str, usize); 9] = [
     ("tasks/ingress.rs", 628),
     ("ports.rs", 606),
     ("adapters/sqs.rs", 582),
-    ("tasks/worker.rs", 579),
+    ("tasks/worker.rs", 558),
     ("commits/sources.rs", 565),
     ("embedded/queue.rs", 519),
 ];

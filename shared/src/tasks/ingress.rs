@@ -6,13 +6,12 @@
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
-use crate::domain::lifecycle::is_resubmittable;
-use crate::domain::{MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
+use crate::domain::{MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, lifecycle};
 use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, EnqueueMark, PutOutcome, QueueSend, StoreError, TaskStore, UNSENT};
 use crate::problem::Problem;
+use crate::tasks::cache::{HINT_TTL, cache_key, cancel_key, publish_finished};
 use crate::tasks::tenant::Tenant;
-use crate::tasks::worker::{HINT_TTL, cache_key, cancel_key, publish_finished};
 use crate::tasks::{is_task_id, validate_idempotency_key};
 use axum::Extension;
 use axum::body::Body;
@@ -261,7 +260,7 @@ async fn accept(
     let retry_after = ing.config.retry_after_secs;
     if let Some(over) = over {
         let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
-        return match existing.filter(|r| !is_resubmittable(r.status)) {
+        return match existing.filter(|r| !lifecycle::is_resubmittable(r.status)) {
             Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };

@@ -22,6 +22,7 @@ use crate::ports::{
     Acquire, Cache, ClaimOutcome, Completion, FinishOutcome, LeaseLock, LlmClient, LlmError, LlmRequest,
     QueueConsume, ReceivedMessage, RetryIntent, TaskStore,
 };
+use crate::tasks::cache::publish_finished;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -46,44 +47,6 @@ pub struct Worker {
     pub config: WorkerConfig,
 }
 
-/// Cache key of a finished task's record. Readers answer from it only when it is `COMPLETED`: that
-/// status is final, so the cache can never contradict the store. Any finished record there wakes
-/// the task's long-polls, which then read the store (the record's `created_at_ms` tells a
-/// leftover of an earlier run of the id from the current one).
-pub fn cache_key(task_id: &str) -> String {
-    format!("task:{task_id}")
-}
-
-/// Cache key of the hint that a task was cancelled (read by the running worker's heartbeat); its
-/// value is the cancelled record's fence, so it cannot cancel a later run of the same id.
-pub fn cancel_key(task_id: &str) -> String {
-    format!("cancel:{task_id}")
-}
-
-/// How long cancellation hints and finished records that are not `COMPLETED` live in the cache:
-/// longer than any lease or long-poll.
-pub const HINT_TTL: Duration = Duration::from_secs(3600);
-
-/// The heartbeat's cancellation check: the cache's hint, or the store when the cache is down.
-struct CancelHint {
-    cache: Arc<dyn Cache>,
-    store: Arc<dyn TaskStore>,
-    clock: SharedClock,
-}
-
-#[async_trait::async_trait]
-impl CancelProbe for CancelHint {
-    async fn is_cancelled(&self, task_id: &str, fence: u64) -> bool {
-        match self.cache.get(&cancel_key(task_id)).await {
-            Ok(hint) => hint.and_then(|h| h.parse::<u64>().ok()).is_some_and(|cancelled| cancelled > fence),
-            Err(_) => matches!(
-                self.store.get(task_id, self.clock.now_ms()).await,
-                Ok(Some(r)) if r.status == TaskStatus::Cancelled && r.fence > fence
-            ),
-        }
-    }
-}
-
 /// Tries of the fenced final write before its answer is given up (about 2.5 s in all).
 const FINISH_TRIES: u32 = 4;
 
@@ -95,6 +58,16 @@ enum Settle<'a> {
     Unfinished,
     /// Another worker holds the lock: it settles the run.
     ByHolder,
+}
+
+/// A claimed run's delivery, as the steps after its provider call see it.
+#[derive(Clone, Copy)]
+struct Run<'a> {
+    queue: &'a Arc<dyn QueueConsume>,
+    message: &'a ReceivedMessage,
+    task: &'a TaskMessage,
+    record: &'a TaskRecord,
+    completed: &'a std::sync::atomic::AtomicBool,
 }
 
 /// How one provider call ended, from the worker's point of view.
@@ -132,7 +105,7 @@ impl Worker {
     /// lock and asking on every beat whether its client cancelled it. Every delivery of a batch
     /// can share one ([`Self::process_in`]).
     pub fn heartbeat(&self, queue: Arc<dyn QueueConsume>, lane: Lane) -> Heartbeat {
-        let probe: Arc<dyn CancelProbe> = Arc::new(CancelHint {
+        let probe: Arc<dyn CancelProbe> = Arc::new(crate::tasks::cache::CancelHint {
             cache: self.cache.clone(),
             store: self.store.clone(),
             clock: self.clock.clone(),
@@ -263,32 +236,9 @@ impl Worker {
         let lane = task.lane.as_str();
         let policy = *self.config.lane(task.lane);
         let now = self.clock.now_ms();
-        let record = match self.store.claim(&task.task_id, now, self.config.record_ttl_secs).await {
-            Ok(ClaimOutcome::Claimed(r)) => r,
-            // A duplicate delivery, or a task cancelled while it waited: nothing left to do.
-            Ok(ClaimOutcome::Terminal(_)) => return lease::ack(&**queue, message).await,
-            Ok(ClaimOutcome::Missing) => {
-                // A record outlives its message (TTL >= retention), so this is a message whose send
-                // ingress undid, or a record deleted by hand. Never silent.
-                warn!(sent_at_ms = message.sent_at_ms, "no live record for this message; acking it");
-                self.metrics.tasks_missing_total.with_label_values(&[lane]).inc();
-                return lease::ack(&**queue, message).await;
-            }
-            Err(e) => {
-                warn!(error = %e, "claim failed");
-                let after = full_jitter_backoff(&self.config, message.receive_count);
-                return self
-                    .wait(
-                        &**queue,
-                        message,
-                        task,
-                        Settle::Unfinished,
-                        after,
-                        Some("store"),
-                        "store unavailable",
-                    )
-                    .await;
-            }
+        let record = match self.claim(queue, message, task, now).await {
+            Ok(record) => record,
+            Err(outcome) => return outcome,
         };
         let age = Duration::from_millis(now.saturating_sub(record.created_at_ms));
         self.metrics.observe(Latency::Wait, lane, age.as_secs_f64());
@@ -314,29 +264,10 @@ impl Worker {
             max_tokens: params.max_tokens.map_or(policy.max_tokens, |m| m.min(policy.max_tokens)),
             params,
         };
-        let project = &record.request.project_id;
-        let quota_scope = crate::quota::scope(record.request.tenant.as_deref(), project);
-        let estimate = crate::llm::estimate_tokens(&request);
-        match crate::quota::admit(&*self.cache, &self.config.quota, &quota_scope, estimate, now).await {
-            Ok(Ok(())) => {}
-            Ok(Err(over)) => {
-                let why = format!("project `{project}` is over its per-minute quota");
-                return self
-                    .wait(
-                        &**queue,
-                        message,
-                        task,
-                        Settle::Fenced(&record),
-                        over.retry_after,
-                        Some("quota"),
-                        &why,
-                    )
-                    .await;
-            }
-            Err(e) => {
-                warn!(error = %e, "cache unavailable; project quotas not enforced");
-                self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
-            }
+        let quota_scope = crate::quota::scope(record.request.tenant.as_deref(), &record.request.project_id);
+        let run = Run { queue, message, task, record: &record, completed };
+        if let Err(outcome) = self.admit(run, &request, &quota_scope, now).await {
+            return outcome;
         }
         let call = tokio::select! {
             biased;
@@ -348,89 +279,151 @@ impl Worker {
         // decides whether this run still owns the record.
         let answer = match call {
             Call::Answered(a) => a,
-            Call::LeaseLost => {
-                info!("lease lost mid-task; dropping the work, writing nothing");
-                self.metrics.leases_lost_total.with_label_values(&[lane]).inc();
-                self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "lease"]).inc();
-                return Outcome::LeaseLost;
-            }
-            Call::Cancelled => {
-                // The cancellation moved the fence: nothing to write. Acked only once the store confirms
-                // it, so a stale hint can never end a run silently.
-                info!("task cancelled by its client; dropping the provider call");
-                self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "cancelled"]).inc();
-                return match self.store.get(&task.task_id, self.clock.now_ms()).await {
-                    Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
-                    _ => {
-                        lease::retry_later(
-                            &**queue,
-                            message,
-                            Duration::ZERO,
-                            "cancellation not confirmed",
-                            lane,
-                        )
-                        .await
-                    }
-                };
-            }
+            dropped => return self.dropped(run, dropped).await,
         };
         match answer {
             Ok(resp) => {
-                self.metrics.llm_requests_total.with_label_values(&[lane, "ok"]).inc();
-                self.metrics.llm_tokens_total.with_label_values(&[lane, "prompt"]).inc_by(resp.usage.prompt);
-                self.metrics
-                    .llm_tokens_total
-                    .with_label_values(&[lane, "completion"])
-                    .inc_by(resp.usage.completion);
-                let used = resp.usage.prompt + resp.usage.completion;
-                if let Err(e) =
-                    crate::quota::charge(&*self.cache, &self.config.quota, &quota_scope, used, now).await
-                {
-                    warn!(error = %e, "cache unavailable; the project's tokens are not counted");
-                    self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
-                }
-                let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
-                self.metrics
-                    .llm_cost_usd_total
-                    .with_label_values(&[lane, &resp.model])
-                    .inc_by(cost_usd.unwrap_or(0.0));
-                let result = TaskResult {
-                    text: resp.text,
-                    model: resp.model,
-                    tokens: resp.usage,
-                    truncated: resp.truncated,
-                    cost_usd,
-                };
+                let result = self.answered(lane, resp, &quota_scope, now).await;
                 self.finish(queue, message, &record, Completion::Completed(result), completed).await
             }
-            Err(e @ LlmError::Permanent(_)) => {
-                self.metrics.llm_requests_total.with_label_values(&[lane, "permanent"]).inc();
-                self.finish(queue, message, &record, Completion::Failed(e.to_string()), completed).await
+            Err(e) => self.failed_call(run, e).await,
+        }
+    }
+
+    /// The claim of the record a delivery names: the claimed record, or how the delivery ends
+    /// (acked when there is nothing left to run, put off when the store is down).
+    async fn claim(
+        &self,
+        queue: &Arc<dyn QueueConsume>,
+        message: &ReceivedMessage,
+        task: &TaskMessage,
+        now: u64,
+    ) -> Result<Box<TaskRecord>, Outcome> {
+        match self.store.claim(&task.task_id, now, self.config.record_ttl_secs).await {
+            Ok(ClaimOutcome::Claimed(r)) => Ok(r),
+            // A duplicate delivery, or a task cancelled while it waited: nothing left to do.
+            Ok(ClaimOutcome::Terminal(_)) => Err(lease::ack(&**queue, message).await),
+            Ok(ClaimOutcome::Missing) => {
+                // A record outlives its message (TTL >= retention), so this is a message whose send
+                // ingress undid, or a record deleted by hand. Never silent.
+                warn!(sent_at_ms = message.sent_at_ms, "no live record for this message; acking it");
+                self.metrics.tasks_missing_total.with_label_values(&[task.lane.as_str()]).inc();
+                Err(lease::ack(&**queue, message).await)
             }
-            Err(e @ LlmError::Throttled { .. }) => {
-                // Throttling is waiting, not failing: no attempt is used.
+            Err(e) => {
+                warn!(error = %e, "claim failed");
+                let after = full_jitter_backoff(&self.config, message.receive_count);
+                let why = "store unavailable";
+                Err(self.wait(&**queue, message, task, Settle::Unfinished, after, Some("store"), why).await)
+            }
+        }
+    }
+
+    /// The project's per-minute quota for this call: `Err` with the put-off when it is over (a wait,
+    /// no attempt used); with the cache down the quota is not enforced.
+    async fn admit(
+        &self,
+        run: Run<'_>,
+        request: &LlmRequest,
+        quota_scope: &str,
+        now: u64,
+    ) -> Result<(), Outcome> {
+        let Run { queue, message, task, record, .. } = run;
+        let estimate = crate::llm::estimate_tokens(request);
+        match crate::quota::admit(&*self.cache, &self.config.quota, quota_scope, estimate, now).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(over)) => {
+                let why = format!("project `{}` is over its per-minute quota", record.request.project_id);
+                let settle = Settle::Fenced(record);
+                Err(self.wait(&**queue, message, task, settle, over.retry_after, Some("quota"), &why).await)
+            }
+            Err(e) => {
+                warn!(error = %e, "cache unavailable; project quotas not enforced");
+                self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
+                Ok(())
+            }
+        }
+    }
+
+    /// How a delivery ends whose provider call was dropped before its answer.
+    async fn dropped(&self, run: Run<'_>, call: Call) -> Outcome {
+        let Run { queue, message, task, .. } = run;
+        let lane = task.lane.as_str();
+        if let Call::Cancelled = call {
+            // The cancellation moved the fence: nothing to write. Acked only once the store confirms
+            // it, so a stale hint can never end a run silently.
+            info!("task cancelled by its client; dropping the provider call");
+            self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "cancelled"]).inc();
+            return match self.store.get(&task.task_id, self.clock.now_ms()).await {
+                Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
+                _ => {
+                    lease::retry_later(&**queue, message, Duration::ZERO, "cancellation not confirmed", lane)
+                        .await
+                }
+            };
+        }
+        info!("lease lost mid-task; dropping the work, writing nothing");
+        self.metrics.leases_lost_total.with_label_values(&[lane]).inc();
+        self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "lease"]).inc();
+        Outcome::LeaseLost
+    }
+
+    /// A model's answer as the task's result: counted (calls, tokens, cost) and charged to the
+    /// project's daily budget.
+    async fn answered(
+        &self,
+        lane: &str,
+        resp: crate::ports::LlmResponse,
+        quota_scope: &str,
+        now: u64,
+    ) -> TaskResult {
+        self.metrics.llm_requests_total.with_label_values(&[lane, "ok"]).inc();
+        self.metrics.llm_tokens_total.with_label_values(&[lane, "prompt"]).inc_by(resp.usage.prompt);
+        self.metrics.llm_tokens_total.with_label_values(&[lane, "completion"]).inc_by(resp.usage.completion);
+        let used = resp.usage.prompt + resp.usage.completion;
+        if let Err(e) = crate::quota::charge(&*self.cache, &self.config.quota, quota_scope, used, now).await {
+            warn!(error = %e, "cache unavailable; the project's tokens are not counted");
+            self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
+        }
+        let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
+        self.metrics
+            .llm_cost_usd_total
+            .with_label_values(&[lane, &resp.model])
+            .inc_by(cost_usd.unwrap_or(0.0));
+        TaskResult {
+            text: resp.text,
+            model: resp.model,
+            tokens: resp.usage,
+            truncated: resp.truncated,
+            cost_usd,
+        }
+    }
+
+    /// A provider call that failed: permanent ends the run `FAILED`; throttling is a wait (no attempt
+    /// used); a retryable failure is an attempt, counted under the fence, and `FAILED` once the
+    /// lane's budget is spent.
+    async fn failed_call(&self, run: Run<'_>, e: LlmError) -> Outcome {
+        let Run { queue, message, task, record, completed } = run;
+        let lane = task.lane.as_str();
+        match e {
+            LlmError::Permanent(_) => {
+                self.metrics.llm_requests_total.with_label_values(&[lane, "permanent"]).inc();
+                self.finish(queue, message, record, Completion::Failed(e.to_string()), completed).await
+            }
+            LlmError::Throttled { .. } => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "throttled"]).inc();
                 let after = e
                     .retry_after()
                     .unwrap_or_else(|| full_jitter_backoff(&self.config, message.receive_count));
-                self.wait(
-                    &**queue,
-                    message,
-                    task,
-                    Settle::Fenced(&record),
-                    after,
-                    Some("throttled"),
-                    &e.to_string(),
-                )
-                .await
+                let why = e.to_string();
+                self.wait(&**queue, message, task, Settle::Fenced(record), after, Some("throttled"), &why)
+                    .await
             }
-            Err(e @ LlmError::Retryable { .. }) => {
+            LlmError::Retryable { .. } => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
                 let reason = e.to_string();
-                let attempts = match self
-                    .store
-                    .note_attempt(&task.task_id, record.fence, &reason, self.clock.now_ms())
-                    .await
+                let now = self.clock.now_ms();
+                let attempts = match self.store.note_attempt(&task.task_id, record.fence, &reason, now).await
                 {
                     Ok(Some(n)) => n,
                     Ok(None) => {
@@ -442,13 +435,13 @@ impl Worker {
                         record.attempts + 1
                     }
                 };
-                if attempts >= policy.attempt_budget {
+                if attempts >= self.config.lane(task.lane).attempt_budget {
                     let reason = format!("gave up after {attempts} failed provider attempts: {reason}");
-                    return self.finish(queue, message, &record, Completion::Failed(reason), completed).await;
+                    return self.finish(queue, message, record, Completion::Failed(reason), completed).await;
                 }
                 let after =
                     full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
-                self.wait(&**queue, message, task, Settle::Fenced(&record), after, None, &reason).await
+                self.wait(&**queue, message, task, Settle::Fenced(record), after, None, &reason).await
             }
         }
     }
@@ -563,20 +556,6 @@ impl Worker {
     }
 }
 
-/// Writes a finished record under [`cache_key`]: for `completed_ttl` when it is `COMPLETED` (it
-/// then answers reads), for [`HINT_TTL`] otherwise (it only wakes long-polls). The worker's finish
-/// and the client's cancellation both end a task this way.
-pub async fn publish_finished(
-    cache: &dyn Cache,
-    done: &TaskRecord,
-    completed_ttl: Duration,
-) -> Result<(), crate::ports::CacheError> {
-    let ttl = if done.status == TaskStatus::Completed { completed_ttl } else { HINT_TTL };
-    let json =
-        serde_json::to_string(done).map_err(|e| crate::ports::CacheError::Unavailable(e.to_string()))?;
-    cache.set(&cache_key(&done.task_id), &json, ttl).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,6 +567,7 @@ mod tests {
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };
     use crate::ports::{CancelOutcome, LlmResponse, PutOutcome, QueueSend};
+    use crate::tasks::cache::{HINT_TTL, cache_key, cancel_key};
     use async_trait::async_trait;
     use serde_json::json;
     use std::collections::{BTreeMap, VecDeque};
