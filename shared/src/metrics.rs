@@ -52,6 +52,49 @@ pub fn reason_kind(reason: &str) -> String {
 /// The labels that become CloudWatch dimensions in EMF; every other label is part of the metric name.
 pub const EMF_DIMENSIONS: [&str; 2] = ["lane", "reason"];
 
+/// The EMF documents of one dimension set: at most 100 metrics per document and 100 values per
+/// metric, as EMF allows.
+fn emf_group(
+    namespace: &str,
+    now_ms: u64,
+    dims: &[(String, String)],
+    metrics: std::collections::BTreeMap<String, (&'static str, Vec<f64>)>,
+) -> Vec<String> {
+    let mut docs = Vec::new();
+    let mut metrics: Vec<(String, (&str, Vec<f64>))> = metrics.into_iter().collect();
+    while !metrics.is_empty() {
+        let mut doc = serde_json::Map::new();
+        let mut defs = Vec::new();
+        let mut rest = Vec::new();
+        for (name, (unit, mut values)) in metrics.drain(..) {
+            if defs.len() == 100 {
+                rest.push((name, (unit, values)));
+                continue;
+            }
+            let tail = if values.len() > 100 { values.split_off(100) } else { Vec::new() };
+            defs.push(serde_json::json!({"Name": name, "Unit": unit}));
+            let value =
+                if values.len() == 1 { serde_json::json!(values[0]) } else { serde_json::json!(values) };
+            doc.insert(name.clone(), value);
+            if !tail.is_empty() {
+                rest.push((name, (unit, tail)));
+            }
+        }
+        metrics = rest;
+        let names: Vec<&str> = dims.iter().map(|(n, _)| n.as_str()).collect();
+        for (n, v) in dims {
+            doc.insert(n.clone(), serde_json::json!(v));
+        }
+        doc.insert(
+            "_aws".into(),
+            serde_json::json!({"Timestamp": now_ms, "CloudWatchMetrics": [
+                {"Namespace": namespace, "Dimensions": [names], "Metrics": defs}]}),
+        );
+        docs.push(serde_json::Value::Object(doc).to_string());
+    }
+    docs
+}
+
 /// A counter's EMF metric name: the family without `lanes_` and `_total`, then each non-dimension
 /// label value (`lanes_llm_tokens_total{lane,type="prompt"}` → `llm_tokens_prompt`).
 pub fn emf_name(family: &str, labels: &[(&str, &str)]) -> String {
@@ -387,45 +430,7 @@ impl Metrics {
             }
         }
         drop(emf);
-        let mut docs = Vec::new();
-        for (dims, metrics) in groups {
-            let mut metrics: Vec<(String, (&str, Vec<f64>))> = metrics.into_iter().collect();
-            // EMF allows 100 metrics per document and 100 values per metric.
-            while !metrics.is_empty() {
-                let mut doc = serde_json::Map::new();
-                let mut defs = Vec::new();
-                let mut rest = Vec::new();
-                for (name, (unit, mut values)) in metrics.drain(..) {
-                    if defs.len() == 100 {
-                        rest.push((name, (unit, values)));
-                        continue;
-                    }
-                    let tail = if values.len() > 100 { values.split_off(100) } else { Vec::new() };
-                    defs.push(serde_json::json!({"Name": name, "Unit": unit}));
-                    let value = if values.len() == 1 {
-                        serde_json::json!(values[0])
-                    } else {
-                        serde_json::json!(values)
-                    };
-                    doc.insert(name.clone(), value);
-                    if !tail.is_empty() {
-                        rest.push((name, (unit, tail)));
-                    }
-                }
-                metrics = rest;
-                let names: Vec<&str> = dims.iter().map(|(n, _)| n.as_str()).collect();
-                for (n, v) in &dims {
-                    doc.insert(n.clone(), serde_json::json!(v));
-                }
-                doc.insert(
-                    "_aws".into(),
-                    serde_json::json!({"Timestamp": now_ms, "CloudWatchMetrics": [
-                        {"Namespace": namespace, "Dimensions": [names], "Metrics": defs}]}),
-                );
-                docs.push(serde_json::Value::Object(doc).to_string());
-            }
-        }
-        docs
+        groups.into_iter().flat_map(|(dims, metrics)| emf_group(namespace, now_ms, &dims, metrics)).collect()
     }
 
     /// Prints [`Metrics::emf_documents`] to stdout, where Lambda's log capture picks them up.

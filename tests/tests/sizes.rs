@@ -16,7 +16,7 @@ const MAX_FN_LINES: usize = 80;
 const MAX_FILE_LINES: usize = 500;
 
 /// Functions still over the limit, with the size they may not exceed.
-const LONG_FUNCTIONS: [(&str, usize); 14] = [
+const LONG_FUNCTIONS: [(&str, usize); 12] = [
     ("commits/worker.rs::CommitsWorker::process_batch_in", 166),
     ("commits/worker.rs::CommitsWorker::summarize", 136),
     ("commits/webhook.rs::accept", 133),
@@ -28,8 +28,6 @@ const LONG_FUNCTIONS: [(&str, usize); 14] = [
     ("domain/request.rs::TaskRequest::from_value", 93),
     ("dlq.rs::redrive_by_move", 89),
     ("tasks/ingress.rs::get_task", 87),
-    ("adapters/dynamodb/tasks.rs::DynamoStore::put_pending", 85),
-    ("metrics.rs::Metrics::emf_documents", 83),
     ("dlq_admin.rs::admin_router", 82),
 ];
 

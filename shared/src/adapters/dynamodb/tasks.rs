@@ -131,6 +131,38 @@ impl DynamoStore {
     }
 }
 
+/// The update that replaces an expired, `FAILED` or `CANCELLED` record with the submitted one in
+/// place: the submission's row of the table, plus every field of the new run (its request in
+/// `req_name`, `request` or the compressed `request_z`), the fence left as it was.
+fn replacement(rec: &TaskRecord, req_name: &str, req_value: AttributeValue, now_ms: u64) -> Write {
+    let (set_req, remove_req) =
+        if req_name == "request" { ("#req", "request_z") } else { ("request_z", "#req") };
+    let mut write = Write::of(&Command::Submit(Box::new(rec.clone())), now_ms, 0);
+    write.set.extend(
+        [
+            "fence = if_not_exists(fence, :zero)",
+            "attempts = :zero",
+            "nonce = :nonce",
+            "payload_hash = :ph",
+            "lane = :lane",
+            "created_at_ms = :created",
+            "enqueued_at_ms = :created",
+            &format!("{set_req} = :req"),
+        ]
+        .map(str::to_owned),
+    );
+    write.remove.extend(
+        ["started_at_ms", "finished_at_ms", "#res", "result_z", "#err", remove_req].map(str::to_owned),
+    );
+    write.value(":zero", n(0));
+    write.value(":nonce", s(&rec.nonce));
+    write.value(":ph", s(&rec.payload_hash));
+    write.value(":lane", s(rec.lane.as_str()));
+    write.value(":created", n(rec.created_at_ms));
+    write.value(":req", req_value);
+    write
+}
+
 #[async_trait]
 impl TaskStore for DynamoStore {
     async fn put_pending(&self, rec: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
@@ -183,31 +215,7 @@ impl TaskStore for DynamoStore {
 
         // Expired, FAILED or CANCELLED: replace it in place. UpdateItem rather than PutItem: the fence must carry
         // over, so a worker still holding a fence from the old run can never finish the new one.
-        let (set_req, remove_req) =
-            if req_name == "request" { ("#req", "request_z") } else { ("request_z", "#req") };
-        let mut write = Write::of(&Command::Submit(Box::new(rec.clone())), now_ms, 0);
-        write.set.extend(
-            [
-                "fence = if_not_exists(fence, :zero)",
-                "attempts = :zero",
-                "nonce = :nonce",
-                "payload_hash = :ph",
-                "lane = :lane",
-                "created_at_ms = :created",
-                "enqueued_at_ms = :created",
-                &format!("{set_req} = :req"),
-            ]
-            .map(str::to_owned),
-        );
-        write.remove.extend(
-            ["started_at_ms", "finished_at_ms", "#res", "result_z", "#err", remove_req].map(str::to_owned),
-        );
-        write.value(":zero", n(0));
-        write.value(":nonce", s(&rec.nonce));
-        write.value(":ph", s(&rec.payload_hash));
-        write.value(":lane", s(rec.lane.as_str()));
-        write.value(":created", n(rec.created_at_ms));
-        write.value(":req", req_value);
+        let write = replacement(rec, &req_name, req_value, now_ms);
         let outcome = self.write(&rec.task_id, write).await?;
         match outcome {
             Ok(_) => Ok(PutOutcome::Created),
