@@ -139,6 +139,38 @@ pub enum DlqOp {
 /// Most messages one admin call looks at.
 pub const ADMIN_MAX: usize = 1000;
 
+/// The lane a route names, or the problem that says which lanes there are.
+fn dlq_lane(lane: &str) -> Result<Lane, Box<crate::problem::Problem>> {
+    use crate::problem::Problem;
+    use axum::http::StatusCode;
+    match lane.parse::<Lane>() {
+        Ok(l) => Ok(l),
+        _ => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-lane",
+            "Invalid lane",
+            "the lanes are `interactive`, `synthesis` and `commits`",
+        )
+        .with_field("lane")
+        .into()),
+    }
+}
+/// The answer to a failed DLQ operation: never its internal error text.
+fn failure(e: DlqError) -> crate::problem::Problem {
+    use crate::problem::Problem;
+    use axum::http::StatusCode;
+    warn!(error = %e, "DLQ operation failed");
+    match e {
+        DlqError::NoDlq(_) => {
+            Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue")
+        }
+        DlqError::NotMovable(why) => {
+            Problem::new(StatusCode::CONFLICT, "not-movable", "Not redriven by move task", why)
+        }
+        _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
+    }
+}
+
 /// `GET /admin/dlq/{lane}` (list), `POST /admin/dlq/{lane}/redrive[?by=move]` and
 /// `GET /admin/dlq/{lane}/moves`, for `lanes dlq --server`.
 pub fn admin_router(admin: Admin) -> axum::Router {
@@ -153,31 +185,6 @@ pub fn admin_router(admin: Admin) -> axum::Router {
         by: Option<String>,
     }
 
-    fn dlq_lane(lane: &str) -> Result<Lane, Box<Problem>> {
-        match lane.parse::<Lane>() {
-            Ok(l) => Ok(l),
-            _ => Err(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid-lane",
-                "Invalid lane",
-                "the lanes are `interactive`, `synthesis` and `commits`",
-            )
-            .with_field("lane")
-            .into()),
-        }
-    }
-    fn failure(e: DlqError) -> Problem {
-        warn!(error = %e, "DLQ operation failed");
-        match e {
-            DlqError::NoDlq(_) => {
-                Problem::new(StatusCode::NOT_FOUND, "no-dlq", "No DLQ", "this lane has no dead-letter queue")
-            }
-            DlqError::NotMovable(why) => {
-                Problem::new(StatusCode::CONFLICT, "not-movable", "Not redriven by move task", why)
-            }
-            _ => Problem::unavailable("the queue or the store is unavailable; retry later", 2),
-        }
-    }
     async fn answer(a: Shared, lane: String, op: DlqOp) -> axum::response::Response {
         let lane = match dlq_lane(&lane) {
             Ok(l) => l,

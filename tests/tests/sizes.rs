@@ -16,7 +16,7 @@ const MAX_FN_LINES: usize = 80;
 const MAX_FILE_LINES: usize = 500;
 
 /// Functions still over the limit, with the size they may not exceed.
-const LONG_FUNCTIONS: [(&str, usize); 12] = [
+const LONG_FUNCTIONS: [(&str, usize); 11] = [
     ("commits/worker.rs::CommitsWorker::process_batch_in", 166),
     ("commits/worker.rs::CommitsWorker::summarize", 136),
     ("commits/webhook.rs::accept", 133),
@@ -28,7 +28,6 @@ const LONG_FUNCTIONS: [(&str, usize); 12] = [
     ("domain/request.rs::TaskRequest::from_value", 93),
     ("dlq.rs::redrive_by_move", 89),
     ("tasks/ingress.rs::get_task", 87),
-    ("dlq_admin.rs::admin_router", 82),
 ];
 
 /// Files still over the limit before their tests, with the size they may not exceed.
