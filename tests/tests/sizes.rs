@@ -16,7 +16,7 @@ const MAX_FN_LINES: usize = 80;
 const MAX_FILE_LINES: usize = 500;
 
 /// Functions still over the limit, with the size they may not exceed.
-const LONG_FUNCTIONS: [(&str, usize); 11] = [
+const LONG_FUNCTIONS: [(&str, usize); 10] = [
     ("commits/worker.rs::CommitsWorker::process_batch_in", 166),
     ("commits/worker.rs::CommitsWorker::summarize", 136),
     ("commits/webhook.rs::accept", 133),
@@ -24,7 +24,6 @@ const LONG_FUNCTIONS: [(&str, usize); 11] = [
     ("summarize.rs::run", 106),
     ("tasks/ingress.rs::accept", 104),
     ("tasks/worker.rs::Worker::process_inner", 96),
-    ("lambda/batch.rs::handle_batch", 93),
     ("domain/request.rs::TaskRequest::from_value", 93),
     ("dlq.rs::redrive_by_move", 89),
     ("tasks/ingress.rs::get_task", 87),

@@ -72,48 +72,7 @@ pub async fn handle_batch(
             outcomes.push((message.message_id, Outcome::LeaseLost));
             continue;
         }
-        let (worker, batch, slots) = (worker.clone(), batch.clone(), slots.clone());
-        set.spawn(async move {
-            let id = message.message_id.clone();
-            let delivery = message.clone();
-            let settling = batch.clone();
-            let run = async move {
-                // Renewed from now on, while it waits for a slot too; the worker's own entry (with its
-                // lock and watch) takes this one's place when it runs.
-                let lost = tokio_util::sync::CancellationToken::new();
-                let _waiting =
-                    batch.heartbeat().join(lease::Leased::new(message.receipt.clone(), lost.clone()));
-                let _slot = slots.acquire_owned().await;
-                if lost.is_cancelled() {
-                    // The queue refused a renewal while it waited: another delivery has it now.
-                    return Outcome::LeaseLost;
-                }
-                worker.process_in(batch, message).await
-            };
-            match tokio::time::timeout_at(deadline, run).await {
-                Ok(outcome) => {
-                    tracing::info!(message_id = %id, ?outcome, "message done");
-                    (id, outcome)
-                }
-                Err(_) => {
-                    // Stopped after it was settled (while releasing its lock, say): nothing to hand back.
-                    if let Some(outcome) = settling.settled(&delivery.receipt) {
-                        return (id, outcome);
-                    }
-                    // Not a failure: put off at once (a fresh copy on its last delivery), so the
-                    // deadline never uses up the message's receives.
-                    let outcome = lease::retry_later(
-                        &*settling,
-                        &delivery,
-                        Duration::ZERO,
-                        "invocation deadline",
-                        lane.as_str(),
-                    )
-                    .await;
-                    (id, outcome)
-                }
-            }
-        });
+        set.spawn(run_one(worker.clone(), batch.clone(), slots.clone(), message, deadline, lane));
     }
     while let Some(joined) = set.join_next().await {
         match joined {
@@ -130,6 +89,56 @@ pub async fn handle_batch(
         }
     }
     batch_response(outcomes.iter().map(|(id, o)| (id.as_str(), o)))
+}
+
+/// One delivery of a batch: renewed while it waits for a slot, run by the worker, and put off at
+/// once if the invocation's deadline comes first.
+async fn run_one(
+    worker: Worker,
+    batch: Arc<lease::LeasedQueue>,
+    slots: Arc<Semaphore>,
+    message: ReceivedMessage,
+    deadline: tokio::time::Instant,
+    lane: Lane,
+) -> (String, Outcome) {
+    let id = message.message_id.clone();
+    let delivery = message.clone();
+    let settling = batch.clone();
+    let run = async move {
+        // Renewed from now on, while it waits for a slot too; the worker's own entry (with its
+        // lock and watch) takes this one's place when it runs.
+        let lost = tokio_util::sync::CancellationToken::new();
+        let _waiting = batch.heartbeat().join(lease::Leased::new(message.receipt.clone(), lost.clone()));
+        let _slot = slots.acquire_owned().await;
+        if lost.is_cancelled() {
+            // The queue refused a renewal while it waited: another delivery has it now.
+            return Outcome::LeaseLost;
+        }
+        worker.process_in(batch, message).await
+    };
+    match tokio::time::timeout_at(deadline, run).await {
+        Ok(outcome) => {
+            tracing::info!(message_id = %id, ?outcome, "message done");
+            (id, outcome)
+        }
+        Err(_) => {
+            // Stopped after it was settled (while releasing its lock, say): nothing to hand back.
+            if let Some(outcome) = settling.settled(&delivery.receipt) {
+                return (id, outcome);
+            }
+            // Not a failure: put off at once (a fresh copy on its last delivery), so the
+            // deadline never uses up the message's receives.
+            let outcome = lease::retry_later(
+                &*settling,
+                &delivery,
+                Duration::ZERO,
+                "invocation deadline",
+                lane.as_str(),
+            )
+            .await;
+            (id, outcome)
+        }
+    }
 }
 
 /// Processes a commits batch as one unit within `budget`: the worker hands back at the deadline
