@@ -129,16 +129,8 @@ impl Worker {
         let task: TaskMessage = match serde_json::from_str(&message.body) {
             Ok(t) => t,
             Err(e) => {
-                let reason = format!("undecodable message: {e}");
-                return lease::dead_letter(
-                    &self.metrics,
-                    &*queue,
-                    &message,
-                    reason,
-                    "unknown",
-                    "undecodable",
-                )
-                .await;
+                let (reason, m) = (format!("undecodable message: {e}"), &self.metrics);
+                return lease::dead_letter(m, &*queue, &message, reason, "unknown", "undecodable").await;
             }
         };
         let span = tracing::Span::current();
@@ -154,35 +146,9 @@ impl Worker {
         }
 
         let lock_key = crate::lease::task_lock_key(&task.task_id);
-        let token = match self.acquire(&lock_key).await {
-            Ok(Acquire::Acquired(token)) => Some(token),
-            Ok(Acquire::Held { remaining }) => {
-                // Another live worker has it: look again when its lease would have ended. Never
-                // dropped: if that worker dies, this delivery finishes the task.
-                self.metrics.lock_contended_total.with_label_values(&[lane]).inc();
-                let after = lease::after_holder(&self.config, remaining);
-                return self
-                    .wait(
-                        &*queue,
-                        &message,
-                        &task,
-                        Settle::ByHolder,
-                        after,
-                        Some("lock"),
-                        "lease held by another worker",
-                    )
-                    .await;
-            }
-            Err(e) => {
-                // Redis is an accelerator: without it, SQS visibility plus the fence still keep
-                // writes single; only duplicate LLM calls become possible.
-                warn!(error = %e, "lock unavailable; running degraded");
-                self.metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
-                // A token of its own, not yet held: the first beat the lock service answers takes
-                // the key with it (a renewal takes a free key), or finds another worker holding it
-                // and drops this run. So one outage does not leave the whole run unlocked.
-                Some(uuid::Uuid::new_v4().to_string())
-            }
+        let token = match self.take_lock(&queue, &message, &task, &lock_key).await {
+            Ok(token) => token,
+            Err(outcome) => return outcome,
         };
         let completed = std::sync::atomic::AtomicBool::new(false);
         let held = token.as_ref().map(|t| (lock_key.clone(), t.clone()));
@@ -215,6 +181,38 @@ impl Worker {
             warn!(error = %e, "lock release failed; it expires with its TTL");
         }
         outcome
+    }
+
+    /// The task's lease lock for this delivery: the token it runs under (one of its own when the
+    /// lock service is down), or the put-off when another live worker holds the lock.
+    async fn take_lock(
+        &self,
+        queue: &Arc<dyn QueueConsume>,
+        message: &ReceivedMessage,
+        task: &TaskMessage,
+        lock_key: &str,
+    ) -> Result<Option<String>, Outcome> {
+        match self.acquire(lock_key).await {
+            Ok(Acquire::Acquired(token)) => Ok(Some(token)),
+            Ok(Acquire::Held { remaining }) => {
+                // Another live worker has it: look again when its lease would have ended. Never
+                // dropped: if that worker dies, this delivery finishes the task.
+                self.metrics.lock_contended_total.with_label_values(&[task.lane.as_str()]).inc();
+                let (after, why) =
+                    (lease::after_holder(&self.config, remaining), "lease held by another worker");
+                Err(self.wait(&**queue, message, task, Settle::ByHolder, after, Some("lock"), why).await)
+            }
+            Err(e) => {
+                // Redis is an accelerator: without it, SQS visibility plus the fence still keep
+                // writes single; only duplicate LLM calls become possible.
+                warn!(error = %e, "lock unavailable; running degraded");
+                self.metrics.degraded_operations_total.with_label_values(&["lock"]).inc();
+                // A token of its own, not yet held: the first beat the lock service answers takes
+                // the key with it (a renewal takes a free key), or finds another worker holding it
+                // and drops this run. So one outage does not leave the whole run unlocked.
+                Ok(Some(uuid::Uuid::new_v4().to_string()))
+            }
+        }
     }
 
     /// Takes the lease lock, asking twice more (briefly) when the lock service fails: a failure whose
