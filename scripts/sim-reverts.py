@@ -51,9 +51,9 @@ REVERTS = {
          "        Ok(_) => {\n            mark(ing, &record.task_id, claim, now).await;\n        }"),
     ]),
     "quota-after-lookup": ("the daily budget is checked before the idempotent lookup", [
-        ("shared/src/tasks/ingress.rs", """        let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
-        return match existing.filter(|r| !lifecycle::is_resubmittable(r.status)) {
-            Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
+        ("shared/src/tasks/ingress.rs", """        let stored = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
+        return match idempotency::from_record(stored, &payload_hash) {
+            Some(duplicate) => answer_duplicate(ing, duplicate, true, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };""", "        return Err(over_budget(&request.project_id, over.retry_after));"),
     ]),

@@ -382,6 +382,42 @@ pub async fn redrive(
     Ok(report)
 }
 
+/// Whether the peeked `messages` may all be moved back, with each one's readiness; or why not: the
+/// DLQ holds more than this redrive could look at (a move takes every message), or one has no
+/// live record (its worker would drop it).
+async fn movable(
+    dlq: &dyn QueueConsume,
+    store: &dyn TaskStore,
+    clock: &SharedClock,
+    messages: &[ReceivedMessage],
+) -> Result<Result<Vec<Readiness>, String>, DlqError> {
+    let depth = match dlq.depth().await {
+        Ok(d) => d,
+        Err(e) => return Ok(Err(format!("the DLQ's depth is unreadable: {e}"))),
+    };
+    let held = depth.visible + depth.in_flight;
+    if held > messages.len() as u64 {
+        return Ok(Err(format!(
+            "the DLQ holds about {held} messages and this redrive could look at {}: a move would take messages whose records were not made runnable; redrive by relay (repeatedly) instead, or again once the messages a sweep settled are visible ({} s after it)",
+            messages.len(),
+            SETTLED_HIDE.as_secs()
+        )));
+    }
+    let mut assessed = Vec::with_capacity(messages.len());
+    for m in messages {
+        assessed.push(assess(m, store, clock).await?);
+    }
+    if let Some((m, _)) =
+        messages.iter().zip(&assessed).find(|(_, r)| matches!(r, Readiness::Leave { dropped: true, .. }))
+    {
+        return Ok(Err(format!(
+            "message {} has no live task record, so its worker would drop it; redrive by relay, which leaves it in the DLQ",
+            m.message_id
+        )));
+    }
+    Ok(Ok(assessed))
+}
+
 /// The redrive through the queue service's own move task (SQS `StartMessageMoveTask`), for DLQs too
 /// large to relay message by message: every record behind the DLQ's messages is made runnable and
 /// the messages of completed tasks deleted, then one move task sends everything left back to the
@@ -404,37 +440,13 @@ pub async fn redrive_by_move(
     max: usize,
 ) -> Result<RedriveReport, DlqError> {
     let messages = peek(dlq, max).await?;
-    let held_messages = &messages;
-    let refuse = |why: String| async move {
-        release(dlq, held_messages).await;
-        Err(DlqError::NotMovable(why))
+    let assessed = match movable(dlq, store, clock, &messages).await? {
+        Ok(assessed) => assessed,
+        Err(why) => {
+            release(dlq, &messages).await;
+            return Err(DlqError::NotMovable(why));
+        }
     };
-    let depth = match dlq.depth().await {
-        Ok(d) => d,
-        Err(e) => return refuse(format!("the DLQ's depth is unreadable: {e}")).await,
-    };
-    let held = depth.visible + depth.in_flight;
-    if held > messages.len() as u64 {
-        let why = format!(
-            "the DLQ holds about {held} messages and this redrive could look at {}: a move would take messages whose records were not made runnable; redrive by relay (repeatedly) instead, or again once the messages a sweep settled are visible ({} s after it)",
-            messages.len(),
-            SETTLED_HIDE.as_secs()
-        );
-        return refuse(why).await;
-    }
-    let mut assessed = Vec::with_capacity(messages.len());
-    for m in &messages {
-        assessed.push(assess(m, store, clock).await?);
-    }
-    if let Some((m, _)) =
-        messages.iter().zip(&assessed).find(|(_, r)| matches!(r, Readiness::Leave { dropped: true, .. }))
-    {
-        let why = format!(
-            "message {} has no live task record, so its worker would drop it; redrive by relay, which leaves it in the DLQ",
-            m.message_id
-        );
-        return refuse(why).await;
-    }
     let mut report = RedriveReport::default();
     let mut keep = Vec::new();
     for (m, readiness) in messages.into_iter().zip(assessed) {

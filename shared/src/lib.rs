@@ -10,8 +10,11 @@
 //! - [`domain`]: the vocabulary both flows and the ports share: lanes, kinds, token counts, the
 //!   task request and its validation ([`domain::request`]), the task record ([`domain::task`])
 //!   and its transition table ([`domain::lifecycle`]), commit messages and summaries. Pure.
-//! - [`tasks`]: the task flow: the idempotency key ([`tasks::key`], pure), [`tasks::ingress`] (the
-//!   HTTP API, per [`tasks::tenant`]) and [`tasks::worker`] (claim to fenced write).
+//! - [`idempotency`]: what makes two submissions one in both flows (the task key and its canonical
+//!   form, the lookup's order, the duplicate's outcome, commit and delivery keys). Pure.
+//! - [`tasks`]: the task flow: [`tasks::ingress`] (the HTTP API, per [`tasks::tenant`]),
+//!   [`tasks::worker`] (claim to fenced write) and what the hot cache holds for them
+//!   ([`tasks::cache`]).
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping; [`jitter`]: the
 //!   randomness of delays, seedable per thread so a simulation replays it.
 //! - [`config`]: tunables with defaults, per-lane policies, and their validation.
@@ -60,6 +63,7 @@ pub mod dlq_admin;
 pub mod domain;
 pub mod embedded;
 pub mod http;
+pub mod idempotency;
 pub mod jitter;
 pub mod lambda;
 pub mod lease;

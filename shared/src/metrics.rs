@@ -232,137 +232,149 @@ impl std::fmt::Debug for Metrics {
 const LATENCY_BUCKETS: [f64; 14] =
     [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0];
 
+const LANE: &[&str] = &["lane"];
+const LANE_STATUS: &[&str] = &["lane", "status"];
+const LANE_REASON: &[&str] = &["lane", "reason"];
+const LANE_WHY: &[&str] = &["lane", "why"];
+
+/// Makes each series and registers it. A name or label set that the registry refuses is a
+/// programming error (they are all constants here), so it panics with the name at start-up.
+struct Registrar(Registry);
+
+impl Registrar {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        name: &str,
+        made: prometheus::Result<C>,
+    ) -> C {
+        let c = made.unwrap_or_else(|e| panic!("{name}: {e}"));
+        self.0.register(Box::new(c.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
+        c
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGaugeVec {
+        self.add(name, IntGaugeVec::new(Opts::new(name, help), LANE))
+    }
+
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(name, IntCounterVec::new(Opts::new(name, help), labels))
+    }
+
+    fn histogram(&self, name: &str, help: &str) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+        self.add(name, HistogramVec::new(opts, LANE))
+    }
+
+    /// A float counter.
+    fn cost(&self, name: &str, help: &str, labels: &[&str]) -> CounterVec {
+        self.add(name, CounterVec::new(Opts::new(name, help), labels))
+    }
+}
+
 impl Metrics {
     /// A fresh registry with every series registered.
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let gauge = |name: &str, help: &str| {
-            let g =
-                IntGaugeVec::new(Opts::new(name, help), &["lane"]).unwrap_or_else(|e| panic!("{name}: {e}"));
-            registry.register(Box::new(g.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
-            g
-        };
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c =
-                IntCounterVec::new(Opts::new(name, help), labels).unwrap_or_else(|e| panic!("{name}: {e}"));
-            registry.register(Box::new(c.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
-            c
-        };
-        let histogram = |name: &str, help: &str| {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-                &["lane"],
-            )
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-            registry.register(Box::new(h.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
-            h
-        };
+        let r = Registrar(Registry::new());
         let metrics = Self {
-            queue_depth: gauge("lanes_queue_depth", "Visible messages in the lane's queue"),
-            queue_in_flight: gauge("lanes_queue_in_flight", "Received, unacknowledged messages"),
-            queue_oldest_age_seconds: gauge("lanes_queue_oldest_age_seconds", "Age of the oldest message"),
-            task_latency_seconds: histogram("lanes_task_latency_seconds", "Submission to completion"),
-            task_wait_seconds: histogram("lanes_task_wait_seconds", "Submission to claim"),
-            task_run_seconds: histogram("lanes_task_run_seconds", "Claim to completion"),
-            llm_requests_total: counter(
-                "lanes_llm_requests_total",
-                "LLM provider calls",
-                &["lane", "status"],
-            ),
-            llm_tokens_total: counter("lanes_llm_tokens_total", "LLM tokens", &["lane", "type"]),
-            webhook_deliveries_total: counter(
+            queue_depth: r.gauge("lanes_queue_depth", "Visible messages in the lane's queue"),
+            queue_in_flight: r.gauge("lanes_queue_in_flight", "Received, unacknowledged messages"),
+            queue_oldest_age_seconds: r.gauge("lanes_queue_oldest_age_seconds", "Age of the oldest message"),
+            task_latency_seconds: r.histogram("lanes_task_latency_seconds", "Submission to completion"),
+            task_wait_seconds: r.histogram("lanes_task_wait_seconds", "Submission to claim"),
+            task_run_seconds: r.histogram("lanes_task_run_seconds", "Claim to completion"),
+            llm_requests_total: r.counter("lanes_llm_requests_total", "LLM provider calls", LANE_STATUS),
+            llm_tokens_total: r.counter("lanes_llm_tokens_total", "LLM tokens", &["lane", "type"]),
+            webhook_deliveries_total: r.counter(
                 "lanes_webhook_deliveries_total",
                 "Webhook deliveries by host and result",
                 &["provider", "result"],
             ),
-            duplicates_total: counter("lanes_duplicates_total", "Duplicate submissions", &["stage"]),
-            lease_renewals_total: counter("lanes_lease_renewals_total", "Heartbeat renewals", &["lane"]),
-            leases_lost_total: counter("lanes_leases_lost_total", "Leases lost mid-task", &["lane"]),
-            stale_writes_rejected_total: counter(
+            duplicates_total: r.counter("lanes_duplicates_total", "Duplicate submissions", &["stage"]),
+            lease_renewals_total: r.counter("lanes_lease_renewals_total", "Heartbeat renewals", LANE),
+            leases_lost_total: r.counter("lanes_leases_lost_total", "Leases lost mid-task", LANE),
+            stale_writes_rejected_total: r.counter(
                 "lanes_stale_writes_rejected_total",
                 "Final writes rejected by the fence",
-                &["lane"],
+                LANE,
             ),
-            lock_contended_total: counter(
+            lock_contended_total: r.counter(
                 "lanes_lock_contended_total",
                 "Messages handed back because the lock was held elsewhere",
-                &["lane"],
+                LANE,
             ),
-            dead_lettered_total: counter(
+            dead_lettered_total: r.counter(
                 "lanes_dead_lettered_total",
                 "Messages moved to a DLQ",
-                &["lane", "reason"],
+                LANE_REASON,
             ),
-            degraded_operations_total: counter(
+            degraded_operations_total: r.counter(
                 "lanes_degraded_operations_total",
                 "Operations done without an unreachable accelerator",
                 &["component"],
             ),
-            tasks_finished_total: counter(
+            tasks_finished_total: r.counter(
                 "lanes_tasks_finished_total",
                 "Tasks ended, by terminal status",
-                &["lane", "status"],
+                LANE_STATUS,
             ),
-            tasks_missing_total: counter(
+            tasks_missing_total: r.counter(
                 "lanes_tasks_missing_total",
                 "Deliveries acked with no live record",
-                &["lane"],
+                LANE,
             ),
-            waits_total: counter(
-                "lanes_waits_total",
-                "Work put off without using an attempt",
-                &["lane", "why"],
-            ),
-            llm_calls_dropped_total: counter(
+            waits_total: r.counter("lanes_waits_total", "Work put off without using an attempt", LANE_WHY),
+            llm_calls_dropped_total: r.counter(
                 "lanes_llm_calls_dropped_total",
                 "Provider calls abandoned before their answer",
-                &["lane", "why"],
+                LANE_WHY,
             ),
-            dlq_marked_failed_total: counter(
+            dlq_marked_failed_total: r.counter(
                 "lanes_dlq_marked_failed_total",
                 "Records of dead-lettered messages marked FAILED",
-                &["lane"],
+                LANE,
             ),
-            resends_total: counter("lanes_resends_total", "Orphaned PENDING tasks sent again", &["lane"]),
-            cancellations_total: counter(
-                "lanes_cancellations_total",
-                "Tasks cancelled by clients",
-                &["lane"],
+            resends_total: r.counter("lanes_resends_total", "Orphaned PENDING tasks sent again", LANE),
+            cancellations_total: r.counter("lanes_cancellations_total", "Tasks cancelled by clients", LANE),
+            llm_cost_usd_total: r.cost(
+                "lanes_llm_cost_usd_total",
+                "Provider calls' cost in USD",
+                &["lane", "model"],
             ),
-            llm_cost_usd_total: {
-                let name = "lanes_llm_cost_usd_total";
-                let c = CounterVec::new(Opts::new(name, "Provider calls' cost in USD"), &["lane", "model"])
-                    .unwrap_or_else(|e| panic!("{name}: {e}"));
-                registry.register(Box::new(c.clone())).unwrap_or_else(|e| panic!("{name}: {e}"));
-                c
-            },
-            registry,
+            registry: r.0,
             emf: Default::default(),
         };
-        if let Err(e) = metrics.registry.register(Box::new(AWS_REQUESTS.clone())) {
-            tracing::warn!(error = %e, "could not register lanes_aws_requests_total");
-        }
-        if let Err(e) = metrics.registry.register(Box::new(LLM_ROUTE_EVENTS.clone())) {
-            tracing::warn!(error = %e, "could not register lanes_llm_route_events_total");
-        }
-        if let Err(e) = metrics.registry.register(Box::new(HANDED_BACK.clone())) {
-            tracing::warn!(error = %e, "could not register lanes_handed_back_total");
-        }
-        if let Err(e) = metrics.registry.register(Box::new(LLM_LIMITER_WAIT.clone())) {
-            tracing::warn!(error = %e, "could not register lanes_llm_limiter_wait_seconds_total");
-        }
-        // Every lane's series exists from the start, at zero, so dashboards and alarms see them.
-        for lane in crate::domain::Lane::ALL {
-            let l = lane.as_str();
-            metrics.queue_depth.with_label_values(&[l]);
-            metrics.queue_in_flight.with_label_values(&[l]);
-            metrics.task_latency_seconds.with_label_values(&[l]);
-            metrics.tasks_missing_total.with_label_values(&[l]);
-            for status in ["ok", "throttled", "retryable", "permanent"] {
-                metrics.llm_requests_total.with_label_values(&[l, status]);
+        metrics.register_process_wide();
+        metrics.zero_every_lane();
+        metrics
+    }
+
+    /// The process-wide series (recorded where no `Metrics` is at hand) join this registry.
+    fn register_process_wide(&self) {
+        let process_wide: [(&str, Box<dyn prometheus::core::Collector>); 4] = [
+            ("lanes_aws_requests_total", Box::new(AWS_REQUESTS.clone())),
+            ("lanes_llm_route_events_total", Box::new(LLM_ROUTE_EVENTS.clone())),
+            ("lanes_handed_back_total", Box::new(HANDED_BACK.clone())),
+            ("lanes_llm_limiter_wait_seconds_total", Box::new(LLM_LIMITER_WAIT.clone())),
+        ];
+        for (name, collector) in process_wide {
+            if let Err(e) = self.registry.register(collector) {
+                tracing::warn!(error = %e, "could not register {name}");
             }
         }
-        metrics
+    }
+
+    /// Every lane's series exists from the start, at zero, so dashboards and alarms see them.
+    fn zero_every_lane(&self) {
+        for lane in crate::domain::Lane::ALL {
+            let l = lane.as_str();
+            self.queue_depth.with_label_values(&[l]);
+            self.queue_in_flight.with_label_values(&[l]);
+            self.task_latency_seconds.with_label_values(&[l]);
+            self.tasks_missing_total.with_label_values(&[l]);
+            for status in ["ok", "throttled", "retryable", "permanent"] {
+                self.llm_requests_total.with_label_values(&[l, status]);
+            }
+        }
     }
 
     /// Records a latency (seconds) for `lane`; kept raw for EMF too once [`Metrics::enable_emf`] ran.

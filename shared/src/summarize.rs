@@ -6,7 +6,7 @@
 use crate::backend::Adapters;
 use crate::clock::SharedClock;
 use crate::commits::sources::DiffSources;
-use crate::commits::worker::Served;
+use crate::commits::worker::{BatchReport, Served};
 use crate::config::WorkerConfig;
 use crate::domain::Lane;
 use crate::domain::commit::{CommitMessage, Provider, commit_key};
@@ -195,63 +195,67 @@ pub async fn run(
             batch.iter().map(|m| (m.message_id.clone(), m.body.clone())).collect();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
         let (outcomes, r) = worker.process_batch(queue.clone(), batch, deadline).await;
-        report.llm_calls += r.llm_calls;
-        report.prompt_tokens += r.prompt_tokens;
-        report.completion_tokens += r.completion_tokens;
-        // Each summary carries its share of its call's tokens, so the shares add up to the calls.
-        report.cost_usd += r
-            .done
-            .iter()
-            .filter(|d| d.served == Served::Llm)
-            .filter_map(|d| crate::llm::price::prices().cost(&d.summary.model, d.summary.tokens))
-            .sum::<f64>();
-        for done in r.done {
-            let key = done.summary.key();
-            if !wanted.contains(&key) || rows.contains_key(&key) {
-                continue;
-            }
-            let source = match done.served {
-                Served::Llm => "llm",
-                Served::Rule => "rule",
-                Served::Cache | Served::Store => "cache",
-            };
-            match done.served {
-                Served::Cache | Served::Store => report.cache_hits += 1,
-                Served::Rule => report.rule_summaries += 1,
-                Served::Llm => {}
-            }
-            let tokens = match done.served {
-                Served::Llm => done.summary.tokens.prompt + done.summary.tokens.completion,
-                _ => 0,
-            };
-            rows.insert(
-                key,
-                Row {
-                    sha: done.summary.sha,
-                    subject: done.summary.subject,
-                    summary: done.summary.summary,
-                    tokens,
-                    source,
-                },
-            );
-        }
-        for (id, outcome) in outcomes {
-            if let Outcome::DeadLettered { reason } = outcome
-                && let Some(c) = bodies.get(&id).and_then(|b| serde_json::from_str::<CommitMessage>(b).ok())
-                && wanted.contains(&c.key())
-                && !rows.contains_key(&c.key())
-            {
-                report.failed += 1;
-                rows.insert(
-                    c.key(),
-                    Row { sha: c.sha, subject: c.subject, summary: reason, tokens: 0, source: "failed" },
-                );
-            }
-        }
+        tally(&mut report, &mut rows, &wanted, r, &bodies, outcomes);
         progress(rows.len(), total);
     }
     report.summaries = commits.iter().filter_map(|c| rows.remove(&commit_key(&c.repo_id, &c.sha))).collect();
     Ok(report)
+}
+
+/// Adds one batch to the report: its calls, tokens and cost, and a row for each wanted commit it
+/// summarized or dead-lettered first.
+fn tally(
+    report: &mut Report,
+    rows: &mut HashMap<String, Row>,
+    wanted: &HashSet<String>,
+    r: BatchReport,
+    bodies: &HashMap<String, String>,
+    outcomes: Vec<(String, Outcome)>,
+) {
+    report.llm_calls += r.llm_calls;
+    report.prompt_tokens += r.prompt_tokens;
+    report.completion_tokens += r.completion_tokens;
+    // Each summary carries its share of its call's tokens, so the shares add up to the calls.
+    report.cost_usd += r
+        .done
+        .iter()
+        .filter(|d| d.served == Served::Llm)
+        .filter_map(|d| crate::llm::price::prices().cost(&d.summary.model, d.summary.tokens))
+        .sum::<f64>();
+    for done in r.done {
+        let key = done.summary.key();
+        if !wanted.contains(&key) || rows.contains_key(&key) {
+            continue;
+        }
+        let (source, tokens) = match done.served {
+            Served::Llm => ("llm", done.summary.tokens.prompt + done.summary.tokens.completion),
+            Served::Rule => ("rule", 0),
+            Served::Cache | Served::Store => ("cache", 0),
+        };
+        match done.served {
+            Served::Cache | Served::Store => report.cache_hits += 1,
+            Served::Rule => report.rule_summaries += 1,
+            Served::Llm => {}
+        }
+        let summary = done.summary;
+        rows.insert(
+            key,
+            Row { sha: summary.sha, subject: summary.subject, summary: summary.summary, tokens, source },
+        );
+    }
+    for (id, outcome) in outcomes {
+        if let Outcome::DeadLettered { reason } = outcome
+            && let Some(c) = bodies.get(&id).and_then(|b| serde_json::from_str::<CommitMessage>(b).ok())
+            && wanted.contains(&c.key())
+            && !rows.contains_key(&c.key())
+        {
+            report.failed += 1;
+            rows.insert(
+                c.key(),
+                Row { sha: c.sha, subject: c.subject, summary: reason, tokens: 0, source: "failed" },
+            );
+        }
+    }
 }
 
 /// `lanes summarize`: lists the commits of `range` in `repo`, opens the embedded backend in

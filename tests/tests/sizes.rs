@@ -15,29 +15,18 @@ use syn::visit::Visit;
 const MAX_FN_LINES: usize = 80;
 const MAX_FILE_LINES: usize = 500;
 
-/// Functions still over the limit, with the size they may not exceed.
-const LONG_FUNCTIONS: [(&str, usize); 9] = [
-    ("commits/worker.rs::CommitsWorker::process_batch_in", 166),
-    ("commits/worker.rs::CommitsWorker::summarize", 136),
-    ("commits/webhook.rs::accept", 133),
-    ("metrics.rs::Metrics::new", 131),
-    ("summarize.rs::run", 106),
-    ("tasks/ingress.rs::accept", 104),
-    ("domain/request.rs::TaskRequest::from_value", 93),
-    ("dlq.rs::redrive_by_move", 89),
-    ("tasks/ingress.rs::get_task", 87),
-];
+/// Functions still over the limit, with the size they may not exceed: none now, and a new one
+/// over 80 lines fails the test.
+const LONG_FUNCTIONS: [(&str, usize); 0] = [];
 
 /// Files still over the limit before their tests, with the size they may not exceed.
-const LARGE_FILES: [(&str, usize); 9] = [
-    ("commits/worker.rs", 794),
+const LARGE_FILES: [(&str, usize); 7] = [
     ("lease.rs", 788),
-    ("commits/webhook.rs", 681),
-    ("tasks/ingress.rs", 628),
     ("ports.rs", 606),
     ("adapters/sqs.rs", 582),
+    ("commits/sources.rs", 564),
+    ("tasks/ingress.rs", 562),
     ("tasks/worker.rs", 556),
-    ("commits/sources.rs", 565),
     ("embedded/queue.rs", 519),
 ];
 

@@ -486,7 +486,7 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
                 "{file}"
             );
             let push =
-                lanes_core::commits::webhook::parse_push(lanes_core::domain::commit::Provider::Github, &body)
+                lanes_core::commits::push::parse_push(lanes_core::domain::commit::Provider::Github, &body)
                     .unwrap();
             assert_eq!(push.commits.len(), 2);
         } else {
@@ -495,7 +495,7 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
                 "{file}"
             );
             let push =
-                lanes_core::commits::webhook::parse_push(lanes_core::domain::commit::Provider::Gitlab, &body)
+                lanes_core::commits::push::parse_push(lanes_core::domain::commit::Provider::Gitlab, &body)
                     .unwrap();
             assert_eq!(push.commits.len(), 1);
         }
@@ -505,8 +505,8 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
 /// The metrics the code can emit in EMF, as `name -> dimension names`, read from the source so a
 /// new counter or label value is seen without a list kept by hand:
 /// - histograms (`Latency`), per lane;
-/// - counters: each family defined in `metrics.rs` (`counter("lanes_…_total", …, &[labels])` or
-///   `Opts::new("lanes_…_total", …), &[labels]`), with the label values its call sites pass as
+/// - counters: each family defined in `metrics.rs` (`field: r.counter("lanes_…_total", …, &[labels])`,
+///   `r.cost(…)`, or a `pub static` with `Opts::new("lanes_…_total", …), &[labels]`), with the label values its call sites pass as
 ///   literals (`.<field>.with_label_values(&[lane, "prompt"])`), named by the core's own
 ///   `emf_name`; a non-literal value of a non-dimension label is a wildcard (`*`);
 /// - the controller's hand-written documents (`{"Name": "queue_depth", …}` in `lambda/handlers.rs`), per lane.
@@ -521,13 +521,29 @@ fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
     // Family definitions: the field (or static) name before, the family name and label list.
     let mut families: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
     let quoted = |s: &str| -> Vec<String> { s.split('"').skip(1).step_by(2).map(str::to_owned).collect() };
+    let label_lists: BTreeMap<&str, Vec<String>> = metrics_rs
+        .lines()
+        .filter_map(|l| l.strip_prefix("const ")?.split_once(": &[&str] = &["))
+        .map(|(name, rest)| (name, quoted(rest.split(']').next().unwrap_or(""))))
+        .collect();
     for part in metrics_rs.split("\"lanes_").skip(1) {
         let family = format!("lanes_{}", part.split('"').next().unwrap());
         if !family.ends_with("_total") {
             continue;
         }
-        let Some(labels) = part.split("&[").nth(1).and_then(|l| l.split(']').next()) else { continue };
-        let labels = quoted(labels);
+        // The labels: a named list (`const LANE: &[&str] = &["lane"];`) as the call's last argument,
+        // or the first literal list after the name.
+        let args = part.split(')').next().unwrap_or("");
+        let last_arg = args.rsplit(',').map(str::trim).find(|a| !a.is_empty()).unwrap_or("");
+        let labels = match label_lists.get(last_arg) {
+            Some(named) => named.clone(),
+            None => {
+                let Some(labels) = part.split("&[").nth(1).and_then(|l| l.split(']').next()) else {
+                    continue;
+                };
+                quoted(labels)
+            }
+        };
         // The owner: `field: counter(` or `pub static NAME:` before this occurrence.
         let before = &metrics_rs[..metrics_rs.find(&format!("\"{family}\"")).unwrap()];
         let owner = before
@@ -538,8 +554,8 @@ fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
                     return Some(rest.split(':').next().unwrap().to_owned());
                 }
                 let field = line.split(':').next().unwrap();
-                (line.contains(": counter(") || line.contains(": {") || line.ends_with(": counter("))
-                    .then(|| field.trim().to_owned())
+                // `field: r.counter(` or `field: r.cost(` in `Metrics::new`.
+                (line.contains(": r.counter(") || line.contains(": r.cost(")).then(|| field.trim().to_owned())
             })
             .unwrap();
         families.insert(owner, (family, labels));

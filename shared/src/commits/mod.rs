@@ -2,19 +2,26 @@
 //! micro-batched summaries and the commits worker. The types it moves around (commit messages and
 //! summaries, their keys) are [`crate::domain::commit`]'s, so the ports see them without this flow.
 //!
-//! - [`webhook`]: signature checks, push parsing, delivery dedupe, enqueueing one message per commit.
+//! - [`webhook`]: signature checks, delivery dedupe, enqueueing one message per commit.
+//! - [`push`]: the hosts' push payloads parsed into the commits to summarize (and the range of an
+//!   incomplete one).
 //! - [`sources`]: where diffs come from: GitHub REST, GitLab REST, a local repository.
 //! - [`api`]: the read API (one summary, a repository's summaries newest first).
 //! - [`budget`]: noise filtering and the 4,000-token cut, counted by a real BPE tokenizer.
 //! - [`prompt`]: the batch prompt, first-fit-decreasing packing, answer validation, token apportioning.
 //! - [`dead_letters`]: the commits DLQ: summarized commits swept out, the rest listed and redriven.
 //! - [`report`]: what a batch did, commit by commit.
-//! - [`worker`]: the commits lane's batch worker (cache -> store -> lease -> diffs -> LLM -> write once).
+//! - [`worker`]: the commits lane's batch worker (cache -> store -> lease -> diffs -> LLM -> write once),
+//!   with what it reads from the Git host in `fetch` (diffs, push ranges) and its model calls in
+//!   `calls` (packing, apportioning, asking alone, writing once).
 
 pub mod api;
 pub mod budget;
+mod calls;
 pub mod dead_letters;
+mod fetch;
 pub mod prompt;
+pub mod push;
 pub mod report;
 pub mod sources;
 pub mod webhook;

@@ -1,6 +1,7 @@
 //! What a commits batch did: how each commit was answered (model, rule, cache, store) and the counts
 //! behind metrics, logs, `lanes summarize` and the benchmarks.
 
+use crate::domain::TokenUsage;
 use crate::domain::commit::CommitSummary;
 use serde::Serialize;
 
@@ -50,4 +51,13 @@ pub struct BatchReport {
     pub expanded: u64,
     /// Commits finished.
     pub done: Vec<Done>,
+}
+
+impl BatchReport {
+    /// Counts one answered model call and its tokens.
+    pub fn add_call(&mut self, usage: TokenUsage) {
+        self.llm_calls += 1;
+        self.prompt_tokens += usage.prompt;
+        self.completion_tokens += usage.completion;
+    }
 }

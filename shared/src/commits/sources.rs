@@ -257,8 +257,7 @@ impl GitHubSource {
                 repo: range.repo.clone(),
                 sha: c.sha,
                 subject: subject_of(&c.commit.message),
-                committed_at_ms:
-                    c.commit.committer.map_or(0, |s| crate::commits::webhook::rfc3339_ms(&s.date)),
+                committed_at_ms: c.commit.committer.map_or(0, |s| crate::commits::push::rfc3339_ms(&s.date)),
             }));
             if n < 100 {
                 break;
@@ -442,7 +441,7 @@ impl DiffSource for GitLabSource {
                 repo: range.repo.clone(),
                 sha: c.id,
                 subject: if c.title.is_empty() { subject_of(&c.message) } else { subject_of(&c.title) },
-                committed_at_ms: crate::commits::webhook::rfc3339_ms(&c.committed_date),
+                committed_at_ms: crate::commits::push::rfc3339_ms(&c.committed_date),
             }));
             match next {
                 Some(n) if n > page && out.len() < MAX_RANGE_COMMITS => page = n,

@@ -5,8 +5,9 @@
 //! same router serves `lanes dev` (`/webhooks/github`, `/webhooks/gitlab`) and the function URL, which
 //! tells the hosts apart by header.
 
+use super::push::{Push, parse_push};
 use crate::clock::SharedClock;
-use crate::domain::commit::{CommitMessage, CommitsMessage, Provider, PushRange, subject_of, validate_sha};
+use crate::domain::commit::{CommitsMessage, Provider};
 use crate::metrics::Metrics;
 use crate::ports::{QueueSend, SummaryStore};
 use crate::problem::Problem;
@@ -18,7 +19,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use hmac::{Hmac, KeyInit, Mac};
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -273,9 +273,90 @@ async fn accept(
             ));
         }
     };
-    // Authentication comes first. GitLab's token is a header, so it is checked before the body is
-    // read at all; GitHub signs the body, so its HMAC is checked once the (size-capped) body is in and
-    // before anything parses it.
+    let bytes = authenticated(w, provider, headers, body).await?;
+    if let Some(answer) = not_a_push(w, provider, headers) {
+        return Ok(answer);
+    }
+    let push = parse_push(provider, &bytes)?;
+    if !w.config.allows(&push.repo) {
+        w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "forbidden"]).inc();
+        return Err(Problem::new(
+            StatusCode::FORBIDDEN,
+            "repository-not-allowed",
+            "Repository not allowed",
+            format!("pushes to `{}` are not accepted: its owner is not in LANES_REPO_ALLOWLIST", push.repo),
+        )
+        .with_field("repository"));
+    }
+    let delivery = crate::idempotency::delivery_key(
+        provider,
+        match provider {
+            Provider::Gitlab => header(headers, "x-gitlab-event-uuid"),
+            _ => header(headers, "x-github-delivery"),
+        },
+    );
+    // Enqueued first, recorded after: a delivery is recorded only once its commits are all in the
+    // queue, so a failure or a crash anywhere before leaves the host's redelivery to enqueue them
+    // (commits sent twice are summarized once). A replay of a recorded delivery is answered as such.
+    if let Some(d) = &delivery
+        && let Some(answer) = replayed(w, provider, d).await?
+    {
+        return Ok(answer);
+    }
+    enqueue(w, &push).await?;
+    if let Some(d) = &delivery
+        && let Err(e) = w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await
+    {
+        warn!(error = %e, "delivery not recorded; a replay of it enqueues its commits again");
+    }
+    w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "accepted"]).inc();
+    Ok(json(
+        StatusCode::ACCEPTED,
+        WebhookAnswer {
+            status: "accepted",
+            repo_id: Some(push.repo_id.clone()),
+            enqueued: Some(push.commits.len()),
+            skipped: Some(push.skipped),
+            ref_deleted: Some(push.deleted),
+            not_listed: Some(push.not_listed),
+            range: push.range.as_ref().map(|r| format!("{}..{}", r.base, r.head)),
+            ..Default::default()
+        },
+    ))
+}
+
+/// The answer to an authenticated delivery that is not a push (GitHub's ping, any other event), or
+/// None for a push.
+fn not_a_push(w: &Webhook, provider: Provider, headers: &HeaderMap) -> Option<Response> {
+    let event = match provider {
+        Provider::Gitlab => header(headers, "x-gitlab-event").unwrap_or(""),
+        _ => header(headers, "x-github-event").unwrap_or(""),
+    };
+    match (provider, event) {
+        (Provider::Github, "ping") => {
+            w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "ping"]).inc();
+            Some(json(StatusCode::OK, WebhookAnswer { status: "pong", ..Default::default() }))
+        }
+        (Provider::Github, "push") | (Provider::Gitlab, "Push Hook") => None,
+        _ => {
+            w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "ignored"]).inc();
+            Some(json(
+                StatusCode::ACCEPTED,
+                WebhookAnswer { status: "ignored", event: Some(event.to_owned()), ..Default::default() },
+            ))
+        }
+    }
+}
+
+/// The delivery's body, once its sender is authenticated: GitLab's token is a header, so it is
+/// checked before the body is read at all; GitHub signs the body, so its HMAC is checked once the
+/// (size-capped) body is in and before anything parses it.
+async fn authenticated(
+    w: &Webhook,
+    provider: Provider,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, Problem> {
     let unauthorized = || {
         w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "unauthorized"]).inc();
         let (h, what) = match provider {
@@ -323,69 +404,7 @@ async fn accept(
             return Err(unauthorized());
         }
     }
-    let event = match provider {
-        Provider::Gitlab => header(headers, "x-gitlab-event").unwrap_or(""),
-        _ => header(headers, "x-github-event").unwrap_or(""),
-    };
-    match (provider, event) {
-        (Provider::Github, "ping") => {
-            w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "ping"]).inc();
-            return Ok(json(StatusCode::OK, WebhookAnswer { status: "pong", ..Default::default() }));
-        }
-        (Provider::Github, "push") | (Provider::Gitlab, "Push Hook") => {}
-        _ => {
-            w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "ignored"]).inc();
-            return Ok(json(
-                StatusCode::ACCEPTED,
-                WebhookAnswer { status: "ignored", event: Some(event.to_owned()), ..Default::default() },
-            ));
-        }
-    }
-    let push = parse_push(provider, &bytes)?;
-    if !w.config.allows(&push.repo) {
-        w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "forbidden"]).inc();
-        return Err(Problem::new(
-            StatusCode::FORBIDDEN,
-            "repository-not-allowed",
-            "Repository not allowed",
-            format!("pushes to `{}` are not accepted: its owner is not in LANES_REPO_ALLOWLIST", push.repo),
-        )
-        .with_field("repository"));
-    }
-    let delivery = match provider {
-        Provider::Gitlab => header(headers, "x-gitlab-event-uuid"),
-        _ => header(headers, "x-github-delivery"),
-    }
-    .filter(|d| !d.is_empty() && d.len() <= 200)
-    .map(|d| format!("{provider}:{d}"));
-    // Enqueued first, recorded after: a delivery is recorded only once its commits are all in the
-    // queue, so a failure or a crash anywhere before leaves the host's redelivery to enqueue them
-    // (commits sent twice are summarized once). A replay of a recorded delivery is answered as such.
-    if let Some(d) = &delivery
-        && let Some(answer) = replayed(w, provider, d).await?
-    {
-        return Ok(answer);
-    }
-    enqueue(w, &push).await?;
-    if let Some(d) = &delivery
-        && let Err(e) = w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await
-    {
-        warn!(error = %e, "delivery not recorded; a replay of it enqueues its commits again");
-    }
-    w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "accepted"]).inc();
-    Ok(json(
-        StatusCode::ACCEPTED,
-        WebhookAnswer {
-            status: "accepted",
-            repo_id: Some(push.repo_id.clone()),
-            enqueued: Some(push.commits.len()),
-            skipped: Some(push.skipped),
-            ref_deleted: Some(push.deleted),
-            not_listed: Some(push.not_listed),
-            range: push.range.as_ref().map(|r| format!("{}..{}", r.base, r.head)),
-            ..Default::default()
-        },
-    ))
+    Ok(bytes)
 }
 
 /// The answer to a replay of a recorded delivery, if `d` is one.
@@ -436,238 +455,6 @@ async fn enqueue(w: &Webhook, push: &Push) -> Result<(), Problem> {
     Ok(())
 }
 
-/// A parsed push: the commits to summarize.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Push {
-    /// `provider:numeric id`.
-    pub repo_id: String,
-    /// `owner/name` or `path_with_namespace`.
-    pub repo: String,
-    /// One message per new commit.
-    pub commits: Vec<CommitMessage>,
-    /// Commits left out (not distinct, or unusable ids).
-    pub skipped: usize,
-    /// The push deleted its ref.
-    pub deleted: bool,
-    /// Commits the push had but its payload did not list (GitLab lists at most 20; GitHub says no
-    /// count, so its full list of 2,048 counts as incomplete).
-    pub not_listed: usize,
-    /// When the payload did not list every commit: the range for the commits worker to expand.
-    pub range: Option<PushRange>,
-}
-
-/// Most commits a GitHub push payload lists.
-pub const GITHUB_MAX_LISTED: usize = 2_048;
-
-/// The range of a push whose payload is incomplete: `before..after`, or for a new branch (`before`
-/// all zeros) `default_branch..after`, so the branch brings its own commits and not the history it
-/// shares with the default branch.
-fn push_range(
-    provider: Provider,
-    repo_id: &str,
-    repo: &str,
-    before: &str,
-    after: &str,
-    default_branch: &str,
-    listed: &[CommitMessage],
-) -> Option<PushRange> {
-    let base = if before.trim_start_matches('0').is_empty() { default_branch } else { before };
-    let range = PushRange {
-        provider,
-        repo_id: repo_id.to_owned(),
-        repo: repo.to_owned(),
-        base: base.to_owned(),
-        head: after.to_owned(),
-        listed: listed.iter().map(|c| c.sha.clone()).collect(),
-    };
-    match range.validate() {
-        Ok(()) => Some(range),
-        Err(e) => {
-            warn!(repo_id, error = %e, "an incomplete push whose range cannot be expanded");
-            None
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct GitHubPush {
-    #[serde(default)]
-    before: String,
-    after: String,
-    #[serde(default)]
-    deleted: bool,
-    repository: GitHubRepo,
-    #[serde(default)]
-    commits: Vec<GitHubCommit>,
-}
-
-#[derive(Deserialize)]
-struct GitHubRepo {
-    id: u64,
-    full_name: String,
-    #[serde(default)]
-    default_branch: String,
-}
-
-#[derive(Deserialize)]
-struct GitHubCommit {
-    id: String,
-    #[serde(default = "yes")]
-    distinct: bool,
-    #[serde(default)]
-    message: String,
-    #[serde(default)]
-    timestamp: String,
-}
-
-fn yes() -> bool {
-    true
-}
-
-#[derive(Deserialize)]
-struct GitLabPush {
-    #[serde(default)]
-    before: String,
-    after: String,
-    #[serde(default)]
-    total_commits_count: usize,
-    project: GitLabProject,
-    #[serde(default)]
-    commits: Vec<GitLabCommit>,
-}
-
-#[derive(Deserialize)]
-struct GitLabProject {
-    id: u64,
-    path_with_namespace: String,
-    #[serde(default)]
-    default_branch: String,
-}
-
-#[derive(Deserialize)]
-struct GitLabCommit {
-    id: String,
-    #[serde(default)]
-    message: String,
-    #[serde(default)]
-    timestamp: String,
-}
-
-/// Why a push payload was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PushError(String);
-
-impl From<PushError> for Problem {
-    fn from(e: PushError) -> Self {
-        Problem::new(StatusCode::BAD_REQUEST, "bad-payload", "Push payload not understood", e.0)
-    }
-}
-
-fn bad_payload(e: serde_json::Error) -> PushError {
-    // serde's message names the missing or mistyped field and where; it says nothing internal.
-    PushError(e.to_string())
-}
-
-/// Unix ms of an RFC 3339 time with `Z` or a numeric offset; 0 when unparseable.
-pub fn rfc3339_ms(s: &str) -> u64 {
-    let s = s.trim();
-    let (base, offset_secs): (String, i64) =
-        match s.len().checked_sub(6).and_then(|i| s.get(i..).map(|t| (i, t))) {
-            Some((i, tail))
-                if (tail.starts_with('+') || tail.starts_with('-'))
-                    && tail.as_bytes().get(3) == Some(&b':') =>
-            {
-                let h: i64 = tail[1..3].parse().unwrap_or(0);
-                let m: i64 = tail[4..6].parse().unwrap_or(0);
-                let sign = if tail.starts_with('-') { -1 } else { 1 };
-                (format!("{}Z", &s[..i]), sign * (h * 3600 + m * 60))
-            }
-            _ => (s.to_owned(), 0),
-        };
-    let Ok(t) = humantime::parse_rfc3339_weak(&base) else { return 0 };
-    let Ok(d) = t.duration_since(std::time::UNIX_EPOCH) else { return 0 };
-    (d.as_millis() as i64 - offset_secs * 1000).max(0) as u64
-}
-
-const ZERO_SHA: &str = "0000000000000000000000000000000000000000";
-
-/// Parses a push event into commit messages.
-pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
-    let mut skipped = 0;
-    let mut commits = Vec::new();
-    let mut add = |repo_id: &str, repo: &str, id: &str, message: &str, timestamp: &str| {
-        if validate_sha(id).is_err() {
-            return false;
-        }
-        commits.push(CommitMessage {
-            provider,
-            repo_id: repo_id.to_owned(),
-            repo: repo.to_owned(),
-            sha: id.to_owned(),
-            subject: subject_of(message),
-            committed_at_ms: rfc3339_ms(timestamp),
-        });
-        true
-    };
-    let mut not_listed = 0;
-    // (repo_id, deleted, the range inputs when the payload is incomplete)
-    let (repo_id, repo, deleted, incomplete) = match provider {
-        Provider::Github => {
-            let p: GitHubPush = serde_json::from_slice(body).map_err(bad_payload)?;
-            let repo_id = format!("github:{}", p.repository.id);
-            let deleted = p.deleted || p.after.trim_start_matches('0').is_empty();
-            if !deleted {
-                for c in &p.commits {
-                    if !(c.distinct
-                        && add(&repo_id, &p.repository.full_name, &c.id, &c.message, &c.timestamp))
-                    {
-                        skipped += 1;
-                    }
-                }
-            }
-            let incomplete = (!deleted && p.commits.len() >= GITHUB_MAX_LISTED).then(|| {
-                (
-                    p.repository.full_name.clone(),
-                    p.before.clone(),
-                    p.after.clone(),
-                    p.repository.default_branch.clone(),
-                )
-            });
-            (repo_id, p.repository.full_name, deleted, incomplete)
-        }
-        Provider::Gitlab => {
-            let p: GitLabPush = serde_json::from_slice(body).map_err(bad_payload)?;
-            let repo_id = format!("gitlab:{}", p.project.id);
-            let deleted = p.after == ZERO_SHA || p.after.trim_start_matches('0').is_empty();
-            not_listed = p.total_commits_count.saturating_sub(p.commits.len());
-            if !deleted {
-                for c in &p.commits {
-                    if !add(&repo_id, &p.project.path_with_namespace, &c.id, &c.message, &c.timestamp) {
-                        skipped += 1;
-                    }
-                }
-            }
-            let incomplete = (!deleted && not_listed > 0).then(|| {
-                (
-                    p.project.path_with_namespace.clone(),
-                    p.before.clone(),
-                    p.after.clone(),
-                    p.project.default_branch.clone(),
-                )
-            });
-            (repo_id, p.project.path_with_namespace, deleted, incomplete)
-        }
-        Provider::Local => {
-            return Err(PushError("pushes from local repositories are not webhooks".into()));
-        }
-    };
-    let range = incomplete.and_then(|(name, before, after, default_branch)| {
-        push_range(provider, &repo_id, &name, &before, &after, &default_branch, &commits)
-    });
-    Ok(Push { repo_id, repo, commits, skipped, deleted, not_listed, range })
-}
-
 /// Signs `body` as GitHub does (for tests, samples and `lanes` tooling).
 pub fn github_signature(secret: &[u8], body: &[u8]) -> String {
     let mut mac = match Hmac::<Sha256>::new_from_slice(secret) {
@@ -683,6 +470,8 @@ pub fn github_signature(secret: &[u8], body: &[u8]) -> String {
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
+    use crate::commits::push::{GITHUB_MAX_LISTED, ZERO_SHA, rfc3339_ms};
+    use crate::domain::commit::CommitMessage;
     use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedSummaries};
     use crate::ports::QueueConsume;
     use http_body_util::BodyExt;

@@ -6,22 +6,21 @@
 //! commit held by another worker, or failing for a reason that may pass, goes back to the queue.
 
 pub use super::CommitsConfig;
-use super::budget::{self, Trimmed};
-use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
+use super::budget::Trimmed;
 pub use super::report::{BatchReport, Done, Served};
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
+use crate::domain::TokenUsage;
 use crate::domain::commit::{
     CommitMessage, CommitSummary, CommitsMessage, PushRange, SummarySource, summary_cache_key,
 };
-use crate::domain::{Kind, Lane, TokenUsage};
 use crate::lease::{
     self, Heartbeat, Leased, LeasedQueue, Membership, Outcome, after_holder, full_jitter_backoff,
 };
 use crate::metrics::Metrics;
 use crate::ports::{
-    Acquire, Cache, DiffError, DiffSource, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
-    QueueError, QueueSend, ReceivedMessage, SummaryStore, WriteOnce,
+    Acquire, Cache, DiffSource, LeaseLock, LlmClient, QueueConsume, QueueError, QueueSend, ReceivedMessage,
+    SummaryStore, WriteOnce,
 };
 use futures::future::join_all;
 use std::collections::HashMap;
@@ -31,7 +30,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-const LANE: &str = "commits";
+pub(super) const LANE: &str = "commits";
 
 /// The commits worker, built once per process.
 #[derive(Clone)]
@@ -59,17 +58,17 @@ pub struct CommitsWorker {
 }
 
 /// One distinct commit of the batch and the deliveries carrying it.
-struct Group {
-    commit: CommitMessage,
+pub(super) struct Group {
+    pub(super) commit: CommitMessage,
     /// Highest receive count among its deliveries (drives the backoff).
-    receives: u32,
-    members: Vec<usize>,
-    lost: CancellationToken,
-    lock: Option<(String, String)>,
-    outcome: Option<GroupEnd>,
+    pub(super) receives: u32,
+    pub(super) members: Vec<usize>,
+    pub(super) lost: CancellationToken,
+    pub(super) lock: Option<(String, String)>,
+    pub(super) outcome: Option<GroupEnd>,
 }
 
-enum GroupEnd {
+pub(super) enum GroupEnd {
     /// Put off without a failure (a lock held elsewhere, throttling, the deadline): never uses up
     /// the commit's deliveries.
     Wait {
@@ -86,11 +85,11 @@ enum GroupEnd {
 }
 
 /// A commit waiting for the model.
-struct Pending {
-    group: usize,
-    trimmed: Trimmed,
-    section: String,
-    section_tokens: usize,
+pub(super) struct Pending {
+    pub(super) group: usize,
+    pub(super) trimmed: Trimmed,
+    pub(super) section: String,
+    pub(super) section_tokens: usize,
 }
 
 impl CommitsWorker {
@@ -125,7 +124,54 @@ impl CommitsWorker {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
         let mut report = BatchReport::default();
 
-        // Decode; group by key.
+        let (mut groups, ranges) = self.decode(&*queue, &messages, &mut outcomes).await;
+        report.commits = groups.len();
+        // Listing a push may take many pages: its own deadline (six diff fetches' worth, within the
+        // batch's), the ranges side by side.
+        let list_by = deadline.min(Instant::now() + self.config.fetch_deadline.saturating_mul(6));
+        let expanded =
+            join_all(ranges.iter().map(|(i, range)| self.expand(&*queue, &messages[*i], range, list_by)))
+                .await;
+        for ((i, _), (outcome, sent)) in ranges.iter().zip(expanded) {
+            outcomes[*i] = Some(outcome);
+            report.expanded += sent;
+        }
+
+        // Renewed while these live: to the end of the batch.
+        let _renewed = self.start_leases(&*queue, heartbeat, &mut groups, &messages).await;
+
+        // Locked first, then looked up: a worker that summarized a commit did so under its lock, so
+        // once the lock is ours its summary is in the store. Looking up first let a commit
+        // summarized between the lookup and the lock be summarized again.
+        self.lock_rest(&mut groups, &messages, heartbeat).await;
+        self.answer_known(&mut groups, &mut report).await;
+        let pending = self.fetch_and_trim(&mut groups).await;
+        self.summarize(&mut groups, pending, &mut report, deadline).await;
+
+        self.settle(&*queue, heartbeat, groups, &messages, &mut outcomes, &mut report).await;
+        let out = messages
+            .iter()
+            .zip(outcomes)
+            .map(|(m, o)| (m.message_id.clone(), o.unwrap_or(Outcome::LeaseLost)))
+            .collect();
+        info!(
+            commits = report.commits,
+            llm_calls = report.llm_calls,
+            cache_hits = report.cache_hits,
+            store_hits = report.store_hits,
+            "commit batch done"
+        );
+        (out, report)
+    }
+
+    /// Decodes the batch's messages: commits grouped by key (a commit delivered twice is one
+    /// group), push ranges to expand, and undecodable ones dead-lettered at once.
+    async fn decode(
+        &self,
+        queue: &dyn QueueConsume,
+        messages: &[ReceivedMessage],
+        outcomes: &mut [Option<Outcome>],
+    ) -> (Vec<Group>, Vec<(usize, PushRange)>) {
         let mut groups: Vec<Group> = Vec::new();
         let mut by_key: HashMap<String, usize> = HashMap::new();
         let mut ranges: Vec<(usize, PushRange)> = Vec::new();
@@ -159,29 +205,28 @@ impl CommitsWorker {
                 }
                 Err(e) => {
                     let reason = format!("undecodable commit message: {e}");
-                    outcomes[i] = Some(
-                        lease::dead_letter(&self.metrics, &*queue, m, reason, LANE, "undecodable").await,
-                    );
+                    outcomes[i] =
+                        Some(lease::dead_letter(&self.metrics, queue, m, reason, LANE, "undecodable").await);
                 }
             }
         }
-        report.commits = groups.len();
-        // Listing a push may take many pages: its own deadline (six diff fetches' worth, within the
-        // batch's), the ranges side by side.
-        let list_by = deadline.min(Instant::now() + self.config.fetch_deadline.saturating_mul(6));
-        let expanded =
-            join_all(ranges.iter().map(|(i, range)| self.expand(&*queue, &messages[*i], range, list_by)))
-                .await;
-        for ((i, _), (outcome, sent)) in ranges.iter().zip(expanded) {
-            outcomes[*i] = Some(outcome);
-            report.expanded += sent;
-        }
+        (groups, ranges)
+    }
 
-        // Lease every delivery now: the queue's own visibility is long; ours is short and renewed.
+    /// Leases every commit delivery now: the queue's own visibility is long; ours is short and
+    /// renewed by `heartbeat` while the returned memberships live. A group whose lease could not
+    /// start waits.
+    async fn start_leases(
+        &self,
+        queue: &dyn QueueConsume,
+        heartbeat: &Heartbeat,
+        groups: &mut [Group],
+        messages: &[ReceivedMessage],
+    ) -> Vec<Membership> {
         let ttl = self.lease.lease_ttl;
         let members: Vec<usize> = groups.iter().flat_map(|g| g.members.iter().copied()).collect();
         let mut leased: Vec<ReceivedMessage> = members.iter().map(|&i| messages[i].clone()).collect();
-        let starts = members.into_iter().zip(crate::lease::start_many(&*queue, &mut leased, ttl).await);
+        let starts = members.into_iter().zip(crate::lease::start_many(queue, &mut leased, ttl).await);
         let mut leases = Vec::new();
         for (i, r) in starts {
             let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else { continue };
@@ -201,17 +246,21 @@ impl CommitsWorker {
             }
             leases.push(Leased::new(messages[i].receipt.clone(), lost));
         }
-        let _renewed: Vec<Membership> = leases.into_iter().map(|l| heartbeat.join(l)).collect();
+        leases.into_iter().map(|l| heartbeat.join(l)).collect()
+    }
 
-        // Locked first, then looked up: a worker that summarized a commit did so under its lock, so
-        // once the lock is ours its summary is in the store. Looking up first let a commit
-        // summarized between the lookup and the lock be summarized again.
-        self.lock_rest(&mut groups, &messages, heartbeat).await;
-        self.answer_known(&mut groups, &mut report).await;
-        let pending = self.fetch_and_trim(&mut groups).await;
-        self.summarize(&mut groups, pending, &mut report, deadline).await;
-
-        // Settle every commit delivery by its group's end, off the heartbeat together first (one wait
+    /// Settles every commit delivery by its group's end, releases the groups' locks and reports
+    /// the summaries.
+    async fn settle(
+        &self,
+        queue: &dyn QueueConsume,
+        heartbeat: &Heartbeat,
+        mut groups: Vec<Group>,
+        messages: &[ReceivedMessage],
+        outcomes: &mut [Option<Outcome>],
+        report: &mut BatchReport,
+    ) {
+        // Off the heartbeat together first (one wait
         // for a beat under way, not one per delivery). Only the groups' members: a range message
         // acked earlier stays kept hidden for the mapping's delete.
         let receipts: Vec<&str> =
@@ -233,22 +282,22 @@ impl CommitsWorker {
             for &i in &g.members {
                 let m = &messages[i];
                 outcomes[i] = Some(match &end {
-                    GroupEnd::Done(_) => lease::ack(&*queue, m).await,
+                    GroupEnd::Done(_) => lease::ack(queue, m).await,
                     GroupEnd::Lost => Outcome::LeaseLost,
                     GroupEnd::Wait { after, reason } => {
-                        lease::retry_later(&*queue, m, *after, reason, LANE).await
+                        lease::retry_later(queue, m, *after, reason, LANE).await
                     }
                     GroupEnd::Retry { after, reason } => {
                         // A commit has no record: its deliveries are its attempts.
-                        if lease::is_last_delivery(&*queue, m) {
+                        if lease::is_last_delivery(queue, m) {
                             let reason = format!("gave up after {} attempts: {reason}", m.receive_count);
-                            lease::dead_letter(&self.metrics, &*queue, m, reason, LANE, "attempts").await
+                            lease::dead_letter(&self.metrics, queue, m, reason, LANE, "attempts").await
                         } else {
-                            lease::hand_back(&*queue, m, *after, reason, LANE).await
+                            lease::hand_back(queue, m, *after, reason, LANE).await
                         }
                     }
                     GroupEnd::DeadLetter(reason) => {
-                        lease::dead_letter(&self.metrics, &*queue, m, reason.clone(), LANE, "permanent").await
+                        lease::dead_letter(&self.metrics, queue, m, reason.clone(), LANE, "permanent").await
                     }
                 });
             }
@@ -264,75 +313,9 @@ impl CommitsWorker {
                 report.done.push(*done);
             }
         }
-        let out = messages
-            .iter()
-            .zip(outcomes)
-            .map(|(m, o)| (m.message_id.clone(), o.unwrap_or(Outcome::LeaseLost)))
-            .collect();
-        info!(
-            commits = report.commits,
-            llm_calls = report.llm_calls,
-            cache_hits = report.cache_hits,
-            store_hits = report.store_hits,
-            "commit batch done"
-        );
-        (out, report)
     }
 
-    /// Lists the commits of an incomplete push with the host's API and sends one message per commit
-    /// the payload did not list (within the fetch deadline); the range message is acked once they
-    /// are all sent. A commit sent twice after a partial failure is summarized once anyway.
-    async fn expand(
-        &self,
-        queue: &dyn QueueConsume,
-        m: &ReceivedMessage,
-        range: &PushRange,
-        list_by: Instant,
-    ) -> (Outcome, u64) {
-        let listed: std::collections::HashSet<&str> = range.listed.iter().map(String::as_str).collect();
-        let listing = tokio::time::timeout_at(list_by, self.diffs.commits_between(range)).await;
-        let failed = |reason: String| async move {
-            warn!(repo_id = %range.repo_id, reason, "push range not expanded");
-            if lease::is_last_delivery(queue, m) {
-                let reason = format!("gave up after {} attempts: {reason}", m.receive_count);
-                lease::dead_letter(&self.metrics, queue, m, reason, LANE, "attempts").await
-            } else {
-                lease::hand_back(queue, m, full_jitter_backoff(&self.lease, m.receive_count), &reason, LANE)
-                    .await
-            }
-        };
-        let commits = match listing {
-            Ok(Ok(commits)) => commits,
-            Ok(Err(DiffError::Permanent(reason))) => {
-                let reason = format!("push range {}..{} not listed: {reason}", range.base, range.head);
-                return (lease::dead_letter(&self.metrics, queue, m, reason, LANE, "permanent").await, 0);
-            }
-            // Reasons read `kind: detail`: the kind is the metrics' `reason` dimension.
-            Ok(Err(DiffError::Retryable { message, .. })) => {
-                return (failed(format!("range listing: {message}")).await, 0);
-            }
-            Err(_) => return (failed("range listing: timed out".into()).await, 0),
-        };
-        let attributes = std::collections::BTreeMap::from([("lane".to_owned(), LANE.to_owned())]);
-        let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = commits
-            .iter()
-            .filter(|c| !listed.contains(c.sha.as_str()) && c.validate().is_ok())
-            .filter_map(|c| serde_json::to_string(c).ok())
-            .map(|body| (body, attributes.clone()))
-            .collect();
-        match self.send.send_batch(&messages).await {
-            Ok(unsent) if unsent.is_empty() => {
-                info!(repo_id = %range.repo_id, sent = messages.len(), "push range expanded");
-                (lease::ack(queue, m).await, messages.len() as u64)
-            }
-            Ok(unsent) => {
-                (failed(format!("commits not sent: {} of {}", unsent.len(), messages.len())).await, 0)
-            }
-            Err(e) => (failed(format!("commits not sent: {e}")).await, 0),
-        }
-    }
-
-    fn open(groups: &[Group]) -> impl Iterator<Item = usize> + '_ {
+    pub(super) fn open(groups: &[Group]) -> impl Iterator<Item = usize> + '_ {
         groups
             .iter()
             .enumerate()
@@ -434,284 +417,8 @@ impl CommitsWorker {
         }
     }
 
-    /// Fetches and trims the remaining diffs; noise-only commits are summarized by rule here.
-    async fn fetch_and_trim(&self, groups: &mut [Group]) -> Vec<Pending> {
-        let open: Vec<usize> = Self::open(groups).collect();
-        let slots = Arc::new(tokio::sync::Semaphore::new(self.config.diff_concurrency.max(1)));
-        let max_tokens = self.config.diff_tokens;
-        let fetched = join_all(open.iter().map(|&g| {
-            let (diffs, slots, commit) = (self.diffs.clone(), slots.clone(), groups[g].commit.clone());
-            let deadline = self.config.fetch_deadline;
-            async move {
-                let _slot = slots.acquire_owned().await;
-                // Each commit on its own clock (from when it got a slot): one slow host or huge diff
-                // is handed back alone while the rest of the batch goes on.
-                let work = async {
-                    let diff = diffs.diff(&commit).await?;
-                    let (sha, subject) = (commit.sha.clone(), commit.subject.clone());
-                    let trim = move || {
-                        let trimmed = budget::trim(&diff, max_tokens);
-                        let section = (!trimmed.noise_only).then(|| {
-                            let subject = if subject.is_empty() { "(unknown)" } else { &subject };
-                            let section = prompt::section(&sha, subject, &trimmed.text);
-                            let tokens = budget::count_tokens(&section);
-                            (section, tokens)
-                        });
-                        (trimmed, section)
-                    };
-                    // Tokenizing a large diff, and then its prompt section, is CPU work: off the
-                    // runtime's threads, which the heartbeat shares. A current-thread runtime (the
-                    // simulation's, on a paused clock) runs it in place: blocking threads finish in
-                    // wall-clock order, and a seeded history must not depend on it.
-                    if tokio::runtime::Handle::current().runtime_flavor()
-                        == tokio::runtime::RuntimeFlavor::CurrentThread
-                    {
-                        return Ok(trim());
-                    }
-                    tokio::task::spawn_blocking(trim).await.map_err(|e| DiffError::Retryable {
-                        message: format!("trim task: {e}"),
-                        retry_after: None,
-                    })
-                };
-                let trimmed =
-                    tokio::time::timeout(deadline, work).await.map_err(|_| DiffError::Retryable {
-                        message: format!("diff not fetched within {} s", deadline.as_secs()),
-                        retry_after: None,
-                    })??;
-                Ok::<_, DiffError>((g, trimmed))
-            }
-        }))
-        .await;
-        let mut pending = Vec::new();
-        for (r, &g) in fetched.into_iter().zip(&open) {
-            let commit = &groups[g].commit;
-            match r {
-                Ok((_, (trimmed, None))) => {
-                    let summary = self.summary(
-                        commit,
-                        trimmed.rule_summary(),
-                        "rule",
-                        SummarySource::Rule,
-                        TokenUsage::default(),
-                        &trimmed,
-                    );
-                    groups[g].outcome = Some(self.write(&groups[g], summary, Served::Rule).await);
-                }
-                Ok((_, (trimmed, Some((section, section_tokens))))) => {
-                    pending.push(Pending { group: g, trimmed, section, section_tokens });
-                }
-                Err(DiffError::Permanent(reason)) => {
-                    groups[g].outcome = Some(GroupEnd::DeadLetter(format!("diff unavailable: {reason}")));
-                }
-                Err(DiffError::Retryable { message, retry_after }) => {
-                    let after = full_jitter_backoff(&self.lease, groups[g].receives)
-                        .max(retry_after.unwrap_or_default());
-                    groups[g].outcome =
-                        Some(GroupEnd::Retry { after, reason: format!("diff source: {message}") });
-                }
-            }
-        }
-        pending
-    }
-
-    /// Packs the pending commits into calls, runs them, retries missing answers alone, writes.
-    async fn summarize(
-        &self,
-        groups: &mut [Group],
-        pending: Vec<Pending>,
-        report: &mut BatchReport,
-        deadline: Instant,
-    ) {
-        if pending.is_empty() {
-            return;
-        }
-        // One call carries the commits of one repository only: a diff is untrusted text, and in a
-        // shared prompt it could steer the summary written (once, for good) for another repository,
-        // another tenant's. Within a repository the shas are distinct, so an answer keyed by sha is
-        // unambiguous. Repositories are packed in a fixed order, so batches are reproducible.
-        let mut by_repo: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
-        for (i, p) in pending.iter().enumerate() {
-            by_repo.entry(groups[p.group].commit.repo_id.as_str()).or_default().push(i);
-        }
-        let bins: Vec<Vec<usize>> = by_repo
-            .values()
-            .flat_map(|repo| {
-                let sizes: Vec<usize> = repo.iter().map(|&i| pending[i].section_tokens).collect();
-                prompt::pack(&sizes, self.config.batch_tokens, self.config.max_commits_per_call)
-                    .into_iter()
-                    .map(|bin| bin.into_iter().map(|j| repo[j]).collect::<Vec<usize>>())
-            })
-            .collect();
-        let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
-        let calls = join_all(bins.iter().map(|bin| {
-            let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
-            let tokens: Vec<CancellationToken> = items.iter().map(|p| groups[p.group].lost.clone()).collect();
-            let slots = slots.clone();
-            async move {
-                let _slot = slots.acquire_owned().await;
-                let r = self.call(&items, &tokens, deadline).await;
-                (items, r)
-            }
-        }))
-        .await;
-        let mut singles: Vec<&Pending> = Vec::new();
-        let mut answered: Vec<(&Pending, String, TokenUsage, String)> = Vec::new();
-        for (items, r) in calls {
-            match r {
-                CallResult::Answered { answers, usage, model } => {
-                    report.llm_calls += 1;
-                    report.prompt_tokens += usage.prompt;
-                    report.completion_tokens += usage.completion;
-                    let ok: Vec<&Pending> = items
-                        .iter()
-                        .copied()
-                        .filter(|p| answers.contains_key(&groups[p.group].commit.sha))
-                        .collect();
-                    let prompts = prompt::apportion(
-                        usage.prompt,
-                        &ok.iter().map(|p| p.section_tokens as u64).collect::<Vec<_>>(),
-                    );
-                    let completions = prompt::apportion(
-                        usage.completion,
-                        &ok.iter()
-                            .map(|p| budget::count_tokens(&answers[&groups[p.group].commit.sha]) as u64)
-                            .collect::<Vec<_>>(),
-                    );
-                    for ((p, pt), ct) in ok.iter().zip(prompts).zip(completions) {
-                        let text = answers[&groups[p.group].commit.sha].clone();
-                        answered.push((p, text, TokenUsage { prompt: pt, completion: ct }, model.clone()));
-                    }
-                    singles.extend(
-                        items.iter().copied().filter(|p| !answers.contains_key(&groups[p.group].commit.sha)),
-                    );
-                }
-                CallResult::Failed(LlmError::Permanent(e)) if items.len() > 1 => {
-                    report.llm_calls += 1;
-                    warn!(error = %e, commits = items.len(), "batch call refused; retrying each commit alone");
-                    singles.extend(items);
-                }
-                CallResult::Failed(e) => {
-                    report.llm_calls += 1;
-                    for p in items {
-                        groups[p.group].outcome = Some(self.llm_failure(&e, groups[p.group].receives));
-                    }
-                }
-                CallResult::Cancelled(reason) => {
-                    for p in items {
-                        groups[p.group].outcome =
-                            Some(GroupEnd::Wait { after: Duration::ZERO, reason: reason.clone() });
-                    }
-                }
-            }
-        }
-        // A commit the batch answer left out or mangled is asked about alone, once.
-        let retried = join_all(singles.iter().map(|p| {
-            let token = vec![groups[p.group].lost.clone()];
-            async move { (*p, self.call(&[*p], &token, deadline).await) }
-        }))
-        .await;
-        for (p, r) in retried {
-            match r {
-                CallResult::Answered { answers, usage, model } => {
-                    report.llm_calls += 1;
-                    report.prompt_tokens += usage.prompt;
-                    report.completion_tokens += usage.completion;
-                    match answers.get(&groups[p.group].commit.sha) {
-                        Some(text) => answered.push((p, text.clone(), usage, model)),
-                        None => {
-                            let after = full_jitter_backoff(&self.lease, groups[p.group].receives);
-                            groups[p.group].outcome = Some(GroupEnd::Retry {
-                                after,
-                                reason: "the model's answer had no valid summary".into(),
-                            });
-                        }
-                    }
-                }
-                CallResult::Failed(e) => {
-                    report.llm_calls += 1;
-                    groups[p.group].outcome = Some(self.llm_failure(&e, groups[p.group].receives));
-                }
-                CallResult::Cancelled(reason) => {
-                    groups[p.group].outcome = Some(GroupEnd::Wait { after: Duration::ZERO, reason });
-                }
-            }
-        }
-        for (p, text, usage, model) in answered {
-            let g = p.group;
-            if groups[g].lost.is_cancelled() {
-                // Written all the same, as a task's answer in hand is: a summary is written once
-                // (the store refuses a second), so a paid answer can only spare another worker
-                // its call, never overwrite one.
-                info!(key = %groups[g].commit.key(), "lease lost mid-batch; writing the answer in hand");
-                self.metrics.leases_lost_total.with_label_values(&[LANE]).inc();
-            }
-            let summary =
-                self.summary(&groups[g].commit, text, &model, SummarySource::Llm, usage, &p.trimmed);
-            groups[g].outcome = Some(self.write(&groups[g], summary, Served::Llm).await);
-        }
-    }
-
-    fn llm_failure(&self, e: &LlmError, receives: u32) -> GroupEnd {
-        match e {
-            LlmError::Permanent(reason) => {
-                self.metrics.llm_requests_total.with_label_values(&[LANE, "permanent"]).inc();
-                GroupEnd::DeadLetter(format!("the model refused the commit: {reason}"))
-            }
-            LlmError::Retryable { message, retry_after } => {
-                self.metrics.llm_requests_total.with_label_values(&[LANE, "retryable"]).inc();
-                let after = full_jitter_backoff(&self.lease, receives).max(retry_after.unwrap_or_default());
-                GroupEnd::Retry { after, reason: format!("model: {message}") }
-            }
-            LlmError::Throttled { message, retry_after } => {
-                self.metrics.llm_requests_total.with_label_values(&[LANE, "throttled"]).inc();
-                self.metrics.waits_total.with_label_values(&[LANE, "throttled"]).inc();
-                let after = retry_after.unwrap_or_else(|| full_jitter_backoff(&self.lease, receives));
-                GroupEnd::Wait { after, reason: format!("model: {message}") }
-            }
-        }
-    }
-
-    /// One model call for `items`, abandoned when every item's lease is lost or the deadline comes.
-    async fn call(&self, items: &[&Pending], lost: &[CancellationToken], deadline: Instant) -> CallResult {
-        let request = LlmRequest {
-            lane: Lane::Commits,
-            kind: Kind::CommitSummary,
-            prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
-            target_files: Vec::new(),
-            max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
-            params: Default::default(),
-        };
-        let all_lost = async {
-            for t in lost {
-                t.cancelled().await;
-            }
-        };
-        let r = tokio::select! {
-            biased;
-            _ = all_lost => return CallResult::Cancelled("lease lost".into()),
-            _ = tokio::time::sleep_until(deadline) => return CallResult::Cancelled("invocation deadline".into()),
-            r = self.llm.complete(&request) => r,
-        };
-        match r {
-            Ok(resp) => {
-                self.metrics.llm_requests_total.with_label_values(&[LANE, "ok"]).inc();
-                self.metrics.llm_tokens_total.with_label_values(&[LANE, "prompt"]).inc_by(resp.usage.prompt);
-                let cost = crate::llm::price::prices().cost(&resp.model, resp.usage).unwrap_or(0.0);
-                self.metrics.llm_cost_usd_total.with_label_values(&[LANE, &resp.model]).inc_by(cost);
-                self.metrics
-                    .llm_tokens_total
-                    .with_label_values(&[LANE, "completion"])
-                    .inc_by(resp.usage.completion);
-                let shas: Vec<&str> = items.iter().map(|p| sha_of(&p.section)).collect();
-                let answers = prompt::parse_answer(&resp.text, &shas);
-                CallResult::Answered { answers, usage: resp.usage, model: resp.model }
-            }
-            Err(e) => CallResult::Failed(e),
-        }
-    }
-
     #[allow(clippy::too_many_arguments)]
-    fn summary(
+    pub(super) fn summary(
         &self,
         commit: &CommitMessage,
         text: String,
@@ -737,7 +444,7 @@ impl CommitsWorker {
     }
 
     /// Write once; when another worker won the race, its summary is the one kept and served.
-    async fn write(&self, group: &Group, summary: CommitSummary, served: Served) -> GroupEnd {
+    pub(super) async fn write(&self, group: &Group, summary: CommitSummary, served: Served) -> GroupEnd {
         // A failed write is asked again before a paid answer is put off: the write is once only
         // (`attribute_not_exists`), so a write whose answer was lost reads `Exists` the next time.
         let written = lease::ask_thrice(
@@ -772,7 +479,7 @@ impl CommitsWorker {
         }
     }
 
-    async fn fill_cache(&self, summary: &CommitSummary) {
+    pub(super) async fn fill_cache(&self, summary: &CommitSummary) {
         let Ok(json) = serde_json::to_string(summary) else { return };
         let key = summary_cache_key(&summary.repo_id, &summary.sha);
         if let Err(e) = self.cache.set(&key, &json, self.config.cache_ttl).await {
@@ -782,25 +489,17 @@ impl CommitsWorker {
     }
 }
 
-fn sha_of(section: &str) -> &str {
-    section.lines().next().and_then(|l| l.strip_prefix("=== commit ")).unwrap_or("").trim()
-}
-
-enum CallResult {
-    Answered { answers: HashMap<String, String>, usage: TokenUsage, model: String },
-    Failed(LlmError),
-    Cancelled(String),
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
+    use crate::commits::prompt;
     use crate::domain::commit::Provider;
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedSummaries, MemoryCache, MemoryLock,
     };
     use crate::llm::OfflineProvider;
+    use crate::ports::{DiffError, LlmError, LlmRequest};
     use crate::ports::{LlmResponse, StoreError};
     use async_trait::async_trait;
     use std::sync::Mutex;

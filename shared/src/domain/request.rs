@@ -140,27 +140,7 @@ impl TaskRequest {
                     None
                 }
             });
-        let kind = take_string(&mut obj, "kind", &mut errors).and_then(|k| match k.parse::<Kind>() {
-            Ok(kind) if kind.lane() == Lane::Commits => {
-                errors.push(FieldError::new(
-                    "kind",
-                    format!(
-                        "`{k}` runs in the commits lane, fed by the Git webhook; it cannot be submitted \
-                         as a task"
-                    ),
-                ));
-                None
-            }
-            Ok(kind) => Some(kind),
-            Err(()) => {
-                let known: Vec<&str> = Kind::ALL.iter().filter(|k| k.is_task()).map(|k| k.as_str()).collect();
-                errors.push(FieldError::new(
-                    "kind",
-                    format!("unknown kind `{k}`; expected one of: {}", known.join(", ")),
-                ));
-                None
-            }
-        });
+        let kind = take_kind(&mut obj, &mut errors);
         let prompt = take_string(&mut obj, "prompt", &mut errors).and_then(|p| {
             let trimmed = p.trim();
             if trimmed.is_empty() {
@@ -181,30 +161,7 @@ impl TaskRequest {
                 None
             }
         };
-        let params = match obj.remove("params") {
-            None | Some(Value::Null) => Some(Value::Null),
-            Some(Value::Object(mut m)) => {
-                let problems = ModelParams::validate(&m);
-                if problems.is_empty() {
-                    // One stop sequence is the same request as a list of one.
-                    if let Some(Value::String(s)) = m.get("stop").cloned() {
-                        m.insert("stop".into(), Value::Array(vec![Value::String(s)]));
-                    }
-                    // Equal requests, equal ids: a null or an empty list is an absent parameter,
-                    // no parameters at all are no params, and 1.0 is the number 1.
-                    m.retain(|_, v| !(v.is_null() || v.as_array().is_some_and(Vec::is_empty)));
-                    m.values_mut().for_each(integral);
-                    Some(if m.is_empty() { Value::Null } else { Value::Object(m) })
-                } else {
-                    errors.extend(problems);
-                    None
-                }
-            }
-            Some(_) => {
-                errors.push(FieldError::new("params", "expected a JSON object or null"));
-                None
-            }
-        };
+        let params = take_params(&mut obj, &mut errors);
         match (project_id, kind, prompt, target_files, params) {
             (Some(project_id), Some(kind), Some(prompt), Some(target_files), Some(params))
                 if errors.is_empty() =>
@@ -218,6 +175,59 @@ impl TaskRequest {
     /// The lane this request runs in.
     pub fn lane(&self) -> Lane {
         self.kind.lane()
+    }
+}
+
+/// The `kind`: a task kind (the commits lane's kinds come from the webhook, never from a client).
+fn take_kind(obj: &mut Map<String, Value>, errors: &mut Vec<FieldError>) -> Option<Kind> {
+    take_string(obj, "kind", errors).and_then(|k| match k.parse::<Kind>() {
+        Ok(kind) if kind.lane() == Lane::Commits => {
+            errors.push(FieldError::new(
+                "kind",
+                format!(
+                    "`{k}` runs in the commits lane, fed by the Git webhook; it cannot be submitted \
+                     as a task"
+                ),
+            ));
+            None
+        }
+        Ok(kind) => Some(kind),
+        Err(()) => {
+            let known: Vec<&str> = Kind::ALL.iter().filter(|k| k.is_task()).map(|k| k.as_str()).collect();
+            errors.push(FieldError::new(
+                "kind",
+                format!("unknown kind `{k}`; expected one of: {}", known.join(", ")),
+            ));
+            None
+        }
+    })
+}
+
+/// The `params`, validated and in their canonical form (absent and equal values written one way).
+fn take_params(obj: &mut Map<String, Value>, errors: &mut Vec<FieldError>) -> Option<Value> {
+    match obj.remove("params") {
+        None | Some(Value::Null) => Some(Value::Null),
+        Some(Value::Object(mut m)) => {
+            let problems = ModelParams::validate(&m);
+            if problems.is_empty() {
+                // One stop sequence is the same request as a list of one.
+                if let Some(Value::String(s)) = m.get("stop").cloned() {
+                    m.insert("stop".into(), Value::Array(vec![Value::String(s)]));
+                }
+                // Equal requests, equal ids: a null or an empty list is an absent parameter,
+                // no parameters at all are no params, and 1.0 is the number 1.
+                m.retain(|_, v| !(v.is_null() || v.as_array().is_some_and(Vec::is_empty)));
+                m.values_mut().for_each(integral);
+                Some(if m.is_empty() { Value::Null } else { Value::Object(m) })
+            } else {
+                errors.extend(problems);
+                None
+            }
+        }
+        Some(_) => {
+            errors.push(FieldError::new("params", "expected a JSON object or null"));
+            None
+        }
     }
 }
 

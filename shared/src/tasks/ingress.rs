@@ -1,22 +1,25 @@
 //! The task API as an axum router: `POST /v1/tasks`, `GET /v1/tasks/{id}[?wait=N]`,
-//! `DELETE /v1/tasks/{id}`, `GET /healthz`. It owns the ingress side of idempotency (hot cache,
-//! conditional put of `PENDING`, duplicate answers, the mark of a record whose enqueue failed), the
-//! re-send of an unsent or orphaned `PENDING` record (by a duplicate POST or by a GET, claimed in
-//! the store first), cancellation, and the long-poll.
+//! `DELETE /v1/tasks/{id}`, `GET /healthz`. It makes idempotency's lookup in its order (hot cache,
+//! conditional put of `PENDING`: [`crate::idempotency`]) and answers its outcomes. It marks a
+//! record whose enqueue failed, and owns the re-send of an unsent or orphaned `PENDING` record (by
+//! a duplicate POST or by a GET, claimed in the store first), cancellation, and the long-poll.
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
-use crate::domain::{MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView, lifecycle};
+use crate::domain::{MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
+use crate::idempotency::{self, Duplicate, Submission, is_task_id, validate_idempotency_key};
 use crate::metrics::Metrics;
-use crate::ports::{Cache, CancelOutcome, EnqueueMark, PutOutcome, QueueSend, StoreError, TaskStore, UNSENT};
+use crate::ports::{Cache, CancelOutcome, EnqueueMark, QueueSend, TaskStore, UNSENT};
 use crate::problem::Problem;
+use crate::tasks::answers::{
+    NoTenant, conflict, invalid_id, not_found, over_budget, store_problem, view_response,
+};
 use crate::tasks::cache::{HINT_TTL, cache_key, cancel_key, publish_finished};
 use crate::tasks::tenant::Tenant;
-use crate::tasks::{is_task_id, validate_idempotency_key};
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -62,45 +65,6 @@ pub fn router(ingress: Ingress) -> Router {
 
 /// Longest long-poll a GET may ask for, in seconds (API Gateway's own limit is 30 s).
 pub const MAX_WAIT_SECS: u64 = 20;
-
-/// A task as JSON. An unfinished task answers `202` with `Location` and a `Retry-After` sized to its
-/// lane (when to poll again), a finished one `200`.
-fn view_response(status: StatusCode, view: &TaskView) -> Response {
-    let status =
-        if status == StatusCode::OK && !view.status.is_terminal() { StatusCode::ACCEPTED } else { status };
-    let mut resp = (status, Json(view)).into_response();
-    if status == StatusCode::ACCEPTED {
-        if let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", view.task_id)) {
-            resp.headers_mut().insert(header::LOCATION, v);
-        }
-        let secs = match view.lane {
-            crate::domain::Lane::Interactive => 1,
-            _ => 5,
-        };
-        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    resp
-}
-
-fn store_problem(e: &StoreError, retry_after: u64) -> Problem {
-    error!(error = %e, "task store failure");
-    match e {
-        StoreError::Unavailable(_) => {
-            Problem::unavailable("the task store is unavailable; retry later", retry_after)
-        }
-        StoreError::Corrupt(_) => Problem::internal(),
-    }
-}
-
-fn conflict() -> Problem {
-    Problem::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "idempotency-key-reused",
-        "Idempotency-Key reused with another payload",
-        "this Idempotency-Key was already used with a different request body",
-    )
-    .with_field("Idempotency-Key")
-}
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "Up", body = Object, example = json!({"status": "ok"}))))]
@@ -150,21 +114,6 @@ pub(crate) async fn post_task(
     }
 }
 
-/// A request without a tenant where tenancy is on.
-struct NoTenant;
-
-impl IntoResponse for NoTenant {
-    fn into_response(self) -> Response {
-        Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
-            "No tenant",
-            "this deployment serves tasks per tenant and the request carries no authenticated caller",
-        )
-        .into_response()
-    }
-}
-
 /// The caller's tenant with tenancy on (`401` without one), `None` with it off.
 fn caller(ing: &Ingress, tenant: Option<Extension<Tenant>>) -> Result<Option<String>, NoTenant> {
     match (ing.config.tenancy, tenant) {
@@ -179,12 +128,13 @@ fn owns(caller: &Option<String>, record: &TaskRecord) -> bool {
     caller.is_none() || record.request.tenant == *caller
 }
 
-async fn accept(
-    ing: &Ingress,
+/// The submission a `POST` carries: its JSON body, validated, for `tenant`, and its
+/// `Idempotency-Key` header, if any.
+async fn submission(
     tenant: Option<String>,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Response, Problem> {
+) -> Result<(TaskRequest, Option<String>), Problem> {
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let mime = content_type.split(';').next().unwrap_or("").trim();
     if !mime.eq_ignore_ascii_case("application/json") {
@@ -215,26 +165,32 @@ async fn accept(
             Some(key.to_owned())
         }
     };
+    Ok((request, idem))
+}
+
+/// `POST /v1/tasks` past authentication: the submission, looked up in idempotency's order, stored
+/// and sent when new.
+async fn accept(
+    ing: &Ingress,
+    tenant: Option<String>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let (request, idem) = submission(tenant, headers, body).await?;
     let task_id = request.task_id(idem.as_deref());
     tracing::Span::current().record("task_id", task_id.as_str());
     let payload_hash = request.payload_hash();
 
-    // 1. Hot cache: a completed task costs no store request.
+    // The lookup in idempotency's order. 1. Hot cache: a completed task costs no store request.
     match ing.cache.get(&cache_key(&task_id)).await {
-        Ok(Some(json)) => {
-            // Only a completed record answers: any other finished one may be replaced by a
-            // resubmission, which the store decides.
-            if let Ok(rec) = serde_json::from_str::<TaskRecord>(&json)
-                && rec.status == TaskStatus::Completed
-            {
-                if rec.payload_hash != payload_hash {
-                    return Err(conflict());
+        Ok(cached) => {
+            if let Some(duplicate) = idempotency::from_cache(cached.as_deref(), &payload_hash) {
+                if duplicate != Duplicate::Conflict {
+                    ing.metrics.duplicates_total.with_label_values(&["cache"]).inc();
                 }
-                ing.metrics.duplicates_total.with_label_values(&["cache"]).inc();
-                return Ok(view_response(StatusCode::OK, &rec.view()));
+                return answer_duplicate(ing, duplicate, false, ing.clock.now_ms()).await;
             }
         }
-        Ok(None) => {}
         Err(e) => {
             warn!(error = %e, "cache unavailable; answering from the store");
             ing.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
@@ -259,17 +215,18 @@ async fn accept(
     let now = ing.clock.now_ms();
     let retry_after = ing.config.retry_after_secs;
     if let Some(over) = over {
-        let existing = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
-        return match existing.filter(|r| !lifecycle::is_resubmittable(r.status)) {
-            Some(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
+        let stored = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
+        return match idempotency::from_record(stored, &payload_hash) {
+            Some(duplicate) => answer_duplicate(ing, duplicate, true, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };
     }
 
     // 3. Conditional put of PENDING; a duplicate gets the existing record back in the same request.
     let record = TaskRecord::pending(task_id, request, now, ing.config.pending_ttl_secs);
-    match ing.store.put_pending(&record, now).await.map_err(|e| store_problem(&e, retry_after))? {
-        PutOutcome::Created => {
+    let put = ing.store.put_pending(&record, now).await.map_err(|e| store_problem(&e, retry_after))?;
+    match idempotency::from_put(put, &payload_hash) {
+        Submission::New => {
             // 4. New: enqueue. A failed send is not undone: a duplicate may already have been
             // answered 202 for this record. It is marked unsent instead, so the retry the 503 asks
             // for, or the next read, sends it at once.
@@ -280,38 +237,27 @@ async fn accept(
             }
             Ok(view_response(StatusCode::ACCEPTED, &record.view()))
         }
-        PutOutcome::Exists(existing) => answer_duplicate(ing, &existing, &payload_hash, now).await,
+        Submission::Duplicate(duplicate) => answer_duplicate(ing, duplicate, true, now).await,
     }
 }
 
-/// `429`: the project's daily budget is spent.
-fn over_budget(project_id: &str, retry_after: Duration) -> Problem {
-    let mut p = Problem::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "quota-exceeded",
-        "Daily token budget used",
-        format!("project `{project_id}` has used its daily token budget; it renews at 00:00 UTC"),
-    )
-    .with_field("project_id");
-    p.retry_after = Some(retry_after.as_secs().max(1));
-    p
-}
-
-/// The answer to a duplicate of `existing`: its result once completed, else `202` (re-sending its
-/// message when it is known unsent or looks lost).
+/// The answer to a duplicate: its result once completed, else `202` (re-sending its message when
+/// it is known unsent or looks lost). One the store answered (`from_store`) is counted here, and a
+/// completed one goes back into the cache.
 async fn answer_duplicate(
     ing: &Ingress,
-    existing: &TaskRecord,
-    payload_hash: &str,
+    duplicate: Duplicate,
+    from_store: bool,
     now: u64,
 ) -> Result<Response, Problem> {
-    if existing.payload_hash != payload_hash {
-        return Err(conflict());
+    if from_store && duplicate != Duplicate::Conflict {
+        ing.metrics.duplicates_total.with_label_values(&["store"]).inc();
     }
-    ing.metrics.duplicates_total.with_label_values(&["store"]).inc();
-    match existing.status {
-        TaskStatus::Completed => {
-            if let Ok(json) = serde_json::to_string(existing)
+    match duplicate {
+        Duplicate::Conflict => Err(conflict()),
+        Duplicate::Completed(existing) => {
+            if from_store
+                && let Ok(json) = serde_json::to_string(&existing)
                 && let Err(e) =
                     ing.cache.set(&cache_key(&existing.task_id), &json, ing.config.result_cache_ttl).await
             {
@@ -319,14 +265,11 @@ async fn answer_duplicate(
             }
             Ok(view_response(StatusCode::OK, &existing.view()))
         }
-        TaskStatus::Pending => {
-            resend_if_orphaned(ing, existing, now).await;
+        Duplicate::Queued(existing) => {
+            resend_if_orphaned(ing, &existing, now).await;
             Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
         }
-        // The store replaces FAILED and CANCELLED records, so these only show in a race.
-        TaskStatus::Processing | TaskStatus::Failed | TaskStatus::Cancelled => {
-            Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
-        }
+        Duplicate::Running(existing) => Ok(view_response(StatusCode::ACCEPTED, &existing.view())),
     }
 }
 
@@ -405,28 +348,6 @@ async fn send(ing: &Ingress, record: &TaskRecord) -> Result<String, crate::ports
     queue.send(&body, attributes).await
 }
 
-fn invalid_id() -> Response {
-    Problem::new(
-        StatusCode::BAD_REQUEST,
-        "invalid-task-id",
-        "Invalid task id",
-        "a task id is 64 lowercase hex digits",
-    )
-    .with_field("task_id")
-    .into_response()
-}
-
-fn not_found() -> Response {
-    Problem::new(
-        StatusCode::NOT_FOUND,
-        "task-not-found",
-        "Task not found",
-        "no task has this id (or it expired)",
-    )
-    .with_field("task_id")
-    .into_response()
-}
-
 /// Reads `wait` from the query: whole seconds, `0..=MAX_WAIT_SECS`. Other parameters are refused, so
 /// a typo is not silently a plain GET.
 fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
@@ -501,16 +422,31 @@ pub(crate) async fn get_task(
         return view_response(StatusCode::OK, &rec.view());
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
-    let mut record = match read(&ing, &caller, &id).await {
+    let record = match read(&ing, &caller, &id).await {
         Ok(Some(rec)) => rec,
         Ok(None) => return not_found(),
         Err(resp) => return resp,
     };
     resend_if_orphaned(&ing, &record, ing.clock.now_ms()).await;
-    // The long-poll: the finished record in the cache (written by the worker or the cancellation)
-    // wakes it; a completed one answers, any other is read again from the store. The store is
-    // also re-read now and then in case the cache write was lost. Each waiter is a parked future,
-    // not a thread.
+    match long_poll(&ing, &caller, record, deadline).await {
+        Ok(Some(record)) => view_response(StatusCode::OK, &record.view()),
+        Ok(None) => not_found(),
+        Err(resp) => resp,
+    }
+}
+
+/// The long-poll: until `deadline`, waits for `record`'s run to end and answers its last record (None
+/// when it is gone). The finished record in the cache (written by the worker or the cancellation)
+/// wakes it; a completed one answers, any other is read again from the store. The store is also
+/// re-read now and then in case the cache write was lost. Each waiter is a parked future, not a
+/// thread.
+async fn long_poll(
+    ing: &Ingress,
+    caller: &Option<String>,
+    mut record: TaskRecord,
+    deadline: tokio::time::Instant,
+) -> Result<Option<TaskRecord>, Response> {
+    let id = record.task_id.clone();
     let mut since_store = Duration::ZERO;
     while !record.status.is_terminal() && tokio::time::Instant::now() < deadline {
         let step = LONG_POLL_TICK.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
@@ -524,22 +460,20 @@ pub(crate) async fn get_task(
             _ => None,
         };
         if let Some(done) = finished.as_ref().filter(|r| r.status == TaskStatus::Completed) {
-            record = done.clone();
-            break;
+            return Ok(Some(done.clone()));
         }
         if finished.is_some()
             || since_store >= LONG_POLL_STORE_EVERY
             || tokio::time::Instant::now() >= deadline
         {
             since_store = Duration::ZERO;
-            record = match read(&ing, &caller, &id).await {
-                Ok(Some(rec)) => rec,
-                Ok(None) => return not_found(),
-                Err(resp) => return resp,
-            };
+            match read(ing, caller, &id).await? {
+                Some(rec) => record = rec,
+                None => return Ok(None),
+            }
         }
     }
-    view_response(StatusCode::OK, &record.view())
+    Ok(Some(record))
 }
 
 /// How often a long-poll looks at the wake-up hint.
@@ -636,6 +570,7 @@ mod tests {
     };
     use crate::ports::{QueueConsume, QueueError};
     use async_trait::async_trait;
+    use axum::http::HeaderValue;
     use axum::http::Request;
     use http_body_util::BodyExt;
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,254 @@
+//! A commits batch's model calls: the pending commits packed into as few calls as the budget
+//! allows (one repository per call), each call abandoned when its leases are lost or the deadline
+//! comes, the answer split by sha with each commit's share of the tokens, a commit the answer left
+//! out asked about alone once, and each answer written once.
+
+use super::budget;
+use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
+use super::report::{BatchReport, Served};
+use super::worker::{CommitsWorker, Group, GroupEnd, LANE, Pending};
+use crate::domain::commit::SummarySource;
+use crate::domain::{Kind, Lane, TokenUsage};
+use crate::lease::full_jitter_backoff;
+use crate::ports::{LlmError, LlmRequest};
+use futures::future::join_all;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+impl CommitsWorker {
+    /// Packs the pending commits into calls, runs them, retries missing answers alone, writes.
+    pub(super) async fn summarize(
+        &self,
+        groups: &mut [Group],
+        pending: Vec<Pending>,
+        report: &mut BatchReport,
+        deadline: Instant,
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        let bins = self.bins(groups, &pending);
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
+        let calls = join_all(bins.iter().map(|bin| {
+            let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
+            let tokens: Vec<CancellationToken> = items.iter().map(|p| groups[p.group].lost.clone()).collect();
+            let slots = slots.clone();
+            async move {
+                let _slot = slots.acquire_owned().await;
+                let r = self.call(&items, &tokens, deadline).await;
+                (items, r)
+            }
+        }))
+        .await;
+        let mut singles: Vec<&Pending> = Vec::new();
+        let mut answered: Vec<Answer<'_>> = Vec::new();
+        for (items, r) in calls {
+            match r {
+                CallResult::Answered { answers, usage, model } => {
+                    report.add_call(usage);
+                    let (ok, missing) = apportion(groups, &items, &answers, usage, &model);
+                    answered.extend(ok);
+                    singles.extend(missing);
+                }
+                CallResult::Failed(LlmError::Permanent(e)) if items.len() > 1 => {
+                    report.llm_calls += 1;
+                    warn!(error = %e, commits = items.len(), "batch call refused; retrying each commit alone");
+                    singles.extend(items);
+                }
+                CallResult::Failed(e) => {
+                    report.llm_calls += 1;
+                    for p in items {
+                        groups[p.group].outcome = Some(self.llm_failure(&e, groups[p.group].receives));
+                    }
+                }
+                CallResult::Cancelled(reason) => {
+                    for p in items {
+                        groups[p.group].outcome =
+                            Some(GroupEnd::Wait { after: Duration::ZERO, reason: reason.clone() });
+                    }
+                }
+            }
+        }
+        answered.extend(self.ask_alone(groups, &singles, report, deadline).await);
+        for (p, text, usage, model) in answered {
+            let g = p.group;
+            if groups[g].lost.is_cancelled() {
+                // Written all the same, as a task's answer in hand is: a summary is written once
+                // (the store refuses a second), so a paid answer can only spare another worker
+                // its call, never overwrite one.
+                info!(key = %groups[g].commit.key(), "lease lost mid-batch; writing the answer in hand");
+                self.metrics.leases_lost_total.with_label_values(&[LANE]).inc();
+            }
+            let summary =
+                self.summary(&groups[g].commit, text, &model, SummarySource::Llm, usage, &p.trimmed);
+            groups[g].outcome = Some(self.write(&groups[g], summary, Served::Llm).await);
+        }
+    }
+
+    /// The pending commits (indexes into `pending`) packed into calls. One call carries the commits
+    /// of one repository only: a diff is untrusted text, and in a shared prompt it could steer the
+    /// summary written (once, for good) for another repository, another tenant's. Within a
+    /// repository the shas are distinct, so an answer keyed by sha is unambiguous. Repositories are
+    /// packed in a fixed order, so batches are reproducible.
+    fn bins(&self, groups: &[Group], pending: &[Pending]) -> Vec<Vec<usize>> {
+        let mut by_repo: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+        for (i, p) in pending.iter().enumerate() {
+            by_repo.entry(groups[p.group].commit.repo_id.as_str()).or_default().push(i);
+        }
+        by_repo
+            .values()
+            .flat_map(|repo| {
+                let sizes: Vec<usize> = repo.iter().map(|&i| pending[i].section_tokens).collect();
+                prompt::pack(&sizes, self.config.batch_tokens, self.config.max_commits_per_call)
+                    .into_iter()
+                    .map(|bin| bin.into_iter().map(|j| repo[j]).collect::<Vec<usize>>())
+            })
+            .collect()
+    }
+
+    /// Asks about each commit a batch answer left out or mangled alone, once.
+    async fn ask_alone<'p>(
+        &self,
+        groups: &mut [Group],
+        singles: &[&'p Pending],
+        report: &mut BatchReport,
+        deadline: Instant,
+    ) -> Vec<Answer<'p>> {
+        let retried = join_all(singles.iter().map(|p| {
+            let token = vec![groups[p.group].lost.clone()];
+            async move { (*p, self.call(&[*p], &token, deadline).await) }
+        }))
+        .await;
+        let mut answered = Vec::new();
+        for (p, r) in retried {
+            match r {
+                CallResult::Answered { answers, usage, model } => {
+                    report.add_call(usage);
+                    match answers.get(&groups[p.group].commit.sha) {
+                        Some(text) => answered.push((p, text.clone(), usage, model)),
+                        None => {
+                            let after = full_jitter_backoff(&self.lease, groups[p.group].receives);
+                            groups[p.group].outcome = Some(GroupEnd::Retry {
+                                after,
+                                reason: "the model's answer had no valid summary".into(),
+                            });
+                        }
+                    }
+                }
+                CallResult::Failed(e) => {
+                    report.llm_calls += 1;
+                    groups[p.group].outcome = Some(self.llm_failure(&e, groups[p.group].receives));
+                }
+                CallResult::Cancelled(reason) => {
+                    groups[p.group].outcome = Some(GroupEnd::Wait { after: Duration::ZERO, reason });
+                }
+            }
+        }
+        answered
+    }
+
+    fn llm_failure(&self, e: &LlmError, receives: u32) -> GroupEnd {
+        match e {
+            LlmError::Permanent(reason) => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "permanent"]).inc();
+                GroupEnd::DeadLetter(format!("the model refused the commit: {reason}"))
+            }
+            LlmError::Retryable { message, retry_after } => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "retryable"]).inc();
+                let after = full_jitter_backoff(&self.lease, receives).max(retry_after.unwrap_or_default());
+                GroupEnd::Retry { after, reason: format!("model: {message}") }
+            }
+            LlmError::Throttled { message, retry_after } => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "throttled"]).inc();
+                self.metrics.waits_total.with_label_values(&[LANE, "throttled"]).inc();
+                let after = retry_after.unwrap_or_else(|| full_jitter_backoff(&self.lease, receives));
+                GroupEnd::Wait { after, reason: format!("model: {message}") }
+            }
+        }
+    }
+
+    /// One model call for `items`, abandoned when every item's lease is lost or the deadline comes.
+    async fn call(&self, items: &[&Pending], lost: &[CancellationToken], deadline: Instant) -> CallResult {
+        let request = LlmRequest {
+            lane: Lane::Commits,
+            kind: Kind::CommitSummary,
+            prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
+            target_files: Vec::new(),
+            max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
+            params: Default::default(),
+        };
+        let all_lost = async {
+            for t in lost {
+                t.cancelled().await;
+            }
+        };
+        let r = tokio::select! {
+            biased;
+            _ = all_lost => return CallResult::Cancelled("lease lost".into()),
+            _ = tokio::time::sleep_until(deadline) => return CallResult::Cancelled("invocation deadline".into()),
+            r = self.llm.complete(&request) => r,
+        };
+        match r {
+            Ok(resp) => {
+                self.metrics.llm_requests_total.with_label_values(&[LANE, "ok"]).inc();
+                self.metrics.llm_tokens_total.with_label_values(&[LANE, "prompt"]).inc_by(resp.usage.prompt);
+                let cost = crate::llm::price::prices().cost(&resp.model, resp.usage).unwrap_or(0.0);
+                self.metrics.llm_cost_usd_total.with_label_values(&[LANE, &resp.model]).inc_by(cost);
+                self.metrics
+                    .llm_tokens_total
+                    .with_label_values(&[LANE, "completion"])
+                    .inc_by(resp.usage.completion);
+                let shas: Vec<&str> = items.iter().map(|p| sha_of(&p.section)).collect();
+                let answers = prompt::parse_answer(&resp.text, &shas);
+                CallResult::Answered { answers, usage: resp.usage, model: resp.model }
+            }
+            Err(e) => CallResult::Failed(e),
+        }
+    }
+}
+
+fn sha_of(section: &str) -> &str {
+    section.lines().next().and_then(|l| l.strip_prefix("=== commit ")).unwrap_or("").trim()
+}
+
+/// One commit's answer in hand: its text, its share of the call's tokens, the model that answered.
+type Answer<'p> = (&'p Pending, String, TokenUsage, String);
+
+/// A batch call's answers, each with its share of the call's usage (prompt tokens by section size,
+/// completion tokens by answer size), and the commits the answer left out.
+fn apportion<'p>(
+    groups: &[Group],
+    items: &[&'p Pending],
+    answers: &HashMap<String, String>,
+    usage: TokenUsage,
+    model: &str,
+) -> (Vec<Answer<'p>>, Vec<&'p Pending>) {
+    let (ok, missing): (Vec<&Pending>, Vec<&Pending>) =
+        items.iter().copied().partition(|p| answers.contains_key(&groups[p.group].commit.sha));
+    let text = |p: &Pending| &answers[&groups[p.group].commit.sha];
+    let prompts =
+        prompt::apportion(usage.prompt, &ok.iter().map(|p| p.section_tokens as u64).collect::<Vec<_>>());
+    let completions = prompt::apportion(
+        usage.completion,
+        &ok.iter().map(|p| budget::count_tokens(text(p)) as u64).collect::<Vec<_>>(),
+    );
+    let answered = ok
+        .iter()
+        .zip(prompts)
+        .zip(completions)
+        .map(|((p, pt), ct)| {
+            (*p, text(p).clone(), TokenUsage { prompt: pt, completion: ct }, model.to_owned())
+        })
+        .collect();
+    (answered, missing)
+}
+
+enum CallResult {
+    Answered { answers: HashMap<String, String>, usage: TokenUsage, model: String },
+    Failed(LlmError),
+    Cancelled(String),
+}
