@@ -25,7 +25,7 @@ REVERTS = {
          "let _ = ing.store.delete_pending(&record.task_id, &record.nonce).await;"),
     ]),
     "lock-beside-visibility": ("the lock is renewed only after the visibility renewal returns", [
-        ("shared/src/lease.rs", """                let visibility = async {
+        ("shared/src/lease/heartbeat.rs", """                let visibility = async {
                     let renewed =
                         tokio::time::timeout(every, queue.change_visibility_many(&receipts, ttl)).await;
                     drop(in_round);
@@ -37,7 +37,7 @@ REVERTS = {
                     })
                 };""", """                let renewed = queue.change_visibility_many(&receipts, ttl).await;
                 drop(in_round);"""),
-        ("shared/src/lease.rs", "let (renewed, locked) = tokio::join!(visibility, locks);", "let locked = locks.await;"),
+        ("shared/src/lease/heartbeat.rs", "let (renewed, locked) = tokio::join!(visibility, locks);", "let locked = locks.await;"),
     ]),
     "resend-claim": ("every poll past the grace re-sends, before any claim of the re-send", [
         ("shared/src/tasks/ingress.rs",
@@ -97,7 +97,7 @@ REVERTS = {
         .await;""", "        let written = self.summaries.put_summary(&summary).await;"),
     ]),
     "late-claim": ("a delivery started after its lease lapsed claims the record all the same", [
-        ("shared/src/lease.rs", "    if fresh {", "    if fresh || !fresh {"),
+        ("shared/src/lease/mod.rs", "    if fresh {", "    if fresh || !fresh {"),
     ]),
     "holder-settles": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
         ("shared/src/tasks/worker.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {

@@ -20,8 +20,7 @@ const MAX_FILE_LINES: usize = 500;
 const LONG_FUNCTIONS: [(&str, usize); 0] = [];
 
 /// Files still over the limit before their tests, with the size they may not exceed.
-const LARGE_FILES: [(&str, usize); 7] = [
-    ("lease.rs", 788),
+const LARGE_FILES: [(&str, usize); 6] = [
     ("ports.rs", 606),
     ("adapters/sqs.rs", 582),
     ("commits/sources.rs", 564),
