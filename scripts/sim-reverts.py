@@ -100,7 +100,7 @@ REVERTS = {
         ("shared/src/lease/mod.rs", "    if fresh {", "    if fresh || !fresh {"),
     ]),
     "holder-settles": ("a duplicate's settling and the DLQ sweep fail a run a live lock holder is finishing", [
-        ("shared/src/tasks/worker.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {
+        ("shared/src/tasks/finish.rs", "                Settle::ByHolder => Ok(false),", """                Settle::ByHolder => {
                     let sent_before = message.sent_at_ms.saturating_add(crate::dlq::CLOCK_SKEW_MS);
                     self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, ttl).await
                 }"""),

@@ -20,12 +20,10 @@ const MAX_FILE_LINES: usize = 500;
 const LONG_FUNCTIONS: [(&str, usize); 0] = [];
 
 /// Files still over the limit before their tests, with the size they may not exceed.
-const LARGE_FILES: [(&str, usize); 6] = [
+const LARGE_FILES: [(&str, usize); 4] = [
     ("ports.rs", 606),
     ("adapters/sqs.rs", 582),
     ("commits/sources.rs", 564),
-    ("tasks/ingress.rs", 562),
-    ("tasks/worker.rs", 556),
     ("embedded/queue.rs", 519),
 ];
 

@@ -15,6 +15,7 @@ use crate::tasks::answers::{
     NoTenant, conflict, invalid_id, not_found, over_budget, store_problem, view_response,
 };
 use crate::tasks::cache::{HINT_TTL, cache_key, cancel_key, publish_finished};
+use crate::tasks::poll::{long_poll, parse_wait};
 use crate::tasks::tenant::Tenant;
 use axum::Extension;
 use axum::body::Body;
@@ -62,9 +63,6 @@ pub fn router(ingress: Ingress) -> Router {
         })
         .with_state(Arc::new(ingress))
 }
-
-/// Longest long-poll a GET may ask for, in seconds (API Gateway's own limit is 30 s).
-pub const MAX_WAIT_SECS: u64 = 20;
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "Up", body = Object, example = json!({"status": "ok"}))))]
@@ -348,33 +346,6 @@ async fn send(ing: &Ingress, record: &TaskRecord) -> Result<String, crate::ports
     queue.send(&body, attributes).await
 }
 
-/// Reads `wait` from the query: whole seconds, `0..=MAX_WAIT_SECS`. Other parameters are refused, so
-/// a typo is not silently a plain GET.
-fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
-    let bad = |reason: String| {
-        Problem::new(StatusCode::BAD_REQUEST, "invalid-query", "Invalid query parameter", reason)
-    };
-    let mut wait = 0;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key != "wait" {
-            let key: String = key.chars().take(40).collect();
-            return Err(bad(format!("unknown query parameter `{key}`; only `wait` is accepted"))
-                .with_field(&key)
-                .into());
-        }
-        wait = match value.parse::<u64>() {
-            Ok(n) if n <= MAX_WAIT_SECS => n,
-            _ => {
-                return Err(bad(format!("`wait` must be whole seconds from 0 to {MAX_WAIT_SECS}"))
-                    .with_field("wait")
-                    .into());
-            }
-        };
-    }
-    Ok(wait)
-}
-
 /// A task's status and, once finished, its result. With `wait`, answers as soon as the task ends or
 /// after `wait` seconds (long-poll).
 #[utoipa::path(
@@ -428,58 +399,12 @@ pub(crate) async fn get_task(
         Err(resp) => return resp,
     };
     resend_if_orphaned(&ing, &record, ing.clock.now_ms()).await;
-    match long_poll(&ing, &caller, record, deadline).await {
+    match long_poll(&*ing.cache, || read(&ing, &caller, &id), record, deadline).await {
         Ok(Some(record)) => view_response(StatusCode::OK, &record.view()),
         Ok(None) => not_found(),
         Err(resp) => resp,
     }
 }
-
-/// The long-poll: until `deadline`, waits for `record`'s run to end and answers its last record (None
-/// when it is gone). The finished record in the cache (written by the worker or the cancellation)
-/// wakes it; a completed one answers, any other is read again from the store. The store is also
-/// re-read now and then in case the cache write was lost. Each waiter is a parked future, not a
-/// thread.
-async fn long_poll(
-    ing: &Ingress,
-    caller: &Option<String>,
-    mut record: TaskRecord,
-    deadline: tokio::time::Instant,
-) -> Result<Option<TaskRecord>, Response> {
-    let id = record.task_id.clone();
-    let mut since_store = Duration::ZERO;
-    while !record.status.is_terminal() && tokio::time::Instant::now() < deadline {
-        let step = LONG_POLL_TICK.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        tokio::time::sleep(step).await;
-        since_store += step;
-        // The same run of the id only: a record left by an earlier run is not this one's end.
-        let finished = match ing.cache.get(&cache_key(&id)).await {
-            Ok(Some(json)) => serde_json::from_str::<TaskRecord>(&json)
-                .ok()
-                .filter(|r| r.status.is_terminal() && r.created_at_ms == record.created_at_ms),
-            _ => None,
-        };
-        if let Some(done) = finished.as_ref().filter(|r| r.status == TaskStatus::Completed) {
-            return Ok(Some(done.clone()));
-        }
-        if finished.is_some()
-            || since_store >= LONG_POLL_STORE_EVERY
-            || tokio::time::Instant::now() >= deadline
-        {
-            since_store = Duration::ZERO;
-            match read(ing, caller, &id).await? {
-                Some(rec) => record = rec,
-                None => return Ok(None),
-            }
-        }
-    }
-    Ok(Some(record))
-}
-
-/// How often a long-poll looks at the wake-up hint.
-const LONG_POLL_TICK: Duration = Duration::from_millis(200);
-/// How often a long-poll re-reads the store without a hint.
-const LONG_POLL_STORE_EVERY: Duration = Duration::from_secs(5);
 
 /// The record of `id` if `caller` may see it (another tenant's task reads as missing).
 async fn read(ing: &Ingress, caller: &Option<String>, id: &str) -> Result<Option<TaskRecord>, Response> {

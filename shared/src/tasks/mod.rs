@@ -1,13 +1,15 @@
 //! The task flow, shaped like [`crate::commits`]: the HTTP side that accepts, answers, cancels and
-//! long-polls ([`ingress`]) for the caller it authenticated ([`tenant`]), with the views and
-//! problems it answers ([`answers`]); the worker that runs one message from claim to the fenced
-//! final write ([`worker`]); and what the hot cache holds for them ([`cache`]). What makes two
-//! submissions one is [`crate::idempotency`]'s; the request and the record it becomes, with its
-//! transition table, are vocabulary the ports share ([`crate::domain::request`],
-//! [`crate::domain::task`], [`crate::domain::lifecycle`]).
+//! long-polls ([`ingress`]; the wait itself is [`poll`]'s) for the caller it authenticated
+//! ([`tenant`]), with the views and problems it answers ([`answers`]); the worker that runs one
+//! message from claim to the fenced final write ([`worker`], with how a run ends in `finish`); and what the hot cache holds for
+//! them ([`cache`]). What makes two submissions one is [`crate::idempotency`]'s; the request and
+//! the record it becomes, with its transition table, are vocabulary the ports share
+//! ([`crate::domain::request`], [`crate::domain::task`], [`crate::domain::lifecycle`]).
 
 pub mod answers;
 pub mod cache;
+mod finish;
 pub mod ingress;
+pub mod poll;
 pub mod tenant;
 pub mod worker;

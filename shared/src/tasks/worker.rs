@@ -14,19 +14,18 @@
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
 use crate::domain::Lane;
-use crate::domain::{ModelParams, TaskMessage, TaskRecord, TaskResult, TaskStatus};
+use crate::domain::{ModelParams, TaskMessage, TaskRecord};
 use crate::lease::{self, CancelProbe, Heartbeat, Leased, LeasedQueue, Watch};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
 use crate::ports::{
-    Acquire, Cache, ClaimOutcome, Completion, FinishOutcome, LeaseLock, LlmClient, LlmError, LlmRequest,
-    QueueConsume, ReceivedMessage, RetryIntent, TaskStore,
+    Acquire, Cache, ClaimOutcome, Completion, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
+    ReceivedMessage, TaskStore,
 };
-use crate::tasks::cache::publish_finished;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, info_span, warn};
 
 /// Everything a worker needs, built once per process.
 #[derive(Clone)]
@@ -48,10 +47,10 @@ pub struct Worker {
 }
 
 /// Tries of the fenced final write before its answer is given up (about 2.5 s in all).
-const FINISH_TRIES: u32 = 4;
+pub(super) const FINISH_TRIES: u32 = 4;
 
 /// How a put-off delivery's record is settled when the put-off fails on its last delivery.
-enum Settle<'a> {
+pub(super) enum Settle<'a> {
     /// This run's claim: the fenced write fails it.
     Fenced(&'a TaskRecord),
     /// Not claimed by this delivery, and no one else holds the lock: failed whatever the fence.
@@ -62,16 +61,16 @@ enum Settle<'a> {
 
 /// A claimed run's delivery, as the steps after its provider call see it.
 #[derive(Clone, Copy)]
-struct Run<'a> {
-    queue: &'a Arc<dyn QueueConsume>,
-    message: &'a ReceivedMessage,
-    task: &'a TaskMessage,
-    record: &'a TaskRecord,
-    completed: &'a std::sync::atomic::AtomicBool,
+pub(super) struct Run<'a> {
+    pub(super) queue: &'a Arc<dyn QueueConsume>,
+    pub(super) message: &'a ReceivedMessage,
+    pub(super) task: &'a TaskMessage,
+    pub(super) record: &'a TaskRecord,
+    pub(super) completed: &'a std::sync::atomic::AtomicBool,
 }
 
 /// How one provider call ended, from the worker's point of view.
-enum Call {
+pub(super) enum Call {
     Answered(Result<crate::ports::LlmResponse, LlmError>),
     LeaseLost,
     Cancelled,
@@ -342,216 +341,6 @@ impl Worker {
             }
         }
     }
-
-    /// How a delivery ends whose provider call was dropped before its answer.
-    async fn dropped(&self, run: Run<'_>, call: Call) -> Outcome {
-        let Run { queue, message, task, .. } = run;
-        let lane = task.lane.as_str();
-        if let Call::Cancelled = call {
-            // The cancellation moved the fence: nothing to write. Acked only once the store confirms
-            // it, so a stale hint can never end a run silently.
-            info!("task cancelled by its client; dropping the provider call");
-            self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "cancelled"]).inc();
-            return match self.store.get(&task.task_id, self.clock.now_ms()).await {
-                Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
-                _ => {
-                    lease::retry_later(&**queue, message, Duration::ZERO, "cancellation not confirmed", lane)
-                        .await
-                }
-            };
-        }
-        info!("lease lost mid-task; dropping the work, writing nothing");
-        self.metrics.leases_lost_total.with_label_values(&[lane]).inc();
-        self.metrics.llm_calls_dropped_total.with_label_values(&[lane, "lease"]).inc();
-        Outcome::LeaseLost
-    }
-
-    /// A model's answer as the task's result: counted (calls, tokens, cost) and charged to the
-    /// project's daily budget.
-    async fn answered(
-        &self,
-        lane: &str,
-        resp: crate::ports::LlmResponse,
-        quota_scope: &str,
-        now: u64,
-    ) -> TaskResult {
-        self.metrics.llm_requests_total.with_label_values(&[lane, "ok"]).inc();
-        self.metrics.llm_tokens_total.with_label_values(&[lane, "prompt"]).inc_by(resp.usage.prompt);
-        self.metrics.llm_tokens_total.with_label_values(&[lane, "completion"]).inc_by(resp.usage.completion);
-        let used = resp.usage.prompt + resp.usage.completion;
-        if let Err(e) = crate::quota::charge(&*self.cache, &self.config.quota, quota_scope, used, now).await {
-            warn!(error = %e, "cache unavailable; the project's tokens are not counted");
-            self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
-        }
-        let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
-        self.metrics
-            .llm_cost_usd_total
-            .with_label_values(&[lane, &resp.model])
-            .inc_by(cost_usd.unwrap_or(0.0));
-        TaskResult {
-            text: resp.text,
-            model: resp.model,
-            tokens: resp.usage,
-            truncated: resp.truncated,
-            cost_usd,
-        }
-    }
-
-    /// A provider call that failed: permanent ends the run `FAILED`; throttling is a wait (no attempt
-    /// used); a retryable failure is an attempt, counted under the fence, and `FAILED` once the
-    /// lane's budget is spent.
-    async fn failed_call(&self, run: Run<'_>, e: LlmError) -> Outcome {
-        let Run { queue, message, task, record, completed } = run;
-        let lane = task.lane.as_str();
-        match e {
-            LlmError::Permanent(_) => {
-                self.metrics.llm_requests_total.with_label_values(&[lane, "permanent"]).inc();
-                self.finish(queue, message, record, Completion::Failed(e.to_string()), completed).await
-            }
-            LlmError::Throttled { .. } => {
-                self.metrics.llm_requests_total.with_label_values(&[lane, "throttled"]).inc();
-                let after = e
-                    .retry_after()
-                    .unwrap_or_else(|| full_jitter_backoff(&self.config, message.receive_count));
-                let why = e.to_string();
-                self.wait(&**queue, message, task, Settle::Fenced(record), after, Some("throttled"), &why)
-                    .await
-            }
-            LlmError::Retryable { .. } => {
-                self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
-                let reason = e.to_string();
-                let now = self.clock.now_ms();
-                let attempts = match self.store.note_attempt(&task.task_id, record.fence, &reason, now).await
-                {
-                    Ok(Some(n)) => n,
-                    Ok(None) => {
-                        self.metrics.stale_writes_rejected_total.with_label_values(&[lane]).inc();
-                        return Outcome::LeaseLost;
-                    }
-                    Err(store) => {
-                        warn!(error = %store, "could not count the attempt");
-                        record.attempts + 1
-                    }
-                };
-                if attempts >= self.config.lane(task.lane).attempt_budget {
-                    let reason = format!("gave up after {attempts} failed provider attempts: {reason}");
-                    return self.finish(queue, message, record, Completion::Failed(reason), completed).await;
-                }
-                let after =
-                    full_jitter_backoff(&self.config, attempts).max(e.retry_after().unwrap_or_default());
-                self.wait(&**queue, message, task, Settle::Fenced(record), after, None, &reason).await
-            }
-        }
-    }
-
-    /// Puts the delivery off for `after` ([`lease::retry_later`]); `wait` names why when it is a wait
-    /// (counted), `None` for a failed attempt's backoff. If even that could not keep it from its
-    /// last delivery's redrive, the record is settled `FAILED` first, as `settle` says, so no task
-    /// is left `PROCESSING` behind a message in the DLQ.
-    #[allow(clippy::too_many_arguments)]
-    async fn wait(
-        &self,
-        queue: &dyn QueueConsume,
-        message: &ReceivedMessage,
-        task: &TaskMessage,
-        settle: Settle<'_>,
-        after: Duration,
-        wait: Option<&str>,
-        reason: &str,
-    ) -> Outcome {
-        if let Some(why) = wait {
-            self.metrics.waits_total.with_label_values(&[task.lane.as_str(), why]).inc();
-        }
-        let outcome = lease::retry_later(queue, message, after, reason, task.lane.as_str()).await;
-        if matches!(outcome, Outcome::Retry { .. }) && lease::is_last_delivery(queue, message) {
-            let reason = format!("last delivery could not be put off ({reason})");
-            let now = self.clock.now_ms();
-            let ttl = self.config.record_ttl_secs;
-            let settled = match settle {
-                Settle::Fenced(r) => self
-                    .store
-                    .finish(&r.task_id, r.fence, Completion::Failed(reason), now, ttl)
-                    .await
-                    .map(|o| matches!(o, FinishOutcome::Written(_))),
-                Settle::Unfinished => {
-                    let sent_before = message.sent_at_ms.saturating_add(crate::dlq::CLOCK_SKEW_MS);
-                    self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, ttl).await
-                }
-                // A live worker holds the lock and settles the run itself; failing it here would
-                // throw away the answer it is about to write. The DLQ sweep looks at the lock too.
-                Settle::ByHolder => Ok(false),
-            };
-            if let Err(e) = settled {
-                warn!(error = %e, "could not settle the record; the DLQ sweep will");
-            }
-        }
-        outcome
-    }
-
-    /// Fenced final write, then the cache from what the store wrote, then ack. `completed` is set
-    /// when the written record is `COMPLETED`.
-    async fn finish(
-        &self,
-        queue: &Arc<dyn QueueConsume>,
-        message: &ReceivedMessage,
-        record: &TaskRecord,
-        completion: Completion,
-        completed: &std::sync::atomic::AtomicBool,
-    ) -> Outcome {
-        let lane = record.lane.as_str();
-        let now = self.clock.now_ms();
-        // A failed write is tried again (the heartbeat still holds the lease) before a paid answer
-        // is given up: the fence keeps a late retry from writing over another run.
-        let mut written = Err(crate::ports::StoreError::Unavailable("not tried".into()));
-        for attempt in 0..FINISH_TRIES {
-            if attempt > 0 {
-                let ms = crate::jitter::range(100..=400 << attempt);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-            }
-            let ttl = self.config.record_ttl_secs;
-            written = self.store.finish(&record.task_id, record.fence, completion.clone(), now, ttl).await;
-            if !matches!(&written, Err(e) if e.is_retryable()) {
-                break;
-            }
-        }
-        let done = match written {
-            Ok(FinishOutcome::Written(done)) => done,
-            Ok(FinishOutcome::StaleFence) => {
-                // Another claim, or the client's cancellation, moved the fence on.
-                warn!(fence = record.fence, "final write rejected by the fence");
-                self.metrics.stale_writes_rejected_total.with_label_values(&[lane]).inc();
-                return match self.store.get(&record.task_id, now).await {
-                    Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
-                    _ => Outcome::LeaseLost,
-                };
-            }
-            Err(e) => {
-                warn!(error = %e, "final write failed");
-                let after = full_jitter_backoff(&self.config, message.receive_count);
-                self.metrics.waits_total.with_label_values(&[lane, "store"]).inc();
-                // The claim is kept: the next delivery re-claims (the fence grows) and runs again.
-                return lease::retry_later(&**queue, message, after, "store unavailable", lane).await;
-            }
-        };
-        if let Some(started) = record.started_at_ms {
-            self.metrics.observe(Latency::Run, lane, now.saturating_sub(started) as f64 / 1000.0);
-        }
-        self.metrics.observe(Latency::Total, lane, now.saturating_sub(record.created_at_ms) as f64 / 1000.0);
-        self.metrics.tasks_finished_total.with_label_values(&[lane, done.status.as_str()]).inc();
-        completed.store(done.status == TaskStatus::Completed, std::sync::atomic::Ordering::Relaxed);
-        self.publish(&done).await;
-        lease::ack(&**queue, message).await
-    }
-
-    /// Writes the finished record to the cache, in one request: a `COMPLETED` one answers reads
-    /// and duplicates from then on, and any finished one wakes the task's long-polls. Best effort:
-    /// the store already holds the truth.
-    async fn publish(&self, done: &TaskRecord) {
-        if let Err(e) = publish_finished(&*self.cache, done, self.config.result_cache_ttl).await {
-            warn!(error = %e, "cache fill failed");
-            self.metrics.degraded_operations_total.with_label_values(&["cache"]).inc();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -564,7 +353,7 @@ mod tests {
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };
-    use crate::ports::{CancelOutcome, LlmResponse, PutOutcome, QueueSend};
+    use crate::ports::{CancelOutcome, FinishOutcome, LlmResponse, PutOutcome, QueueSend};
     use crate::tasks::cache::{HINT_TTL, cache_key, cancel_key};
     use async_trait::async_trait;
     use serde_json::json;

@@ -1,0 +1,87 @@
+//! The long-poll of `GET /v1/tasks/{id}?wait=N`: the `wait` parameter, and the wait itself, a
+//! parked future woken by the finished record in the hot cache, with the store read now and then
+//! in case a cache write was lost.
+
+use crate::domain::{TaskRecord, TaskStatus};
+use crate::ports::Cache;
+use crate::problem::Problem;
+use crate::tasks::cache::cache_key;
+use axum::http::StatusCode;
+use std::future::Future;
+use std::time::Duration;
+
+/// Longest long-poll a GET may ask for, in seconds (API Gateway's own limit is 30 s).
+pub const MAX_WAIT_SECS: u64 = 20;
+
+/// Reads `wait` from the query: whole seconds, `0..=MAX_WAIT_SECS`. Other parameters are refused, so
+/// a typo is not silently a plain GET.
+pub(crate) fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
+    let bad = |reason: String| {
+        Problem::new(StatusCode::BAD_REQUEST, "invalid-query", "Invalid query parameter", reason)
+    };
+    let mut wait = 0;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "wait" {
+            let key: String = key.chars().take(40).collect();
+            return Err(bad(format!("unknown query parameter `{key}`; only `wait` is accepted"))
+                .with_field(&key)
+                .into());
+        }
+        wait = match value.parse::<u64>() {
+            Ok(n) if n <= MAX_WAIT_SECS => n,
+            _ => {
+                return Err(bad(format!("`wait` must be whole seconds from 0 to {MAX_WAIT_SECS}"))
+                    .with_field("wait")
+                    .into());
+            }
+        };
+    }
+    Ok(wait)
+}
+
+/// The long-poll: until `deadline`, waits for `record`'s run to end and answers its last record, as
+/// `read` gives it (None when it is gone). The finished record in the cache (written by the worker or the cancellation)
+/// wakes it; a completed one answers, any other is read again from the store. The store is also
+/// re-read now and then in case the cache write was lost. Each waiter is a parked future, not a
+/// thread.
+pub(crate) async fn long_poll<E, F: Future<Output = Result<Option<TaskRecord>, E>>>(
+    cache: &dyn Cache,
+    read: impl Fn() -> F,
+    mut record: TaskRecord,
+    deadline: tokio::time::Instant,
+) -> Result<Option<TaskRecord>, E> {
+    let id = record.task_id.clone();
+    let mut since_store = Duration::ZERO;
+    while !record.status.is_terminal() && tokio::time::Instant::now() < deadline {
+        let step = LONG_POLL_TICK.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        tokio::time::sleep(step).await;
+        since_store += step;
+        // The same run of the id only: a record left by an earlier run is not this one's end.
+        let finished = match cache.get(&cache_key(&id)).await {
+            Ok(Some(json)) => serde_json::from_str::<TaskRecord>(&json)
+                .ok()
+                .filter(|r| r.status.is_terminal() && r.created_at_ms == record.created_at_ms),
+            _ => None,
+        };
+        if let Some(done) = finished.as_ref().filter(|r| r.status == TaskStatus::Completed) {
+            return Ok(Some(done.clone()));
+        }
+        if finished.is_some()
+            || since_store >= LONG_POLL_STORE_EVERY
+            || tokio::time::Instant::now() >= deadline
+        {
+            since_store = Duration::ZERO;
+            match read().await? {
+                Some(rec) => record = rec,
+                None => return Ok(None),
+            }
+        }
+    }
+    Ok(Some(record))
+}
+
+/// How often a long-poll looks at the wake-up hint.
+const LONG_POLL_TICK: Duration = Duration::from_millis(200);
+/// How often a long-poll re-reads the store without a hint.
+const LONG_POLL_STORE_EVERY: Duration = Duration::from_secs(5);
