@@ -19,13 +19,9 @@ const MAX_FILE_LINES: usize = 500;
 /// over 80 lines fails the test.
 const LONG_FUNCTIONS: [(&str, usize); 0] = [];
 
-/// Files still over the limit before their tests, with the size they may not exceed.
-const LARGE_FILES: [(&str, usize); 4] = [
-    ("ports.rs", 606),
-    ("adapters/sqs.rs", 582),
-    ("commits/sources.rs", 564),
-    ("embedded/queue.rs", 519),
-];
+/// Files still over the limit before their tests, with the size they may not exceed: none now, and
+/// a file that grows past 500 lines fails the test.
+const LARGE_FILES: [(&str, usize); 0] = [];
 
 /// What breaks the limit `max` or the ceilings `listed`.
 fn breaches(measured: &[(usize, String)], max: usize, listed: &[(&str, usize)]) -> Vec<String> {

@@ -347,13 +347,12 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
     };
     let mut calls = BTreeSet::new();
     let adapters = workspace_root().join("shared/src/adapters");
-    let mut files = vec![
-        ("sqs", adapters.join("sqs.rs")),
-        ("lambda", adapters.join("lambda.rs")),
-        ("secretsmanager", adapters.join("secrets.rs")),
-    ];
-    for entry in std::fs::read_dir(adapters.join("dynamodb")).unwrap() {
-        files.push(("dynamodb", entry.unwrap().path()));
+    let mut files =
+        vec![("lambda", adapters.join("lambda.rs")), ("secretsmanager", adapters.join("secrets.rs"))];
+    for (service, dir) in [("sqs", "sqs"), ("dynamodb", "dynamodb")] {
+        for entry in std::fs::read_dir(adapters.join(dir)).unwrap() {
+            files.push((service, entry.unwrap().path()));
+        }
     }
     for (service, path) in files {
         let src = std::fs::read_to_string(&path).unwrap();

@@ -6,82 +6,22 @@
 use crate::ports::{MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityError;
 use aws_sdk_sqs::operation::delete_message::DeleteMessageError;
 use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName,
-    MessageSystemAttributeNameForSends, MessageSystemAttributeValue, QueueAttributeName,
+    ChangeMessageVisibilityBatchRequestEntry, MessageSystemAttributeName, QueueAttributeName,
     SendMessageBatchRequestEntry,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// SQS's largest visibility timeout (12 h).
-const MAX_VISIBILITY_SECS: u64 = 43_200;
+mod create;
+mod message;
 
-fn unavailable<E: std::fmt::Debug + ProvideErrorMetadata>(e: &SdkError<E>) -> QueueError {
-    let code = e.code().unwrap_or("");
-    let message = e.message().unwrap_or("");
-    QueueError::Unavailable(if code.is_empty() { format!("{e:?}") } else { format!("{code}: {message}") })
-}
-
-/// Whether an SQS error says the delivery is no longer ours (the lease is lost), by its documented
-/// code: `ReceiptHandleIsInvalid` and `MessageNotInflight` (also as the query protocol's
-/// `AWS.SimpleQueueService.MessageNotInflight`), and `InvalidParameterValue` when its message says
-/// the message does not exist or is not available for a visibility change, or that the receipt
-/// handle expired: what real SQS answers to a `ChangeMessageVisibility` on a message redelivered
-/// to someone else.
-pub fn is_lost_receipt(code: Option<&str>, message: Option<&str>) -> bool {
-    let message = message.unwrap_or("").to_ascii_lowercase();
-    match code.unwrap_or("") {
-        "ReceiptHandleIsInvalid" | "MessageNotInflight" | "AWS.SimpleQueueService.MessageNotInflight" => true,
-        "InvalidParameterValue" => {
-            message.contains("message does not exist or is not available")
-                || message.contains("receipt handle has expired")
-                || message.contains("receipthandle is invalid")
-        }
-        _ => false,
-    }
-}
-
-fn attribute(v: &str) -> Result<MessageAttributeValue, QueueError> {
-    MessageAttributeValue::builder()
-        .data_type("String")
-        .string_value(v)
-        .build()
-        .map_err(|e| QueueError::Rejected(e.to_string()))
-}
-
-/// The message attributes of an outgoing message: every attribute but the trace header, which
-/// SQS carries as a system attribute ([`trace_attribute`]).
-fn attributes(map: &BTreeMap<String, String>) -> Result<HashMap<String, MessageAttributeValue>, QueueError> {
-    map.iter()
-        .filter(|(k, _)| k.as_str() != crate::trace::TRACE_HEADER)
-        .map(|(k, v)| Ok((k.clone(), attribute(v)?)))
-        .collect()
-}
-
-/// The `AWSTraceHeader` system attribute of an outgoing message, when it has a valid one: what
-/// joins the consumer's Lambda invocation to the producer's trace.
-fn trace_attribute(
-    map: &BTreeMap<String, String>,
-) -> Result<Option<HashMap<MessageSystemAttributeNameForSends, MessageSystemAttributeValue>>, QueueError> {
-    let Some(header) = map.get(crate::trace::TRACE_HEADER).filter(|h| crate::trace::is_valid(h)) else {
-        return Ok(None);
-    };
-    let value = MessageSystemAttributeValue::builder()
-        .data_type("String")
-        .string_value(header)
-        .build()
-        .map_err(|e| QueueError::Rejected(e.to_string()))?;
-    Ok(Some(HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)])))
-}
-
-/// SQS counts visibility in whole seconds: round up, never past the 12 h limit.
-fn visibility_secs(d: Duration) -> i32 {
-    d.as_millis().div_ceil(1000).min(u128::from(MAX_VISIBILITY_SECS)) as i32
-}
+pub use create::create_queue_with_dlq;
+pub use message::is_lost_receipt;
+use message::{attributes, trace_attribute, unavailable, visibility_secs};
 
 /// A message to send: body and string attributes.
 pub type OutgoingMessage = (String, BTreeMap<String, String>);
@@ -539,44 +479,4 @@ impl QueueConsume for SqsQueue {
             })
             .collect())
     }
-}
-
-/// Creates (idempotently) a queue and its DLQ `<name>-dlq` with a redrive policy; returns the queue URL.
-pub async fn create_queue_with_dlq(
-    client: &Client,
-    name: &str,
-    visibility: Duration,
-    max_receive_count: u32,
-) -> Result<String, QueueError> {
-    let dlq = client
-        .create_queue()
-        .queue_name(format!("{name}-dlq"))
-        .attributes(QueueAttributeName::MessageRetentionPeriod, "1209600")
-        .send()
-        .await
-        .map_err(|e| unavailable(&e))?;
-    let dlq_url = dlq.queue_url().unwrap_or_default();
-    let arn = client
-        .get_queue_attributes()
-        .queue_url(dlq_url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .map_err(|e| unavailable(&e))?
-        .attributes()
-        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-        .ok_or_else(|| QueueError::Rejected("DLQ without an ARN".into()))?;
-    let policy =
-        serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max_receive_count}).to_string();
-    let out = client
-        .create_queue()
-        .queue_name(name)
-        .attributes(QueueAttributeName::VisibilityTimeout, visibility.as_secs().to_string())
-        .attributes(QueueAttributeName::RedrivePolicy, policy)
-        .send()
-        .await
-        .map_err(|e| unavailable(&e))?;
-    out.queue_url()
-        .map(str::to_owned)
-        .ok_or_else(|| QueueError::Rejected("CreateQueue returned no URL".into()))
 }
