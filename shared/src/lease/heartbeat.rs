@@ -4,7 +4,15 @@
 //! cancelled it. Deliveries join and leave it ([`Membership`]); an acked one in Lambda is kept
 //! hidden on it until the invocation returns ([`Heartbeat::keep`]).
 
-use super::*;
+use super::LEAVE_WAIT;
+use crate::config::WorkerConfig;
+use crate::metrics::Metrics;
+use crate::ports::{LeaseLock, QueueConsume, QueueError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 /// Aborts a background task on every exit path (success, error, panic, cancellation).
 pub struct AbortOnDrop(JoinHandle<()>);

@@ -26,11 +26,8 @@ pub use queue::{LEAVE_WAIT, LeasedQueue};
 
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
-use crate::ports::{LeaseLock, QueueConsume, QueueError, ReceivedMessage};
-use std::sync::{Arc, Mutex};
+use crate::ports::{QueueConsume, QueueError, ReceivedMessage};
 use std::time::Duration;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 /// What became of one delivery. `Acked`, `Requeued` and `DeadLettered` remove it from its queue (an
@@ -361,6 +358,8 @@ pub fn is_last_delivery(queue: &dyn QueueConsume, message: &ReceivedMessage) -> 
 mod tests {
     use super::heartbeat::{Locked, beat};
     use super::*;
+    use std::sync::{Arc, Mutex};
+    use tokio_util::sync::CancellationToken;
 
     #[test]
     fn backoff_is_full_jitter_under_a_growing_cap() {

@@ -1,7 +1,10 @@
 //! The queue as the deliveries under one heartbeat see it ([`LeasedQueue`]): each settle first
 //! ends the delivery's renewals, and in Lambda an ack leaves the delete to the event source mapping.
 
-use super::*;
+use super::{Heartbeat, MAX_DELAY, Outcome};
+use crate::ports::{QueueConsume, QueueError, ReceivedMessage};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// How long settling a delivery waits for a beat already under way ([`Heartbeat::leave_all`]). A
 /// beat's renewals are answered in milliseconds; one still out after this is failing and being

@@ -2,7 +2,12 @@
 //! its files' patches page by page when the diff is too large), and a push range's commits
 //! (`compare`), for github.com or Enterprise.
 
-use super::*;
+use super::{MAX_DIFF_BYTES, read_diff, read_json_page, send_authed, status_error};
+use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
+use crate::ports::{DiffError, DiffSource};
+use crate::secret::Secret;
+use async_trait::async_trait;
+use std::time::Duration;
 
 /// GitHub's REST API (github.com or Enterprise).
 #[derive(Debug, Clone)]

@@ -2,7 +2,12 @@
 //! paginated, rebuilt as a unified diff) and a push range's commits, for gitlab.com or
 //! self-managed.
 
-use super::*;
+use super::{MAX_DIFF_BYTES, MAX_RANGE_COMMITS, read_json_page, send_authed, status_error};
+use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
+use crate::ports::{DiffError, DiffSource};
+use crate::secret::Secret;
+use async_trait::async_trait;
+use std::time::Duration;
 
 /// GitLab's REST API (gitlab.com or self-managed).
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //! local repository through the `git` CLI. [`DiffSources`] routes a commit to its provider's source;
 //! a provider without one is a permanent error, so a deployment never reads what it was not given.
 
-use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
+use crate::domain::commit::{CommitMessage, Provider, PushRange};
 use crate::llm::retry::retry_hint;
 use crate::ports::{DiffError, DiffSource};
 use crate::secret::Secret;

@@ -1,7 +1,8 @@
 //! The twin of SQS's message move task (`StartMessageMoveTask`): a DLQ's visible messages back to
 //! their source queue as fresh deliveries, in one persisted batch, with a task that reports them.
 
-use super::*;
+use super::{EmbeddedQueue, Entry, put_op};
+use crate::ports::{MoveTask, QueueError};
 
 impl EmbeddedQueue {
     /// Moves every visible message of this DLQ back to its source queue (one persistence batch,
