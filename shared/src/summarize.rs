@@ -229,14 +229,15 @@ fn tally(
         }
         let (source, tokens) = match done.served {
             Served::Llm => ("llm", done.summary.tokens.prompt + done.summary.tokens.completion),
-            Served::Rule => ("rule", 0),
-            Served::Cache | Served::Store => ("cache", 0),
+            Served::Rule => {
+                report.rule_summaries += 1;
+                ("rule", 0)
+            }
+            Served::Cache | Served::Store => {
+                report.cache_hits += 1;
+                ("cache", 0)
+            }
         };
-        match done.served {
-            Served::Cache | Served::Store => report.cache_hits += 1,
-            Served::Rule => report.rule_summaries += 1,
-            Served::Llm => {}
-        }
         let summary = done.summary;
         rows.insert(
             key,

@@ -68,7 +68,7 @@ pub const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(120)
 
 /// Runs `count` histories from `first_seed` on `threads` threads (each history on its own
 /// single-threaded runtime), stopping early after `stop_after` failing histories when set. A
-/// watchdog names on stderr, once each, the seeds of histories that have run longer than
+/// watchdog names on stderr, once each, every history (by its seed) that has run longer than
 /// [`STUCK_AFTER`], so a run that does not end says which history to replay.
 pub fn run_many(
     first_seed: u64,

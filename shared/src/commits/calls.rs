@@ -50,7 +50,7 @@ impl CommitsWorker {
             match r {
                 CallResult::Answered { answers, usage, model } => {
                     report.add_call(usage);
-                    let (ok, missing) = apportion(groups, &items, &answers, usage, &model);
+                    let (ok, missing) = split_answer(groups, &items, &answers, usage, &model);
                     answered.extend(ok);
                     singles.extend(missing);
                 }
@@ -220,7 +220,7 @@ type Answer<'p> = (&'p Pending, String, TokenUsage, String);
 
 /// A batch call's answers, each with its share of the call's usage (prompt tokens by section size,
 /// completion tokens by answer size), and the commits the answer left out.
-fn apportion<'p>(
+fn split_answer<'p>(
     groups: &[Group],
     items: &[&'p Pending],
     answers: &HashMap<String, String>,

@@ -183,10 +183,7 @@ async fn accept(
     match ing.cache.get(&cache_key(&task_id)).await {
         Ok(cached) => {
             if let Some(duplicate) = idempotency::from_cache(cached.as_deref(), &payload_hash) {
-                if duplicate != Duplicate::Conflict {
-                    ing.metrics.duplicates_total.with_label_values(&["cache"]).inc();
-                }
-                return answer_duplicate(ing, duplicate, false, ing.clock.now_ms()).await;
+                return answer_duplicate(ing, duplicate, Answered::ByCache, ing.clock.now_ms()).await;
             }
         }
         Err(e) => {
@@ -215,7 +212,7 @@ async fn accept(
     if let Some(over) = over {
         let stored = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
         return match idempotency::from_record(stored, &payload_hash) {
-            Some(duplicate) => answer_duplicate(ing, duplicate, true, now).await,
+            Some(duplicate) => answer_duplicate(ing, duplicate, Answered::ByStore, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };
     }
@@ -235,26 +232,34 @@ async fn accept(
             }
             Ok(view_response(StatusCode::ACCEPTED, &record.view()))
         }
-        Submission::Duplicate(duplicate) => answer_duplicate(ing, duplicate, true, now).await,
+        Submission::Duplicate(duplicate) => answer_duplicate(ing, duplicate, Answered::ByStore, now).await,
     }
 }
 
+/// Where a duplicate's record came from: the hot cache, or the store (whose completed record goes
+/// back into the cache).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Answered {
+    ByCache,
+    ByStore,
+}
+
 /// The answer to a duplicate: its result once completed, else `202` (re-sending its message when
-/// it is known unsent or looks lost). One the store answered (`from_store`) is counted here, and a
-/// completed one goes back into the cache.
+/// it is known unsent or looks lost), counted by where its record came from.
 async fn answer_duplicate(
     ing: &Ingress,
     duplicate: Duplicate,
-    from_store: bool,
+    by: Answered,
     now: u64,
 ) -> Result<Response, Problem> {
-    if from_store && duplicate != Duplicate::Conflict {
-        ing.metrics.duplicates_total.with_label_values(&["store"]).inc();
+    if duplicate != Duplicate::Conflict {
+        let stage = if by == Answered::ByCache { "cache" } else { "store" };
+        ing.metrics.duplicates_total.with_label_values(&[stage]).inc();
     }
     match duplicate {
         Duplicate::Conflict => Err(conflict()),
         Duplicate::Completed(existing) => {
-            if from_store
+            if by == Answered::ByStore
                 && let Ok(json) = serde_json::to_string(&existing)
                 && let Err(e) =
                     ing.cache.set(&cache_key(&existing.task_id), &json, ing.config.result_cache_ttl).await
