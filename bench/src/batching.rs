@@ -104,17 +104,18 @@ pub async fn batching_report(commits: usize, rpm: f64, tpm: f64) -> Result<Batch
             )
         };
         let queue = &queues[Lane::Commits.index()];
+        let repo_id = lanes_core::domain::RepoId::of(Provider::Github, "1").map_err(|e| e.to_string())?;
         let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = (0..commits)
-            .map(|i| {
+            .filter_map(|i| {
                 let c = CommitMessage {
                     provider: Provider::Github,
-                    repo_id: "github:1".into(),
+                    repo_id: repo_id.clone(),
                     repo: "bench/repo".into(),
-                    sha: format!("{i:040x}"),
+                    sha: format!("{i:040x}").parse().ok()?,
                     subject: format!("Change {i}"),
                     committed_at_ms: i as u64,
                 };
-                (serde_json::to_string(&c).unwrap_or_default(), Default::default())
+                Some((serde_json::to_string(&c).unwrap_or_default(), Default::default()))
             })
             .collect();
         queue.send_batch(&messages).await.map_err(|e| err(&e))?;

@@ -2,7 +2,7 @@
 //! model slower than the visibility: LLM calls with the renewed lease vs a static visibility.
 
 use lanes_core::clock::SystemClock;
-use lanes_core::domain::Lane;
+use lanes_core::domain::{Lane, RepoId};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,9 +97,9 @@ pub async fn duplicates_report(
             } else {
                 let c = CommitMessage {
                     provider: Provider::Github,
-                    repo_id: "github:1".into(),
+                    repo_id: RepoId::of(Provider::Github, "1").map_err(|e| err(&e))?,
                     repo: "bench/repo".into(),
-                    sha: format!("{:040x}", 1),
+                    sha: format!("{:040x}", 1).parse().map_err(|e: lanes_core::domain::IdError| err(&e))?,
                     subject: "One commit".into(),
                     committed_at_ms: 1,
                 };

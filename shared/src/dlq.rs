@@ -15,7 +15,7 @@
 //! runs it every minute; `lanes dev` runs it in its own loop.
 
 use crate::clock::SharedClock;
-use crate::domain::Lane;
+use crate::domain::{Lane, MessageId, TaskId};
 use crate::domain::{TaskMessage, TaskRecord, TaskStatus};
 use crate::metrics::Metrics;
 use crate::ports::DEAD_LETTER_REASON;
@@ -54,9 +54,9 @@ pub enum DlqError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DlqEntry {
     /// The message id.
-    pub message_id: String,
+    pub message_id: MessageId,
     /// The task it carries, when the body decodes as a task message.
-    pub task_id: Option<String>,
+    pub task_id: Option<TaskId>,
     /// The commit (`repo_id:sha`) it carries, on the commits lane.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
@@ -259,7 +259,7 @@ pub struct RedriveReport {
     pub already_completed: usize,
     /// Messages left in the DLQ (undecodable, or no record to run), with why. A move task moves
     /// them too; the worker dead-letters them again.
-    pub left: Vec<(String, String)>,
+    pub left: Vec<(MessageId, String)>,
     /// The move task's handle, when the redrive went through one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub move_task: Option<String>,
@@ -504,7 +504,7 @@ mod tests {
         store: EmbeddedStore,
         queue: crate::embedded::EmbeddedQueue,
         dlq: crate::embedded::EmbeddedQueue,
-        ids: Vec<String>,
+        ids: Vec<TaskId>,
     }
 
     async fn dead_lettered() -> DeadLettered {
@@ -682,7 +682,7 @@ mod tests {
         assert!(matches!(queue.start_move_back().await, Err(QueueError::Rejected(_))), "not a DLQ");
         // A message whose task has no live record would be dropped by its worker: refused, nothing changed.
         let lost = TaskMessage {
-            task_id: "0".repeat(64),
+            task_id: "0".repeat(64).parse().unwrap(),
             lane: Lane::Synthesis,
             kind: crate::domain::Kind::Refactor,
         };

@@ -21,7 +21,7 @@
 use crate::domain::commit::Provider;
 use crate::domain::lifecycle;
 use crate::domain::request::{MAX_IDEMPOTENCY_KEY_LEN, TaskRequest};
-use crate::domain::{FieldError, TaskRecord, TaskStatus, sha256_hex};
+use crate::domain::{FieldError, TaskId, TaskRecord, TaskStatus, sha256_hex};
 use crate::ports::PutOutcome;
 use serde_json::{Map, Value};
 
@@ -52,16 +52,16 @@ impl TaskRequest {
     /// The task id: the payload hash, or, when the client sent an `Idempotency-Key`, a hash scoped to
     /// `project_id` + that key. With a tenant, both are scoped to it too, so tenants never share or
     /// squat on each other's ids.
-    pub fn task_id(&self, idempotency_key: Option<&str>) -> String {
+    pub fn task_id(&self, idempotency_key: Option<&str>) -> TaskId {
         match (idempotency_key, &self.tenant) {
-            (None, None) => self.payload_hash(),
+            (None, None) => TaskId::digest(self.canonical_json().as_bytes()),
             (None, Some(tenant)) => {
-                sha256_hex(format!("tenant\n{tenant}\n{}", self.canonical_json()).as_bytes())
+                TaskId::digest(format!("tenant\n{tenant}\n{}", self.canonical_json()).as_bytes())
             }
             (Some(key), None) => {
-                sha256_hex(format!("idempotency-key\n{}\n{}", self.project_id, key).as_bytes())
+                TaskId::digest(format!("idempotency-key\n{}\n{}", self.project_id, key).as_bytes())
             }
-            (Some(key), Some(tenant)) => sha256_hex(
+            (Some(key), Some(tenant)) => TaskId::digest(
                 format!("idempotency-key\ntenant\n{tenant}\n{}\n{}", self.project_id, key).as_bytes(),
             ),
         }
@@ -77,11 +77,6 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), FieldError> {
         ));
     }
     Ok(())
-}
-
-/// Whether a string has the shape of a task id (64 lowercase hex digits).
-pub fn is_task_id(id: &str) -> bool {
-    id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// What a submission whose key is already taken is told.
@@ -171,7 +166,7 @@ mod tests {
             base.canonical_json(),
             r#"{"kind":"explain","params":null,"project_id":"p1","prompt":"what does main do?","target_files":["src/lib.rs","src/main.rs"]}"#
         );
-        assert_eq!(base.task_id(None), sha256_hex(base.canonical_json().as_bytes()));
+        assert_eq!(base.task_id(None), sha256_hex(base.canonical_json().as_bytes()).as_str());
         let same = req(
             json!({"target_files":["src/lib.rs","src/main.rs","src/lib.rs"],"prompt":"  what does main do?\n","kind":"explain","project_id":"p1"}),
         );
@@ -196,7 +191,7 @@ mod tests {
         assert_eq!(base.task_id(Some("k1")), other_kind.task_id(Some("k1")));
         assert_ne!(base.task_id(Some("k1")), other_project.task_id(Some("k1")));
         assert_ne!(base.task_id(Some("k1")), base.task_id(None));
-        assert!(is_task_id(&base.task_id(None)));
+        assert!(TaskId::parse(base.task_id(None).as_str()).is_ok());
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!
 //! - [`domain`]: the vocabulary both flows and the ports share: lanes, kinds, token counts, the
 //!   task request and its validation ([`domain::request`]), the task record ([`domain::task`])
-//!   and its transition table ([`domain::lifecycle`]), commit messages and summaries. Pure.
+//!   and its transition table ([`domain::lifecycle`]), commit messages and summaries, and the
+//!   identifiers, each its own type checked once where it enters ([`domain::ids`]). Pure.
 //! - [`idempotency`]: what makes two submissions one in both flows (the task key and its canonical
 //!   form, the lookup's order, the duplicate's outcome, commit and delivery keys). Pure.
 //! - [`tasks`]: the task flow: [`tasks::ingress`] (the HTTP API, per [`tasks::tenant`]),

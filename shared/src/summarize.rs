@@ -8,8 +8,8 @@ use crate::clock::SharedClock;
 use crate::commits::sources::DiffSources;
 use crate::commits::worker::{BatchReport, Served};
 use crate::config::WorkerConfig;
-use crate::domain::Lane;
 use crate::domain::commit::{CommitMessage, Provider, commit_key};
+use crate::domain::{Lane, MessageId, RepoId, Sha};
 use crate::lease::Outcome;
 use crate::metrics::Metrics;
 use crate::ports::LlmClient;
@@ -59,12 +59,13 @@ async fn git(repo: &Path, args: &[&str]) -> Result<String, SummarizeError> {
 
 /// The repository's identity: `local:` + the first 16 hex digits of its oldest root commit, so two
 /// clones of one repository share summaries and two repositories never do.
-pub async fn repo_id(repo: &Path) -> Result<String, SummarizeError> {
+pub async fn repo_id(repo: &Path) -> Result<RepoId, SummarizeError> {
     let roots = git(repo, &["rev-list", "--max-parents=0", "HEAD"]).await?;
     let mut roots: Vec<&str> = roots.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     roots.sort_unstable();
     let root = roots.first().ok_or_else(|| SummarizeError::Git("the repository has no commits".into()))?;
-    Ok(format!("local:{}", &root[..16.min(root.len())]))
+    let id = root.get(..16).unwrap_or(root);
+    RepoId::of(Provider::Local, id).map_err(|e| SummarizeError::Git(format!("root commit `{root}`: {e}")))
 }
 
 /// The commits of `range`, newest first, as queue messages.
@@ -94,7 +95,7 @@ pub async fn list_commits(repo: &Path, range: &Range) -> Result<Vec<CommitMessag
                 provider: Provider::Local,
                 repo_id: repo_id.clone(),
                 repo: repo.clone(),
-                sha: sha.to_owned(),
+                sha: Sha::parse(sha).ok()?,
                 subject: crate::domain::commit::subject_of(subject),
                 committed_at_ms: at.parse::<u64>().unwrap_or(0) * 1000,
             })
@@ -106,7 +107,7 @@ pub async fn list_commits(repo: &Path, range: &Range) -> Result<Vec<CommitMessag
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     /// Commit id.
-    pub sha: String,
+    pub sha: Sha,
     /// First line of its message.
     pub subject: String,
     /// The summary (or why there is none).
@@ -163,7 +164,7 @@ pub async fn run(
         commits: commits.len(),
         batch_tokens: worker.config.batch_tokens,
         repo: commits.first().map(|c| c.repo.clone()).unwrap_or_default(),
-        repo_id: commits.first().map(|c| c.repo_id.clone()).unwrap_or_default(),
+        repo_id: commits.first().map(|c| c.repo_id.to_string()).unwrap_or_default(),
         ..Report::default()
     };
     let messages: Vec<(String, BTreeMap<String, String>)> = commits
@@ -191,7 +192,7 @@ pub async fn run(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
-        let bodies: HashMap<String, String> =
+        let bodies: HashMap<MessageId, String> =
             batch.iter().map(|m| (m.message_id.clone(), m.body.clone())).collect();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
         let (outcomes, r) = worker.process_batch(queue.clone(), batch, deadline).await;
@@ -209,8 +210,8 @@ fn tally(
     rows: &mut HashMap<String, Row>,
     wanted: &HashSet<String>,
     r: BatchReport,
-    bodies: &HashMap<String, String>,
-    outcomes: Vec<(String, Outcome)>,
+    bodies: &HashMap<MessageId, String>,
+    outcomes: Vec<(MessageId, Outcome)>,
 ) {
     report.llm_calls += r.llm_calls;
     report.prompt_tokens += r.prompt_tokens;

@@ -14,8 +14,8 @@ use axum::http::Request;
 use http_body_util::BodyExt;
 use lanes_core::commits::webhook::{Webhook, WebhookConfig, github_signature};
 use lanes_core::commits::worker::CommitsWorker;
-use lanes_core::domain::Lane;
 use lanes_core::domain::commit::{CommitMessage, CommitSummary, PushRange};
+use lanes_core::domain::{Lane, RepoId, Sha};
 use lanes_core::embedded::EmbeddedSummaries;
 use lanes_core::ports::*;
 use rand::{RngExt, SeedableRng};
@@ -50,7 +50,7 @@ pub struct FaultySummaries {
 
 #[async_trait]
 impl SummaryStore for FaultySummaries {
-    async fn get_summaries(&self, keys: &[(String, String)]) -> Result<Vec<CommitSummary>, StoreError> {
+    async fn get_summaries(&self, keys: &[(RepoId, Sha)]) -> Result<Vec<CommitSummary>, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "get_summaries", "").await?;
         let r = self.inner.get_summaries(keys).await;
         self.ctx.post(d, "get_summaries", "", r).await
@@ -78,7 +78,7 @@ impl SummaryStore for FaultySummaries {
     }
     async fn list_summaries(
         &self,
-        repo_id: &str,
+        repo_id: &RepoId,
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<SummaryPage, StoreError> {
@@ -338,7 +338,7 @@ async fn invoke(world: &Arc<World>, mapping_queue: &FaultyQueue, got: Vec<Receiv
             }
             let failed: Vec<String> =
                 response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
-            for m in got.iter().filter(|m| !failed.contains(&m.message_id)) {
+            for m in got.iter().filter(|m| !failed.iter().any(|f| *f == m.message_id.as_str())) {
                 let _ = mapping_queue.delete(&m.receipt).await;
             }
         }
@@ -381,7 +381,7 @@ pub(crate) async fn finals(world: &World) -> BTreeMap<String, (bool, Option<Opti
             // Looked at, not taken: visible again at once for the next look.
             let _ = dlq.change_visibility(&m.receipt, Duration::ZERO).await;
             if let Ok(c) = serde_json::from_str::<CommitMessage>(&m.body) {
-                in_dlq.insert(c.sha, m.attributes.get(DEAD_LETTER_REASON).cloned());
+                in_dlq.insert(c.sha.into(), m.attributes.get(DEAD_LETTER_REASON).cloned());
             }
         }
     }
@@ -393,8 +393,13 @@ pub(crate) async fn finals(world: &World) -> BTreeMap<String, (bool, Option<Opti
             Some((Provider::Gitlab, _)) => "gitlab",
             _ => "github",
         };
-        let repo = format!("{host}:{number}");
-        let found = world.summaries.get_summaries(&[(repo, sha.clone())]).await.map(|v| !v.is_empty());
+        let key = (RepoId::parse(&format!("{host}:{number}")), Sha::parse(&sha));
+        let found = match key {
+            (Ok(repo), Ok(commit)) => {
+                world.summaries.get_summaries(&[(repo, commit)]).await.map(|v| !v.is_empty())
+            }
+            _ => Ok(false),
+        };
         out.insert(sha.clone(), (found.unwrap_or(false), in_dlq.get(&sha).cloned()));
     }
     out

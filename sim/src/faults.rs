@@ -11,7 +11,7 @@
 use crate::oracle::Oracle;
 use async_trait::async_trait;
 use lanes_core::clock::{Clock, SharedClock};
-use lanes_core::domain::TaskRecord;
+use lanes_core::domain::{MessageId, TaskId, TaskRecord};
 use lanes_core::embedded::{EmbeddedQueue, EmbeddedStore, MemoryCache, MemoryLock};
 use lanes_core::ports::*;
 use rand::{RngExt, SeedableRng};
@@ -449,8 +449,8 @@ pub fn short(key: &str) -> String {
     id.chars().take(8).collect()
 }
 
-fn task_of_body(body: &str) -> Option<String> {
-    serde_json::from_str::<serde_json::Value>(body).ok()?.get("task_id")?.as_str().map(str::to_owned)
+fn task_of_body(body: &str) -> Option<TaskId> {
+    serde_json::from_str::<serde_json::Value>(body).ok()?.get("task_id")?.as_str()?.parse().ok()
 }
 
 /// The task or the commit (its sha) a message carries.
@@ -493,7 +493,7 @@ impl TaskStore for FaultyStore {
         }
         self.ctx.post(d, "put_pending", id, r).await
     }
-    async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
+    async fn get(&self, task_id: &TaskId, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "get", task_id).await?;
         let r = self.inner.get(task_id, now_ms).await;
         if let Ok(Some(rec)) = &r {
@@ -504,7 +504,7 @@ impl TaskStore for FaultyStore {
     }
     async fn mark_enqueued(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         mark: EnqueueMark,
         now_ms: u64,
         ttl: u64,
@@ -520,7 +520,7 @@ impl TaskStore for FaultyStore {
         }
         self.ctx.post(d, "mark_enqueued", task_id, r).await
     }
-    async fn claim(&self, task_id: &str, now_ms: u64, ttl: u64) -> Result<ClaimOutcome, StoreError> {
+    async fn claim(&self, task_id: &TaskId, now_ms: u64, ttl: u64) -> Result<ClaimOutcome, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "claim", task_id).await?;
         let r = self.inner.claim(task_id, now_ms, ttl).await;
         if let Ok(ClaimOutcome::Claimed(rec)) = &r {
@@ -533,7 +533,7 @@ impl TaskStore for FaultyStore {
     }
     async fn note_attempt(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         reason: &str,
         now_ms: u64,
@@ -545,7 +545,7 @@ impl TaskStore for FaultyStore {
         let r = self.inner.note_attempt(task_id, fence, reason, now_ms).await;
         self.ctx.post(d, "note_attempt", task_id, r).await
     }
-    async fn cancel(&self, task_id: &str, now_ms: u64, ttl: u64) -> Result<CancelOutcome, StoreError> {
+    async fn cancel(&self, task_id: &TaskId, now_ms: u64, ttl: u64) -> Result<CancelOutcome, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "cancel", task_id).await?;
         let r = self.inner.cancel(task_id, now_ms, ttl).await;
         if let Ok(CancelOutcome::Cancelled(rec)) = &r {
@@ -559,7 +559,7 @@ impl TaskStore for FaultyStore {
     }
     async fn fail_unfinished(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         reason: &str,
         sent_before_ms: u64,
         now_ms: u64,
@@ -575,7 +575,7 @@ impl TaskStore for FaultyStore {
     }
     async fn finish(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         completion: Completion,
         now_ms: u64,
@@ -636,7 +636,7 @@ pub struct FaultyQueue {
 
 #[async_trait]
 impl QueueSend for FaultyQueue {
-    async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
+    async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<MessageId, QueueError> {
         let task = id_of_body(body).unwrap_or_default();
         if self.ctx.proc.kind == "ingress" {
             self.ctx.chaos.oracle(|o| o.ingress_send(&task));
@@ -918,12 +918,12 @@ impl Cache for FaultyCache {
         let r = self.inner().get(key).await;
         // I4: a completed record in the cache is one the store holds completed.
         if let Ok(Some(json)) = &r
-            && let Some(id) = key.strip_prefix("task:")
+            && let Some(id) = key.strip_prefix("task:").and_then(|id| TaskId::parse(id).ok())
             && let Ok(rec) = serde_json::from_str::<TaskRecord>(json)
             && rec.status == lanes_core::domain::TaskStatus::Completed
         {
-            let stored = self.ctx.chaos.truth.get(id, self.ctx.chaos.clock.now_ms()).await.ok().flatten();
-            self.ctx.chaos.oracle(|o| o.cache_answer(id, stored.as_ref()));
+            let stored = self.ctx.chaos.truth.get(&id, self.ctx.chaos.clock.now_ms()).await.ok().flatten();
+            self.ctx.chaos.oracle(|o| o.cache_answer(&id, stored.as_ref()));
         }
         self.ctx.post(d, "cache.get", key, r).await
     }

@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use lanes_core::clock::{Clock, SharedClock};
 use lanes_core::config::{IngressConfig, WorkerConfig};
 use lanes_core::domain::Lane;
-use lanes_core::domain::{TaskRecord, TaskRequest};
+use lanes_core::domain::{TaskId, TaskRecord, TaskRequest};
 use lanes_core::embedded::{
     EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, QueueSettings,
 };
@@ -147,7 +147,7 @@ pub(crate) struct World {
     next_process: AtomicU32,
     start: tokio::time::Instant,
     /// Payload bodies, their Idempotency-Key, their task id.
-    payloads: Vec<(String, Option<String>, String)>,
+    payloads: Vec<(String, Option<String>, TaskId)>,
 }
 
 impl World {
@@ -261,7 +261,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(body)
             && let Some(p) = v["prompt"].as_str()
         {
-            chaos.prompts.insert(p.to_owned(), id.clone());
+            chaos.prompts.insert(p.to_owned(), id.to_string());
         }
     }
     let world = Arc::new(World {
@@ -318,7 +318,7 @@ async fn finish(seed: u64, world: &World, start: tokio::time::Instant, full_trac
     let now = world.chaos.clock.now_ms();
     let mut finals = BTreeMap::new();
     for (_, _, id) in &world.payloads {
-        finals.insert(id.clone(), world.chaos.truth.get(id, now).await.ok().flatten());
+        finals.insert(id.to_string(), world.chaos.truth.get(id, now).await.ok().flatten());
     }
     let commits = crate::commits::finals(world).await;
     let mut in_dlqs = Vec::new();
@@ -348,7 +348,7 @@ async fn finish(seed: u64, world: &World, start: tokio::time::Instant, full_trac
 
 /// The task messages a DLQ holds: the task, and the worker's reason when it dead-lettered the
 /// message itself. Looked at, not taken.
-async fn held_in_dlq(dlq: &EmbeddedQueue) -> Vec<(String, Option<String>)> {
+async fn held_in_dlq(dlq: &EmbeddedQueue) -> Vec<(TaskId, Option<String>)> {
     let Ok(messages) = dlq.receive_for(1000, Some(Duration::from_secs(1))).await else { return Vec::new() };
     let mut out = Vec::new();
     for m in messages {
@@ -360,7 +360,7 @@ async fn held_in_dlq(dlq: &EmbeddedQueue) -> Vec<(String, Option<String>)> {
     out
 }
 
-fn payloads(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<(String, Option<String>, String)> {
+fn payloads(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<(String, Option<String>, TaskId)> {
     let kinds = ["explain", "autocomplete", "refactor", "explain"];
     (0..n)
         .map(|i| {
@@ -600,7 +600,7 @@ async fn mapping(world: Arc<World>, lane: Lane) {
 
 pub(crate) fn to_sqs(m: &ReceivedMessage) -> aws_lambda_events::event::sqs::SqsMessage {
     let mut r = aws_lambda_events::event::sqs::SqsMessage::default();
-    r.message_id = Some(m.message_id.clone());
+    r.message_id = Some(m.message_id.to_string());
     r.receipt_handle = Some(m.receipt.clone());
     r.body = Some(m.body.clone());
     r.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());
@@ -631,7 +631,7 @@ async fn invoke(world: &Arc<World>, lane: Lane, mapping_queue: &FaultyQueue, got
             }
             let failed: Vec<String> =
                 response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
-            for m in got.iter().filter(|m| !failed.contains(&m.message_id)) {
+            for m in got.iter().filter(|m| !failed.iter().any(|f| *f == m.message_id.as_str())) {
                 let _ = mapping_queue.delete(&m.receipt).await;
             }
         }

@@ -27,7 +27,7 @@
 //!   dead-lettered names a failure, never a wait (throttling, a lock held, a deadline, an outage);
 //!   one the queue moved there was held by a process that crashed on at least one delivery.
 
-use lanes_core::domain::{TaskRecord, TaskStatus};
+use lanes_core::domain::{TaskId, TaskRecord, TaskStatus};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -300,7 +300,7 @@ impl Oracle {
 
     /// I5's second half for the task lanes, given the task messages their DLQs hold at the end
     /// (the task, and the worker's reason when it dead-lettered the message itself).
-    pub fn finish_task_dlqs(&mut self, held: &[(String, Option<String>)]) {
+    pub fn finish_task_dlqs(&mut self, held: &[(TaskId, Option<String>)]) {
         for (task, reason) in held {
             self.dead_lettered(task, reason.as_deref());
         }

@@ -7,7 +7,7 @@
 use lanes_core::domain::TokenUsage;
 use lanes_core::domain::commit::{CommitSummary, SummarySource};
 use lanes_core::domain::lifecycle::{self, Command, Event, Guard, TRANSITIONS};
-use lanes_core::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
+use lanes_core::domain::{RepoId, Sha, TaskId, TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_core::ports::{
     Acquire, Cache, CancelOutcome, ClaimOutcome, Completion, DEAD_LETTER_REASON, EnqueueMark, FinishOutcome,
     LeaseLock, PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
@@ -42,7 +42,7 @@ fn claimed(outcome: ClaimOutcome) -> TaskRecord {
 /// cancellation and the DLQ's settlement move the fence on, and `FAILED`/`CANCELLED` records are
 /// replaced by a new submission that keeps the fence.
 pub async fn task_store(store: &dyn TaskStore, now: u64) {
-    let get = |id: String| async move { store.get(&id, now).await.unwrap_or_else(|e| panic!("{e}")) };
+    let get = |id: TaskId| async move { store.get(&id, now).await.unwrap_or_else(|e| panic!("{e}")) };
 
     // Claims and attempts.
     let r = record("attempts", now);
@@ -84,7 +84,10 @@ pub async fn task_store(store: &dyn TaskStore, now: u64) {
         store.finish(&run.task_id, rc.fence, Completion::Completed(result()), now, 7200).await.unwrap();
     assert_eq!(late, FinishOutcome::StaleFence, "the running worker can write nothing after it");
     assert!(matches!(store.cancel(&run.task_id, now, 7200).await.unwrap(), CancelOutcome::Terminal(_)));
-    assert_eq!(store.cancel(&"0".repeat(64), now, 7200).await.unwrap(), CancelOutcome::Missing);
+    assert_eq!(
+        store.cancel(&"0".repeat(64).parse().unwrap(), now, 7200).await.unwrap(),
+        CancelOutcome::Missing
+    );
 
     // A cancelled task submitted again runs again, with its fence carried over.
     assert_eq!(store.put_pending(&record("cancel running", now), now).await.unwrap(), PutOutcome::Created);
@@ -214,7 +217,7 @@ fn command(
 }
 
 /// Sends `command` through the port; whether the store took it.
-async fn carry_out(store: &dyn TaskStore, id: &str, command: Command, now: u64, ttl: u64) -> bool {
+async fn carry_out(store: &dyn TaskStore, id: &TaskId, command: Command, now: u64, ttl: u64) -> bool {
     match command {
         Command::Submit(r) => store.put_pending(&r, now).await.unwrap() == PutOutcome::Created,
         Command::MarkEnqueued(m) => store.mark_enqueued(id, m, now, ttl).await.unwrap(),
@@ -413,8 +416,8 @@ pub async fn cache(cache: &dyn Cache) {
 
 fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {
     CommitSummary {
-        repo_id: repo.into(),
-        sha: sha.into(),
+        repo_id: repo.parse().unwrap(),
+        sha: sha.parse().unwrap(),
         repo: "o/r".into(),
         subject: "s".into(),
         summary: format!("summary of {sha}"),
@@ -443,16 +446,19 @@ pub async fn summary_store(s: &dyn SummaryStore) {
     assert_eq!(s.put_summary(&other).await.unwrap(), WriteOnce::Exists);
     s.put_summary(&summary("github:2", &shas[0], 1)).await.unwrap();
 
-    let keys = [("github:1".to_owned(), shas[0].clone()), ("github:9".to_owned(), shas[0].clone())];
+    let keys: [(RepoId, Sha); 2] = [
+        ("github:1".parse().unwrap(), shas[0].parse().unwrap()),
+        ("github:9".parse().unwrap(), shas[0].parse().unwrap()),
+    ];
     let got = s.get_summaries(&keys).await.unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].summary, format!("summary of {}", shas[0]), "immutable");
 
-    let p1 = s.list_summaries("github:1", 2, None).await.unwrap();
+    let p1 = s.list_summaries(&"github:1".parse().unwrap(), 2, None).await.unwrap();
     assert_eq!(p1.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[4], &shas[3]]);
-    let p2 = s.list_summaries("github:1", 2, p1.next.as_deref()).await.unwrap();
+    let p2 = s.list_summaries(&"github:1".parse().unwrap(), 2, p1.next.as_deref()).await.unwrap();
     assert_eq!(p2.items.iter().map(|x| x.sha.as_str()).collect::<Vec<_>>(), [&shas[2], &shas[1]]);
-    let p3 = s.list_summaries("github:1", 2, p2.next.as_deref()).await.unwrap();
+    let p3 = s.list_summaries(&"github:1".parse().unwrap(), 2, p2.next.as_deref()).await.unwrap();
     assert_eq!((p3.items.len(), p3.next), (1, None));
 
     assert!(!s.delivery_seen("github:d1", 1_000).await.unwrap(), "never marked");

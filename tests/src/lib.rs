@@ -795,7 +795,7 @@ pub fn aws_requests_in(metrics_text: &str) -> std::collections::BTreeMap<String,
 /// read).
 pub fn sqs_record(m: &lanes_core::ports::ReceivedMessage) -> aws_lambda_events::event::sqs::SqsMessage {
     let mut s = aws_lambda_events::event::sqs::SqsMessage::default();
-    s.message_id = Some(m.message_id.clone());
+    s.message_id = Some(m.message_id.to_string());
     s.receipt_handle = Some(m.receipt.clone());
     s.body = Some(m.body.clone());
     s.attributes.insert("ApproximateReceiveCount".into(), m.receive_count.to_string());

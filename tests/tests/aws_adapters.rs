@@ -136,7 +136,10 @@ async fn dynamodb_adapter_against_moto() {
     let done = store.get(&id, now).await.unwrap().unwrap();
     assert_eq!((done.status, done.result.unwrap().text.as_str()), (TaskStatus::Completed, "done"));
     assert!(matches!(store.claim(&id, now, 86_400).await.unwrap(), ClaimOutcome::Terminal(_)));
-    assert_eq!(store.claim(&"0".repeat(64), now, 86_400).await.unwrap(), ClaimOutcome::Missing);
+    assert_eq!(
+        store.claim(&"0".repeat(64).parse().unwrap(), now, 86_400).await.unwrap(),
+        ClaimOutcome::Missing
+    );
 
     // A FAILED record may be submitted again; its fence carries over.
     let f = record("fails");
@@ -180,7 +183,7 @@ async fn dynamodb_adapter_against_moto() {
         store.put_pending(&r, now).await.unwrap();
         ids.push(r.task_id);
     }
-    ids.push("f".repeat(64));
+    ids.push("f".repeat(64).parse().unwrap());
     let many = store.get_many(&ids, now).await.unwrap();
     assert_eq!(many.len(), 130);
 }

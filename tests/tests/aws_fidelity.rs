@@ -73,7 +73,7 @@ async fn throttling_is_retried_and_every_attempt_is_counted() {
             Answer::ok("{}"),
         ],
     );
-    assert_eq!(store.get("absent", now_ms()).await.unwrap(), None);
+    assert_eq!(store.get(&"a".repeat(64).parse().unwrap(), now_ms()).await.unwrap(), None);
     assert_eq!(counted("dynamodb", "GetItem") - gets, 3);
 
     // A storm longer than the attempts: unavailable (retryable), after exactly three attempts.
@@ -88,7 +88,7 @@ async fn throttling_is_retried_and_every_attempt_is_counted() {
             )
         }),
     );
-    let err = store.get("absent", now_ms()).await.unwrap_err();
+    let err = store.get(&"a".repeat(64).parse().unwrap(), now_ms()).await.unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(ref m) if m.contains("ThrottlingException")), "{err:?}");
     assert_eq!(stub.count("GetItem") - before, 3);
 }
@@ -130,7 +130,7 @@ async fn unprocessed_keys_are_asked_for_again() {
             Answer::ok(&json!({"Responses": {"lanes": [items[2].clone()]}, "UnprocessedKeys": {}}).to_string()),
         ],
     );
-    let ids: Vec<String> = records.iter().map(|r| r.task_id.clone()).collect();
+    let ids: Vec<lanes_core::domain::TaskId> = records.iter().map(|r| r.task_id.clone()).collect();
     let got = store.get_many(&ids, now_ms()).await.unwrap();
     assert_eq!(got.len(), 3, "every record read");
     let asked: Vec<usize> = stub

@@ -13,6 +13,7 @@ use lanes_core::commits::webhook::{Webhook, WebhookConfig, github_signature};
 use lanes_core::commits::worker::{CommitsConfig, CommitsWorker};
 use lanes_core::config::WorkerConfig;
 use lanes_core::domain::Lane;
+use lanes_core::domain::{RepoId, Sha};
 use lanes_core::embedded::QueueSettings;
 use lanes_core::lease::receive_batch;
 use lanes_core::llm::OpenAiClient;
@@ -245,10 +246,10 @@ async fn each_distinct_commit_gets_exactly_one_llm_summary() {
     assert_eq!(fetched.len(), 5, "{fetched:?}");
     assert!(fetched.values().all(|&n| n == 1), "each diff fetched once: {fetched:?}");
 
-    let keys: Vec<(String, String)> =
+    let keys: Vec<(RepoId, Sha)> =
         [("github:101", &a), ("github:101", &b), ("github:101", &c), ("github:101", &d), ("github:202", &a)]
             .iter()
-            .map(|(r, s)| ((*r).to_owned(), (*s).clone()))
+            .map(|(r, s)| (r.parse().unwrap(), s.parse().unwrap()))
             .collect();
     let stored = r.adapters.summaries.get_summaries(&keys).await.unwrap();
     assert_eq!(stored.len(), 5);
@@ -258,9 +259,14 @@ async fn each_distinct_commit_gets_exactly_one_llm_summary() {
     assert!(stored.iter().all(|s| s.tokens.prompt > 0 && s.tokens.completion > 0), "tokens apportioned");
 
     // Read back through the API, newest first, paginated (DynamoDB index on moto).
-    let page = r.adapters.summaries.list_summaries("github:101", 3, None).await.unwrap();
+    let page = r.adapters.summaries.list_summaries(&"github:101".parse().unwrap(), 3, None).await.unwrap();
     assert_eq!(page.items.len(), 3);
-    let rest = r.adapters.summaries.list_summaries("github:101", 3, page.next.as_deref()).await.unwrap();
+    let rest = r
+        .adapters
+        .summaries
+        .list_summaries(&"github:101".parse().unwrap(), 3, page.next.as_deref())
+        .await
+        .unwrap();
     assert_eq!((rest.items.len(), rest.next), (1, None));
     let api = lanes_core::commits::api::router(lanes_core::commits::api::SummariesApi {
         summaries: r.adapters.summaries.clone(),
@@ -326,6 +332,7 @@ async fn a_thirty_commit_gitlab_push_listing_twenty_is_summarized_whole() {
     for id in &history {
         assert_eq!(seen.get(id), Some(&1), "{id} summarized once: {seen:?}");
     }
-    let keys: Vec<(String, String)> = history.iter().map(|id| ("gitlab:7".to_owned(), id.clone())).collect();
+    let keys: Vec<(RepoId, Sha)> =
+        history.iter().map(|id| ("gitlab:7".parse().unwrap(), id.parse().unwrap())).collect();
     assert_eq!(r.adapters.summaries.get_summaries(&keys).await.unwrap().len(), 30, "all 30 stored");
 }

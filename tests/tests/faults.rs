@@ -37,7 +37,7 @@ async fn worker_killed_mid_task_comes_back_within_the_lease_and_completes_once()
     let killed_at = now_ms();
     let peer = stack.start_peer(&flags).await;
     wait_status(&peer.url, &id, "COMPLETED", Duration::from_secs(20)).await;
-    let rec = stack.dynamo().await.get(&id, now_ms()).await.unwrap().unwrap();
+    let rec = stack.dynamo().await.get(&id.parse().unwrap(), now_ms()).await.unwrap().unwrap();
     let reclaimed_after = rec.started_at_ms.unwrap() - killed_at;
     // Lease TTL, plus SQS's one-second granularity and the poll interval.
     assert!(reclaimed_after <= 3_500, "visible again {reclaimed_after} ms after the kill");
@@ -71,7 +71,7 @@ async fn llm_slower_than_the_queue_visibility_is_held_by_heartbeats_with_one_cal
     let renewals = stack.server.metric("lanes_lease_renewals_total{lane=\"synthesis\"}").await
         + peer.metric("lanes_lease_renewals_total{lane=\"synthesis\"}").await;
     assert!(renewals >= 10.0, "heartbeats held the lease ({renewals} renewals)");
-    let rec = stack.dynamo().await.get(&id, now_ms()).await.unwrap().unwrap();
+    let rec = stack.dynamo().await.get(&id.parse().unwrap(), now_ms()).await.unwrap().unwrap();
     assert_eq!((rec.fence, rec.attempts), (1, 0));
 }
 
@@ -102,7 +102,7 @@ async fn redis_lost_and_back_every_task_completes_with_one_write() {
     );
     let store = stack.dynamo().await;
     for id in &ids {
-        let rec = store.get(id, now_ms()).await.unwrap().unwrap();
+        let rec = store.get(&id.parse().unwrap(), now_ms()).await.unwrap().unwrap();
         assert_eq!(rec.status, TaskStatus::Completed);
         assert!(rec.finished_at_ms.is_some());
     }
@@ -268,7 +268,7 @@ async fn aws_requests_per_task_are_counted() {
         async move {
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
-                let rec = store.get(&id, now_ms()).await.unwrap();
+                let rec = store.get(&id.parse().unwrap(), now_ms()).await.unwrap();
                 if rec.is_some_and(|r| r.status == TaskStatus::Completed) {
                     return;
                 }
@@ -348,7 +348,7 @@ async fn heartbeat_requests_per_minute_are_counted() {
     let id = submit(&s.url, "refactor", "heartbeat me").await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let rec = loop {
-        let rec = store.get(&id, now_ms()).await.unwrap().unwrap();
+        let rec = store.get(&id.parse().unwrap(), now_ms()).await.unwrap().unwrap();
         if rec.status == TaskStatus::Completed {
             break rec;
         }

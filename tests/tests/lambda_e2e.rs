@@ -77,7 +77,7 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
 
     let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), "lanes-tasks");
     let now = lanes_tests::now_ms();
-    let rec = store.get(&task_id, now).await.unwrap().unwrap();
+    let rec = store.get(&task_id.parse().unwrap(), now).await.unwrap().unwrap();
     assert_eq!((rec.status, rec.fence), (TaskStatus::Completed, 1));
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 0), "deleted by the mapping, no copy left");
@@ -197,7 +197,7 @@ async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
         "lanes-hooks",
     );
     use lanes_core::ports::SummaryStore;
-    let page = summaries.list_summaries("github:1296269", 10, None).await.unwrap();
+    let page = summaries.list_summaries(&"github:1296269".parse().unwrap(), 10, None).await.unwrap();
     assert_eq!(page.items.len(), 2, "{page:?}");
     assert!(page.items.iter().all(|s| s.summary.contains("not an LLM")), "offline model, labelled");
     assert_eq!(fetches.lock().unwrap().len(), 2);

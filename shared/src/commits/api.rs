@@ -2,7 +2,8 @@
 //! `GET /v1/repos/{repo_id}/commits/{sha}/summary` (hot cache, then the store) and
 //! `GET /v1/repos/{repo_id}/summaries?limit=&cursor=` (newest first, paginated with an opaque cursor).
 
-use crate::domain::commit::{CommitSummary, summary_cache_key, validate_repo_id, validate_sha};
+use crate::domain::commit::{CommitSummary, summary_cache_key};
+use crate::domain::{RepoId, Sha};
 use crate::ports::{Cache, StoreError, SummaryStore};
 use crate::problem::Problem;
 use axum::extract::{Path, Query, State};
@@ -68,12 +69,10 @@ pub(crate) async fn get_summary(
     State(api): State<Arc<SummariesApi>>,
     Path((repo_id, sha)): Path<(String, String)>,
 ) -> Response {
-    if let Err(e) = validate_repo_id(&repo_id) {
-        return bad("repo_id", e.reason);
-    }
-    if let Err(e) = validate_sha(&sha) {
-        return bad("sha", e.reason);
-    }
+    let (repo_id, sha) = match (RepoId::parse(&repo_id), Sha::parse(&sha)) {
+        (Ok(repo_id), Ok(sha)) => (repo_id, sha),
+        (Err(e), _) | (_, Err(e)) => return bad(e.field, e.reason.into()),
+    };
     if let Ok(Some(json)) = api.cache.get(&summary_cache_key(&repo_id, &sha)).await
         && let Ok(s) = serde_json::from_str::<CommitSummary>(&json)
     {
@@ -130,9 +129,10 @@ pub(crate) async fn list(
     Path(repo_id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    if let Err(e) = validate_repo_id(&repo_id) {
-        return bad("repo_id", e.reason);
-    }
+    let repo_id = match RepoId::parse(&repo_id) {
+        Ok(repo_id) => repo_id,
+        Err(e) => return bad(e.field, e.reason.into()),
+    };
     let limit = match q.limit.as_deref() {
         None => 20,
         Some(v) => match v.parse::<usize>() {
@@ -179,8 +179,8 @@ mod tests {
         for i in 0..3u64 {
             store
                 .put_summary(&CommitSummary {
-                    repo_id: "github:7".into(),
-                    sha: format!("{i:040x}"),
+                    repo_id: "github:7".parse().unwrap(),
+                    sha: format!("{i:040x}").parse().unwrap(),
                     repo: "o/r".into(),
                     subject: format!("c{i}"),
                     summary: format!("s{i}"),

@@ -128,7 +128,7 @@ impl CommitsWorker {
             match r {
                 CallResult::Answered { answers, usage, model } => {
                     report.add_call(usage);
-                    match answers.get(&groups[p.group].commit.sha) {
+                    match answers.get(groups[p.group].commit.sha.as_str()) {
                         Some(text) => answered.push((p, text.clone(), usage, model)),
                         None => {
                             let after = full_jitter_backoff(&self.lease, groups[p.group].receives);
@@ -228,8 +228,8 @@ fn split_answer<'p>(
     model: &str,
 ) -> (Vec<Answer<'p>>, Vec<&'p Pending>) {
     let (ok, missing): (Vec<&Pending>, Vec<&Pending>) =
-        items.iter().copied().partition(|p| answers.contains_key(&groups[p.group].commit.sha));
-    let text = |p: &Pending| &answers[&groups[p.group].commit.sha];
+        items.iter().copied().partition(|p| answers.contains_key(groups[p.group].commit.sha.as_str()));
+    let text = |p: &Pending| &answers[groups[p.group].commit.sha.as_str()];
     let prompts =
         prompt::apportion(usage.prompt, &ok.iter().map(|p| p.section_tokens as u64).collect::<Vec<_>>());
     let completions = prompt::apportion(

@@ -11,6 +11,7 @@
 
 use crate::dlq::{DlqEntry, DlqError, RedriveReport, SweepReport, reason_of};
 use crate::domain::commit::{CommitMessage, CommitsMessage};
+use crate::domain::{RepoId, Sha};
 use crate::ports::{QueueConsume, QueueSend, ReceivedMessage, SummaryStore};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -39,7 +40,7 @@ impl CommitsDlq<'_> {
     /// Up to `max` messages, and the keys (`repo_id:sha`) among their commits that are summarized.
     async fn look(&self, max: usize) -> Result<(Vec<ReceivedMessage>, HashSet<String>), DlqError> {
         let messages = crate::lease::receive_batch(self.dlq, max, PEEK_VISIBILITY).await?;
-        let keys: Vec<(String, String)> =
+        let keys: Vec<(RepoId, Sha)> =
             messages.iter().filter_map(commit_of).map(|c| (c.repo_id, c.sha)).collect();
         let mut summarized = HashSet::new();
         // BatchGetItem reads at most 100 keys a call.
@@ -185,9 +186,9 @@ mod tests {
     fn commit(sha: char) -> CommitMessage {
         CommitMessage {
             provider: Provider::Github,
-            repo_id: "github:7".into(),
+            repo_id: "github:7".parse().unwrap(),
             repo: "o/r".into(),
-            sha: sha.to_string().repeat(40),
+            sha: sha.to_string().repeat(40).parse().unwrap(),
             subject: "s".into(),
             committed_at_ms: 1,
         }

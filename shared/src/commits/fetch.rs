@@ -6,8 +6,8 @@ use super::budget;
 use super::prompt;
 use super::report::Served;
 use super::worker::{CommitsWorker, Group, GroupEnd, LANE, Pending};
-use crate::domain::TokenUsage;
 use crate::domain::commit::{PushRange, SummarySource};
+use crate::domain::{Sha, TokenUsage};
 use crate::lease::{self, Outcome, full_jitter_backoff};
 use crate::ports::{DiffError, QueueConsume, ReceivedMessage};
 use futures::future::join_all;
@@ -26,7 +26,7 @@ impl CommitsWorker {
         range: &PushRange,
         list_by: Instant,
     ) -> (Outcome, u64) {
-        let listed: std::collections::HashSet<&str> = range.listed.iter().map(String::as_str).collect();
+        let listed: std::collections::HashSet<&Sha> = range.listed.iter().collect();
         let listing = tokio::time::timeout_at(list_by, self.diffs.commits_between(range)).await;
         let failed = |reason: String| async move {
             warn!(repo_id = %range.repo_id, reason, "push range not expanded");
@@ -53,7 +53,7 @@ impl CommitsWorker {
         let attributes = std::collections::BTreeMap::from([("lane".to_owned(), LANE.to_owned())]);
         let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = commits
             .iter()
-            .filter(|c| !listed.contains(c.sha.as_str()) && c.validate().is_ok())
+            .filter(|c| !listed.contains(&c.sha) && c.validate().is_ok())
             .filter_map(|c| serde_json::to_string(c).ok())
             .map(|body| (body, attributes.clone()))
             .collect();

@@ -2,7 +2,8 @@
 //! commits to summarize, the ones left out and why, and for a payload that does not list every
 //! commit the range the commits worker expands with the host's API. Pure.
 
-use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of, validate_sha};
+use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
+use crate::domain::{IdError, RepoId, Sha};
 use crate::problem::Problem;
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -12,7 +13,7 @@ use tracing::warn;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Push {
     /// `provider:numeric id`.
-    pub repo_id: String,
+    pub repo_id: RepoId,
     /// `owner/name` or `path_with_namespace`.
     pub repo: String,
     /// One message per new commit.
@@ -36,7 +37,7 @@ pub const GITHUB_MAX_LISTED: usize = 2_048;
 /// shares with the default branch.
 fn push_range(
     provider: Provider,
-    repo_id: &str,
+    repo_id: &RepoId,
     repo: &str,
     before: &str,
     after: &str,
@@ -44,18 +45,25 @@ fn push_range(
     listed: &[CommitMessage],
 ) -> Option<PushRange> {
     let base = if before.trim_start_matches('0').is_empty() { default_branch } else { before };
+    let head = match Sha::parse(after) {
+        Ok(head) => head,
+        Err(e) => {
+            warn!(%repo_id, error = %e, "an incomplete push whose range cannot be expanded");
+            return None;
+        }
+    };
     let range = PushRange {
         provider,
-        repo_id: repo_id.to_owned(),
+        repo_id: repo_id.clone(),
         repo: repo.to_owned(),
         base: base.to_owned(),
-        head: after.to_owned(),
+        head,
         listed: listed.iter().map(|c| c.sha.clone()).collect(),
     };
     match range.validate() {
         Ok(()) => Some(range),
         Err(e) => {
-            warn!(repo_id, error = %e, "an incomplete push whose range cannot be expanded");
+            warn!(%repo_id, error = %e, "an incomplete push whose range cannot be expanded");
             None
         }
     }
@@ -136,6 +144,10 @@ impl From<PushError> for Problem {
     }
 }
 
+fn bad_id(e: IdError) -> PushError {
+    PushError(format!("the repository's id: {}", e.reason))
+}
+
 fn bad_payload(e: serde_json::Error) -> PushError {
     // serde's message names the missing or mistyped field and where; it says nothing internal.
     PushError(e.to_string())
@@ -168,15 +180,15 @@ pub(crate) const ZERO_SHA: &str = "0000000000000000000000000000000000000000";
 pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
     let mut skipped = 0;
     let mut commits = Vec::new();
-    let mut add = |repo_id: &str, repo: &str, id: &str, message: &str, timestamp: &str| {
-        if validate_sha(id).is_err() {
+    let mut add = |repo_id: &RepoId, repo: &str, id: &str, message: &str, timestamp: &str| {
+        let Ok(sha) = Sha::parse(id) else {
             return false;
-        }
+        };
         commits.push(CommitMessage {
             provider,
-            repo_id: repo_id.to_owned(),
+            repo_id: repo_id.clone(),
             repo: repo.to_owned(),
-            sha: id.to_owned(),
+            sha,
             subject: subject_of(message),
             committed_at_ms: rfc3339_ms(timestamp),
         });
@@ -187,7 +199,7 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
     let (repo_id, repo, deleted, incomplete) = match provider {
         Provider::Github => {
             let p: GitHubPush = serde_json::from_slice(body).map_err(bad_payload)?;
-            let repo_id = format!("github:{}", p.repository.id);
+            let repo_id = RepoId::of(provider, &p.repository.id.to_string()).map_err(bad_id)?;
             let deleted = p.deleted || p.after.trim_start_matches('0').is_empty();
             if !deleted {
                 for c in &p.commits {
@@ -210,7 +222,7 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
         }
         Provider::Gitlab => {
             let p: GitLabPush = serde_json::from_slice(body).map_err(bad_payload)?;
-            let repo_id = format!("gitlab:{}", p.project.id);
+            let repo_id = RepoId::of(provider, &p.project.id.to_string()).map_err(bad_id)?;
             let deleted = p.after == ZERO_SHA || p.after.trim_start_matches('0').is_empty();
             not_listed = p.total_commits_count.saturating_sub(p.commits.len());
             if !deleted {

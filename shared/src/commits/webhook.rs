@@ -314,7 +314,7 @@ async fn accept(
         StatusCode::ACCEPTED,
         WebhookAnswer {
             status: "accepted",
-            repo_id: Some(push.repo_id.clone()),
+            repo_id: Some(push.repo_id.to_string()),
             enqueued: Some(push.commits.len()),
             skipped: Some(push.skipped),
             ref_deleted: Some(push.deleted),
@@ -509,7 +509,7 @@ mod tests {
         let r = p.range.unwrap();
         assert_eq!(
             (r.base.as_str(), r.head.as_str(), r.listed.clone()),
-            (before.as_str(), after.as_str(), vec![after.clone()])
+            (before.as_str(), after.as_str(), vec![after.parse::<crate::domain::Sha>().unwrap()])
         );
         let p = parse_push(Provider::Gitlab, gitlab(ZERO_SHA, 25).as_bytes()).unwrap();
         assert_eq!(p.range.unwrap().base, "main", "a new branch brings its own commits only");

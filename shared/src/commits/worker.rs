@@ -10,10 +10,10 @@ use super::budget::Trimmed;
 pub use super::report::{BatchReport, Done, Served};
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
-use crate::domain::TokenUsage;
 use crate::domain::commit::{
     CommitMessage, CommitSummary, CommitsMessage, PushRange, SummarySource, summary_cache_key,
 };
+use crate::domain::{MessageId, RepoId, Sha, TokenUsage};
 use crate::lease::{
     self, Heartbeat, Leased, LeasedQueue, Membership, Outcome, after_holder, full_jitter_backoff,
 };
@@ -106,7 +106,7 @@ impl CommitsWorker {
         queue: Arc<dyn QueueConsume>,
         messages: Vec<ReceivedMessage>,
         deadline: Instant,
-    ) -> (Vec<(String, Outcome)>, BatchReport) {
+    ) -> (Vec<(MessageId, Outcome)>, BatchReport) {
         let batch = Arc::new(LeasedQueue::new(queue.clone(), self.heartbeat(queue)));
         self.process_batch_in(batch, messages, deadline).await
     }
@@ -118,7 +118,7 @@ impl CommitsWorker {
         batch: Arc<LeasedQueue>,
         messages: Vec<ReceivedMessage>,
         deadline: Instant,
-    ) -> (Vec<(String, Outcome)>, BatchReport) {
+    ) -> (Vec<(MessageId, Outcome)>, BatchReport) {
         let heartbeat = batch.heartbeat();
         let queue: Arc<dyn QueueConsume> = batch.clone();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
@@ -353,7 +353,7 @@ impl CommitsWorker {
         if open.is_empty() {
             return;
         }
-        let keys: Vec<(String, String)> =
+        let keys: Vec<(RepoId, Sha)> =
             open.iter().map(|&g| (groups[g].commit.repo_id.clone(), groups[g].commit.sha.clone())).collect();
         match self.summaries.get_summaries(&keys).await {
             Ok(found) => {
@@ -523,7 +523,7 @@ mod tests {
                 // A host that never finishes sending this one.
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             }
-            self.diffs.get(&commit.sha).cloned().ok_or_else(|| DiffError::Permanent("404".into()))
+            self.diffs.get(commit.sha.as_str()).cloned().ok_or_else(|| DiffError::Permanent("404".into()))
         }
 
         /// Every commit it has a diff for, in sha order, as the range's commits.
@@ -536,7 +536,7 @@ mod tests {
                     provider: range.provider,
                     repo_id: range.repo_id.clone(),
                     repo: range.repo.clone(),
-                    sha: sha.clone(),
+                    sha: sha.clone().parse().unwrap(),
                     subject: "listed by the host".into(),
                     committed_at_ms: 1,
                 })
@@ -633,9 +633,9 @@ mod tests {
     fn message(repo_id: &str, sha: &str) -> String {
         serde_json::to_string(&CommitMessage {
             provider: Provider::Github,
-            repo_id: repo_id.into(),
+            repo_id: repo_id.parse().unwrap(),
             repo: "o/r".into(),
-            sha: sha.into(),
+            sha: sha.parse().unwrap(),
             subject: format!("subject {}", &sha[36..]),
             committed_at_ms: 1,
         })
@@ -688,7 +688,7 @@ mod tests {
     /// Queues commits 0 and 1 and processes them as one batch in the background.
     async fn two_commits_in_one_batch(
         r: &Rig,
-    ) -> tokio::task::JoinHandle<(Vec<(String, Outcome)>, BatchReport)> {
+    ) -> tokio::task::JoinHandle<(Vec<(MessageId, Outcome)>, BatchReport)> {
         for i in 0..2 {
             r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
         }
@@ -735,7 +735,8 @@ mod tests {
         lock.refuse_renewals.store(true, Ordering::SeqCst);
         let (_, report) = run.await.unwrap();
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1, "one call for both");
-        let keys: Vec<(String, String)> = (0..2).map(|i| ("github:1".to_owned(), sha(i))).collect();
+        let keys: Vec<(RepoId, Sha)> =
+            (0..2).map(|i| ("github:1".parse().unwrap(), sha(i).parse().unwrap())).collect();
         let stored = r.worker.summaries.get_summaries(&keys).await.unwrap();
         assert_eq!(stored.len(), 2, "the lost commit's paid answer was thrown away: {:?}", report.done.len());
     }
@@ -748,7 +749,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl SummaryStore for BlipOnce {
-        async fn get_summaries(&self, keys: &[(String, String)]) -> Result<Vec<CommitSummary>, StoreError> {
+        async fn get_summaries(&self, keys: &[(RepoId, Sha)]) -> Result<Vec<CommitSummary>, StoreError> {
             self.inner.get_summaries(keys).await
         }
         async fn put_summary(&self, summary: &CommitSummary) -> Result<crate::ports::WriteOnce, StoreError> {
@@ -759,7 +760,7 @@ mod tests {
         }
         async fn list_summaries(
             &self,
-            repo_id: &str,
+            repo_id: &RepoId,
             limit: usize,
             after: Option<&str>,
         ) -> Result<crate::ports::SummaryPage, StoreError> {
@@ -788,7 +789,12 @@ mod tests {
         let (outcomes, _) = drain(&r).await;
         assert_eq!(outcomes, vec![Outcome::Acked]);
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1);
-        let stored = r.worker.summaries.get_summaries(&[("github:1".into(), sha(0))]).await.unwrap();
+        let stored = r
+            .worker
+            .summaries
+            .get_summaries(&[("github:1".parse().unwrap(), sha(0).parse().unwrap())])
+            .await
+            .unwrap();
         assert_eq!(stored.len(), 1);
     }
 
@@ -866,7 +872,7 @@ mod tests {
         assert!(format!("{:?}", retried[0]).contains("not fetched within"), "{retried:?}");
         // Counted by reason kind (process-wide, so at least this one).
         assert!(crate::metrics::HANDED_BACK.with_label_values(&["commits", "diff_source"]).get() >= 1);
-        let big = report.done.iter().find(|d| d.summary.sha == sha(98)).unwrap();
+        let big = report.done.iter().find(|d| d.summary.sha == sha(98).as_str()).unwrap();
         assert!(big.summary.diff_cut, "the long line is cut");
     }
 
@@ -879,20 +885,20 @@ mod tests {
         let r = rig(diffs, "").await;
         let range = PushRange {
             provider: Provider::Gitlab,
-            repo_id: "gitlab:7".into(),
+            repo_id: "gitlab:7".parse().unwrap(),
             repo: "group/project".into(),
             base: sha(1000),
-            head: sha(29),
-            listed: (10..30).map(sha).collect(),
+            head: sha(29).parse().unwrap(),
+            listed: (10..30).map(|i| sha(i).parse().unwrap()).collect(),
         };
         let body = serde_json::to_string(&CommitsMessage::Range { range }).unwrap();
         r.queue.send(&body, Default::default()).await.unwrap();
         let gitlab = |s: &str| {
             serde_json::to_string(&CommitMessage {
                 provider: Provider::Gitlab,
-                repo_id: "gitlab:7".into(),
+                repo_id: "gitlab:7".parse().unwrap(),
                 repo: "group/project".into(),
-                sha: s.into(),
+                sha: s.parse().unwrap(),
                 subject: "listed".into(),
                 committed_at_ms: 1,
             })
@@ -955,7 +961,7 @@ mod tests {
 
     #[async_trait]
     impl SummaryStore for Outage {
-        async fn get_summaries(&self, keys: &[(String, String)]) -> Result<Vec<CommitSummary>, StoreError> {
+        async fn get_summaries(&self, keys: &[(RepoId, Sha)]) -> Result<Vec<CommitSummary>, StoreError> {
             if self.failing.load(Ordering::SeqCst) > 0 {
                 self.failing.fetch_sub(1, Ordering::SeqCst);
                 return Err(StoreError::Unavailable("throttled".into()));
@@ -967,7 +973,7 @@ mod tests {
         }
         async fn list_summaries(
             &self,
-            repo_id: &str,
+            repo_id: &RepoId,
             limit: usize,
             cursor: Option<&str>,
         ) -> Result<crate::ports::SummaryPage, StoreError> {
@@ -1025,7 +1031,10 @@ mod tests {
     #[tokio::test]
     async fn a_commit_leased_elsewhere_goes_back_to_the_queue() {
         let r = rig(HashMap::from([(sha(1), diff("a.rs", 3))]), "").await;
-        let key = format!("lease:{{commit:{}}}", crate::domain::commit::commit_key("github:1", &sha(1)));
+        let key = format!(
+            "lease:{{commit:{}}}",
+            crate::domain::commit::commit_key(&"github:1".parse().unwrap(), &sha(1).parse().unwrap())
+        );
         let Acquire::Acquired(_) = r.worker.lock.acquire(&key, Duration::from_secs(30)).await.unwrap() else {
             panic!("lock")
         };

@@ -3,36 +3,10 @@
 //! `repo_id = provider:numeric id` so tenants never collide) and validation. Pure.
 
 use crate::domain::TokenUsage;
+use crate::domain::ids::{IdError, RepoId, Sha};
 use serde::{Deserialize, Serialize};
 
-/// Where a repository lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Provider {
-    /// github.com or GitHub Enterprise.
-    Github,
-    /// gitlab.com or a self-managed GitLab.
-    Gitlab,
-    /// A repository on this machine (`lanes summarize`, `lanes dev`); never enabled in Lambda.
-    Local,
-}
-
-impl Provider {
-    /// Lower-case name, the prefix of a `repo_id`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Github => "github",
-            Provider::Gitlab => "gitlab",
-            Provider::Local => "local",
-        }
-    }
-}
-
-impl std::fmt::Display for Provider {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::domain::ids::Provider;
 
 /// Why a commit reference is unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,35 +22,18 @@ fn bad(field: &'static str, reason: impl Into<String>) -> CommitRefError {
     CommitRefError { field, reason: reason.into() }
 }
 
-/// Checks a `repo_id`: `github:<digits>`, `gitlab:<digits>` or `local:<hex>`.
-pub fn validate_repo_id(repo_id: &str) -> Result<Provider, CommitRefError> {
-    let (provider, id) = repo_id
-        .split_once(':')
-        .ok_or_else(|| bad("repo_id", "must be `provider:id`, e.g. `github:123456`"))?;
-    let provider = match provider {
-        "github" => Provider::Github,
-        "gitlab" => Provider::Gitlab,
-        "local" => Provider::Local,
-        other => return Err(bad("repo_id", format!("unknown provider `{other}` (github, gitlab or local)"))),
-    };
-    let ok = match provider {
-        Provider::Local => (8..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_hexdigit()),
-        _ => (1..=20).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_digit()),
-    };
-    if !ok {
-        let want = if provider == Provider::Local { "8-64 hex digits" } else { "the numeric id" };
-        return Err(bad("repo_id", format!("the id after `{provider}:` must be {want}")));
+impl From<IdError> for CommitRefError {
+    fn from(e: IdError) -> Self {
+        bad(e.field, e.reason)
     }
-    Ok(provider)
 }
 
-/// Checks a commit sha: 40 (SHA-1) or 64 (SHA-256) lower-case hex digits.
-pub fn validate_sha(sha: &str) -> Result<(), CommitRefError> {
-    if (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        Ok(())
-    } else {
-        Err(bad("sha", "must be a full commit id: 40 or 64 lower-case hex digits"))
-    }
+/// Whether `base` of a push names a branch: 1 to 255 bytes of `[A-Za-z0-9-_./]`, no `..`.
+fn is_branch_name(base: &str) -> bool {
+    !base.is_empty()
+        && base.len() <= 255
+        && !base.contains("..")
+        && base.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
 }
 
 /// One message on the `commits` queue: a commit to summarize.
@@ -85,11 +42,11 @@ pub struct CommitMessage {
     /// Where the repository lives.
     pub provider: Provider,
     /// `provider:numeric id`, so two tenants' repositories never collide.
-    pub repo_id: String,
+    pub repo_id: RepoId,
     /// Human name (`owner/name`, GitLab's `path_with_namespace`, or a local path).
     pub repo: String,
     /// Full commit id.
-    pub sha: String,
+    pub sha: Sha,
     /// First line of the commit message, when the sender knew it.
     #[serde(default)]
     pub subject: String,
@@ -104,12 +61,12 @@ impl CommitMessage {
         commit_key(&self.repo_id, &self.sha)
     }
 
-    /// Checks every field; the provider must match the `repo_id` prefix.
+    /// Checks what the id types do not: the provider must match the `repo_id` prefix, and the
+    /// name must be bounded.
     pub fn validate(&self) -> Result<(), CommitRefError> {
-        if validate_repo_id(&self.repo_id)? != self.provider {
+        if self.repo_id.provider() != self.provider {
             return Err(bad("repo_id", format!("does not start with `{}:`", self.provider)));
         }
-        validate_sha(&self.sha)?;
         if self.repo.is_empty() || self.repo.len() > 1024 {
             return Err(bad("repo", "must be 1-1024 bytes"));
         }
@@ -125,31 +82,27 @@ pub struct PushRange {
     /// Where the repository lives.
     pub provider: Provider,
     /// `provider:numeric id`.
-    pub repo_id: String,
+    pub repo_id: RepoId,
     /// Human name (`owner/name` or `path_with_namespace`).
     pub repo: String,
     /// What the ref pointed at before the push, or, for a new branch, the default branch (so a new
     /// branch brings its own commits, not the repository's whole history).
     pub base: String,
     /// What the ref points at now.
-    pub head: String,
+    pub head: Sha,
     /// Commits the payload listed (already sent).
     #[serde(default)]
-    pub listed: Vec<String>,
+    pub listed: Vec<Sha>,
 }
 
 impl PushRange {
-    /// Checks every field: ids are full shas, `base` a sha or a plain branch name.
+    /// Checks what the id types do not: the provider must match the `repo_id` prefix, `base` must be
+    /// a sha or a plain branch name, and the name must be bounded.
     pub fn validate(&self) -> Result<(), CommitRefError> {
-        if validate_repo_id(&self.repo_id)? != self.provider {
+        if self.repo_id.provider() != self.provider {
             return Err(bad("repo_id", format!("does not start with `{}:`", self.provider)));
         }
-        validate_sha(&self.head)?;
-        let branch_ok = !self.base.is_empty()
-            && self.base.len() <= 255
-            && !self.base.contains("..")
-            && self.base.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
-        if validate_sha(&self.base).is_err() && !branch_ok {
+        if Sha::parse(&self.base).is_err() && !is_branch_name(&self.base) {
             return Err(bad("base", "must be a full commit id or a branch name"));
         }
         if self.repo.is_empty() || self.repo.len() > 1024 {
@@ -173,12 +126,12 @@ pub enum CommitsMessage {
 }
 
 /// `repo_id:sha`.
-pub fn commit_key(repo_id: &str, sha: &str) -> String {
+pub fn commit_key(repo_id: &RepoId, sha: &Sha) -> String {
     format!("{repo_id}:{sha}")
 }
 
 /// Cache key of a summary in the hot cache.
-pub fn summary_cache_key(repo_id: &str, sha: &str) -> String {
+pub fn summary_cache_key(repo_id: &RepoId, sha: &Sha) -> String {
     format!("summary:{repo_id}:{sha}")
 }
 
@@ -206,9 +159,11 @@ pub enum SummarySource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CommitSummary {
     /// `provider:numeric id`.
-    pub repo_id: String,
+    #[schema(value_type = String, pattern = r"^(github|gitlab):[0-9]{1,20}$|^local:[0-9a-fA-F]{8,64}$")]
+    pub repo_id: RepoId,
     /// Full commit id.
-    pub sha: String,
+    #[schema(value_type = String, pattern = "^([0-9a-f]{40}|[0-9a-f]{64})$")]
+    pub sha: Sha,
     /// Human repository name.
     pub repo: String,
     /// First line of the commit message.
@@ -250,26 +205,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn repo_ids_and_shas() {
-        assert_eq!(validate_repo_id("github:123"), Ok(Provider::Github));
-        assert_eq!(validate_repo_id("gitlab:9"), Ok(Provider::Gitlab));
-        assert_eq!(validate_repo_id("local:0123abcd"), Ok(Provider::Local));
-        for bad_id in ["github", "github:", "github:abc", "bitbucket:1", "local:xyz", "github:1/../2"] {
-            let e = validate_repo_id(bad_id).unwrap_err();
-            assert_eq!(e.field, "repo_id", "{bad_id}");
-        }
-        assert!(validate_sha(&"a".repeat(40)).is_ok());
-        assert!(validate_sha(&"A".repeat(40)).is_err());
-        assert!(validate_sha("abc123").is_err());
+    fn a_commit_whose_provider_is_not_its_repo_ids_prefix_is_refused() {
+        let sha = |c: &str| Sha::parse(&c.repeat(40));
         let m = CommitMessage {
             provider: Provider::Gitlab,
-            repo_id: "github:1".into(),
+            repo_id: RepoId::parse("github:1").unwrap(),
             repo: "o/r".into(),
-            sha: "a".repeat(40),
+            sha: sha("a").unwrap(),
             subject: String::new(),
             committed_at_ms: 0,
         };
-        assert_eq!(m.validate().unwrap_err().field, "repo_id");
+        assert_eq!(m.validate().map_err(|e| e.field), Err("repo_id"));
+        let json = r#"{"provider":"github","repo_id":"github:1","repo":"o/r","sha":"HEAD"}"#;
+        assert!(serde_json::from_str::<CommitMessage>(json).is_err(), "a short sha is refused at decode");
+        let range = PushRange {
+            provider: Provider::Github,
+            repo_id: RepoId::parse("github:1").unwrap(),
+            repo: "o/r".into(),
+            base: "main/../x".into(),
+            head: sha("b").unwrap(),
+            listed: vec![],
+        };
+        assert_eq!(range.validate().map_err(|e| e.field), Err("base"));
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! The vocabulary both flows and the ports share: lanes and the kinds that decide them, token
-//! counts, the field-naming error of a rejected input, what a client asks for ([`request`]), the
+//! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), what a client asks for ([`request`]), the
 //! task's record ([`task`]) and its transition table ([`lifecycle`]), and the commit types ([`commit`]). Pure: no I/O.
 
 pub mod commit;
+pub mod ids;
 pub mod lifecycle;
 pub mod limits;
 pub mod model_call;
 pub mod request;
 pub mod task;
 
+pub use ids::{IdError, MessageId, RepoId, Sha, TaskId, Tenant};
 pub use request::{MAX_BODY_BYTES, ModelParams, TaskRequest};
 pub use task::{TaskMessage, TaskRecord, TaskResult, TaskStatus, TaskView};
 

@@ -1,7 +1,7 @@
 //! A task request as a client sends it: the fields, the documented shape of `params`, and the
 //! validation that names every bad field. Pure.
 
-use crate::domain::{FieldError, Kind, Lane, MAX_PARAM_TOKENS};
+use crate::domain::{FieldError, Kind, Lane, MAX_PARAM_TOKENS, Tenant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -28,11 +28,11 @@ pub struct TaskRequest {
     /// Sampling parameters passed to the model (see [`ModelParams`]); `null` when absent.
     #[schema(value_type = Option<ModelParams>)]
     pub params: Value,
-    /// The authenticated caller it belongs to (see [`super::tenant`]); set by ingress, never by the
+    /// The authenticated caller it belongs to (see [`Tenant`]); set by ingress, never by the
     /// client (the body may not name it), `None` with tenancy off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
-    pub tenant: Option<String>,
+    pub tenant: Option<Tenant>,
 }
 
 /// The documented shape of `params`: every key optional, unknown keys refused (a typo would otherwise

@@ -3,7 +3,7 @@
 //! in.
 
 use super::request::TaskRequest;
-use crate::domain::{Kind, Lane, TokenUsage};
+use crate::domain::{Kind, Lane, TaskId, TokenUsage};
 use serde::{Deserialize, Serialize};
 
 /// Lifecycle of a task record.
@@ -61,7 +61,7 @@ pub struct TaskResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecord {
     /// The idempotency key.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Hash of the canonical payload; differs from `task_id` only under an `Idempotency-Key`.
     pub payload_hash: String,
     /// The validated request.
@@ -94,7 +94,7 @@ pub struct TaskRecord {
 
 impl TaskRecord {
     /// A fresh `Pending` record.
-    pub fn pending(task_id: String, request: TaskRequest, now_ms: u64, ttl_secs: u64) -> Self {
+    pub fn pending(task_id: TaskId, request: TaskRequest, now_ms: u64, ttl_secs: u64) -> Self {
         Self {
             payload_hash: request.payload_hash(),
             lane: request.lane(),
@@ -139,7 +139,8 @@ impl TaskRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskView {
     /// The task id.
-    pub task_id: String,
+    #[schema(value_type = String, pattern = "^[0-9a-f]{64}$")]
+    pub task_id: TaskId,
     /// Current status.
     pub status: TaskStatus,
     /// Lane.
@@ -166,7 +167,7 @@ pub struct TaskView {
 #[serde(deny_unknown_fields)]
 pub struct TaskMessage {
     /// Task id.
-    pub task_id: String,
+    pub task_id: TaskId,
     /// Lane it was sent to.
     pub lane: Lane,
     /// Kind.
@@ -186,7 +187,11 @@ mod tests {
 
     #[test]
     fn message_round_trips_and_rejects_garbage() {
-        let m = TaskMessage { task_id: "a".repeat(64), lane: Lane::Interactive, kind: Kind::Explain };
+        let m = TaskMessage {
+            task_id: TaskId::parse(&"a".repeat(64)).unwrap(),
+            lane: Lane::Interactive,
+            kind: Kind::Explain,
+        };
         let s = serde_json::to_string(&m).unwrap_or_default();
         assert_eq!(serde_json::from_str::<TaskMessage>(&s).ok(), Some(m));
         assert!(serde_json::from_str::<TaskMessage>("{\"task_id\":1}").is_err());

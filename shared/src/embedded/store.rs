@@ -3,8 +3,8 @@
 //! atomic and the same row the DynamoDB adapter renders as its condition.
 
 use super::db::EmbeddedDb;
-use crate::domain::TaskRecord;
 use crate::domain::lifecycle::{self, Command};
+use crate::domain::{TaskId, TaskRecord};
 use crate::ports::{
     CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
@@ -38,7 +38,7 @@ impl EmbeddedStore {
     /// Runs `f` on the stored record, expired or not (DynamoDB keeps an expired item until its TTL
     /// sweep, and a replacement keeps its fence), inside one write transaction; `f` returns the
     /// record to write (or `None` to leave it) and the call's answer.
-    async fn update_stored<T, F>(&self, task_id: &str, f: F) -> Result<T, StoreError>
+    async fn update_stored<T, F>(&self, task_id: &TaskId, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(Option<TaskRecord>) -> (Option<TaskRecord>, T) + Send + 'static,
@@ -102,7 +102,7 @@ impl EmbeddedStore {
     /// transaction: the record written, or the live record (if any) the row refused.
     async fn transition(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         command: Command,
         now_ms: u64,
         ttl_secs: u64,
@@ -128,7 +128,7 @@ impl TaskStore for EmbeddedStore {
         }
     }
 
-    async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
+    async fn get(&self, task_id: &TaskId, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
         let id = task_id.to_owned();
         self.db
             .run(move |db| {
@@ -148,7 +148,7 @@ impl TaskStore for EmbeddedStore {
 
     async fn mark_enqueued(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         mark: EnqueueMark,
         now_ms: u64,
         ttl_secs: u64,
@@ -156,7 +156,7 @@ impl TaskStore for EmbeddedStore {
         Ok(self.transition(task_id, Command::MarkEnqueued(mark), now_ms, ttl_secs).await?.is_ok())
     }
 
-    async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
+    async fn claim(&self, task_id: &TaskId, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
         Ok(match self.transition(task_id, Command::Claim, now_ms, ttl_secs).await? {
             Ok(r) => ClaimOutcome::Claimed(Box::new(r)),
             Err(Some(live)) => ClaimOutcome::Terminal(Box::new(live)),
@@ -166,7 +166,7 @@ impl TaskStore for EmbeddedStore {
 
     async fn finish(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         completion: Completion,
         now_ms: u64,
@@ -180,7 +180,7 @@ impl TaskStore for EmbeddedStore {
 
     async fn note_attempt(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         reason: &str,
         now_ms: u64,
@@ -189,7 +189,12 @@ impl TaskStore for EmbeddedStore {
         Ok(self.transition(task_id, command, now_ms, 0).await?.ok().map(|r| r.attempts))
     }
 
-    async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError> {
+    async fn cancel(
+        &self,
+        task_id: &TaskId,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<CancelOutcome, StoreError> {
         Ok(match self.transition(task_id, Command::Cancel, now_ms, ttl_secs).await? {
             Ok(r) => CancelOutcome::Cancelled(Box::new(r)),
             Err(Some(live)) => CancelOutcome::Terminal(Box::new(live)),
@@ -199,7 +204,7 @@ impl TaskStore for EmbeddedStore {
 
     async fn fail_unfinished(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         reason: &str,
         sent_before_ms: u64,
         now_ms: u64,

@@ -4,6 +4,7 @@
 
 use super::db::EmbeddedDb;
 use crate::domain::commit::CommitSummary;
+use crate::domain::{RepoId, Sha};
 use crate::ports::{StoreError, SummaryPage, SummaryStore, WriteOnce};
 use async_trait::async_trait;
 use base64::Engine;
@@ -39,7 +40,7 @@ fn repo_key(repo_id: &str, order: &str) -> String {
 
 #[async_trait]
 impl SummaryStore for EmbeddedSummaries {
-    async fn get_summaries(&self, keys: &[(String, String)]) -> Result<Vec<CommitSummary>, StoreError> {
+    async fn get_summaries(&self, keys: &[(RepoId, Sha)]) -> Result<Vec<CommitSummary>, StoreError> {
         let keys = keys.to_vec();
         self.db
             .run(move |db| {
@@ -99,7 +100,7 @@ impl SummaryStore for EmbeddedSummaries {
 
     async fn list_summaries(
         &self,
-        repo_id: &str,
+        repo_id: &RepoId,
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<SummaryPage, StoreError> {

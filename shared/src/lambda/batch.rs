@@ -3,7 +3,7 @@
 //! the partial-batch response; with the deadline and queue-age readings of a batch.
 
 use crate::commits::worker::CommitsWorker;
-use crate::domain::Lane;
+use crate::domain::{IdError, Lane, MessageId};
 use crate::lease::{self, Outcome};
 use crate::ports::{QueueConsume, ReceivedMessage};
 use crate::tasks::worker::Worker;
@@ -54,7 +54,7 @@ pub async fn handle_batch(
     let deadline = tokio::time::Instant::now() + budget;
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let mut set = JoinSet::new();
-    let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+    let mut outcomes: Vec<(MessageId, Outcome)> = Vec::new();
     let mut messages = Vec::with_capacity(records.len());
     for record in records {
         match received_from_sqs(record) {
@@ -82,10 +82,10 @@ pub async fn handle_batch(
     }
     // A panicked task left no outcome: report every record without one as a failure.
     for record in records {
-        if let Some(id) = record.message_id.as_deref().filter(|s| !s.is_empty())
-            && !outcomes.iter().any(|(i, _)| i == id)
+        if let Some(id) = record.message_id.as_deref().and_then(|id| MessageId::parse(id).ok())
+            && !outcomes.iter().any(|(i, _)| *i == id)
         {
-            outcomes.push((id.to_owned(), Outcome::LeaseLost));
+            outcomes.push((id, Outcome::LeaseLost));
         }
     }
     batch_response(outcomes.iter().map(|(id, o)| (id.as_str(), o)))
@@ -100,7 +100,7 @@ async fn run_one(
     message: ReceivedMessage,
     deadline: tokio::time::Instant,
     lane: Lane,
-) -> (String, Outcome) {
+) -> (MessageId, Outcome) {
     let id = message.message_id.clone();
     let delivery = message.clone();
     let settling = batch.clone();
@@ -149,7 +149,7 @@ pub async fn handle_commit_batch(
     records: &[SqsMessage],
     budget: Duration,
 ) -> SqsBatchResponse {
-    let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+    let mut outcomes: Vec<(MessageId, Outcome)> = Vec::new();
     let mut messages = Vec::with_capacity(records.len());
     for record in records {
         match received_from_sqs(record) {
@@ -180,12 +180,15 @@ pub enum RecordError {
     /// A field SQS always sets is absent.
     #[error("SQS record without {0}")]
     Missing(&'static str),
+    /// The record's `messageId` is not one a partial batch response can name.
+    #[error("SQS record with an unusable id: {0}")]
+    BadId(IdError),
 }
 
 /// Converts one record of an `SqsEvent`.
 pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordError> {
-    let message_id =
-        record.message_id.clone().filter(|s| !s.is_empty()).ok_or(RecordError::Missing("messageId"))?;
+    let message_id = record.message_id.as_deref().ok_or(RecordError::Missing("messageId"))?;
+    let message_id = MessageId::parse(message_id).map_err(RecordError::BadId)?;
     let receipt = record.receipt_handle.clone().ok_or(RecordError::Missing("receiptHandle"))?;
     let receive_count =
         record.attributes.get("ApproximateReceiveCount").and_then(|v| v.parse().ok()).unwrap_or(1);
@@ -213,9 +216,9 @@ pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordE
 
 /// A record the batch handler cannot read (no receipt, say): logged, counted as a hand-back, and
 /// reported as a batch item failure so the queue redelivers it (`None` without a message id to name).
-pub(super) fn unusable(record: &SqsMessage, e: &RecordError, lane: &str) -> Option<(String, Outcome)> {
+pub(super) fn unusable(record: &SqsMessage, e: &RecordError, lane: &str) -> Option<(MessageId, Outcome)> {
     warn!(error = %e, lane, "unusable SQS record");
-    let id = record.message_id.clone().filter(|s| !s.is_empty())?;
+    let id = MessageId::parse(record.message_id.as_deref()?).ok()?;
     crate::metrics::HANDED_BACK.with_label_values(&[lane, "unusable_record"]).inc();
     Some((id, Outcome::Retry { after: Duration::ZERO, reason: e.to_string() }))
 }
@@ -276,7 +279,7 @@ mod tests {
             .iter()
             .map(|m| {
                 let mut s = SqsMessage::default();
-                s.message_id = Some(m.message_id.clone());
+                s.message_id = Some(m.message_id.to_string());
                 s.receipt_handle = Some(m.receipt.clone());
                 s.body = Some(m.body.clone());
                 s

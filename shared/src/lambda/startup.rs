@@ -219,7 +219,8 @@ pub(super) async fn tenant_from_authorizer(
     use lambda_http::request::RequestContext;
     let tenant = match req.extensions().get::<RequestContext>() {
         Some(RequestContext::ApiGatewayV2(ctx)) => ctx.authorizer.as_ref().and_then(|a| {
-            let jwt = a.jwt.as_ref().and_then(|j| j.claims.get(&*claim)).and_then(|c| Tenant::parse(c));
+            let jwt =
+                a.jwt.as_ref().and_then(|j| j.claims.get(&*claim)).and_then(|c| Tenant::from_identity(c));
             jwt.or_else(|| {
                 a.iam.as_ref().and_then(|i| i.user_arn.as_deref()).and_then(Tenant::from_principal)
             })
@@ -389,6 +390,11 @@ mod tests {
     fn records_and_batch_failures() {
         let mut record = SqsMessage::default();
         assert_eq!(received_from_sqs(&record), Err(RecordError::Missing("messageId")));
+        record.message_id = Some("m 1".into());
+        assert!(
+            matches!(received_from_sqs(&record), Err(RecordError::BadId(_))),
+            "an id no response could name"
+        );
         record.message_id = Some("m1".into());
         record.receipt_handle = Some("r1".into());
         record.body = Some("{}".into());

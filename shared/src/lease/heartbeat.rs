@@ -6,6 +6,7 @@
 
 use super::LEAVE_WAIT;
 use crate::config::WorkerConfig;
+use crate::domain::TaskId;
 use crate::metrics::Metrics;
 use crate::ports::{LeaseLock, QueueConsume, QueueError};
 use std::sync::{Arc, Mutex};
@@ -28,14 +29,14 @@ impl Drop for AbortOnDrop {
 pub trait CancelProbe: Send + Sync {
     /// True once the work named `id`, claimed with `fence`, is cancelled (a cancellation of an earlier
     /// run of the same id does not count).
-    async fn is_cancelled(&self, id: &str, fence: u64) -> bool;
+    async fn is_cancelled(&self, id: &TaskId, fence: u64) -> bool;
 }
 
 /// Work under a lease that its client may cancel.
 #[derive(Clone)]
 pub struct Watch {
     /// What to ask the [`CancelProbe`] about.
-    pub id: String,
+    pub id: TaskId,
     /// The claim's fence.
     pub fence: u64,
     /// Cancelled when the probe says yes.

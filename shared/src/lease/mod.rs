@@ -560,7 +560,7 @@ mod tests {
         let heartbeat = Heartbeat::start(queue.clone(), lock, None, Metrics::new(), "interactive", &config);
         let batch = Arc::new(LeasedQueue::new(queue.clone(), heartbeat));
         let message = ReceivedMessage {
-            message_id: "m".into(),
+            message_id: "m".parse().unwrap(),
             receipt: "r".into(),
             body: String::new(),
             receive_count: 1,

@@ -10,7 +10,7 @@ mod store;
 pub use queue::*;
 pub use store::*;
 
-use crate::domain::Lane;
+use crate::domain::{Lane, RepoId, Sha};
 use async_trait::async_trait;
 use std::time::Duration;
 
@@ -216,7 +216,7 @@ pub trait SummaryStore: Send + Sync {
     /// Reads summaries by `(repo_id, sha)` (DynamoDB `BatchGetItem`); absent ones are left out.
     async fn get_summaries(
         &self,
-        keys: &[(String, String)],
+        keys: &[(RepoId, Sha)],
     ) -> Result<Vec<crate::domain::commit::CommitSummary>, StoreError>;
     /// Writes a summary once (`attribute_not_exists`).
     async fn put_summary(
@@ -226,7 +226,7 @@ pub trait SummaryStore: Send + Sync {
     /// A repository's summaries, newest first, `limit` per page.
     async fn list_summaries(
         &self,
-        repo_id: &str,
+        repo_id: &RepoId,
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<SummaryPage, StoreError>;

@@ -2,6 +2,7 @@
 //! delete, the DLQ's move task), the message as received, and the queue's errors.
 
 use super::RetryIntent;
+use crate::domain::MessageId;
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,7 +37,7 @@ pub const DEAD_LETTER_SOURCE: &str = "DeadLetterSourceQueue";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceivedMessage {
     /// Stable id of the message.
-    pub message_id: String,
+    pub message_id: MessageId,
     /// Handle of this delivery; only the newest delivery's handle is valid.
     pub receipt: String,
     /// The body.
@@ -74,7 +75,7 @@ pub struct QueueDepth {
 #[async_trait]
 pub trait QueueSend: Send + Sync {
     /// Sends one message; returns its id.
-    async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError>;
+    async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<MessageId, QueueError>;
     /// Sends many messages (SQS: 10 a request, failed entries retried); returns the bodies that
     /// could still not be sent.
     async fn send_batch(

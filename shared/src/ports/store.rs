@@ -2,7 +2,7 @@
 //! table, and what each one came to.
 
 use super::RetryIntent;
-use crate::domain::TaskRecord;
+use crate::domain::{TaskId, TaskRecord};
 use async_trait::async_trait;
 
 /// Errors of the durable store.
@@ -76,7 +76,7 @@ pub trait TaskStore: Send + Sync {
     /// returns the existing record. A replaced record keeps its fence. Atomic.
     async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError>;
     /// Reads a live (unexpired) record.
-    async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError>;
+    async fn get(&self, task_id: &TaskId, now_ms: u64) -> Result<Option<TaskRecord>, StoreError>;
     /// Moves a `PENDING` record's `enqueued_at_ms` from `mark.from_ms` to `mark.to_ms` if it is
     /// still the record with `mark.fence` and still reads `from_ms` (compare-and-set), and sets
     /// its TTL to `ttl_secs` from now (a new message's retention); false if it changed.
@@ -84,25 +84,26 @@ pub trait TaskStore: Send + Sync {
     /// marks a message known unsent with [`UNSENT`].
     async fn mark_enqueued(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         mark: EnqueueMark,
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError>;
     /// Claims the task: `PENDING|PROCESSING -> PROCESSING`, fence + 1; the TTL becomes
     /// `ttl_secs` from now. Attempts are not claims: see [`TaskStore::note_attempt`].
-    async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError>;
+    async fn claim(&self, task_id: &TaskId, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError>;
     /// Counts one failed provider attempt of the claim holding `fence` and keeps its reason; the new
     /// count, or `None` when the fence moved on.
     async fn note_attempt(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         reason: &str,
         now_ms: u64,
     ) -> Result<Option<u32>, StoreError>;
     /// `PENDING|PROCESSING -> CANCELLED`, fence + 1.
-    async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError>;
+    async fn cancel(&self, task_id: &TaskId, now_ms: u64, ttl_secs: u64)
+    -> Result<CancelOutcome, StoreError>;
     /// `PENDING|PROCESSING -> FAILED` with `reason` whatever the fence, fence + 1: for a message that
     /// reached its DLQ, where no claim is left to finish it. Only a run submitted no later than
     /// `sent_before_ms` (the message's send time, plus clock skew) is settled: a resubmission after the
@@ -110,7 +111,7 @@ pub trait TaskStore: Send + Sync {
     /// terminal, gone, or newer.
     async fn fail_unfinished(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         reason: &str,
         sent_before_ms: u64,
         now_ms: u64,
@@ -119,7 +120,7 @@ pub trait TaskStore: Send + Sync {
     /// Final write, conditional on `status = PROCESSING` and `fence = fence`.
     async fn finish(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         completion: Completion,
         now_ms: u64,

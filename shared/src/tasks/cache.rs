@@ -4,7 +4,7 @@
 //! the truth.
 
 use crate::clock::SharedClock;
-use crate::domain::{TaskRecord, TaskStatus};
+use crate::domain::{TaskId, TaskRecord, TaskStatus};
 use crate::lease::CancelProbe;
 use crate::ports::{Cache, TaskStore};
 use std::sync::Arc;
@@ -37,7 +37,7 @@ pub(crate) struct CancelHint {
 
 #[async_trait::async_trait]
 impl CancelProbe for CancelHint {
-    async fn is_cancelled(&self, task_id: &str, fence: u64) -> bool {
+    async fn is_cancelled(&self, task_id: &TaskId, fence: u64) -> bool {
         match self.cache.get(&cancel_key(task_id)).await {
             Ok(hint) => hint.and_then(|h| h.parse::<u64>().ok()).is_some_and(|cancelled| cancelled > fence),
             Err(_) => matches!(

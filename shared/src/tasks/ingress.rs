@@ -6,8 +6,8 @@
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
-use crate::domain::{MAX_BODY_BYTES, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
-use crate::idempotency::{self, Duplicate, Submission, is_task_id, validate_idempotency_key};
+use crate::domain::{MAX_BODY_BYTES, TaskId, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
+use crate::idempotency::{self, Duplicate, Submission, validate_idempotency_key};
 use crate::metrics::Metrics;
 use crate::ports::{Cache, CancelOutcome, EnqueueMark, QueueSend, TaskStore, UNSENT};
 use crate::problem::Problem;
@@ -113,23 +113,23 @@ pub(crate) async fn post_task(
 }
 
 /// The caller's tenant with tenancy on (`401` without one), `None` with it off.
-fn caller(ing: &Ingress, tenant: Option<Extension<Tenant>>) -> Result<Option<String>, NoTenant> {
+fn caller(ing: &Ingress, tenant: Option<Extension<Tenant>>) -> Result<Option<Tenant>, NoTenant> {
     match (ing.config.tenancy, tenant) {
         (false, _) => Ok(None),
-        (true, Some(Extension(Tenant(t)))) => Ok(Some(t)),
+        (true, Some(Extension(t))) => Ok(Some(t)),
         (true, None) => Err(NoTenant),
     }
 }
 
 /// Whether `caller` may see `record`: always with tenancy off, otherwise only its own tasks.
-fn owns(caller: &Option<String>, record: &TaskRecord) -> bool {
+fn owns(caller: &Option<Tenant>, record: &TaskRecord) -> bool {
     caller.is_none() || record.request.tenant == *caller
 }
 
 /// The submission a `POST` carries: its JSON body, validated, for `tenant`, and its
 /// `Idempotency-Key` header, if any.
 async fn submission(
-    tenant: Option<String>,
+    tenant: Option<Tenant>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(TaskRequest, Option<String>), Problem> {
@@ -170,7 +170,7 @@ async fn submission(
 /// and sent when new.
 async fn accept(
     ing: &Ingress,
-    tenant: Option<String>,
+    tenant: Option<Tenant>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
@@ -323,7 +323,7 @@ async fn mark_unsent(ing: &Ingress, ours: &TaskRecord, now: u64) {
 }
 
 /// [`TaskStore::mark_enqueued`], logged when it fails; whether it took effect.
-async fn mark(ing: &Ingress, task_id: &str, mark: EnqueueMark, now: u64) -> bool {
+async fn mark(ing: &Ingress, task_id: &TaskId, mark: EnqueueMark, now: u64) -> bool {
     match ing.store.mark_enqueued(task_id, mark, now, ing.config.pending_ttl_secs).await {
         Ok(done) => done,
         Err(e) => {
@@ -333,7 +333,10 @@ async fn mark(ing: &Ingress, task_id: &str, mark: EnqueueMark, now: u64) -> bool
     }
 }
 
-async fn send(ing: &Ingress, record: &TaskRecord) -> Result<String, crate::ports::QueueError> {
+async fn send(
+    ing: &Ingress,
+    record: &TaskRecord,
+) -> Result<crate::domain::MessageId, crate::ports::QueueError> {
     let message =
         TaskMessage { task_id: record.task_id.clone(), lane: record.lane, kind: record.request.kind };
     let body =
@@ -382,9 +385,9 @@ pub(crate) async fn get_task(
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    if !is_task_id(&id) {
+    let Ok(id) = TaskId::parse(&id) else {
         return invalid_id();
-    }
+    };
     let wait = match parse_wait(query.as_deref()) {
         Ok(w) => w,
         Err(problem) => return problem.into_response(),
@@ -412,7 +415,7 @@ pub(crate) async fn get_task(
 }
 
 /// The record of `id` if `caller` may see it (another tenant's task reads as missing).
-async fn read(ing: &Ingress, caller: &Option<String>, id: &str) -> Result<Option<TaskRecord>, Response> {
+async fn read(ing: &Ingress, caller: &Option<Tenant>, id: &TaskId) -> Result<Option<TaskRecord>, Response> {
     ing.store
         .get(id, ing.clock.now_ms())
         .await
@@ -445,9 +448,9 @@ pub(crate) async fn cancel_task(
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    if !is_task_id(&id) {
+    let Ok(id) = TaskId::parse(&id) else {
         return invalid_id();
-    }
+    };
     // A task id belongs to one tenant for good (the tenant is hashed into it), so checking the owner
     // before the conditional cancel leaves no window for another tenant's record to appear.
     if caller.is_some() {
@@ -523,7 +526,11 @@ mod tests {
 
     #[async_trait]
     impl QueueSend for Switchable {
-        async fn send(&self, body: &str, attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
+        async fn send(
+            &self,
+            body: &str,
+            attributes: BTreeMap<String, String>,
+        ) -> Result<crate::domain::MessageId, QueueError> {
             if self.stall.on.swap(false, Ordering::SeqCst) {
                 self.stall.entered.notify_one();
                 self.stall.release.notified().await;
@@ -626,7 +633,10 @@ mod tests {
             StatusCode::NOT_FOUND
         );
         assert_eq!(as_tenant(&r, "DELETE", &uri, Some("team-b"), "").await.0, StatusCode::NOT_FOUND);
-        assert_eq!(r.store.get(ida, r.clock.now_ms()).await.unwrap().unwrap().status, TaskStatus::Pending);
+        assert_eq!(
+            r.store.get(&ida.parse().unwrap(), r.clock.now_ms()).await.unwrap().unwrap().status,
+            TaskStatus::Pending
+        );
         // The same Idempotency-Key is two tasks too.
         let keyed = |t: &'static str| {
             let req = Request::post("/v1/tasks")
@@ -754,7 +764,7 @@ mod tests {
         let (s3, _, p3) = post(&r, &BODY.replace("main", "lib"), None).await;
         assert_eq!((s3, p3["field"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("project_id")));
         // Completed, and no longer in the cache: the store answers with its result.
-        let id = b1["task_id"].as_str().unwrap();
+        let id = &b1["task_id"].as_str().unwrap().parse().unwrap();
         let now = r.clock.now_ms();
         let crate::ports::ClaimOutcome::Claimed(c) = r.store.claim(id, now, 3600).await.unwrap() else {
             panic!()
@@ -859,7 +869,10 @@ mod tests {
         let (status, headers, problem) = call(&r, "DELETE", &uri).await;
         assert_eq!((status, problem["field"].as_str()), (StatusCode::CONFLICT, Some("task_id")));
         assert_eq!(headers[header::CONTENT_TYPE], crate::problem::PROBLEM_JSON);
-        assert_eq!(r.store.get(&id, r.clock.now_ms()).await.unwrap().unwrap().status, TaskStatus::Cancelled);
+        assert_eq!(
+            r.store.get(&id.parse().unwrap(), r.clock.now_ms()).await.unwrap().unwrap().status,
+            TaskStatus::Cancelled
+        );
         let (status, _, _) = call(&r, "DELETE", &format!("/v1/tasks/{}", "b".repeat(64))).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         let (status, _, _) = call(&r, "DELETE", "/v1/tasks/NOT-AN-ID").await;

@@ -20,24 +20,15 @@ use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::Response;
 
-/// The authenticated caller, as a request extension.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant(pub String);
-
-/// Longest tenant identifier kept (an IAM role-session ARN fits).
-pub const MAX_TENANT_LEN: usize = 512;
+pub use crate::domain::Tenant;
 
 impl Tenant {
-    /// A tenant from an identity string: trimmed, non-empty, at most [`MAX_TENANT_LEN`] bytes, no
-    /// control characters; `None` otherwise (the request is then unauthenticated).
-    pub fn parse(raw: &str) -> Option<Self> {
-        let t = raw.trim();
-        (!t.is_empty() && t.len() <= MAX_TENANT_LEN && !t.chars().any(char::is_control))
-            .then(|| Self(t.to_owned()))
+    /// A tenant from an identity string, trimmed; `None` when what is left is not a valid
+    /// [`Tenant`] (the request is then unauthenticated).
+    pub fn from_identity(raw: &str) -> Option<Self> {
+        Self::parse(raw.trim()).ok()
     }
-}
 
-impl Tenant {
     /// A tenant from an IAM caller's ARN: an assumed role's session name is dropped
     /// (`arn:aws:sts::123:assumed-role/R/session` is `arn:aws:sts::123:assumed-role/R`), because
     /// sessions change with every credential refresh while the role is who is calling.
@@ -50,7 +41,7 @@ impl Tenant {
             },
             None => arn.to_owned(),
         };
-        Self::parse(&principal)
+        Self::from_identity(&principal)
     }
 }
 
@@ -90,7 +81,7 @@ pub fn with_header(router: axum::Router, tenancy: &Tenancy) -> axum::Router {
 /// Middleware for [`Tenancy::Header`]: the header's value becomes the request's [`Tenant`]. Any
 /// `Tenant` already in the extensions is replaced, so only the named header can set it.
 pub async fn from_header(State(name): State<HeaderName>, mut req: Request, next: Next) -> Response {
-    let tenant = req.headers().get(&name).and_then(|v| v.to_str().ok()).and_then(Tenant::parse);
+    let tenant = req.headers().get(&name).and_then(|v| v.to_str().ok()).and_then(Tenant::from_identity);
     match tenant {
         Some(t) => {
             req.extensions_mut().insert(t);
@@ -108,14 +99,15 @@ mod tests {
 
     #[test]
     fn identities_are_trimmed_and_bad_ones_refused() {
-        assert_eq!(Tenant::parse(" team-a "), Some(Tenant("team-a".into())));
-        for bad in ["", "   ", "a\nb", &"x".repeat(MAX_TENANT_LEN + 1)] {
-            assert_eq!(Tenant::parse(bad), None, "{bad:?}");
+        let t = |s: &str| Tenant::parse(s).ok();
+        assert_eq!(Tenant::from_identity(" team-a "), t("team-a"));
+        for bad in ["", "   ", "a\nb", &"x".repeat(crate::domain::ids::MAX_TENANT_LEN + 1)] {
+            assert_eq!(Tenant::from_identity(bad), None, "{bad:?}");
         }
-        assert!(Tenant::parse("arn:aws:sts::123456789012:assumed-role/r/session").is_some());
+        assert!(Tenant::from_identity("arn:aws:sts::123456789012:assumed-role/r/session").is_some());
         let role = Tenant::from_principal("arn:aws:sts::123456789012:assumed-role/ci/botocore-session-1796");
-        assert_eq!(role, Some(Tenant("arn:aws:sts::123456789012:assumed-role/ci".into())));
+        assert_eq!(role, t("arn:aws:sts::123456789012:assumed-role/ci"));
         let user = Tenant::from_principal("arn:aws:iam::123456789012:user/dev");
-        assert_eq!(user, Some(Tenant("arn:aws:iam::123456789012:user/dev".into())));
+        assert_eq!(user, t("arn:aws:iam::123456789012:user/dev"));
     }
 }

@@ -397,7 +397,7 @@ mod tests {
         store: EmbeddedStore,
         lock: Arc<MemoryLock>,
         llm: Arc<ScriptedLlm>,
-        task_id: String,
+        task_id: crate::domain::TaskId,
     }
 
     const MAX_RECEIVES: u32 = 3;
@@ -587,7 +587,7 @@ mod tests {
     async fn a_delivery_that_lapsed_during_a_slow_lock_acquire_claims_nothing() {
         let clock = ManualClock::new(1_000_000);
         let mut r = rig(clock.clone(), ScriptedLlm::default(), fast()).await;
-        let gated = Arc::new(crate::embedded::ScriptedLock::new(r.lock.clone(), r.task_id.clone(), true));
+        let gated = Arc::new(crate::embedded::ScriptedLock::new(r.lock.clone(), r.task_id.to_string(), true));
         r.worker.lock = gated.clone();
         let m = r.receive().await;
         let (w, q) = (r.worker.clone(), r.queue());
@@ -621,12 +621,16 @@ mod tests {
         ) -> Result<PutOutcome, crate::ports::StoreError> {
             self.inner.put_pending(r, now).await
         }
-        async fn get(&self, id: &str, now: u64) -> Result<Option<TaskRecord>, crate::ports::StoreError> {
+        async fn get(
+            &self,
+            id: &crate::domain::TaskId,
+            now: u64,
+        ) -> Result<Option<TaskRecord>, crate::ports::StoreError> {
             self.inner.get(id, now).await
         }
         async fn mark_enqueued(
             &self,
-            id: &str,
+            id: &crate::domain::TaskId,
             mark: crate::ports::EnqueueMark,
             now: u64,
             ttl: u64,
@@ -635,7 +639,7 @@ mod tests {
         }
         async fn claim(
             &self,
-            id: &str,
+            id: &crate::domain::TaskId,
             now: u64,
             ttl: u64,
         ) -> Result<ClaimOutcome, crate::ports::StoreError> {
@@ -643,7 +647,7 @@ mod tests {
         }
         async fn note_attempt(
             &self,
-            id: &str,
+            id: &crate::domain::TaskId,
             f: u64,
             why: &str,
             now: u64,
@@ -652,7 +656,7 @@ mod tests {
         }
         async fn cancel(
             &self,
-            id: &str,
+            id: &crate::domain::TaskId,
             now: u64,
             ttl: u64,
         ) -> Result<CancelOutcome, crate::ports::StoreError> {
@@ -660,7 +664,7 @@ mod tests {
         }
         async fn fail_unfinished(
             &self,
-            id: &str,
+            id: &crate::domain::TaskId,
             why: &str,
             before: u64,
             now: u64,
@@ -670,7 +674,7 @@ mod tests {
         }
         async fn finish(
             &self,
-            id: &str,
+            id: &crate::domain::TaskId,
             fence: u64,
             c: Completion,
             now: u64,

@@ -5,6 +5,7 @@
 
 use super::schema::{BY_REPO_INDEX, REPO_PK, REPO_SK};
 use super::{Item, batch_get, conditional, get_s, n, s, unavailable};
+use crate::domain::{RepoId, Sha};
 use crate::ports::StoreError;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -20,7 +21,7 @@ pub struct DynamoSummaries {
     table: String,
 }
 
-fn summary_pk(repo_id: &str, sha: &str) -> AttributeValue {
+fn summary_pk(repo_id: &RepoId, sha: &Sha) -> AttributeValue {
     s(format!("commit#{repo_id}#{sha}"))
 }
 
@@ -46,7 +47,7 @@ impl DynamoSummaries {
 impl crate::ports::SummaryStore for DynamoSummaries {
     async fn get_summaries(
         &self,
-        keys: &[(String, String)],
+        keys: &[(RepoId, Sha)],
     ) -> Result<Vec<crate::domain::commit::CommitSummary>, StoreError> {
         let mut seen = std::collections::HashSet::new();
         let items: Vec<Item> = keys
@@ -67,7 +68,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
             .put_item()
             .table_name(&self.table)
             .item("pk", summary_pk(&summary.repo_id, &summary.sha))
-            .item(REPO_PK, s(&summary.repo_id))
+            .item(REPO_PK, s(summary.repo_id.as_str()))
             .item(REPO_SK, s(summary.order_key()))
             .item("summary", s(json))
             .condition_expression("attribute_not_exists(pk)")
@@ -78,7 +79,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
 
     async fn list_summaries(
         &self,
-        repo_id: &str,
+        repo_id: &RepoId,
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<crate::ports::SummaryPage, StoreError> {
@@ -90,7 +91,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
                 let bytes = engine.decode(c).map_err(|_| StoreError::Corrupt("cursor".into()))?;
                 let c: Cursor =
                     serde_json::from_slice(&bytes).map_err(|_| StoreError::Corrupt("cursor".into()))?;
-                if c.repo_pk != repo_id {
+                if c.repo_pk != repo_id.as_str() {
                     return Err(StoreError::Corrupt("cursor of another repository".into()));
                 }
                 Some(HashMap::from([
@@ -112,7 +113,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
                 .index_name(BY_REPO_INDEX)
                 .key_condition_expression("#r = :r")
                 .expression_attribute_names("#r", REPO_PK)
-                .expression_attribute_values(":r", s(repo_id))
+                .expression_attribute_values(":r", s(repo_id.as_str()))
                 .scan_index_forward(false)
                 .limit((want - items.len()) as i32)
                 .set_exclusive_start_key(exclusive.take())

@@ -10,7 +10,7 @@ use super::transitions::Write;
 use super::{Item, MAX_ITEM_BYTES, batch_get, get_n, get_s, n, read_text, s, text_attr, unavailable};
 use crate::domain::Lane;
 use crate::domain::lifecycle::{Command, Event, stored_reason, transition};
-use crate::domain::{TaskRecord, TaskRequest, TaskResult, TaskStatus};
+use crate::domain::{TaskId, TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use crate::ports::{
     CancelOutcome, ClaimOutcome, Completion, EnqueueMark, FinishOutcome, PutOutcome, StoreError, TaskStore,
 };
@@ -28,7 +28,10 @@ fn parse_status(v: &str) -> Result<TaskStatus, StoreError> {
 fn record(item: &Item) -> Result<TaskRecord, StoreError> {
     let corrupt = |e: serde_json::Error| StoreError::Corrupt(e.to_string());
     let pk = get_s(item, "pk")?;
-    let task_id = pk.strip_prefix("task#").ok_or_else(|| StoreError::Corrupt(format!("pk {pk}")))?.to_owned();
+    let task_id = pk
+        .strip_prefix("task#")
+        .and_then(|id| TaskId::parse(id).ok())
+        .ok_or_else(|| StoreError::Corrupt(format!("pk {pk}")))?;
     let request: TaskRequest = serde_json::from_str(
         &read_text(item, "request")?.ok_or_else(|| StoreError::Corrupt("no request".into()))?,
     )
@@ -67,7 +70,7 @@ pub struct DynamoStore {
     table: String,
 }
 
-fn key(task_id: &str) -> AttributeValue {
+fn key(task_id: &TaskId) -> AttributeValue {
     s(format!("task#{task_id}"))
 }
 
@@ -81,9 +84,9 @@ impl DynamoStore {
     /// backoff. Missing and expired ids are absent from the answer.
     pub async fn get_many(
         &self,
-        ids: &[String],
+        ids: &[TaskId],
         now_ms: u64,
-    ) -> Result<HashMap<String, TaskRecord>, StoreError> {
+    ) -> Result<HashMap<TaskId, TaskRecord>, StoreError> {
         let keys = ids.iter().map(|id| HashMap::from([("pk".to_owned(), key(id))])).collect();
         let mut out = HashMap::new();
         for item in batch_get(&self.client, &self.table, keys).await? {
@@ -102,7 +105,7 @@ impl DynamoStore {
 
     /// Sends one conditional `UpdateItem`: the new item, or the old one (if any) when the
     /// condition failed.
-    async fn write(&self, task_id: &str, write: Write) -> Result<Result<Item, Option<Item>>, StoreError> {
+    async fn write(&self, task_id: &TaskId, write: Write) -> Result<Result<Item, Option<Item>>, StoreError> {
         let (expression, condition, values, names) = write.bindings();
         let mut req = self
             .client
@@ -227,7 +230,7 @@ impl TaskStore for DynamoStore {
         }
     }
 
-    async fn get(&self, task_id: &str, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
+    async fn get(&self, task_id: &TaskId, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -248,7 +251,7 @@ impl TaskStore for DynamoStore {
 
     async fn mark_enqueued(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         mark: EnqueueMark,
         now_ms: u64,
         ttl_secs: u64,
@@ -257,7 +260,7 @@ impl TaskStore for DynamoStore {
         Ok(self.write(task_id, write).await?.is_ok())
     }
 
-    async fn claim(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
+    async fn claim(&self, task_id: &TaskId, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
         let out = self.write(task_id, Write::of(&Command::Claim, now_ms, ttl_secs)).await?;
         match out {
             Ok(item) => Ok(ClaimOutcome::Claimed(Box::new(record(&item)?))),
@@ -275,7 +278,7 @@ impl TaskStore for DynamoStore {
 
     async fn finish(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         completion: Completion,
         now_ms: u64,
@@ -319,7 +322,7 @@ impl TaskStore for DynamoStore {
 
     async fn note_attempt(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         fence: u64,
         reason: &str,
         now_ms: u64,
@@ -334,7 +337,12 @@ impl TaskStore for DynamoStore {
         }
     }
 
-    async fn cancel(&self, task_id: &str, now_ms: u64, ttl_secs: u64) -> Result<CancelOutcome, StoreError> {
+    async fn cancel(
+        &self,
+        task_id: &TaskId,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<CancelOutcome, StoreError> {
         let out = self.write(task_id, Write::of(&Command::Cancel, now_ms, ttl_secs)).await?;
         Ok(match out {
             Ok(item) => CancelOutcome::Cancelled(Box::new(record(&item)?)),
@@ -352,7 +360,7 @@ impl TaskStore for DynamoStore {
 
     async fn fail_unfinished(
         &self,
-        task_id: &str,
+        task_id: &TaskId,
         reason: &str,
         sent_before_ms: u64,
         now_ms: u64,

@@ -3,6 +3,7 @@
 //! attributes carry lane, kind and enqueue time. The redrive policy is read from the queue itself, so
 //! `maxReceiveCount` and the DLQ are never configured twice.
 
+use crate::domain::MessageId;
 use crate::ports::{MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
@@ -175,7 +176,7 @@ impl SqsQueue {
 
 #[async_trait]
 impl QueueSend for SqsQueue {
-    async fn send(&self, body: &str, attrs: BTreeMap<String, String>) -> Result<String, QueueError> {
+    async fn send(&self, body: &str, attrs: BTreeMap<String, String>) -> Result<MessageId, QueueError> {
         let out = self
             .client
             .send_message()
@@ -186,7 +187,11 @@ impl QueueSend for SqsQueue {
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
-        Ok(out.message_id().unwrap_or_default().to_owned())
+        // Sent, but with no usable id: said as retryable, since a second copy is harmless (every
+        // consumer is idempotent) where a message thought sent and lost is not.
+        out.message_id()
+            .and_then(|id| MessageId::parse(id).ok())
+            .ok_or_else(|| QueueError::Unavailable("SQS answered a send without a valid MessageId".into()))
     }
 
     async fn send_batch(
@@ -250,7 +255,7 @@ impl QueueConsume for SqsQueue {
                     sys.and_then(|a| a.get(&k)).and_then(|v| v.parse::<u64>().ok())
                 };
                 Some(ReceivedMessage {
-                    message_id: m.message_id()?.to_owned(),
+                    message_id: MessageId::parse(m.message_id()?).ok()?,
                     receipt: m.receipt_handle()?.to_owned(),
                     body: m.body().unwrap_or_default().to_owned(),
                     receive_count: get(MessageSystemAttributeName::ApproximateReceiveCount).unwrap_or(1)

@@ -3,6 +3,7 @@
 //! (`compare`), for github.com or Enterprise.
 
 use super::{MAX_DIFF_BYTES, read_diff, read_json_page, send_authed, status_error};
+use crate::domain::Sha;
 use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
 use crate::ports::{DiffError, DiffSource};
 use crate::secret::Secret;
@@ -163,13 +164,19 @@ impl GitHubSource {
             );
             let (cmp, _): (GitHubCompare, _) = self.json_page(&url).await?;
             let n = cmp.commits.len();
-            out.extend(cmp.commits.into_iter().map(|c| CommitMessage {
-                provider: Provider::Github,
-                repo_id: range.repo_id.clone(),
-                repo: range.repo.clone(),
-                sha: c.sha,
-                subject: subject_of(&c.commit.message),
-                committed_at_ms: c.commit.committer.map_or(0, |s| crate::commits::push::rfc3339_ms(&s.date)),
+            // A listed commit whose id is not a full sha is left out, as the webhook leaves it out.
+            out.extend(cmp.commits.into_iter().filter_map(|c| {
+                Some(CommitMessage {
+                    provider: Provider::Github,
+                    repo_id: range.repo_id.clone(),
+                    repo: range.repo.clone(),
+                    sha: Sha::parse(&c.sha).ok()?,
+                    subject: subject_of(&c.commit.message),
+                    committed_at_ms: c
+                        .commit
+                        .committer
+                        .map_or(0, |s| crate::commits::push::rfc3339_ms(&s.date)),
+                })
             }));
             if n < 100 {
                 break;

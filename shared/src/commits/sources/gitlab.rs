@@ -3,6 +3,7 @@
 //! self-managed.
 
 use super::{MAX_DIFF_BYTES, MAX_RANGE_COMMITS, read_json_page, send_authed, status_error};
+use crate::domain::Sha;
 use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
 use crate::ports::{DiffError, DiffSource};
 use crate::secret::Secret;
@@ -136,13 +137,16 @@ impl DiffSource for GitLabSource {
             let (body, next) = self.page(url.as_str()).await?;
             let commits: Vec<GitLabListedCommit> = serde_json::from_slice(&body)
                 .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
-            out.extend(commits.into_iter().map(|c| CommitMessage {
-                provider: Provider::Gitlab,
-                repo_id: range.repo_id.clone(),
-                repo: range.repo.clone(),
-                sha: c.id,
-                subject: if c.title.is_empty() { subject_of(&c.message) } else { subject_of(&c.title) },
-                committed_at_ms: crate::commits::push::rfc3339_ms(&c.committed_date),
+            // A listed commit whose id is not a full sha is left out, as the webhook leaves it out.
+            out.extend(commits.into_iter().filter_map(|c| {
+                Some(CommitMessage {
+                    provider: Provider::Gitlab,
+                    repo_id: range.repo_id.clone(),
+                    repo: range.repo.clone(),
+                    sha: Sha::parse(&c.id).ok()?,
+                    subject: if c.title.is_empty() { subject_of(&c.message) } else { subject_of(&c.title) },
+                    committed_at_ms: crate::commits::push::rfc3339_ms(&c.committed_date),
+                })
             }));
             match next {
                 Some(n) if n > page && out.len() < MAX_RANGE_COMMITS => page = n,

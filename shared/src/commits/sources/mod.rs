@@ -122,7 +122,7 @@ impl DiffSource for LocalGit {
                 "--no-textconv",
                 "--diff-merges=first-parent",
             ])
-            .arg(&commit.sha)
+            .arg(commit.sha.as_str())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -215,9 +215,9 @@ mod tests {
     fn msg(provider: Provider, repo_id: &str, repo: &str) -> CommitMessage {
         CommitMessage {
             provider,
-            repo_id: repo_id.into(),
+            repo_id: repo_id.parse().unwrap(),
             repo: repo.into(),
-            sha: SHA.into(),
+            sha: SHA.parse().unwrap(),
             subject: String::new(),
             committed_at_ms: 0,
         }
@@ -389,10 +389,10 @@ mod tests {
         let gh = GitHubSource::new(&base, None, Duration::from_secs(5));
         let range = PushRange {
             provider: Provider::Github,
-            repo_id: "github:1".into(),
+            repo_id: "github:1".parse().unwrap(),
             repo: "o/r".into(),
             base: "main".into(),
-            head: "e".repeat(40),
+            head: "e".repeat(40).parse().unwrap(),
             listed: vec![],
         };
         let commits = gh.commits_between(&range).await.unwrap();
@@ -450,12 +450,12 @@ mod tests {
         let head = git(&["rev-parse", "HEAD"]).trim().to_owned();
         let root = git(&["rev-parse", "HEAD~1"]).trim().to_owned();
         let mut m = msg(Provider::Local, "local:01234567", dir.path().to_str().unwrap());
-        m.sha = head;
+        m.sha = head.parse().unwrap();
         let d = LocalGit.diff(&m).await.unwrap();
         assert!(d.starts_with("diff --git a/a.txt b/a.txt") && d.contains("+world"), "{d}");
-        m.sha = root;
+        m.sha = root.parse().unwrap();
         assert!(LocalGit.diff(&m).await.unwrap().contains("+hello"), "the root commit diffs against nothing");
-        m.sha = "f".repeat(40);
+        m.sha = "f".repeat(40).parse().unwrap();
         assert!(matches!(LocalGit.diff(&m).await, Err(DiffError::Permanent(_))));
         let none = DiffSources::default();
         assert!(none.diff(&m).await.unwrap_err().to_string().contains("no diff source for local"));

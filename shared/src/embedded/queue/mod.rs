@@ -5,6 +5,7 @@
 
 use super::db::{EmbeddedDb, Pending};
 use crate::clock::SharedClock;
+use crate::domain::MessageId;
 use crate::ports::{
     DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
     ReceivedMessage,
@@ -66,7 +67,7 @@ struct StoredMessage {
 
 #[derive(Debug)]
 struct Entry {
-    id: String,
+    id: MessageId,
     stored: StoredMessage,
     visible_at_ms: u64,
     receipt: Option<String>,
@@ -108,7 +109,7 @@ impl EmbeddedQueues {
         clock: SharedClock,
         settings: QueueSettings,
     ) -> Result<Arc<Self>, QueueError> {
-        let loaded: Vec<(String, StoredMessage)> = db
+        let loaded: Vec<(MessageId, StoredMessage)> = db
             .run(|db| {
                 let txn = db.begin_read().map_err(unavailable)?;
                 let table = match txn.open_table(MESSAGES) {
@@ -121,7 +122,9 @@ impl EmbeddedQueues {
                     let (k, v) = row.map_err(unavailable)?;
                     let stored: StoredMessage = serde_json::from_slice(v.value())
                         .map_err(|e| QueueError::Rejected(format!("corrupt queue message: {e}")))?;
-                    out.push((k.value().to_owned(), stored));
+                    let id = MessageId::parse(k.value())
+                        .map_err(|e| QueueError::Rejected(format!("corrupt queue message id: {e}")))?;
+                    out.push((id, stored));
                 }
                 Ok(out)
             })
@@ -166,7 +169,7 @@ impl EmbeddedQueues {
 }
 
 fn put_op(entry: &Entry) -> Result<Op, QueueError> {
-    Ok(Op::Put(entry.id.clone(), serde_json::to_vec(&entry.stored).map_err(unavailable)?))
+    Ok(Op::Put(entry.id.to_string(), serde_json::to_vec(&entry.stored).map_err(unavailable)?))
 }
 
 /// One embedded queue (with its DLQ).
@@ -241,9 +244,13 @@ impl EmbeddedQueue {
 
 #[async_trait]
 impl QueueSend for EmbeddedQueue {
-    async fn send(&self, body: &str, mut attributes: BTreeMap<String, String>) -> Result<String, QueueError> {
+    async fn send(
+        &self,
+        body: &str,
+        mut attributes: BTreeMap<String, String>,
+    ) -> Result<MessageId, QueueError> {
         let now = self.queues.clock.now_ms();
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = MessageId::random();
         attributes.insert("SentTimestamp".into(), now.to_string());
         let mut state = self.queues.state.lock().await;
         let seq = state.next_seq;
@@ -378,7 +385,7 @@ impl QueueConsume for EmbeddedQueue {
         // delete is durable, or shows it again as it was if the delete failed.
         let (id, was_visible_at) = (entry.id.clone(), entry.visible_at_ms);
         entry.visible_at_ms = DELETING;
-        let written = self.queues.persist(vec![Op::Delete(id)]);
+        let written = self.queues.persist(vec![Op::Delete(id.to_string())]);
         drop(state);
         let outcome = written.wait().await;
         let mut state = self.queues.state.lock().await;
@@ -414,13 +421,13 @@ impl QueueConsume for EmbeddedQueue {
         stored.sent_at_ms = now;
         stored.attributes.insert("SentTimestamp".into(), now.to_string());
         let copy = Entry {
-            id: uuid::Uuid::new_v4().to_string(),
+            id: MessageId::random(),
             stored,
             visible_at_ms: now + delay.as_millis() as u64,
             receipt: None,
         };
         // One persistence batch: the copy and the delete land together or not at all.
-        self.queues.persist(vec![put_op(&copy)?, Op::Delete(old.id.clone())]).wait().await?;
+        self.queues.persist(vec![put_op(&copy)?, Op::Delete(old.id.to_string())]).wait().await?;
         state.next_seq += 1;
         state.receipts.remove(&message.receipt);
         if let Some(q) = state.queues.get_mut(&queue) {
