@@ -89,7 +89,7 @@ pub async fn batching_report(commits: usize, rpm: f64, tpm: f64) -> Result<Batch
     {
         let dir = crate::temp_dir().map_err(|e| err(&e))?;
         let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
-        let (adapters, queues) = lanes_core::backend::embedded(&dir, Default::default(), clock.clone())
+        let (adapters, queues) = lanes_core::wiring::embedded(&dir, Default::default(), clock.clone())
             .await
             .map_err(|e| err(&e))?;
         let (mock, llm) = limited_setup(rpm, tpm).await.map_err(|e| err(&e))?;

@@ -174,7 +174,7 @@ async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisSe
 {
     let (moto, redis, mut common) =
         crate::aws_services().ok_or("redis-server or moto_server is missing: run scripts/test-deps.sh")?;
-    let urls = lanes_core::backend::create_aws_resources(
+    let urls = lanes_core::wiring::create_aws_resources(
         &moto.aws_settings(),
         "lanes",
         "lanes-tasks",

@@ -65,7 +65,7 @@ pub async fn duplicates_report(
                 max_receive_count: 1_000,
             };
             let (adapters, queues) =
-                lanes_core::backend::embedded(&dir, settings, clock.clone()).await.map_err(|e| err(&e))?;
+                lanes_core::wiring::embedded(&dir, settings, clock.clone()).await.map_err(|e| err(&e))?;
             let llm = Arc::new(
                 lanes_core::llm::OfflineProvider::new(|_| Duration::from_millis(llm_ms))
                     .answering_batches(lanes_core::commits::prompt::offline_answer),

@@ -80,7 +80,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
     for policy in ["fifo", "static 50:50", "70/30 borrowing"] {
         let dir = crate::temp_dir().map_err(|e| err(&e))?;
         let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
-        let (adapters, queues) = lanes_core::backend::embedded(&dir, Default::default(), clock.clone())
+        let (adapters, queues) = lanes_core::wiring::embedded(&dir, Default::default(), clock.clone())
             .await
             .map_err(|e| err(&e))?;
         let worker = lanes_core::tasks::worker::Worker {

@@ -165,9 +165,9 @@ async fn on_server(server: &str, lane: Lane, op: DlqOp) -> Result<serde_json::Va
 
 async fn on_aws(lane: Lane, op: DlqOp) -> Result<serde_json::Value, DlqCliError> {
     let config =
-        lanes_core::backend::AwsBackendConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?;
+        lanes_core::wiring::AwsBackendConfig::from_env().map_err(|e| DlqCliError::Backend(e.to_string()))?;
     let adapters =
-        lanes_core::backend::aws(&config, &[lane]).await.map_err(|e| DlqCliError::Backend(e.to_string()))?;
+        lanes_core::wiring::aws(&config, &[lane]).await.map_err(|e| DlqCliError::Backend(e.to_string()))?;
     let admin = Admin {
         adapters,
         metrics: lanes_core::metrics::Metrics::new(),

@@ -16,7 +16,7 @@ use tracing::warn;
 #[derive(Clone)]
 pub struct Admin {
     /// The backend's adapters.
-    pub adapters: crate::backend::Adapters,
+    pub adapters: crate::wiring::Adapters,
     /// Metrics.
     pub metrics: Metrics,
     /// Time.

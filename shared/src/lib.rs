@@ -46,7 +46,7 @@
 //! - [`dlq_admin`]: the DLQ operations of every lane, by lane, for `lanes dev` and `lanes dlq`.
 //! - [`running`]: running invocations per lane, registered by the workers with leases in the cache.
 //! - [`controller`]: mapping concurrency from queue depth and running work, every minute.
-//! - [`backend`]: one process's adapters, from the environment or created for `--create`.
+//! - [`wiring`]: one process's adapters, from the environment or created for `--create`.
 //! - [`local`]: `lanes dev`, everything wired in one process; [`summarize`]: `lanes summarize`.
 //! - [`lambda`]: Lambda events to the core (used by `functions/*`): cold-start assembly
 //!   ([`lambda::startup`]), the controller's and worker's per-container state and invocations
@@ -54,7 +54,6 @@
 //!   hand-back ([`lambda::batch`]).
 
 pub mod adapters;
-pub mod backend;
 pub mod clock;
 pub mod commits;
 pub mod config;
@@ -82,5 +81,6 @@ pub mod secret;
 pub mod summarize;
 pub mod tasks;
 pub mod trace;
+pub mod wiring;
 
 pub use tokio_util::sync::CancellationToken;

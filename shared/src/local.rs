@@ -4,7 +4,6 @@
 //! Redis (moto, LocalStack or a real account).
 
 use crate::adapters::AwsSettings;
-use crate::backend::{Adapters, AwsBackendConfig, BackendError, create_aws_resources, redis_from_env};
 use crate::clock::{SharedClock, SystemClock};
 use crate::commits::api::{self, SummariesApi};
 use crate::commits::webhook::{self, Webhook, WebhookConfig};
@@ -18,6 +17,7 @@ use crate::ports::DiffSource;
 use crate::ports::{LlmClient, QueueConsume};
 use crate::tasks::ingress::{Ingress, router};
 use crate::tasks::worker::Worker;
+use crate::wiring::{Adapters, AwsBackendConfig, WiringError, create_aws_resources, redis_from_env};
 use axum::Router;
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -34,7 +34,7 @@ use tracing::info;
 pub enum LocalError {
     /// The adapters could not be built.
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Wiring(#[from] WiringError),
     /// The address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -68,7 +68,7 @@ pub enum DevBackend {
     },
 }
 
-/// The model of local runs: the routes of the environment ([`crate::backend::llm_from_env`]), the
+/// The model of local runs: the routes of the environment ([`crate::wiring::llm_from_env`]), the
 /// offline provider (with a simulated latency per lane) by default, each behind its limiter (always
 /// for a real provider; for the offline one when `LANES_LLM_RPM`/`TPM` are set).
 pub async fn local_llm(
@@ -78,7 +78,7 @@ pub async fn local_llm(
 ) -> Result<Arc<dyn LlmClient>, ConfigError> {
     let offline = OfflineProvider::new(|l| offline_latency[l.index()])
         .answering_batches(crate::commits::prompt::offline_answer);
-    crate::backend::llm_from_env(adapters, clock, Arc::new(offline), Duration::from_secs(30)).await
+    crate::wiring::llm_from_env(adapters, clock, Arc::new(offline), Duration::from_secs(30)).await
 }
 
 /// The Git side of local mode: webhook secrets and diff sources (GitHub, GitLab and local
@@ -169,9 +169,9 @@ impl Local {
         let clock: SharedClock = Arc::new(SystemClock);
         let adapters = match &opts.backend {
             DevBackend::Embedded => {
-                crate::backend::embedded(&opts.data_dir, opts.queue, clock.clone())
+                crate::wiring::embedded(&opts.data_dir, opts.queue, clock.clone())
                     .await
-                    .map_err(LocalError::Backend)?
+                    .map_err(LocalError::Wiring)?
                     .0
             }
             DevBackend::Aws { create: true, aws } => {
@@ -185,17 +185,17 @@ impl Local {
                     redis: redis_from_env()?,
                     redrive: None,
                 };
-                crate::backend::aws(&config, &Lane::ALL).await?
+                crate::wiring::aws(&config, &Lane::ALL).await?
             }
             DevBackend::Aws { create: false, aws } => {
                 let config = AwsBackendConfig { aws: aws.clone(), ..AwsBackendConfig::from_env()? };
-                crate::backend::aws(&config, &Lane::ALL).await?
+                crate::wiring::aws(&config, &Lane::ALL).await?
             }
         };
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
         let git = GitConfig {
-            webhook: crate::backend::webhook_config(),
-            diffs: Arc::new(crate::backend::diff_sources(true)),
+            webhook: crate::wiring::webhook_config(),
+            diffs: Arc::new(crate::wiring::diff_sources(true)),
         };
         Ok(Self::with_adapters(opts, adapters, llm, clock, git))
     }

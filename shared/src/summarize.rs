@@ -3,7 +3,6 @@
 //! the commits worker in batches of up to 100, summaries written to the redb store under the data dir.
 //! A second run answers from the store and makes no LLM call.
 
-use crate::backend::Adapters;
 use crate::clock::SharedClock;
 use crate::commits::sources::DiffSources;
 use crate::commits::worker::{BatchReport, Served};
@@ -13,6 +12,7 @@ use crate::domain::{Lane, MessageId, RepoId, Sha};
 use crate::lease::Outcome;
 use crate::metrics::Metrics;
 use crate::ports::LlmClient;
+use crate::wiring::Adapters;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -270,7 +270,7 @@ pub async fn run_local(
 ) -> Result<Report, SummarizeError> {
     let commits = list_commits(repo, range).await?;
     let clock: SharedClock = Arc::new(crate::clock::SystemClock);
-    let (adapters, _) = crate::backend::embedded(data_dir, Default::default(), clock.clone())
+    let (adapters, _) = crate::wiring::embedded(data_dir, Default::default(), clock.clone())
         .await
         .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
     let llm = crate::local::local_llm(&adapters, clock.clone(), [Duration::ZERO; 3])

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)]
 
 use axum::http::StatusCode;
-use lanes_core::backend::{Adapters, AwsBackendConfig, create_aws_resources};
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::commits::sources::{DiffSources, GitHubSource, GitLabSource};
 use lanes_core::commits::webhook::{Webhook, WebhookConfig, github_signature};
@@ -18,6 +17,7 @@ use lanes_core::embedded::QueueSettings;
 use lanes_core::lease::receive_batch;
 use lanes_core::llm::OpenAiClient;
 use lanes_core::metrics::Metrics;
+use lanes_core::wiring::{Adapters, AwsBackendConfig, create_aws_resources};
 use lanes_tests::mock_llm::MockLlm;
 use lanes_tests::{MotoServer, RedisServer, fake_github};
 use std::collections::HashMap;
@@ -124,7 +124,7 @@ async fn rig() -> Rig {
         redis: redis.settings(false),
         redrive: None,
     };
-    let adapters = lanes_core::backend::aws(&config, &[Lane::Commits]).await.unwrap();
+    let adapters = lanes_core::wiring::aws(&config, &[Lane::Commits]).await.unwrap();
     let fetches = Arc::new(Mutex::new(HashMap::new()));
     let github = fake_github(fetches.clone()).await;
     let gitlab = fake_gitlab().await;

@@ -9,11 +9,11 @@
 use lanes_core::adapters::lambda::LambdaMappings;
 use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::SqsQueue;
-use lanes_core::backend::create_aws_resources;
 use lanes_core::controller::Controller;
 use lanes_core::embedded::QueueSettings;
 use lanes_core::ports::MappingControl;
 use lanes_core::ports::{QueueConsume, QueueSend};
+use lanes_core::wiring::create_aws_resources;
 use lanes_tests::{MotoServer, venv_bin};
 use std::process::Command;
 use std::sync::Arc;

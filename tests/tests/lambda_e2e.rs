@@ -8,10 +8,10 @@
 use lanes_core::adapters::dynamodb::DynamoStore;
 use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::SqsQueue;
-use lanes_core::backend::create_aws_resources;
 use lanes_core::domain::TaskStatus;
 use lanes_core::embedded::QueueSettings;
 use lanes_core::ports::{QueueConsume, TaskStore};
+use lanes_core::wiring::create_aws_resources;
 use lanes_tests::{LambdaWatch, MotoServer, RedisServer, workspace_root};
 use serde_json::{Value, json};
 

@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used)]
 
 use aws_lambda_events::event::sqs::SqsMessage;
-use lanes_core::backend::{AwsBackendConfig, create_aws_resources};
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::config::WorkerConfig;
 use lanes_core::domain::Lane;
@@ -17,6 +16,7 @@ use lanes_core::lambda::handle_batch;
 use lanes_core::llm::OfflineProvider;
 use lanes_core::metrics::Metrics;
 use lanes_core::tasks::worker::Worker;
+use lanes_core::wiring::{AwsBackendConfig, create_aws_resources};
 use lanes_tests::{MotoServer, RedisServer, now_ms};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -42,7 +42,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
         redis: redis.settings(false),
         redrive: None,
     };
-    let adapters = lanes_core::backend::aws(&config, &[Lane::Interactive]).await.unwrap();
+    let adapters = lanes_core::wiring::aws(&config, &[Lane::Interactive]).await.unwrap();
     let (queue, send) = (adapters.consume[0].clone(), adapters.send[0].clone());
     let mut ids = Vec::new();
     for i in 0..10 {

@@ -532,7 +532,7 @@ fn the_bottom_layers_name_nothing_above_them() {
         "dlq_admin",
         "controller",
         "openapi",
-        "backend",
+        "wiring",
         "local",
         "summarize",
         "lambda",

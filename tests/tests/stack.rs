@@ -214,7 +214,7 @@ fn every_function_gets_the_variables_its_configuration_requires() {
     // Whatever the code requires by name is set somewhere in the template.
     let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
     for file in [
-        "shared/src/backend.rs",
+        "shared/src/wiring.rs",
         "shared/src/lambda/startup.rs",
         "shared/src/lambda/handlers.rs",
         "shared/src/lambda/batch.rs",

@@ -240,7 +240,6 @@ pub fn batch_response<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a Outco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Adapters;
     use crate::clock::{Clock, SharedClock, SystemClock};
     use crate::config::WorkerConfig;
     use crate::domain::Lane;
@@ -251,6 +250,7 @@ mod tests {
     use crate::ports::QueueSend;
     use crate::ports::{QueueConsume, ReceivedMessage};
     use crate::tasks::worker::Worker;
+    use crate::wiring::Adapters;
     use aws_lambda_events::event::sqs::SqsMessage;
     use serde_json::json;
     use std::sync::Arc;
@@ -263,7 +263,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let clock: SharedClock = Arc::new(SystemClock);
         let (adapters, queues) =
-            crate::backend::embedded(dir.path(), Default::default(), clock.clone()).await.unwrap();
+            crate::wiring::embedded(dir.path(), Default::default(), clock.clone()).await.unwrap();
         for i in 0..3 {
             let req = TaskRequest::from_value(
                 json!({"project_id":"p","kind":"explain","prompt":format!("{i}"),"target_files":[]}),

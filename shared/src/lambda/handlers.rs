@@ -80,7 +80,7 @@ impl ControllerFunction {
                     let q = aws
                         .consumer(&urls[lane.index()], lane, redrive.as_ref())
                         .await
-                        .map_err(crate::backend::BackendError::Queue)?;
+                        .map_err(crate::wiring::WiringError::Queue)?;
                     let Some(dlq) = q.dead_letter_queue() else { continue };
                     let dlq = Arc::new(dlq) as Arc<dyn QueueConsume>;
                     if lane == Lane::Commits {
@@ -98,9 +98,9 @@ impl ControllerFunction {
         // and the workers' locks for the sweep.
         let mut sweep = sweep;
         if crate::config::optional_env("REDIS_URL").is_some() {
-            let redis = crate::backend::redis_from_env()?;
+            let redis = crate::wiring::redis_from_env()?;
             let conn =
-                crate::adapters::redis::connect(&redis).await.map_err(crate::backend::BackendError::from)?;
+                crate::adapters::redis::connect(&redis).await.map_err(crate::wiring::WiringError::from)?;
             let cache = Arc::new(crate::adapters::redis::RedisCache::new(conn.clone(), &redis.prefix));
             controller =
                 controller.with_running(crate::running::RunningWork::new(cache, Arc::new(SystemClock)));
@@ -203,14 +203,14 @@ impl WorkerFunction {
         let offline = crate::llm::OfflineProvider::new(|_| latency)
             .answering_batches(crate::commits::prompt::offline_answer);
         let clock = Arc::new(SystemClock);
-        let llm = crate::backend::llm_from_env(&adapters, clock, Arc::new(offline), Duration::from_secs(20))
-            .await?;
+        let llm =
+            crate::wiring::llm_from_env(&adapters, clock, Arc::new(offline), Duration::from_secs(20)).await?;
         let metrics = Metrics::new();
         metrics.enable_emf();
         let commits = match lane {
             Lane::Commits => Some(adapters.commits_worker(
                 llm.clone(),
-                Arc::new(crate::backend::diff_sources(false)),
+                Arc::new(crate::wiring::diff_sources(false)),
                 metrics.clone(),
                 Arc::new(SystemClock),
                 config,

@@ -3,7 +3,6 @@
 //! authorizer, the trace header and EMF metrics around the HTTP functions, and the errors a cold
 //! start can end in.
 
-use crate::backend::{Adapters, AwsBackendConfig};
 use crate::clock::{SharedClock, SystemClock};
 use crate::commits::api::{self, SummariesApi};
 use crate::commits::webhook::Webhook;
@@ -13,6 +12,7 @@ use crate::domain::Lane;
 use crate::metrics::Metrics;
 use crate::tasks::ingress::{Ingress, router};
 use crate::tasks::tenant::{Tenancy, Tenant};
+use crate::wiring::{Adapters, AwsBackendConfig};
 use std::sync::Arc;
 
 /// Logs as [`log_settings`] says (JSON with the function's log level in Lambda), with every span's
@@ -90,11 +90,11 @@ pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
 }
 
 /// The webhook function's router, from the environment: the `commits` queue and the store of the
-/// backend, and the secrets ([`crate::backend::webhook_config`]). Refuses to start with no secret configured,
+/// backend, and the secrets ([`crate::wiring::webhook_config`]). Refuses to start with no secret configured,
 /// since it could then accept nothing; a configured one that cannot be read is logged as an error and
 /// answers `503` until it can.
 pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
-    let config = crate::backend::webhook_config();
+    let config = crate::wiring::webhook_config();
     if config.github_secret.is_none() && config.gitlab_token.is_none() {
         return Err(ConfigError::Missing(
             "LANES_GITHUB_WEBHOOK_SECRET(_ID) or LANES_GITLAB_WEBHOOK_TOKEN(_ID)",
@@ -141,16 +141,16 @@ pub enum ColdStartError {
     Config(#[from] ConfigError),
     /// Adapters.
     #[error(transparent)]
-    Backend(#[from] crate::backend::BackendError),
+    Wiring(#[from] crate::wiring::WiringError),
 }
 
 pub(super) async fn adapters_from_env(function: &str, consume: &[Lane]) -> Result<Adapters, ColdStartError> {
     match Backend::from_env()? {
-        Backend::Aws => Ok(crate::backend::aws(&AwsBackendConfig::for_functions()?, consume).await?),
+        Backend::Aws => Ok(crate::wiring::aws(&AwsBackendConfig::for_functions()?, consume).await?),
         Backend::Embedded { data_dir } => {
             tracing::info!(function, data_dir = %data_dir.display(), "embedded backend");
             let clock: SharedClock = Arc::new(SystemClock);
-            Ok(crate::backend::embedded(&data_dir, Default::default(), clock).await?.0)
+            Ok(crate::wiring::embedded(&data_dir, Default::default(), clock).await?.0)
         }
     }
 }

@@ -1,6 +1,8 @@
-//! Building the adapters of one backend, once per process: embedded (a redb file, in-process lock
-//! and cache) or AWS (SQS, DynamoDB, Redis). Reads and validates the AWS configuration from the
-//! environment, naming any missing variable, and can create the queues and the table (`--create`).
+//! Wiring: what one process is built from, once, at start. The adapters of its backend (the one
+//! thing "backend" names: which adapters serve the ports), embedded (a redb file, in-process lock
+//! and cache) or AWS (SQS, DynamoDB, Redis); the LLM client stack over them ([`llm_from_env`]);
+//! and the Git hosts' sources. Reads and validates the AWS configuration from the environment,
+//! naming any missing variable, and can create the queues and the table (`--create`).
 
 use crate::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
 use crate::adapters::sqs::SqsQueue;
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 /// Errors building a backend. All permanent at start-up: they say what to fix.
 #[derive(Debug, thiserror::Error)]
-pub enum BackendError {
+pub enum WiringError {
     /// Missing or invalid configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -121,7 +123,7 @@ pub async fn embedded(
     data_dir: &Path,
     settings: QueueSettings,
     clock: SharedClock,
-) -> Result<(Adapters, [EmbeddedQueue; 3]), BackendError> {
+) -> Result<(Adapters, [EmbeddedQueue; 3]), WiringError> {
     let db = EmbeddedDb::open(data_dir)?;
     let store = EmbeddedStore::new(db.clone());
     let summaries = EmbeddedSummaries::new(db.clone());
@@ -226,7 +228,7 @@ impl AwsBackendConfig {
 
 /// The AWS backend. `consume_lanes` are the lanes whose queues are read (their redrive policy comes
 /// from [`AwsBackendConfig::redrive`], or is fetched now); the others get send-only handles.
-pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Adapters, BackendError> {
+pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Adapters, WiringError> {
     let aws = AwsClients::load(&config.aws).await;
     let conn = connect(&config.redis).await?;
     let mut consume = Vec::with_capacity(3);
@@ -260,7 +262,7 @@ pub async fn create_aws_resources(
     prefix: &str,
     table: &str,
     settings: QueueSettings,
-) -> Result<[String; 3], BackendError> {
+) -> Result<[String; 3], WiringError> {
     let aws = AwsClients::load(aws).await;
     let mut urls = Vec::with_capacity(3);
     for lane in Lane::ALL {
@@ -270,7 +272,7 @@ pub async fn create_aws_resources(
         );
     }
     aws.create_table(table).await?;
-    urls.try_into().map_err(|_| BackendError::Config(ConfigError::Missing("queues")))
+    urls.try_into().map_err(|_| WiringError::Config(ConfigError::Missing("queues")))
 }
 
 /// The model client of this process, built once from the environment: every lane's routes
