@@ -53,7 +53,7 @@ REVERTS = {
     "quota-after-lookup": ("the daily budget is checked before the idempotent lookup", [
         ("shared/src/tasks/ingress.rs", """        let stored = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
         return match idempotency::from_record(stored, &payload_hash) {
-            Some(duplicate) => answer_duplicate(ing, duplicate, true, now).await,
+            Some(duplicate) => answer_duplicate(ing, duplicate, Answered::ByStore, now).await,
             None => Err(over_budget(&request.project_id, over.retry_after)),
         };""", "        return Err(over_budget(&request.project_id, over.retry_after));"),
     ]),
