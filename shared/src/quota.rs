@@ -15,6 +15,7 @@
 //! protects spend but must not stop the service.
 
 use crate::config::QuotaConfig;
+use crate::domain::Tenant;
 use crate::ports::{Cache, CacheError};
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ const MINUTE_MS: u64 = 60 * 1000;
 
 /// The counters' name for a project: the `project_id` alone, or with tenancy the pair (hashed), so
 /// one tenant's `project_id` can neither spend nor reveal another tenant's budget.
-pub fn scope(tenant: Option<&str>, project: &str) -> String {
+pub fn scope(tenant: Option<&Tenant>, project: &str) -> String {
     match tenant {
         None => project.to_owned(),
         Some(t) => crate::domain::sha256_hex(format!("{t}\n{project}").as_bytes())[..32].to_owned(),
@@ -144,7 +145,8 @@ mod tests {
         assert_eq!(admit(&cache, &config, "c", 5_000, now).await.unwrap(), Ok(()));
         assert!(admit(&cache, &config, "c", 1, now).await.unwrap().is_err());
         // Tenants' counters are apart, even for the same project_id.
-        assert_ne!(scope(Some("team-a"), "p"), scope(Some("team-b"), "p"));
+        let t = |s: &str| Tenant::parse(s).unwrap();
+        assert_ne!(scope(Some(&t("team-a")), "p"), scope(Some(&t("team-b")), "p"));
         assert_eq!(scope(None, "p"), "p");
     }
 }

@@ -174,7 +174,7 @@ impl Chaos {
 
     /// Whether the current delivery claims `task_id` without the lock (degraded), or on a key a
     /// failover has since lost.
-    fn claims_broken(&self, task_id: &str) -> bool {
+    fn claims_broken(&self, task_id: &TaskId) -> bool {
         let key = lanes_core::lease::task_lock_key(task_id);
         let Some(id) = tokio::task::try_id() else { return false };
         let taken = match self.holders.lock() {

@@ -171,7 +171,10 @@ async fn a_retry_of_an_accepted_task_gets_its_task_over_the_daily_budget() {
     assert_eq!((status, again["task_id"].as_str()), (202, Some(id.as_str())), "{again}");
     drain(&r).await;
     // Completed, and its cache entry gone (expired, or a Redis failover): the store answers.
-    r.cache.set(&lanes_core::tasks::cache::cache_key(&id), "", Duration::from_millis(1)).await.unwrap();
+    r.cache
+        .set(&lanes_core::tasks::cache::cache_key(&id.parse().unwrap()), "", Duration::from_millis(1))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let (status, done) = post(&r.url).await;
     assert_eq!((status, done["status"].as_str()), (200, Some("COMPLETED")), "{done}");

@@ -3,6 +3,7 @@
 //! keyed by sha, which is validated entry by entry. Also the offline provider's honest answer to such
 //! a prompt, and the apportioning of a call's tokens to its commits.
 
+use crate::domain::Sha;
 use serde::Deserialize;
 use std::collections::HashMap;
 
@@ -25,7 +26,7 @@ saying what changed and why it matters, no preamble. Each commit is between `===
 array, one object per commit: [{\"sha\": \"<full sha>\", \"summary\": \"<text>\"}].";
 
 /// One commit's section of a prompt.
-pub fn section(sha: &str, subject: &str, diff: &str) -> String {
+pub fn section(sha: &Sha, subject: &str, diff: &str) -> String {
     let mut s = format!("{SECTION_START}{sha}\nsubject: {subject}\n{diff}");
     if !s.ends_with('\n') {
         s.push('\n');
@@ -207,15 +208,15 @@ mod tests {
 
     #[test]
     fn the_offline_answer_is_valid_and_honest() {
-        let a = "a".repeat(40);
+        let a: Sha = "a".repeat(40).parse().unwrap();
         let s = section(&a, "Fix the parser", "diff --git a/src/p.rs b/src/p.rs\n@@ -1 +1 @@\n+x\n");
         let prompt = build_prompt([s.as_str()]);
         let answer = offline_answer(&prompt);
         let got = parse_answer(&answer, &[&a]);
         assert!(
-            got[&a].contains("not an LLM")
-                && got[&a].contains("Fix the parser")
-                && got[&a].contains("src/p.rs")
+            got[a.as_str()].contains("not an LLM")
+                && got[a.as_str()].contains("Fix the parser")
+                && got[a.as_str()].contains("src/p.rs")
         );
     }
 }

@@ -34,7 +34,7 @@ impl EmbeddedSummaries {
     }
 }
 
-fn repo_key(repo_id: &str, order: &str) -> String {
+fn repo_key(repo_id: &RepoId, order: &str) -> String {
     format!("{repo_id}\u{0}{order}")
 }
 

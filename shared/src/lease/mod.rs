@@ -25,6 +25,7 @@ pub use heartbeat::{AbortOnDrop, CancelProbe, Heartbeat, Leased, Membership, Wat
 pub use queue::{LEAVE_WAIT, LeasedQueue};
 
 use crate::config::WorkerConfig;
+use crate::domain::TaskId;
 use crate::metrics::Metrics;
 use crate::ports::{QueueConsume, QueueError, ReceivedMessage};
 use std::time::Duration;
@@ -108,7 +109,7 @@ pub async fn start(
 
 /// Lock key of a task's lease (one hash slot per task in Redis Cluster): the workers take it, and
 /// the DLQ sweep reads it to leave a run its lock shows live.
-pub fn task_lock_key(task_id: &str) -> String {
+pub fn task_lock_key(task_id: &TaskId) -> String {
     format!("lease:{{task:{task_id}}}")
 }
 

@@ -14,13 +14,13 @@ use std::time::Duration;
 /// status is final, so the cache can never contradict the store. Any finished record there wakes
 /// the task's long-polls, which then read the store (the record's `created_at_ms` tells a
 /// leftover of an earlier run of the id from the current one).
-pub fn cache_key(task_id: &str) -> String {
+pub fn cache_key(task_id: &TaskId) -> String {
     format!("task:{task_id}")
 }
 
 /// Cache key of the hint that a task was cancelled (read by the running worker's heartbeat); its
 /// value is the cancelled record's fence, so it cannot cancel a later run of the same id.
-pub fn cancel_key(task_id: &str) -> String {
+pub fn cancel_key(task_id: &TaskId) -> String {
     format!("cancel:{task_id}")
 }
 

@@ -194,7 +194,7 @@ async fn accept(
 
     // 2. The project's daily token budget: over it, no new task is stored. A duplicate of an
     // accepted one is never refused: over the budget, the store is asked before answering 429.
-    let quota_scope = crate::quota::scope(request.tenant.as_deref(), &request.project_id);
+    let quota_scope = crate::quota::scope(request.tenant.as_ref(), &request.project_id);
     let over =
         match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &quota_scope, ing.clock.now_ms())
             .await

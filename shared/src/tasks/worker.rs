@@ -261,7 +261,7 @@ impl Worker {
             max_tokens: params.max_tokens.map_or(policy.max_tokens, |m| m.min(policy.max_tokens)),
             params,
         };
-        let quota_scope = crate::quota::scope(record.request.tenant.as_deref(), &record.request.project_id);
+        let quota_scope = crate::quota::scope(record.request.tenant.as_ref(), &record.request.project_id);
         let run = Run { queue, message, task, record: &record, completed };
         if let Err(outcome) = self.admit(run, &request, &quota_scope, now).await {
             return outcome;
