@@ -63,6 +63,7 @@ pub async fn duplicates_report(
             let settings = lanes_core::embedded::QueueSettings {
                 default_visibility: visibility,
                 max_receive_count: 1_000,
+                ..Default::default()
             };
             let (adapters, queues) =
                 lanes_core::wiring::embedded(&dir, settings, clock.clone()).await.map_err(|e| err(&e))?;

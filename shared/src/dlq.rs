@@ -333,12 +333,12 @@ async fn runnable_or_dropped(
     Ok(true)
 }
 
-/// A DLQ message's attributes that travel back to its lane: only the routing ones, never the DLQ's
-/// own (reason, source).
-fn routing(m: &ReceivedMessage) -> std::collections::BTreeMap<String, String> {
+/// A DLQ message's attributes that travel back to its lane: only the routing ones (lane, kind, and
+/// the fairness group), never the DLQ's own (reason, source).
+pub(crate) fn routing(m: &ReceivedMessage) -> std::collections::BTreeMap<String, String> {
     m.attributes
         .iter()
-        .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind"))
+        .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind" | crate::domain::fairness::GROUP_ATTRIBUTE))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -513,7 +513,11 @@ mod tests {
         let clock: SharedClock = manual.clone();
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let store = EmbeddedStore::new(db.clone());
-        let settings = QueueSettings { default_visibility: Duration::from_millis(1), max_receive_count: 1 };
+        let settings = QueueSettings {
+            default_visibility: Duration::from_millis(1),
+            max_receive_count: 1,
+            ..Default::default()
+        };
         let queue = EmbeddedQueues::open(db, clock.clone(), settings)
             .await
             .unwrap()

@@ -167,11 +167,8 @@ pub async fn run(
         repo_id: commits.first().map(|c| c.repo_id.to_string()).unwrap_or_default(),
         ..Report::default()
     };
-    let messages: Vec<(String, BTreeMap<String, String>)> = commits
-        .iter()
-        .filter_map(|c| serde_json::to_string(c).ok())
-        .map(|b| (b, BTreeMap::from([("lane".to_owned(), "commits".to_owned())])))
-        .collect();
+    let messages: Vec<(String, BTreeMap<String, String>)> =
+        commits.iter().filter_map(|c| Some((serde_json::to_string(c).ok()?, c.send_attributes()))).collect();
     let unsent = adapters.send[Lane::Commits.index()]
         .send_batch(&messages)
         .await

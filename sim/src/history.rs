@@ -238,7 +238,11 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     // Low counts often: last deliveries (and their settling) are where waits and crashes meet.
     let max_receive_count =
         if rng.random::<bool>() { rng.random_range(2..=4) } else { rng.random_range(5..=10) };
-    let settings = QueueSettings { default_visibility: Duration::from_secs(180), max_receive_count };
+    let settings = QueueSettings {
+        default_visibility: Duration::from_secs(180),
+        max_receive_count,
+        ..Default::default()
+    };
     let queues = match EmbeddedQueues::open(db, shared.clone(), settings).await {
         Ok(q) => q,
         Err(e) => panic!("embedded queues: {e}"),

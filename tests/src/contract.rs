@@ -6,6 +6,7 @@
 
 use lanes_core::domain::TokenUsage;
 use lanes_core::domain::commit::{CommitSummary, SummarySource};
+use lanes_core::domain::fairness::GROUP_ATTRIBUTE;
 use lanes_core::domain::lifecycle::{self, Command, Event, Guard, TRANSITIONS};
 use lanes_core::domain::{RepoId, Sha, TaskId, TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_core::ports::{
@@ -265,9 +266,13 @@ pub async fn task_transitions(store: &dyn TaskStore, now: u64) {
     assert!(tried >= 7 * TRANSITIONS.len());
 }
 
-/// A requeue puts a fresh copy of a delivery (receive count 1, after its delay) in place of it.
+/// A requeue puts a fresh copy of a delivery (receive count 1, after its delay) in place of it,
+/// with its attributes and its fairness group.
 pub async fn queue_requeue<Q: QueueConsume + QueueSend>(queue: &Q) {
-    let attributes = BTreeMap::from([("lane".to_owned(), "interactive".to_owned())]);
+    let attributes = BTreeMap::from([
+        ("lane".to_owned(), "interactive".to_owned()),
+        (GROUP_ATTRIBUTE.to_owned(), "t-0123456789abcdef".to_owned()),
+    ]);
     queue.send("requeue me", attributes).await.unwrap();
     let mut got = Vec::new();
     for _ in 0..3 {
@@ -289,6 +294,7 @@ pub async fn queue_requeue<Q: QueueConsume + QueueSend>(queue: &Q) {
         .unwrap_or_else(|| panic!("copy"));
     assert_eq!((copy.body.as_str(), copy.receive_count), ("requeue me", 1));
     assert_eq!(copy.attributes.get("lane").map(String::as_str), Some("interactive"));
+    assert_eq!(copy.attributes.get(GROUP_ATTRIBUTE).map(String::as_str), Some("t-0123456789abcdef"));
     assert!(
         queue.change_visibility(&last.receipt, Duration::ZERO).await.is_err(),
         "the old delivery is gone"
@@ -296,16 +302,21 @@ pub async fn queue_requeue<Q: QueueConsume + QueueSend>(queue: &Q) {
     queue.delete(&copy.receipt).await.unwrap();
 }
 
-/// A queue with a DLQ: attributes and receive counts travel, a received message hides for its
-/// visibility and comes back with a higher count, a delete removes it, a dead-letter moves it with
-/// its reason, and the depth counts what is visible and what is in flight.
+/// A queue with a DLQ: attributes, the fairness group and receive counts travel, a received message
+/// hides for its visibility and comes back with a higher count, a delete removes it, a dead-letter
+/// moves it with its reason and its group, and the depth counts what is visible and what is in
+/// flight.
 pub async fn queue<Q: QueueConsume + QueueSend>(queue: &Q, dlq: &dyn QueueConsume) {
-    let attributes = BTreeMap::from([("lane".to_owned(), "interactive".to_owned())]);
+    let attributes = BTreeMap::from([
+        ("lane".to_owned(), "interactive".to_owned()),
+        (GROUP_ATTRIBUTE.to_owned(), "o-team".to_owned()),
+    ]);
     queue.send("m1", attributes.clone()).await.unwrap();
     let got = queue.receive_for(10, Some(Duration::from_secs(1))).await.unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!((got[0].body.as_str(), got[0].receive_count), ("m1", 1));
     assert_eq!(got[0].attributes["lane"], "interactive");
+    assert_eq!(got[0].attributes.get(GROUP_ATTRIBUTE).map(String::as_str), Some("o-team"), "the group");
     assert!(got[0].sent_at_ms > 0);
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 1));
@@ -317,6 +328,11 @@ pub async fn queue<Q: QueueConsume + QueueSend>(queue: &Q, dlq: &dyn QueueConsum
     let dead = dlq.receive_for(10, Some(Duration::from_secs(30))).await.unwrap();
     assert_eq!((dead.len(), dead[0].body.as_str()), (1, "m1"));
     assert_eq!(dead[0].attributes[DEAD_LETTER_REASON], "undecodable message: expected value");
+    assert_eq!(
+        dead[0].attributes.get(GROUP_ATTRIBUTE).map(String::as_str),
+        Some("o-team"),
+        "kept in the DLQ"
+    );
     dlq.delete(&dead[0].receipt).await.unwrap();
     queue.send("m2", attributes).await.unwrap();
     let m2 = queue.receive_for(1, Some(Duration::ZERO)).await.unwrap().pop().unwrap();

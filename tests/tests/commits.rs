@@ -115,7 +115,11 @@ async fn rig() -> Rig {
     let moto = MotoServer::start();
     let redis = RedisServer::start();
     let aws = moto.aws_settings();
-    let settings = QueueSettings { default_visibility: Duration::from_secs(60), max_receive_count: 5 };
+    let settings = QueueSettings {
+        default_visibility: Duration::from_secs(60),
+        max_receive_count: 5,
+        ..Default::default()
+    };
     let queue_urls = create_aws_resources(&aws, "c", "lanes-commits-test", settings).await.unwrap();
     let config = AwsBackendConfig {
         aws,

@@ -37,7 +37,11 @@ async fn task_store_dynamodb() {
 #[tokio::test]
 async fn queue_requeue_embedded() {
     let dir = tempfile::tempdir().unwrap();
-    let settings = QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: 10 };
+    let settings = QueueSettings {
+        default_visibility: Duration::from_secs(900),
+        max_receive_count: 10,
+        ..Default::default()
+    };
     let queues = EmbeddedQueues::open(EmbeddedDb::open(dir.path()).unwrap(), Arc::new(SystemClock), settings)
         .await
         .unwrap();
@@ -55,7 +59,11 @@ async fn queue_requeue_sqs() {
 #[tokio::test]
 async fn queue_embedded() {
     let dir = tempfile::tempdir().unwrap();
-    let settings = QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: 10 };
+    let settings = QueueSettings {
+        default_visibility: Duration::from_secs(900),
+        max_receive_count: 10,
+        ..Default::default()
+    };
     let queues = EmbeddedQueues::open(EmbeddedDb::open(dir.path()).unwrap(), Arc::new(SystemClock), settings)
         .await
         .unwrap();

@@ -130,7 +130,8 @@ impl CommitsDlq<'_> {
                 report.left.push((m.message_id.clone(), "undecodable message".into()));
                 keep.push(m);
             } else {
-                let routing = [("lane".to_owned(), "commits".to_owned())].into();
+                let mut routing = crate::dlq::routing(&m);
+                routing.insert("lane".to_owned(), "commits".to_owned());
                 match lane.send(&m.body, routing).await {
                     Ok(_) => {
                         report.redriven += 1;

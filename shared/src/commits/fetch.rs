@@ -50,12 +50,10 @@ impl CommitsWorker {
             }
             Err(_) => return (failed("range listing: timed out".into()).await, 0),
         };
-        let attributes = std::collections::BTreeMap::from([("lane".to_owned(), LANE.to_owned())]);
         let messages: Vec<(String, std::collections::BTreeMap<String, String>)> = commits
             .iter()
             .filter(|c| !listed.contains(&c.sha) && c.validate().is_ok())
-            .filter_map(|c| serde_json::to_string(c).ok())
-            .map(|body| (body, attributes.clone()))
+            .filter_map(|c| Some((serde_json::to_string(c).ok()?, c.send_attributes())))
             .collect();
         match self.send.send_batch(&messages).await {
             Ok(unsent) if unsent.is_empty() => {

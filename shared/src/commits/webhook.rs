@@ -7,7 +7,7 @@
 
 use super::push::{Push, parse_push};
 use crate::clock::SharedClock;
-use crate::domain::commit::{CommitsMessage, Provider};
+use crate::domain::commit::{CommitsMessage, Provider, send_attributes};
 use crate::metrics::Metrics;
 use crate::ports::{QueueSend, SummaryStore};
 use crate::problem::Problem;
@@ -430,16 +430,15 @@ async fn replayed(w: &Webhook, provider: Provider, d: &str) -> Result<Option<Res
 /// Sends one message per listed commit, and for an incomplete payload the range the commits worker
 /// expands (with the host's API) into the rest, so no commit of the push is missed.
 async fn enqueue(w: &Webhook, push: &Push) -> Result<(), Problem> {
-    let range = push
-        .range
-        .iter()
-        .filter_map(|r| serde_json::to_string(&CommitsMessage::Range { range: r.clone() }).ok());
+    let range = push.range.iter().filter_map(|r| {
+        let body = serde_json::to_string(&CommitsMessage::Range { range: r.clone() }).ok()?;
+        Some((body, send_attributes(r.provider, &r.repo)))
+    });
     let messages: Vec<(String, BTreeMap<String, String>)> = push
         .commits
         .iter()
-        .filter_map(|c| serde_json::to_string(c).ok())
+        .filter_map(|c| Some((serde_json::to_string(c).ok()?, c.send_attributes())))
         .chain(range)
-        .map(|body| (body, BTreeMap::from([("lane".to_owned(), "commits".to_owned())])))
         .collect();
     if messages.is_empty() {
         return Ok(());

@@ -3,8 +3,10 @@
 //! `repo_id = provider:numeric id` so tenants never collide) and validation. Pure.
 
 use crate::domain::TokenUsage;
+use crate::domain::fairness;
 use crate::domain::ids::{IdError, RepoId, Sha};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 pub use crate::domain::ids::Provider;
 
@@ -55,7 +57,21 @@ pub struct CommitMessage {
     pub committed_at_ms: u64,
 }
 
+/// The attributes a message of the `commits` queue is sent with: its lane, and its group (the
+/// repository's owner: [`fairness::commit_group`]).
+pub fn send_attributes(provider: Provider, repo: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("lane".to_owned(), "commits".to_owned()),
+        (fairness::GROUP_ATTRIBUTE.to_owned(), fairness::commit_group(provider, repo)),
+    ])
+}
+
 impl CommitMessage {
+    /// The attributes it is sent with ([`send_attributes`]).
+    pub fn send_attributes(&self) -> BTreeMap<String, String> {
+        send_attributes(self.provider, &self.repo)
+    }
+
     /// `repo_id:sha`, the commit's idempotency key.
     pub fn key(&self) -> String {
         commit_key(&self.repo_id, &self.sha)

@@ -16,6 +16,6 @@ pub use lock::MemoryLock;
 #[cfg(test)]
 pub(crate) use lock::ScriptedLock;
 pub use mappings::MemoryMappings;
-pub use queue::{EmbeddedQueue, EmbeddedQueues, QueueSettings};
+pub use queue::{DeliveryOrder, EmbeddedQueue, EmbeddedQueues, QueueSettings};
 pub use store::EmbeddedStore;
 pub use summaries::EmbeddedSummaries;

@@ -3,6 +3,7 @@
 //! the partial-batch response; with the deadline and queue-age readings of a batch.
 
 use crate::commits::worker::CommitsWorker;
+use crate::domain::fairness::GROUP_ATTRIBUTE;
 use crate::domain::{IdError, Lane, MessageId};
 use crate::lease::{self, Outcome};
 use crate::ports::{QueueConsume, ReceivedMessage};
@@ -201,6 +202,10 @@ pub fn received_from_sqs(record: &SqsMessage) -> Result<ReceivedMessage, RecordE
     // The trace context arrives as a system attribute; the worker reads it with the others.
     if let Some(h) = record.attributes.get(crate::trace::TRACE_HEADER).filter(|h| crate::trace::is_valid(h)) {
         attributes.insert(crate::trace::TRACE_HEADER.to_owned(), h.clone());
+    }
+    // So is the fairness group, which a requeue or a dead-letter must send on with the message.
+    if let Some(g) = record.attributes.get(GROUP_ATTRIBUTE) {
+        attributes.insert(GROUP_ATTRIBUTE.to_owned(), g.clone());
     }
     Ok(ReceivedMessage {
         message_id,

@@ -602,6 +602,7 @@ mod tests {
         let settings = crate::embedded::QueueSettings {
             default_visibility: Duration::from_secs(900),
             max_receive_count: 5,
+            ..Default::default()
         };
         let db = crate::embedded::EmbeddedDb::open(dir.path()).unwrap();
         let queues = crate::embedded::EmbeddedQueues::open(db, clock.clone(), settings).await.unwrap();

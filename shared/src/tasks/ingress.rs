@@ -6,6 +6,7 @@
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
+use crate::domain::fairness::{GROUP_ATTRIBUTE, task_group};
 use crate::domain::{MAX_BODY_BYTES, TaskId, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
 use crate::idempotency::{self, Duplicate, Submission, validate_idempotency_key};
 use crate::metrics::Metrics;
@@ -345,6 +346,7 @@ async fn send(
         ("lane".to_owned(), record.lane.as_str().to_owned()),
         ("kind".to_owned(), record.request.kind.as_str().to_owned()),
         ("enqueued_at_ms".to_owned(), ing.clock.now_ms().to_string()),
+        (GROUP_ATTRIBUTE.to_owned(), task_group(record.request.tenant.as_ref(), &record.request.project_id)),
     ]);
     let mut attributes = attributes;
     if let Some(header) = crate::trace::current() {
@@ -610,6 +612,37 @@ mod tests {
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// One tenant's burst does not put another tenant's task behind it: each send carries the
+    /// tenant's group, and the lane's queue delivers across groups.
+    #[tokio::test]
+    async fn a_tenants_burst_leaves_another_tenants_task_at_the_front_of_the_lane() {
+        let r = rig_with(IngressConfig { tenancy: true, ..Default::default() }).await;
+        let body = |i: usize| {
+            format!(r#"{{"project_id":"p{i}","kind":"explain","prompt":"burst {i}","target_files":[]}}"#)
+        };
+        for i in 0..30 {
+            assert_eq!(
+                as_tenant(&r, "POST", "/v1/tasks", Some("team-a"), &body(i)).await.0,
+                StatusCode::ACCEPTED
+            );
+        }
+        let (s, quiet) = as_tenant(&r, "POST", "/v1/tasks", Some("team-b"), BODY).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{quiet}");
+        let first = r.interactive.receive(2).await.unwrap();
+        let ids: Vec<String> = first
+            .iter()
+            .filter_map(|m| serde_json::from_str::<TaskMessage>(&m.body).ok())
+            .map(|t| t.task_id.to_string())
+            .collect();
+        assert!(
+            ids.iter().any(|id| quiet["task_id"] == id.as_str()),
+            "the quiet tenant's task is among the first two"
+        );
+        let groups: std::collections::HashSet<&str> =
+            first.iter().filter_map(|m| m.attributes.get(GROUP_ATTRIBUTE).map(String::as_str)).collect();
+        assert_eq!(groups.len(), 2, "one group per tenant, projects aside: {groups:?}");
     }
 
     #[tokio::test]

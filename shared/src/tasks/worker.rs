@@ -411,8 +411,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let store = EmbeddedStore::new(db.clone());
-        let settings =
-            QueueSettings { default_visibility: Duration::from_secs(900), max_receive_count: MAX_RECEIVES };
+        let settings = QueueSettings {
+            default_visibility: Duration::from_secs(900),
+            max_receive_count: MAX_RECEIVES,
+            ..Default::default()
+        };
         let queue = EmbeddedQueues::open(db, clock.clone(), settings)
             .await
             .unwrap()

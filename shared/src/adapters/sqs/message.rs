@@ -1,6 +1,7 @@
-//! What an SQS message carries and what SQS answers: outgoing attributes and the trace header as
-//! a system attribute, visibility in whole seconds, and the error codes that mean a lost receipt.
+//! What an SQS message carries and what SQS answers: outgoing attributes, the trace header as
+//! a system attribute, the fairness group as the `MessageGroupId`, visibility in whole seconds, and the error codes that mean a lost receipt.
 
+use crate::domain::fairness::{GROUP_ATTRIBUTE, is_valid_group};
 use crate::ports::QueueError;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{
@@ -46,12 +47,13 @@ pub(super) fn attribute(v: &str) -> Result<MessageAttributeValue, QueueError> {
 }
 
 /// The message attributes of an outgoing message: every attribute but the trace header, which
-/// SQS carries as a system attribute ([`trace_attribute`]).
+/// SQS carries as a system attribute ([`trace_attribute`]), and the group, which it carries as
+/// the message's `MessageGroupId` ([`group`]).
 pub(super) fn attributes(
     map: &BTreeMap<String, String>,
 ) -> Result<HashMap<String, MessageAttributeValue>, QueueError> {
     map.iter()
-        .filter(|(k, _)| k.as_str() != crate::trace::TRACE_HEADER)
+        .filter(|(k, _)| k.as_str() != crate::trace::TRACE_HEADER && k.as_str() != GROUP_ATTRIBUTE)
         .map(|(k, v)| Ok((k.clone(), attribute(v)?)))
         .collect()
 }
@@ -70,6 +72,13 @@ pub(super) fn trace_attribute(
         .build()
         .map_err(|e| QueueError::Rejected(e.to_string()))?;
     Ok(Some(HashMap::from([(MessageSystemAttributeNameForSends::AwsTraceHeader, value)])))
+}
+
+/// The `MessageGroupId` of an outgoing message: its group, when it has one SQS accepts. On a
+/// standard queue this makes the queue fair across groups; a message without one is outside the
+/// fairness, as in SQS.
+pub(super) fn group(map: &BTreeMap<String, String>) -> Option<String> {
+    map.get(GROUP_ATTRIBUTE).filter(|g| is_valid_group(g)).cloned()
 }
 
 /// SQS counts visibility in whole seconds: round up, never past the 12 h limit.

@@ -4,6 +4,7 @@
 //! `maxReceiveCount` and the DLQ are never configured twice.
 
 use crate::domain::MessageId;
+use crate::domain::fairness::GROUP_ATTRIBUTE;
 use crate::ports::{MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend, ReceivedMessage};
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
@@ -22,7 +23,7 @@ mod message;
 
 pub use create::create_queue_with_dlq;
 pub use message::is_lost_receipt;
-use message::{attributes, trace_attribute, unavailable, visibility_secs};
+use message::{attributes, group, trace_attribute, unavailable, visibility_secs};
 
 /// A message to send: body and string attributes.
 pub type OutgoingMessage = (String, BTreeMap<String, String>);
@@ -147,6 +148,7 @@ impl SqsQueue {
                         .message_body(body)
                         .set_message_attributes(Some(attributes(attrs)?))
                         .set_message_system_attributes(trace_attribute(attrs)?)
+                        .set_message_group_id(group(attrs))
                         .build()
                         .map_err(|e| QueueError::Rejected(e.to_string()))
                 })
@@ -184,6 +186,7 @@ impl QueueSend for SqsQueue {
             .message_body(body)
             .set_message_attributes(Some(attributes(&attrs)?))
             .set_message_system_attributes(trace_attribute(&attrs)?)
+            .set_message_group_id(group(&attrs))
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
@@ -272,6 +275,10 @@ impl QueueConsume for SqsQueue {
                             sys.and_then(|a| a.get(&MessageSystemAttributeName::AwsTraceHeader))
                                 .filter(|h| crate::trace::is_valid(h))
                                 .map(|h| (crate::trace::TRACE_HEADER.to_owned(), h.clone())),
+                        )
+                        .chain(
+                            sys.and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+                                .map(|g| (GROUP_ATTRIBUTE.to_owned(), g.clone())),
                         )
                         .collect(),
                 })
@@ -385,6 +392,7 @@ impl QueueConsume for SqsQueue {
             .delay_seconds(delay.as_secs().min(900) as i32)
             .set_message_attributes(Some(attributes(&message.attributes)?))
             .set_message_system_attributes(trace_attribute(&message.attributes)?)
+            .set_message_group_id(group(&message.attributes))
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
@@ -410,6 +418,7 @@ impl QueueConsume for SqsQueue {
             .message_body(&message.body)
             .set_message_attributes(Some(attributes(&attrs)?))
             .set_message_system_attributes(trace_attribute(&attrs)?)
+            .set_message_group_id(group(&attrs))
             .send()
             .await
             .map_err(|e| unavailable(&e))?;

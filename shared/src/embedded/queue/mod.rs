@@ -6,6 +6,7 @@
 use super::db::{EmbeddedDb, Pending};
 use crate::clock::SharedClock;
 use crate::domain::MessageId;
+use crate::domain::fairness::{GROUP_ATTRIBUTE, fair_order};
 use crate::ports::{
     DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
     ReceivedMessage,
@@ -42,13 +43,31 @@ pub struct QueueSettings {
     pub default_visibility: Duration,
     /// The redrive policy's `maxReceiveCount`.
     pub max_receive_count: u32,
+    /// The order visible messages are delivered in.
+    pub order: DeliveryOrder,
+}
+
+/// The order in which a queue delivers its visible messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeliveryOrder {
+    /// Across groups as SQS's fair queues do ([`fair_order`]): a group's backlog cannot starve
+    /// another group.
+    #[default]
+    Fair,
+    /// Oldest first whatever the group: what a queue without fairness does (kept for
+    /// `lanes bench fairness` to compare against).
+    Fifo,
 }
 
 impl Default for QueueSettings {
     /// Receives are not attempts (those are counted in the task record), so the redrive only has to
     /// catch poison and crash loops: ten deliveries, as the template's default.
     fn default() -> Self {
-        Self { default_visibility: Duration::from_secs(900), max_receive_count: 10 }
+        Self {
+            default_visibility: Duration::from_secs(900),
+            max_receive_count: 10,
+            order: DeliveryOrder::Fair,
+        }
     }
 }
 
@@ -166,6 +185,22 @@ impl EmbeddedQueues {
             Ok(())
         })
     }
+}
+
+/// The visible messages of a queue, in the order they are to be delivered.
+fn ready(q: &BTreeMap<u64, Entry>, now: u64, order: DeliveryOrder) -> Vec<u64> {
+    let visible = q.values().filter(|e| e.visible_at_ms <= now);
+    if order == DeliveryOrder::Fifo {
+        return visible.map(|e| e.stored.seq).collect();
+    }
+    fn group(e: &Entry) -> &str {
+        e.stored.attributes.get(GROUP_ATTRIBUTE).map_or("", String::as_str)
+    }
+    let mut in_flight: HashMap<&str, usize> = HashMap::new();
+    for e in q.values().filter(|e| e.visible_at_ms > now && e.receipt.is_some()) {
+        *in_flight.entry(group(e)).or_default() += 1;
+    }
+    fair_order(visible.map(|e| (e.stored.seq, group(e))), &in_flight)
 }
 
 fn put_op(entry: &Entry) -> Result<Op, QueueError> {
@@ -295,9 +330,8 @@ impl QueueConsume for EmbeddedQueue {
         let now = self.queues.clock.now_ms();
         let settings = self.queues.settings;
         let mut state = self.queues.state.lock().await;
-        let ready: Vec<u64> = match state.queues.get(&self.name) {
-            Some(q) => q.values().filter(|e| e.visible_at_ms <= now).map(|e| e.stored.seq).collect(),
-            None => return Ok(Vec::new()),
+        let Some(ready) = state.queues.get(&self.name).map(|q| ready(q, now, settings.order)) else {
+            return Ok(Vec::new());
         };
         let mut ops = Vec::new();
         let mut out = Vec::new();
@@ -486,9 +520,42 @@ mod tests {
 
     async fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> EmbeddedQueue {
         let db = EmbeddedDb::open(dir).unwrap();
-        let settings =
-            QueueSettings { default_visibility: Duration::from_millis(1_000), max_receive_count: 2 };
+        let settings = QueueSettings {
+            default_visibility: Duration::from_millis(1_000),
+            max_receive_count: 2,
+            ..Default::default()
+        };
         EmbeddedQueues::open(db, clock, settings).await.unwrap().queue("q", "q-dlq")
+    }
+
+    #[tokio::test]
+    async fn a_groups_backlog_waits_behind_other_groups_unless_the_order_is_fifo() {
+        for (order, want_b) in [(DeliveryOrder::Fair, 3), (DeliveryOrder::Fifo, 0)] {
+            let dir = tempfile::tempdir().unwrap();
+            let db = EmbeddedDb::open(dir.path()).unwrap();
+            let settings = QueueSettings { order, ..Default::default() };
+            let q = EmbeddedQueues::open(db, ManualClock::new(1_000), settings)
+                .await
+                .unwrap()
+                .queue("q", "q-dlq");
+            let group = |g: &str| BTreeMap::from([(GROUP_ATTRIBUTE.to_owned(), g.to_owned())]);
+            for i in 0..50 {
+                q.send(&format!("a{i}"), group("a")).await.unwrap();
+            }
+            q.send("b0", group("b")).await.unwrap();
+            q.send("b1", group("b")).await.unwrap();
+            // The first receive alternates; then, with three of a's and two of b's in flight, b's new
+            // message goes first.
+            let first: Vec<String> = q.receive(5).await.unwrap().into_iter().map(|m| m.body).collect();
+            q.send("b2", group("b")).await.unwrap();
+            let second: Vec<String> = q.receive(3).await.unwrap().into_iter().map(|m| m.body).collect();
+            let b = first.iter().chain(&second).filter(|m| m.starts_with('b')).count();
+            assert_eq!(b, want_b, "{order:?}: {first:?} then {second:?}");
+            if order == DeliveryOrder::Fair {
+                assert_eq!(first, ["a0", "b0", "a1", "b1", "a2"], "round-robin, oldest first in each group");
+                assert_eq!(second, ["b2", "a3", "a4"], "the group with fewer in flight goes first");
+            }
+        }
     }
 
     #[tokio::test]
