@@ -71,6 +71,22 @@ def main():
                 "target is out of reach at this time scale for a structural reason the static split shows too: "
                 "the embedded queue and store add a few ms per operation (redb commits) to 10-40 ms tasks.", "",
                 "![hol](hol.png)", ""]
+    fa = load(d, "fairness")
+    if fa:
+        out += ["## Fairness between tenants", "", f"`{fa['command']}`", "",
+                "Three tenants send steadily (about 30% of the slots between them); in the flood runs a fourth "
+                "sends 2,000 interactive and 50 synthesis tasks at once. Wait is submission to claim.", "",
+                "| order | flood | tenant | tasks | wait p50 | wait p99 |", "|---|---|---|---:|---:|---:|"]
+        out += [f"| {r['order']} | {'yes' if r['flood'] else 'no'} | {t['tenant']} | {t['tasks']} | "
+                f"{t['wait_ms'][0]:.1f} ms | {t['wait_ms'][1]:.1f} ms |" for r in fa["runs"] for t in r["tenants"]]
+        ok1 = fa["fair_flood_over_alone"] <= 1.5
+        ok2 = fa["fair_flood_share_of_leftover"] >= 0.95
+        out += ["",
+                f"- steady tenants' worst interactive p99 under the flood / alone, fair order: "
+                f"{fa['fair_flood_over_alone']:.2f} (goal <= 1.5): {'met' if ok1 else '**not met**'}; "
+                f"FIFO: {fa['fifo_flood_over_alone']:.2f}",
+                f"- the flooding tenant's share of the capacity the others leave, fair order: "
+                f"{fa['fair_flood_share_of_leftover']:.2f} (goal >= 0.95): {'met' if ok2 else '**not met**'}", ""]
     rc = load(d, "recovery")
     if rc:
         runs = rc["runs"]

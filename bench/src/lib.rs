@@ -17,6 +17,7 @@
 pub mod batching;
 pub mod coldstart;
 pub mod duplicates;
+pub mod fairness;
 pub mod hol;
 pub mod limiter;
 pub mod provider;

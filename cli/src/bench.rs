@@ -65,6 +65,23 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Fairness: four tenants on one lane through the real pool and embedded queues; three steady,
+    /// one flooding 2,000 interactive and 50 synthesis tasks at once. Each tenant's wait alone and
+    /// under the flood, in FIFO order and in the fair order.
+    Fairness {
+        /// Worker slots.
+        #[arg(long, default_value_t = 8)]
+        slots: usize,
+        /// Seconds of steady arrivals (real time); the flood is queued before they start.
+        #[arg(long, default_value_t = 8.0)]
+        seconds: f64,
+        /// Real ms per workload second.
+        #[arg(long, default_value_t = 10)]
+        scale_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Duplicate spend: N deliveries of one task and of one commit, three pollers, a model slower than
     /// the visibility window: LLM calls with the renewed lease and with a static visibility.
     Duplicates {
@@ -144,6 +161,9 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Coldstart { starts, json } => show(b::coldstart::coldstart_report(starts).await, json),
         BenchCommand::Hol { slots, seconds, scale_ms, json } => {
             show(b::hol::hol_report(slots, seconds, scale_ms).await, json)
+        }
+        BenchCommand::Fairness { slots, seconds, scale_ms, json } => {
+            show(b::fairness::fairness_report(slots, seconds, scale_ms).await, json)
         }
         BenchCommand::Duplicates { deliveries, llm_ms, visibility_ms, json } => {
             show(b::duplicates::duplicates_report(deliveries, llm_ms, visibility_ms).await, json)

@@ -1,0 +1,341 @@
+//! `lanes bench fairness`: four tenants on one lane through the real pool, embedded queues and
+//! store. Three send steadily; the fourth has flooded 2,000 interactive and 50 synthesis tasks at
+//! once, queued when the pool starts.
+//! Each tenant's wait (submission to claim), alone and under the flood, in FIFO order and in the
+//! fair order, with the goals computed from the figures.
+
+use lanes_core::clock::{SharedClock, SystemClock};
+use lanes_core::domain::fairness::{GROUP_ATTRIBUTE, task_group};
+use lanes_core::domain::{Lane, TaskId, TaskMessage, TaskRecord, TaskRequest, Tenant};
+use lanes_core::embedded::{DeliveryOrder, QueueSettings};
+use lanes_core::ports::{LlmClient, LlmError, LlmRequest, QueueConsume, QueueSend};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One tenant's waits in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantWaits {
+    /// `steady-1`..`steady-3`, or `flood`.
+    pub tenant: String,
+    /// Interactive tasks it finished.
+    pub tasks: usize,
+    /// Interactive wait, submission to claim, p50 and p99, ms.
+    pub wait_ms: [f64; 2],
+}
+
+/// One run: an order, with or without the flood.
+#[derive(Debug, Clone, Serialize)]
+pub struct FairnessRun {
+    /// `fifo` or `fair`.
+    pub order: String,
+    /// Whether the flooding tenant sent its burst.
+    pub flood: bool,
+    /// Per tenant.
+    pub tenants: Vec<TenantWaits>,
+    /// While the flood had work queued: the flooding tenant's busy slot time over the slot time the
+    /// steady tenants left it (`None` without the flood).
+    pub flood_share_of_leftover: Option<f64>,
+}
+
+/// What `lanes bench fairness` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct FairnessReport {
+    /// The command that reproduces it.
+    pub command: String,
+    /// Worker slots.
+    pub slots: usize,
+    /// Real ms per workload second.
+    pub scale_ms: u64,
+    /// FIFO alone, FIFO under the flood, fair alone, fair under the flood.
+    pub runs: Vec<FairnessRun>,
+    /// The worst steady tenant's interactive p99 under the flood over its p99 alone, in the fair
+    /// order (goal <= 1.5).
+    pub fair_flood_over_alone: f64,
+    /// The same in FIFO order, for comparison.
+    pub fifo_flood_over_alone: f64,
+    /// The flooding tenant's share of the capacity the others leave, in the fair order (goal >= 0.95).
+    pub fair_flood_share_of_leftover: f64,
+}
+
+const STEADY: usize = 3;
+const FLOOD_INTERACTIVE: usize = 2_000;
+const FLOOD_SYNTHESIS: usize = 50;
+
+/// Runs the four runs: `slots` workers, 1 workload second = `scale_ms` real ms, steady tenants
+/// sending for `seconds` of real time at about 30% of the slots between them.
+pub async fn fairness_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<FairnessReport, String> {
+    let mut runs = Vec::new();
+    for order in [DeliveryOrder::Fifo, DeliveryOrder::Fair] {
+        for flood in [false, true] {
+            runs.push(one_run(order, flood, slots, seconds, scale_ms).await?);
+        }
+    }
+    let ratio = |alone: &FairnessRun, flooded: &FairnessRun| {
+        (0..STEADY)
+            .map(|t| flooded.tenants[t].wait_ms[1] / alone.tenants[t].wait_ms[1].max(1e-3))
+            .fold(0.0, f64::max)
+    };
+    Ok(FairnessReport {
+        command: format!("lanes bench fairness --slots {slots} --seconds {seconds} --scale-ms {scale_ms}"),
+        slots,
+        scale_ms,
+        fifo_flood_over_alone: ratio(&runs[0], &runs[1]),
+        fair_flood_over_alone: ratio(&runs[2], &runs[3]),
+        fair_flood_share_of_leftover: runs[3].flood_share_of_leftover.unwrap_or(0.0),
+        runs,
+    })
+}
+
+/// The arrivals: `(real ms offset, tenant, synthesis, service ms)`, the same for every run.
+fn arrivals(flood: bool, slots: usize, seconds: f64, scale_ms: u64) -> Vec<(f64, usize, bool, u64)> {
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let service = |r: f64, synthesis: bool| {
+        let s = if synthesis { 45.0 + r * 135.0 } else { 0.5 + r * 1.5 };
+        (s * scale_ms as f64).round().max(1.0) as u64
+    };
+    // 30% of the slots between the steady tenants (mean interactive service 1.25 workload s).
+    let rate_per_ms = 0.3 * slots as f64 / (1.25 * scale_ms as f64) / STEADY as f64;
+    let mut out = Vec::new();
+    for tenant in 0..STEADY {
+        let mut t = 0.0;
+        while t < seconds * 1000.0 {
+            t += -(1.0 - rnd()).ln() / rate_per_ms;
+            out.push((t, tenant, false, service(rnd(), false)));
+        }
+    }
+    if flood {
+        for i in 0..FLOOD_INTERACTIVE + FLOOD_SYNTHESIS {
+            out.push((0.0, STEADY, i >= FLOOD_INTERACTIVE, service(rnd(), i >= FLOOD_INTERACTIVE)));
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+fn tenant_name(t: usize) -> String {
+    if t < STEADY { format!("steady-{}", t + 1) } else { "flood".into() }
+}
+
+async fn one_run(
+    order: DeliveryOrder,
+    flood: bool,
+    slots: usize,
+    seconds: f64,
+    scale_ms: u64,
+) -> Result<FairnessRun, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let dir = crate::temp_dir().map_err(|e| err(&e))?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let settings = QueueSettings { order, ..Default::default() };
+    let (adapters, queues) =
+        lanes_core::wiring::embedded(&dir, settings, clock.clone()).await.map_err(|e| err(&e))?;
+    let worker = lanes_core::tasks::worker::Worker {
+        store: adapters.store.clone(),
+        lock: adapters.lock.clone(),
+        cache: adapters.cache.clone(),
+        llm: Arc::new(SleepLlm),
+        metrics: lanes_core::metrics::Metrics::new(),
+        clock: clock.clone(),
+        config: lanes_core::config::WorkerConfig::default(),
+    };
+    let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> = [Lane::Interactive, Lane::Synthesis]
+        .iter()
+        .map(|&l| (l, adapters.consume[l.index()].clone()))
+        .collect();
+    // The flood is a backlog already queued when the pool starts: what is measured is the order the
+    // lane serves it in, not how fast the store takes 2,050 writes at once.
+    let tenants: Vec<Tenant> = (0..=STEADY)
+        .map(|t| Tenant::parse(&tenant_name(t)).map_err(|e| err(&e)))
+        .collect::<Result<_, _>>()?;
+    let (backlog, steady): (Vec<_>, Vec<_>) =
+        arrivals(flood, slots, seconds, scale_ms).into_iter().enumerate().partition(|(_, a)| a.1 == STEADY);
+    let mut submitted = tokio::task::JoinSet::new();
+    let spawn = |set: &mut tokio::task::JoinSet<Result<(TaskId, usize, bool), String>>,
+                 (i, (at, tenant, synthesis, ms)): (usize, (f64, usize, bool, u64)),
+                 from: Option<Instant>| {
+        let (store, send, clock, who) =
+            (adapters.store.clone(), adapters.send.clone(), clock.clone(), tenants[tenant].clone());
+        set.spawn(async move {
+            if let Some(from) = from {
+                tokio::time::sleep_until((from + Duration::from_micros((at * 1000.0) as u64)).into()).await;
+            }
+            let id = submit(&*store, &send, &clock, who, i, synthesis, ms).await?;
+            Ok((id, tenant, synthesis))
+        });
+    };
+    for arrival in backlog {
+        spawn(&mut submitted, arrival, None);
+    }
+    let mut ids: Vec<(TaskId, usize, bool)> = Vec::new();
+    while let Some(joined) = submitted.join_next().await {
+        ids.push(joined.map_err(|e| err(&e))??);
+    }
+    let pool =
+        lanes_core::pool::Pool::new(slots, [0.7, 0.3, 0.0], consumers, worker, Duration::from_millis(2))
+            .with_idle_grace(Duration::from_millis(10 * scale_ms));
+    let pool = Arc::new(pool);
+    let stop = lanes_core::CancellationToken::new();
+    let runner = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        tokio::spawn(async move { pool.run(stop).await })
+    };
+    // Every steady arrival is its own task, on time whatever the others do.
+    let started = Instant::now();
+    for arrival in steady {
+        spawn(&mut submitted, arrival, Some(started));
+    }
+    while let Some(joined) = submitted.join_next().await {
+        ids.push(joined.map_err(|e| err(&e))??);
+    }
+    let cap = Instant::now() + Duration::from_secs(300);
+    loop {
+        let d0 = queues[0].depth().await.map_err(|e| err(&e))?;
+        let d1 = queues[1].depth().await.map_err(|e| err(&e))?;
+        if d0.visible + d0.in_flight + d1.visible + d1.in_flight == 0 || Instant::now() > cap {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    let _ = runner.await;
+    let mut records = Vec::new();
+    for (id, tenant, synthesis) in &ids {
+        if let Some(r) = adapters.store.get(id, clock.now_ms()).await.map_err(|e| err(&e))?
+            && let (Some(s), Some(f)) = (r.started_at_ms, r.finished_at_ms)
+        {
+            records.push((*tenant, *synthesis, r.created_at_ms, s, f));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(summarize(order, flood, slots, &records))
+}
+
+/// Stores and sends one task of `tenant` whose model call takes `ms`.
+async fn submit(
+    store: &dyn lanes_core::ports::TaskStore,
+    send: &[Arc<dyn QueueSend>; 3],
+    clock: &SharedClock,
+    tenant: Tenant,
+    i: usize,
+    synthesis: bool,
+    ms: u64,
+) -> Result<TaskId, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let kind = if synthesis { "refactor" } else { "explain" };
+    let mut req = TaskRequest::from_value(serde_json::json!({"project_id": "fair", "kind": kind,
+        "prompt": format!("ms={ms} task {i}"), "target_files": []}))
+    .map_err(|e| format!("{e:?}"))?;
+    req.tenant = Some(tenant);
+    let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3_600);
+    store.put_pending(&rec, clock.now_ms()).await.map_err(|e| err(&e))?;
+    let msg = TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
+    let attributes =
+        BTreeMap::from([(GROUP_ATTRIBUTE.to_owned(), task_group(rec.request.tenant.as_ref(), "fair"))]);
+    let body = serde_json::to_string(&msg).map_err(|e| err(&e))?;
+    send[rec.lane.index()].send(&body, attributes).await.map_err(|e| err(&e))?;
+    Ok(rec.task_id)
+}
+
+/// The run's figures from `(tenant, synthesis, created, started, finished)` of every finished task.
+fn summarize(
+    order: DeliveryOrder,
+    flood: bool,
+    slots: usize,
+    records: &[(usize, bool, u64, u64, u64)],
+) -> FairnessRun {
+    let tenants = (0..=STEADY)
+        .filter(|&t| flood || t < STEADY)
+        .map(|t| {
+            let mut waits: Vec<f64> =
+                records.iter().filter(|r| r.0 == t && !r.1).map(|r| r.3.saturating_sub(r.2) as f64).collect();
+            TenantWaits {
+                tenant: tenant_name(t),
+                tasks: waits.len(),
+                wait_ms: [crate::percentile(&mut waits, 50.0), crate::percentile(&mut waits, 99.0)],
+            }
+        })
+        .collect();
+    // The flood's window: from the first start of one of its tasks to the last (it had work queued
+    // throughout). Slot time in the window, clipped to it.
+    let flood_share_of_leftover = flood.then(|| {
+        let mine: Vec<_> = records.iter().filter(|r| r.0 == STEADY).collect();
+        let from = mine.iter().map(|r| r.3).min().unwrap_or(0);
+        let to = mine.iter().map(|r| r.3).max().unwrap_or(from);
+        let busy = |pred: &dyn Fn(usize) -> bool| -> f64 {
+            records
+                .iter()
+                .filter(|r| pred(r.0))
+                .map(|r| r.4.min(to).saturating_sub(r.3.max(from)) as f64)
+                .sum()
+        };
+        let leftover = slots as f64 * to.saturating_sub(from) as f64 - busy(&|t| t < STEADY);
+        busy(&|t| t == STEADY) / leftover.max(1.0)
+    });
+    FairnessRun {
+        order: if order == DeliveryOrder::Fair { "fair".into() } else { "fifo".into() },
+        flood,
+        tenants,
+        flood_share_of_leftover,
+    }
+}
+
+/// A model that takes as long as its prompt says (`ms=<n>`).
+struct SleepLlm;
+
+#[async_trait::async_trait]
+impl LlmClient for SleepLlm {
+    async fn complete(&self, request: &LlmRequest) -> Result<lanes_core::ports::LlmResponse, LlmError> {
+        let ms: u64 =
+            request.prompt.strip_prefix("ms=").and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(1);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(lanes_core::ports::LlmResponse {
+            truncated: false,
+            limits: Default::default(),
+            text: "done".into(),
+            model: "sleep".into(),
+            usage: lanes_core::domain::TokenUsage { prompt: 1, completion: 1 },
+        })
+    }
+}
+
+impl std::fmt::Display for FairnessReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "Fairness, {} slots, 1 s = {} ms ({})", self.slots, self.scale_ms, self.command)?;
+        writeln!(
+            f,
+            "{:<6} {:<6} {:<10} {:>6} {:>14} {:>14}",
+            "order", "flood", "tenant", "tasks", "wait p50", "wait p99"
+        )?;
+        for run in &self.runs {
+            for t in &run.tenants {
+                writeln!(
+                    f,
+                    "{:<6} {:<6} {:<10} {:>6} {:>11.1} ms {:>11.1} ms",
+                    run.order, run.flood, t.tenant, t.tasks, t.wait_ms[0], t.wait_ms[1]
+                )?;
+            }
+        }
+        let verdict = |ok: bool| if ok { "met" } else { "not met" };
+        writeln!(
+            f,
+            "steady tenants' worst interactive p99 under the flood / alone: fair {:.2} (goal <= 1.5: {}), FIFO {:.2}",
+            self.fair_flood_over_alone,
+            verdict(self.fair_flood_over_alone <= 1.5),
+            self.fifo_flood_over_alone
+        )?;
+        writeln!(
+            f,
+            "the flooding tenant's share of the capacity the others leave, fair: {:.2} (goal >= 0.95: {})",
+            self.fair_flood_share_of_leftover,
+            verdict(self.fair_flood_share_of_leftover >= 0.95)
+        )
+    }
+}
