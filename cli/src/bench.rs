@@ -76,7 +76,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 8.0)]
         seconds: f64,
         /// Real ms per workload second.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 40)]
         scale_ms: u64,
         /// One JSON object instead of a table.
         #[arg(long)]
