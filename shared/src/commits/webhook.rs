@@ -662,6 +662,11 @@ mod tests {
             ("github:42", "octo/repo", "Change aaaaaaa")
         );
         assert_eq!(m.committed_at_ms, 1_796_029_200_000);
+        // Each commit goes in its repository owner's group, the same for every repository of `octo`.
+        let owner = crate::domain::fairness::commit_group(Provider::Github, "octo/other");
+        assert!(
+            got.iter().all(|g| g.attributes.get(crate::domain::fairness::GROUP_ATTRIBUTE) == Some(&owner))
+        );
 
         // Replay: the function URL path, told apart by header.
         let (status, v) = deliver(&r, "/", &h, &body).await;

@@ -189,18 +189,21 @@ impl EmbeddedQueues {
 
 /// The visible messages of a queue, in the order they are to be delivered.
 fn ready(q: &BTreeMap<u64, Entry>, now: u64, order: DeliveryOrder) -> Vec<u64> {
-    let visible = q.values().filter(|e| e.visible_at_ms <= now);
-    if order == DeliveryOrder::Fifo {
-        return visible.map(|e| e.stored.seq).collect();
-    }
     fn group(e: &Entry) -> &str {
         e.stored.attributes.get(GROUP_ATTRIBUTE).map_or("", String::as_str)
+    }
+    let visible: Vec<(u64, &str)> =
+        q.values().filter(|e| e.visible_at_ms <= now).map(|e| (e.stored.seq, group(e))).collect();
+    // One group (a single tenant) is oldest first, as FIFO: no need to count what is in flight.
+    let one_group = visible.first().is_none_or(|(_, first)| visible.iter().all(|(_, g)| g == first));
+    if order == DeliveryOrder::Fifo || one_group {
+        return visible.into_iter().map(|(seq, _)| seq).collect();
     }
     let mut in_flight: HashMap<&str, usize> = HashMap::new();
     for e in q.values().filter(|e| e.visible_at_ms > now && e.receipt.is_some()) {
         *in_flight.entry(group(e)).or_default() += 1;
     }
-    fair_order(visible.map(|e| (e.stored.seq, group(e))), &in_flight)
+    fair_order(visible, &in_flight)
 }
 
 fn put_op(entry: &Entry) -> Result<Op, QueueError> {
