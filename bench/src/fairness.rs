@@ -8,7 +8,7 @@ use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::domain::fairness::{GROUP_ATTRIBUTE, task_group};
 use lanes_core::domain::{Lane, TaskId, TaskMessage, TaskRecord, TaskRequest, Tenant};
 use lanes_core::embedded::{DeliveryOrder, QueueSettings};
-use lanes_core::ports::{LlmClient, LlmError, LlmRequest, QueueConsume, QueueSend};
+use lanes_core::ports::{QueueConsume, QueueSend};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -141,7 +141,7 @@ async fn one_run(
         store: adapters.store.clone(),
         lock: adapters.lock.clone(),
         cache: adapters.cache.clone(),
-        llm: Arc::new(SleepLlm),
+        llm: Arc::new(crate::SleepLlm),
         metrics: lanes_core::metrics::Metrics::new(),
         clock: clock.clone(),
         config: lanes_core::config::WorkerConfig::default(),
@@ -284,25 +284,6 @@ fn summarize(
         flood,
         tenants,
         flood_share_of_leftover,
-    }
-}
-
-/// A model that takes as long as its prompt says (`ms=<n>`).
-struct SleepLlm;
-
-#[async_trait::async_trait]
-impl LlmClient for SleepLlm {
-    async fn complete(&self, request: &LlmRequest) -> Result<lanes_core::ports::LlmResponse, LlmError> {
-        let ms: u64 =
-            request.prompt.strip_prefix("ms=").and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(1);
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        Ok(lanes_core::ports::LlmResponse {
-            truncated: false,
-            limits: Default::default(),
-            text: "done".into(),
-            model: "sleep".into(),
-            usage: lanes_core::domain::TokenUsage { prompt: 1, completion: 1 },
-        })
     }
 }
 

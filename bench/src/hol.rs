@@ -4,7 +4,6 @@
 
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::Lane;
-use lanes_core::ports::{LlmClient, LlmError, LlmRequest};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,7 +86,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
             store: adapters.store.clone(),
             lock: adapters.lock.clone(),
             cache: adapters.cache.clone(),
-            llm: Arc::new(SleepLlm),
+            llm: Arc::new(crate::SleepLlm),
             metrics: lanes_core::metrics::Metrics::new(),
             clock: clock.clone(),
             config: lanes_core::config::WorkerConfig::default(),
@@ -192,25 +191,6 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
         synthesis_vs_fifo: weighted.synthesis_per_s / fifo.synthesis_per_s.max(1e-9),
         runs,
     })
-}
-
-/// A model that takes as long as its prompt says (`ms=<n>`): the scaled workload's service times.
-struct SleepLlm;
-
-#[async_trait::async_trait]
-impl LlmClient for SleepLlm {
-    async fn complete(&self, request: &LlmRequest) -> Result<lanes_core::ports::LlmResponse, LlmError> {
-        let ms: u64 =
-            request.prompt.strip_prefix("ms=").and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(1);
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        Ok(lanes_core::ports::LlmResponse {
-            truncated: false,
-            limits: Default::default(),
-            text: "done".into(),
-            model: "sleep".into(),
-            usage: lanes_core::domain::TokenUsage { prompt: 1, completion: 1 },
-        })
-    }
 }
 
 impl std::fmt::Display for HolReport {

@@ -75,3 +75,25 @@ fn aws_services() -> Option<AwsServices> {
     env.push(("REDIS_URL".into(), redis.url()));
     Some((moto, redis, env))
 }
+
+/// A model that takes as long as its prompt says (`ms=<n>`): a scaled workload's service times.
+pub(crate) struct SleepLlm;
+
+#[async_trait::async_trait]
+impl lanes_core::ports::LlmClient for SleepLlm {
+    async fn complete(
+        &self,
+        request: &lanes_core::ports::LlmRequest,
+    ) -> Result<lanes_core::ports::LlmResponse, lanes_core::ports::LlmError> {
+        let ms: u64 =
+            request.prompt.strip_prefix("ms=").and_then(|s| s.split(' ').next()?.parse().ok()).unwrap_or(1);
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        Ok(lanes_core::ports::LlmResponse {
+            truncated: false,
+            limits: Default::default(),
+            text: "done".into(),
+            model: "sleep".into(),
+            usage: lanes_core::domain::TokenUsage { prompt: 1, completion: 1 },
+        })
+    }
+}
