@@ -195,15 +195,7 @@ async fn one_run(
     while let Some(joined) = submitted.join_next().await {
         ids.push(joined.map_err(|e| err(&e))??);
     }
-    let cap = Instant::now() + Duration::from_secs(300);
-    loop {
-        let d0 = queues[0].depth().await.map_err(|e| err(&e))?;
-        let d1 = queues[1].depth().await.map_err(|e| err(&e))?;
-        if d0.visible + d0.in_flight + d1.visible + d1.in_flight == 0 || Instant::now() > cap {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::drain(&queues[..2], Duration::from_secs(300)).await?;
     stop.cancel();
     let _ = runner.await;
     let mut records = Vec::new();

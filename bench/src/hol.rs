@@ -131,16 +131,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
                 .map_err(|e| err(&e))?;
             ids.push((rec.task_id, synthesis));
         }
-        // Drain: every task finished (or a generous cap).
-        let cap = Instant::now() + Duration::from_secs(120);
-        loop {
-            let d0 = queues[0].depth().await.map_err(|e| err(&e))?;
-            let d1 = queues[1].depth().await.map_err(|e| err(&e))?;
-            if d0.visible + d0.in_flight + d1.visible + d1.in_flight == 0 || Instant::now() > cap {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::drain(&queues[..2], Duration::from_secs(120)).await?;
         stop.cancel();
         let _ = runner.await;
         let mut waits = Vec::new();

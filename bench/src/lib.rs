@@ -97,3 +97,23 @@ impl lanes_core::ports::LlmClient for SleepLlm {
         })
     }
 }
+
+/// Waits until `queues` hold nothing, visible or in flight: every task finished (or `cap` passed).
+pub(crate) async fn drain(
+    queues: &[lanes_core::embedded::EmbeddedQueue],
+    cap: std::time::Duration,
+) -> Result<(), String> {
+    use lanes_core::ports::QueueConsume;
+    let until = std::time::Instant::now() + cap;
+    loop {
+        let mut left = 0;
+        for q in queues {
+            let d = q.depth().await.map_err(|e| e.to_string())?;
+            left += d.visible + d.in_flight;
+        }
+        if left == 0 || std::time::Instant::now() > until {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
