@@ -6,7 +6,6 @@
 use super::db::{EmbeddedDb, Pending};
 use crate::clock::SharedClock;
 use crate::domain::MessageId;
-use crate::domain::fairness::{GROUP_ATTRIBUTE, fair_order};
 use crate::ports::{
     DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
     ReceivedMessage,
@@ -20,6 +19,10 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 mod move_task;
+mod order;
+
+pub use order::DeliveryOrder;
+use order::ready;
 
 const MESSAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("queue_messages");
 
@@ -45,18 +48,6 @@ pub struct QueueSettings {
     pub max_receive_count: u32,
     /// The order visible messages are delivered in.
     pub order: DeliveryOrder,
-}
-
-/// The order in which a queue delivers its visible messages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum DeliveryOrder {
-    /// Across groups as SQS's fair queues do ([`fair_order`]): a group's backlog cannot starve
-    /// another group.
-    #[default]
-    Fair,
-    /// Oldest first whatever the group: what a queue without fairness does (kept for
-    /// `lanes bench fairness` to compare against).
-    Fifo,
 }
 
 impl Default for QueueSettings {
@@ -185,25 +176,6 @@ impl EmbeddedQueues {
             Ok(())
         })
     }
-}
-
-/// The visible messages of a queue, in the order they are to be delivered.
-fn ready(q: &BTreeMap<u64, Entry>, now: u64, order: DeliveryOrder) -> Vec<u64> {
-    fn group(e: &Entry) -> &str {
-        e.stored.attributes.get(GROUP_ATTRIBUTE).map_or("", String::as_str)
-    }
-    let visible: Vec<(u64, &str)> =
-        q.values().filter(|e| e.visible_at_ms <= now).map(|e| (e.stored.seq, group(e))).collect();
-    // One group (a single tenant) is oldest first, as FIFO: no need to count what is in flight.
-    let one_group = visible.first().is_none_or(|(_, first)| visible.iter().all(|(_, g)| g == first));
-    if order == DeliveryOrder::Fifo || one_group {
-        return visible.into_iter().map(|(seq, _)| seq).collect();
-    }
-    let mut in_flight: HashMap<&str, usize> = HashMap::new();
-    for e in q.values().filter(|e| e.visible_at_ms > now && e.receipt.is_some()) {
-        *in_flight.entry(group(e)).or_default() += 1;
-    }
-    fair_order(visible, &in_flight)
 }
 
 fn put_op(entry: &Entry) -> Result<Op, QueueError> {
@@ -520,6 +492,7 @@ impl QueueConsume for EmbeddedQueue {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::domain::fairness::GROUP_ATTRIBUTE;
 
     async fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> EmbeddedQueue {
         let db = EmbeddedDb::open(dir).unwrap();
