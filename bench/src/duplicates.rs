@@ -109,15 +109,7 @@ pub async fn duplicates_report(
                     queue.send(&body, Default::default()).await.map_err(|e| err(&e))?;
                 }
             }
-            let worker = lanes_core::tasks::worker::Worker {
-                store: adapters.store.clone(),
-                lock: adapters.lock.clone(),
-                cache: adapters.cache.clone(),
-                llm: llm.clone(),
-                metrics: metrics.clone(),
-                clock: clock.clone(),
-                config: lease,
-            };
+            let worker = adapters.task_worker(llm.clone(), metrics.clone(), clock.clone(), lease);
             let commits = adapters.commits_worker(
                 llm.clone(),
                 Arc::new(crate::batching::SyntheticDiffs),

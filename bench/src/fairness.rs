@@ -137,15 +137,12 @@ async fn one_run(
     let settings = QueueSettings { order, ..Default::default() };
     let (adapters, queues) =
         lanes_core::wiring::embedded(&dir, settings, clock.clone()).await.map_err(|e| err(&e))?;
-    let worker = lanes_core::tasks::worker::Worker {
-        store: adapters.store.clone(),
-        lock: adapters.lock.clone(),
-        cache: adapters.cache.clone(),
-        llm: Arc::new(crate::SleepLlm),
-        metrics: lanes_core::metrics::Metrics::new(),
-        clock: clock.clone(),
-        config: lanes_core::config::WorkerConfig::default(),
-    };
+    let worker = adapters.task_worker(
+        Arc::new(crate::SleepLlm),
+        lanes_core::metrics::Metrics::new(),
+        clock.clone(),
+        Default::default(),
+    );
     let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> = [Lane::Interactive, Lane::Synthesis]
         .iter()
         .map(|&l| (l, adapters.consume[l.index()].clone()))

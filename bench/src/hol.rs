@@ -82,15 +82,12 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
         let (adapters, queues) = lanes_core::wiring::embedded(&dir, Default::default(), clock.clone())
             .await
             .map_err(|e| err(&e))?;
-        let worker = lanes_core::tasks::worker::Worker {
-            store: adapters.store.clone(),
-            lock: adapters.lock.clone(),
-            cache: adapters.cache.clone(),
-            llm: Arc::new(crate::SleepLlm),
-            metrics: lanes_core::metrics::Metrics::new(),
-            clock: clock.clone(),
-            config: lanes_core::config::WorkerConfig::default(),
-        };
+        let worker = adapters.task_worker(
+            Arc::new(crate::SleepLlm),
+            lanes_core::metrics::Metrics::new(),
+            clock.clone(),
+            Default::default(),
+        );
         let (shares, lanes): ([f64; 3], Vec<Lane>) = match policy {
             "fifo" => ([1.0, 0.0, 0.0], vec![Lane::Interactive]),
             "static 50:50" => ([0.5, 0.5, 0.0], vec![Lane::Interactive, Lane::Synthesis]),

@@ -16,7 +16,6 @@ use crate::pool::{DEFAULT_SHARES, Pool};
 use crate::ports::DiffSource;
 use crate::ports::{LlmClient, QueueConsume};
 use crate::tasks::ingress::{Ingress, router};
-use crate::tasks::worker::Worker;
 use crate::wiring::{Adapters, AwsBackendConfig, WiringError, create_aws_resources, redis_from_env};
 use axum::Router;
 use axum::http::header;
@@ -209,15 +208,7 @@ impl Local {
         git: GitConfig,
     ) -> Self {
         let metrics = Metrics::new();
-        let worker = Worker {
-            store: adapters.store.clone(),
-            lock: adapters.lock.clone(),
-            cache: adapters.cache.clone(),
-            llm: llm.clone(),
-            metrics: metrics.clone(),
-            clock: clock.clone(),
-            config: opts.worker,
-        };
+        let worker = adapters.task_worker(llm.clone(), metrics.clone(), clock.clone(), opts.worker);
         let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
             Lane::ALL.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
         let commits = adapters.commits_worker(

@@ -66,6 +66,25 @@ pub struct Adapters {
 }
 
 impl Adapters {
+    /// The task worker on these adapters (store, lock, cache).
+    pub fn task_worker(
+        &self,
+        llm: Arc<dyn crate::ports::LlmClient>,
+        metrics: crate::metrics::Metrics,
+        clock: SharedClock,
+        config: crate::config::WorkerConfig,
+    ) -> crate::tasks::worker::Worker {
+        crate::tasks::worker::Worker {
+            store: self.store.clone(),
+            lock: self.lock.clone(),
+            cache: self.cache.clone(),
+            llm,
+            metrics,
+            clock,
+            config,
+        }
+    }
+
     /// The commits worker on these adapters (summaries, cache, lock), with the default budgets.
     pub fn commits_worker(
         &self,

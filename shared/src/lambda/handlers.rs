@@ -218,15 +218,7 @@ impl WorkerFunction {
             _ => None,
         };
         let running = crate::running::RunningWork::new(adapters.cache.clone(), Arc::new(SystemClock));
-        let worker = Worker {
-            store: adapters.store,
-            lock: adapters.lock,
-            cache: adapters.cache,
-            llm,
-            metrics,
-            clock: Arc::new(SystemClock),
-            config,
-        };
+        let worker = adapters.task_worker(llm, metrics, Arc::new(SystemClock), config);
         let queue = adapters.consume[lane.index()].clone();
         Ok(Self { worker, queue, concurrency: concurrency.max(1), commits, lane, running })
     }
