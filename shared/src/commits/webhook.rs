@@ -7,7 +7,7 @@
 
 use super::push::{Push, parse_push};
 use crate::clock::SharedClock;
-use crate::domain::commit::{CommitsMessage, Provider, send_attributes};
+use crate::domain::commit::{CommitsMessage, Provider};
 use crate::metrics::Metrics;
 use crate::ports::{QueueSend, SummaryStore};
 use crate::problem::Problem;
@@ -432,7 +432,7 @@ async fn replayed(w: &Webhook, provider: Provider, d: &str) -> Result<Option<Res
 async fn enqueue(w: &Webhook, push: &Push) -> Result<(), Problem> {
     let range = push.range.iter().filter_map(|r| {
         let body = serde_json::to_string(&CommitsMessage::Range { range: r.clone() }).ok()?;
-        Some((body, send_attributes(r.provider, &r.repo)))
+        Some((body, r.send_attributes()))
     });
     let messages: Vec<(String, BTreeMap<String, String>)> = push
         .commits

@@ -4,7 +4,7 @@
 
 use crate::domain::TokenUsage;
 use crate::domain::fairness;
-use crate::domain::ids::{IdError, RepoId, Sha};
+use crate::domain::ids::{RepoId, Sha};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -22,12 +22,6 @@ pub struct CommitRefError {
 
 fn bad(field: &'static str, reason: impl Into<String>) -> CommitRefError {
     CommitRefError { field, reason: reason.into() }
-}
-
-impl From<IdError> for CommitRefError {
-    fn from(e: IdError) -> Self {
-        bad(e.field, e.reason)
-    }
 }
 
 /// Whether `base` of a push names a branch: 1 to 255 bytes of `[A-Za-z0-9-_./]`, no `..`.
@@ -59,7 +53,7 @@ pub struct CommitMessage {
 
 /// The attributes a message of the `commits` queue is sent with: its lane, and its group (the
 /// repository's owner: [`fairness::commit_group`]).
-pub fn send_attributes(provider: Provider, repo: &str) -> BTreeMap<String, String> {
+fn send_attributes(provider: Provider, repo: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("lane".to_owned(), "commits".to_owned()),
         (fairness::GROUP_ATTRIBUTE.to_owned(), fairness::commit_group(provider, repo)),
@@ -112,6 +106,11 @@ pub struct PushRange {
 }
 
 impl PushRange {
+    /// The attributes it is sent with ([`send_attributes`]): its commits' group.
+    pub fn send_attributes(&self) -> BTreeMap<String, String> {
+        send_attributes(self.provider, &self.repo)
+    }
+
     /// Checks what the id types do not: the provider must match the `repo_id` prefix, `base` must be
     /// a sha or a plain branch name, and the name must be bounded.
     pub fn validate(&self) -> Result<(), CommitRefError> {

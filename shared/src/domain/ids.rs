@@ -11,7 +11,7 @@
 //! stored record holding a malformed id is refused at its decode, never carried further. On the
 //! wire each is its plain string (`#[serde(into = "String")]`). Pure.
 
-use crate::domain::{FieldError, sha256_hex};
+use crate::domain::sha256_hex;
 use serde::{Deserialize, Serialize};
 use std::borrow::Borrow;
 use std::fmt;
@@ -25,12 +25,6 @@ pub struct IdError {
     pub field: &'static str,
     /// Why it was refused, in words a client can act on.
     pub reason: &'static str,
-}
-
-impl From<IdError> for FieldError {
-    fn from(e: IdError) -> Self {
-        FieldError::new(e.field, e.reason)
-    }
 }
 
 /// What every identifier type shares: the checked constructor, the string views, and serde through
@@ -183,6 +177,7 @@ identifier! {
 impl RepoId {
     /// The provider its prefix names.
     pub fn provider(&self) -> Provider {
+        // Valid by construction: the split cannot fail, so the fallback is never taken.
         Self::split(&self.0).map_or(Provider::Local, |(p, _)| p)
     }
 
