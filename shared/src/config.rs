@@ -39,8 +39,7 @@ pub struct WorkerConfig {
     pub result_cache_ttl: Duration,
     /// What each lane allows a task, indexed by [`Lane::index`].
     pub lanes: [LanePolicy; 3],
-    /// Per-project quotas (the per-minute caps are enforced before each call, and the day's tokens
-    /// charged after it).
+    /// The tenants' and projects' budgets, reserved before each call ([`crate::quota`]).
     pub quota: QuotaConfig,
 }
 
@@ -100,7 +99,7 @@ impl WorkerConfig {
 
     /// The same settings with each lane's policy read from `LANES_ATTEMPTS_<LANE>`,
     /// `LANES_MAX_AGE_SECS_<LANE>` and `LANES_MAX_TOKENS_<LANE>` (`<LANE>` = `INTERACTIVE`,
-    /// `SYNTHESIS`, `COMMITS`), where set, and the per-project quotas
+    /// `SYNTHESIS`, `COMMITS`), where set, and the tenants' and projects' budgets
     /// ([`QuotaConfig::from_env`]).
     pub fn lanes_from_env(mut self) -> Result<Self, ConfigError> {
         self.quota = QuotaConfig::from_env()?;
@@ -162,7 +161,7 @@ pub struct IngressConfig {
     pub result_cache_ttl: Duration,
     /// `Retry-After` seconds on a 503.
     pub retry_after_secs: u64,
-    /// Per-project quotas (the daily budget is checked here).
+    /// The tenants' and projects' budgets (a spent day is refused here).
     pub quota: QuotaConfig,
     /// Whether every request must carry an authenticated [`crate::tasks::tenant::Tenant`].
     pub tenancy: bool,
@@ -225,26 +224,63 @@ pub fn require_env(name: &'static str) -> Result<String, ConfigError> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name))
 }
 
-/// The quotas every project gets; `None` = no quota of that kind.
+/// The budgets of every tenant and of every project inside it ([`crate::quota`]), and what a token
+/// may cost on each lane.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QuotaConfig {
-    /// Tokens (prompt + completion) per UTC day.
-    pub daily_tokens: Option<u64>,
-    /// Provider calls per calendar minute.
-    pub rpm: Option<u64>,
-    /// Estimated tokens per calendar minute.
-    pub tpm: Option<u64>,
+    /// Each tenant's limits (with tenancy off, the one tenant's).
+    pub tenant: crate::domain::quota::Limits,
+    /// Each project's limits, inside its tenant's.
+    pub project: crate::domain::quota::Limits,
+    /// Per lane, the dearest price of its routes in micro-dollars per million tokens (the larger of
+    /// input and output): what a call's USD is reserved at. Zero where no route has a known price.
+    pub usd_per_mtok: [u64; 3],
 }
 
 impl QuotaConfig {
-    /// Reads `LANES_PROJECT_DAILY_TOKENS`, `LANES_PROJECT_RPM` and `LANES_PROJECT_TPM` (each
-    /// optional).
+    /// Reads `LANES_TENANT_{RPM,TPM,DAILY_TOKENS,DAILY_USD}` and the same four `LANES_PROJECT_*`
+    /// (each optional). The routes' prices are [`crate::quota`]'s to add.
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self {
-            daily_tokens: env_number("LANES_PROJECT_DAILY_TOKENS", 1, u64::MAX / 2)?,
-            rpm: env_number("LANES_PROJECT_RPM", 1, 1_000_000)?,
-            tpm: env_number("LANES_PROJECT_TPM", 1, u64::MAX / 2)?,
+            tenant: limits_from_env([
+                "LANES_TENANT_RPM",
+                "LANES_TENANT_TPM",
+                "LANES_TENANT_DAILY_TOKENS",
+                "LANES_TENANT_DAILY_USD",
+            ])?,
+            project: limits_from_env([
+                "LANES_PROJECT_RPM",
+                "LANES_PROJECT_TPM",
+                "LANES_PROJECT_DAILY_TOKENS",
+                "LANES_PROJECT_DAILY_USD",
+            ])?,
+            usd_per_mtok: [0; 3],
         })
+    }
+}
+
+fn limits_from_env(
+    [rpm, tpm, tokens, usd]: [&'static str; 4],
+) -> Result<crate::domain::quota::Limits, ConfigError> {
+    Ok(crate::domain::quota::Limits {
+        rpm: env_number(rpm, 1, 1_000_000)?,
+        tpm: env_number(tpm, 1, u64::MAX / 4)?,
+        daily_tokens: env_number(tokens, 1, u64::MAX / 4)?,
+        daily_usd_micros: env_usd(usd)?,
+    })
+}
+
+/// An optional amount of USD (a decimal, at least a micro-dollar), in micro-dollars.
+fn env_usd(name: &'static str) -> Result<Option<u64>, ConfigError> {
+    let Some(v) = optional_env(name) else { return Ok(None) };
+    match v.trim().parse::<f64>() {
+        Ok(usd) if usd.is_finite() && (0.000_001..=1e12).contains(&usd) => {
+            Ok(Some((usd * 1e6).round() as u64))
+        }
+        _ => Err(ConfigError::Invalid {
+            name,
+            reason: format!("`{v}` is not an amount of USD between 0.000001 and 1e12"),
+        }),
     }
 }
 

@@ -952,6 +952,12 @@ impl Cache for FaultyCache {
         let r = self.inner().count_live(key, now_ms).await;
         self.ctx.post(d, "cache.count_live", key, r).await
     }
+    async fn reserve(&self, charges: &[Charge]) -> Result<Option<usize>, CacheError> {
+        let key = charges.first().map_or("", |c| c.key.as_str());
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.reserve", key).await?;
+        let r = self.inner().reserve(charges).await;
+        self.ctx.post(d, "cache.reserve", key, r).await
+    }
 }
 
 // ---------------------------------------------------------------- provider

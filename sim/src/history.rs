@@ -250,10 +250,11 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     let mut ingress_config = IngressConfig::default();
     let mut worker_config = WorkerConfig::default();
     if rng.random::<f64>() < 0.5 {
-        let quota = lanes_core::config::QuotaConfig {
+        let limits = lanes_core::domain::quota::Limits {
             daily_tokens: Some(rng.random_range(200..3_000)),
             ..Default::default()
         };
+        let quota = lanes_core::config::QuotaConfig { project: limits, ..Default::default() };
         ingress_config.quota = quota;
         worker_config.quota = quota;
     }

@@ -10,8 +10,8 @@ use lanes_core::domain::fairness::GROUP_ATTRIBUTE;
 use lanes_core::domain::lifecycle::{self, Command, Event, Guard, TRANSITIONS};
 use lanes_core::domain::{RepoId, Sha, TaskId, TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_core::ports::{
-    Acquire, Cache, CancelOutcome, ClaimOutcome, Completion, DEAD_LETTER_REASON, EnqueueMark, FinishOutcome,
-    LeaseLock, PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
+    Acquire, Cache, CancelOutcome, Charge, ClaimOutcome, Completion, DEAD_LETTER_REASON, EnqueueMark,
+    FinishOutcome, LeaseLock, PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
 };
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -428,6 +428,44 @@ pub async fn cache(cache: &dyn Cache) {
         "b, ended by then, was dropped as c entered"
     );
     assert_eq!(cache.count_live("contract:missing-set", now).await.unwrap(), 0);
+    reservations(cache).await;
+}
+
+/// Reservations: every charge or none, each limit checked against the counter before it.
+async fn reservations(cache: &dyn Cache) {
+    let charge = |key: &str, amount: i64, limit: Option<u64>| Charge {
+        key: format!("contract:{{r}}:{key}"),
+        amount,
+        limit,
+        ttl: Duration::from_millis(300),
+    };
+    let value = |key: &'static str| async move {
+        cache.get(&format!("contract:{{r}}:{key}")).await.unwrap().map(|v| v.parse::<u64>().unwrap())
+    };
+    assert_eq!(cache.reserve(&[charge("a", 60, Some(100)), charge("b", 1, Some(2))]).await.unwrap(), None);
+    assert_eq!(cache.reserve(&[charge("a", 40, Some(100)), charge("b", 1, Some(2))]).await.unwrap(), None);
+    assert_eq!((value("a").await, value("b").await), (Some(100), Some(2)), "exactly the limits");
+    assert_eq!(
+        cache.reserve(&[charge("c", 5, None), charge("a", 1, Some(100))]).await.unwrap(),
+        Some(1),
+        "the second refused"
+    );
+    assert_eq!(value("c").await, None, "and nothing applied, not even the first");
+    assert_eq!(cache.reserve(&[charge("a", -30, Some(100))]).await.unwrap(), None, "giving back");
+    assert_eq!(cache.reserve(&[charge("b", -9, None)]).await.unwrap(), None);
+    assert_eq!((value("a").await, value("b").await), (Some(70), Some(0)), "floored at zero");
+    assert_eq!(cache.reserve(&[charge("d", 500, Some(100))]).await.unwrap(), None, "a first charge fits");
+    assert_eq!(cache.reserve(&[charge("d", 1, Some(100))]).await.unwrap(), Some(0));
+    // Concurrent reservations never both take the last room.
+    let one = [charge("e", 10, Some(75))];
+    let burst = (0..20).map(|_| cache.reserve(&one));
+    let granted =
+        futures::future::join_all(burst).await.into_iter().filter(|r| r.as_ref().unwrap().is_none());
+    assert_eq!(granted.count(), 7, "7 of 10 fit in 75");
+    // The first charge's TTL holds, and later charges keep it.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(value("a").await, None, "expired with its first TTL");
+    assert_eq!(cache.reserve(&[charge("a", 100, Some(100))]).await.unwrap(), None, "a new window");
 }
 
 fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {

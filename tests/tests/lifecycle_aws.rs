@@ -159,14 +159,16 @@ async fn a_duplicate_answered_while_sqs_stalls_and_fails_gets_its_task_run() {
 
 #[tokio::test]
 async fn a_retry_of_an_accepted_task_gets_its_task_over_the_daily_budget() {
-    let quota = lanes_core::config::QuotaConfig { daily_tokens: Some(50), ..Default::default() };
+    let limits = lanes_core::domain::quota::Limits { daily_tokens: Some(50), ..Default::default() };
+    let quota = lanes_core::config::QuotaConfig { project: limits, ..Default::default() };
     let r = rig(IngressConfig { quota, ..IngressConfig::default() }).await;
     let (status, first) = post(&r.url).await;
     assert_eq!(status, 202, "{first}");
     let id = first["task_id"].as_str().unwrap().to_owned();
     // The day's budget is spent (another task of the project), while this one waits.
-    let scope = lanes_core::quota::scope(None, "p1");
-    lanes_core::quota::charge(&*r.cache, &quota, &scope, 50, now_ms()).await.unwrap();
+    let scopes = lanes_core::quota::scopes(None, "p1");
+    let spent = lanes_core::domain::quota::Cost { tokens: 50, usd_micros: 0 };
+    lanes_core::quota::reserve(&*r.cache, &quota, &scopes, spent, now_ms()).await.unwrap().unwrap();
     let (status, again) = post(&r.url).await;
     assert_eq!((status, again["task_id"].as_str()), (202, Some(id.as_str())), "{again}");
     drain(&r).await;

@@ -1,5 +1,5 @@
 //! The vocabulary both flows and the ports share: lanes and the kinds that decide them, token
-//! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), who a message is fair to and in what order ([`fairness`]), what a client asks for ([`request`]), the
+//! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), who a message is fair to and in what order ([`fairness`]), what a budget charges ([`quota`]), what a client asks for ([`request`]), the
 //! task's record ([`task`]) and its transition table ([`lifecycle`]), and the commit types ([`commit`]). Pure: no I/O.
 
 pub mod commit;
@@ -8,6 +8,7 @@ pub mod ids;
 pub mod lifecycle;
 pub mod limits;
 pub mod model_call;
+pub mod quota;
 pub mod request;
 pub mod task;
 

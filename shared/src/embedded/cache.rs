@@ -1,7 +1,8 @@
 //! In-process TTL cache with the Redis hot cache's contract.
 
 use crate::clock::SharedClock;
-use crate::ports::{Cache, CacheError};
+use crate::domain::quota::{apply, first_refused};
+use crate::ports::{Cache, CacheError, Charge};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -90,5 +91,30 @@ impl Cache for MemoryCache {
     async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError> {
         let sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
         Ok(sets.get(key).map_or(0, |set| set.values().filter(|until| **until > now_ms).count() as u64))
+    }
+
+    async fn reserve(&self, charges: &[Charge]) -> Result<Option<usize>, CacheError> {
+        let now = self.clock.now_ms();
+        let mut entries =
+            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        // One lock over the check and the charges: the reservation is atomic as the script is.
+        let current: Vec<u64> = charges
+            .iter()
+            .map(|c| {
+                let live = entries.get(&c.key).filter(|(_, exp)| *exp > now);
+                live.and_then(|(v, _)| v.parse::<u64>().ok()).unwrap_or(0)
+            })
+            .collect();
+        if let Some(refused) = first_refused(&current, charges) {
+            return Ok(Some(refused));
+        }
+        for (c, value) in charges.iter().zip(current) {
+            let expires = match entries.get(&c.key) {
+                Some((_, exp)) if *exp > now => *exp,
+                _ => now + c.ttl.as_millis() as u64,
+            };
+            entries.insert(c.key.clone(), (apply(value, c.amount).to_string(), expires));
+        }
+        Ok(None)
     }
 }

@@ -194,9 +194,10 @@ impl WorkerFunction {
         let lane = lane_from_env()?;
         let concurrency = parse_env("LANES_WORKER_CONCURRENCY", 10)? as usize;
         let lease_ms = parse_env("LANES_LEASE_TTL_MS", 15_000)?;
-        let config = WorkerConfig::default().with_lease(Duration::from_millis(lease_ms)).lanes_from_env()?;
+        let mut config =
+            WorkerConfig::default().with_lease(Duration::from_millis(lease_ms)).lanes_from_env()?;
         config.validate()?;
-        crate::llm::price::load_from_env()?;
+        config.quota = crate::quota::priced_by_routes(config.quota)?;
         let adapters = adapters_from_env("worker", &[lane]).await?;
         let latency = Duration::from_millis(parse_env("LANES_OFFLINE_LATENCY_MS", 0)?);
         // A budget wait is bounded well inside the lease; longer ones go back to the queue.

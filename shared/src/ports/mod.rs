@@ -88,7 +88,13 @@ pub trait Cache: Send + Sync {
     async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError>;
     /// How many members of the set at `key` are still within their time at `now_ms`.
     async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError>;
+    /// Applies every charge or none, in one atomic step: `None` when all were applied, or the index
+    /// of the first whose limit refused ([`crate::domain::quota::refuses`]), and then none was. The
+    /// keys must share one hash tag (one cluster slot).
+    async fn reserve(&self, charges: &[Charge]) -> Result<Option<usize>, CacheError>;
 }
+
+pub use crate::domain::quota::Charge;
 
 // ---------------------------------------------------------------- llm
 

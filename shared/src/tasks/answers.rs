@@ -8,7 +8,6 @@ use crate::problem::Problem;
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use std::time::Duration;
 use tracing::error;
 
 /// A task as JSON. An unfinished task answers `202` with `Location` and a `Retry-After` sized to its
@@ -68,16 +67,19 @@ impl IntoResponse for NoTenant {
     }
 }
 
-/// `429`: the project's daily budget is spent.
-pub(crate) fn over_budget(project_id: &str, retry_after: Duration) -> Problem {
-    let mut p = Problem::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "quota-exceeded",
-        "Daily token budget used",
-        format!("project `{project_id}` has used its daily token budget; it renews at 00:00 UTC"),
-    )
-    .with_field("project_id");
-    p.retry_after = Some(retry_after.as_secs().max(1));
+/// `429`: the tenant's or the project's day is spent. The project's budget names `project_id`; the
+/// tenant's names no field, since no field of the request chose it.
+pub(crate) fn over_budget(project_id: &str, over: crate::quota::OverQuota) -> Problem {
+    let title = match over.budget {
+        crate::domain::quota::Budget::DailyUsd => "Daily USD budget used",
+        _ => "Daily token budget used",
+    };
+    let detail = format!("{}; it renews at 00:00 UTC", over.describe(project_id));
+    let mut p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "quota-exceeded", title, detail);
+    if over.owner == crate::domain::quota::Owner::Project {
+        p = p.with_field("project_id");
+    }
+    p.retry_after = Some(over.retry_after.as_secs().max(1));
     p
 }
 

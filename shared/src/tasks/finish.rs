@@ -37,24 +37,22 @@ impl Worker {
         Outcome::LeaseLost
     }
 
-    /// A model's answer as the task's result: counted (calls, tokens, cost) and charged to the
-    /// project's daily budget.
+    /// A model's answer as the task's result: counted (calls, tokens, cost), and its usage settled
+    /// against the budgets' reservation.
     pub(super) async fn answered(
         &self,
         lane: &str,
         resp: crate::ports::LlmResponse,
-        quota_scope: &str,
-        now: u64,
+        reservation: Option<&crate::quota::Reservation>,
     ) -> TaskResult {
         self.metrics.llm_requests_total.with_label_values(&[lane, "ok"]).inc();
         self.metrics.llm_tokens_total.with_label_values(&[lane, "prompt"]).inc_by(resp.usage.prompt);
         self.metrics.llm_tokens_total.with_label_values(&[lane, "completion"]).inc_by(resp.usage.completion);
         let used = resp.usage.prompt + resp.usage.completion;
-        if let Err(e) = crate::quota::charge(&*self.cache, &self.config.quota, quota_scope, used, now).await {
-            warn!(error = %e, "cache unavailable; the project's tokens are not counted");
-            self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
-        }
         let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
+        if let Some(r) = reservation {
+            self.settle(Some(r), crate::quota::used(used, cost_usd, r.cost())).await;
+        }
         self.metrics
             .llm_cost_usd_total
             .with_label_values(&[lane, &resp.model])

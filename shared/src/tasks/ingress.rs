@@ -193,13 +193,11 @@ async fn accept(
         }
     }
 
-    // 2. The project's daily token budget: over it, no new task is stored. A duplicate of an
+    // 2. The tenant's and the project's day: spent, no new task is stored. A duplicate of an
     // accepted one is never refused: over the budget, the store is asked before answering 429.
-    let quota_scope = crate::quota::scope(request.tenant.as_ref(), &request.project_id);
+    let scopes = crate::quota::scopes(request.tenant.as_ref(), &request.project_id);
     let over =
-        match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &quota_scope, ing.clock.now_ms())
-            .await
-        {
+        match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &scopes, ing.clock.now_ms()).await {
             Ok(Ok(())) => None,
             Ok(Err(over)) => Some(over),
             Err(e) => {
@@ -214,7 +212,7 @@ async fn accept(
         let stored = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
         return match idempotency::from_record(stored, &payload_hash) {
             Some(duplicate) => answer_duplicate(ing, duplicate, Answered::ByStore, now).await,
-            None => Err(over_budget(&request.project_id, over.retry_after)),
+            None => Err(over_budget(&request.project_id, over)),
         };
     }
 
@@ -786,12 +784,14 @@ mod tests {
     /// A duplicate of an accepted task gets its task back whatever the project's budget.
     #[tokio::test]
     async fn a_duplicate_of_an_accepted_task_is_answered_over_the_budget() {
-        let quota = crate::config::QuotaConfig { daily_tokens: Some(10), ..Default::default() };
+        let limits = crate::domain::quota::Limits { daily_tokens: Some(10), ..Default::default() };
+        let quota = crate::config::QuotaConfig { project: limits, ..Default::default() };
         let r = rig_with(IngressConfig { quota, ..Default::default() }).await;
         let (s1, _, b1) = post(&r, BODY, None).await;
         assert_eq!(s1, StatusCode::ACCEPTED);
-        let scope = crate::quota::scope(None, "p1");
-        crate::quota::charge(&*r.cache, &quota, &scope, 10, r.clock.now_ms()).await.unwrap();
+        let scopes = crate::quota::scopes(None, "p1");
+        let spent = crate::domain::quota::Cost { tokens: 10, usd_micros: 0 };
+        crate::quota::reserve(&*r.cache, &quota, &scopes, spent, r.clock.now_ms()).await.unwrap().unwrap();
         let (s2, _, b2) = post(&r, BODY, None).await;
         assert_eq!((s2, &b2["task_id"]), (StatusCode::ACCEPTED, &b1["task_id"]), "{b2}");
         let (s3, _, p3) = post(&r, &BODY.replace("main", "lib"), None).await;

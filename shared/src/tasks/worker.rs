@@ -261,11 +261,11 @@ impl Worker {
             max_tokens: params.max_tokens.map_or(policy.max_tokens, |m| m.min(policy.max_tokens)),
             params,
         };
-        let quota_scope = crate::quota::scope(record.request.tenant.as_ref(), &record.request.project_id);
         let run = Run { queue, message, task, record: &record, completed };
-        if let Err(outcome) = self.admit(run, &request, &quota_scope, now).await {
-            return outcome;
-        }
+        let reservation = match self.admit(run, &request, now).await {
+            Ok(reservation) => reservation,
+            Err(outcome) => return outcome,
+        };
         let call = tokio::select! {
             biased;
             _ = lost.cancelled() => Call::LeaseLost,
@@ -273,17 +273,22 @@ impl Worker {
             r = self.llm.complete(&request) => Call::Answered(r),
         };
         // An answer in hand is written even if the lease was lost meanwhile: the fenced write
-        // decides whether this run still owns the record.
+        // decides whether this run still owns the record. A dropped call keeps its reservation: the
+        // provider may have billed it.
         let answer = match call {
             Call::Answered(a) => a,
             dropped => return self.dropped(run, dropped).await,
         };
         match answer {
             Ok(resp) => {
-                let result = self.answered(lane, resp, &quota_scope, now).await;
+                let result = self.answered(lane, resp, reservation.as_ref()).await;
                 self.finish(queue, message, &record, Completion::Completed(result), completed).await
             }
-            Err(e) => self.failed_call(run, e).await,
+            Err(e) => {
+                // A refused or failed call used no tokens: they go back to the budgets.
+                self.settle(reservation.as_ref(), crate::domain::quota::Cost::default()).await;
+                self.failed_call(run, e).await
+            }
         }
     }
 
@@ -316,29 +321,53 @@ impl Worker {
         }
     }
 
-    /// The project's per-minute quota for this call: `Err` with the put-off when it is over (a wait,
-    /// no attempt used); with the cache down the quota is not enforced.
+    /// The budgets' reservation for this call ([`crate::quota::reserve`]): `Err` with the put-off
+    /// when a budget is over (a wait, no attempt used), or the task's end when the budget renews only
+    /// after the lane's maximum age; `Ok(None)` when the cache is down and budgets are not enforced.
     async fn admit(
         &self,
         run: Run<'_>,
         request: &LlmRequest,
-        quota_scope: &str,
         now: u64,
-    ) -> Result<(), Outcome> {
-        let Run { queue, message, task, record, .. } = run;
-        let estimate = crate::llm::estimate_tokens(request);
-        match crate::quota::admit(&*self.cache, &self.config.quota, quota_scope, estimate, now).await {
-            Ok(Ok(())) => Ok(()),
+    ) -> Result<Option<crate::quota::Reservation>, Outcome> {
+        let Run { queue, message, task, record, completed } = run;
+        let quota = &self.config.quota;
+        let scopes = crate::quota::scopes(record.request.tenant.as_ref(), &record.request.project_id);
+        let cost = crate::quota::estimate(quota, task.lane, crate::llm::estimate_tokens(request));
+        match crate::quota::reserve(&*self.cache, quota, &scopes, cost, now).await {
+            Ok(Ok(reservation)) => Ok(Some(reservation)),
             Ok(Err(over)) => {
-                let why = format!("project `{}` is over its per-minute quota", record.request.project_id);
+                let why = over.describe(&record.request.project_id);
+                let max_age = self.config.lane(task.lane).max_age.as_millis() as u64;
+                let renews_at = now + over.retry_after.as_millis() as u64;
+                if renews_at > record.created_at_ms.saturating_add(max_age) {
+                    let reason = format!("{why}, which renews after the lane's maximum task age");
+                    return Err(self
+                        .finish(queue, message, record, Completion::Failed(reason), completed)
+                        .await);
+                }
                 let settle = Settle::Fenced(record);
                 Err(self.wait(&**queue, message, task, settle, over.retry_after, Some("quota"), &why).await)
             }
             Err(e) => {
-                warn!(error = %e, "cache unavailable; project quotas not enforced");
+                warn!(error = %e, "cache unavailable; budgets not enforced");
                 self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
-                Ok(())
+                Ok(None)
             }
+        }
+    }
+
+    /// Corrects a reservation to what the call used; with the cache down the correction is lost
+    /// (counted), which errs on the side of spending less.
+    pub(super) async fn settle(
+        &self,
+        reservation: Option<&crate::quota::Reservation>,
+        used: crate::domain::quota::Cost,
+    ) {
+        let Some(reservation) = reservation else { return };
+        if let Err(e) = crate::quota::settle(&*self.cache, reservation, used).await {
+            warn!(error = %e, "cache unavailable; a budget reservation is not corrected");
+            self.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
         }
     }
 }

@@ -5,7 +5,7 @@
 //! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
 //! the configured prefix.
 
-use crate::ports::{Acquire, Cache, CacheError, LeaseLock, LockError};
+use crate::ports::{Acquire, Cache, CacheError, Charge, LeaseLock, LockError};
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -371,5 +371,28 @@ impl Cache for RedisCache {
             .query_async(&mut conn)
             .await
             .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
+
+    async fn reserve(&self, charges: &[Charge]) -> Result<Option<usize>, CacheError> {
+        if charges.is_empty() {
+            return Ok(None);
+        }
+        crate::metrics::aws_request("redis", "EVALSHA reserve");
+        // The check and the charges in one script: concurrent reservations never both see room.
+        static RESERVE: std::sync::LazyLock<redis::Script> =
+            std::sync::LazyLock::new(|| redis::Script::new(include_str!("reserve.lua")));
+        let mut invocation = RESERVE.prepare_invoke();
+        for c in charges {
+            invocation
+                .key(format!("{}{}", self.prefix, c.key))
+                .arg(c.amount)
+                .arg(c.limit.map_or(-1, |l| l.min(i64::MAX as u64) as i64))
+                .arg(ms(c.ttl).max(1));
+        }
+        let refused: usize = invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))?;
+        Ok(refused.checked_sub(1))
     }
 }
