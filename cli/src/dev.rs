@@ -83,6 +83,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     opts.worker = opts.worker.with_lease(Duration::from_millis(lease_ttl_ms)).lanes_from_env()?;
     opts.worker.quota = lanes_core::quota::priced_by_routes(opts.worker.quota)?;
     opts.ingress = lanes_core::config::IngressConfig::from_env()?;
+    opts.ingress.quota = opts.worker.quota;
     opts.dlq_sweep_interval = Duration::from_secs(dlq_sweep_secs.max(1));
     if let Some(name) = tenant_header {
         let header = reqwest::header::HeaderName::try_from(name.as_str())

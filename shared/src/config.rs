@@ -119,6 +119,7 @@ impl WorkerConfig {
                 policy.max_tokens = n as u32;
             }
         }
+        self.quota.completion_caps = self.lanes.map(|l| l.max_tokens);
         Ok(self)
     }
 
@@ -161,7 +162,7 @@ pub struct IngressConfig {
     pub result_cache_ttl: Duration,
     /// `Retry-After` seconds on a 503.
     pub retry_after_secs: u64,
-    /// The tenants' and projects' budgets (a spent day is refused here).
+    /// The tenants' and projects' budgets (a new task holds its share of the day here).
     pub quota: QuotaConfig,
     /// Whether every request must carry an authenticated [`crate::tasks::tenant::Tenant`].
     pub tenancy: bool,
@@ -196,7 +197,8 @@ impl IngressConfig {
         if let Some(retention) = env_number("LANES_QUEUE_RETENTION_SECS", 60, 14 * 24 * 3600)? {
             config.pending_ttl_secs = pending_ttl_for(retention);
         }
-        config.quota = QuotaConfig::from_env()?;
+        // The lanes' completion caps with the budgets: a new task's hold counts its lane's cap.
+        config.quota = WorkerConfig::default().lanes_from_env()?.quota;
         Ok(config)
     }
 }
@@ -226,7 +228,7 @@ pub fn require_env(name: &'static str) -> Result<String, ConfigError> {
 
 /// The budgets of every tenant and of every project inside it ([`crate::quota`]), and what a token
 /// may cost on each lane.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaConfig {
     /// Each tenant's limits (with tenancy off, the one tenant's).
     pub tenant: crate::domain::quota::Limits,
@@ -235,11 +237,27 @@ pub struct QuotaConfig {
     /// Per lane, the dearest price of its routes in micro-dollars per million tokens (the larger of
     /// input and output): what a call's USD is reserved at. Zero where no route has a known price.
     pub usd_per_mtok: [u64; 3],
+    /// Commits each repository may have summarized per UTC day (the commits lane's budget).
+    pub repo_daily_commits: Option<u64>,
+    /// Per lane, the completion cap a task's estimate counts ([`LanePolicy::max_tokens`]).
+    pub completion_caps: [u32; 3],
+}
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        Self {
+            tenant: Default::default(),
+            project: Default::default(),
+            usd_per_mtok: [0; 3],
+            repo_daily_commits: None,
+            completion_caps: Lane::ALL.map(|l| LanePolicy::default_for(l).max_tokens),
+        }
+    }
 }
 
 impl QuotaConfig {
-    /// Reads `LANES_TENANT_{RPM,TPM,DAILY_TOKENS,DAILY_USD}` and the same four `LANES_PROJECT_*`
-    /// (each optional). The routes' prices are [`crate::quota`]'s to add.
+    /// Reads `LANES_TENANT_{RPM,TPM,DAILY_TOKENS,DAILY_USD}`, the same four `LANES_PROJECT_*` and
+    /// `LANES_REPO_DAILY_COMMITS` (each optional). The routes' prices are [`crate::quota`]'s to add.
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self {
             tenant: limits_from_env([
@@ -254,7 +272,8 @@ impl QuotaConfig {
                 "LANES_PROJECT_DAILY_TOKENS",
                 "LANES_PROJECT_DAILY_USD",
             ])?,
-            usd_per_mtok: [0; 3],
+            repo_daily_commits: env_number("LANES_REPO_DAILY_COMMITS", 1, 100_000_000)?,
+            ..Self::default()
         })
     }
 }

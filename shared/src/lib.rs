@@ -36,7 +36,7 @@
 //!   backoff, release and hide. The only module besides the queue adapters and their twins that
 //!   changes a message's visibility.
 //! - [`limiter`]: the RPM/TPM decision with lane reservations (pure) and the in-process limiter.
-//! - [`quota`]: per-project daily token budgets and per-minute caps, counted in the cache.
+//! - [`quota`]: budgets per tenant and project: a day held per new task, minutes per call.
 //! - [`llm`]: providers (offline, OpenAI-compatible, Anthropic), the retry policy, per-lane routes
 //!   with their fallback, and the price table.
 //! - [`pool`]: the weighted allocation (pure) and the in-process pool that runs workers with it.

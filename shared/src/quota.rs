@@ -1,27 +1,32 @@
-//! Budgets per tenant and per project, reserved before each provider call and corrected after it.
+//! Budgets per tenant and per project: a day's share held when a task is accepted, the minute's
+//! reserved before each provider call, and both corrected to what the calls used.
 //!
 //! The limits (all optional; [`QuotaConfig::from_env`]) are per **authenticated tenant**
 //! (`LANES_TENANT_*`; with tenancy off every caller is one tenant) and, inside it, per project
 //! (`LANES_PROJECT_*`): requests and estimated tokens per calendar minute, tokens and USD per UTC
-//! day. The counters and the fitting rule are [`crate::domain::quota`]'s.
+//! day. The counters and the fitting rule are [`crate::domain::quota`]'s. Every step is one atomic
+//! [`Cache::reserve`] (a Lua script on Redis, one lock in process), so a parallel burst sees its
+//! own charges, and rotating `project_id`s still draws from the tenant's counters.
 //!
-//! - **Before a call** a worker reserves the call's estimate (prompt plus completion cap, and USD at
-//!   the dearest price of the lane's routes) in every counter in one atomic step
-//!   ([`Cache::reserve`]: a Lua script on Redis, one lock in process). A parallel burst therefore
-//!   sees its own reservations, and rotating `project_id`s still draws from the tenant's counters:
-//!   no budget is passed by more than one call's estimate. Over a budget, the task is put off to the
-//!   window's end as a wait, never an attempt.
-//! - **After it** the answer's usage corrects the tokens and USD ([`settle`]); a call that failed
-//!   gives its tokens back, and keeps its request.
-//! - **At ingress** a new task of a tenant or project whose day is spent is refused `429` and stores
-//!   nothing ([`check_daily`]); a duplicate of an accepted task is still answered.
+//! - **At ingress** a new task holds its estimate (prompt plus completion cap; USD at the dearest
+//!   price of the lane's routes) on the day's budgets ([`hold`]), or is refused `429` and stores
+//!   nothing: no day is passed by more than one task's estimate. A duplicate of an accepted task is
+//!   still answered, and its own hold given back.
+//! - **Before each call** the worker reserves the call in the minute's budgets ([`reserve`]); over
+//!   one, the task waits for the next minute, never using an attempt. The day is not asked again:
+//!   an accepted task runs.
+//! - **After each call** its usage corrects the minute and is added to the day ([`settle`]); a call
+//!   that failed gives its tokens back, and keeps its request.
+//! - **When the task ends** its hold is given back, once ([`release`]): the day then counts what
+//!   was used. A hold that is never released (a worker that crashed after the final write) stays
+//!   until the day's counters expire, which errs on the side of spending less.
 //!
 //! The counters live in the cache (Redis on AWS, shared by every worker; in process locally). With
 //! the cache unreachable budgets are not enforced (counted as degraded): a budget protects spend but
 //! must not stop the service.
 
 use crate::config::{ConfigError, QuotaConfig};
-use crate::domain::quota::{Budget, Cost, Owner, Planned, Scopes, corrections, plan};
+use crate::domain::quota::{Budget, Charge, Cost, Owner, Planned, Scopes, corrections, plan};
 use crate::domain::{Lane, Tenant};
 use crate::ports::{Cache, CacheError};
 use std::time::Duration;
@@ -58,6 +63,14 @@ pub fn estimate(config: &QuotaConfig, lane: Lane, tokens: u64) -> Cost {
     Cost { tokens, usd_micros: micros(config.usd_per_mtok[lane.index()], tokens) }
 }
 
+/// What a new task holds on the day: the estimate of its call ([`crate::llm::estimate_tokens`]),
+/// its completion at its lane's cap.
+pub fn task_estimate(config: &QuotaConfig, request: &crate::domain::TaskRequest) -> Cost {
+    let lane = request.lane();
+    let call = crate::domain::model_call::LlmRequest::for_task(request, config.completion_caps[lane.index()]);
+    estimate(config, lane, crate::llm::estimate_tokens(&call))
+}
+
 /// Micro-dollars of `tokens` at `per_mtok` micro-dollars per million tokens, rounded up.
 fn micros(per_mtok: u64, tokens: u64) -> u64 {
     (u128::from(per_mtok) * u128::from(tokens)).div_ceil(1_000_000).min(u128::from(u64::MAX)) as u64
@@ -86,29 +99,80 @@ pub fn priced_by_routes(mut config: QuotaConfig) -> Result<QuotaConfig, ConfigEr
     Ok(config)
 }
 
-/// Ingress: whether the tenant or the project has spent a day's budget (then: whose, and until
-/// when). Reads only; the worker's reservation is what holds the budget under concurrency. Errors
-/// mean the cache is unreachable; the caller proceeds.
-pub async fn check_daily(
+/// Ingress, for a new task: holds its estimate on every day's budget of its tenant and project in
+/// one atomic step, or holds nothing and says which budget refused and until when. The hold is
+/// recorded beside the counters under the submission's `nonce`, for [`release`]. Errors mean the
+/// cache is unreachable; the caller proceeds without a hold.
+pub async fn hold(
     cache: &dyn Cache,
     config: &QuotaConfig,
     scopes: &Scopes,
+    cost: Cost,
+    nonce: &str,
     now_ms: u64,
 ) -> Result<Result<(), OverQuota>, CacheError> {
-    for p in plan(&config.tenant, &config.project, scopes, Cost::default(), now_ms) {
-        let Some(limit) = p.charge.limit.filter(|_| p.budget.is_daily()) else { continue };
-        let used = cache.get(&p.charge.key).await?.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        if used >= limit {
-            return Ok(Err(OverQuota { retry_after: p.window_left, owner: p.owner, budget: p.budget }));
-        }
+    let day = daily(plan(&config.tenant, &config.project, scopes, cost, now_ms));
+    let Some(first) = day.first() else { return Ok(Ok(())) };
+    let keys = scopes.hold_keys(nonce);
+    let ttl = first.charge.ttl;
+    let record = |key: String, amount: u64| Charge { key, amount: clamp(amount), limit: None, ttl };
+    let mut charges: Vec<Charge> = day.iter().map(|p| p.charge.clone()).collect();
+    charges.extend([record(keys.tokens, cost.tokens), record(keys.usd, cost.usd_micros)]);
+    Ok(match cache.reserve(&charges).await? {
+        None => Ok(()),
+        // Only the day's charges have limits, and they come first.
+        Some(i) => Err(over(&day[i.min(day.len() - 1)])),
+    })
+}
+
+/// Gives back the hold of the submission `nonce`, made at `held_at_ms` (the record's creation):
+/// once a task has ended, or when its submission turned out a duplicate. A second release finds
+/// the marker the first one set and changes nothing; a hold whose day has passed is gone already.
+pub async fn release(
+    cache: &dyn Cache,
+    config: &QuotaConfig,
+    scopes: &Scopes,
+    nonce: &str,
+    held_at_ms: u64,
+) -> Result<(), CacheError> {
+    let keys = scopes.hold_keys(nonce);
+    let amount = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let held = Cost {
+        tokens: amount(cache.get(&keys.tokens).await?),
+        usd_micros: amount(cache.get(&keys.usd).await?),
+    };
+    if held == Cost::default() {
+        return Ok(());
     }
-    Ok(Ok(()))
+    let day = daily(plan(&config.tenant, &config.project, scopes, held, held_at_ms));
+    let Some(first) = day.first() else { return Ok(()) };
+    let ttl = first.charge.ttl;
+    let back = |key: String, amount: u64| Charge { key, amount: -clamp(amount), limit: None, ttl };
+    // The marker first: it refuses a second release (a counter at 1 with a limit of 1), and then
+    // nothing is applied.
+    let mut charges = vec![Charge { key: keys.released, amount: 1, limit: Some(1), ttl }];
+    charges.extend([back(keys.tokens, held.tokens), back(keys.usd, held.usd_micros)]);
+    charges.extend(day.iter().map(|p| Charge { amount: -p.charge.amount, limit: None, ..p.charge.clone() }));
+    cache.reserve(&charges).await.map(|_| ())
+}
+
+/// [`release`] of the hold of `record`'s submission.
+pub async fn release_task(
+    cache: &dyn Cache,
+    config: &QuotaConfig,
+    record: &crate::domain::TaskRecord,
+) -> Result<(), CacheError> {
+    let scopes = scopes(record.request.tenant.as_ref(), &record.request.project_id);
+    release(cache, config, &scopes, &record.nonce, record.created_at_ms).await
 }
 
 /// One call's reservation, to be [`settle`]d once the call has answered or failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    planned: Vec<Planned>,
+    /// The minute's charges, reserved before the call.
+    minute: Vec<Planned>,
+    /// The day's counters, charged with what the call used once it answered.
+    day: Vec<Planned>,
     cost: Cost,
 }
 
@@ -119,8 +183,9 @@ impl Reservation {
     }
 }
 
-/// Worker, before a provider call: reserves `cost` in every counter of `scopes`, or in none and says
-/// which budget refused and until when.
+/// Worker, before a provider call: reserves `cost` in every minute counter of `scopes`, or in none
+/// and says which budget refused and until when. The day's budgets are not asked again: an
+/// accepted task holds its share of them from ingress ([`hold`]), so it always runs.
 pub async fn reserve(
     cache: &dyn Cache,
     config: &QuotaConfig,
@@ -128,28 +193,41 @@ pub async fn reserve(
     cost: Cost,
     now_ms: u64,
 ) -> Result<Result<Reservation, OverQuota>, CacheError> {
-    let planned = plan(&config.tenant, &config.project, scopes, cost, now_ms);
-    if planned.is_empty() {
-        return Ok(Ok(Reservation { planned, cost }));
+    let (day, minute): (Vec<_>, Vec<_>) = plan(&config.tenant, &config.project, scopes, cost, now_ms)
+        .into_iter()
+        .partition(|p| p.budget.is_daily());
+    let reservation = |minute| Reservation { minute, day, cost };
+    if minute.is_empty() {
+        return Ok(Ok(reservation(minute)));
     }
-    let charges: Vec<_> = planned.iter().map(|p| p.charge.clone()).collect();
+    let charges: Vec<_> = minute.iter().map(|p| p.charge.clone()).collect();
     Ok(match cache.reserve(&charges).await? {
-        None => Ok(Reservation { planned, cost }),
-        Some(i) => {
-            let p = &planned[i];
-            Err(OverQuota { retry_after: p.window_left, owner: p.owner, budget: p.budget })
-        }
+        None => Ok(reservation(minute)),
+        Some(i) => Err(over(&minute[i])),
     })
 }
 
-/// Worker, after the call: corrects the reservation to what the call `used` (nothing, for a call
-/// that failed).
+/// Worker, after the call: corrects the minute's reservation to what the call `used`, and adds it
+/// to the day's counters (nothing, for a call that failed).
 pub async fn settle(cache: &dyn Cache, reservation: &Reservation, used: Cost) -> Result<(), CacheError> {
-    let fixes = corrections(&reservation.planned, reservation.cost, used);
+    let mut fixes = corrections(&reservation.minute, reservation.cost, used);
+    fixes.extend(corrections(&reservation.day, Cost::default(), used));
     if fixes.is_empty() {
         return Ok(());
     }
     cache.reserve(&fixes).await.map(|_| ())
+}
+
+fn daily(planned: Vec<Planned>) -> Vec<Planned> {
+    planned.into_iter().filter(|p| p.budget.is_daily()).collect()
+}
+
+fn over(p: &Planned) -> OverQuota {
+    OverQuota { retry_after: p.window_left, owner: p.owner, budget: p.budget }
+}
+
+fn clamp(n: u64) -> i64 {
+    n.min(i64::MAX as u64 / 2) as i64
 }
 
 #[cfg(test)]
@@ -167,29 +245,64 @@ mod tests {
         Tenant::parse(s).unwrap()
     }
 
+    fn tokens(n: u64) -> Cost {
+        Cost { tokens: n, usd_micros: 0 }
+    }
+
     #[tokio::test]
-    async fn a_spent_day_refuses_until_midnight_and_only_its_scope() {
+    async fn a_hold_spends_the_day_until_midnight_only_in_its_scope_and_goes_back_once() {
         let cache = MemoryCache::new(ManualClock::new(NOW));
         let config = QuotaConfig {
             tenant: Limits { daily_tokens: Some(1000), ..Default::default() },
             ..Default::default()
         };
         let a = scopes(Some(&tenant("a")), "p");
-        assert_eq!(check_daily(&cache, &config, &a, NOW).await.unwrap(), Ok(()));
-        let r =
-            reserve(&cache, &config, &a, Cost { tokens: 1000, usd_micros: 0 }, NOW).await.unwrap().unwrap();
-        let over = check_daily(&cache, &config, &a, NOW).await.unwrap().unwrap_err();
+        assert_eq!(hold(&cache, &config, &a, tokens(1000), "n1", NOW).await.unwrap(), Ok(()));
+        let over = hold(&cache, &config, &a, tokens(1), "n2", NOW).await.unwrap().unwrap_err();
         assert_eq!((over.owner, over.budget), (Owner::Tenant, Budget::DailyTokens));
-        assert_eq!(over.retry_after, Duration::from_secs(3570));
-        assert!(check_daily(&cache, &config, &scopes(Some(&tenant("a")), "q"), NOW).await.unwrap().is_err());
+        assert_eq!(over.retry_after, Duration::from_secs(3570), "until midnight UTC");
+        let q = scopes(Some(&tenant("a")), "q");
+        assert!(hold(&cache, &config, &q, tokens(1), "n3", NOW).await.unwrap().is_err(), "any project");
+        let b = scopes(Some(&tenant("b")), "p");
+        assert_eq!(hold(&cache, &config, &b, tokens(1), "n4", NOW).await.unwrap(), Ok(()));
         assert_eq!(
-            check_daily(&cache, &config, &scopes(Some(&tenant("b")), "p"), NOW).await.unwrap(),
-            Ok(())
+            hold(&cache, &config, &a, tokens(1), "n5", NOW + 3_600_000).await.unwrap(),
+            Ok(()),
+            "a new day"
         );
-        // The answer used less: the day has room again.
-        settle(&cache, &r, Cost { tokens: 400, usd_micros: 0 }).await.unwrap();
-        assert_eq!(check_daily(&cache, &config, &a, NOW).await.unwrap(), Ok(()));
-        assert_eq!(check_daily(&cache, &config, &a, NOW + 3_600_000).await.unwrap(), Ok(()), "a new day");
+
+        // The task ends: its hold goes back, and a second release (another run seeing the end)
+        // gives back nothing more.
+        release(&cache, &config, &a, "n1", NOW).await.unwrap();
+        assert_eq!(hold(&cache, &config, &a, tokens(900), "n6", NOW).await.unwrap(), Ok(()));
+        release(&cache, &config, &a, "n1", NOW).await.unwrap();
+        assert!(hold(&cache, &config, &a, tokens(200), "n7", NOW).await.unwrap().is_err(), "900 still held");
+        // Releasing what was never held (a refused submission) changes nothing.
+        release(&cache, &config, &a, "n2", NOW).await.unwrap();
+        assert!(hold(&cache, &config, &a, tokens(200), "n8", NOW).await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_calls_usage_counts_on_the_day_and_the_day_never_refuses_a_call() {
+        let cache = MemoryCache::new(ManualClock::new(NOW));
+        let config = QuotaConfig {
+            project: Limits { daily_tokens: Some(1000), ..Default::default() },
+            ..Default::default()
+        };
+        let p = scopes(None, "p");
+        assert_eq!(hold(&cache, &config, &p, tokens(1000), "n1", NOW).await.unwrap(), Ok(()));
+        // The accepted task's call: the day is full, yet it is not refused.
+        let r = reserve(&cache, &config, &p, tokens(1000), NOW).await.unwrap().unwrap();
+        settle(&cache, &r, tokens(400)).await.unwrap();
+        release(&cache, &config, &p, "n1", NOW).await.unwrap();
+        // The day now counts the 400 used: 600 more fit, 601 do not.
+        assert!(hold(&cache, &config, &p, tokens(601), "n2", NOW).await.unwrap().is_err());
+        assert_eq!(hold(&cache, &config, &p, tokens(600), "n3", NOW).await.unwrap(), Ok(()));
+        // A failed call adds nothing.
+        let r = reserve(&cache, &config, &p, tokens(50), NOW).await.unwrap().unwrap();
+        settle(&cache, &r, Cost::default()).await.unwrap();
+        release(&cache, &config, &p, "n3", NOW).await.unwrap();
+        assert_eq!(hold(&cache, &config, &p, tokens(600), "n4", NOW).await.unwrap(), Ok(()));
     }
 
     #[tokio::test]
@@ -216,9 +329,9 @@ mod tests {
         assert!(reserve(&cache, &config, &s("c"), cost(1), NOW).await.unwrap().is_err());
     }
 
-    /// A parallel burst of calls, each from a new project id, spends exactly the tenant's budget.
+    /// A parallel burst of new tasks, each under a new project id, holds exactly the tenant's day.
     #[tokio::test]
-    async fn a_burst_over_rotating_projects_spends_exactly_the_tenants_budget() {
+    async fn a_burst_of_new_tasks_over_rotating_projects_holds_exactly_the_tenants_budget() {
         let cache = Arc::new(MemoryCache::new(ManualClock::new(NOW)));
         let config = QuotaConfig {
             tenant: Limits {
@@ -228,6 +341,7 @@ mod tests {
             },
             project: Limits { rpm: Some(100), ..Default::default() },
             usd_per_mtok: [2_000_000; 3],
+            ..Default::default()
         };
         let cost = estimate(&config, Lane::Interactive, 100);
         assert_eq!(cost.usd_micros, 200, "100 tokens at $2 per million");
@@ -235,7 +349,7 @@ mod tests {
             let cache = cache.clone();
             async move {
                 let s = scopes(Some(&tenant("a")), &format!("project-{i}"));
-                reserve(&*cache, &config, &s, cost, NOW).await.unwrap().is_ok()
+                hold(&*cache, &config, &s, cost, &format!("n{i}"), NOW).await.unwrap().is_ok()
             }
         });
         let granted = futures::future::join_all(calls).await.into_iter().filter(|g| *g).count();

@@ -593,8 +593,8 @@ async fn redis_reservations_match_the_embedded_cache() {
     assert!(granted > 50 && refused > 50, "both outcomes exercised: {granted} granted, {refused} refused");
 }
 
-/// A parallel burst from one tenant, each call under a new project id, over cluster-mode Redis:
-/// exactly the tenant's daily budget is reserved, never more.
+/// A parallel burst of new tasks from one tenant, each under a new project id, over cluster-mode
+/// Redis: exactly the tenant's daily budget is held, never more; released holds give it back once.
 #[tokio::test]
 async fn a_burst_over_rotating_projects_spends_exactly_the_budget_on_redis_cluster() {
     use lanes_core::config::QuotaConfig;
@@ -605,7 +605,7 @@ async fn a_burst_over_rotating_projects_spends_exactly_the_budget_on_redis_clust
     let config = QuotaConfig {
         tenant: Limits { daily_tokens: Some(5_000), rpm: Some(1_000), ..Default::default() },
         project: Limits { tpm: Some(10_000), ..Default::default() },
-        usd_per_mtok: [0; 3],
+        ..Default::default()
     };
     let tenant = Tenant::parse("team-a").unwrap();
     // One instant for every call, so no minute or day ends in the middle of the burst.
@@ -615,16 +615,45 @@ async fn a_burst_over_rotating_projects_spends_exactly_the_budget_on_redis_clust
     let other = lanes_core::quota::scopes(Some(&Tenant::parse("team-b").unwrap()), "warm-up");
     let cost = Cost { tokens: 1, usd_micros: 0 };
     let warm_up = RedisCache::new(conn.clone(), "lanes:");
-    assert!(lanes_core::quota::reserve(&warm_up, &config, &other, cost, now).await.unwrap().is_ok());
+    assert!(lanes_core::quota::hold(&warm_up, &config, &other, cost, "warm-up", now).await.unwrap().is_ok());
     let calls = (0..200).map(|i| {
         let cache = RedisCache::new(conn.clone(), "lanes:");
         let tenant = tenant.clone();
         async move {
             let scopes = lanes_core::quota::scopes(Some(&tenant), &format!("project-{i}"));
             let cost = Cost { tokens: 100, usd_micros: 0 };
-            lanes_core::quota::reserve(&cache, &config, &scopes, cost, now).await.unwrap().is_ok()
+            let nonce = format!("submission-{i}");
+            lanes_core::quota::hold(&cache, &config, &scopes, cost, &nonce, now).await.unwrap().is_ok()
         }
     });
     let granted = futures::future::join_all(calls).await.into_iter().filter(|g| *g).count();
     assert_eq!(granted, 50, "5,000 tokens in calls of 100, whatever the project ids");
+
+    // Every task ends: its hold goes back, and a second release of any of them gives back nothing.
+    let release_all = || {
+        futures::future::join_all((0..200).map(|i| {
+            let cache = RedisCache::new(conn.clone(), "lanes:");
+            let scopes = lanes_core::quota::scopes(Some(&tenant), &format!("project-{i}"));
+            async move {
+                lanes_core::quota::release(&cache, &config, &scopes, &format!("submission-{i}"), now)
+                    .await
+                    .unwrap()
+            }
+        }))
+    };
+    release_all().await;
+    let cache = RedisCache::new(conn.clone(), "lanes:");
+    let scopes = lanes_core::quota::scopes(Some(&tenant), "later");
+    let tokens = |n| Cost { tokens: n, usd_micros: 0 };
+    assert!(
+        lanes_core::quota::hold(&cache, &config, &scopes, tokens(3_000), "kept", now).await.unwrap().is_ok()
+    );
+    release_all().await;
+    assert!(
+        lanes_core::quota::hold(&cache, &config, &scopes, tokens(2_001), "x", now).await.unwrap().is_err(),
+        "3,000 still held: the second releases gave back nothing"
+    );
+    assert!(
+        lanes_core::quota::hold(&cache, &config, &scopes, tokens(2_000), "y", now).await.unwrap().is_ok()
+    );
 }

@@ -165,10 +165,8 @@ async fn a_retry_of_an_accepted_task_gets_its_task_over_the_daily_budget() {
     let (status, first) = post(&r.url).await;
     assert_eq!(status, 202, "{first}");
     let id = first["task_id"].as_str().unwrap().to_owned();
-    // The day's budget is spent (another task of the project), while this one waits.
-    let scopes = lanes_core::quota::scopes(None, "p1");
-    let spent = lanes_core::domain::quota::Cost { tokens: 50, usd_micros: 0 };
-    lanes_core::quota::reserve(&*r.cache, &quota, &scopes, spent, now_ms()).await.unwrap().unwrap();
+    // The accepted task holds its estimate (prompt plus the lane's completion cap, far above 50
+    // tokens) while it waits: the day is spent.
     let (status, again) = post(&r.url).await;
     assert_eq!((status, again["task_id"].as_str()), (202, Some(id.as_str())), "{again}");
     drain(&r).await;
@@ -180,6 +178,11 @@ async fn a_retry_of_an_accepted_task_gets_its_task_over_the_daily_budget() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     let (status, done) = post(&r.url).await;
     assert_eq!((status, done["status"].as_str()), (200, Some("COMPLETED")), "{done}");
+    // Its hold went back when it ended, and the day counts what it used; another task of the
+    // project spends what is left (refused when nothing is).
+    let scopes = lanes_core::quota::scopes(None, "p1");
+    let rest = lanes_core::domain::quota::Cost { tokens: 50, usd_micros: 0 };
+    let _ = lanes_core::quota::hold(&*r.cache, &quota, &scopes, rest, "another", now_ms()).await.unwrap();
     let other = BODY.replace("main", "lib");
     let r2 = reqwest::Client::new()
         .post(format!("{}/v1/tasks", r.url))

@@ -10,6 +10,7 @@
 //! - [`budget`]: noise filtering and the 4,000-token cut, counted by a real BPE tokenizer.
 //! - [`prompt`]: the batch prompt, first-fit-decreasing packing, answer validation, token apportioning.
 //! - [`dead_letters`]: the commits DLQ: summarized commits swept out, the rest listed and redriven.
+//! - `repo_budget`: each repository's daily commit budget, taken before a diff is fetched.
 //! - [`report`]: what a batch did, commit by commit.
 //! - [`worker`]: the commits lane's batch worker (cache -> store -> lease -> diffs -> LLM -> write once),
 //!   with what it reads from the Git host in `fetch` (diffs, push ranges) and its model calls in
@@ -22,6 +23,7 @@ pub mod dead_letters;
 mod fetch;
 pub mod prompt;
 pub mod push;
+mod repo_budget;
 pub mod report;
 pub mod sources;
 pub mod webhook;

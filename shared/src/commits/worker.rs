@@ -66,6 +66,9 @@ pub(super) struct Group {
     pub(super) lost: CancellationToken,
     pub(super) lock: Option<(String, String)>,
     pub(super) outcome: Option<GroupEnd>,
+    /// The repository's daily commit budget it took ([`super::repo_budget`]), given back unless
+    /// the commit is summarized.
+    pub(super) budget: Option<crate::domain::quota::Charge>,
 }
 
 pub(super) enum GroupEnd {
@@ -145,8 +148,11 @@ impl CommitsWorker {
         // summarized between the lookup and the lock be summarized again.
         self.lock_rest(&mut groups, &messages, heartbeat).await;
         self.answer_known(&mut groups, &mut report).await;
+        // Only a commit that will cost a diff and a call counts against its repository's day.
+        self.take_repo_budget(&mut groups).await;
         let pending = self.fetch_and_trim(&mut groups).await;
         self.summarize(&mut groups, pending, &mut report, deadline).await;
+        self.give_back_repo_budget(&groups).await;
 
         self.settle(&*queue, heartbeat, groups, &messages, &mut outcomes, &mut report).await;
         let out = messages
@@ -197,6 +203,7 @@ impl CommitsWorker {
                             lost: CancellationToken::new(),
                             lock: None,
                             outcome: None,
+                            budget: None,
                         });
                         groups.len() - 1
                     });
@@ -683,6 +690,49 @@ mod tests {
         assert_eq!((report.cache_hits, report.llm_calls), (12, 0));
         assert_eq!(r.diffs.calls.load(Ordering::SeqCst), diff_calls);
         assert_eq!(r.llm.calls.load(Ordering::SeqCst), calls);
+    }
+
+    #[tokio::test]
+    async fn a_repository_over_its_daily_commit_budget_waits_and_an_unsummarized_commit_gives_it_back() {
+        let diffs: HashMap<String, String> =
+            (0..6).map(|i| (sha(i), diff(&format!("src/f{i}.rs"), 10))).collect();
+        let mut r = rig(diffs, "").await;
+        r.worker.lease.quota.repo_daily_commits = Some(3);
+        let waits = |r: &Rig| r.worker.metrics.waits_total.with_label_values(&["commits", "quota"]).get();
+        // A commit whose diff is gone (404, dead-lettered) takes the budget and gives it back.
+        r.queue.send(&message("github:1", &sha(99)), Default::default()).await.unwrap();
+        let (outcomes, _) = drain(&r).await;
+        assert!(matches!(outcomes[..], [Outcome::DeadLettered { .. }]), "{outcomes:?}");
+
+        for i in 0..5 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        r.queue.send(&message("github:2", &sha(0)), Default::default()).await.unwrap();
+        let (outcomes, report) = drain(&r).await;
+        let acked = outcomes.iter().filter(|o| **o == Outcome::Acked).count();
+        assert_eq!(acked, 4, "3 of the first repository, whole budget, and 1 of another: {outcomes:?}");
+        let day = Duration::from_secs(24 * 3600);
+        let waited: Vec<_> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Retry { after, reason } if *after > Duration::ZERO && *after <= day => Some(reason),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(waited.len(), 2, "{outcomes:?}");
+        assert!(waited.iter().all(|r| r.contains("github:1") && r.contains("3 commits")), "{waited:?}");
+        assert_eq!((report.llm_calls > 0, waits(&r)), (true, 2));
+
+        // The same commits again: the summarized ones come from the cache and take no budget; the
+        // others still wait.
+        let diff_calls = r.diffs.calls.load(Ordering::SeqCst);
+        for i in 0..5 {
+            r.queue.send(&message("github:1", &sha(i)), Default::default()).await.unwrap();
+        }
+        let (outcomes, report) = drain(&r).await;
+        assert_eq!(report.cache_hits, 3);
+        assert_eq!(outcomes.iter().filter(|o| matches!(o, Outcome::Retry { .. })).count(), 2);
+        assert_eq!((waits(&r), r.diffs.calls.load(Ordering::SeqCst)), (4, diff_calls), "no diff fetched");
     }
 
     /// Queues commits 0 and 1 and processes them as one batch in the background.

@@ -22,6 +22,20 @@ pub struct LlmRequest {
 }
 
 impl LlmRequest {
+    /// The call a task makes: its prompt, files and parameters, its completion capped at `cap` (the
+    /// lane's) or lower when the task asks for less.
+    pub fn for_task(request: &super::TaskRequest, cap: u32) -> Self {
+        let params = ModelParams::from_value(&request.params);
+        Self {
+            lane: request.lane(),
+            kind: request.kind,
+            prompt: request.prompt.clone(),
+            target_files: request.target_files.clone(),
+            max_tokens: params.max_tokens.map_or(cap, |m| m.min(cap)),
+            params,
+        }
+    }
+
     /// The user message: the prompt plus the files it is about.
     pub fn user_message(&self) -> String {
         if self.target_files.is_empty() {

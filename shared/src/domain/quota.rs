@@ -13,7 +13,7 @@
 //! most one call: a counter at zero always takes its first charge, or a call estimated above the
 //! whole budget could never run.
 
-use super::{Tenant, sha256_hex};
+use super::{RepoId, Tenant, sha256_hex};
 use std::time::Duration;
 
 /// One minute, in milliseconds.
@@ -108,6 +108,28 @@ impl Scopes {
             false => format!("quota:{{{}}}:{what}:{window}", self.tag),
             true => format!("quota:{{{}}}:{}:{what}:{window}", self.tag, self.project),
         }
+    }
+}
+
+/// What a new task holds on its day's budgets, kept beside the counters (same hash tag) so it is
+/// given back exactly, and once: the tokens and micro-dollars held, and the marker a release sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldKeys {
+    /// Tokens held.
+    pub tokens: String,
+    /// Micro-dollars held.
+    pub usd: String,
+    /// Set by the one release that gives the hold back.
+    pub released: String,
+}
+
+impl Scopes {
+    /// The keys of the hold of the submission `nonce` (random per submission, so a duplicate's
+    /// hold never meets the accepted task's).
+    pub fn hold_keys(&self, nonce: &str) -> HoldKeys {
+        let id = &sha256_hex(nonce.as_bytes())[..32];
+        let key = |what: &str| format!("quota:{{{}}}:hold:{id}:{what}", self.tag);
+        HoldKeys { tokens: key("tokens"), usd: key("usd"), released: key("released") }
     }
 }
 
@@ -222,6 +244,26 @@ pub fn corrections(reservation: &[Planned], reserved: Cost, used: Cost) -> Vec<C
             (delta != 0).then(|| Charge { limit: None, amount: delta, ..p.charge.clone() })
         })
         .collect()
+}
+
+/// A repository's commits summarized on one UTC day: the charge of one more commit (at most
+/// `limit` a day), and how long until the day ends. Keyed by the repository's id, hashed, under its
+/// own hash tag. [`give_back`] undoes it for a commit that was not summarized.
+pub fn repo_commit(repo: &RepoId, limit: u64, now_ms: u64) -> (Charge, Duration) {
+    let (day, day_left) = window(now_ms, DAY_MS);
+    let tag = &sha256_hex(repo.as_str().as_bytes())[..32];
+    let charge = Charge {
+        key: format!("quota:{{r-{tag}}}:day-commits:{day}"),
+        amount: 1,
+        limit: Some(limit),
+        ttl: day_left + Duration::from_secs(3600),
+    };
+    (charge, day_left)
+}
+
+/// The charge that gives back what `charge` took: never refused.
+pub fn give_back(charge: &Charge) -> Charge {
+    Charge { amount: -charge.amount, limit: None, ..charge.clone() }
 }
 
 fn clamp(n: u64) -> i64 {

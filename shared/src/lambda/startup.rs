@@ -163,7 +163,9 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
     let metrics = Metrics::new();
     metrics.enable_emf();
     let tenancy = tenancy_from_env();
-    let config = IngressConfig { tenancy: tenancy.is_on(), ..IngressConfig::from_env()? };
+    let mut config = IngressConfig { tenancy: tenancy.is_on(), ..IngressConfig::from_env()? };
+    // A new task holds USD at its lane's dearest route, priced as the workers price it.
+    config.quota = crate::quota::priced_by_routes(config.quota)?;
     let tasks = router(Ingress {
         store: adapters.store,
         cache: adapters.cache,

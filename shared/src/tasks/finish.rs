@@ -190,7 +190,10 @@ impl Worker {
                 warn!(fence = record.fence, "final write rejected by the fence");
                 self.metrics.stale_writes_rejected_total.with_label_values(&[lane]).inc();
                 return match self.store.get(&record.task_id, now).await {
-                    Ok(Some(r)) if r.status.is_terminal() => lease::ack(&**queue, message).await,
+                    Ok(Some(r)) if r.status.is_terminal() => {
+                        self.release(&r).await;
+                        lease::ack(&**queue, message).await
+                    }
                     _ => Outcome::LeaseLost,
                 };
             }
@@ -209,7 +212,14 @@ impl Worker {
         self.metrics.tasks_finished_total.with_label_values(&[lane, done.status.as_str()]).inc();
         completed.store(done.status == TaskStatus::Completed, std::sync::atomic::Ordering::Relaxed);
         self.publish(&done).await;
+        self.release(&done).await;
         lease::ack(&**queue, message).await
+    }
+
+    /// Gives back the ended task's hold on the day's budgets: the day then counts what its calls
+    /// used.
+    async fn release(&self, done: &TaskRecord) {
+        super::hold::give_back(&*self.cache, &self.config.quota, &self.metrics, done).await;
     }
 
     /// Writes the finished record to the cache, in one request: a `COMPLETED` one answers reads

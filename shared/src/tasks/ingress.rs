@@ -193,32 +193,28 @@ async fn accept(
         }
     }
 
-    // 2. The tenant's and the project's day: spent, no new task is stored. A duplicate of an
-    // accepted one is never refused: over the budget, the store is asked before answering 429.
-    let scopes = crate::quota::scopes(request.tenant.as_ref(), &request.project_id);
-    let over =
-        match crate::quota::check_daily(&*ing.cache, &ing.config.quota, &scopes, ing.clock.now_ms()).await {
-            Ok(Ok(())) => None,
-            Ok(Err(over)) => Some(over),
-            Err(e) => {
-                warn!(error = %e, "cache unavailable; the daily budget is not checked");
-                ing.metrics.degraded_operations_total.with_label_values(&["quota"]).inc();
-                None
-            }
-        };
+    // 2. A new task holds its estimate on its tenant's and project's day; over one, nothing is
+    // stored, but a duplicate of an accepted task is never refused: the store is asked first.
     let now = ing.clock.now_ms();
     let retry_after = ing.config.retry_after_secs;
-    if let Some(over) = over {
-        let stored = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
+    let record = TaskRecord::pending(task_id, request, now, ing.config.pending_ttl_secs);
+    if let Err(over) = super::hold::take(&*ing.cache, &ing.config.quota, &ing.metrics, &record).await {
+        let stored = ing.store.get(&record.task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
         return match idempotency::from_record(stored, &payload_hash) {
             Some(duplicate) => answer_duplicate(ing, duplicate, Answered::ByStore, now).await,
-            None => Err(over_budget(&request.project_id, over)),
+            None => Err(over_budget(&record.request.project_id, over)),
         };
     }
 
-    // 3. Conditional put of PENDING; a duplicate gets the existing record back in the same request.
-    let record = TaskRecord::pending(task_id, request, now, ing.config.pending_ttl_secs);
-    let put = ing.store.put_pending(&record, now).await.map_err(|e| store_problem(&e, retry_after))?;
+    // 3. Conditional put of PENDING; a duplicate gets the existing record back in the same request
+    // (and gives back the hold this submission took).
+    let put = match ing.store.put_pending(&record, now).await {
+        Ok(put) => put,
+        Err(e) => {
+            super::hold::give_back(&*ing.cache, &ing.config.quota, &ing.metrics, &record).await;
+            return Err(store_problem(&e, retry_after));
+        }
+    };
     match idempotency::from_put(put, &payload_hash) {
         Submission::New => {
             // 4. New: enqueue. A failed send is not undone: a duplicate may already have been
@@ -231,7 +227,10 @@ async fn accept(
             }
             Ok(view_response(StatusCode::ACCEPTED, &record.view()))
         }
-        Submission::Duplicate(duplicate) => answer_duplicate(ing, duplicate, Answered::ByStore, now).await,
+        Submission::Duplicate(duplicate) => {
+            super::hold::give_back(&*ing.cache, &ing.config.quota, &ing.metrics, &record).await;
+            answer_duplicate(ing, duplicate, Answered::ByStore, now).await
+        }
     }
 }
 
@@ -469,9 +468,15 @@ pub(crate) async fn cancel_task(
             // The cancel hint carries the cancelled record's fence: it stops the claim it cancelled,
             // never a later run of the same id.
             let (key, fence) = (cancel_key(&id), rec.fence.to_string());
-            let hints = tokio::join!(
-                ing.cache.set(&key, &fence, HINT_TTL),
-                publish_finished(&*ing.cache, &rec, ing.config.result_cache_ttl),
+            // The task has ended: its hold on the day's budgets goes back.
+            let (hints, ()) = tokio::join!(
+                async {
+                    tokio::join!(
+                        ing.cache.set(&key, &fence, HINT_TTL),
+                        publish_finished(&*ing.cache, &rec, ing.config.result_cache_ttl),
+                    )
+                },
+                super::hold::give_back(&*ing.cache, &ing.config.quota, &ing.metrics, &rec),
             );
             for written in [hints.0, hints.1] {
                 if let Err(e) = written {
@@ -551,7 +556,6 @@ mod tests {
         interactive: EmbeddedQueue,
         down: Arc<AtomicBool>,
         stall: Arc<Stall>,
-        cache: Arc<MemoryCache>,
     }
 
     async fn rig() -> Rig {
@@ -573,7 +577,7 @@ mod tests {
         let cache = Arc::new(MemoryCache::new(clock.clone()));
         let ingress = Ingress {
             store: Arc::new(store.clone()),
-            cache: cache.clone(),
+            cache,
             queues,
             metrics: Metrics::new(),
             clock: clock.clone(),
@@ -587,7 +591,6 @@ mod tests {
             interactive: all.queue("interactive", "dlq"),
             down,
             stall,
-            cache,
             _dir: dir,
         }
     }
@@ -781,6 +784,45 @@ mod tests {
         assert_eq!(r.interactive.depth().await.unwrap().visible, 1, "the read sent the unsent message");
     }
 
+    /// A tenant's day holds two tasks' estimates, whatever the project ids: a third new task is
+    /// refused, duplicates hold nothing, and a cancelled task gives its hold back.
+    #[tokio::test]
+    async fn new_tasks_hold_the_tenants_day_and_a_cancelled_one_gives_it_back() {
+        let body = |p: usize| {
+            format!(r#"{{"project_id":"p{p}","kind":"explain","prompt":"same","target_files":[]}}"#)
+        };
+        let mut quota = crate::config::QuotaConfig::default();
+        let one = crate::quota::task_estimate(&quota, &TaskRequest::from_json(body(0).as_bytes()).unwrap());
+        quota.tenant.daily_tokens = Some(2 * one.tokens);
+        let r = rig_with(IngressConfig { quota, tenancy: true, ..Default::default() }).await;
+        let post = |p: usize| {
+            let body = body(p);
+            let r = &r;
+            async move { as_tenant(r, "POST", "/v1/tasks", Some("team-a"), &body).await }
+        };
+        let (s, first) = post(0).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{first}");
+        for _ in 0..3 {
+            assert_eq!(post(0).await.0, StatusCode::ACCEPTED, "a duplicate, holding nothing");
+        }
+        assert_eq!(post(1).await.0, StatusCode::ACCEPTED, "the second estimate fits");
+        let (s, refused) = post(2).await;
+        assert_eq!(
+            (s, refused["type"].as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("/problems/quota-exceeded"))
+        );
+        assert_eq!(refused["field"], serde_json::Value::Null, "the tenant's budget, not a project's");
+        assert_eq!(
+            as_tenant(&r, "POST", "/v1/tasks", Some("team-b"), &body(2)).await.0,
+            StatusCode::ACCEPTED,
+            "another tenant's day is its own"
+        );
+        let uri = format!("/v1/tasks/{}", first["task_id"].as_str().unwrap());
+        assert_eq!(as_tenant(&r, "DELETE", &uri, Some("team-a"), "").await.0, StatusCode::OK);
+        assert_eq!(post(2).await.0, StatusCode::ACCEPTED, "the cancelled task's hold went back");
+        assert_eq!(post(3).await.0, StatusCode::TOO_MANY_REQUESTS);
+    }
+
     /// A duplicate of an accepted task gets its task back whatever the project's budget.
     #[tokio::test]
     async fn a_duplicate_of_an_accepted_task_is_answered_over_the_budget() {
@@ -789,9 +831,7 @@ mod tests {
         let r = rig_with(IngressConfig { quota, ..Default::default() }).await;
         let (s1, _, b1) = post(&r, BODY, None).await;
         assert_eq!(s1, StatusCode::ACCEPTED);
-        let scopes = crate::quota::scopes(None, "p1");
-        let spent = crate::domain::quota::Cost { tokens: 10, usd_micros: 0 };
-        crate::quota::reserve(&*r.cache, &quota, &scopes, spent, r.clock.now_ms()).await.unwrap().unwrap();
+        // The accepted task holds its estimate, more than the day's 10 tokens: the day is spent.
         let (s2, _, b2) = post(&r, BODY, None).await;
         assert_eq!((s2, &b2["task_id"]), (StatusCode::ACCEPTED, &b1["task_id"]), "{b2}");
         let (s3, _, p3) = post(&r, &BODY.replace("main", "lib"), None).await;

@@ -14,7 +14,7 @@
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
 use crate::domain::Lane;
-use crate::domain::{ModelParams, TaskMessage, TaskRecord};
+use crate::domain::{TaskMessage, TaskRecord};
 use crate::lease::{self, CancelProbe, Heartbeat, Leased, LeasedQueue, Watch};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
@@ -252,15 +252,8 @@ impl Worker {
         let (lost, cancelled) = (lease.lost.clone(), CancellationToken::new());
         let watch = Watch { id: task.task_id.clone(), fence: record.fence, cancelled: cancelled.clone() };
         let _renewed = batch.heartbeat().join(Leased { watch: Some(watch), ..lease });
-        let params = ModelParams::from_value(&record.request.params);
-        let request = LlmRequest {
-            lane: task.lane,
-            kind: record.request.kind,
-            prompt: record.request.prompt.clone(),
-            target_files: record.request.target_files.clone(),
-            max_tokens: params.max_tokens.map_or(policy.max_tokens, |m| m.min(policy.max_tokens)),
-            params,
-        };
+        let request =
+            LlmRequest { lane: task.lane, ..LlmRequest::for_task(&record.request, policy.max_tokens) };
         let run = Run { queue, message, task, record: &record, completed };
         let reservation = match self.admit(run, &request, now).await {
             Ok(reservation) => reservation,
