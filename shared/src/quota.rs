@@ -135,6 +135,10 @@ pub async fn release(
     nonce: &str,
     held_at_ms: u64,
 ) -> Result<(), CacheError> {
+    // No day's budget set: nothing was held, and nothing is asked of the cache.
+    if daily(plan(&config.tenant, &config.project, scopes, Cost::default(), held_at_ms)).is_empty() {
+        return Ok(());
+    }
     let keys = scopes.hold_keys(nonce);
     let amount = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     let held = Cost {
