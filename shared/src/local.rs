@@ -88,6 +88,8 @@ pub struct GitConfig {
     pub webhook: WebhookConfig,
     /// Where diffs come from.
     pub diffs: Arc<dyn DiffSource>,
+    /// With tenancy on, who reads which owner's summaries.
+    pub readers: Option<Arc<crate::commits::readers::SummaryReaders>>,
 }
 
 /// Settings of `lanes dev`.
@@ -195,6 +197,7 @@ impl Local {
         let git = GitConfig {
             webhook: crate::wiring::webhook_config(),
             diffs: Arc::new(crate::wiring::diff_sources(true)),
+            readers: crate::wiring::summary_readers(opts.tenancy.is_on())?,
         };
         Ok(Self::with_adapters(opts, adapters, llm, clock, git))
     }
@@ -232,6 +235,7 @@ impl Local {
         let read = api::router(SummariesApi {
             summaries: adapters.summaries.clone(),
             cache: adapters.cache.clone(),
+            readers: git.readers.clone(),
         });
         let dlq = crate::dlq_admin::Admin {
             adapters: adapters.clone(),
@@ -248,11 +252,13 @@ impl Local {
             clock,
             config: IngressConfig { tenancy: opts.tenancy.is_on(), ..opts.ingress },
         };
-        let tasks =
-            crate::tasks::tenant::with_header(router(ingress).merge(crate::openapi::routes()), &opts.tenancy);
+        let tasks = crate::tasks::tenant::with_header(
+            router(ingress).merge(crate::openapi::routes()).merge(read),
+            &opts.tenancy,
+        );
         let m = metrics.clone();
         let router =
-            tasks.merge(hooks).merge(read).merge(crate::dlq_admin::admin_router(dlq.clone())).route(
+            tasks.merge(hooks).merge(crate::dlq_admin::admin_router(dlq.clone())).route(
                 "/metrics",
                 get(move || {
                     let m = m.clone();

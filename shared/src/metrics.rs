@@ -197,7 +197,8 @@ pub struct Metrics {
     pub stale_writes_rejected_total: IntCounterVec,
     /// Messages handed back because another worker held the lock, by lane.
     pub lock_contended_total: IntCounterVec,
-    /// Messages moved to a DLQ, by lane and reason (`undecodable`, `attempts`).
+    /// Messages moved to a DLQ, by lane and reason (`undecodable`, `attempts`, `permanent`, and
+    /// `identity` for a commit whose repository name is not the host's for its id).
     pub dead_lettered_total: IntCounterVec,
     /// Webhook deliveries by host and result (`accepted`, `duplicate`, `ping`, `ignored`, `unauthorized`).
     pub webhook_deliveries_total: IntCounterVec,

@@ -410,8 +410,9 @@ async fn route_client(
 }
 
 /// The webhook's settings: `LANES_GITHUB_WEBHOOK_SECRET` / `LANES_GITLAB_WEBHOOK_TOKEN`, or in Lambda the Secrets Manager
-/// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the
-/// optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups). The secrets are read at
+/// secrets named by `LANES_GITHUB_WEBHOOK_SECRET_ID` / `LANES_GITLAB_WEBHOOK_TOKEN_ID`; the owners'
+/// own secrets, `LANES_WEBHOOK_OWNER_SECRETS` or the secret `LANES_WEBHOOK_OWNER_SECRETS_ID`
+/// ([`crate::commits::signatures`]); the optional `LANES_REPO_ALLOWLIST` (comma-separated owners or groups). The secrets are read at
 /// first use, or ahead of it where the init runs ahead of events
 /// ([`crate::adapters::secrets::reads_ahead`]); a rotated one is read again at the first delivery
 /// it fails to verify ([`crate::secret::Secret::check`]).
@@ -420,12 +421,30 @@ pub fn webhook_config() -> WebhookConfig {
         ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
         ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),
     ]);
+    let owner_secrets = crate::adapters::secrets::env_or_secret_whole(
+        "LANES_WEBHOOK_OWNER_SECRETS",
+        "LANES_WEBHOOK_OWNER_SECRETS_ID",
+    );
     let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
         .map(|v| {
             v.split(',').map(|e| e.trim().trim_matches('/').to_owned()).filter(|e| !e.is_empty()).collect()
         })
         .unwrap_or_default();
-    WebhookConfig { github_secret, gitlab_token, allowlist }
+    WebhookConfig { github_secret, gitlab_token, owner_secrets, allowlist }
+}
+
+/// Who reads which owner's summaries, from `LANES_SUMMARY_READERS`
+/// ([`crate::commits::readers`]): `None` with tenancy off; with it on and no table, nobody reads.
+pub fn summary_readers(
+    tenancy_on: bool,
+) -> Result<Option<Arc<crate::commits::readers::SummaryReaders>>, ConfigError> {
+    if !tenancy_on {
+        return Ok(None);
+    }
+    let table = crate::config::optional_env("LANES_SUMMARY_READERS").unwrap_or_else(|| "{}".into());
+    let readers = crate::commits::readers::SummaryReaders::parse(&table)
+        .map_err(|e| ConfigError::Invalid { name: "LANES_SUMMARY_READERS", reason: e.to_string() })?;
+    Ok(Some(Arc::new(readers)))
 }
 
 /// The commits flow's Git hosts, GitHub and GitLab, from the environment: `LANES_GITHUB_API_URL` (default

@@ -732,24 +732,55 @@ impl Drop for LambdaWatch {
 /// Diff fetches per `owner/name@sha`, as the fake GitHub counted them.
 pub type Fetches = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>;
 
-/// A fake GitHub REST API on loopback: a distinct diff per repository and commit, counting fetches.
+/// The repositories the fake GitHub knows, `(numeric id, full_name)`: the documented push example's
+/// and the test pushes'.
+pub const GITHUB_REPOSITORIES: &[(u64, &str)] =
+    &[(1_296_269, "octo-org/hello-world"), (101, "octo/one"), (202, "fork/two"), (303, "octo/three")];
+
+/// A fake GitHub REST API on loopback, by numeric id as the commits worker asks it: a repository
+/// (`GET /repositories/{id}`, the documented fields that name it; 404 for an id it does not know) and
+/// a distinct diff per repository and commit (`/repositories/{id}/commits/{sha}`), counting fetches
+/// by `owner/name@sha`.
 pub async fn fake_github(fetches: Fetches) -> String {
+    use axum::extract::{Path, State};
+    use axum::response::IntoResponse;
+    fn name_of(id: u64) -> Option<&'static str> {
+        GITHUB_REPOSITORIES.iter().find(|(i, _)| *i == id).map(|(_, n)| *n)
+    }
+    let not_found = || {
+        (
+            axum::http::StatusCode::NOT_FOUND,
+            r#"{"message":"Not Found","documentation_url":"https://docs.github.com/rest","status":"404"}"#,
+        )
+            .into_response()
+    };
     let router = axum::Router::new()
         .route(
-            "/repos/{owner}/{name}/commits/{sha}",
-            axum::routing::get(
-                |axum::extract::State(f): axum::extract::State<Fetches>,
-                 axum::extract::Path((owner, name, sha)): axum::extract::Path<(String, String, String)>| async move {
-                    if let Ok(mut f) = f.lock() {
-                        *f.entry(format!("{owner}/{name}@{sha}")).or_default() += 1;
-                    }
-                    let body: String =
-                        (0..30).map(|i| format!("+    let v{i} = \"{owner}/{name} {}\";\n", &sha[..7])).collect();
-                    format!(
-                        "diff --git a/src/{name}.rs b/src/{name}.rs\n--- a/src/{name}.rs\n+++ b/src/{name}.rs\n@@ -0,0 +1,30 @@\n{body}"
-                    )
-                },
-            ),
+            "/repositories/{id}",
+            axum::routing::get(move |Path(id): Path<u64>| async move {
+                let Some(full_name) = name_of(id) else { return not_found() };
+                let (owner, name) = full_name.split_once('/').unwrap_or((full_name, ""));
+                axum::Json(serde_json::json!({"id": id, "node_id": "R_kgDO", "name": name, "full_name": full_name,
+                    "private": false, "owner": {"login": owner, "id": 1, "type": "Organization"},
+                    "default_branch": "main"}))
+                .into_response()
+            }),
+        )
+        .route(
+            "/repositories/{id}/commits/{sha}",
+            axum::routing::get(move |State(f): State<Fetches>, Path((id, sha)): Path<(u64, String)>| async move {
+                let Some(full_name) = name_of(id) else { return not_found() };
+                if let Ok(mut f) = f.lock() {
+                    *f.entry(format!("{full_name}@{sha}")).or_default() += 1;
+                }
+                let name = full_name.split('/').nth(1).unwrap_or(full_name);
+                let body: String =
+                    (0..30).map(|i| format!("+    let v{i} = \"{full_name} {}\";\n", &sha[..7])).collect();
+                format!(
+                    "diff --git a/src/{name}.rs b/src/{name}.rs\n--- a/src/{name}.rs\n+++ b/src/{name}.rs\n@@ -0,0 +1,30 @@\n{body}"
+                )
+                .into_response()
+            }),
         )
         .with_state(fetches);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));

@@ -60,6 +60,13 @@ async fn fake_gitlab() -> String {
     use axum::response::IntoResponse;
     let router = axum::Router::new()
         .route(
+            "/api/v4/projects/7",
+            axum::routing::get(|| async {
+                axum::Json(serde_json::json!({"id": 7, "name": "p", "path": "p", "path_with_namespace": "g/p",
+                    "default_branch": "main", "namespace": {"id": 3, "path": "g", "kind": "group", "full_path": "g"}}))
+            }),
+        )
+        .route(
             "/api/v4/projects/7/repository/commits",
             axum::routing::get(|Query(q): Query<HashMap<String, String>>| async move {
                 let history = gitlab_history();
@@ -143,7 +150,7 @@ async fn rig() -> Rig {
         config: WebhookConfig {
             github_secret: Some(SECRET.into()),
             gitlab_token: Some(GITLAB_TOKEN.into()),
-            allowlist: vec![],
+            ..Default::default()
         },
     });
     let worker = CommitsWorker {
@@ -275,6 +282,7 @@ async fn each_distinct_commit_gets_exactly_one_llm_summary() {
     let api = lanes_core::commits::api::router(lanes_core::commits::api::SummariesApi {
         summaries: r.adapters.summaries.clone(),
         cache: r.adapters.cache.clone(),
+        readers: None,
     });
     let req = axum::http::Request::get(format!("/v1/repos/github:202/commits/{a}/summary"))
         .body(axum::body::Body::empty())
@@ -339,4 +347,38 @@ async fn a_thirty_commit_gitlab_push_listing_twenty_is_summarized_whole() {
     let keys: Vec<(RepoId, Sha)> =
         history.iter().map(|id| ("gitlab:7".parse().unwrap(), id.parse().unwrap())).collect();
     assert_eq!(r.adapters.summaries.get_summaries(&keys).await.unwrap().len(), 30, "all 30 stored");
+}
+
+/// A push signed with the shared secret that pairs another repository's id (octo/one's 101) with
+/// the sender's own name: the webhook cannot tell, but the worker asks GitHub what 101 is, refuses
+/// the forged commits (dead-lettered as `identity`, never fetched, never in a prompt, no summary
+/// under the victim's id), while the victim's own commit in the same batch is summarized.
+#[tokio::test]
+async fn a_push_that_claims_another_repositorys_id_is_refused_by_the_worker() {
+    let r = rig().await;
+    let (victim, forged) = (sha('1'), sha('2'));
+    deliver(&r, "v-1", &push(101, "octo/one", std::slice::from_ref(&victim))).await;
+    let (status, _) = deliver(&r, "f-1", &push(101, "attacker/own", std::slice::from_ref(&forged))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "the signature is good; the webhook has no host to ask");
+    drain(&r, 1).await;
+    let sent = sections(&r.mock);
+    assert_eq!(sent.get(&victim), Some(&1), "{sent:?}");
+    assert_eq!(sent.get(&forged), None, "the forged commit reached a prompt: {sent:?}");
+    let fetched = r.fetches.lock().unwrap().clone();
+    assert_eq!(fetched.keys().cloned().collect::<Vec<_>>(), vec![format!("octo/one@{victim}")]);
+    let keys: Vec<(RepoId, Sha)> =
+        [&victim, &forged].iter().map(|s| ("github:101".parse().unwrap(), s.parse().unwrap())).collect();
+    let stored = r.adapters.summaries.get_summaries(&keys).await.unwrap();
+    assert_eq!(stored.iter().map(|s| s.sha.to_string()).collect::<Vec<_>>(), vec![victim.clone()]);
+    let dlq = r.adapters.dlq[Lane::Commits.index()].clone().unwrap();
+    let dead = receive_batch(&*dlq, 10, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(dead.len(), 1, "the forged commit waits in the DLQ for the operator");
+    assert!(dead[0].body.contains(&forged) && dead[0].body.contains("attacker/own"));
+    let text = r.worker.metrics.render();
+    assert!(
+        text.lines().any(|l| l.starts_with("lanes_dead_lettered_total{")
+            && l.contains("reason=\"identity\"")
+            && l.ends_with(" 1")),
+        "counted: {text}"
+    );
 }

@@ -184,9 +184,15 @@ fn every_function_gets_the_variables_its_configuration_requires() {
         let vars = env(&t, &f);
         let mut need: Vec<&str> = match binary(&f).as_str() {
             "ingress" => backend.to_vec(),
-            "webhook" => {
-                [&backend[..], &["LANES_GITHUB_WEBHOOK_SECRET_ID", "LANES_GITLAB_WEBHOOK_TOKEN_ID"]].concat()
-            }
+            "webhook" => [
+                &backend[..],
+                &[
+                    "LANES_GITHUB_WEBHOOK_SECRET_ID",
+                    "LANES_GITLAB_WEBHOOK_TOKEN_ID",
+                    "LANES_WEBHOOK_OWNER_SECRETS_ID",
+                ],
+            ]
+            .concat(),
             "worker" => {
                 [&backend[..], &["LANES_LANE", "LANES_LLM_PROVIDER", "LANES_LLM_API_KEY_SECRET"]].concat()
             }

@@ -32,6 +32,24 @@ pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -
     })
 }
 
+/// As [`env_or_secrets`] for one secret whose whole string is the value (a JSON document such as
+/// the webhook owner secrets, which has no `api_key` field to take).
+pub fn env_or_secret_whole(var: &'static str, secret_var: &'static str) -> Option<Secret> {
+    if let Some(v) = optional_env(var) {
+        return Some(Secret::fixed(v));
+    }
+    let id = optional_env(secret_var)?;
+    let fetch: Fetch = Arc::new(move || {
+        let id = id.clone();
+        Box::pin(async move { fetch_string(&client().await, &id, secret_var).await })
+    });
+    let secret = Secret::read_by(fetch, Arc::new(SystemClock));
+    if reads_ahead(optional_env(INIT_TYPE).as_deref()) {
+        secret.read_ahead();
+    }
+    Some(secret)
+}
+
 /// Lambda's reserved variable naming how this execution environment was initialised.
 const INIT_TYPE: &str = "AWS_LAMBDA_INITIALIZATION_TYPE";
 

@@ -1,16 +1,19 @@
 //! The summaries read API, served beside the task API (`/v1/*` behind API Gateway; `lanes dev`):
 //! `GET /v1/repos/{repo_id}/commits/{sha}/summary` (hot cache, then the store) and
 //! `GET /v1/repos/{repo_id}/summaries?limit=&cursor=` (newest first, paginated with an opaque cursor).
+//! With tenancy on, a caller reads only the summaries of owners it is mapped to
+//! ([`SummaryReaders`]); anything else answers `404`, and a request without a tenant `401`.
 
+use super::readers::SummaryReaders;
 use crate::domain::commit::{CommitSummary, summary_cache_key};
-use crate::domain::{RepoId, Sha};
+use crate::domain::{RepoId, Sha, Tenant};
 use crate::ports::{Cache, StoreError, SummaryStore};
 use crate::problem::Problem;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use std::sync::Arc;
 use tracing::warn;
@@ -22,6 +25,68 @@ pub struct SummariesApi {
     pub summaries: Arc<dyn SummaryStore>,
     /// Hot cache.
     pub cache: Arc<dyn Cache>,
+    /// With tenancy on, who reads which owner's summaries; `None` with tenancy off (one party).
+    pub readers: Option<Arc<SummaryReaders>>,
+}
+
+/// Who is reading: anyone (tenancy off), or a tenant under the readers table.
+enum Reader {
+    Anyone,
+    Tenant(Arc<SummaryReaders>, Tenant),
+}
+
+impl Reader {
+    /// The reader of a request, or why it may read nothing: no tenant, or a tenant mapped to no
+    /// owner (answered without a lookup).
+    fn of(api: &SummariesApi, tenant: Option<Extension<Tenant>>) -> Result<Self, Refused> {
+        match (&api.readers, tenant) {
+            (None, _) => Ok(Reader::Anyone),
+            (Some(_), None) => Err(Refused::NoTenant),
+            (Some(r), Some(Extension(t))) if r.reads_any(&t) => Ok(Reader::Tenant(r.clone(), t)),
+            (Some(_), Some(_)) => Err(Refused::NotReadable),
+        }
+    }
+
+    fn may_read(&self, summary: &CommitSummary) -> bool {
+        match self {
+            Reader::Anyone => true,
+            Reader::Tenant(readers, tenant) => readers.may_read(tenant, summary),
+        }
+    }
+}
+
+/// Why a caller may not read a repository's summaries.
+#[derive(Debug, Clone, Copy)]
+enum Refused {
+    /// Tenancy is on and the request carries no tenant: `401`.
+    NoTenant,
+    /// Not mapped to the repository's owner: `404`, as for a repository without summaries.
+    NotReadable,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Refused::NoTenant => Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "No tenant",
+                "this deployment serves summaries per tenant and the request carries no authenticated caller",
+            ),
+            Refused::NotReadable => Problem::new(
+                StatusCode::NOT_FOUND,
+                "repository-not-found",
+                "Repository not found",
+                "no summaries of this repository that this caller may read",
+            )
+            .with_field("repo_id"),
+        }
+        .into_response()
+    }
+}
+
+fn repository_not_found() -> Response {
+    Refused::NotReadable.into_response()
 }
 
 /// The read routes; merge them into the task router.
@@ -60,26 +125,35 @@ fn unavailable(e: &StoreError) -> Response {
     responses(
         (status = 200, description = "The summary", body = CommitSummary),
         (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No summary yet (it may still be queued)", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No summary yet (it may still be queued), or one this caller may not read", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn get_summary(
     State(api): State<Arc<SummariesApi>>,
+    tenant: Option<Extension<Tenant>>,
     Path((repo_id, sha)): Path<(String, String)>,
 ) -> Response {
     let (repo_id, sha) = match (RepoId::parse(&repo_id), Sha::parse(&sha)) {
         (Ok(repo_id), Ok(sha)) => (repo_id, sha),
         (Err(e), _) | (_, Err(e)) => return bad(e.field, e.reason.into()),
     };
+    let reader = match Reader::of(&api, tenant) {
+        Ok(r) => r,
+        Err(answer) => return answer.into_response(),
+    };
+    let readable = |s: CommitSummary| {
+        if reader.may_read(&s) { Json(s).into_response() } else { repository_not_found() }
+    };
     if let Ok(Some(json)) = api.cache.get(&summary_cache_key(&repo_id, &sha)).await
         && let Ok(s) = serde_json::from_str::<CommitSummary>(&json)
     {
-        return Json(s).into_response();
+        return readable(s);
     }
     match api.summaries.get_summaries(&[(repo_id, sha)]).await {
-        Ok(mut found) if !found.is_empty() => Json(found.remove(0)).into_response(),
+        Ok(mut found) if !found.is_empty() => readable(found.remove(0)),
         Ok(_) => Problem::new(
             StatusCode::NOT_FOUND,
             "summary-not-found",
@@ -120,18 +194,25 @@ pub(crate) struct ListQuery {
     responses(
         (status = 200, description = "One page", body = SummaryPage),
         (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "A repository whose summaries this caller may not read", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn list(
     State(api): State<Arc<SummariesApi>>,
+    tenant: Option<Extension<Tenant>>,
     Path(repo_id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
     let repo_id = match RepoId::parse(&repo_id) {
         Ok(repo_id) => repo_id,
         Err(e) => return bad(e.field, e.reason.into()),
+    };
+    let reader = match Reader::of(&api, tenant) {
+        Ok(r) => r,
+        Err(answer) => return answer.into_response(),
     };
     let limit = match q.limit.as_deref() {
         None => 20,
@@ -146,6 +227,8 @@ pub(crate) async fn list(
         return bad("cursor", "not a cursor this API returned".into());
     }
     match api.summaries.list_summaries(&repo_id, limit, q.cursor.as_deref()).await {
+        // One repository, one owner: a page with anything this caller may not read is refused whole.
+        Ok(page) if !page.items.iter().all(|s| reader.may_read(s)) => repository_not_found(),
         Ok(page) => Json(SummaryPage { items: page.items, next_cursor: page.next }).into_response(),
         Err(StoreError::Corrupt(_)) if q.cursor.is_some() => {
             bad("cursor", "not a cursor this API returned for this repository".into())
@@ -195,10 +278,16 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let r = router(SummariesApi {
-            summaries: Arc::new(store),
-            cache: Arc::new(MemoryCache::new(Arc::new(SystemClock))),
+        let (summaries, cache) = (Arc::new(store), Arc::new(MemoryCache::new(Arc::new(SystemClock))));
+        let scoped = router(SummariesApi {
+            summaries: summaries.clone(),
+            cache: cache.clone(),
+            readers: Some(Arc::new(
+                SummaryReaders::parse(r#"{"github:o": ["team-a"], "github:x": ["team-c"]}"#).unwrap(),
+            )),
         });
+        let r = router(SummariesApi { summaries, cache, readers: None });
+        scoped_reads(&scoped).await;
         let sha = format!("{:040x}", 1);
         let (status, v) = get_json(&r, &format!("/v1/repos/github:7/commits/{sha}/summary")).await;
         assert_eq!((status, v["summary"].as_str()), (StatusCode::OK, Some("s1")));
@@ -223,5 +312,35 @@ mod tests {
         assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("cursor")));
         let (status, v) = get_json(&r, &format!("/v1/repos/github:9/summaries?cursor={cursor}")).await;
         assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("cursor")));
+    }
+
+    /// With tenancy on: the mapped tenant reads; another tenant, mapped elsewhere or nowhere, gets
+    /// the same 404 as for a repository without summaries; no tenant is a 401.
+    async fn scoped_reads(r: &Router) {
+        let as_tenant = |t: Option<&'static str>, uri: String| async move {
+            let mut req = axum::http::Request::get(uri).body(axum::body::Body::empty()).unwrap();
+            if let Some(t) = t {
+                req.extensions_mut().insert(Tenant::parse(t).unwrap());
+            }
+            let resp = r.clone().oneshot(req).await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default())
+        };
+        let one = format!("/v1/repos/github:7/commits/{:040x}/summary", 1);
+        let list = "/v1/repos/github:7/summaries".to_owned();
+        assert_eq!(as_tenant(Some("team-a"), one.clone()).await.0, StatusCode::OK);
+        assert_eq!(as_tenant(Some("team-a"), list.clone()).await.1["items"].as_array().unwrap().len(), 3);
+        for other in ["team-b", "team-c"] {
+            let (status, v) = as_tenant(Some(other), one.clone()).await;
+            assert_eq!(
+                (status, v["type"].as_str()),
+                (StatusCode::NOT_FOUND, Some("/problems/repository-not-found")),
+                "{other}: {v}"
+            );
+            assert_eq!(as_tenant(Some(other), list.clone()).await.0, StatusCode::NOT_FOUND, "{other}");
+        }
+        assert_eq!(as_tenant(None, one).await.0, StatusCode::UNAUTHORIZED);
+        assert_eq!(as_tenant(None, list).await.0, StatusCode::UNAUTHORIZED);
     }
 }

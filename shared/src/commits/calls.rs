@@ -155,7 +155,7 @@ impl CommitsWorker {
         match e {
             LlmError::Permanent(reason) => {
                 self.metrics.llm_requests_total.with_label_values(&[LANE, "permanent"]).inc();
-                GroupEnd::DeadLetter(format!("the model refused the commit: {reason}"))
+                GroupEnd::DeadLetter(format!("the model refused the commit: {reason}"), "permanent")
             }
             LlmError::Retryable { message, retry_after } => {
                 self.metrics.llm_requests_total.with_label_values(&[LANE, "retryable"]).inc();

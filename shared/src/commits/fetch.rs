@@ -44,6 +44,11 @@ impl CommitsWorker {
                 let reason = format!("push range {}..{} not listed: {reason}", range.base, range.head);
                 return (lease::dead_letter(&self.metrics, queue, m, reason, LANE, "permanent").await, 0);
             }
+            Ok(Err(DiffError::Refused(reason))) => {
+                warn!(repo_id = %range.repo_id, reason, "push range refused: not the host's repository");
+                let reason = format!("push range {}..{} refused: {reason}", range.base, range.head);
+                return (lease::dead_letter(&self.metrics, queue, m, reason, LANE, "identity").await, 0);
+            }
             // Reasons read `kind: detail`: the kind is the metrics' `reason` dimension.
             Ok(Err(DiffError::Retryable { message, .. })) => {
                 return (failed(format!("range listing: {message}")).await, 0);
@@ -133,17 +138,28 @@ impl CommitsWorker {
                 Ok((_, (trimmed, Some((section, section_tokens))))) => {
                     pending.push(Pending { group: g, trimmed, section, section_tokens });
                 }
-                Err(DiffError::Permanent(reason)) => {
-                    groups[g].outcome = Some(GroupEnd::DeadLetter(format!("diff unavailable: {reason}")));
-                }
-                Err(DiffError::Retryable { message, retry_after }) => {
-                    let after = full_jitter_backoff(&self.lease, groups[g].receives)
-                        .max(retry_after.unwrap_or_default());
-                    groups[g].outcome =
-                        Some(GroupEnd::Retry { after, reason: format!("diff source: {message}") });
-                }
+                Err(e) => groups[g].outcome = Some(self.unfetched(&groups[g], e)),
             }
         }
         pending
+    }
+
+    /// How a commit whose diff could not be had ends: dead-lettered when retrying cannot help
+    /// (counted as `identity` when its repository is not the host's for its id), else retried.
+    fn unfetched(&self, group: &Group, e: DiffError) -> GroupEnd {
+        match e {
+            DiffError::Permanent(reason) => {
+                GroupEnd::DeadLetter(format!("diff unavailable: {reason}"), "permanent")
+            }
+            DiffError::Refused(reason) => {
+                let commit = &group.commit;
+                warn!(repo_id = %commit.repo_id, sha = %commit.sha, reason, "commit refused: not the host's repository");
+                GroupEnd::DeadLetter(format!("repository identity: {reason}"), "identity")
+            }
+            DiffError::Retryable { message, retry_after } => GroupEnd::Retry {
+                after: full_jitter_backoff(&self.lease, group.receives).max(retry_after.unwrap_or_default()),
+                reason: format!("diff source: {message}"),
+            },
+        }
     }
 }

@@ -3,10 +3,13 @@
 //! summaries, their keys) are [`crate::domain::commit`]'s, so the ports see them without this flow.
 //!
 //! - [`webhook`]: signature checks, delivery dedupe, enqueueing one message per commit.
+//! - [`signatures`]: the hosts' push checks, and which secret verifies a push (its owner's own,
+//!   else the shared one).
 //! - [`push`]: the hosts' push payloads parsed into the commits to summarize (and the range of an
 //!   incomplete one).
 //! - [`sources`]: where diffs come from: GitHub REST, GitLab REST, a local repository.
 //! - [`api`]: the read API (one summary, a repository's summaries newest first).
+//! - [`readers`]: which tenants may read a repository's summaries (those mapped to its owner).
 //! - [`budget`]: noise filtering and the 4,000-token cut, counted by a real BPE tokenizer.
 //! - [`prompt`]: the batch prompt, first-fit-decreasing packing, answer validation, token apportioning.
 //! - [`dead_letters`]: the commits DLQ: summarized commits swept out, the rest listed and redriven.
@@ -23,8 +26,10 @@ pub mod dead_letters;
 mod fetch;
 pub mod prompt;
 pub mod push;
+pub mod readers;
 mod repo_budget;
 pub mod report;
+pub mod signatures;
 pub mod sources;
 pub mod webhook;
 pub mod worker;

@@ -6,6 +6,8 @@
 //! tells the hosts apart by header.
 
 use super::push::{Push, parse_push};
+use super::signatures::{OwnerKeys, claimed_owner};
+pub use super::signatures::{github_signature, verify_github, verify_gitlab};
 use crate::clock::SharedClock;
 use crate::domain::commit::{CommitsMessage, Provider};
 use crate::metrics::Metrics;
@@ -18,11 +20,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
 use tracing::{info, warn};
 
 /// Largest accepted delivery (a Lambda function URL's own limit is 6 MB).
@@ -37,6 +36,9 @@ pub struct WebhookConfig {
     pub github_secret: Option<Secret>,
     /// GitLab's secret token.
     pub gitlab_token: Option<Secret>,
+    /// The owners' own secrets (a JSON object, [`OwnerKeys`]): an owner listed there is verified
+    /// with its own only; the two above serve the others.
+    pub owner_secrets: Option<Secret>,
     /// Owners (GitHub users or organisations) and groups (GitLab, any depth) whose pushes are
     /// accepted; empty accepts every repository the secrets authenticate.
     pub allowlist: Vec<String>,
@@ -47,6 +49,7 @@ impl std::fmt::Debug for WebhookConfig {
         f.debug_struct("WebhookConfig")
             .field("github_secret", &self.github_secret.as_ref().map(|_| "<set>"))
             .field("gitlab_token", &self.gitlab_token.as_ref().map(|_| "<set>"))
+            .field("owner_secrets", &self.owner_secrets.as_ref().map(|_| "<set>"))
             .field("allowlist", &self.allowlist)
             .finish()
     }
@@ -63,23 +66,6 @@ impl WebhookConfig {
                     && repo[..owner.len()].eq_ignore_ascii_case(owner)
             })
     }
-}
-
-/// Verifies GitHub's `X-Hub-Signature-256: sha256=<hex>` over the raw body, in constant time.
-pub fn verify_github(secret: &[u8], body: &[u8], header: Option<&str>) -> bool {
-    let Some(hex_sig) = header.and_then(|h| h.trim().strip_prefix("sha256=")) else { return false };
-    let Ok(sig) = hex::decode(hex_sig) else { return false };
-    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else { return false };
-    mac.update(body);
-    mac.verify_slice(&sig).is_ok()
-}
-
-/// Verifies GitLab's `X-Gitlab-Token` in constant time (digests compared, so length leaks nothing).
-pub fn verify_gitlab(token: &str, header: Option<&str>) -> bool {
-    let Some(given) = header else { return false };
-    let a = Sha256::digest(token.as_bytes());
-    let b = Sha256::digest(given.as_bytes());
-    bool::from(a.as_slice().ct_eq(b.as_slice()))
 }
 
 /// Whether `accepts` holds for `secret`, read again once if it does not (a rotated secret). An
@@ -348,35 +334,36 @@ fn not_a_push(w: &Webhook, provider: Provider, headers: &HeaderMap) -> Option<Re
     }
 }
 
-/// The delivery's body, once its sender is authenticated: GitLab's token is a header, so it is
-/// checked before the body is read at all; GitHub signs the body, so its HMAC is checked once the
-/// (size-capped) body is in and before anything parses it.
+/// The delivery's body, once its sender is authenticated with the key [`key_of`] chooses: GitHub's
+/// HMAC over the (size-capped) body, checked before anything but [`claimed_owner`] reads it;
+/// GitLab's token header, checked before the body is read unless owner secrets are configured
+/// (the owner is then read from the body first).
 async fn authenticated(
     w: &Webhook,
     provider: Provider,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<axum::body::Bytes, Problem> {
+    let (h, what) = match provider {
+        Provider::Gitlab => ("X-Gitlab-Token", "token"),
+        _ => ("X-Hub-Signature-256", "signature"),
+    };
     let unauthorized = || {
         w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "unauthorized"]).inc();
-        let (h, what) = match provider {
-            Provider::Gitlab => ("X-Gitlab-Token", "token"),
-            _ => ("X-Hub-Signature-256", "signature"),
-        };
         Problem::new(
             StatusCode::UNAUTHORIZED,
             "bad-signature",
             "Delivery not authenticated",
-            format!("the {h} {what} is missing or does not match the configured secret"),
+            format!("the {h} {what} is missing or does not match the secret configured for this repository's owner"),
         )
         .with_field(h)
     };
-    let configured = match provider {
-        Provider::Github => w.config.github_secret.is_some(),
-        Provider::Gitlab => w.config.gitlab_token.is_some(),
-        Provider::Local => false,
+    let shared = match provider {
+        Provider::Github => w.config.github_secret.as_ref(),
+        Provider::Gitlab => w.config.gitlab_token.as_ref(),
+        Provider::Local => None,
     };
-    if !configured {
+    if shared.is_none() && (w.config.owner_secrets.is_none() || provider == Provider::Local) {
         return Err(Problem::new(
             StatusCode::UNAUTHORIZED,
             "not-configured",
@@ -384,27 +371,72 @@ async fn authenticated(
             format!("no {provider} webhook secret is configured on this deployment"),
         ));
     }
-    if let (Provider::Gitlab, Some(token)) = (provider, &w.config.gitlab_token) {
-        let given = header(headers, "x-gitlab-token").ok_or_else(unauthorized)?;
-        if !verified(w, provider, token, |t| verify_gitlab(t, Some(given))).await? {
+    let given = header(headers, &h.to_ascii_lowercase()).map(str::to_owned);
+    let read = |body: Body| async move {
+        axum::body::to_bytes(body, MAX_WEBHOOK_BYTES).await.map_err(|_| {
+            Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too-large",
+                "Delivery too large",
+                format!("the body must be at most {MAX_WEBHOOK_BYTES} bytes"),
+            )
+        })
+    };
+    // GitLab's token is a header: with no owner secrets there is no owner to read from the body, so
+    // the token is checked before the body is read at all.
+    if let (Provider::Gitlab, None, Some(token)) = (provider, &w.config.owner_secrets, shared) {
+        let given = given.ok_or_else(unauthorized)?;
+        if !verified(w, provider, token, |t| verify_gitlab(t, Some(&given))).await? {
             return Err(unauthorized());
         }
+        return read(body).await;
     }
-    let bytes = axum::body::to_bytes(body, MAX_WEBHOOK_BYTES).await.map_err(|_| {
+    let bytes = read(body).await?;
+    let given = given.ok_or_else(unauthorized)?;
+    let accepts = |key: &str| match provider {
+        Provider::Gitlab => verify_gitlab(key, Some(&given)),
+        _ => verify_github(key.as_bytes(), &bytes, Some(&given)),
+    };
+    let ok = match (key_of(w, provider, &bytes).await?, &w.config.owner_secrets, shared) {
+        (Some(owner), Some(table), _) => {
+            let owners_key = |json: &str| {
+                OwnerKeys::parse(json)
+                    .ok()
+                    .and_then(|k| k.key_for(provider, &owner).map(&accepts))
+                    .unwrap_or(false)
+            };
+            verified(w, provider, table, owners_key).await?
+        }
+        (_, _, Some(secret)) => verified(w, provider, secret, &accepts).await?,
+        _ => false,
+    };
+    if ok { Ok(bytes) } else { Err(unauthorized()) }
+}
+
+/// The owner whose own secret must verify this payload, or `None` for the shared secret: the
+/// payload's owner ([`claimed_owner`]) when the owner secrets list it. A table that cannot be read
+/// or parsed is a 503 (an operator's fix, and the host's redelivery then succeeds), never a fall
+/// back to the shared secret, which would let that secret's holders sign for a listed owner.
+async fn key_of(w: &Webhook, provider: Provider, body: &[u8]) -> Result<Option<String>, Problem> {
+    let (Some(table), Some(owner)) = (&w.config.owner_secrets, claimed_owner(provider, body)) else {
+        return Ok(None);
+    };
+    let unusable = |reason: String| {
+        tracing::error!(reason, "webhook owner secrets unusable");
+        w.metrics
+            .webhook_deliveries_total
+            .with_label_values(&[provider.as_str(), "secret_unavailable"])
+            .inc();
         Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too-large",
-            "Delivery too large",
-            format!("the body must be at most {MAX_WEBHOOK_BYTES} bytes"),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "secret-unavailable",
+            "Webhook secret unavailable",
+            "the secret to verify this delivery could not be read; redeliver it later",
         )
-    })?;
-    if let (Provider::Github, Some(secret)) = (provider, &w.config.github_secret) {
-        let given = header(headers, "x-hub-signature-256").ok_or_else(unauthorized)?;
-        if !verified(w, provider, secret, |s| verify_github(s.as_bytes(), &bytes, Some(given))).await? {
-            return Err(unauthorized());
-        }
-    }
-    Ok(bytes)
+    };
+    let json = table.current().await.map_err(|e| unusable(e.to_string()))?;
+    let keys = OwnerKeys::parse(&json).map_err(|e| unusable(e.to_string()))?;
+    Ok(keys.key_for(provider, &owner).is_some().then_some(owner))
 }
 
 /// The answer to a replay of a recorded delivery, if `d` is one.
@@ -452,17 +484,6 @@ async fn enqueue(w: &Webhook, push: &Push) -> Result<(), Problem> {
         return Err(Problem::unavailable("the commits queue is unavailable; redeliver later", 30));
     }
     Ok(())
-}
-
-/// Signs `body` as GitHub does (for tests, samples and `lanes` tooling).
-pub fn github_signature(secret: &[u8], body: &[u8]) -> String {
-    let mut mac = match Hmac::<Sha256>::new_from_slice(secret) {
-        Ok(m) => m,
-        // HMAC takes keys of any length; this arm is unreachable in practice.
-        Err(_) => return String::new(),
-    };
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 #[cfg(test)]
@@ -602,9 +623,69 @@ mod tests {
         rig_with(WebhookConfig {
             github_secret: Some("s3cret".into()),
             gitlab_token: Some("gl".into()),
-            allowlist: vec![],
+            ..Default::default()
         })
         .await
+    }
+
+    /// With owner secrets, a listed owner's push verifies with its own secret only (the shared
+    /// secret, which every other repository's admin holds, is refused for it); an unlisted owner
+    /// falls back to the shared secret; an unreadable table is a 503, never the fallback.
+    #[tokio::test]
+    async fn a_listed_owner_is_verified_with_its_own_secret_only() {
+        let table = r#"{"github": {"Victim-Org": "victim-own"}, "gitlab": {"acme": "acme-own"}}"#;
+        let r = rig_with(WebhookConfig {
+            github_secret: Some("shared".into()),
+            gitlab_token: Some("gl-shared".into()),
+            owner_secrets: Some(table.into()),
+            ..Default::default()
+        })
+        .await;
+        let a = "a".repeat(40);
+        let push_of = |name: &str| github_push(42, &a, &[(&a, true)]).replace("octo/repo", name);
+        let gh = |body: &str, key: &[u8]| {
+            let sig = github_signature(key, body.as_bytes());
+            [("x-github-event".to_owned(), "push".to_owned()), ("x-hub-signature-256".to_owned(), sig)]
+        };
+        let send = |h: [(String, String); 2], body: String| {
+            let r = &r;
+            async move {
+                let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                deliver(r, "/webhooks/github", &h, &body).await.0
+            }
+        };
+        let victim = push_of("victim-org/app");
+        assert_eq!(send(gh(&victim, b"shared"), victim.clone()).await, StatusCode::UNAUTHORIZED);
+        assert_eq!(send(gh(&victim, b"victim-own"), victim.clone()).await, StatusCode::ACCEPTED);
+        let other = push_of("someone/else");
+        assert_eq!(send(gh(&other, b"shared"), other.clone()).await, StatusCode::ACCEPTED);
+        assert_eq!(send(gh(&other, b"victim-own"), other.clone()).await, StatusCode::UNAUTHORIZED);
+        let gitlab = |token: &'static str, path: &str| {
+            let body = format!(
+                r#"{{"before":"{z}","after":"{a}","project":{{"id":7,"path_with_namespace":"{path}"}},"commits":[]}}"#,
+                z = "0".repeat(40)
+            );
+            let r = &r;
+            async move {
+                let h = [("x-gitlab-event", "Push Hook"), ("x-gitlab-token", token)];
+                deliver(r, "/webhooks/gitlab", &h, &body).await.0
+            }
+        };
+        assert_eq!(gitlab("gl-shared", "acme/platform/api").await, StatusCode::UNAUTHORIZED);
+        assert_eq!(gitlab("acme-own", "acme/platform/api").await, StatusCode::ACCEPTED);
+        assert_eq!(gitlab("gl-shared", "other/p").await, StatusCode::ACCEPTED);
+
+        let broken = rig_with(WebhookConfig {
+            github_secret: Some("shared".into()),
+            owner_secrets: Some("{not json".into()),
+            ..Default::default()
+        })
+        .await;
+        let h = gh(&other, b"shared");
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let (status, v) = deliver(&broken, "/webhooks/github", &h, &other).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+        assert!(!v.to_string().contains("not json"), "no secret text in the answer: {v}");
     }
 
     async fn rig_with(config: WebhookConfig) -> Rig {

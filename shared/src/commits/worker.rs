@@ -83,7 +83,8 @@ pub(super) enum GroupEnd {
         after: Duration,
         reason: String,
     },
-    DeadLetter(String),
+    /// Moved to the DLQ: why, and the reason counted (`permanent`, `identity`).
+    DeadLetter(String, &'static str),
     Lost,
 }
 
@@ -303,8 +304,8 @@ impl CommitsWorker {
                             lease::hand_back(queue, m, *after, reason, LANE).await
                         }
                     }
-                    GroupEnd::DeadLetter(reason) => {
-                        lease::dead_letter(&self.metrics, queue, m, reason.clone(), LANE, "permanent").await
+                    GroupEnd::DeadLetter(reason, why) => {
+                        lease::dead_letter(&self.metrics, queue, m, reason.clone(), LANE, why).await
                     }
                 });
             }

@@ -181,6 +181,11 @@ impl RepoId {
         Self::split(&self.0).map_or(Provider::Local, |(p, _)| p)
     }
 
+    /// The part after the provider: the host's numeric id (or a local repository's digest).
+    pub fn host_id(&self) -> &str {
+        Self::split(&self.0).map_or("", |(_, id)| id)
+    }
+
     /// The id of a repository on `provider`, from the host's numeric id (or, for a local
     /// repository, a hex digest).
     pub fn of(provider: Provider, id: &str) -> Result<Self, IdError> {

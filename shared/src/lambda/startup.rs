@@ -95,9 +95,9 @@ pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
 /// answers `503` until it can.
 pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
     let config = crate::wiring::webhook_config();
-    if config.github_secret.is_none() && config.gitlab_token.is_none() {
+    if config.github_secret.is_none() && config.gitlab_token.is_none() && config.owner_secrets.is_none() {
         return Err(ConfigError::Missing(
-            "LANES_GITHUB_WEBHOOK_SECRET(_ID) or LANES_GITLAB_WEBHOOK_TOKEN(_ID)",
+            "LANES_GITHUB_WEBHOOK_SECRET(_ID), LANES_GITLAB_WEBHOOK_TOKEN(_ID) or LANES_WEBHOOK_OWNER_SECRETS(_ID)",
         )
         .into());
     }
@@ -158,11 +158,14 @@ pub(super) async fn adapters_from_env(function: &str, consume: &[Lane]) -> Resul
 /// The ingress function's router, from the environment (`LANES_BACKEND`, then the backend's variables).
 pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
     let adapters = adapters_from_env("ingress", &[]).await?;
-    let read =
-        api::router(SummariesApi { summaries: adapters.summaries.clone(), cache: adapters.cache.clone() });
+    let tenancy = tenancy_from_env();
+    let read = api::router(SummariesApi {
+        summaries: adapters.summaries.clone(),
+        cache: adapters.cache.clone(),
+        readers: crate::wiring::summary_readers(tenancy.is_on())?,
+    });
     let metrics = Metrics::new();
     metrics.enable_emf();
-    let tenancy = tenancy_from_env();
     let mut config = IngressConfig { tenancy: tenancy.is_on(), ..IngressConfig::from_env()? };
     // A new task holds USD at its lane's dearest route, priced as the workers price it.
     config.quota = crate::quota::priced_by_routes(config.quota)?;
@@ -174,8 +177,8 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         clock: Arc::new(SystemClock),
         config,
     });
-    let tasks = tasks.merge(crate::openapi::routes());
-    Ok(with_emf(with_trace(with_tenancy(tasks, tenancy)).merge(read), metrics))
+    let tasks = tasks.merge(crate::openapi::routes()).merge(read);
+    Ok(with_emf(with_trace(with_tenancy(tasks, tenancy)), metrics))
 }
 
 /// Scopes each request to its invocation's X-Ray trace header (Lambda's `Context.xray_trace_id`,

@@ -257,6 +257,10 @@ pub enum DiffError {
     /// Not found, forbidden, or not a diff: retrying will not help.
     #[error("diff unavailable: {0}")]
     Permanent(String),
+    /// The push's repository name is not the one the host gives its id: a forged or stale pairing,
+    /// never summarized ([`crate::commits::sources::Identities`]).
+    #[error("repository identity refused: {0}")]
+    Refused(String),
 }
 
 impl RetryIntent for DiffError {

@@ -12,8 +12,8 @@
 //! - in `lanes dev --tenant-header NAME`, from a header set by a trusted local proxy ([`from_header`]);
 //! - otherwise tenancy is off: one tenant, as a single-user local run.
 //!
-//! Commit summaries are not tenant-scoped: one deployment serves one organisation, whose repositories'
-//! summaries every member may read.
+//! Commit summaries are read by tenant too: only tenants mapped to a repository's owner read its
+//! summaries ([`crate::commits::readers`]).
 
 use axum::extract::{Request, State};
 use axum::http::HeaderName;

@@ -1,13 +1,17 @@
 //! GitHub's REST API as a diff source: a commit's diff (`Accept: application/vnd.github.diff`, or
 //! its files' patches page by page when the diff is too large), and a push range's commits
-//! (`compare`), for github.com or Enterprise.
+//! (`compare`), for github.com or Enterprise. Every path names the repository by its numeric id
+//! (`/repositories/{id}/…`), after the id's name is checked against the message's
+//! ([`super::identity`]).
 
+use super::identity::Identities;
 use super::{MAX_DIFF_BYTES, read_diff, read_json_page, send_authed, status_error};
-use crate::domain::Sha;
 use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
+use crate::domain::{RepoId, Sha};
 use crate::ports::{DiffError, DiffSource};
 use crate::secret::Secret;
 use async_trait::async_trait;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// GitHub's REST API (github.com or Enterprise).
@@ -16,23 +20,49 @@ pub struct GitHubSource {
     timeout: Duration,
     api: String,
     token: Option<Secret>,
+    identities: Arc<Identities>,
 }
 
 impl GitHubSource {
     /// A source on `api` (e.g. `https://api.github.com`) with an optional token.
     pub fn new(api: &str, token: Option<Secret>, timeout: Duration) -> Self {
-        Self { timeout, api: api.trim_end_matches('/').to_owned(), token }
+        Self { timeout, api: api.trim_end_matches('/').to_owned(), token, identities: Default::default() }
     }
+
+    /// `{api}/repositories/{id}`, once the host has said that `repo_id` is `repo`.
+    async fn repository(&self, repo_id: &RepoId, repo: &str) -> Result<String, DiffError> {
+        let id = repo_id.host_id();
+        let base = format!("{}/repositories/{id}", self.api);
+        self.identities
+            .check(repo_id, repo, || async {
+                let (r, _): (GitHubRepository, _) = self.json_page(&base).await?;
+                if r.id.to_string() != id {
+                    return Err(DiffError::Refused(format!(
+                        "GitHub answered repository {} for id {id}",
+                        r.id
+                    )));
+                }
+                Ok(r.full_name)
+            })
+            .await?;
+        Ok(base)
+    }
+}
+
+/// The fields of `GET /repositories/{id}` (GitHub's "full repository") that name it.
+#[derive(serde::Deserialize)]
+struct GitHubRepository {
+    id: u64,
+    full_name: String,
 }
 
 #[async_trait]
 impl DiffSource for GitHubSource {
     async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
-        // A renamed repository answers with a redirect, which the client follows.
         if !valid_github_repo(&commit.repo) {
             return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", commit.repo)));
         }
-        let url = format!("{}/repos/{}/commits/{}", self.api, commit.repo, commit.sha);
+        let url = format!("{}/commits/{}", self.repository(&commit.repo_id, &commit.repo).await?, commit.sha);
         let resp = send_authed(self.token.as_ref(), |http, t| {
             self.get(http, &url, "application/vnd.github.diff", t)
         })
@@ -53,11 +83,12 @@ impl DiffSource for GitHubSource {
         if !valid_github_repo(&range.repo) {
             return Err(DiffError::Permanent(format!("`{}` is not a GitHub `owner/name`", range.repo)));
         }
-        self.compare(range).await
+        let base = self.repository(&range.repo_id, &range.repo).await?;
+        self.compare(&base, range).await
     }
 }
 
-/// `owner/name` only: paths are built from it, so nothing else may pass.
+/// `owner/name` only: anything else cannot be a GitHub repository's name.
 fn valid_github_repo(repo: &str) -> bool {
     repo.split_once('/').is_some_and(|(o, n)| {
         [o, n].iter().all(|p| {
@@ -153,15 +184,13 @@ impl GitHubSource {
         Ok((parsed, body.len()))
     }
 
-    /// `GET /repos/{repo}/compare/{base}...{head}`, paged: the commits reachable from `head` and not
-    /// from the merge base, oldest first (a force push brings only its new commits).
-    async fn compare(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
+    /// `GET /repositories/{id}/compare/{base}...{head}`, paged: the commits reachable from `head` and
+    /// not from the merge base, oldest first (a force push brings only its new commits).
+    async fn compare(&self, repository: &str, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
         let mut out = Vec::new();
         for page in 1..=MAX_RANGE_COMMITS / 100 {
-            let url = format!(
-                "{}/repos/{}/compare/{}...{}?per_page=100&page={page}",
-                self.api, range.repo, range.base, range.head
-            );
+            let url =
+                format!("{repository}/compare/{}...{}?per_page=100&page={page}", range.base, range.head);
             let (cmp, _): (GitHubCompare, _) = self.json_page(&url).await?;
             let n = cmp.commits.len();
             // A listed commit whose id is not a full sha is left out, as the webhook leaves it out.

@@ -1,13 +1,16 @@
 //! GitLab's REST API as a diff source: a commit's diff (`/projects/:id/repository/commits/:sha/diff`,
 //! paginated, rebuilt as a unified diff) and a push range's commits, for gitlab.com or
-//! self-managed.
+//! self-managed. Paths name the project by its numeric id, after the id's `path_with_namespace`
+//! is checked against the message's ([`super::identity`]).
 
+use super::identity::Identities;
 use super::{MAX_DIFF_BYTES, MAX_RANGE_COMMITS, read_json_page, send_authed, status_error};
-use crate::domain::Sha;
 use crate::domain::commit::{CommitMessage, Provider, PushRange, subject_of};
+use crate::domain::{RepoId, Sha};
 use crate::ports::{DiffError, DiffSource};
 use crate::secret::Secret;
 use async_trait::async_trait;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// GitLab's REST API (gitlab.com or self-managed).
@@ -16,13 +19,39 @@ pub struct GitLabSource {
     timeout: Duration,
     api: String,
     token: Option<Secret>,
+    identities: Arc<Identities>,
 }
 
 impl GitLabSource {
     /// A source on `base` (e.g. `https://gitlab.com`) with an optional token.
     pub fn new(base: &str, token: Option<Secret>, timeout: Duration) -> Self {
-        Self { timeout, api: base.trim_end_matches('/').to_owned(), token }
+        Self { timeout, api: base.trim_end_matches('/').to_owned(), token, identities: Default::default() }
     }
+
+    /// `{api}/api/v4/projects/{id}`, once GitLab has said that project `repo_id` is `repo`.
+    async fn project(&self, repo_id: &RepoId, repo: &str) -> Result<String, DiffError> {
+        let id = repo_id.host_id();
+        let base = format!("{}/api/v4/projects/{id}", self.api);
+        self.identities
+            .check(repo_id, repo, || async {
+                let (body, _) = self.page(&base).await?;
+                let p: GitLabProject = serde_json::from_slice(&body)
+                    .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
+                if p.id.to_string() != id {
+                    return Err(DiffError::Refused(format!("GitLab answered project {} for id {id}", p.id)));
+                }
+                Ok(p.path_with_namespace)
+            })
+            .await?;
+        Ok(base)
+    }
+}
+
+/// The fields of `GET /projects/:id` that name the project.
+#[derive(serde::Deserialize)]
+struct GitLabProject {
+    id: u64,
+    path_with_namespace: String,
 }
 
 impl GitLabSource {
@@ -95,15 +124,12 @@ fn gitlab_unified(files: &[GitLabDiff]) -> String {
 #[async_trait]
 impl DiffSource for GitLabSource {
     async fn diff(&self, commit: &CommitMessage) -> Result<String, DiffError> {
-        let id = commit.repo_id.trim_start_matches("gitlab:");
+        let project = self.project(&commit.repo_id, &commit.repo).await?;
         let mut files: Vec<GitLabDiff> = Vec::new();
         let mut page = 1u32;
         let mut bytes = 0usize;
         loop {
-            let url = format!(
-                "{}/api/v4/projects/{id}/repository/commits/{}/diff?per_page=100&page={page}",
-                self.api, commit.sha
-            );
+            let url = format!("{project}/repository/commits/{}/diff?per_page=100&page={page}", commit.sha);
             let (body, next) = self.page(&url).await?;
             bytes += body.len();
             let chunk: Vec<GitLabDiff> = serde_json::from_slice(&body)
@@ -122,12 +148,12 @@ impl DiffSource for GitLabSource {
     /// commits reachable from `head` and not from `base`, without the diffs the compare API would
     /// also send. GitLab lists newest first; they are returned oldest first.
     async fn commits_between(&self, range: &PushRange) -> Result<Vec<CommitMessage>, DiffError> {
-        let id = range.repo_id.trim_start_matches("gitlab:");
+        let project = self.project(&range.repo_id, &range.repo).await?;
         let revisions = format!("{}..{}", range.base, range.head);
         let mut out = Vec::new();
         let mut page = 1u32;
         loop {
-            let url = format!("{}/api/v4/projects/{id}/repository/commits", self.api);
+            let url = format!("{project}/repository/commits");
             let mut url = reqwest::Url::parse(&url)
                 .map_err(|e| DiffError::Permanent(format!("bad GitLab URL `{url}`: {e}")))?;
             url.query_pairs_mut()

@@ -13,9 +13,11 @@ use std::time::{Duration, SystemTime};
 
 mod github;
 mod gitlab;
+mod identity;
 
 pub use github::{GitHubSource, MAX_RANGE_COMMITS};
 pub use gitlab::GitLabSource;
+pub use identity::{IDENTITY_TTL, Identities, same_repository};
 
 /// Most bytes of a raw diff read: the rest is not downloaded (the budget keeps a few thousand tokens
 /// of any diff, so nothing past this could reach the prompt anyway).
@@ -230,11 +232,28 @@ mod tests {
         format!("http://{addr}")
     }
 
+    /// GitHub's `GET /repositories/{id}` in its documented shape ("Get a repository"): repository
+    /// `n` is `o/n`; 404 for 404.
+    fn github_repositories() -> axum::Router {
+        axum::Router::new().route(
+            "/repositories/{id}",
+            get(|Path(id): Path<u64>| async move {
+                if id == 404 {
+                    return (StatusCode::NOT_FOUND, r#"{"message":"Not Found","documentation_url":"https://docs.github.com/rest","status":"404"}"#).into_response();
+                }
+                axum::Json(serde_json::json!({"id": id, "node_id": "R_kgDO", "name": id.to_string(),
+                    "full_name": format!("o/{id}"), "private": true, "owner": {"login": "o", "id": 1, "type": "Organization"},
+                    "default_branch": "main"}))
+                .into_response()
+            }),
+        )
+    }
+
     #[tokio::test]
     async fn github_rest_on_a_fake_server() {
-        let router = axum::Router::new().route(
-            "/repos/{owner}/{id}/commits/{sha}",
-            get(|Path((_owner, id, sha)): Path<(String, String, String)>, headers: HeaderMap| async move {
+        let router = github_repositories().route(
+            "/repositories/{id}/commits/{sha}",
+            get(|Path((id, sha)): Path<(String, String)>, headers: HeaderMap| async move {
                 let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or("");
                 let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
                 match id.as_str() {
@@ -274,6 +293,15 @@ mod tests {
                 .to_string()
                 .contains("owner/name")
         );
+        // Another repository's id under one's own name: refused before any diff is read.
+        match gh.diff(&msg(Provider::Github, "github:1", "attacker/own")).await {
+            Err(DiffError::Refused(reason)) => assert!(reason.contains("o/1"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            gh.diff(&msg(Provider::Github, "github:404", "o/404")).await,
+            Err(DiffError::Permanent(_))
+        ));
     }
 
     /// A token read from Secrets Manager and refused with 401 (rotated there) is read again and
@@ -282,8 +310,8 @@ mod tests {
     #[tokio::test]
     async fn a_rotated_token_refused_with_401_is_read_again() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let router = axum::Router::new().route(
-            "/repos/{owner}/{id}/commits/{sha}",
+        let router = github_repositories().route(
+            "/repositories/{id}/commits/{sha}",
             get(|headers: HeaderMap| async move {
                 match headers.get("authorization").and_then(|v| v.to_str().ok()) {
                     Some("Bearer new") => "diff --git a/x b/x\n".into_response(),
@@ -323,11 +351,11 @@ mod tests {
     /// is read only up to it.
     #[tokio::test]
     async fn a_diff_too_large_for_githubs_diff_type_comes_from_per_file_patches() {
-        let router = axum::Router::new().route(
-            "/repos/{owner}/{id}/commits/{sha}",
-            get(|Path((_o, id, _sha)): Path<(String, String, String)>, Query(q): Query<HashMap<String, String>>, headers: HeaderMap| async move {
+        let router = github_repositories().route(
+            "/repositories/{id}/commits/{sha}",
+            get(|Path((id, _sha)): Path<(String, String)>, Query(q): Query<HashMap<String, String>>, headers: HeaderMap| async move {
                 let accept = headers.get("accept").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-                if id == "huge" {
+                if id == "999" {
                     return format!("diff --git a/a.js b/a.js\n@@ -0,0 +1 @@\n+{}\n", "x".repeat(20 << 20)).into_response();
                 }
                 if accept == "application/vnd.github.diff" {
@@ -351,7 +379,8 @@ mod tests {
         let base = serve(router).await;
         let gh = GitHubSource::new(&base, None, Duration::from_secs(30));
         for id in ["406", "422"] {
-            let d = gh.diff(&msg(Provider::Github, "github:1", &format!("o/{id}"))).await.unwrap();
+            let d =
+                gh.diff(&msg(Provider::Github, &format!("github:{id}"), &format!("o/{id}"))).await.unwrap();
             assert_eq!(d.matches("diff --git ").count(), 103, "both pages read");
             assert!(
                 d.contains("+// touched 99")
@@ -362,7 +391,7 @@ mod tests {
             let t = crate::commits::budget::trim(&d, 4_000);
             assert!(t.files.contains(&"new.rs".to_owned()) && !t.noise_only);
         }
-        let d = gh.diff(&msg(Provider::Github, "github:1", "o/huge")).await.unwrap();
+        let d = gh.diff(&msg(Provider::Github, "github:999", "o/999")).await.unwrap();
         assert!(d.len() < MAX_DIFF_BYTES + 100, "read up to the cap only: {}", d.len());
         assert!(d.ends_with("[lanes: the diff was cut at 8388608 bytes]\n"));
     }
@@ -371,9 +400,9 @@ mod tests {
     /// oldest first, with its subject and committer date.
     #[tokio::test]
     async fn github_lists_a_push_range_through_compare() {
-        let router = axum::Router::new().route(
-            "/repos/{owner}/{name}/compare/{basehead}",
-            get(|Path((_o, _n, basehead)): Path<(String, String, String)>, Query(q): Query<HashMap<String, String>>| async move {
+        let router = github_repositories().route(
+            "/repositories/{id}/compare/{basehead}",
+            get(|Path((_id, basehead)): Path<(String, String)>, Query(q): Query<HashMap<String, String>>| async move {
                 assert_eq!(basehead, format!("main...{}", "e".repeat(40)));
                 let page: usize = q.get("page").and_then(|p| p.parse().ok()).unwrap_or(1);
                 let commits: Vec<serde_json::Value> = (0..150usize)
@@ -390,7 +419,7 @@ mod tests {
         let range = PushRange {
             provider: Provider::Github,
             repo_id: "github:1".parse().unwrap(),
-            repo: "o/r".into(),
+            repo: "o/1".into(),
             base: "main".into(),
             head: "e".repeat(40).parse().unwrap(),
             listed: vec![],
@@ -402,13 +431,24 @@ mod tests {
             (format!("{:040x}", 0).as_str(), "Change 0")
         );
         assert_eq!(commits[149].committed_at_ms, 1_796_036_400_000);
+        let forged = PushRange { repo: "attacker/own".into(), ..range.clone() };
+        assert!(matches!(gh.commits_between(&forged).await, Err(DiffError::Refused(_))));
         let bad = PushRange { repo: "o/../x".into(), ..range };
         assert!(matches!(gh.commits_between(&bad).await, Err(DiffError::Permanent(_))));
     }
 
     #[tokio::test]
     async fn gitlab_rest_pages_are_rebuilt_as_one_unified_diff() {
-        let router = axum::Router::new().route(
+        let router = axum::Router::new()
+            .route(
+                "/api/v4/projects/{id}",
+                // GitLab's "Get a single project", the fields that name it.
+                get(|Path(id): Path<u64>| async move {
+                    axum::Json(serde_json::json!({"id": id, "name": "p", "path": "p", "path_with_namespace": "g/p",
+                        "namespace": {"id": 3, "name": "g", "path": "g", "kind": "group", "full_path": "g"}}))
+                }),
+            )
+            .route(
             "/api/v4/projects/{id}/repository/commits/{sha}/diff",
             get(|Query(q): Query<HashMap<String, String>>, headers: HeaderMap| async move {
                 assert_eq!(headers.get("private-token").unwrap(), "glpat");
@@ -430,6 +470,11 @@ mod tests {
             "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1 +1 @@\n-x\n+y\n\
              diff --git a/b.rs b/b.rs\nnew file mode 100644\n--- /dev/null\n+++ b/b.rs\n@@ -0,0 +1 @@\n+z\n"
         );
+        // An allowed group's path paired with another project's id: refused, nothing read.
+        assert!(matches!(
+            gl.diff(&msg(Provider::Gitlab, "gitlab:42", "allowed-group/x")).await,
+            Err(DiffError::Refused(_))
+        ));
     }
 
     #[tokio::test]
