@@ -4,7 +4,7 @@
 //! and the Git hosts' sources. Reads and validates the AWS configuration from the environment,
 //! naming any missing variable, and can create the queues and the table (`--create`).
 
-use crate::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
+use crate::adapters::redis::{RedisAuth, RedisCache, RedisLock, RedisSettings, connect};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::{AwsClients, AwsSettings};
 use crate::clock::SharedClock;
@@ -181,8 +181,10 @@ pub struct AwsBackendConfig {
 const QUEUE_URL_VARS: [&str; 3] =
     ["LANES_QUEUE_URL_INTERACTIVE", "LANES_QUEUE_URL_SYNTHESIS", "LANES_QUEUE_URL_COMMITS"];
 
-/// Redis settings from `REDIS_URL`, `LANES_REDIS_CLUSTER`, `LANES_KEY_PREFIX` and
-/// `LANES_REDIS_CA_FILE` (a PEM certificate authority for `rediss://`, instead of the system roots).
+/// Redis settings from `REDIS_URL`, `LANES_REDIS_CLUSTER`, `LANES_KEY_PREFIX`,
+/// `LANES_REDIS_CA_FILE` (a PEM certificate authority for `rediss://`, instead of the system roots)
+/// and the ACL user `LANES_REDIS_USER` (default `default`) with `LANES_REDIS_PASSWORD` or
+/// `LANES_REDIS_PASSWORD_SECRET`.
 pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
     let url = require_env("REDIS_URL")?;
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
@@ -210,7 +212,25 @@ pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
             reason: format!("cannot read `{path}`: {e}"),
         })?),
     };
-    Ok(RedisSettings { url, cluster, prefix, timeout: Duration::from_millis(500), ca_pem })
+    // An ACL user: `LANES_REDIS_USER` with `LANES_REDIS_PASSWORD` or the Secrets Manager secret
+    // `LANES_REDIS_PASSWORD_SECRET` (plain, or JSON with a `password` field).
+    let password = match crate::config::optional_env("LANES_REDIS_PASSWORD") {
+        Some(p) => Some(crate::secret::Secret::fixed(p)),
+        None => crate::adapters::secrets::env_or_secret_field("LANES_REDIS_PASSWORD_SECRET", "password"),
+    };
+    let auth = match (crate::config::optional_env("LANES_REDIS_USER"), password) {
+        (None, None) => None,
+        (user, Some(password)) => {
+            Some(RedisAuth { user: user.unwrap_or_else(|| "default".into()), password })
+        }
+        (Some(_), None) => {
+            return Err(ConfigError::Invalid {
+                name: "LANES_REDIS_USER",
+                reason: "names a user without LANES_REDIS_PASSWORD or LANES_REDIS_PASSWORD_SECRET".into(),
+            });
+        }
+    };
+    Ok(RedisSettings { url, cluster, prefix, timeout: Duration::from_millis(500), ca_pem, auth })
 }
 
 impl AwsBackendConfig {

@@ -279,6 +279,7 @@ impl RedisServer {
             prefix: "lanes:".into(),
             timeout: Duration::from_millis(500),
             ca_pem: self.ca_pem_if_tls(),
+            auth: None,
         }
     }
 

@@ -280,6 +280,7 @@ async fn cluster_mode_starts_while_redis_is_down_and_connects_when_it_is_up() {
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(300),
         ca_pem: None,
+        auth: None,
     };
     let conn = connect(&settings).await.expect("start-up does not need Redis");
     let cache = RedisCache::new(conn.clone(), "lanes:");
@@ -524,6 +525,7 @@ async fn tls_redis_with_a_private_ca() {
         prefix: "lanes:".into(),
         timeout: Duration::from_millis(1_000),
         ca_pem,
+        auth: None,
     };
     let cache = RedisCache::new(connect(&settings(Some(redis.ca_pem()))).await.unwrap(), "lanes:");
     cache.set("task:tls", "v", Duration::from_secs(5)).await.unwrap();
@@ -656,4 +658,55 @@ async fn a_burst_over_rotating_projects_spends_exactly_the_budget_on_redis_clust
     assert!(
         lanes_core::quota::hold(&cache, &config, &scopes, tokens(2_000), "y", now).await.unwrap().is_ok()
     );
+}
+
+/// A cache that requires an ACL user (as an ElastiCache user group does): a real `redis-server`
+/// whose default user is off and whose `lanes` user may touch only `lanes:*` keys. With the user and
+/// its password the cache and the lock work; with a wrong password, or none,
+/// every call fails as it does while the cache is down (callers degrade) and nothing is written.
+#[tokio::test]
+async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
+    use lanes_core::adapters::redis::RedisAuth;
+    let redis = RedisServer::start();
+    let admin = redis::Client::open(redis.url()).unwrap();
+    let mut c = admin.get_multiplexed_async_connection().await.unwrap();
+    for acl in [
+        vec!["SETUSER", "lanes", "on", ">s3cret-pass", "~lanes:*", "&*", "+@all", "-@dangerous"],
+        vec!["SETUSER", "default", "off"],
+    ] {
+        let _: () = redis::cmd("ACL").arg(&acl).query_async(&mut c).await.unwrap();
+    }
+    let as_user = |password: Option<&str>| RedisSettings {
+        auth: password.map(|p| RedisAuth { user: "lanes".into(), password: p.into() }),
+        ..redis.settings(false)
+    };
+    let conn = connect(&as_user(Some("s3cret-pass"))).await.unwrap();
+    let cache = RedisCache::new(conn.clone(), "lanes:");
+    cache.set("task:acl", "v", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(cache.get("task:acl").await.unwrap().as_deref(), Some("v"));
+    let lock = RedisLock::new(conn, "lanes:");
+    assert!(matches!(
+        lock.acquire("lease:{task:acl}", Duration::from_secs(5)).await.unwrap(),
+        lanes_core::ports::Acquire::Acquired(_)
+    ));
+    for wrong in [Some("not-the-password"), None] {
+        let cache = RedisCache::new(
+            connect(&as_user(wrong)).await.expect("start-up does not need the cache"),
+            "lanes:",
+        );
+        assert!(cache.get("task:acl").await.is_err(), "{wrong:?}: refused, as when the cache is down");
+        assert!(cache.set("task:other", "x", Duration::from_secs(5)).await.is_err());
+    }
+    let mut admin_as_user =
+        redis::Client::open(format!("redis://lanes:s3cret-pass@127.0.0.1:{}", redis.port))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+    let outside: redis::RedisResult<()> =
+        redis::cmd("SET").arg("other:key").arg("x").query_async(&mut admin_as_user).await;
+    assert!(outside.is_err(), "the user is kept to lanes:* keys");
+    let other: Option<String> =
+        redis::cmd("GET").arg("lanes:task:other").query_async(&mut admin_as_user).await.unwrap();
+    assert_eq!(other, None, "nothing written without the password");
 }

@@ -50,6 +50,24 @@ pub fn env_or_secret_whole(var: &'static str, secret_var: &'static str) -> Optio
     Some(secret)
 }
 
+/// The Secrets Manager secret named by `secret_var` as a [`Secret`] whose value is its JSON field
+/// `field` (as Secrets Manager generates a credential: `{"username": …, "password": …}`), or the
+/// whole string when it is not JSON; `None` without the variable.
+pub fn env_or_secret_field(secret_var: &'static str, field: &'static str) -> Option<Secret> {
+    let id = optional_env(secret_var)?;
+    let fetch: Fetch = Arc::new(move || {
+        let id = id.clone();
+        Box::pin(async move {
+            let raw = fetch_string(&client().await, &id, secret_var).await?;
+            match serde_json::from_str::<serde_json::Value>(&raw) {
+                Ok(serde_json::Value::Object(_)) => secret_field(&raw, secret_var, Some(field)),
+                _ => secret_field(&raw, secret_var, None),
+            }
+        })
+    });
+    Some(Secret::read_by(fetch, Arc::new(SystemClock)))
+}
+
 /// Lambda's reserved variable naming how this execution environment was initialised.
 const INIT_TYPE: &str = "AWS_LAMBDA_INITIALIZATION_TYPE";
 

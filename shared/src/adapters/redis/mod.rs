@@ -1,7 +1,8 @@
 //! Redis/Valkey adapters: the lease lock (Lua compare-then-act scripts, all keys of a script under one
 //! hash tag) and the hot cache. One reconnecting connection per process (`ConnectionManager`, or a
 //! cluster connection for ElastiCache Serverless), both made lazily so a process starts while Redis
-//! is down; `rediss://` for TLS, verified against the system roots or a named CA. Scripts run by `EVALSHA` and
+//! is down; `rediss://` for TLS, verified against the system roots or a named CA; an ACL user and
+//! password when the server requires them ([`RedisAuth`]). Scripts run by `EVALSHA` and
 //! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
 //! the configured prefix.
 
@@ -39,6 +40,37 @@ pub struct RedisSettings {
     /// The certificate authority (PEM) a `rediss://` server's certificate must chain to, instead of
     /// the system roots: a self-hosted Valkey, a test CA.
     pub ca_pem: Option<Vec<u8>>,
+    /// An ACL user and its password (`AUTH user password` on every connection), when the server
+    /// requires one.
+    pub auth: Option<RedisAuth>,
+}
+
+/// An ACL user of the cache (an ElastiCache user, a `redis-server` ACL user).
+#[derive(Debug, Clone)]
+pub struct RedisAuth {
+    /// The user name.
+    pub user: String,
+    /// Its password, read when the process connects.
+    pub password: crate::secret::Secret,
+}
+
+/// The connection info of `settings`, with its user and password when it names one. A password
+/// that cannot be read leaves the connection without one: the server then refuses every command
+/// (`NOAUTH`), which callers treat as the cache being down, so the process runs degraded instead
+/// of failing its start, as it does while the cache is unreachable.
+async fn connection_info(settings: &RedisSettings) -> Result<redis::ConnectionInfo, RedisSetupError> {
+    use redis::IntoConnectionInfo;
+    let info =
+        settings.url.as_str().into_connection_info().map_err(|e| RedisSetupError::Url(e.to_string()))?;
+    let Some(auth) = &settings.auth else { return Ok(info) };
+    let redis = info.redis_settings().clone().set_username(&auth.user);
+    match auth.password.current().await {
+        Ok(password) => Ok(info.set_redis_settings(redis.set_password(&*password))),
+        Err(e) => {
+            tracing::error!(error = %e, user = %auth.user, "cache password not read; running without the cache");
+            Ok(info.set_redis_settings(redis))
+        }
+    }
 }
 
 /// A cloneable connection: single node (reconnecting) or cluster.
@@ -149,8 +181,9 @@ impl ConnectionLike for RedisConn {
 /// Connects once per process.
 pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupError> {
     let certs = |ca: &Vec<u8>| redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
+    let info = connection_info(settings).await?;
     if settings.cluster {
-        let mut builder = redis::cluster::ClusterClientBuilder::new(vec![settings.url.as_str()])
+        let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
             .connection_timeout(settings.timeout)
             .response_timeout(settings.timeout);
         if let Some(ca) = &settings.ca_pem {
@@ -160,8 +193,8 @@ pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupEr
         return Ok(RedisConn::Cluster(LazyCluster::new(client)));
     }
     let client = match &settings.ca_pem {
-        Some(ca) => redis::Client::build_with_tls(settings.url.as_str(), certs(ca)),
-        None => redis::Client::open(settings.url.as_str()),
+        Some(ca) => redis::Client::build_with_tls(info, certs(ca)),
+        None => redis::Client::open(info),
     }
     .map_err(|e| RedisSetupError::Url(e.to_string()))?;
     let config = ConnectionManagerConfig::new()
