@@ -241,6 +241,56 @@ pub struct QuotaConfig {
     pub repo_daily_commits: Option<u64>,
     /// Per lane, the completion cap a task's estimate counts ([`LanePolicy::max_tokens`]).
     pub completion_caps: [u32; 3],
+    /// Token-weighted fairness inside the task lanes ([`crate::domain::token_share`]).
+    pub share: ShareConfig,
+}
+
+/// Token-weighted fairness: on or off, its windows, and each tenant's weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareConfig {
+    /// Whether a group over its token share is put off (`LANES_TOKEN_FAIRNESS=off` turns it off,
+    /// leaving the fair queue's task-count order).
+    pub on: bool,
+    /// The windows.
+    pub settings: crate::domain::token_share::ShareSettings,
+    /// Weights per tenant, or per project with tenancy off (`LANES_TENANT_WEIGHTS`). Read once per
+    /// process and kept for its life.
+    pub weights: &'static crate::domain::token_share::Weights,
+}
+
+static NO_WEIGHTS: crate::domain::token_share::Weights = crate::domain::token_share::Weights::none();
+
+impl Default for ShareConfig {
+    fn default() -> Self {
+        Self { on: true, settings: Default::default(), weights: &NO_WEIGHTS }
+    }
+}
+
+impl ShareConfig {
+    /// Reads `LANES_TOKEN_FAIRNESS` (`on`, the default, or `off`) and `LANES_TENANT_WEIGHTS`
+    /// (`name=weight,…`, each weight 1 to 1000).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let on = match optional_env("LANES_TOKEN_FAIRNESS").as_deref() {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "LANES_TOKEN_FAIRNESS",
+                    reason: format!("`{other}`; expected on or off"),
+                });
+            }
+        };
+        let weights = match optional_env("LANES_TENANT_WEIGHTS") {
+            None => &NO_WEIGHTS,
+            Some(spec) => {
+                let w = crate::domain::token_share::Weights::parse(&spec)
+                    .map_err(|reason| ConfigError::Invalid { name: "LANES_TENANT_WEIGHTS", reason })?;
+                // Configuration lives as long as the process: one small table, leaked once.
+                Box::leak(Box::new(w))
+            }
+        };
+        Ok(Self { on, weights, ..Self::default() })
+    }
 }
 
 impl Default for QuotaConfig {
@@ -251,6 +301,7 @@ impl Default for QuotaConfig {
             usd_per_mtok: [0; 3],
             repo_daily_commits: None,
             completion_caps: Lane::ALL.map(|l| LanePolicy::default_for(l).max_tokens),
+            share: ShareConfig::default(),
         }
     }
 }
@@ -273,6 +324,7 @@ impl QuotaConfig {
                 "LANES_PROJECT_DAILY_USD",
             ])?,
             repo_daily_commits: env_number("LANES_REPO_DAILY_COMMITS", 1, 100_000_000)?,
+            share: ShareConfig::from_env()?,
             ..Self::default()
         })
     }

@@ -958,6 +958,15 @@ impl Cache for FaultyCache {
         let r = self.inner().reserve(charges).await;
         self.ctx.post(d, "cache.reserve", key, r).await
     }
+    async fn share(
+        &self,
+        key: &str,
+        ask: &lanes_core::ports::ShareAsk,
+    ) -> Result<lanes_core::ports::Verdict, CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.share", key).await?;
+        let r = self.inner().share(key, ask).await;
+        self.ctx.post(d, "cache.share", key, r).await
+    }
 }
 
 // ---------------------------------------------------------------- provider

@@ -710,3 +710,43 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
         redis::cmd("GET").arg("lanes:task:other").query_async(&mut admin_as_user).await.unwrap();
     assert_eq!(other, None, "nothing written without the password");
 }
+
+/// The token-share step is one algorithm in two places: the Redis script and the embedded cache.
+/// 4,000 seeded steps of five groups (uneven weights and estimates, submissions, starts and
+/// corrections, time jumps past the forget and window limits) get the same verdict from both, at
+/// every step; and the sequence does put tasks off, so the comparison is not of two constant answers.
+#[tokio::test]
+async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
+    use lanes_core::domain::token_share::{ShareSettings, Step};
+    let redis = RedisServer::start();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let local = lanes_core::embedded::MemoryCache::new(std::sync::Arc::new(lanes_core::clock::SystemClock));
+    let settings = ShareSettings { window_ms: 5_000, forget_ms: 2_000, put_off_ms: 100 };
+    let mut seed: u64 = 0x5eed;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let (mut now, mut put_off) = (1_796_000_000_000u64, 0);
+    for i in 0..4_000 {
+        now += match next(100) {
+            0 => 6_000,
+            1..=3 => 2_500,
+            _ => next(200),
+        };
+        let g = next(5);
+        let step = match next(10) {
+            0..=3 => Step::Submit,
+            4..=8 => Step::Decide { estimate: [100, 1_000, 10_000][g as usize % 3] + next(50) },
+            _ => Step::Settle { delta: next(2_000) as i64 - 1_500 },
+        };
+        let ask = ShareAsk { group: format!("t-{g}"), weight: 1 + g % 3, step, now_ms: now, settings };
+        let (a, b) = (
+            remote.share("fair:{interactive}", &ask).await.unwrap(),
+            local.share("fair:{interactive}", &ask).await.unwrap(),
+        );
+        assert_eq!(a, b, "step {i}: {ask:?}");
+        put_off += usize::from(a == Verdict::PutOff);
+    }
+    assert!(put_off > 100, "only {put_off} put-offs: the sequence barely tests the policy");
+}

@@ -1,5 +1,5 @@
 //! The vocabulary both flows and the ports share: lanes and the kinds that decide them, token
-//! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), who a message is fair to and in what order ([`fairness`]), what a budget charges ([`quota`]), what a client asks for ([`request`]), the
+//! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), who a message is fair to and in what order ([`fairness`]), what a budget charges ([`quota`]), each group's share of a lane in tokens ([`token_share`]), what a client asks for ([`request`]), the
 //! task's record ([`task`]) and its transition table ([`lifecycle`]), and the commit types ([`commit`]). Pure: no I/O.
 
 pub mod commit;
@@ -11,6 +11,7 @@ pub mod model_call;
 pub mod quota;
 pub mod request;
 pub mod task;
+pub mod token_share;
 
 pub use ids::{IdError, MessageId, RepoId, Sha, TaskId, Tenant};
 pub use request::{MAX_BODY_BYTES, ModelParams, TaskRequest};

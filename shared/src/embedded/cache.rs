@@ -2,7 +2,7 @@
 
 use crate::clock::SharedClock;
 use crate::domain::quota::{apply, first_refused};
-use crate::ports::{Cache, CacheError, Charge};
+use crate::ports::{Cache, CacheError, Charge, ShareAsk, Verdict};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -116,5 +116,19 @@ impl Cache for MemoryCache {
             entries.insert(c.key.clone(), (apply(value, c.amount).to_string(), expires));
         }
         Ok(None)
+    }
+
+    async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError> {
+        use crate::domain::token_share::{decode_state, encode_state, state_ttl_ms, step};
+        let now = self.clock.now_ms();
+        let mut entries =
+            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        // One lock over the read and the write: the step is atomic as the script is.
+        let state =
+            entries.get(key).filter(|(_, exp)| *exp > now).map(|(v, _)| decode_state(v)).unwrap_or_default();
+        let change = step(&state, ask);
+        let text = encode_state(state, &ask.group, &change);
+        entries.insert(key.to_owned(), (text, now + state_ttl_ms(&ask.settings)));
+        Ok(change.verdict)
     }
 }

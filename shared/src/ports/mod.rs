@@ -92,7 +92,12 @@ pub trait Cache: Send + Sync {
     /// of the first whose limit refused ([`crate::domain::quota::refuses`]), and then none was. The
     /// keys must share one hash tag (one cluster slot).
     async fn reserve(&self, charges: &[Charge]) -> Result<Option<usize>, CacheError>;
+    /// One step of a lane's token shares ([`crate::domain::token_share::step`]), atomically, on the
+    /// state at `key` (one key, so one cluster slot).
+    async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError>;
 }
+
+pub use crate::domain::token_share::{ShareAsk, Verdict};
 
 pub use crate::domain::quota::Charge;
 

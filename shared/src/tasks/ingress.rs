@@ -339,18 +339,18 @@ async fn send(
         TaskMessage { task_id: record.task_id.clone(), lane: record.lane, kind: record.request.kind };
     let body =
         serde_json::to_string(&message).map_err(|e| crate::ports::QueueError::Rejected(e.to_string()))?;
-    let attributes = BTreeMap::from([
+    let mut attributes = BTreeMap::from([
         ("lane".to_owned(), record.lane.as_str().to_owned()),
         ("kind".to_owned(), record.request.kind.as_str().to_owned()),
         ("enqueued_at_ms".to_owned(), ing.clock.now_ms().to_string()),
         (GROUP_ATTRIBUTE.to_owned(), task_group(record.request.tenant.as_ref(), &record.request.project_id)),
     ]);
-    let mut attributes = attributes;
     if let Some(header) = crate::trace::current() {
         attributes.insert(crate::trace::TRACE_HEADER.to_owned(), header);
     }
-    let queue: &Arc<dyn QueueSend> = &ing.queues[record.lane.index()];
-    queue.send(&body, attributes).await
+    let sent = ing.queues[record.lane.index()].send(&body, attributes).await?;
+    ing.count_waiting(record).await;
+    Ok(sent)
 }
 
 /// A task's status and, once finished, its result. With `wait`, answers as soon as the task ends or

@@ -255,9 +255,22 @@ impl Worker {
         let request =
             LlmRequest { lane: task.lane, ..LlmRequest::for_task(&record.request, policy.max_tokens) };
         let run = Run { queue, message, task, record: &record, completed };
+        let estimate = crate::llm::estimate_tokens(&request);
+        let share = match self.take_share(task.lane, &record.request, estimate, now).await {
+            Ok(share) => share,
+            Err(after) => {
+                let why = "over its share of the lane's tokens while other tenants wait";
+                return self
+                    .wait(&**queue, message, task, Settle::Fenced(&record), after, Some("fairness"), why)
+                    .await;
+            }
+        };
         let reservation = match self.admit(run, &request, now).await {
             Ok(reservation) => reservation,
-            Err(outcome) => return outcome,
+            Err(outcome) => {
+                self.settle_share(share.as_ref(), &record.request, 0).await;
+                return outcome;
+            }
         };
         let call = tokio::select! {
             biased;
@@ -274,12 +287,15 @@ impl Worker {
         };
         match answer {
             Ok(resp) => {
+                let used = resp.usage.prompt + resp.usage.completion;
+                self.settle_share(share.as_ref(), &record.request, used).await;
                 let result = self.answered(lane, resp, reservation.as_ref()).await;
                 self.finish(queue, message, &record, Completion::Completed(result), completed).await
             }
             Err(e) => {
                 // A refused or failed call used no tokens: they go back to the budgets.
                 self.settle(reservation.as_ref(), crate::domain::quota::Cost::default()).await;
+                self.settle_share(share.as_ref(), &record.request, 0).await;
                 self.failed_call(run, e).await
             }
         }
@@ -891,6 +907,39 @@ mod tests {
             r.count(&r.worker.metrics.waits_total, &["interactive", "throttled"]),
             2 * MAX_RECEIVES as u64
         );
+    }
+
+    /// A tenant over its share of the lane's tokens while another tenant's task waits is put off
+    /// (a wait: no attempt, nothing failed); once the other has started, it runs.
+    #[tokio::test]
+    async fn a_group_over_its_token_share_waits_while_another_waits_then_runs() {
+        use crate::domain::token_share::{ShareAsk, Step};
+        let mut config = fast();
+        config.quota.share.settings.put_off_ms = 10;
+        let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), config).await;
+        let key = crate::tasks::share::share_key(Lane::Interactive);
+        let ask = |group: &str, step| ShareAsk {
+            group: group.into(),
+            weight: 1,
+            step,
+            now_ms: r.worker.clock.now_ms(),
+            settings: config.quota.share.settings,
+        };
+        let mine = crate::domain::fairness::task_group(None, "p");
+        r.worker.cache.share(&key, &ask(&mine, Step::Decide { estimate: 50_000 })).await.unwrap();
+        r.worker.cache.share(&key, &ask("t-other", Step::Submit)).await.unwrap();
+        let m = r.receive().await;
+        assert!(matches!(r.worker.process(r.queue(), m).await, Outcome::Retry { .. }));
+        assert_eq!(
+            (r.record().await.attempts, r.count(&r.worker.metrics.waits_total, &["interactive", "fairness"])),
+            (0, 1)
+        );
+        let go = r.worker.cache.share(&key, &ask("t-other", Step::Decide { estimate: 100 })).await.unwrap();
+        assert_eq!(go, crate::domain::token_share::Verdict::Go);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!(r.status().await, TaskStatus::Completed);
     }
 
     #[tokio::test]

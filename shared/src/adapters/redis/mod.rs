@@ -6,7 +6,7 @@
 //! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
 //! the configured prefix.
 
-use crate::ports::{Acquire, Cache, CacheError, Charge, LeaseLock, LockError};
+use crate::ports::{Acquire, Cache, CacheError, Charge, LeaseLock, LockError, ShareAsk, Verdict};
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -427,5 +427,34 @@ impl Cache for RedisCache {
             .await
             .map_err(|e| CacheError::Unavailable(e.to_string()))?;
         Ok(refused.checked_sub(1))
+    }
+
+    async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError> {
+        use crate::domain::token_share::Step;
+        crate::metrics::aws_request("redis", "EVALSHA share");
+        // The whole lane's state read and the asking group's entry written in one script: two
+        // workers deciding at once each see the other's charge.
+        static SHARE: std::sync::LazyLock<redis::Script> =
+            std::sync::LazyLock::new(|| redis::Script::new(include_str!("share.lua")));
+        let (kind, amount) = match ask.step {
+            Step::Submit => ("submit", 0),
+            Step::Decide { estimate } => ("decide", estimate.min(i64::MAX as u64) as i64),
+            Step::Settle { delta } => ("settle", delta),
+        };
+        let s = &ask.settings;
+        let go: i64 = SHARE
+            .key(format!("{}{key}", self.prefix))
+            .arg(&ask.group)
+            .arg(ask.weight)
+            .arg(kind)
+            .arg(amount)
+            .arg(ask.now_ms)
+            .arg(s.window_ms.max(1))
+            .arg(s.forget_ms)
+            .arg(crate::domain::token_share::state_ttl_ms(s))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))?;
+        Ok(if go == 1 { Verdict::Go } else { Verdict::PutOff })
     }
 }

@@ -1,0 +1,389 @@
+//! Token-weighted fairness inside a lane: each tenant's share of a lane counted in tokens, not tasks.
+//! Pure; the Redis script (`adapters/redis/share.lua`) and the embedded cache both apply [`step`]
+//! unchanged, and a test runs one sequence through both.
+//!
+//! The fair queue ([`super::fairness`]) orders tasks by count; LLM tasks differ in cost by two
+//! orders of magnitude, so a tenant whose every task is ten times larger would take ten times the
+//! tokens. So, per lane, every group's tokens are counted over a sliding window ([`recent`]: the
+//! last whole window weighted by how much of it still overlaps, plus the current one), and:
+//! - **the charge** is a task's estimate (prompt plus `max_tokens`) when it starts, corrected by the
+//!   usage its answer reports ([`Step::Settle`]);
+//! - **waiting work** is counted too: ingress adds each new task to its group's `queued`
+//!   ([`Step::Submit`]), and a start takes it off. A count nobody touched for
+//!   [`ShareSettings::forget_ms`] is forgotten (a task cancelled before it started never starts);
+//! - **the policy** ([`Step::Decide`]): a group over its weighted share of the tokens of the groups
+//!   competing now (itself and every other group with tasks waiting) is put off, as a wait and never
+//!   an attempt, while another group waits. With no other group waiting every task starts at once, so
+//!   capacity nobody else asks for is never held back.
+//!
+//! Everything is whole numbers (tokens, ms, weights up to [`MAX_WEIGHT`]), so the script's doubles
+//! and this code agree exactly while the products stay below 2^53 (tokens per window below about
+//! 10^10 with a few hundred waiting groups).
+
+use std::collections::BTreeMap;
+
+/// The largest weight a group can have (the smallest is 1).
+pub const MAX_WEIGHT: u64 = 1000;
+
+/// The windows the policy works over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareSettings {
+    /// The token-counting window: shares are measured over about the last one or two of these.
+    pub window_ms: u64,
+    /// A group's waiting count is forgotten after this long with no submission or start.
+    pub forget_ms: u64,
+    /// How long a put-off task waits before it is offered again.
+    pub put_off_ms: u64,
+}
+
+impl Default for ShareSettings {
+    fn default() -> Self {
+        Self { window_ms: 60_000, forget_ms: 30_000, put_off_ms: 1_000 }
+    }
+}
+
+/// How long a lane's stored state outlives its last step: past it every group would be dropped or
+/// forgotten anyway.
+pub fn state_ttl_ms(s: &ShareSettings) -> u64 {
+    3 * s.window_ms + s.forget_ms
+}
+
+/// A lane's stored state (one `group use` line per group) read back; lines that do not decode are
+/// left out, as the script leaves them out.
+pub fn decode_state(text: &str) -> BTreeMap<String, GroupUse> {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(g, u)| Some((g.to_owned(), GroupUse::decode(u)?)))
+        .collect()
+}
+
+/// `state` with `change` applied, in its stored form.
+pub fn encode_state(mut state: BTreeMap<String, GroupUse>, group: &str, change: &Change) -> String {
+    for g in &change.drop {
+        state.remove(g);
+    }
+    state.insert(group.to_owned(), change.mine);
+    state.iter().map(|(g, u)| format!("{g} {}\n", u.encode())).collect()
+}
+
+/// One group's use of a lane, as stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupUse {
+    /// Tokens charged in window `window`.
+    pub current: u64,
+    /// Tokens charged in the window before it.
+    pub previous: u64,
+    /// The index (`now / window_ms`) of the window `current` counts.
+    pub window: u64,
+    /// Tasks submitted and not started yet.
+    pub queued: u64,
+    /// The last submission or start decision (Unix ms).
+    pub seen_ms: u64,
+    /// The group's weight.
+    pub weight: u64,
+}
+
+impl GroupUse {
+    /// `current previous window queued seen_ms weight`, the stored form.
+    pub fn encode(&self) -> String {
+        format!(
+            "{} {} {} {} {} {}",
+            self.current, self.previous, self.window, self.queued, self.seen_ms, self.weight
+        )
+    }
+
+    /// The stored form read back; `None` for anything else.
+    pub fn decode(s: &str) -> Option<Self> {
+        let v: Vec<u64> = s.split(' ').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+        let [current, previous, window, queued, seen_ms, weight] = v[..] else { return None };
+        Some(Self { current, previous, window, queued, seen_ms, weight })
+    }
+
+    /// This use at window `w`: moved on by whole windows (one back keeps its tokens as `previous`).
+    fn rolled(self, w: u64) -> Self {
+        match w.checked_sub(self.window) {
+            Some(0) | None => self,
+            Some(1) => Self { previous: self.current, current: 0, window: w, ..self },
+            Some(_) => Self { previous: 0, current: 0, window: w, ..self },
+        }
+    }
+
+    /// Tasks waiting, unless the count was left untouched for `forget_ms`.
+    fn waiting(&self, now_ms: u64, s: &ShareSettings) -> u64 {
+        if now_ms.saturating_sub(self.seen_ms) > s.forget_ms { 0 } else { self.queued }
+    }
+}
+
+/// The tokens of `u` over the sliding window ending at `now_ms`.
+pub fn recent(u: &GroupUse, now_ms: u64, window_ms: u64) -> u64 {
+    let u = u.rolled(now_ms / window_ms);
+    let left = window_ms - now_ms % window_ms;
+    (u.previous as u128 * left as u128 / window_ms as u128) as u64 + u.current
+}
+
+/// What happens to the asking group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A new task of the group was queued (ingress).
+    Submit,
+    /// A task of the group is about to start, estimated at this many tokens.
+    Decide {
+        /// Prompt plus `max_tokens`.
+        estimate: u64,
+    },
+    /// Correct the group's tokens by this much (usage minus estimate; minus the estimate for a call
+    /// that used nothing).
+    Settle {
+        /// Signed correction.
+        delta: i64,
+    },
+}
+
+/// One question to the lane's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareAsk {
+    /// The group asking (its fair-order group).
+    pub group: String,
+    /// Its weight (clamped to 1..=[`MAX_WEIGHT`]).
+    pub weight: u64,
+    /// What happens.
+    pub step: Step,
+    /// Now (Unix ms).
+    pub now_ms: u64,
+    /// The windows.
+    pub settings: ShareSettings,
+}
+
+/// The answer: go on, or put the task off (only [`Step::Decide`] is ever put off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Start (or, for the other steps, done).
+    Go,
+    /// Over its share while another group waits: offer the task again after the put-off.
+    PutOff,
+}
+
+/// What a step changes in the stored state: the asking group's new use, and the groups to drop
+/// (nothing seen from them for two windows and nothing waiting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The asking group's use to store.
+    pub mine: GroupUse,
+    /// Groups to remove.
+    pub drop: Vec<String>,
+}
+
+/// Applies `ask` to `state` (every group's stored use); only the asking group's entry changes, so
+/// the script writes one field.
+pub fn step(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk) -> Change {
+    let (now, s) = (ask.now_ms, &ask.settings);
+    let w = now / s.window_ms;
+    let drop: Vec<String> = state
+        .iter()
+        .filter(|(g, u)| {
+            **g != ask.group && u.seen_ms.saturating_add(2 * s.window_ms) < now && u.waiting(now, s) == 0
+        })
+        .map(|(g, _)| g.clone())
+        .collect();
+    let stored = state.get(&ask.group).copied().unwrap_or(GroupUse { window: w, ..Default::default() });
+    let mut mine = stored.rolled(w);
+    mine.queued = stored.waiting(now, s);
+    mine.weight = ask.weight.clamp(1, MAX_WEIGHT);
+    let verdict = match ask.step {
+        Step::Submit => {
+            mine.queued += 1;
+            mine.seen_ms = now;
+            Verdict::Go
+        }
+        Step::Settle { delta } => {
+            mine.current = crate::domain::quota::apply(mine.current, delta);
+            Verdict::Go
+        }
+        Step::Decide { estimate } => {
+            mine.seen_ms = now;
+            if over_share(state, ask, &mine) {
+                Verdict::PutOff
+            } else {
+                mine.current = mine.current.saturating_add(estimate);
+                mine.queued = mine.queued.saturating_sub(1);
+                Verdict::Go
+            }
+        }
+    };
+    Change { verdict, mine, drop }
+}
+
+/// Whether `mine` holds more than its weighted share of the tokens of the groups competing now:
+/// itself and every other group with tasks waiting. Never with no other group waiting, nor for a
+/// group with no tokens in the window (its first task always starts).
+fn over_share(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk, mine: &GroupUse) -> bool {
+    let (now, s) = (ask.now_ms, &ask.settings);
+    let others: Vec<&GroupUse> =
+        state.iter().filter(|(g, u)| **g != ask.group && u.waiting(now, s) > 0).map(|(_, u)| u).collect();
+    let used = recent(mine, now, s.window_ms);
+    if others.is_empty() || used == 0 {
+        return false;
+    }
+    let total: u128 = used as u128 + others.iter().map(|u| recent(u, now, s.window_ms) as u128).sum::<u128>();
+    let weights: u128 = mine.weight as u128 + others.iter().map(|u| u.weight.max(1) as u128).sum::<u128>();
+    used as u128 * weights > total * mine.weight as u128
+}
+
+/// Weights per tenant (or project, with tenancy off) from `LANES_TENANT_WEIGHTS`:
+/// `name=weight,name=weight`; a name not listed weighs 1.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Weights(BTreeMap<String, u64>);
+
+impl Weights {
+    /// No weights: every name weighs 1.
+    pub const fn none() -> Self {
+        Self(BTreeMap::new())
+    }
+
+    /// Parses `team-a=3,team-b=1`; an entry without `=`, a name listed twice, or a weight that is not
+    /// a whole number from 1 to [`MAX_WEIGHT`] is an error naming the entry.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut out = BTreeMap::new();
+        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (name, weight) =
+                entry.rsplit_once('=').ok_or_else(|| format!("`{entry}` is not `name=weight`"))?;
+            let name = name.trim();
+            let weight: u64 =
+                weight.trim().parse().ok().filter(|w| (1..=MAX_WEIGHT).contains(w)).ok_or_else(|| {
+                    format!("`{entry}`: the weight must be a whole number from 1 to {MAX_WEIGHT}")
+                })?;
+            if name.is_empty() {
+                return Err(format!("`{entry}` names no tenant"));
+            }
+            if out.insert(name.to_owned(), weight).is_some() {
+                return Err(format!("`{name}` is listed twice"));
+            }
+        }
+        Ok(Self(out))
+    }
+
+    /// The weight of `name` (1 when not listed).
+    pub fn of(&self, name: &str) -> u64 {
+        self.0.get(name).copied().unwrap_or(1)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn settings() -> ShareSettings {
+        ShareSettings { window_ms: 10_000, forget_ms: 5_000, put_off_ms: 100 }
+    }
+
+    /// Applies `ask` as a store would: the asking group's entry written, the dropped ones removed.
+    fn apply(
+        state: &mut BTreeMap<String, GroupUse>,
+        group: &str,
+        weight: u64,
+        step_: Step,
+        now_ms: u64,
+    ) -> Verdict {
+        let ask = ShareAsk { group: group.into(), weight, step: step_, now_ms, settings: settings() };
+        let c = step(state, &ask);
+        for g in &c.drop {
+            state.remove(g);
+        }
+        state.insert(group.into(), c.mine);
+        c.verdict
+    }
+
+    #[test]
+    fn the_sliding_window_weighs_the_last_window_by_its_overlap() {
+        let u = GroupUse { current: 100, previous: 0, window: 1, ..Default::default() };
+        assert_eq!(recent(&u, 15_000, 10_000), 100);
+        assert_eq!(recent(&u, 25_000, 10_000), 50, "half of window 1 still overlaps");
+        assert_eq!(recent(&u, 35_000, 10_000), 0);
+        assert_eq!(GroupUse::decode(&u.encode()), Some(u));
+        assert_eq!(GroupUse::decode("1 2 3"), None);
+    }
+
+    #[test]
+    fn alone_a_group_always_starts_whatever_it_has_used() {
+        let mut st = BTreeMap::new();
+        for i in 0..50 {
+            apply(&mut st, "big", 1, Step::Submit, i * 10);
+            assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, i * 10 + 1), Verdict::Go);
+        }
+    }
+
+    #[test]
+    fn a_group_over_its_token_share_waits_while_another_has_work_waiting() {
+        let mut st = BTreeMap::new();
+        apply(&mut st, "big", 1, Step::Submit, 0);
+        assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 1), Verdict::Go);
+        apply(&mut st, "small", 1, Step::Submit, 2);
+        apply(&mut st, "big", 1, Step::Submit, 3);
+        assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 4), Verdict::PutOff);
+        assert_eq!(st["big"].queued, 1, "a put-off task still waits");
+        assert_eq!(apply(&mut st, "small", 1, Step::Decide { estimate: 1_000 }, 5), Verdict::Go);
+        assert_eq!(
+            apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 6),
+            Verdict::Go,
+            "small waits no more"
+        );
+    }
+
+    #[test]
+    fn weights_scale_the_share_and_settles_correct_the_charge() {
+        let mut st = BTreeMap::new();
+        apply(&mut st, "a", 3, Step::Submit, 0);
+        apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 1);
+        apply(&mut st, "b", 1, Step::Submit, 2);
+        apply(&mut st, "b", 1, Step::Decide { estimate: 1_000 }, 3);
+        apply(&mut st, "b", 1, Step::Submit, 4);
+        apply(&mut st, "a", 3, Step::Submit, 5);
+        // a holds 2000 of 3000 with weight 3 of 4: under its share.
+        assert_eq!(apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 6), Verdict::Go);
+        apply(&mut st, "a", 3, Step::Submit, 7);
+        // 4000 of 5000 is over 3/4: put off while b waits.
+        assert_eq!(apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 8), Verdict::PutOff);
+        // The answers used far less than estimated: back under.
+        apply(&mut st, "a", 3, Step::Settle { delta: -3_500 }, 9);
+        assert_eq!(st["a"].current, 500);
+        assert_eq!(apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 10), Verdict::Go);
+    }
+
+    #[test]
+    fn a_waiting_count_nobody_touches_is_forgotten_and_idle_groups_are_dropped() {
+        let mut st = BTreeMap::new();
+        apply(&mut st, "big", 1, Step::Submit, 0);
+        apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 1);
+        apply(&mut st, "ghost", 1, Step::Submit, 2); // cancelled before it ever starts
+        apply(&mut st, "big", 1, Step::Submit, 3);
+        assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 4), Verdict::PutOff);
+        assert_eq!(
+            apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 5_003),
+            Verdict::Go,
+            "forgotten"
+        );
+        apply(&mut st, "big", 1, Step::Submit, 30_000);
+        assert!(!st.contains_key("ghost"), "two windows idle and nothing waiting");
+    }
+
+    #[test]
+    fn weights_parse_or_name_the_bad_entry() {
+        let w = Weights::parse(" team-a=3, arn:aws:iam::1:role/x=2 ,").unwrap();
+        assert_eq!((w.of("team-a"), w.of("arn:aws:iam::1:role/x"), w.of("other")), (3, 2, 1));
+        assert_eq!(Weights::parse("").unwrap(), Weights::default());
+        for (bad, names) in [
+            ("a", "`a`"),
+            ("a=0", "a=0"),
+            ("a=x", "a=x"),
+            ("a=1001", "a=1001"),
+            ("=2", "=2"),
+            ("a=1,a=2", "`a`"),
+        ] {
+            let e = Weights::parse(bad).unwrap_err();
+            assert!(e.contains(names), "{bad}: {e}");
+        }
+    }
+}
