@@ -95,6 +95,20 @@ def main():
                 "a slot back per active quiet tenant, as it holds headroom back for the interactive lane. The "
                 "flood's share counts slot time from claim to finish, so each task's receive and claim "
                 "(a few ms on the embedded store) count against it.", ""]
+        if fa.get("token_runs"):
+            out += ["Two tenants with backlogs on one interactive lane; their tasks take the same time, but the "
+                    "large tenant's report ten times the tokens. Counted over the span in which both still had "
+                    "tasks to start.", "",
+                    "| counted in | small tasks | large tasks | large tenant's token share | its task share | put-offs |",
+                    "|---|---:|---:|---:|---:|---:|"]
+            out += [f"| {'tokens' if r['token_fairness'] else 'tasks'} | {r['tasks'][0]} | {r['tasks'][1]} | "
+                    f"{r['large_token_share']:.2f} | {r['large_task_share']:.2f} | {r['put_offs']} |"
+                    for r in fa["token_runs"]]
+            on = next((r for r in fa["token_runs"] if r["token_fairness"]), None)
+            ok3 = fa["token_share_off_equal"] <= 0.10 and on is not None and abs(on["large_task_share"] - 0.5) > 0.1
+            out += ["", f"- with token shares on, the token shares are off equal by "
+                    f"{100 * fa['token_share_off_equal']:.0f}% (goal <= 10%, with the task shares unequal): "
+                    f"{'met' if ok3 else '**not met**'}", ""]
     rc = load(d, "recovery")
     if rc:
         runs = rc["runs"]

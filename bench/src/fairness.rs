@@ -57,7 +57,16 @@ pub struct FairnessReport {
     pub fifo_flood_over_alone: f64,
     /// The flooding tenant's share of the capacity the others leave, in the fair order (goal >= 0.95).
     pub fair_flood_share_of_leftover: f64,
+    /// Two tenants with backlogs, one's tasks ten times larger in tokens: counted in tasks, then in
+    /// tokens ([`crate::token_fairness`]).
+    pub token_runs: Vec<crate::token_fairness::TokenRun>,
+    /// With token shares on: how far the large tenant's token share is from equal, relative to
+    /// equal (goal <= 0.10), while its task share is not equal.
+    pub token_share_off_equal: f64,
 }
+
+/// Tasks per tenant queued for the token runs.
+const TOKEN_BACKLOG: usize = 300;
 
 const STEADY: usize = 3;
 const FLOOD_INTERACTIVE: usize = 2_000;
@@ -77,8 +86,13 @@ pub async fn fairness_report(slots: usize, seconds: f64, scale_ms: u64) -> Resul
             .map(|t| flooded.tenants[t].wait_ms[1] / alone.tenants[t].wait_ms[1].max(1e-3))
             .fold(0.0, f64::max)
     };
+    let token_runs = crate::token_fairness::token_runs(slots, TOKEN_BACKLOG, scale_ms).await?;
+    let token_share_off_equal =
+        token_runs.iter().find(|r| r.token_fairness).map_or(1.0, |r| (r.large_token_share - 0.5).abs() / 0.5);
     Ok(FairnessReport {
         command: format!("lanes bench fairness --slots {slots} --seconds {seconds} --scale-ms {scale_ms}"),
+        token_runs,
+        token_share_off_equal,
         slots,
         scale_ms,
         fifo_flood_over_alone: ratio(&runs[0], &runs[1]),
@@ -306,6 +320,27 @@ impl std::fmt::Display for FairnessReport {
             "the flooding tenant's share of the capacity the others leave, fair: {:.2} (goal >= 0.95: {})",
             self.fair_flood_share_of_leftover,
             verdict(self.fair_flood_share_of_leftover >= 0.95)
+        )?;
+        writeln!(f, "two backlogged tenants, one's tasks {}x the tokens (same service time):", 10)?;
+        for r in &self.token_runs {
+            writeln!(
+                f,
+                "  counted in {:<6}: large tenant {:.2} of the tokens, {:.2} of the tasks ({} + {} tasks, {} put-offs)",
+                if r.token_fairness { "tokens" } else { "tasks" },
+                r.large_token_share,
+                r.large_task_share,
+                r.tasks[0],
+                r.tasks[1],
+                r.put_offs
+            )?;
+        }
+        let on = self.token_runs.iter().find(|r| r.token_fairness);
+        let tasks_unequal = on.is_some_and(|r| (r.large_task_share - 0.5).abs() > 0.1);
+        writeln!(
+            f,
+            "token shares off equal by {:.0}% with token fairness (goal <= 10%, task shares unequal: {})",
+            100.0 * self.token_share_off_equal,
+            verdict(self.token_share_off_equal <= 0.10 && tasks_unequal)
         )
     }
 }

@@ -23,6 +23,7 @@ pub mod limiter;
 pub mod provider;
 pub mod recovery;
 pub mod throughput;
+pub mod token_fairness;
 
 /// A fresh directory under the system's temp dir for one run's data.
 fn temp_dir() -> std::io::Result<std::path::PathBuf> {
@@ -76,7 +77,15 @@ fn aws_services() -> Option<AwsServices> {
     Some((moto, redis, env))
 }
 
-/// A model that takes as long as its prompt says (`ms=<n>`): a scaled workload's service times.
+/// The usage a [`SleepLlm`] prompt asks to report: `tokens=<n>` anywhere in it (half prompt, half
+/// completion), else one of each.
+fn usage_in(prompt: &str) -> lanes_core::domain::TokenUsage {
+    let n: u64 = prompt.split(' ').find_map(|w| w.strip_prefix("tokens=")?.parse().ok()).unwrap_or(2);
+    lanes_core::domain::TokenUsage { prompt: n / 2, completion: n - n / 2 }
+}
+
+/// A model that takes as long as its prompt says (`ms=<n>`), and reports the usage it says
+/// (`tokens=<n>`): a scaled workload's service times and sizes.
 pub(crate) struct SleepLlm;
 
 #[async_trait::async_trait]
@@ -93,7 +102,7 @@ impl lanes_core::ports::LlmClient for SleepLlm {
             limits: Default::default(),
             text: "done".into(),
             model: "sleep".into(),
-            usage: lanes_core::domain::TokenUsage { prompt: 1, completion: 1 },
+            usage: usage_in(&request.prompt),
         })
     }
 }

@@ -31,7 +31,8 @@ pub(crate) struct ShareHold {
     estimate: u64,
 }
 
-fn ask(quota: &QuotaConfig, request: &TaskRequest, step: Step, now_ms: u64) -> ShareAsk {
+/// The question a task of `request` asks its lane's token shares.
+pub fn share_ask(quota: &QuotaConfig, request: &TaskRequest, step: Step, now_ms: u64) -> ShareAsk {
     let name = request.tenant.as_ref().map_or(request.project_id.as_str(), |t| t.as_str());
     ShareAsk {
         group: task_group(request.tenant.as_ref(), &request.project_id),
@@ -54,7 +55,7 @@ impl Ingress {
         if !quota.share.on || record.lane == Lane::Commits {
             return;
         }
-        let ask = ask(quota, &record.request, Step::Submit, self.clock.now_ms());
+        let ask = share_ask(quota, &record.request, Step::Submit, self.clock.now_ms());
         if let Err(e) = self.cache.share(&share_key(record.lane), &ask).await {
             degraded(&self.metrics, &e);
         }
@@ -76,7 +77,7 @@ impl Worker {
             return Ok(None);
         }
         let step = Step::Decide { estimate };
-        match self.cache.share(&share_key(lane), &ask(quota, request, step, now_ms)).await {
+        match self.cache.share(&share_key(lane), &share_ask(quota, request, step, now_ms)).await {
             Ok(Verdict::Go) => Ok(Some(ShareHold { lane, estimate })),
             Ok(Verdict::PutOff) => {
                 let base = quota.share.settings.put_off_ms.max(1);
@@ -98,7 +99,7 @@ impl Worker {
             return;
         }
         let step = Step::Settle { delta };
-        let ask = ask(&self.config.quota, request, step, self.clock.now_ms());
+        let ask = share_ask(&self.config.quota, request, step, self.clock.now_ms());
         if let Err(e) = self.cache.share(&share_key(hold.lane), &ask).await {
             degraded(&self.metrics, &e);
         }

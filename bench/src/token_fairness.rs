@@ -1,0 +1,166 @@
+//! The token half of `lanes bench fairness`: two tenants with backlogs on one interactive lane, whose
+//! tasks take the same time but one tenant's report ten times the tokens. Counting tasks, the fair
+//! queue gives each half the tasks, so the large tenant takes about ten elevenths of the tokens;
+//! counting tokens ([`lanes_core::domain::token_share`]), each should get about half the tokens and
+//! the small tenant about ten times the tasks. Both runs go through the real pool, embedded queue,
+//! store and worker, with the token shares on and off.
+
+use lanes_core::clock::{SharedClock, SystemClock};
+use lanes_core::config::WorkerConfig;
+use lanes_core::domain::fairness::{GROUP_ATTRIBUTE, task_group};
+use lanes_core::domain::token_share::{ShareSettings, Step};
+use lanes_core::domain::{Lane, TaskId, TaskMessage, TaskRecord, TaskRequest, Tenant};
+use lanes_core::ports::{QueueConsume, TaskStore};
+use lanes_core::tasks::share::{share_ask, share_key};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Tokens a small task reports; a large one reports [`LARGE_FACTOR`] times as many. Each task's
+/// prompt and `max_tokens` are sized so that its estimate (prompt / 4 + 200 + `max_tokens`) is what
+/// it reports: the run measures the policy, not how far an estimate is from the usage (which the
+/// correction after each answer takes care of, one task late).
+const SMALL_TOKENS: u64 = 300;
+/// How many times larger the large tenant's tasks are, in tokens.
+const LARGE_FACTOR: u64 = 10;
+
+/// One run with the token shares on or off.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenRun {
+    /// Whether token-weighted fairness was on.
+    pub token_fairness: bool,
+    /// Tasks started while both tenants had a backlog: small, large.
+    pub tasks: [u64; 2],
+    /// Their tokens: small, large.
+    pub tokens: [u64; 2],
+    /// The large tenant's share of the tokens (equal is 0.5).
+    pub large_token_share: f64,
+    /// The large tenant's share of the tasks.
+    pub large_task_share: f64,
+    /// Tasks put off for fairness.
+    pub put_offs: u64,
+}
+
+/// Both runs: `slots` workers, `backlog` tasks per tenant queued when the pool starts, each task
+/// one workload second (`scale_ms` real ms).
+pub async fn token_runs(slots: usize, backlog: usize, scale_ms: u64) -> Result<Vec<TokenRun>, String> {
+    let mut out = Vec::new();
+    for on in [false, true] {
+        out.push(one_run(on, slots, backlog, scale_ms).await?);
+    }
+    Ok(out)
+}
+
+async fn one_run(on: bool, slots: usize, backlog: usize, scale_ms: u64) -> Result<TokenRun, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let dir = crate::temp_dir().map_err(|e| err(&e))?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let (adapters, queues) =
+        lanes_core::wiring::embedded(&dir, Default::default(), clock.clone()).await.map_err(|e| err(&e))?;
+    let mut config = WorkerConfig::default();
+    config.quota.share.on = on;
+    // The policy's windows at the workload's scale: a 30-second window, forgotten after 15.
+    config.quota.share.settings = ShareSettings {
+        window_ms: 30 * scale_ms,
+        forget_ms: 15 * scale_ms,
+        put_off_ms: (scale_ms / 4).max(1),
+    };
+    let metrics = lanes_core::metrics::Metrics::new();
+    let worker = adapters.task_worker(Arc::new(crate::SleepLlm), metrics.clone(), clock.clone(), config);
+    let mut ids: Vec<(TaskId, usize)> = Vec::new();
+    for i in 0..backlog {
+        for tenant in 0..2 {
+            let tokens = SMALL_TOKENS * if tenant == 1 { LARGE_FACTOR } else { 1 };
+            let name = if tenant == 1 { "large" } else { "small" };
+            let req = request(name, i, scale_ms, tokens)?;
+            let id = submit(&*adapters.store, &adapters, &config, req, &clock).await?;
+            ids.push((id, tenant));
+        }
+    }
+    let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
+        vec![(Lane::Interactive, adapters.consume[0].clone())];
+    let pool =
+        lanes_core::pool::Pool::new(slots, [1.0, 0.0, 0.0], consumers, worker, Duration::from_millis(2))
+            .with_idle_grace(Duration::from_millis(10 * scale_ms));
+    let pool = Arc::new(pool);
+    let stop = lanes_core::CancellationToken::new();
+    let runner = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        tokio::spawn(async move { pool.run(stop).await })
+    };
+    crate::drain(&queues[..1], Duration::from_secs(600)).await?;
+    stop.cancel();
+    let _ = runner.await;
+    let mut started: Vec<(u64, usize, u64)> = Vec::new();
+    for (id, tenant) in &ids {
+        if let Some(r) = adapters.store.get(id, clock.now_ms()).await.map_err(|e| err(&e))?
+            && let (Some(s), Some(result)) = (r.started_at_ms, r.result.as_ref())
+        {
+            started.push((s, *tenant, result.tokens.prompt + result.tokens.completion));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let put_offs = metrics.waits_total.with_label_values(&["interactive", "fairness"]).get();
+    Ok(summarize(on, &started, put_offs))
+}
+
+/// The figures over the span in which both tenants still had tasks to start: up to the earlier of
+/// their last starts.
+fn summarize(on: bool, started: &[(u64, usize, u64)], put_offs: u64) -> TokenRun {
+    let last = |t: usize| started.iter().filter(|s| s.1 == t).map(|s| s.0).max().unwrap_or(0);
+    let until = last(0).min(last(1));
+    let (mut tasks, mut tokens) = ([0u64; 2], [0u64; 2]);
+    for &(_, tenant, used) in started.iter().filter(|s| s.0 <= until) {
+        tasks[tenant] += 1;
+        tokens[tenant] += used;
+    }
+    let share = |v: [u64; 2]| v[1] as f64 / (v[0] + v[1]).max(1) as f64;
+    TokenRun {
+        token_fairness: on,
+        tasks,
+        tokens,
+        large_token_share: share(tokens),
+        large_task_share: share(tasks),
+        put_offs,
+    }
+}
+
+fn request(tenant: &str, i: usize, scale_ms: u64, tokens: u64) -> Result<TaskRequest, String> {
+    // After the estimate's fixed 200: up to half as the completion cap (within the interactive
+    // lane's 1,024), the rest in the prompt (4 bytes a token).
+    let cap = ((tokens - 200) / 2).min(1_000);
+    let head = format!("ms={scale_ms} tokens={tokens} task {i} ");
+    let prompt_bytes = ((tokens - 200 - cap) * 4) as usize;
+    let prompt = format!("{head}{}", "x".repeat(prompt_bytes.saturating_sub(head.len())));
+    let mut req = TaskRequest::from_value(serde_json::json!({"project_id": "tokens", "kind": "explain",
+        "prompt": prompt, "target_files": [], "params": {"max_tokens": cap}}))
+    .map_err(|e| format!("{e:?}"))?;
+    req.tenant = Some(Tenant::parse(tenant).map_err(|e| e.to_string())?);
+    Ok(req)
+}
+
+/// Stores and sends one task, and counts it as waiting as ingress does.
+async fn submit(
+    store: &dyn TaskStore,
+    adapters: &lanes_core::wiring::Adapters,
+    config: &WorkerConfig,
+    req: TaskRequest,
+    clock: &SharedClock,
+) -> Result<TaskId, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3_600);
+    store.put_pending(&rec, clock.now_ms()).await.map_err(|e| err(&e))?;
+    let msg = TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
+    let group = task_group(rec.request.tenant.as_ref(), &rec.request.project_id);
+    let body = serde_json::to_string(&msg).map_err(|e| err(&e))?;
+    adapters.send[rec.lane.index()]
+        .send(&body, BTreeMap::from([(GROUP_ATTRIBUTE.to_owned(), group)]))
+        .await
+        .map_err(|e| err(&e))?;
+    if config.quota.share.on {
+        let ask = share_ask(&config.quota, &rec.request, Step::Submit, clock.now_ms());
+        adapters.cache.share(&share_key(rec.lane), &ask).await.map_err(|e| err(&e))?;
+    }
+    Ok(rec.task_id)
+}
