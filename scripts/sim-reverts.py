@@ -21,7 +21,7 @@ from pathlib import Path
 
 REVERTS = {
     "unsent-record": ("a failed send deletes the record a duplicate was answered 202 for", [
-        ("shared/src/tasks/ingress.rs", "mark_unsent(ing, &record, now).await;",
+        ("shared/src/tasks/ingress.rs", "ing.mark_unsent(&record, now).await;",
          "let _ = ing.store.delete_pending(&record.task_id, &record.nonce).await;"),
     ]),
     "lock-beside-visibility": ("the lock is renewed only after the visibility renewal returns", [
@@ -40,22 +40,22 @@ REVERTS = {
         ("shared/src/lease/heartbeat.rs", "let (renewed, locked) = tokio::join!(visibility, locks);", "let locked = locks.await;"),
     ]),
     "resend-claim": ("every poll past the grace re-sends, before any claim of the re-send", [
-        ("shared/src/tasks/ingress.rs",
+        ("shared/src/tasks/enqueue.rs",
          "let wait = grace.max(record.enqueued_at_ms.saturating_sub(record.created_at_ms));", "let wait = grace;"),
-        ("shared/src/tasks/ingress.rs", """    if !mark(ing, &record.task_id, claim, now).await {
-        return; // another reader re-sends it, or it changed
-    }
+        ("shared/src/tasks/enqueue.rs", """        if !self.mark(&record.task_id, claim, now).await {
+            return; // another reader re-sends it, or it changed
+        }
 """, ""),
-        ("shared/src/tasks/ingress.rs",
-         "        Ok(_) => ing.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc(),",
-         "        Ok(_) => {\n            mark(ing, &record.task_id, claim, now).await;\n        }"),
+        ("shared/src/tasks/enqueue.rs",
+         "            Ok(_) => self.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc(),",
+         "            Ok(_) => {\n                self.mark(&record.task_id, claim, now).await;\n            }"),
     ]),
     "quota-after-lookup": ("the daily budget is checked before the idempotent lookup", [
-        ("shared/src/tasks/ingress.rs", """        let stored = ing.store.get(&task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
+        ("shared/src/tasks/ingress.rs", """        let stored = ing.store.get(&record.task_id, now).await.map_err(|e| store_problem(&e, retry_after))?;
         return match idempotency::from_record(stored, &payload_hash) {
             Some(duplicate) => answer_duplicate(ing, duplicate, Answered::ByStore, now).await,
-            None => Err(over_budget(&request.project_id, over.retry_after)),
-        };""", "        return Err(over_budget(&request.project_id, over.retry_after));"),
+            None => Err(over_budget(&record.request.project_id, over)),
+        };""", "        return Err(over_budget(&record.request.project_id, over));"),
     ]),
     "commits-store-wait": ("a store outage is an attempt for the commits worker, which dead-letters the commit", [
         ("shared/src/commits/worker.rs",

@@ -13,9 +13,9 @@
 //!   identifiers, each its own type checked once where it enters ([`domain::ids`]). Pure.
 //! - [`idempotency`]: what makes two submissions one in both flows (the task key and its canonical
 //!   form, the lookup's order, the duplicate's outcome, commit and delivery keys). Pure.
-//! - [`tasks`]: the task flow: [`tasks::ingress`] (the HTTP API, per [`tasks::tenant`]),
-//!   [`tasks::worker`] (claim to fenced write) and what the hot cache holds for them
-//!   ([`tasks::cache`]).
+//! - [`tasks`]: the task flow: [`tasks::ingress`] (the HTTP API, per [`tasks::tenant`]; its sends
+//!   and re-sends in [`tasks::enqueue`]), [`tasks::worker`] (claim to fenced write), a group's token
+//!   share of its lane ([`tasks::share`]) and what the hot cache holds for them ([`tasks::cache`]).
 //! - [`clock`]: time as a port, so leases and TTLs are testable without sleeping; [`jitter`]: the
 //!   randomness of delays, seedable per thread so a simulation replays it.
 //! - [`config`]: tunables with defaults, per-lane policies, and their validation.
@@ -40,7 +40,8 @@
 //! - [`llm`]: providers (offline, OpenAI-compatible, Anthropic), the retry policy, per-lane routes
 //!   with their fallback, and the price table.
 //! - [`pool`]: the weighted allocation (pure) and the in-process pool that runs workers with it.
-//! - [`commits`]: the commit flow: webhook, diff sources, diff budget, prompt, worker, read API.
+//! - [`commits`]: the commit flow: webhook (with the owners' secrets), diff sources (fetched by
+//!   repository id once the host names it), diff budget, prompt, worker, read API (per reader).
 //! - [`dlq`]: the sweep that settles the records behind dead-lettered task messages; list and
 //!   redrive (relayed, or by the queue's own move task).
 //! - [`dlq_admin`]: the DLQ operations of every lane, by lane, for `lanes dev` and `lanes dlq`.

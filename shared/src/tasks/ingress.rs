@@ -1,16 +1,16 @@
 //! The task API as an axum router: `POST /v1/tasks`, `GET /v1/tasks/{id}[?wait=N]`,
 //! `DELETE /v1/tasks/{id}`, `GET /healthz`. It makes idempotency's lookup in its order (hot cache,
 //! conditional put of `PENDING`: [`crate::idempotency`]) and answers its outcomes. It marks a
-//! record whose enqueue failed, and owns the re-send of an unsent or orphaned `PENDING` record (by
-//! a duplicate POST or by a GET, claimed in the store first), cancellation, and the long-poll.
+//! record whose enqueue failed, and asks for the re-send of an unsent or orphaned `PENDING` record
+//! (by a duplicate POST or by a GET; how is [`crate::tasks::enqueue`]'s), cancellation, and the
+//! long-poll.
 
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
-use crate::domain::fairness::{GROUP_ATTRIBUTE, task_group};
-use crate::domain::{MAX_BODY_BYTES, TaskId, TaskMessage, TaskRecord, TaskRequest, TaskStatus, TaskView};
+use crate::domain::{MAX_BODY_BYTES, TaskId, TaskRecord, TaskRequest, TaskStatus, TaskView};
 use crate::idempotency::{self, Duplicate, Submission, validate_idempotency_key};
 use crate::metrics::Metrics;
-use crate::ports::{Cache, CancelOutcome, EnqueueMark, QueueSend, TaskStore, UNSENT};
+use crate::ports::{Cache, CancelOutcome, QueueSend, TaskStore};
 use crate::problem::Problem;
 use crate::tasks::answers::{
     NoTenant, conflict, invalid_id, not_found, over_budget, store_problem, view_response,
@@ -25,7 +25,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, error, warn};
@@ -220,9 +219,9 @@ async fn accept(
             // 4. New: enqueue. A failed send is not undone: a duplicate may already have been
             // answered 202 for this record. It is marked unsent instead, so the retry the 503 asks
             // for, or the next read, sends it at once.
-            if let Err(e) = send(ing, &record).await {
+            if let Err(e) = ing.send(&record, true).await {
                 error!(error = %e, task_id = %record.task_id, "enqueue failed; the record is marked unsent");
-                mark_unsent(ing, &record, now).await;
+                ing.mark_unsent(&record, now).await;
                 return Err(Problem::unavailable("the task queue is unavailable; retry later", retry_after));
             }
             Ok(view_response(StatusCode::ACCEPTED, &record.view()))
@@ -267,90 +266,11 @@ async fn answer_duplicate(
             Ok(view_response(StatusCode::OK, &existing.view()))
         }
         Duplicate::Queued(existing) => {
-            resend_if_orphaned(ing, &existing, now).await;
+            ing.resend_if_orphaned(&existing, now).await;
             Ok(view_response(StatusCode::ACCEPTED, &existing.view()))
         }
         Duplicate::Running(existing) => Ok(view_response(StatusCode::ACCEPTED, &existing.view())),
     }
-}
-
-/// Re-sends a `PENDING` record whose message is known unsent (its send failed) or may be lost (no
-/// worker claimed it within the enqueue grace, then within twice its age at the last re-send: a
-/// crash between the put and the send, a purge).
-/// The re-send is claimed in the store first (a compare-and-set of `enqueued_at_ms`), so however
-/// many readers see the same record, one sends, at most once a grace. Workers are idempotent, so
-/// a second message is harmless and a lost one is not.
-async fn resend_if_orphaned(ing: &Ingress, record: &TaskRecord, now: u64) {
-    // The wait doubles with every re-send (it is the record's age at the last one), so a backlog
-    // longer than the grace costs a message per doubling, not one per grace and poll.
-    let grace = ing.config.enqueue_grace.as_millis() as u64;
-    let wait = grace.max(record.enqueued_at_ms.saturating_sub(record.created_at_ms));
-    let unsent = record.enqueued_at_ms == UNSENT;
-    if record.status != TaskStatus::Pending || (!unsent && now.saturating_sub(record.enqueued_at_ms) < wait) {
-        return;
-    }
-    // The send's time is read now, not at the request's start: slow reads before it must not
-    // make the next grace start early.
-    let sent_at = ing.clock.now_ms().max(now).max(1);
-    let claim = EnqueueMark { fence: record.fence, from_ms: record.enqueued_at_ms, to_ms: sent_at };
-    if !mark(ing, &record.task_id, claim, now).await {
-        return; // another reader re-sends it, or it changed
-    }
-    match send(ing, record).await {
-        Ok(_) => ing.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc(),
-        Err(e) => {
-            warn!(error = %e, "re-send of a PENDING task failed; it stays marked unsent");
-            let back = EnqueueMark { fence: record.fence, from_ms: claim.to_ms, to_ms: UNSENT };
-            mark(ing, &record.task_id, back, now).await;
-        }
-    }
-}
-
-/// Marks the record ingress just wrote as unsent. The stored record carries the fence of the run it
-/// replaced, so it is read first, and marked only while it is still this submission's (its nonce)
-/// and unclaimed; should the read fail, the enqueue grace re-sends it.
-async fn mark_unsent(ing: &Ingress, ours: &TaskRecord, now: u64) {
-    match ing.store.get(&ours.task_id, now).await {
-        Ok(Some(r)) if r.nonce == ours.nonce && r.status == TaskStatus::Pending => {
-            let unsent = EnqueueMark { fence: r.fence, from_ms: r.enqueued_at_ms, to_ms: UNSENT };
-            mark(ing, &r.task_id, unsent, now).await;
-        }
-        Ok(_) => {} // claimed or replaced meanwhile: no longer this submission's to mark
-        Err(e) => warn!(error = %e, "could not read the record to mark it unsent; the grace re-sends it"),
-    }
-}
-
-/// [`TaskStore::mark_enqueued`], logged when it fails; whether it took effect.
-async fn mark(ing: &Ingress, task_id: &TaskId, mark: EnqueueMark, now: u64) -> bool {
-    match ing.store.mark_enqueued(task_id, mark, now, ing.config.pending_ttl_secs).await {
-        Ok(done) => done,
-        Err(e) => {
-            warn!(error = %e, "could not record the send; the enqueue grace re-sends it");
-            false
-        }
-    }
-}
-
-async fn send(
-    ing: &Ingress,
-    record: &TaskRecord,
-) -> Result<crate::domain::MessageId, crate::ports::QueueError> {
-    let message =
-        TaskMessage { task_id: record.task_id.clone(), lane: record.lane, kind: record.request.kind };
-    let body =
-        serde_json::to_string(&message).map_err(|e| crate::ports::QueueError::Rejected(e.to_string()))?;
-    let mut attributes = BTreeMap::from([
-        ("lane".to_owned(), record.lane.as_str().to_owned()),
-        ("kind".to_owned(), record.request.kind.as_str().to_owned()),
-        ("enqueued_at_ms".to_owned(), ing.clock.now_ms().to_string()),
-        (GROUP_ATTRIBUTE.to_owned(), task_group(record.request.tenant.as_ref(), &record.request.project_id)),
-    ]);
-    if let Some(header) = crate::trace::current() {
-        attributes.insert(crate::trace::TRACE_HEADER.to_owned(), header);
-    }
-    let sent = ing.queues[record.lane.index()].send(&body, attributes).await?;
-    ing.count_waiting(record).await;
-    Ok(sent)
 }
 
 /// A task's status and, once finished, its result. With `wait`, answers as soon as the task ends or
@@ -405,7 +325,7 @@ pub(crate) async fn get_task(
         Ok(None) => return not_found(),
         Err(resp) => return resp,
     };
-    resend_if_orphaned(&ing, &record, ing.clock.now_ms()).await;
+    ing.resend_if_orphaned(&record, ing.clock.now_ms()).await;
     match long_poll(&*ing.cache, || read(&ing, &caller, &id), record, deadline).await {
         Ok(Some(record)) => view_response(StatusCode::OK, &record.view()),
         Ok(None) => not_found(),
@@ -502,15 +422,18 @@ pub(crate) async fn cancel_task(
 mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
-    use crate::domain::Lane;
+    use crate::domain::fairness::GROUP_ATTRIBUTE;
+    use crate::domain::{Lane, TaskMessage};
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, QueueSettings,
     };
+    use crate::ports::UNSENT;
     use crate::ports::{QueueConsume, QueueError};
     use async_trait::async_trait;
     use axum::http::HeaderValue;
     use axum::http::Request;
     use http_body_util::BodyExt;
+    use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     use tower::ServiceExt;
 

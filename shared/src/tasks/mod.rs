@@ -8,6 +8,7 @@
 
 pub mod answers;
 pub mod cache;
+pub mod enqueue;
 mod finish;
 mod hold;
 pub mod ingress;

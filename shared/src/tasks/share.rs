@@ -4,6 +4,11 @@
 //! waits is put off, a wait that uses no attempt), and once the answer is in, corrects the charge to
 //! the usage it reports ([`Worker::settle_share`]).
 //!
+//! Counts err towards starting: a re-sent message is not counted again, a task started twice (a
+//! retry) takes one off twice (never below zero), and a call dropped with its lease keeps its charge
+//! (the provider may have billed it). A task that never starts (cancelled while queued) stays
+//! counted until its group is quiet for [`crate::domain::token_share::ShareSettings::forget_ms`].
+//!
 //! The group is the task's fair-order group (its tenant, hashed; with tenancy off its project), and
 //! its weight the tenant's (or project's) in `LANES_TENANT_WEIGHTS`. With the cache unreachable
 //! nothing is counted and every task starts (counted as degraded): the fair queue's order, by task
