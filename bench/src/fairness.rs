@@ -192,12 +192,7 @@ async fn one_run(
     let pool =
         lanes_core::pool::Pool::new(slots, [0.7, 0.3, 0.0], consumers, worker, Duration::from_millis(2))
             .with_idle_grace(Duration::from_millis(10 * scale_ms));
-    let pool = Arc::new(pool);
-    let stop = lanes_core::CancellationToken::new();
-    let runner = {
-        let (pool, stop) = (pool.clone(), stop.clone());
-        tokio::spawn(async move { pool.run(stop).await })
-    };
+    let pool = crate::RunningPool::start(pool);
     // Every steady arrival is its own task, on time whatever the others do.
     let started = Instant::now();
     for arrival in steady {
@@ -207,8 +202,7 @@ async fn one_run(
         ids.push(joined.map_err(|e| err(&e))??);
     }
     crate::drain(&queues[..2], Duration::from_secs(300)).await?;
-    stop.cancel();
-    let _ = runner.await;
+    pool.stop().await;
     let mut records = Vec::new();
     for (id, tenant, synthesis) in &ids {
         if let Some(r) = adapters.store.get(id, clock.now_ms()).await.map_err(|e| err(&e))?

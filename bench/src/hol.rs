@@ -102,12 +102,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
         if policy == "static 50:50" {
             pool = pool.without_borrowing();
         }
-        let pool = Arc::new(pool);
-        let stop = lanes_core::CancellationToken::new();
-        let runner = {
-            let (pool, stop) = (pool.clone(), stop.clone());
-            tokio::spawn(async move { pool.run(stop).await })
-        };
+        let pool = crate::RunningPool::start(pool);
         let started = Instant::now();
         let mut ids = Vec::with_capacity(arrivals.len());
         for (i, &(at, synthesis, ms)) in arrivals.iter().enumerate() {
@@ -129,8 +124,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
             ids.push((rec.task_id, synthesis));
         }
         crate::drain(&queues[..2], Duration::from_secs(120)).await?;
-        stop.cancel();
-        let _ = runner.await;
+        pool.stop().await;
         let mut waits = Vec::new();
         let mut latencies = Vec::new();
         let mut services = Vec::new();

@@ -107,6 +107,30 @@ impl lanes_core::ports::LlmClient for SleepLlm {
     }
 }
 
+/// A pool running in the background until [`RunningPool::stop`].
+pub(crate) struct RunningPool {
+    stop: lanes_core::CancellationToken,
+    runner: tokio::task::JoinHandle<()>,
+}
+
+impl RunningPool {
+    /// Starts `pool`.
+    pub(crate) fn start(pool: lanes_core::pool::Pool) -> Self {
+        let (pool, stop) = (std::sync::Arc::new(pool), lanes_core::CancellationToken::new());
+        let runner = {
+            let stop = stop.clone();
+            tokio::spawn(async move { pool.run(stop).await })
+        };
+        Self { stop, runner }
+    }
+
+    /// Stops it and waits for its slots to hand back what they hold.
+    pub(crate) async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.runner.await;
+    }
+}
+
 /// Waits until `queues` hold nothing, visible or in flight: every task finished (or `cap` passed).
 pub(crate) async fn drain(
     queues: &[lanes_core::embedded::EmbeddedQueue],

@@ -83,15 +83,9 @@ async fn one_run(on: bool, slots: usize, backlog: usize, scale_ms: u64) -> Resul
     let pool =
         lanes_core::pool::Pool::new(slots, [1.0, 0.0, 0.0], consumers, worker, Duration::from_millis(2))
             .with_idle_grace(Duration::from_millis(10 * scale_ms));
-    let pool = Arc::new(pool);
-    let stop = lanes_core::CancellationToken::new();
-    let runner = {
-        let (pool, stop) = (pool.clone(), stop.clone());
-        tokio::spawn(async move { pool.run(stop).await })
-    };
+    let pool = crate::RunningPool::start(pool);
     crate::drain(&queues[..1], Duration::from_secs(600)).await?;
-    stop.cancel();
-    let _ = runner.await;
+    pool.stop().await;
     let mut started: Vec<(u64, usize, u64)> = Vec::new();
     for (id, tenant) in &ids {
         if let Some(r) = adapters.store.get(id, clock.now_ms()).await.map_err(|e| err(&e))?

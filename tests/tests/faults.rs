@@ -324,8 +324,10 @@ async fn aws_requests_per_task_are_counted() {
         ("dynamodb PutItem", 1.0),      // conditional put of PENDING
         ("dynamodb UpdateItem", 2.0),   // claim (fence + 1), fenced finish
         ("redis EVALSHA acquire", 1.0), // the lock; a completed task's is left to expire
-        ("redis GET", 1.0),             // ingress's hot-cache check
-        ("redis SET", 1.0),             // the finished record: cached, and wakes long-polls
+        // Token shares: counted waiting at ingress, the start decision, the usage correction.
+        ("redis EVALSHA share", 3.0),
+        ("redis GET", 1.0), // ingress's hot-cache check
+        ("redis SET", 1.0), // the finished record: cached, and wakes long-polls
         ("sqs DeleteMessage", 1.0),
         ("sqs SendMessage", 1.0),
         // No ChangeMessageVisibility: the local runner receives straight into the lease. A Lambda
@@ -333,7 +335,7 @@ async fn aws_requests_per_task_are_counted() {
         // queue's long visibility) and leaves the DeleteMessage to the mapping (`lambda_requests`).
     ];
     assert_eq!(per_task, want.map(|(k, v)| (k.to_owned(), v)).into());
-    // The exact counts above: 5 SQS/DynamoDB requests and 3 Redis commands per task locally (a
+    // The exact counts above: 5 SQS/DynamoDB requests and 6 Redis commands per task locally (a
     // Lambda batch: `lambda_requests`).
 }
 
