@@ -126,7 +126,7 @@ fn unavailable(e: &StoreError) -> Response {
         (status = 200, description = "The summary", body = CommitSummary),
         (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No summary yet (it may still be queued), or one this caller may not read", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No summary yet (it may still be queued), or one this caller may not read (answered alike)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
@@ -140,13 +140,23 @@ pub(crate) async fn get_summary(
         (Ok(repo_id), Ok(sha)) => (repo_id, sha),
         (Err(e), _) | (_, Err(e)) => return bad(e.field, e.reason.into()),
     };
+    // A summary this caller may not read answers exactly as one not written yet does.
+    let not_found = || {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "summary-not-found",
+            "Summary not found",
+            "no summary for this commit yet (it may still be queued)",
+        )
+        .with_field("sha")
+        .into_response()
+    };
     let reader = match Reader::of(&api, tenant) {
         Ok(r) => r,
+        Err(Refused::NotReadable) => return not_found(),
         Err(answer) => return answer.into_response(),
     };
-    let readable = |s: CommitSummary| {
-        if reader.may_read(&s) { Json(s).into_response() } else { repository_not_found() }
-    };
+    let readable = |s: CommitSummary| if reader.may_read(&s) { Json(s).into_response() } else { not_found() };
     if let Ok(Some(json)) = api.cache.get(&summary_cache_key(&repo_id, &sha)).await
         && let Ok(s) = serde_json::from_str::<CommitSummary>(&json)
     {
@@ -154,14 +164,7 @@ pub(crate) async fn get_summary(
     }
     match api.summaries.get_summaries(&[(repo_id, sha)]).await {
         Ok(mut found) if !found.is_empty() => readable(found.remove(0)),
-        Ok(_) => Problem::new(
-            StatusCode::NOT_FOUND,
-            "summary-not-found",
-            "Summary not found",
-            "no summary for this commit yet (it may still be queued)",
-        )
-        .with_field("sha")
-        .into_response(),
+        Ok(_) => not_found(),
         Err(e) => unavailable(&e),
     }
 }
@@ -195,7 +198,7 @@ pub(crate) struct ListQuery {
         (status = 200, description = "One page", body = SummaryPage),
         (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "A repository whose summaries this caller may not read", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "With tenancy on: no summaries of the repository that this caller may read (none at all answers alike)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
@@ -228,7 +231,10 @@ pub(crate) async fn list(
     }
     match api.summaries.list_summaries(&repo_id, limit, q.cursor.as_deref()).await {
         // One repository, one owner: a page with anything this caller may not read is refused whole.
+        // To a scoped reader, a repository without summaries answers as one it may not read, so
+        // the two cannot be told apart.
         Ok(page) if !page.items.iter().all(|s| reader.may_read(s)) => repository_not_found(),
+        Ok(page) if page.items.is_empty() && matches!(reader, Reader::Tenant(..)) => repository_not_found(),
         Ok(page) => Json(SummaryPage { items: page.items, next_cursor: page.next }).into_response(),
         Err(StoreError::Corrupt(_)) if q.cursor.is_some() => {
             bad("cursor", "not a cursor this API returned for this repository".into())
@@ -331,14 +337,14 @@ mod tests {
         let list = "/v1/repos/github:7/summaries".to_owned();
         assert_eq!(as_tenant(Some("team-a"), one.clone()).await.0, StatusCode::OK);
         assert_eq!(as_tenant(Some("team-a"), list.clone()).await.1["items"].as_array().unwrap().len(), 3);
+        // Unreadable and absent answer alike, for one summary and for a list.
+        let absent =
+            as_tenant(Some("team-a"), format!("/v1/repos/github:7/commits/{:040x}/summary", 9)).await;
+        let empty = as_tenant(Some("team-a"), "/v1/repos/github:99/summaries".to_owned()).await;
+        assert_eq!((absent.0, empty.0), (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND));
         for other in ["team-b", "team-c"] {
-            let (status, v) = as_tenant(Some(other), one.clone()).await;
-            assert_eq!(
-                (status, v["type"].as_str()),
-                (StatusCode::NOT_FOUND, Some("/problems/repository-not-found")),
-                "{other}: {v}"
-            );
-            assert_eq!(as_tenant(Some(other), list.clone()).await.0, StatusCode::NOT_FOUND, "{other}");
+            assert_eq!(as_tenant(Some(other), one.clone()).await, absent, "{other}");
+            assert_eq!(as_tenant(Some(other), list.clone()).await, empty, "{other}");
         }
         assert_eq!(as_tenant(None, one).await.0, StatusCode::UNAUTHORIZED);
         assert_eq!(as_tenant(None, list).await.0, StatusCode::UNAUTHORIZED);
