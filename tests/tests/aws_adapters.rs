@@ -709,6 +709,33 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
     let other: Option<String> =
         redis::cmd("GET").arg("lanes:task:other").query_async(&mut admin_as_user).await.unwrap();
     assert_eq!(other, None, "nothing written without the password");
+
+    // The password is read at the first command, never at start-up; one that cannot be read yet is
+    // an outage, and a later command reads it again and connects.
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let fetch: lanes_core::secret::Fetch = {
+        let reads = reads.clone();
+        std::sync::Arc::new(move || {
+            let n = reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                match n {
+                    0 => Err(lanes_core::config::ConfigError::Missing("LANES_REDIS_PASSWORD_SECRET")),
+                    _ => Ok("s3cret-pass".to_owned()),
+                }
+            })
+        })
+    };
+    let clock = lanes_core::clock::ManualClock::new(0);
+    let password = lanes_core::secret::Secret::read_by(fetch, clock.clone());
+    let settings =
+        RedisSettings { auth: Some(RedisAuth { user: "lanes".into(), password }), ..redis.settings(false) };
+    let cache = RedisCache::new(connect(&settings).await.unwrap(), "lanes:");
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing read at start-up");
+    assert!(cache.get("task:acl").await.is_err(), "the password could not be read: degraded");
+    clock.advance_ms(lanes_core::secret::FAILED_READ_BACKOFF.as_millis() as u64);
+    tokio::time::sleep(lanes_core::adapters::redis::RECONNECT_EVERY + Duration::from_millis(50)).await;
+    assert_eq!(cache.get("task:acl").await.unwrap().as_deref(), Some("v"), "read again and connected");
+    assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
 /// The token-share step is one algorithm in two places: the Redis script and the embedded cache.

@@ -1,7 +1,7 @@
 //! Redis/Valkey adapters: the lease lock (Lua compare-then-act scripts, all keys of a script under one
 //! hash tag) and the hot cache. One reconnecting connection per process (`ConnectionManager`, or a
-//! cluster connection for ElastiCache Serverless), both made lazily so a process starts while Redis
-//! is down; `rediss://` for TLS, verified against the system roots or a named CA; an ACL user and
+//! cluster connection for ElastiCache Serverless), made at the first command ([`RedisConn`]) so a
+//! process starts while Redis is down and reads no secret at start-up; `rediss://` for TLS, verified against the system roots or a named CA; an ACL user and
 //! password when the server requires them ([`RedisAuth`]). Scripts run by `EVALSHA` and
 //! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
 //! the configured prefix.
@@ -21,9 +21,9 @@ pub enum RedisSetupError {
     /// The URL is malformed.
     #[error("invalid REDIS_URL: {0}")]
     Url(String),
-    /// The connection could not be set up.
-    #[error("cannot connect to Redis: {0}")]
-    Connect(String),
+    /// The certificate authority for `rediss://` is not usable.
+    #[error("invalid LANES_REDIS_CA_FILE: {0}")]
+    Ca(String),
 }
 
 /// Connection settings.
@@ -50,112 +50,108 @@ pub struct RedisSettings {
 pub struct RedisAuth {
     /// The user name.
     pub user: String,
-    /// Its password, read when the process connects.
+    /// Its password, read when the first command connects (never at start-up).
     pub password: crate::secret::Secret,
 }
 
-/// The connection info of `settings`, with its user and password when it names one. A password
-/// that cannot be read leaves the connection without one: the server then refuses every command
-/// (`NOAUTH`), which callers treat as the cache being down, so the process runs degraded instead
-/// of failing its start, as it does while the cache is unreachable.
-async fn connection_info(settings: &RedisSettings) -> Result<redis::ConnectionInfo, RedisSetupError> {
-    use redis::IntoConnectionInfo;
-    let info =
-        settings.url.as_str().into_connection_info().map_err(|e| RedisSetupError::Url(e.to_string()))?;
-    let Some(auth) = &settings.auth else { return Ok(info) };
-    let redis = info.redis_settings().clone().set_username(&auth.user);
-    match auth.password.current().await {
-        Ok(password) => Ok(info.set_redis_settings(redis.set_password(&*password))),
-        Err(e) => {
-            tracing::error!(error = %e, user = %auth.user, "cache password not read; running without the cache");
-            Ok(info.set_redis_settings(redis))
-        }
-    }
-}
-
-/// A cloneable connection: single node (reconnecting) or cluster.
+/// A cloneable connection, made on first use, not at start-up ([`connect`]).
+///
+/// Why not at start-up: a cluster client must reach a node to learn the slot map, and the ACL
+/// user's password is read from Secrets Manager; a process that insisted on either at start would
+/// fail every cold start while the cache or Secrets Manager is down (although Redis only
+/// accelerates), and would put a network round trip into every init. So the first command makes the
+/// connection. Until one is made every command fails fast (callers count a degraded operation): a
+/// new attempt is made at most once per [`RECONNECT_EVERY`], by whichever command comes first, while
+/// the others fail at once instead of queueing behind it. A password that cannot be read fails the
+/// attempt like an unreachable server, and the next attempt reads it again. Once made, a single
+/// node's connection manager and the cluster connection each reconnect by themselves.
 #[derive(Clone)]
-pub enum RedisConn {
-    /// One endpoint, reconnecting in the background.
-    Single(ConnectionManager),
-    /// Cluster mode, connected on first use.
-    Cluster(LazyCluster),
-}
+pub struct RedisConn(std::sync::Arc<Lazy>);
 
-/// A cluster connection made on first use, not at start-up: the cluster client must reach a node to
-/// learn the slot map, and a process that insisted on that at start would fail every cold start while
-/// the cache is down, although Redis only accelerates. Until a connection is made every command fails
-/// fast (callers count a degraded operation): a new attempt is made at most once per
-/// [`RECONNECT_EVERY`], by whichever command comes first, while the others fail at once instead of
-/// queueing behind it. Once made, the cluster connection itself refreshes slots and reconnects to
-/// nodes.
-#[derive(Clone)]
-pub struct LazyCluster(std::sync::Arc<LazyClusterState>);
-
-struct LazyClusterState {
-    client: redis::cluster::ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+struct Lazy {
+    settings: RedisSettings,
+    conn: tokio::sync::OnceCell<Connected>,
     last_attempt: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
-/// Least time between two attempts to reach a cluster that was unreachable.
-pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
-
-fn cluster_unreachable(detail: &str) -> redis::RedisError {
-    redis::RedisError::from((redis::ErrorKind::Io, "Redis cluster unreachable", detail.to_owned()))
+/// A made connection: one endpoint (reconnecting in the background) or a cluster.
+#[derive(Clone)]
+enum Connected {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
-impl LazyCluster {
-    fn new(client: redis::cluster::ClusterClient) -> Self {
-        Self(std::sync::Arc::new(LazyClusterState {
-            client,
-            conn: tokio::sync::OnceCell::new(),
-            last_attempt: tokio::sync::Mutex::new(None),
-        }))
-    }
+/// Least time between two attempts to reach a cache that was unreachable.
+pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 
-    async fn conn(&self) -> redis::RedisResult<ClusterConnection> {
-        if let Some(c) = self.0.conn.get() {
+fn unreachable(detail: &str) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "Redis unreachable", detail.to_owned()))
+}
+
+/// The connection info of `settings`: its URL, with its user and password when it names one.
+async fn connection_info(settings: &RedisSettings) -> redis::RedisResult<redis::ConnectionInfo> {
+    use redis::IntoConnectionInfo;
+    let info = settings.url.as_str().into_connection_info()?;
+    let Some(auth) = &settings.auth else { return Ok(info) };
+    let password = auth.password.current().await.map_err(|e| {
+        tracing::error!(error = %e, user = %auth.user, "cache password not read; running without the cache");
+        unreachable("the cache password could not be read")
+    })?;
+    let redis = info.redis_settings().clone().set_username(&auth.user).set_password(&*password);
+    Ok(info.set_redis_settings(redis))
+}
+
+impl Lazy {
+    async fn conn(&self) -> redis::RedisResult<Connected> {
+        if let Some(c) = self.conn.get() {
             return Ok(c.clone());
         }
-        let Ok(mut last) = self.0.last_attempt.try_lock() else {
-            return Err(cluster_unreachable("another command is connecting"));
+        let Ok(mut last) = self.last_attempt.try_lock() else {
+            return Err(unreachable("another command is connecting"));
         };
         let now = tokio::time::Instant::now();
         if last.is_some_and(|at| now < at + RECONNECT_EVERY) {
-            return Err(cluster_unreachable("retrying in the background"));
+            return Err(unreachable("retrying in the background"));
         }
         *last = Some(now);
-        let conn = self.0.client.get_async_connection().await?;
-        Ok(self.0.conn.get_or_init(|| async { conn }).await.clone())
-    }
-}
-
-impl ConnectionLike for LazyCluster {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move { self.conn().await?.req_packed_command(cmd).await })
+        let made = self.make().await?;
+        Ok(self.conn.get_or_init(|| async { made }).await.clone())
     }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move { self.conn().await?.req_packed_commands(pipeline, offset, count).await })
-    }
-
-    fn get_db(&self) -> i64 {
-        0
+    async fn make(&self) -> redis::RedisResult<Connected> {
+        let s = &self.settings;
+        let certs = |ca: &Vec<u8>| redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
+        let info = connection_info(s).await?;
+        if s.cluster {
+            let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
+                .connection_timeout(s.timeout)
+                .response_timeout(s.timeout);
+            if let Some(ca) = &s.ca_pem {
+                builder = builder.certs(certs(ca));
+            }
+            return Ok(Connected::Cluster(builder.build()?.get_async_connection().await?));
+        }
+        let client = match &s.ca_pem {
+            Some(ca) => redis::Client::build_with_tls(info, certs(ca))?,
+            None => redis::Client::open(info)?,
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(s.timeout))
+            .set_response_timeout(Some(s.timeout))
+            .set_number_of_retries(1);
+        // Lazy itself: made without reaching the server, it connects at its first command.
+        Ok(Connected::Single(ConnectionManager::new_lazy_with_config(client, config)?))
     }
 }
 
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            RedisConn::Single(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
-        }
+        Box::pin(async move {
+            match self.0.conn().await? {
+                Connected::Single(mut c) => c.req_packed_command(cmd).await,
+                Connected::Cluster(mut c) => c.req_packed_command(cmd).await,
+            }
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -164,47 +160,38 @@ impl ConnectionLike for RedisConn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
+        Box::pin(async move {
+            match self.0.conn().await? {
+                Connected::Single(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+                Connected::Cluster(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+            }
+        })
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            RedisConn::Single(c) => c.get_db(),
-            RedisConn::Cluster(c) => c.get_db(),
+        match self.0.conn.get() {
+            Some(Connected::Single(c)) => c.get_db(),
+            _ => 0,
         }
     }
 }
 
-/// Connects once per process.
+/// The process's one connection, made at its first command. Nothing here reaches the network: the
+/// URL and a CA are checked now, so a wrong one stops the start; the server and the password are
+/// reached and read at first use.
 pub async fn connect(settings: &RedisSettings) -> Result<RedisConn, RedisSetupError> {
-    let certs = |ca: &Vec<u8>| redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
-    let info = connection_info(settings).await?;
-    if settings.cluster {
-        let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
-            .connection_timeout(settings.timeout)
-            .response_timeout(settings.timeout);
-        if let Some(ca) = &settings.ca_pem {
-            builder = builder.certs(certs(ca));
-        }
-        let client = builder.build().map_err(|e| RedisSetupError::Url(e.to_string()))?;
-        return Ok(RedisConn::Cluster(LazyCluster::new(client)));
+    use redis::IntoConnectionInfo;
+    let info =
+        settings.url.as_str().into_connection_info().map_err(|e| RedisSetupError::Url(e.to_string()))?;
+    if let Some(ca) = &settings.ca_pem {
+        let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(ca.clone()) };
+        redis::Client::build_with_tls(info, certs).map_err(|e| RedisSetupError::Ca(e.to_string()))?;
     }
-    let client = match &settings.ca_pem {
-        Some(ca) => redis::Client::build_with_tls(info, certs(ca)),
-        None => redis::Client::open(info),
-    }
-    .map_err(|e| RedisSetupError::Url(e.to_string()))?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(settings.timeout))
-        .set_response_timeout(Some(settings.timeout))
-        .set_number_of_retries(1);
-    // Lazy: the process starts even while Redis is down (degraded mode) and connects when it returns.
-    let conn = ConnectionManager::new_lazy_with_config(client, config)
-        .map_err(|e| RedisSetupError::Connect(e.to_string()))?;
-    Ok(RedisConn::Single(conn))
+    Ok(RedisConn(std::sync::Arc::new(Lazy {
+        settings: settings.clone(),
+        conn: tokio::sync::OnceCell::new(),
+        last_attempt: tokio::sync::Mutex::new(None),
+    })))
 }
 
 /// Extends the lease only if the caller's token still holds it (compare-then-`PEXPIRE`).
