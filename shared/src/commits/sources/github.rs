@@ -36,13 +36,7 @@ impl GitHubSource {
         self.identities
             .check(repo_id, repo, || async {
                 let (r, _): (GitHubRepository, _) = self.json_page(&base).await?;
-                if r.id.to_string() != id {
-                    return Err(DiffError::Refused(format!(
-                        "GitHub answered repository {} for id {id}",
-                        r.id
-                    )));
-                }
-                Ok(r.full_name)
+                Ok((r.id, r.full_name))
             })
             .await?;
         Ok(base)

@@ -37,10 +37,7 @@ impl GitLabSource {
                 let (body, _) = self.page(&base).await?;
                 let p: GitLabProject = serde_json::from_slice(&body)
                     .map_err(|e| DiffError::Permanent(format!("GitLab answered an unexpected body: {e}")))?;
-                if p.id.to_string() != id {
-                    return Err(DiffError::Refused(format!("GitLab answered project {} for id {id}", p.id)));
-                }
-                Ok(p.path_with_namespace)
+                Ok((p.id, p.path_with_namespace))
             })
             .await?;
         Ok(base)

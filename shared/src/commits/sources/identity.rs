@@ -40,13 +40,14 @@ pub fn same_repository(claimed: &str, actual: &str) -> bool {
 }
 
 impl Identities {
-    /// Checks that `repo_id` names `claimed`, asking the host with `resolve` (which answers its
-    /// name for the id) unless a fresh answer is kept. A host error passes through as it is (a 404
-    /// is permanent, a 5xx retryable); a different name is [`DiffError::Refused`].
+    /// Checks that `repo_id` names `claimed`, asking the host with `resolve` (which answers the
+    /// repository it found for the id: its own numeric id and its name) unless a fresh answer is
+    /// kept. A host error passes through as it is (a 404 is permanent, a 5xx retryable); an answer
+    /// for another id, or a different name, is [`DiffError::Refused`].
     pub async fn check<F, Fut>(&self, repo_id: &RepoId, claimed: &str, resolve: F) -> Result<(), DiffError>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<String, DiffError>>,
+        Fut: Future<Output = Result<(u64, String), DiffError>>,
     {
         let kept = self.names.lock().ok().and_then(|names| {
             names.get(repo_id).filter(|(_, at)| at.elapsed() < IDENTITY_TTL).map(|(n, _)| n.clone())
@@ -54,7 +55,13 @@ impl Identities {
         let actual = match kept {
             Some(name) => name,
             None => {
-                let name: Arc<str> = resolve().await?.into();
+                let (id, name) = resolve().await?;
+                if id.to_string() != repo_id.host_id() {
+                    return Err(DiffError::Refused(format!(
+                        "the host answered repository {id} for {repo_id}"
+                    )));
+                }
+                let name: Arc<str> = name.into();
                 if let Ok(mut names) = self.names.lock() {
                     if names.len() >= MAX_IDENTITIES {
                         names.clear();
@@ -86,7 +93,7 @@ mod tests {
         let asked = AtomicUsize::new(0);
         let resolve = || async {
             asked.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, DiffError>("Octo/Hello".to_owned())
+            Ok::<_, DiffError>((7, "Octo/Hello".to_owned()))
         };
         let id: RepoId = "github:7".parse().unwrap();
         ids.check(&id, "octo/hello", resolve).await.unwrap();
@@ -104,10 +111,12 @@ mod tests {
         let id: RepoId = "gitlab:9".parse().unwrap();
         let down = ids
             .check(&id, "g/p", || async {
-                Err::<String, _>(DiffError::Retryable { message: "502".into(), retry_after: None })
+                Err::<(u64, String), _>(DiffError::Retryable { message: "502".into(), retry_after: None })
             })
             .await;
         assert!(matches!(down, Err(DiffError::Retryable { .. })));
-        ids.check(&id, "g/p", || async { Ok("g/p".to_owned()) }).await.unwrap();
+        let other = ids.check(&id, "g/p", || async { Ok((10, "g/p".to_owned())) }).await;
+        assert!(matches!(other, Err(DiffError::Refused(_))), "an answer for another id: {other:?}");
+        ids.check(&id, "g/p", || async { Ok((9, "g/p".to_owned())) }).await.unwrap();
     }
 }
