@@ -214,10 +214,11 @@ pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
     };
     // An ACL user: `LANES_REDIS_USER` with `LANES_REDIS_PASSWORD` or the Secrets Manager secret
     // `LANES_REDIS_PASSWORD_SECRET` (plain, or JSON with a `password` field).
-    let password = match crate::config::optional_env("LANES_REDIS_PASSWORD") {
-        Some(p) => Some(crate::secret::Secret::fixed(p)),
-        None => crate::adapters::secrets::env_or_secret_field("LANES_REDIS_PASSWORD_SECRET", "password"),
-    };
+    let password = crate::adapters::secrets::env_or_secret(
+        "LANES_REDIS_PASSWORD",
+        "LANES_REDIS_PASSWORD_SECRET",
+        crate::adapters::secrets::Part::Field("password"),
+    );
     let auth = match (crate::config::optional_env("LANES_REDIS_USER"), password) {
         (None, None) => None,
         (user, Some(password)) => {
@@ -441,9 +442,10 @@ pub fn webhook_config() -> WebhookConfig {
         ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
         ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),
     ]);
-    let owner_secrets = crate::adapters::secrets::env_or_secret_whole(
+    let owner_secrets = crate::adapters::secrets::env_or_secret(
         "LANES_WEBHOOK_OWNER_SECRETS",
         "LANES_WEBHOOK_OWNER_SECRETS_ID",
+        crate::adapters::secrets::Part::Whole,
     );
     let allowlist = crate::config::optional_env("LANES_REPO_ALLOWLIST")
         .map(|v| {

@@ -32,40 +32,43 @@ pub fn env_or_secrets<const N: usize>(vars: [(&'static str, &'static str); N]) -
     })
 }
 
-/// As [`env_or_secrets`] for one secret whose whole string is the value (a JSON document such as
-/// the webhook owner secrets, which has no `api_key` field to take).
-pub fn env_or_secret_whole(var: &'static str, secret_var: &'static str) -> Option<Secret> {
+/// What of a secret's string is the value (for [`env_or_secret`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The whole string (a JSON document such as the webhook owner secrets).
+    Whole,
+    /// This JSON field when the string is a JSON object (as Secrets Manager generates a
+    /// credential: `{"username": …, "password": …}`), else the whole string.
+    Field(&'static str),
+}
+
+/// `part` of a secret's string `raw` (`var` is named in errors).
+fn part_of(raw: String, var: &'static str, part: Part) -> Result<String, ConfigError> {
+    let json = serde_json::from_str::<serde_json::Value>(&raw).is_ok_and(|v| v.is_object());
+    match part {
+        Part::Field(field) if json => secret_field(&raw, var, Some(field)),
+        Part::Field(_) => secret_field(&raw, var, None),
+        Part::Whole => Ok(raw),
+    }
+}
+
+/// As [`env_or_secrets`] for one secret whose value is `part` of its string.
+pub fn env_or_secret(var: &'static str, secret_var: &'static str, part: Part) -> Option<Secret> {
     if let Some(v) = optional_env(var) {
         return Some(Secret::fixed(v));
     }
     let id = optional_env(secret_var)?;
     let fetch: Fetch = Arc::new(move || {
         let id = id.clone();
-        Box::pin(async move { fetch_string(&client().await, &id, secret_var).await })
+        Box::pin(
+            async move { part_of(fetch_string(&client().await, &id, secret_var).await?, secret_var, part) },
+        )
     });
     let secret = Secret::read_by(fetch, Arc::new(SystemClock));
     if reads_ahead(optional_env(INIT_TYPE).as_deref()) {
         secret.read_ahead();
     }
     Some(secret)
-}
-
-/// The Secrets Manager secret named by `secret_var` as a [`Secret`] whose value is its JSON field
-/// `field` (as Secrets Manager generates a credential: `{"username": …, "password": …}`), or the
-/// whole string when it is not JSON; `None` without the variable.
-pub fn env_or_secret_field(secret_var: &'static str, field: &'static str) -> Option<Secret> {
-    let id = optional_env(secret_var)?;
-    let fetch: Fetch = Arc::new(move || {
-        let id = id.clone();
-        Box::pin(async move {
-            let raw = fetch_string(&client().await, &id, secret_var).await?;
-            match serde_json::from_str::<serde_json::Value>(&raw) {
-                Ok(serde_json::Value::Object(_)) => secret_field(&raw, secret_var, Some(field)),
-                _ => secret_field(&raw, secret_var, None),
-            }
-        })
-    });
-    Some(Secret::read_by(fetch, Arc::new(SystemClock)))
 }
 
 /// Lambda's reserved variable naming how this execution environment was initialised.
@@ -170,7 +173,17 @@ pub fn llm_key(var: &'static str, vendor_field: &'static str, shared: bool) -> O
 
 #[cfg(test)]
 mod tests {
-    use super::{reads_ahead, secret_field};
+    use super::{Part, part_of, reads_ahead, secret_field};
+
+    #[test]
+    fn a_generated_credential_gives_its_field_and_a_document_stays_whole() {
+        let part = |raw: &str, p| part_of(raw.to_owned(), "V", p).ok();
+        let generated = r#"{"username": "lanes", "password": "pw"}"#;
+        assert_eq!(part(generated, Part::Field("password")).as_deref(), Some("pw"));
+        assert_eq!(part(" plain ", Part::Field("password")).as_deref(), Some("plain"));
+        assert_eq!(part(r#"{"username": "lanes"}"#, Part::Field("password")), None, "no such field");
+        assert_eq!(part(generated, Part::Whole).as_deref(), Some(generated));
+    }
 
     #[test]
     fn an_empty_secret_is_an_error_not_a_value() {
