@@ -48,6 +48,12 @@ pub fn share_ask(quota: &QuotaConfig, request: &TaskRequest, step: Step, now_ms:
     }
 }
 
+/// Whether tasks of `lane` are counted: fairness on, and a task lane (commits are batched per
+/// repository and stay in the fair queue's order).
+fn counted(quota: &QuotaConfig, lane: Lane) -> bool {
+    quota.share.on && lane != Lane::Commits
+}
+
 fn degraded(metrics: &Metrics, e: &crate::ports::CacheError) {
     warn!(error = %e, "cache unavailable; token shares not counted");
     metrics.degraded_operations_total.with_label_values(&["fairness"]).inc();
@@ -57,7 +63,7 @@ impl Ingress {
     /// Counts a task this ingress has just queued as waiting in its group.
     pub(super) async fn count_waiting(&self, record: &TaskRecord) {
         let quota = &self.config.quota;
-        if !quota.share.on || record.lane == Lane::Commits {
+        if !counted(quota, record.lane) {
             return;
         }
         let ask = share_ask(quota, &record.request, Step::Submit, self.clock.now_ms());
@@ -78,7 +84,7 @@ impl Worker {
         now_ms: u64,
     ) -> Result<Option<ShareHold>, Duration> {
         let quota = &self.config.quota;
-        if !quota.share.on || lane == Lane::Commits {
+        if !counted(quota, lane) {
             return Ok(None);
         }
         let step = Step::Decide { estimate };

@@ -265,7 +265,7 @@ impl Worker {
                     .await;
             }
         };
-        let reservation = match self.admit(run, &request, now).await {
+        let reservation = match self.admit(run, estimate, now).await {
             Ok(reservation) => reservation,
             Err(outcome) => {
                 self.settle_share(share.as_ref(), &record.request, 0).await;
@@ -330,19 +330,19 @@ impl Worker {
         }
     }
 
-    /// The budgets' reservation for this call ([`crate::quota::reserve`]): `Err` with the put-off
+    /// The budgets' reservation for this call, estimated at `tokens` ([`crate::quota::reserve`]): `Err` with the put-off
     /// when a budget is over (a wait, no attempt used), or the task's end when the budget renews only
     /// after the lane's maximum age; `Ok(None)` when the cache is down and budgets are not enforced.
     async fn admit(
         &self,
         run: Run<'_>,
-        request: &LlmRequest,
+        tokens: u64,
         now: u64,
     ) -> Result<Option<crate::quota::Reservation>, Outcome> {
         let Run { queue, message, task, record, completed } = run;
         let quota = &self.config.quota;
         let scopes = crate::quota::scopes(record.request.tenant.as_ref(), &record.request.project_id);
-        let cost = crate::quota::estimate(quota, task.lane, crate::llm::estimate_tokens(request));
+        let cost = crate::quota::estimate(quota, task.lane, tokens);
         match crate::quota::reserve(&*self.cache, quota, &scopes, cost, now).await {
             Ok(Ok(reservation)) => Ok(Some(reservation)),
             Ok(Err(over)) => {
