@@ -736,6 +736,21 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
     tokio::time::sleep(lanes_core::adapters::redis::RECONNECT_EVERY + Duration::from_millis(50)).await;
     assert_eq!(cache.get("task:acl").await.unwrap().as_deref(), Some("v"), "read again and connected");
     assert_eq!(reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    // A cold start's first commands come together: they wait for the one connecting (here reading
+    // a password that takes 50 ms), and all work.
+    let slow: lanes_core::secret::Fetch = std::sync::Arc::new(|| {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok("s3cret-pass".to_owned())
+        })
+    });
+    let password = lanes_core::secret::Secret::read_by(slow, clock.clone());
+    let settings =
+        RedisSettings { auth: Some(RedisAuth { user: "lanes".into(), password }), ..redis.settings(false) };
+    let fresh = RedisCache::new(connect(&settings).await.unwrap(), "lanes:");
+    let together = futures::future::join_all((0..10).map(|_| fresh.get("task:acl"))).await;
+    assert!(together.iter().all(|r| matches!(r, Ok(Some(v)) if v == "v")), "{together:?}");
 }
 
 /// The token-share step is one algorithm in two places: the Redis script and the embedded cache.

@@ -62,7 +62,7 @@ pub struct RedisAuth {
 /// accelerates), and would put a network round trip into every init. So the first command makes the
 /// connection. Until one is made every command fails fast (callers count a degraded operation): a
 /// new attempt is made at most once per [`RECONNECT_EVERY`], by whichever command comes first, while
-/// the others fail at once instead of queueing behind it. A password that cannot be read fails the
+/// the others wait for it at most one command's timeout instead of queueing behind it. A password that cannot be read fails the
 /// attempt like an unreachable server, and the next attempt reads it again. Once made, a single
 /// node's connection manager and the cluster connection each reconnect by themselves.
 #[derive(Clone)]
@@ -107,7 +107,11 @@ impl Lazy {
             return Ok(c.clone());
         }
         let Ok(mut last) = self.last_attempt.try_lock() else {
-            return Err(unreachable("another command is connecting"));
+            // Another command is connecting (the first commands of a cold start come together):
+            // wait for it, at most as long as one command may take, rather than queue behind a
+            // cache that does not answer.
+            let _ = tokio::time::timeout(self.settings.timeout, self.last_attempt.lock()).await;
+            return self.conn.get().cloned().ok_or_else(|| unreachable("another command is connecting"));
         };
         let now = tokio::time::Instant::now();
         if last.is_some_and(|at| now < at + RECONNECT_EVERY) {
