@@ -333,12 +333,15 @@ async fn runnable_or_dropped(
     Ok(true)
 }
 
-/// A DLQ message's attributes that travel back to its lane: only the routing ones (lane, kind, and
-/// the fairness group), never the DLQ's own (reason, source).
+/// A DLQ message's attributes that travel back to its lane: only the routing ones (lane, kind, the
+/// fairness group and the priority), never the DLQ's own (reason, source).
 pub(crate) fn routing(m: &ReceivedMessage) -> std::collections::BTreeMap<String, String> {
     m.attributes
         .iter()
-        .filter(|(k, _)| matches!(k.as_str(), "lane" | "kind" | crate::domain::fairness::GROUP_ATTRIBUTE))
+        .filter(|(k, _)| {
+            use crate::domain::fairness::{GROUP_ATTRIBUTE, PRIORITY_ATTRIBUTE};
+            matches!(k.as_str(), "lane" | "kind" | GROUP_ATTRIBUTE | PRIORITY_ATTRIBUTE)
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }

@@ -38,6 +38,7 @@ pub fn routes() -> axum::Router {
     components(schemas(
         crate::domain::TaskRequest,
         crate::domain::request::ModelParams,
+        crate::domain::fairness::Priority,
         crate::domain::TaskView,
         crate::domain::TaskStatus,
         crate::domain::TaskResult,
@@ -81,6 +82,11 @@ mod tests {
         let task = &doc["components"]["schemas"]["TaskRequest"]["properties"];
         assert!(task.get("tenant").is_none(), "the tenant is never the client's to send");
         assert!(task.get("prompt").is_some());
+        assert_eq!(
+            doc["components"]["schemas"]["Priority"]["enum"],
+            serde_json::json!(["high", "normal", "low"])
+        );
+        assert!(task["priority"].to_string().contains("Priority"), "{}", task["priority"]);
         assert_eq!(doc["components"]["schemas"]["TaskStatus"]["enum"][0], "PENDING");
     }
 }

@@ -10,15 +10,80 @@
 //!   after the quiet ones. The embedded queue's twin of that is [`fair_order`]: round-robin across
 //!   groups, the group with the fewest messages in flight first, oldest message first inside a
 //!   group. A group with a backlog of thousands cannot starve one with a single message.
+//! - **Priority.** A task may ask for `high` or `low` [`Priority`]: a time offset in that order
+//!   ([`PRIORITY_OFFSET_MS`]), carried as the [`PRIORITY_ATTRIBUTE`] of its message. A `high`
+//!   task is ordered as if sent that much earlier, so it passes its own group's older `normal`
+//!   ones and heads its group sooner; it never takes a turn from another group (the round-robin
+//!   still counts messages out first), so a tenant cannot buy its way past the others with it.
 
 use crate::domain::ids::{Provider, Tenant};
 use crate::domain::sha256_hex;
+use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 /// The message attribute naming a message's group; the SQS adapter sends it as `MessageGroupId`
 /// and reads it back from the received message's system attributes.
 pub const GROUP_ATTRIBUTE: &str = "MessageGroupId";
+
+/// The message attribute carrying a task's [`Priority`] when it is not `normal`.
+pub const PRIORITY_ATTRIBUTE: &str = "priority";
+
+/// How far a priority moves a message in the fair order: `high` is ordered as if sent 30 s
+/// earlier, `low` 30 s later. Long enough to pass a burst's worth of `normal` work, short enough
+/// that a `low` task still starts within an interactive lane's maximum age under steady load.
+pub const PRIORITY_OFFSET_MS: u64 = 30_000;
+
+/// A task's place in its group's order, chosen by its client (absent: `normal`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Ordered [`PRIORITY_OFFSET_MS`] ahead of its sending time.
+    High,
+    /// Ordered by its sending time.
+    #[default]
+    Normal,
+    /// Ordered [`PRIORITY_OFFSET_MS`] behind its sending time.
+    Low,
+}
+
+impl Priority {
+    /// Every priority, highest first.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// The priority named `s`, exactly as written on the wire.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// Whether this is the default (left out of records and messages).
+    pub fn is_normal(&self) -> bool {
+        *self == Priority::Normal
+    }
+
+    /// The priority a message's attributes carry (absent or unknown: `normal`).
+    pub fn of_attributes(attributes: &BTreeMap<String, String>) -> Self {
+        attributes.get(PRIORITY_ATTRIBUTE).and_then(|p| Self::parse(p)).unwrap_or_default()
+    }
+
+    /// The time a message of this priority sent at `sent_at_ms` is ordered as.
+    pub fn order_at(self, sent_at_ms: u64) -> u64 {
+        match self {
+            Priority::High => sent_at_ms.saturating_sub(PRIORITY_OFFSET_MS),
+            Priority::Normal => sent_at_ms,
+            Priority::Low => sent_at_ms.saturating_add(PRIORITY_OFFSET_MS),
+        }
+    }
+}
 
 /// Longest group id SQS accepts.
 pub const MAX_GROUP_LEN: usize = 128;
@@ -51,30 +116,43 @@ pub fn is_valid_group(group: &str) -> bool {
     !group.is_empty() && group.len() <= MAX_GROUP_LEN && group.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// The order in which to deliver `ready` (visible messages as `(sequence, group)`, in any order):
-/// repeatedly the head of the group with the fewest messages out (in flight before this receive,
-/// from `in_flight`, plus those already picked by it), ties to the oldest head. Messages without a
-/// group (`""`) are one group of their own.
+/// A visible message as the fair order sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Ready<'a> {
+    /// The queue's sequence number (sending order), what the order hands back.
+    pub seq: u64,
+    /// The time it is ordered as ([`Priority::order_at`] of its sending time).
+    pub order_at: u64,
+    /// Its group (`""`: none).
+    pub group: &'a str,
+}
+
+/// The order in which to deliver `ready` (visible messages, in any order): repeatedly the head of
+/// the group with the fewest messages out (in flight before this receive, from `in_flight`, plus
+/// those already picked by it), ties to the earliest head. Inside a group, earliest
+/// [`Ready::order_at`] first, then sending order. Messages without a group (`""`) are one group of
+/// their own.
 pub fn fair_order<'a>(
-    ready: impl IntoIterator<Item = (u64, &'a str)>,
+    ready: impl IntoIterator<Item = Ready<'a>>,
     in_flight: &HashMap<&str, usize>,
 ) -> Vec<u64> {
-    let mut by_group: BTreeMap<&str, VecDeque<u64>> = BTreeMap::new();
-    for (seq, group) in ready {
-        by_group.entry(group).or_default().push_back(seq);
+    let mut by_group: BTreeMap<&str, VecDeque<(u64, u64)>> = BTreeMap::new();
+    for r in ready {
+        by_group.entry(r.group).or_default().push_back((r.order_at, r.seq));
     }
     for q in by_group.values_mut() {
         q.make_contiguous().sort_unstable();
     }
-    // Min-heap on (messages out, head sequence).
-    let mut heap: BinaryHeap<Reverse<(usize, u64, &str)>> = by_group
+    // Min-heap on (messages out, head's order).
+    type Head<'g> = Reverse<(usize, (u64, u64), &'g str)>;
+    let mut heap: BinaryHeap<Head> = by_group
         .iter()
         .filter_map(|(g, q)| Some(Reverse((in_flight.get(g).copied().unwrap_or(0), *q.front()?, *g))))
         .collect();
     let mut out = Vec::with_capacity(by_group.values().map(VecDeque::len).sum());
     while let Some(Reverse((out_now, _, group))) = heap.pop() {
         let Some(q) = by_group.get_mut(group) else { continue };
-        let Some(seq) = q.pop_front() else { continue };
+        let Some((_, seq)) = q.pop_front() else { continue };
         out.push(seq);
         if let Some(&next) = q.front() {
             heap.push(Reverse((out_now + 1, next, group)));
@@ -87,12 +165,50 @@ pub fn fair_order<'a>(
 mod tests {
     use super::*;
 
+    /// Messages sent one a millisecond, in sequence, at normal priority.
+    fn at(ready: impl IntoIterator<Item = (u64, &'static str)>) -> Vec<Ready<'static>> {
+        ready.into_iter().map(|(seq, group)| Ready { seq, order_at: seq, group }).collect()
+    }
+
+    #[test]
+    fn priority_moves_a_task_inside_its_group_but_never_past_another_group() {
+        // a: 1, 2, 3 normal and 4 high; b: 5 normal.
+        let mut ready = at([(1, "a"), (2, "a"), (3, "a"), (5, "b")]);
+        ready.push(Ready { seq: 4, order_at: Priority::High.order_at(4), group: "a" });
+        assert_eq!(
+            fair_order(ready, &HashMap::new()),
+            [4, 5, 1, 2, 3],
+            "a's high task heads a; b keeps its turn"
+        );
+        let mut ready = at([(2, "a"), (3, "a")]);
+        ready.push(Ready { seq: 1, order_at: Priority::Low.order_at(1), group: "a" });
+        assert_eq!(fair_order(ready, &HashMap::new()), [2, 3, 1]);
+    }
+
+    #[test]
+    fn priorities_parse_their_wire_names_only() {
+        for p in Priority::ALL {
+            assert_eq!(Priority::parse(p.as_str()), Some(p));
+            assert_eq!(serde_json::to_value(p).ok(), Some(serde_json::json!(p.as_str())));
+        }
+        assert_eq!(Priority::parse("HIGH"), None);
+        assert_eq!(Priority::parse("urgent"), None);
+        let attrs = BTreeMap::from([(PRIORITY_ATTRIBUTE.to_owned(), "bogus".to_owned())]);
+        assert_eq!(
+            Priority::of_attributes(&attrs),
+            Priority::Normal,
+            "an unknown value is normal, not an error"
+        );
+        assert_eq!(Priority::Low.order_at(u64::MAX), u64::MAX);
+        assert_eq!(Priority::High.order_at(5), 0);
+    }
+
     #[test]
     fn a_backlog_does_not_starve_a_group_with_one_message() {
         // Group a sent 1..=100 first; b sent one message after them.
         let mut ready: Vec<(u64, &str)> = (1..=100).map(|s| (s, "a")).collect();
         ready.push((101, "b"));
-        let order = fair_order(ready, &HashMap::new());
+        let order = fair_order(at(ready), &HashMap::new());
         assert_eq!(&order[..3], &[1, 101, 2], "b's message is second, not 101st");
         assert_eq!(order.len(), 101);
     }
@@ -100,14 +216,14 @@ mod tests {
     #[test]
     fn groups_alternate_and_keep_their_own_order() {
         let ready = [(5, "b"), (1, "a"), (2, "a"), (3, "a"), (4, "b"), (6, "c")];
-        assert_eq!(fair_order(ready, &HashMap::new()), [1, 4, 6, 2, 5, 3]);
+        assert_eq!(fair_order(at(ready), &HashMap::new()), [1, 4, 6, 2, 5, 3]);
     }
 
     #[test]
     fn a_group_with_messages_in_flight_waits_behind_the_quiet_ones() {
         let ready = [(1, "busy"), (2, "busy"), (3, "quiet")];
         let in_flight = HashMap::from([("busy", 5)]);
-        assert_eq!(fair_order(ready, &in_flight), [3, 1, 2]);
+        assert_eq!(fair_order(at(ready), &in_flight), [3, 1, 2]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! A task request as a client sends it: the fields, the documented shape of `params`, and the
 //! validation that names every bad field. Pure.
 
+use crate::domain::fairness::Priority;
 use crate::domain::{FieldError, Kind, Lane, MAX_PARAM_TOKENS, Tenant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -33,6 +34,11 @@ pub struct TaskRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
     pub tenant: Option<Tenant>,
+    /// Its place in the lane's fair order among its tenant's tasks: `high`, `normal` (the default)
+    /// or `low`, a 30-second offset either way. Not part of the task's identity: the same payload
+    /// at another priority is the same task.
+    #[serde(default, skip_serializing_if = "Priority::is_normal")]
+    pub priority: Priority,
 }
 
 /// The documented shape of `params`: every key optional, unknown keys refused (a typo would otherwise
@@ -105,7 +111,7 @@ impl ModelParams {
     }
 }
 
-const ALLOWED_FIELDS: [&str; 5] = ["project_id", "kind", "prompt", "target_files", "params"];
+const ALLOWED_FIELDS: [&str; 6] = ["project_id", "kind", "prompt", "target_files", "params", "priority"];
 
 impl TaskRequest {
     /// Parses and validates a JSON body. Every problem found is reported, each naming its field.
@@ -162,11 +168,17 @@ impl TaskRequest {
             }
         };
         let params = take_params(&mut obj, &mut errors);
-        match (project_id, kind, prompt, target_files, params) {
-            (Some(project_id), Some(kind), Some(prompt), Some(target_files), Some(params))
-                if errors.is_empty() =>
-            {
-                Ok(Self { project_id, kind, prompt, target_files, params, tenant: None })
+        let priority = take_priority(&mut obj, &mut errors);
+        match (project_id, kind, prompt, target_files, params, priority) {
+            (
+                Some(project_id),
+                Some(kind),
+                Some(prompt),
+                Some(target_files),
+                Some(params),
+                Some(priority),
+            ) if errors.is_empty() => {
+                Ok(Self { project_id, kind, prompt, target_files, params, tenant: None, priority })
             }
             _ => Err(errors),
         }
@@ -201,6 +213,25 @@ fn take_kind(obj: &mut Map<String, Value>, errors: &mut Vec<FieldError>) -> Opti
             None
         }
     })
+}
+
+/// The `priority`: absent or null is `normal`.
+fn take_priority(obj: &mut Map<String, Value>, errors: &mut Vec<FieldError>) -> Option<Priority> {
+    let expected = || Priority::ALL.map(Priority::as_str).join(", ");
+    match obj.remove("priority") {
+        None | Some(Value::Null) => Some(Priority::Normal),
+        Some(Value::String(p)) => Priority::parse(&p).or_else(|| {
+            errors.push(FieldError::new(
+                "priority",
+                format!("unknown priority `{p}`; expected one of: {}", expected()),
+            ));
+            None
+        }),
+        Some(_) => {
+            errors.push(FieldError::new("priority", format!("expected a string, one of: {}", expected())));
+            None
+        }
+    }
 }
 
 /// The `params`, validated and in their canonical form (absent and equal values written one way).
@@ -331,6 +362,36 @@ pub(crate) mod tests {
             Ok(r) => panic!("expected an error, got {r:?}"),
             Err(e) => e,
         }
+    }
+
+    #[test]
+    fn priority_is_optional_validated_and_not_part_of_the_identity() {
+        let base = json!({"project_id": "p", "kind": "explain", "prompt": "x", "target_files": []});
+        let with = |p: Value| {
+            let mut v = base.clone();
+            v["priority"] = p;
+            v
+        };
+        assert_eq!(req(base.clone()).priority, Priority::Normal);
+        assert_eq!(req(with(Value::Null)).priority, Priority::Normal);
+        let high = req(with(json!("high")));
+        assert_eq!(high.priority, Priority::High);
+        assert_eq!(high.task_id(None), req(base.clone()).task_id(None), "the same work is the same task");
+        for bad in [json!("urgent"), json!("HIGH"), json!(1)] {
+            let e = errs(with(bad.clone()));
+            assert_eq!(e.len(), 1, "{bad}: {e:?}");
+            assert_eq!(e[0].field, "priority");
+            assert!(
+                e[0].reason.contains("high, normal, low"),
+                "{bad}: names what is allowed: {}",
+                e[0].reason
+            );
+        }
+        // Records written before priorities existed read as normal; normal is not written.
+        let stored = serde_json::to_value(req(base)).unwrap_or_default();
+        assert!(stored.get("priority").is_none(), "{stored}");
+        let back: TaskRequest = serde_json::from_value(stored).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back.priority, Priority::Normal);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! unsent or orphaned `PENDING` record, claimed in the store first so that one reader sends it.
 
 use super::ingress::Ingress;
-use crate::domain::fairness::{GROUP_ATTRIBUTE, task_group};
+use crate::domain::fairness::{GROUP_ATTRIBUTE, PRIORITY_ATTRIBUTE, task_group};
 use crate::domain::{TaskId, TaskMessage, TaskRecord, TaskStatus};
 use crate::ports::{EnqueueMark, UNSENT};
 use std::collections::BTreeMap;
@@ -88,6 +88,9 @@ impl Ingress {
                 task_group(record.request.tenant.as_ref(), &record.request.project_id),
             ),
         ]);
+        if !record.request.priority.is_normal() {
+            attributes.insert(PRIORITY_ATTRIBUTE.to_owned(), record.request.priority.as_str().to_owned());
+        }
         if let Some(header) = crate::trace::current() {
             attributes.insert(crate::trace::TRACE_HEADER.to_owned(), header);
         }

@@ -569,6 +569,44 @@ mod tests {
         assert_eq!(groups.len(), 2, "one group per tenant, projects aside: {groups:?}");
     }
 
+    /// A tenant's `high` task passes its own older ones; an unknown priority is a 400 naming it.
+    #[tokio::test]
+    async fn a_high_priority_task_heads_its_tenants_backlog() {
+        let r = rig_with(IngressConfig { tenancy: true, ..Default::default() }).await;
+        let body = |i: usize, priority: &str| {
+            format!(
+                r#"{{"project_id":"p","kind":"explain","prompt":"task {i}","target_files":[],"priority":"{priority}"}}"#
+            )
+        };
+        for i in 0..5 {
+            let p = if i == 0 { "low" } else { "normal" };
+            assert_eq!(
+                as_tenant(&r, "POST", "/v1/tasks", Some("team-a"), &body(i, p)).await.0,
+                StatusCode::ACCEPTED
+            );
+        }
+        let (s, high) = as_tenant(&r, "POST", "/v1/tasks", Some("team-a"), &body(9, "high")).await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{high}");
+        let (s, bad) = as_tenant(&r, "POST", "/v1/tasks", Some("team-a"), &body(10, "urgent")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(bad["errors"][0]["field"], "priority", "{bad}");
+        let got = r.interactive.receive(10).await.unwrap();
+        let mut prompts = Vec::new();
+        for m in &got {
+            let task: TaskMessage = serde_json::from_str(&m.body).unwrap();
+            prompts.push(r.store.get(&task.task_id, r.clock.now_ms()).await.unwrap().unwrap().request.prompt);
+        }
+        assert_eq!(
+            prompts,
+            ["task 9", "task 1", "task 2", "task 3", "task 4", "task 0"],
+            "high first, low last"
+        );
+        assert_eq!(
+            got[0].attributes.get(crate::domain::fairness::PRIORITY_ATTRIBUTE).map(String::as_str),
+            Some("high")
+        );
+    }
+
     #[tokio::test]
     async fn tenants_get_their_own_ids_and_never_see_each_others_tasks() {
         let r = rig_with(IngressConfig { tenancy: true, ..Default::default() }).await;
