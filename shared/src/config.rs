@@ -243,6 +243,8 @@ pub struct QuotaConfig {
     pub completion_caps: [u32; 3],
     /// Token-weighted fairness inside the task lanes ([`crate::domain::token_share`]).
     pub share: ShareConfig,
+    /// Most tasks of one tenant running at once, per task lane (`LANES_TENANT_CONCURRENCY`).
+    pub concurrency: crate::domain::concurrency::Caps,
 }
 
 /// Token-weighted fairness: on or off, its windows, and each tenant's weight.
@@ -302,13 +304,14 @@ impl Default for QuotaConfig {
             repo_daily_commits: None,
             completion_caps: Lane::ALL.map(|l| LanePolicy::default_for(l).max_tokens),
             share: ShareConfig::default(),
+            concurrency: crate::domain::concurrency::Caps::none(),
         }
     }
 }
 
 impl QuotaConfig {
-    /// Reads `LANES_TENANT_{RPM,TPM,DAILY_TOKENS,DAILY_USD}`, the same four `LANES_PROJECT_*` and
-    /// `LANES_REPO_DAILY_COMMITS` (each optional). The routes' prices are [`crate::quota`]'s to add.
+    /// Reads `LANES_TENANT_{RPM,TPM,DAILY_TOKENS,DAILY_USD}`, the same four `LANES_PROJECT_*`,
+    /// `LANES_REPO_DAILY_COMMITS` and `LANES_TENANT_CONCURRENCY` (each optional). The routes' prices are [`crate::quota`]'s to add.
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(Self {
             tenant: limits_from_env([
@@ -325,6 +328,11 @@ impl QuotaConfig {
             ])?,
             repo_daily_commits: env_number("LANES_REPO_DAILY_COMMITS", 1, 100_000_000)?,
             share: ShareConfig::from_env()?,
+            concurrency: match optional_env("LANES_TENANT_CONCURRENCY") {
+                None => crate::domain::concurrency::Caps::none(),
+                Some(spec) => crate::domain::concurrency::Caps::parse(&spec)
+                    .map_err(|reason| ConfigError::Invalid { name: "LANES_TENANT_CONCURRENCY", reason })?,
+            },
             ..Self::default()
         })
     }

@@ -947,6 +947,18 @@ impl Cache for FaultyCache {
         let r = self.inner().leave(key, member).await;
         self.ctx.post(d, "cache.leave", key, r).await
     }
+    async fn enter_within(
+        &self,
+        key: &str,
+        member: &str,
+        now_ms: u64,
+        until_ms: u64,
+        max: u64,
+    ) -> Result<bool, CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.enter_within", key).await?;
+        let r = self.inner().enter_within(key, member, now_ms, until_ms, max).await;
+        self.ctx.post(d, "cache.enter_within", key, r).await
+    }
     async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError> {
         let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.count_live", key).await?;
         let r = self.inner().count_live(key, now_ms).await;

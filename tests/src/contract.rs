@@ -428,7 +428,39 @@ pub async fn cache(cache: &dyn Cache) {
         "b, ended by then, was dropped as c entered"
     );
     assert_eq!(cache.count_live("contract:missing-set", now).await.unwrap(), 0);
+    capped_sets(cache, now).await;
     reservations(cache).await;
+}
+
+/// A capped set: at most `max` members within their time; one already in renews whatever the count.
+async fn capped_sets(cache: &dyn Cache, now: u64) {
+    let key = "contract:{t}:capped";
+    assert!(cache.enter_within(key, "a", now, now + 1_000, 2).await.unwrap());
+    assert!(cache.enter_within(key, "b", now, now + 5_000, 2).await.unwrap());
+    assert!(!cache.enter_within(key, "c", now, now + 5_000, 2).await.unwrap(), "full");
+    assert!(cache.enter_within(key, "a", now + 500, now + 2_000, 2).await.unwrap(), "a renews while full");
+    assert!(
+        !cache.enter_within(key, "c", now + 1_500, now + 5_000, 2).await.unwrap(),
+        "a's renewed time holds"
+    );
+    assert!(
+        cache.enter_within(key, "c", now + 2_000, now + 5_000, 2).await.unwrap(),
+        "a's time is over: room"
+    );
+    cache.leave(key, "b").await.unwrap();
+    assert!(
+        cache.enter_within(key, "d", now + 2_000, now + 5_000, 2).await.unwrap(),
+        "b gave its place back"
+    );
+    assert_eq!(cache.count_live(key, now + 2_000).await.unwrap(), 2);
+    // A parallel burst for the last places: exactly `max` get in.
+    let burst = "contract:{t}:burst";
+    let tries = (0..20).map(|i| {
+        let member = format!("m{i}");
+        async move { cache.enter_within(burst, &member, now, now + 5_000, 3).await.unwrap() }
+    });
+    let ins = futures::future::join_all(tries).await.into_iter().filter(|i| *i).count();
+    assert_eq!(ins, 3, "never more than the cap");
 }
 
 /// Reservations: every charge or none, each limit checked against the counter before it.

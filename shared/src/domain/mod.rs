@@ -3,6 +3,7 @@
 //! task's record ([`task`]) and its transition table ([`lifecycle`]), and the commit types ([`commit`]). Pure: no I/O.
 
 pub mod commit;
+pub mod concurrency;
 pub mod fairness;
 pub mod ids;
 pub mod lifecycle;

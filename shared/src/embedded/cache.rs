@@ -88,6 +88,25 @@ impl Cache for MemoryCache {
         Ok(())
     }
 
+    async fn enter_within(
+        &self,
+        key: &str,
+        member: &str,
+        now: u64,
+        until_ms: u64,
+        max: u64,
+    ) -> Result<bool, CacheError> {
+        let mut sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        // One lock over the count and the add: atomic as the script is.
+        let set = sets.entry(key.to_owned()).or_default();
+        set.retain(|_, until| *until > now);
+        if !set.contains_key(member) && set.len() as u64 >= max {
+            return Ok(false);
+        }
+        set.insert(member.to_owned(), until_ms);
+        Ok(true)
+    }
+
     async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError> {
         let sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
         Ok(sets.get(key).map_or(0, |set| set.values().filter(|until| **until > now_ms).count() as u64))

@@ -86,6 +86,17 @@ pub trait Cache: Send + Sync {
     async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError>;
     /// Takes `member` out of the set at `key`.
     async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError>;
+    /// Like [`Self::enter`], but only while fewer than `max` members are within their time (one
+    /// already in renews its time whatever the count), in one atomic step: whether `member` is in.
+    /// What holds a per-tenant concurrency cap under a parallel burst.
+    async fn enter_within(
+        &self,
+        key: &str,
+        member: &str,
+        now_ms: u64,
+        until_ms: u64,
+        max: u64,
+    ) -> Result<bool, CacheError>;
     /// How many members of the set at `key` are still within their time at `now_ms`.
     async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError>;
     /// Applies every charge or none, in one atomic step: `None` when all were applied, or the index

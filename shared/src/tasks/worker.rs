@@ -256,14 +256,9 @@ impl Worker {
             LlmRequest { lane: task.lane, ..LlmRequest::for_task(&record.request, policy.max_tokens) };
         let run = Run { queue, message, task, record: &record, completed };
         let estimate = crate::llm::estimate_tokens(&request);
-        let share = match self.take_share(task.lane, &record.request, estimate, now).await {
-            Ok(share) => share,
-            Err(after) => {
-                let why = "over its share of the lane's tokens while other tenants wait";
-                return self
-                    .wait(&**queue, message, task, Settle::Fenced(&record), after, Some("fairness"), why)
-                    .await;
-            }
+        let (_place, share) = match self.take_turn(run, estimate, now).await {
+            Ok(turn) => turn,
+            Err(outcome) => return outcome,
         };
         let reservation = match self.admit(run, estimate, now).await {
             Ok(reservation) => reservation,
@@ -940,6 +935,43 @@ mod tests {
         let m = r.receive().await;
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
         assert_eq!(r.status().await, TaskStatus::Completed);
+    }
+
+    /// A tenant at its concurrency cap in the lane is put off (a wait, no attempt); a run holds
+    /// its place past the place's first end time (renewed), and gives it back when it ends.
+    #[tokio::test]
+    async fn a_tenant_at_its_cap_waits_and_a_run_holds_its_place_until_it_ends() {
+        use crate::domain::concurrency::{Caps, running_key};
+        let mut config = fast();
+        config.quota.share.settings.put_off_ms = 10;
+        config.quota.concurrency = Caps::parse("interactive=1").unwrap();
+        let llm = ScriptedLlm { delay: Duration::from_millis(450), ..Default::default() };
+        let r = rig(Arc::new(SystemClock), llm, config).await;
+        let key = running_key(Lane::Interactive, &crate::domain::fairness::task_group(None, "p"));
+        let now = r.worker.clock.now_ms();
+        assert!(r.worker.cache.enter_within(&key, "another-run", now, now + 60_000, 1).await.unwrap());
+        let m = r.receive().await;
+        assert!(matches!(r.worker.process(r.queue(), m).await, Outcome::Retry { .. }));
+        assert_eq!(
+            (
+                r.record().await.attempts,
+                r.count(&r.worker.metrics.waits_total, &["interactive", "tenant_cap"])
+            ),
+            (0, 1)
+        );
+        r.worker.cache.leave(&key, "another-run").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let m = r.receive().await;
+        let (worker, queue) = (r.worker.clone(), r.queue());
+        let run = tokio::spawn(async move { worker.process(queue, m).await });
+        // Past the lease TTL (300 ms) the place is still held: the run renews it.
+        tokio::time::sleep(Duration::from_millis(380)).await;
+        let held = r.worker.cache.count_live(&key, r.worker.clock.now_ms()).await.unwrap();
+        assert_eq!(held, 1, "renewed while the run lasts");
+        assert_eq!(run.await.unwrap(), Outcome::Acked);
+        assert_eq!(r.status().await, TaskStatus::Completed);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(r.worker.cache.count_live(&key, r.worker.clock.now_ms()).await.unwrap(), 0, "given back");
     }
 
     #[tokio::test]

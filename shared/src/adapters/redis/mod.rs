@@ -385,6 +385,41 @@ impl Cache for RedisCache {
             .map_err(|e| CacheError::Unavailable(e.to_string()))
     }
 
+    async fn enter_within(
+        &self,
+        key: &str,
+        member: &str,
+        now_ms: u64,
+        until_ms: u64,
+        max: u64,
+    ) -> Result<bool, CacheError> {
+        crate::metrics::aws_request("redis", "EVALSHA enter_within");
+        // As `enter`, with the count and the add in one script: two workers racing for the last
+        // place cannot both take it.
+        static ENTER_WITHIN: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+            redis::Script::new(
+                "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1]) \
+                 if not redis.call('ZSCORE', KEYS[1], ARGV[3]) \
+                    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then return 0 end \
+                 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3]) \
+                 redis.call('PEXPIRE', KEYS[1], ARGV[4]) \
+                 return 1",
+            )
+        });
+        let mut conn = self.conn.clone();
+        ENTER_WITHIN
+            .key(format!("{}{key}", self.prefix))
+            .arg(now_ms)
+            .arg(until_ms)
+            .arg(member)
+            .arg(until_ms.saturating_sub(now_ms).saturating_add(86_400_000))
+            .arg(max)
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map(|n| n == 1)
+            .map_err(|e| CacheError::Unavailable(e.to_string()))
+    }
+
     async fn count_live(&self, key: &str, now_ms: u64) -> Result<u64, CacheError> {
         crate::metrics::aws_request("redis", "ZCOUNT");
         let mut conn = self.conn.clone();

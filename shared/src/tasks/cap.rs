@@ -1,0 +1,117 @@
+//! The worker's side of the per-tenant concurrency cap ([`crate::domain::concurrency`]): a claimed
+//! run takes a place in its group's set before its call, renews it on the lease's cadence while it
+//! runs, and gives it back on every way out. A group at its cap is put off (a wait, never an
+//! attempt), as a group over its token share is. With the cache down the cap is not enforced: the
+//! task runs, counted as degraded, because failing work for an accelerator's outage would turn a
+//! cache blip into lost tasks.
+
+use super::share::ShareHold;
+use super::worker::{Run, Settle, Worker};
+use crate::domain::concurrency::running_key;
+use crate::domain::fairness::task_group;
+use crate::domain::{Lane, TaskId, TaskRequest};
+use crate::lease::Outcome;
+use crate::ports::Cache;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A run's place in its group's set, renewed while this lives and given back when it is dropped.
+pub(super) struct Place {
+    renewals: tokio::task::JoinHandle<()>,
+    cache: Arc<dyn Cache>,
+    key: String,
+    member: String,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.renewals.abort();
+        // Dropping cannot wait; the place's end time frees it anyway if this never runs.
+        let (cache, key, member) =
+            (self.cache.clone(), std::mem::take(&mut self.key), std::mem::take(&mut self.member));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = cache.leave(&key, &member).await;
+            });
+        }
+    }
+}
+
+impl Worker {
+    /// The tenant's two gates before a claimed run's call, in order: a place under its concurrency
+    /// cap, then its token share. Either one refusing puts the run off (a wait, no attempt); a
+    /// place already taken is given back by the drop.
+    pub(super) async fn take_turn(
+        &self,
+        run: Run<'_>,
+        estimate: u64,
+        now_ms: u64,
+    ) -> Result<(Option<Place>, Option<ShareHold>), Outcome> {
+        let (lane, request) = (run.task.lane, &run.record.request);
+        let put_off = |after, why, reason| {
+            self.wait(
+                &**run.queue,
+                run.message,
+                run.task,
+                Settle::Fenced(run.record),
+                after,
+                Some(why),
+                reason,
+            )
+        };
+        let place = match self.take_place(lane, request, &run.task.task_id, now_ms).await {
+            Ok(place) => place,
+            Err(after) => {
+                return Err(put_off(after, "tenant_cap", "at its tenant's concurrency cap in this lane").await);
+            }
+        };
+        match self.take_share(lane, request, estimate, now_ms).await {
+            Ok(share) => Ok((place, share)),
+            Err(after) => {
+                let why = "over its share of the lane's tokens while other tenants wait";
+                Err(put_off(after, "fairness", why).await)
+            }
+        }
+    }
+
+    /// Takes a place for `task` among its group's running tasks in `lane`: `Ok(None)` where the lane
+    /// has no cap (or the cache is down), `Err(after)` when the group is at its cap.
+    pub(super) async fn take_place(
+        &self,
+        lane: Lane,
+        request: &TaskRequest,
+        task: &TaskId,
+        now_ms: u64,
+    ) -> Result<Option<Place>, Duration> {
+        let Some(cap) = self.config.quota.concurrency.of(lane) else { return Ok(None) };
+        let key = running_key(lane, &task_group(request.tenant.as_ref(), &request.project_id));
+        let ttl = self.config.lease_ttl;
+        let until = move |now: u64| now.saturating_add(ttl.as_millis() as u64);
+        match self.cache.enter_within(&key, task.as_str(), now_ms, until(now_ms), cap.into()).await {
+            Ok(true) => {
+                let (cache, clock, every) =
+                    (self.cache.clone(), self.clock.clone(), self.config.renew_interval);
+                let (k, m) = (key.clone(), task.as_str().to_owned());
+                let renewals = tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(every).await;
+                        let now = clock.now_ms();
+                        // Renewing never fails for a full set: a member renews whatever the count.
+                        let _ = cache.enter_within(&k, &m, now, until(now), u64::MAX).await;
+                    }
+                });
+                Ok(Some(Place { renewals, cache: self.cache.clone(), key, member: task.as_str().to_owned() }))
+            }
+            Ok(false) => {
+                // A place frees when one of the group's runs ends, usually well before its end time.
+                let base = self.config.quota.share.settings.put_off_ms.max(1);
+                Err(Duration::from_millis(base + crate::jitter::range(0..=base / 2)))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "tenant concurrency unavailable; running uncapped");
+                self.metrics.degraded_operations_total.with_label_values(&["tenant_concurrency"]).inc();
+                Ok(None)
+            }
+        }
+    }
+}
