@@ -510,7 +510,7 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
 /// The metrics the code can emit in EMF, as `name -> dimension names`, read from the source so a
 /// new counter or label value is seen without a list kept by hand:
 /// - histograms (`Latency`), per lane;
-/// - counters: each family defined in `metrics.rs` (`field: r.counter("lanes_…_total", …, &[labels])`,
+/// - counters: each family defined in `metrics/mod.rs` (`field: r.counter("lanes_…_total", …, &[labels])`,
 ///   `r.cost(…)`, or a `pub static` with `Opts::new("lanes_…_total", …), &[labels]`), with the label values its call sites pass as
 ///   literals (`.<field>.with_label_values(&[lane, "prompt"])`), named by the core's own
 ///   `emf_name`; a non-literal value of a non-dimension label is a wildcard (`*`);
@@ -518,7 +518,7 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
 fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
     use lanes_core::metrics::{EMF_DIMENSIONS, Latency, emf_name};
     let root = workspace_root().join("shared/src");
-    let metrics_rs = std::fs::read_to_string(root.join("metrics.rs")).unwrap();
+    let metrics_rs = std::fs::read_to_string(root.join("metrics/mod.rs")).unwrap();
     let mut out = BTreeMap::new();
     for l in Latency::ALL {
         out.insert(l.name().to_owned(), BTreeSet::from(["lane".to_owned()]));

@@ -48,7 +48,9 @@ impl Worker {
         now_ms: u64,
     ) -> Result<(Option<Place>, Option<ShareHold>), Outcome> {
         let (lane, request) = (run.task.lane, &run.record.request);
+        let group = task_group(request.tenant.as_ref(), &request.project_id);
         let put_off = |after, why, reason| {
+            self.metrics.tenants.put_off(lane.as_str(), &group, why);
             self.wait(
                 &**run.queue,
                 run.message,
@@ -62,7 +64,9 @@ impl Worker {
         let place = match self.take_place(lane, request, &run.task.task_id, now_ms).await {
             Ok(place) => place,
             Err(after) => {
-                return Err(put_off(after, "tenant_cap", "at its tenant's concurrency cap in this lane").await);
+                return Err(
+                    put_off(after, "tenant_cap", "at its tenant's concurrency cap in this lane").await
+                );
             }
         };
         match self.take_share(lane, request, estimate, now_ms).await {

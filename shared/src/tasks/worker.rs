@@ -239,6 +239,9 @@ impl Worker {
         };
         let age = Duration::from_millis(now.saturating_sub(record.created_at_ms));
         self.metrics.observe(Latency::Wait, lane, age.as_secs_f64());
+        let group =
+            crate::domain::fairness::task_group(record.request.tenant.as_ref(), &record.request.project_id);
+        self.metrics.tenant_waited(lane, &group, age.as_secs_f64());
         if age > policy.max_age {
             let reason = format!(
                 "not started within the {} lane's maximum task age ({} s)",
@@ -283,6 +286,7 @@ impl Worker {
         match answer {
             Ok(resp) => {
                 let used = resp.usage.prompt + resp.usage.completion;
+                self.metrics.tenants.used(lane, &group, used);
                 self.settle_share(share.as_ref(), &record.request, used).await;
                 let result = self.answered(lane, resp, reservation.as_ref()).await;
                 self.finish(queue, message, &record, Completion::Completed(result), completed).await
@@ -972,6 +976,12 @@ mod tests {
         assert_eq!(r.status().await, TaskStatus::Completed);
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(r.worker.cache.count_live(&key, r.worker.clock.now_ms()).await.unwrap(), 0, "given back");
+        // Per tenant: the put-off, the wait and the tokens received, under the tenant's group.
+        let (g, tenants) = (crate::domain::fairness::task_group(None, "p"), &r.worker.metrics.tenants);
+        assert_eq!(r.count(&tenants.put_offs_total, &["interactive", &g, "tenant_cap"]), 1);
+        assert_eq!(r.count(&tenants.tokens_total, &["interactive", &g]), 1_100);
+        let claims = tenants.wait_seconds.with_label_values(&["interactive", &g]).get_sample_count();
+        assert_eq!(claims, 2, "one per claim, as the lane's wait: the put-off one and the run");
     }
 
     #[tokio::test]

@@ -3,6 +3,8 @@
 //! ([`Metrics::emf_documents`], printed after each invocation): counters as deltas since the last
 //! flush, latencies as the raw observations (so CloudWatch computes p99 itself).
 
+pub mod tenants;
+
 use prometheus::{
     CounterVec, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -50,7 +52,7 @@ pub fn reason_kind(reason: &str) -> String {
 }
 
 /// The labels that become CloudWatch dimensions in EMF; every other label is part of the metric name.
-pub const EMF_DIMENSIONS: [&str; 2] = ["lane", "reason"];
+pub const EMF_DIMENSIONS: [&str; 3] = ["lane", "reason", "tenant"];
 
 /// The EMF documents of one dimension set: at most 100 metrics per document and 100 values per
 /// metric, as EMF allows.
@@ -159,10 +161,13 @@ impl Latency {
     }
 }
 
+/// A raw latency kept for EMF: its metric name, its dimensions, its value.
+type Observation = (&'static str, Vec<(String, String)>, f64);
+
 #[derive(Default)]
 struct EmfState {
     enabled: bool,
-    observations: Vec<(&'static str, String, f64)>,
+    observations: Vec<Observation>,
     last: std::collections::HashMap<String, f64>,
 }
 
@@ -171,6 +176,8 @@ struct EmfState {
 pub struct Metrics {
     registry: Registry,
     emf: std::sync::Arc<std::sync::Mutex<EmfState>>,
+    /// Per-tenant series, top tenants by name and the rest as `other` ([`tenants`]).
+    pub tenants: tenants::TenantMetrics,
     /// Visible messages per lane.
     pub queue_depth: IntGaugeVec,
     /// Received, not yet acknowledged, per lane.
@@ -277,6 +284,7 @@ impl Metrics {
     pub fn new() -> Self {
         let r = Registrar(Registry::new());
         let metrics = Self {
+            tenants: tenants::TenantMetrics::new(&r),
             queue_depth: r.gauge("lanes_queue_depth", "Visible messages in the lane's queue"),
             queue_in_flight: r.gauge("lanes_queue_in_flight", "Received, unacknowledged messages"),
             queue_oldest_age_seconds: r.gauge("lanes_queue_oldest_age_seconds", "Age of the oldest message"),
@@ -389,7 +397,21 @@ impl Metrics {
         if let Ok(mut emf) = self.emf.lock()
             && emf.enabled
         {
-            emf.observations.push((which.name(), lane.to_owned(), seconds));
+            let dims = if lane.is_empty() { Vec::new() } else { vec![("lane".to_owned(), lane.to_owned())] };
+            emf.observations.push((which.name(), dims, seconds));
+        }
+    }
+
+    /// Records a run of `group` claimed `seconds` after its submission, per tenant
+    /// ([`tenants::TenantMetrics::waited`]), kept raw for EMF as `tenant_wait_seconds` by lane and
+    /// tenant.
+    pub fn tenant_waited(&self, lane: &str, group: &str, seconds: f64) {
+        let tenant = self.tenants.waited(lane, group, seconds);
+        if let Ok(mut emf) = self.emf.lock()
+            && emf.enabled
+        {
+            let dims = vec![("lane".to_owned(), lane.to_owned()), ("tenant".to_owned(), tenant)];
+            emf.observations.push(("tenant_wait_seconds", dims, seconds));
         }
     }
 
@@ -410,9 +432,9 @@ impl Metrics {
         type Dims = Vec<(String, String)>;
         let mut groups: BTreeMap<Dims, BTreeMap<String, (&'static str, Vec<f64>)>> = BTreeMap::new();
         let Ok(mut emf) = self.emf.lock() else { return Vec::new() };
-        for (name, lane, v) in emf.observations.drain(..) {
+        for (name, dims, v) in emf.observations.drain(..) {
             groups
-                .entry(if lane.is_empty() { Vec::new() } else { vec![("lane".to_owned(), lane)] })
+                .entry(dims)
                 .or_default()
                 .entry(name.to_owned())
                 .or_insert(("Seconds", Vec::new()))
@@ -519,6 +541,25 @@ mod tests {
         assert_eq!(
             dead["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
             serde_json::json!([["lane", "reason"]])
+        );
+        // Per tenant: the tenant is a dimension, with raw waits and counted put-offs.
+        m.tenant_waited("interactive", "t-abc", 0.25);
+        m.tenants.put_off("interactive", "t-abc", "fairness");
+        let docs: Vec<serde_json::Value> =
+            m.emf_documents("Lanes/test", 1_500).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+        let waited = docs.iter().find(|d| d.get("tenant_wait_seconds").is_some()).unwrap();
+        assert_eq!(
+            (waited["tenant"].as_str(), waited["tenant_wait_seconds"].as_f64()),
+            (Some("t-abc"), Some(0.25))
+        );
+        assert_eq!(
+            waited["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            serde_json::json!([["lane", "tenant"]])
+        );
+        let put_off = docs.iter().find(|d| d.get("tenant_put_offs").is_some()).unwrap();
+        assert_eq!(
+            (put_off["tenant"].as_str(), put_off["reason"].as_str()),
+            (Some("t-abc"), Some("fairness"))
         );
         // Deltas: nothing new, nothing reported.
         m.llm_tokens_total.with_label_values(&["interactive", "prompt"]).inc_by(5);

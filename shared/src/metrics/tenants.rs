@@ -1,0 +1,156 @@
+//! Per-tenant series with bounded cardinality: each tenant's wait, its put-offs (fairness, its
+//! concurrency cap) and the tokens it received, for the [`TOP_TENANTS`] heaviest tenants by name
+//! and every other tenant as [`OTHER`]. A tenant is named by its fairness group (`t-` and 32 hex
+//! digits of its sha256, or `p-…` for a project with tenancy off), never by its identity.
+//!
+//! Which tenants are named is [`TenantLabels`]'s choice, pure: recent tokens decide, with
+//! hysteresis so two tenants of equal weight do not swap names at every call, and a process names
+//! at most `3 × TOP_TENANTS` tenants in its life, so neither a Prometheus scrape nor CloudWatch's
+//! per-dimension billing grows with the number of tenants.
+
+use super::{LATENCY_BUCKETS, Registrar};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+/// Tenants named in the series at a time.
+pub const TOP_TENANTS: usize = 10;
+
+/// The label of every tenant not named.
+pub const OTHER: &str = "other";
+
+/// Tenants a process names in its life at most (replacements included).
+const MAX_NAMED_EVER: usize = 3 * TOP_TENANTS;
+
+/// Weights tracked before they are halved (older activity counts half as much after each halving).
+const TRACKED: usize = 64 * TOP_TENANTS;
+
+/// Chooses each tenant's label: its own among the heaviest, [`OTHER`] otherwise.
+#[derive(Debug, Default)]
+pub struct TenantLabels {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    weight: HashMap<String, f64>,
+    named: BTreeSet<String>,
+    named_ever: usize,
+}
+
+impl TenantLabels {
+    /// The label of `group`, after adding `amount` (tokens; zero for an event that weighs nothing)
+    /// to its recent weight. A group is named while fewer than [`TOP_TENANTS`] are, or in place of
+    /// the lightest named one once it weighs twice as much (until the life-time bound is reached).
+    pub fn label(&self, group: &str, amount: f64) -> String {
+        let Ok(mut s) = self.inner.lock() else { return OTHER.into() };
+        *s.weight.entry(group.to_owned()).or_default() += amount.max(0.0);
+        if s.weight.len() > TRACKED {
+            // Halve everything and forget what is left of the lightest: recent weight decides.
+            s.weight.values_mut().for_each(|w| *w /= 2.0);
+            let named = s.named.clone();
+            s.weight.retain(|g, w| *w >= 1.0 || named.contains(g));
+        }
+        if s.named.contains(group) {
+            return group.to_owned();
+        }
+        if s.named.len() < TOP_TENANTS && s.named_ever < MAX_NAMED_EVER {
+            s.named.insert(group.to_owned());
+            s.named_ever += 1;
+            return group.to_owned();
+        }
+        let mine = s.weight.get(group).copied().unwrap_or(0.0);
+        let lightest = s
+            .named
+            .iter()
+            .map(|g| (s.weight.get(g).copied().unwrap_or(0.0), g.clone()))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        match lightest {
+            Some((w, g)) if mine > 2.0 * w && s.named_ever < MAX_NAMED_EVER => {
+                s.named.remove(&g);
+                s.named.insert(group.to_owned());
+                s.named_ever += 1;
+                group.to_owned()
+            }
+            _ => OTHER.into(),
+        }
+    }
+}
+
+/// The per-tenant series.
+#[derive(Clone)]
+pub struct TenantMetrics {
+    labels: std::sync::Arc<TenantLabels>,
+    /// Submission to claim, by lane and tenant.
+    pub wait_seconds: HistogramVec,
+    /// Runs put off by lane, tenant and reason (`fairness`, `tenant_cap`).
+    pub put_offs_total: IntCounterVec,
+    /// Tokens its calls used (the share it received), by lane and tenant.
+    pub tokens_total: IntCounterVec,
+}
+
+impl TenantMetrics {
+    pub(super) fn new(r: &Registrar) -> Self {
+        let lt = &["lane", "tenant"];
+        let opts = HistogramOpts::new("lanes_tenant_wait_seconds", "Submission to claim, per tenant")
+            .buckets(LATENCY_BUCKETS.to_vec());
+        Self {
+            labels: Default::default(),
+            wait_seconds: r.add("lanes_tenant_wait_seconds", HistogramVec::new(opts, lt)),
+            put_offs_total: r.add(
+                "lanes_tenant_put_offs_total",
+                IntCounterVec::new(
+                    Opts::new("lanes_tenant_put_offs_total", "Runs put off for fairness, per tenant"),
+                    &["lane", "tenant", "reason"],
+                ),
+            ),
+            tokens_total: r.add(
+                "lanes_tenant_tokens_total",
+                IntCounterVec::new(Opts::new("lanes_tenant_tokens_total", "Tokens used, per tenant"), lt),
+            ),
+        }
+    }
+
+    /// A run of `group` claimed `seconds` after its submission. Returns the label used.
+    pub fn waited(&self, lane: &str, group: &str, seconds: f64) -> String {
+        let tenant = self.labels.label(group, 0.0);
+        self.wait_seconds.with_label_values(&[lane, &tenant]).observe(seconds);
+        tenant
+    }
+
+    /// A run of `group` put off for `reason`.
+    pub fn put_off(&self, lane: &str, group: &str, reason: &str) {
+        let tenant = self.labels.label(group, 0.0);
+        self.put_offs_total.with_label_values(&[lane, &tenant, reason]).inc();
+    }
+
+    /// A call of `group` used `tokens`.
+    pub fn used(&self, lane: &str, group: &str, tokens: u64) {
+        let tenant = self.labels.label(group, tokens as f64);
+        self.tokens_total.with_label_values(&[lane, &tenant]).inc_by(tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_heaviest_tenants_are_named_and_the_rest_are_other_within_a_bound() {
+        let labels = TenantLabels::default();
+        for i in 0..TOP_TENANTS {
+            assert_eq!(labels.label(&format!("t-{i}"), 10.0), format!("t-{i}"));
+        }
+        assert_eq!(labels.label("t-light", 5.0), OTHER, "the first ten fill the names");
+        assert_eq!(labels.label("t-heavy", 1_000.0), "t-heavy", "twice the lightest takes its name");
+        assert_eq!(labels.label("t-0", 1.0), OTHER.to_owned() + "", "the lightest (t-0) gave its name up");
+        // Thousands of tenants never name more than the life-time bound.
+        let mut named = BTreeSet::new();
+        for i in 0..5_000u64 {
+            let l = labels.label(&format!("t-many-{i}"), (i * 10) as f64);
+            named.insert(l);
+        }
+        assert!(named.len() <= MAX_NAMED_EVER + 1, "{} labels", named.len());
+        assert!(named.contains(OTHER));
+    }
+}
