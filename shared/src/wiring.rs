@@ -437,7 +437,7 @@ async fn route_client(
 /// first use, or ahead of it where the init runs ahead of events
 /// ([`crate::adapters::secrets::reads_ahead`]); a rotated one is read again at the first delivery
 /// it fails to verify ([`crate::secret::Secret::check`]).
-pub fn webhook_config() -> WebhookConfig {
+pub fn webhook_config() -> Result<WebhookConfig, ConfigError> {
     let [github_secret, gitlab_token] = crate::adapters::secrets::env_or_secrets([
         ("LANES_GITHUB_WEBHOOK_SECRET", "LANES_GITHUB_WEBHOOK_SECRET_ID"),
         ("LANES_GITLAB_WEBHOOK_TOKEN", "LANES_GITLAB_WEBHOOK_TOKEN_ID"),
@@ -452,7 +452,8 @@ pub fn webhook_config() -> WebhookConfig {
             v.split(',').map(|e| e.trim().trim_matches('/').to_owned()).filter(|e| !e.is_empty()).collect()
         })
         .unwrap_or_default();
-    WebhookConfig { github_secret, gitlab_token, owner_secrets, allowlist }
+    let daily_commits = crate::config::env_number("LANES_REPO_DAILY_COMMITS", 1, 100_000_000)?;
+    Ok(WebhookConfig { github_secret, gitlab_token, owner_secrets, allowlist, daily_commits })
 }
 
 /// Who reads which owner's summaries, from `LANES_SUMMARY_READERS`

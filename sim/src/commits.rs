@@ -96,6 +96,18 @@ impl SummaryStore for FaultySummaries {
         let r = self.inner.delivery_seen(delivery, now_ms).await;
         self.ctx.post(d, "delivery_seen", delivery, r).await
     }
+    async fn count_pushed(
+        &self,
+        repo_id: &RepoId,
+        day: u64,
+        commits: i64,
+        limit: u64,
+    ) -> Result<bool, StoreError> {
+        let key = repo_id.to_string();
+        let d = self.ctx.pre::<StoreError>(Port::Store, "count_pushed", &key).await?;
+        let r = self.inner.count_pushed(repo_id, day, commits, limit).await;
+        self.ctx.post(d, "count_pushed", &key, r).await
+    }
 }
 
 // ---------------------------------------------------------------- diffs

@@ -554,4 +554,13 @@ pub async fn summary_store(s: &dyn SummaryStore) {
     assert!(!s.mark_delivery("github:d1", 2_000, 60).await.unwrap(), "replay");
     assert!(!s.delivery_seen("github:d1", 62_000).await.unwrap(), "expired");
     assert!(s.mark_delivery("github:d1", 62_000, 60).await.unwrap(), "expired");
+    // Commits pushed per repository and day: all of a push or none, within the limit; give-backs.
+    let repo = RepoId::parse("github:77").unwrap();
+    assert!(s.count_pushed(&repo, 20_000, 2, 3).await.unwrap());
+    assert!(!s.count_pushed(&repo, 20_000, 2, 3).await.unwrap(), "2 + 2 > 3: none of them");
+    assert!(s.count_pushed(&repo, 20_001, 3, 3).await.unwrap(), "a new day");
+    assert!(s.count_pushed(&repo, 20_000, -2, u64::MAX).await.unwrap(), "a give-back");
+    assert!(s.count_pushed(&repo, 20_000, 3, 3).await.unwrap(), "the room given back is taken");
+    assert!(!s.count_pushed(&repo, 20_000, 1, 3).await.unwrap());
+    assert!(!s.count_pushed(&RepoId::parse("github:78").unwrap(), 20_000, 4, 3).await.unwrap(), "over alone");
 }

@@ -2,7 +2,8 @@
 //! micro-batched summaries and the commits worker. The types it moves around (commit messages and
 //! summaries, their keys) are [`crate::domain::commit`]'s, so the ports see them without this flow.
 //!
-//! - [`webhook`]: signature checks, delivery dedupe, enqueueing one message per commit.
+//! - [`webhook`]: signature checks, delivery dedupe; `enqueue`: one message per commit, within the
+//!   repository's daily commit budget at the door.
 //! - [`signatures`]: the hosts' push checks, and which secret verifies a push (its owner's own,
 //!   else the shared one).
 //! - [`push`]: the hosts' push payloads parsed into the commits to summarize (and the range of an
@@ -23,6 +24,7 @@ pub mod api;
 pub mod budget;
 mod calls;
 pub mod dead_letters;
+mod enqueue;
 mod fetch;
 pub mod prompt;
 pub mod push;

@@ -5,11 +5,11 @@
 //! same router serves `lanes dev` (`/webhooks/github`, `/webhooks/gitlab`) and the function URL, which
 //! tells the hosts apart by header.
 
-use super::push::{Push, parse_push};
+use super::push::parse_push;
 use super::signatures::{OwnerKeys, claimed_owner};
 pub use super::signatures::{github_signature, verify_github, verify_gitlab};
 use crate::clock::SharedClock;
-use crate::domain::commit::{CommitsMessage, Provider};
+use crate::domain::commit::Provider;
 use crate::metrics::Metrics;
 use crate::ports::{QueueSend, SummaryStore};
 use crate::problem::Problem;
@@ -20,7 +20,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use tracing::{info, warn};
 
@@ -42,6 +41,9 @@ pub struct WebhookConfig {
     /// Owners (GitHub users or organisations) and groups (GitLab, any depth) whose pushes are
     /// accepted; empty accepts every repository the secrets authenticate.
     pub allowlist: Vec<String>,
+    /// Commits one repository may push per UTC day (`LANES_REPO_DAILY_COMMITS`; see
+    /// `commits/enqueue.rs`).
+    pub daily_commits: Option<u64>,
 }
 
 impl std::fmt::Debug for WebhookConfig {
@@ -51,6 +53,7 @@ impl std::fmt::Debug for WebhookConfig {
             .field("gitlab_token", &self.gitlab_token.as_ref().map(|_| "<set>"))
             .field("owner_secrets", &self.owner_secrets.as_ref().map(|_| "<set>"))
             .field("allowlist", &self.allowlist)
+            .field("daily_commits", &self.daily_commits)
             .finish()
     }
 }
@@ -289,7 +292,7 @@ async fn accept(
     {
         return Ok(answer);
     }
-    enqueue(w, &push).await?;
+    w.enqueue(&push).await?;
     if let Some(d) = &delivery
         && let Err(e) = w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await
     {
@@ -457,33 +460,6 @@ async fn replayed(w: &Webhook, provider: Provider, d: &str) -> Result<Option<Res
             Err(Problem::unavailable("the store is unavailable; redeliver later", 30))
         }
     }
-}
-
-/// Sends one message per listed commit, and for an incomplete payload the range the commits worker
-/// expands (with the host's API) into the rest, so no commit of the push is missed.
-async fn enqueue(w: &Webhook, push: &Push) -> Result<(), Problem> {
-    let range = push.range.iter().filter_map(|r| {
-        let body = serde_json::to_string(&CommitsMessage::Range { range: r.clone() }).ok()?;
-        Some((body, r.send_attributes()))
-    });
-    let messages: Vec<(String, BTreeMap<String, String>)> = push
-        .commits
-        .iter()
-        .filter_map(|c| Some((serde_json::to_string(c).ok()?, c.send_attributes())))
-        .chain(range)
-        .collect();
-    if messages.is_empty() {
-        return Ok(());
-    }
-    let failed = match w.queue.send_batch(&messages).await {
-        Ok(unsent) => unsent.len(),
-        Err(_) => messages.len(),
-    };
-    if failed > 0 {
-        warn!(failed, "could not enqueue every commit");
-        return Err(Problem::unavailable("the commits queue is unavailable; redeliver later", 30));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -718,6 +694,52 @@ mod tests {
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         (status, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// A repository's daily commit budget at the door: a push with no room left is a 429 that
+    /// stores nothing (no message, no delivery marker); other repositories are not affected.
+    #[tokio::test]
+    async fn a_push_past_its_repositorys_daily_commits_is_a_429_that_stores_nothing() {
+        let config = WebhookConfig {
+            github_secret: Some("s3cret".into()),
+            daily_commits: Some(3),
+            ..Default::default()
+        };
+        let r = rig_with(config).await;
+        let push = |repo: u64, delivery: &'static str, shas: &[&str]| {
+            let shas: Vec<String> = shas.iter().map(|c| c.repeat(40)).collect();
+            let listed: Vec<(&str, bool)> = shas.iter().map(|s| (s.as_str(), true)).collect();
+            let body = github_push(repo, &shas[0], &listed);
+            let sig = github_signature(b"s3cret", body.as_bytes());
+            let req = axum::http::Request::post("/webhooks/github")
+                .header("x-github-event", "push")
+                .header("x-github-delivery", delivery)
+                .header("x-hub-signature-256", sig)
+                .body(Body::from(body))
+                .unwrap();
+            let router = r.router.clone();
+            async move {
+                let resp = router.oneshot(req).await.unwrap();
+                let retry =
+                    resp.headers().get("retry-after").and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                let status = resp.status();
+                let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+                (status, retry, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default())
+            }
+        };
+        assert_eq!(push(42, "d-1", &["a", "b"]).await.0, StatusCode::ACCEPTED);
+        let (status, retry, v) = push(42, "d-2", &["c", "d"]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{v}");
+        assert_eq!(
+            (v["type"].as_str(), v["field"].as_str()),
+            (Some("/problems/quota-exceeded"), Some("repository"))
+        );
+        assert!(retry.is_some_and(|s| (1..=86_400).contains(&s)), "until the next UTC day: {retry:?}");
+        assert_eq!(r.queue.depth().await.unwrap().visible, 2, "nothing of the refused push was sent");
+        assert_eq!(push(42, "d-2", &["c", "d"]).await.0, StatusCode::TOO_MANY_REQUESTS, "not marked as seen");
+        assert_eq!(push(43, "d-3", &["c", "d"]).await.0, StatusCode::ACCEPTED, "another repository's day");
+        assert_eq!(push(42, "d-4", &["e"]).await.0, StatusCode::ACCEPTED, "the day's last commit fits");
+        assert_eq!(r.queue.depth().await.unwrap().visible, 5);
     }
 
     #[tokio::test]

@@ -828,6 +828,15 @@ mod tests {
         async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
             self.inner.delivery_seen(delivery, now_ms).await
         }
+        async fn count_pushed(
+            &self,
+            repo_id: &RepoId,
+            day: u64,
+            commits: i64,
+            limit: u64,
+        ) -> Result<bool, StoreError> {
+            self.inner.count_pushed(repo_id, day, commits, limit).await
+        }
     }
 
     /// A summary write that fails once is asked again before the paid answer is put off: the
@@ -1035,6 +1044,15 @@ mod tests {
         }
         async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
             self.inner.delivery_seen(delivery, now_ms).await
+        }
+        async fn count_pushed(
+            &self,
+            repo_id: &RepoId,
+            day: u64,
+            commits: i64,
+            limit: u64,
+        ) -> Result<bool, StoreError> {
+            self.inner.count_pushed(repo_id, day, commits, limit).await
         }
     }
 

@@ -16,6 +16,8 @@ const BY_REPO: TableDefinition<&str, &[u8]> = TableDefinition::new("summaries_by
 const BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("summaries");
 /// Delivery id -> expiry (Unix ms).
 const DELIVERIES: TableDefinition<&str, u64> = TableDefinition::new("deliveries");
+/// Commits pushed per repository and UTC day: `<repo_id>#<day>` -> count.
+const PUSHED: TableDefinition<&str, u64> = TableDefinition::new("pushed_per_day");
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
@@ -161,6 +163,30 @@ impl SummaryStore for EmbeddedSummaries {
                     t.insert(id.as_str(), now_ms + ttl_secs * 1000).map_err(unavailable)?;
                 }
                 Ok((!live, !live))
+            })
+            .wait()
+            .await
+    }
+
+    async fn count_pushed(
+        &self,
+        repo_id: &RepoId,
+        day: u64,
+        commits: i64,
+        limit: u64,
+    ) -> Result<bool, StoreError> {
+        let key = format!("{repo_id}#{day}");
+        // The read and the write in one write transaction: atomic as DynamoDB's conditional update.
+        self.db
+            .submit_maybe(move |txn| {
+                let mut t = txn.open_table(PUSHED).map_err(unavailable)?;
+                let now = t.get(key.as_str()).map_err(unavailable)?.map_or(0, |v| v.value());
+                let next = crate::domain::quota::apply(now, commits);
+                let fits = commits <= 0 || next <= limit;
+                if fits {
+                    t.insert(key.as_str(), next).map_err(unavailable)?;
+                }
+                Ok((fits, fits))
             })
             .wait()
             .await

@@ -94,7 +94,7 @@ pub fn not_built_yet(function: &str, missing: &str) -> ConfigError {
 /// since it could then accept nothing; a configured one that cannot be read is logged as an error and
 /// answers `503` until it can.
 pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
-    let config = crate::wiring::webhook_config();
+    let config = crate::wiring::webhook_config()?;
     if config.github_secret.is_none() && config.gitlab_token.is_none() && config.owner_secrets.is_none() {
         return Err(ConfigError::Missing(
             "LANES_GITHUB_WEBHOOK_SECRET(_ID), LANES_GITLAB_WEBHOOK_TOKEN(_ID) or LANES_WEBHOOK_OWNER_SECRETS(_ID)",

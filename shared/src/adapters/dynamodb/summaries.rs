@@ -159,6 +159,34 @@ impl crate::ports::SummaryStore for DynamoSummaries {
         conditional(out)
     }
 
+    async fn count_pushed(
+        &self,
+        repo_id: &RepoId,
+        day: u64,
+        commits: i64,
+        limit: u64,
+    ) -> Result<bool, StoreError> {
+        // Kept until the end of the next day, then TTL deletes it.
+        let expires = (day + 2) * 86_400;
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("pk", s(format!("pushed#{repo_id}#{day}")))
+            .update_expression("ADD pushed :n SET expires_at = :exp")
+            .expression_attribute_values(":n", AttributeValue::N(commits.to_string()))
+            .expression_attribute_values(":exp", n(expires));
+        let update = if commits > 0 {
+            let Some(room) = limit.checked_sub(commits as u64) else { return Ok(false) };
+            update
+                .condition_expression("attribute_not_exists(pushed) OR pushed <= :room")
+                .expression_attribute_values(":room", n(room))
+        } else {
+            update
+        };
+        conditional(update.send().await)
+    }
+
     async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
         let out = self
             .client
