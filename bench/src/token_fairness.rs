@@ -2,8 +2,9 @@
 //! tasks take the same time but one tenant's report ten times the tokens. Counting tasks, the fair
 //! queue gives each half the tasks, so the large tenant takes about ten elevenths of the tokens;
 //! counting tokens ([`lanes_core::domain::token_share`]), each should get about half the tokens and
-//! the small tenant about ten times the tasks. Both runs go through the real pool, embedded queue,
-//! store and worker, with the token shares on and off.
+//! the small tenant about ten times the tasks. Every run goes through the real pool, embedded queue,
+//! store and worker, with the token shares off, on in the embedded cache, and on in a real
+//! `redis-server` (the Lua script the Lambda workers run), when one is installed.
 
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::config::WorkerConfig;
@@ -30,6 +31,8 @@ const LARGE_FACTOR: u64 = 10;
 pub struct TokenRun {
     /// Whether token-weighted fairness was on.
     pub token_fairness: bool,
+    /// Where the shares were kept: `embedded` (the in-process twin) or `redis` (redis-server).
+    pub cache: String,
     /// Tasks started while both tenants had a backlog: small, large.
     pub tasks: [u64; 2],
     /// Their tokens: small, large.
@@ -42,22 +45,50 @@ pub struct TokenRun {
     pub put_offs: u64,
 }
 
-/// Both runs: `slots` workers, `backlog` tasks per tenant queued when the pool starts, each task
-/// one workload second (`scale_ms` real ms).
+/// The runs: `slots` workers, `backlog` tasks per tenant queued when the pool starts, each task
+/// one workload second (`scale_ms` real ms). The Redis run is left out, and said so on stderr,
+/// where `redis-server` is not installed.
 pub async fn token_runs(slots: usize, backlog: usize, scale_ms: u64) -> Result<Vec<TokenRun>, String> {
     let mut out = Vec::new();
     for on in [false, true] {
-        out.push(one_run(on, slots, backlog, scale_ms).await?);
+        out.push(one_run(on, None, slots, backlog, scale_ms).await?);
+    }
+    if lanes_tests::services_available() {
+        let server = lanes_tests::RedisServer::start();
+        out.push(one_run(true, Some(&server.url()), slots, backlog, scale_ms).await?);
+    } else {
+        eprintln!(
+            "token fairness on Redis skipped: redis-server is missing (scripts/test-deps.sh installs it)"
+        );
     }
     Ok(out)
 }
 
-async fn one_run(on: bool, slots: usize, backlog: usize, scale_ms: u64) -> Result<TokenRun, String> {
+async fn one_run(
+    on: bool,
+    redis: Option<&str>,
+    slots: usize,
+    backlog: usize,
+    scale_ms: u64,
+) -> Result<TokenRun, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let dir = crate::temp_dir().map_err(|e| err(&e))?;
     let clock: SharedClock = Arc::new(SystemClock);
-    let (adapters, queues) =
+    let (mut adapters, queues) =
         lanes_core::wiring::embedded(&dir, Default::default(), clock.clone()).await.map_err(|e| err(&e))?;
+    if let Some(url) = redis {
+        use lanes_core::adapters::redis::{RedisCache, RedisSettings, connect};
+        let settings = RedisSettings {
+            url: url.to_owned(),
+            cluster: false,
+            prefix: format!("bench-{}:", uuid::Uuid::new_v4()),
+            timeout: Duration::from_secs(2),
+            ca_pem: None,
+            auth: None,
+        };
+        let conn = connect(&settings).await.map_err(|e| err(&e))?;
+        adapters.cache = Arc::new(RedisCache::new(conn, &settings.prefix));
+    }
     let mut config = WorkerConfig::default();
     config.quota.share.on = on;
     // The policy's windows at the workload's scale: a 30-second window, forgotten after 15.
@@ -96,12 +127,12 @@ async fn one_run(on: bool, slots: usize, backlog: usize, scale_ms: u64) -> Resul
     }
     let _ = std::fs::remove_dir_all(&dir);
     let put_offs = metrics.waits_total.with_label_values(&["interactive", "fairness"]).get();
-    Ok(summarize(on, &started, put_offs))
+    Ok(summarize(on, if redis.is_some() { "redis" } else { "embedded" }, &started, put_offs))
 }
 
 /// The figures over the span in which both tenants still had tasks to start: up to the earlier of
 /// their last starts.
-fn summarize(on: bool, started: &[(u64, usize, u64)], put_offs: u64) -> TokenRun {
+fn summarize(on: bool, cache: &str, started: &[(u64, usize, u64)], put_offs: u64) -> TokenRun {
     let last = |t: usize| started.iter().filter(|s| s.1 == t).map(|s| s.0).max().unwrap_or(0);
     let until = last(0).min(last(1));
     let (mut tasks, mut tokens) = ([0u64; 2], [0u64; 2]);
@@ -112,6 +143,7 @@ fn summarize(on: bool, started: &[(u64, usize, u64)], put_offs: u64) -> TokenRun
     let share = |v: [u64; 2]| v[1] as f64 / (v[0] + v[1]).max(1) as f64;
     TokenRun {
         token_fairness: on,
+        cache: cache.to_owned(),
         tasks,
         tokens,
         large_token_share: share(tokens),
