@@ -49,16 +49,17 @@ test: fmt lint build test-deps stack-check
 # Benchmarks: each prints JSON into bench/, then bench/REPORT.md with tables and PNG plots (matplotlib
 # from the venv). The commands behind each section are in the report.
 LANES_BIN = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/lanes
-# Throughput is measured on the release code (with symbols, for `perf record`), not the debug build.
+# Throughput and fairness are measured on the release code (with symbols, for `perf record`), not
+# the debug build.
 LANES_RELEASE_BIN = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/profiling/lanes
 bench: build test-deps
 	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/pip install -q --disable-pip-version-check 'matplotlib>=3.8,<4' \
 	  || { echo "make: could not install matplotlib into $(VENV)" >&2; exit 1; }
 	mkdir -p bench
-	$(LANES_BIN) bench hol --json > bench/hol.json
-	$(LANES_BIN) bench fairness --json > bench/fairness.json
-	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	$(CARGO) build --locked --profile profiling -p lanes-cli
+	$(LANES_BIN) bench hol --json > bench/hol.json
+	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench fairness --json > bench/fairness.json
+	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 3000 --json > bench/throughput.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench coldstart --json > bench/coldstart.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json

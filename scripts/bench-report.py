@@ -89,12 +89,17 @@ def main():
                 f"{fa['fair_flood_share_of_leftover']:.2f} (goal >= 0.95): {'met' if ok2 else '**not met**'}", "",
                 "Reading it: the flood is a backlog queued before the pool starts. In FIFO order every steady "
                 "task waits behind it; in the fair order the queue hands a steady tenant's task out before the "
-                "flood's next, so what is left is the wait for a slot to free: without preemption a task that "
-                "arrives while the flood holds every slot waits up to one service time (20-80 ms at this "
-                "scale), which an idle pool never makes it wait. Bringing that to 1.5x needs the pool to hold "
-                "a slot back per active quiet tenant, as it holds headroom back for the interactive lane. The "
-                "flood's share counts slot time from claim to finish, so each task's receive and claim "
-                "(a few ms on the embedded store) count against it.", ""]
+                "flood's next, so what is left is the wait for a slot to free. Traced per delivery, a slow "
+                "steady task (150 ms) is one of a burst of its own tenant's tasks (four queued within 60 ms) "
+                "taking turns with the other tenants as the six interactive slots free up, one every 10 ms or "
+                "so; the flood gets a turn only when it has no more in flight than the steady groups. Holding a "
+                "slot back from the flood (tried on a debug build: the flood kept to 5 of the 6) left the "
+                "steady p99 at 115-129 ms and cut the flood's share to 0.84: without preemption a full lane "
+                "makes a burst wait, whoever fills it. The alone baseline is itself mostly the idle pool's "
+                "pickup: an idle embedded queue is polled every 50 ms, so alone p50 is 3-4 ms and p99 about "
+                "that poll; with a pickup on send the alone p99 would be a few ms and this ratio far larger. "
+                "The flood's share counts slot time from claim to finish, so each task's receive and claim "
+                "count against it.", ""]
         if fa.get("token_runs"):
             out += ["Two tenants with backlogs on one interactive lane; their tasks take the same time, but the "
                     "large tenant's report ten times the tokens. Counted over the span in which both still had "
