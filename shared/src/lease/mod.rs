@@ -266,16 +266,26 @@ pub async fn ack(queue: &dyn QueueConsume, message: &ReceivedMessage) -> Outcome
 /// Logs (WARN, with the reason) and counts (`lanes_handed_back_total{lane,reason}`, by the reason's
 /// kind) one delivery put off: an operator must be able to see why work does not finish.
 fn report_put_off(lane: &str, message: &ReceivedMessage, after: Duration, reason: &str, how: &str) {
-    warn!(
-        lane,
-        message_id = %message.message_id,
-        receive_count = message.receive_count,
-        after_ms = after.as_millis() as u64,
-        reason,
-        "{how}"
-    );
-    crate::metrics::HANDED_BACK.with_label_values(&[lane, &crate::metrics::reason_kind(reason)]).inc();
+    let kind = crate::metrics::reason_kind(reason);
+    // The tenants' turns are the lane working as designed, hundreds a second under contention: an
+    // INFO line, not a warning (the counter below and `lanes_tenant_put_offs_total` count them).
+    if DESIGNED_WAITS.contains(&kind.as_str()) {
+        tracing::info!(lane, message_id = %message.message_id, after_ms = after.as_millis() as u64, reason, "{how}");
+    } else {
+        warn!(
+            lane,
+            message_id = %message.message_id,
+            receive_count = message.receive_count,
+            after_ms = after.as_millis() as u64,
+            reason,
+            "{how}"
+        );
+    }
+    crate::metrics::HANDED_BACK.with_label_values(&[lane, &kind]).inc();
 }
+
+/// Reason kinds of put-offs that are a tenant waiting its turn, logged at INFO.
+const DESIGNED_WAITS: [&str; 2] = ["fairness", "tenant_cap"];
 
 /// Hands a delivery of `lane` back to come again after `after` (at most 12 h, SQS's limit).
 pub async fn hand_back(

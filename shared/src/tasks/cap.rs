@@ -64,15 +64,18 @@ impl Worker {
         let place = match self.take_place(lane, request, &run.task.task_id, now_ms).await {
             Ok(place) => place,
             Err(after) => {
-                return Err(
-                    put_off(after, "tenant_cap", "at its tenant's concurrency cap in this lane").await
-                );
+                return Err(put_off(
+                    after,
+                    "tenant_cap",
+                    "tenant cap: its tenant's runs fill this lane's cap",
+                )
+                .await);
             }
         };
         match self.take_share(lane, request, estimate, now_ms).await {
             Ok(share) => Ok((place, share)),
             Err(after) => {
-                let why = "over its share of the lane's tokens while other tenants wait";
+                let why = "fairness: over its share of the lane's tokens while other tenants wait";
                 Err(put_off(after, "fairness", why).await)
             }
         }

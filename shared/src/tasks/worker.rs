@@ -954,8 +954,12 @@ mod tests {
         let key = running_key(Lane::Interactive, &crate::domain::fairness::task_group(None, "p"));
         let now = r.worker.clock.now_ms();
         assert!(r.worker.cache.enter_within(&key, "another-run", now, now + 60_000, 1).await.unwrap());
+        let handed_back =
+            || crate::metrics::HANDED_BACK.with_label_values(&["interactive", "tenant_cap"]).get();
+        let before = handed_back();
         let m = r.receive().await;
         assert!(matches!(r.worker.process(r.queue(), m).await, Outcome::Retry { .. }));
+        assert!(handed_back() > before, "the hand-back's reason kind is tenant_cap");
         assert_eq!(
             (
                 r.record().await.attempts,
