@@ -45,6 +45,9 @@ pub struct Options {
     pub payloads: usize,
     /// Keep the whole trace in the report (one history's replay).
     pub full_trace: bool,
+    /// Tenants' knobs: a concurrency cap in some histories, priorities on some payloads. Off, a
+    /// seed replays the history it gave before they existed (what the regression seeds need).
+    pub tenant_knobs: bool,
 }
 
 impl Default for Options {
@@ -55,6 +58,7 @@ impl Default for Options {
             clients: 5,
             payloads: 8,
             full_trace: false,
+            tenant_knobs: true,
         }
     }
 }
@@ -258,10 +262,20 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
         ingress_config.quota = quota;
         worker_config.quota = quota;
     }
+    // Tenants' knobs from a stream of their own, so adding them left every earlier seed's history
+    // (and the regression seeds' replays) as it was: a cap of one or two running tasks per group
+    // and lane in some histories, and a priority on some payloads.
+    let mut knobs = rand::rngs::StdRng::seed_from_u64(seed ^ 0x7e4a_11c0_ca9f_0001);
+    if options.tenant_knobs && knobs.random::<f64>() < 0.3 {
+        let cap = knobs.random_range(1..=2u32);
+        let spec = format!("interactive={cap},synthesis={cap}");
+        worker_config.quota.concurrency = lanes_core::domain::concurrency::Caps::parse(&spec)
+            .unwrap_or_else(|e| panic!("a simulation cap is invalid: {e}"));
+    }
     let skew = plan.max_skew_ms as u64;
     let oracle = Oracle::new(ingress_config.enqueue_grace.as_millis() as u64, 2 * skew);
     let mut chaos = Chaos::new(seed, plan, clock, truth, summaries.clone(), oracle);
-    let payloads = payloads(&mut rng, options.payloads);
+    let payloads = payloads(&mut rng, options.tenant_knobs.then_some(&mut knobs), options.payloads);
     for (body, _, id) in &payloads {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(body)
             && let Some(p) = v["prompt"].as_str()
@@ -365,19 +379,29 @@ async fn held_in_dlq(dlq: &EmbeddedQueue) -> Vec<(TaskId, Option<String>)> {
     out
 }
 
-fn payloads(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<(String, Option<String>, TaskId)> {
+fn payloads(
+    rng: &mut rand::rngs::StdRng,
+    mut knobs: Option<&mut rand::rngs::StdRng>,
+    n: usize,
+) -> Vec<(String, Option<String>, TaskId)> {
     let kinds = ["explain", "autocomplete", "refactor", "explain"];
     (0..n)
         .map(|i| {
             let kind = kinds[rng.random_range(0..kinds.len())];
             let project = format!("p{}", rng.random_range(0..2u32));
-            let body = serde_json::json!({
+            let mut body = serde_json::json!({
                 "project_id": project,
                 "kind": kind,
                 "prompt": format!("task {i}: what does module {i} do?"),
                 "target_files": [format!("src/m{i}.rs")],
-            })
-            .to_string();
+            });
+            if let Some(knobs) = knobs.as_deref_mut() {
+                let priority = ["normal", "high", "low"][knobs.random_range(0..3usize)];
+                if priority != "normal" {
+                    body["priority"] = serde_json::json!(priority);
+                }
+            }
+            let body = body.to_string();
             let key = (rng.random::<f64>() < 0.3).then(|| format!("key-{i}"));
             let id = match TaskRequest::from_json(body.as_bytes()) {
                 Ok(r) => r.task_id(key.as_deref()),
