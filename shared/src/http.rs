@@ -7,6 +7,11 @@
 //! re-read when refused ([`send`]). The client is built at the first request rather than
 //! at start-up: a process that never calls out (a batch answered from the cache, the offline model)
 //! never loads the roots, and one that does pays once, before its first TLS handshake.
+//!
+//! Where credentials may go: redirects are followed only within the origin the request was sent
+//! to ([`same_origin`]), because `reqwest` strips `Authorization` on a cross-host redirect but not
+//! GitLab's `PRIVATE-TOKEN` or Anthropic's `x-api-key`; and an endpoint a credential is sent to must
+//! be `https` unless it is on this machine ([`check_endpoint`]).
 
 use crate::secret::Secret;
 use std::sync::Mutex;
@@ -21,9 +26,50 @@ pub fn client() -> Result<reqwest::Client, reqwest::Error> {
         return Ok(c.clone());
     }
     // GitHub refuses API requests without a User-Agent; it names the product to every host.
-    let built = reqwest::Client::builder().user_agent("lanes-commit-summaries").build()?;
+    let built = reqwest::Client::builder()
+        .user_agent("lanes-commit-summaries")
+        .redirect(reqwest::redirect::Policy::custom(same_origin))
+        .build()?;
     *slot = Some(built.clone());
     Ok(built)
+}
+
+/// Most redirects followed for one request.
+const MAX_REDIRECTS: usize = 10;
+
+/// Follows a redirect only to the scheme, host and port the request was first sent to; any other
+/// answers the caller with the 3xx itself (which it maps as an error), so no header, whatever its
+/// name, reaches a host it was not meant for, and `https` is never followed down to `http`.
+fn same_origin(attempt: reqwest::redirect::Attempt) -> reqwest::redirect::Action {
+    let Some(first) = attempt.previous().first() else { return attempt.stop() };
+    let same = |u: &reqwest::Url| {
+        (u.scheme(), u.host_str(), u.port_or_known_default())
+            == (first.scheme(), first.host_str(), first.port_or_known_default())
+    };
+    if attempt.previous().len() > MAX_REDIRECTS || !same(attempt.url()) {
+        tracing::warn!(from = %first, to = %attempt.url(), "redirect not followed: another origin");
+        return attempt.stop();
+    }
+    attempt.follow()
+}
+
+/// Checks an endpoint credentials are sent to: a URL whose scheme is `https`, or `http` to a
+/// loopback host (`localhost`, 127.0.0.0/8, `::1`: an emulator, a proxy on this machine).
+pub fn check_endpoint(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    let host = parsed.host_str().unwrap_or("");
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match parsed.scheme() {
+        "https" if !host.is_empty() => Ok(()),
+        "http" if loopback => Ok(()),
+        "http" => Err(format!("`{url}`: plain http is only accepted to this machine; use https")),
+        _ => Err(format!("`{url}` is not an https URL")),
+    }
 }
 
 /// Why [`send`] failed. Every case but [`SendError::Transport`] is mapped by the caller as a
@@ -78,4 +124,91 @@ pub async fn send(
     let rotated = secret.reread(&value).await.ok_or(SendError::Refused)?;
     let resp = send(Some(&rotated)).await.map_err(SendError::Transport)?;
     if refused(&resp) { Err(SendError::Refused) } else { Ok(resp) }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn credentials_go_over_https_or_to_this_machine_only() {
+        for ok in
+            ["https://api.openai.com/v1", "http://127.0.0.1:9", "http://localhost:4000", "http://[::1]:8/x"]
+        {
+            assert_eq!(check_endpoint(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://llm.internal:8000",
+            "http://10.0.0.5",
+            "ftp://x",
+            "not a url",
+            "http://127.0.0.1.example.com",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A server on 127.0.0.1 that redirects `/same` to itself and `/away` to `localhost` (another
+    /// host to an HTTP client, the same machine to the test), and counts what reaches `/landed`
+    /// with the credential header.
+    async fn redirecting() -> (String, Arc<AtomicUsize>) {
+        use axum::routing::get;
+        let with_key = Arc::new(AtomicUsize::new(0));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = with_key.clone();
+        let app = axum::Router::new()
+            .route(
+                "/same",
+                get(move || async move {
+                    axum::response::Redirect::temporary(&format!("http://127.0.0.1:{port}/landed"))
+                }),
+            )
+            .route(
+                "/away",
+                get(move || async move {
+                    axum::response::Redirect::temporary(&format!("http://localhost:{port}/landed"))
+                }),
+            )
+            .route(
+                "/landed",
+                get(move |h: axum::http::HeaderMap| async move {
+                    if h.contains_key("x-api-key") {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                    }
+                    "landed"
+                }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://127.0.0.1:{port}"), with_key)
+    }
+
+    #[tokio::test]
+    async fn a_redirect_to_another_host_is_not_followed_with_the_credential() {
+        let (base, with_key) = redirecting().await;
+        let key: Secret = "sk-test".into();
+        let get = |path: &'static str| {
+            let (base, key) = (base.clone(), &key);
+            async move {
+                send(Some(key), |http, k| {
+                    http.get(format!("{base}{path}")).header("x-api-key", k.unwrap_or(""))
+                })
+                .await
+                .unwrap()
+            }
+        };
+        let same = get("/same").await;
+        assert_eq!(same.status(), reqwest::StatusCode::OK, "a redirect within the origin is followed");
+        assert_eq!(with_key.load(Ordering::SeqCst), 1);
+        let away = get("/away").await;
+        assert_eq!(
+            away.status(),
+            reqwest::StatusCode::TEMPORARY_REDIRECT,
+            "answered to the caller, not followed"
+        );
+        assert_eq!(with_key.load(Ordering::SeqCst), 1, "the key never reached the other host");
+    }
 }

@@ -196,7 +196,7 @@ impl Local {
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
         let git = GitConfig {
             webhook: crate::wiring::webhook_config()?,
-            diffs: Arc::new(crate::wiring::diff_sources(true)),
+            diffs: Arc::new(crate::wiring::diff_sources(true)?),
             readers: crate::wiring::summary_readers(opts.tenancy.is_on())?,
         };
         Ok(Self::with_adapters(opts, adapters, llm, clock, git))

@@ -474,23 +474,27 @@ pub fn summary_readers(
 /// `https://api.github.com`), `LANES_GITHUB_TOKEN` or the secret `LANES_GITHUB_TOKEN_SECRET`;
 /// `LANES_GITLAB_URL` (default `https://gitlab.com`), `LANES_GITLAB_API_TOKEN` or the secret
 /// `LANES_GITLAB_API_TOKEN_SECRET`. With `local`, local repositories too.
-pub fn diff_sources(local: bool) -> DiffSources {
+pub fn diff_sources(local: bool) -> Result<DiffSources, ConfigError> {
     let timeout = Duration::from_secs(20);
-    let github_url = crate::config::optional_env("LANES_GITHUB_API_URL")
-        .unwrap_or_else(|| "https://api.github.com".into());
-    let gitlab_url =
-        crate::config::optional_env("LANES_GITLAB_URL").unwrap_or_else(|| "https://gitlab.com".into());
+    let endpoint = |name: &'static str, default: &str| {
+        let url = crate::config::optional_env(name).unwrap_or_else(|| default.to_owned());
+        crate::http::check_endpoint(&url)
+            .map(|()| url)
+            .map_err(|reason| ConfigError::Invalid { name, reason })
+    };
+    let github_url = endpoint("LANES_GITHUB_API_URL", "https://api.github.com")?;
+    let gitlab_url = endpoint("LANES_GITLAB_URL", "https://gitlab.com")?;
     // Read ahead together where the init runs ahead of events (one Secrets Manager request),
     // else each at its first use; a token refused with 401 is read again (rotation).
     let [github_token, gitlab_token] = crate::adapters::secrets::env_or_secrets([
         ("LANES_GITHUB_TOKEN", "LANES_GITHUB_TOKEN_SECRET"),
         ("LANES_GITLAB_API_TOKEN", "LANES_GITLAB_API_TOKEN_SECRET"),
     ]);
-    DiffSources {
+    Ok(DiffSources {
         github: Some(Arc::new(GitHubSource::new(&github_url, github_token, timeout))),
         gitlab: Some(Arc::new(GitLabSource::new(&gitlab_url, gitlab_token, timeout))),
         local: local.then(|| Arc::new(LocalGit) as Arc<dyn crate::ports::DiffSource>),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -211,7 +211,7 @@ impl WorkerFunction {
         let commits = match lane {
             Lane::Commits => Some(adapters.commits_worker(
                 llm.clone(),
-                Arc::new(crate::wiring::diff_sources(false)),
+                Arc::new(crate::wiring::diff_sources(false)?),
                 metrics.clone(),
                 Arc::new(SystemClock),
                 config,

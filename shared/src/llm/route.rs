@@ -87,10 +87,10 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
     let mut routes = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (route, base_url) = match item.split_once('@') {
-            Some((r, url)) if url.starts_with("http://") || url.starts_with("https://") => {
+            Some((r, url)) => {
+                crate::http::check_endpoint(url).map_err(|why| invalid(format!("in `{item}`: {why}")))?;
                 (r, Some(url.to_owned()))
             }
-            Some((_, url)) => return Err(invalid(format!("`{url}` in `{item}` is not an http(s) URL"))),
             None => (item, None),
         };
         // Bedrock model ids contain `:` (`...-v1:0`): only the first one separates the provider.
@@ -124,7 +124,12 @@ pub fn routes_from_env() -> Result<[Vec<Route>; 3], ConfigError> {
                 Provider::Offline => String::new(),
                 _ => crate::config::require_env("LANES_LLM_MODEL")?,
             };
-            vec![Route { provider, model, base_url: optional_env("LANES_LLM_BASE_URL") }]
+            let base_url = optional_env("LANES_LLM_BASE_URL");
+            if let Some(url) = &base_url {
+                crate::http::check_endpoint(url)
+                    .map_err(|reason| ConfigError::Invalid { name: "LANES_LLM_BASE_URL", reason })?;
+            }
+            vec![Route { provider, model, base_url }]
         }
     };
     let mut lanes: [Vec<Route>; 3] = Default::default();
@@ -215,7 +220,9 @@ mod tests {
         assert_eq!(r[1].model, "anthropic.claude-3-5-haiku-20241022-v1:0");
         assert_eq!(r[2].base_url.as_deref(), Some("http://127.0.0.1:9"));
         assert_eq!(parse_routes("V", "offline").unwrap()[0].provider, Provider::Offline);
-        for bad in ["", "cohere:x", "openai", "openai:", "openai:m@ftp://x"] {
+        for bad in
+            ["", "cohere:x", "openai", "openai:", "openai:m@ftp://x", "openai:m@http://llm.internal:8000"]
+        {
             let e = parse_routes("V", bad).unwrap_err().to_string();
             assert!(e.contains('V'), "{bad}: {e}");
         }
