@@ -39,4 +39,5 @@ if command -v rustup >/dev/null 2>&1; then
 else
   echo "test-deps: rustup not found; install the aarch64-unknown-linux-gnu target for the arm64 builds" >&2; exit 1
 fi
-echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" --version 2>/dev/null | head -n 1 || true)"
+# cargo-lambda is a cargo plugin: it answers `cargo-lambda lambda --version`, not `--version`.
+echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" lambda --version 2>/dev/null | head -n 1 || true)"
