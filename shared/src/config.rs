@@ -304,7 +304,7 @@ impl Default for QuotaConfig {
             repo_daily_commits: None,
             completion_caps: Lane::ALL.map(|l| LanePolicy::default_for(l).max_tokens),
             share: ShareConfig::default(),
-            concurrency: crate::domain::concurrency::Caps::none(),
+            concurrency: crate::domain::concurrency::Caps::default(),
         }
     }
 }
@@ -329,7 +329,7 @@ impl QuotaConfig {
             repo_daily_commits: env_number("LANES_REPO_DAILY_COMMITS", 1, 100_000_000)?,
             share: ShareConfig::from_env()?,
             concurrency: match optional_env("LANES_TENANT_CONCURRENCY") {
-                None => crate::domain::concurrency::Caps::none(),
+                None => crate::domain::concurrency::Caps::default(),
                 Some(spec) => crate::domain::concurrency::Caps::parse(&spec)
                     .map_err(|reason| ConfigError::Invalid { name: "LANES_TENANT_CONCURRENCY", reason })?,
             },

@@ -937,11 +937,6 @@ impl Cache for FaultyCache {
         let r = self.inner().add(key, by, ttl).await;
         self.ctx.post(d, "cache.add", key, r).await
     }
-    async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError> {
-        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.enter", key).await?;
-        let r = self.inner().enter(key, member, now_ms, until_ms).await;
-        self.ctx.post(d, "cache.enter", key, r).await
-    }
     async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError> {
         let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.leave", key).await?;
         let r = self.inner().leave(key, member).await;

@@ -5,7 +5,7 @@
 
 use super::Lane;
 
-/// The cap per lane; `None` where a lane has none (the default everywhere).
+/// The cap per lane; `None` where a lane has none (the default, everywhere).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Caps([Option<u32>; 3]);
 
@@ -13,11 +13,6 @@ pub struct Caps([Option<u32>; 3]);
 pub const MAX_CAP: u32 = 10_000;
 
 impl Caps {
-    /// No caps.
-    pub const fn none() -> Self {
-        Self([None; 3])
-    }
-
     /// Parses `interactive=4,synthesis=2`. An entry without `=`, a lane that is not a task lane
     /// or is listed twice, or a cap that is not a whole number from 1 to [`MAX_CAP`] is an error
     /// naming the entry.

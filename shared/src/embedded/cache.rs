@@ -72,14 +72,6 @@ impl Cache for MemoryCache {
         Ok(value)
     }
 
-    async fn enter(&self, key: &str, member: &str, now: u64, until_ms: u64) -> Result<(), CacheError> {
-        let mut sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
-        let set = sets.entry(key.to_owned()).or_default();
-        set.retain(|_, until| *until > now);
-        set.insert(member.to_owned(), until_ms);
-        Ok(())
-    }
-
     async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError> {
         let mut sets = self.sets.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
         if let Some(set) = sets.get_mut(key) {

@@ -25,6 +25,10 @@ const MAX_NAMED_EVER: usize = 3 * TOP_TENANTS;
 /// Weights tracked before they are halved (older activity counts half as much after each halving).
 const TRACKED: usize = 64 * TOP_TENANTS;
 
+/// Events between two halvings of every weight, however few tenants there are: what makes the
+/// weight recent, so yesterday's heavy tenant gives its name up to today's.
+const HALVE_EVERY: u64 = 4_096;
+
 /// Chooses each tenant's label: its own among the heaviest, [`OTHER`] otherwise.
 #[derive(Debug, Default)]
 pub struct TenantLabels {
@@ -36,6 +40,7 @@ struct Inner {
     weight: HashMap<String, f64>,
     named: BTreeSet<String>,
     named_ever: usize,
+    events: u64,
 }
 
 impl TenantLabels {
@@ -45,7 +50,8 @@ impl TenantLabels {
     pub fn label(&self, group: &str, amount: f64) -> String {
         let Ok(mut s) = self.inner.lock() else { return OTHER.into() };
         *s.weight.entry(group.to_owned()).or_default() += amount.max(0.0);
-        if s.weight.len() > TRACKED {
+        s.events += 1;
+        if s.weight.len() > TRACKED || s.events.is_multiple_of(HALVE_EVERY) {
             // Halve everything and forget what is left of the lightest: recent weight decides.
             s.weight.values_mut().for_each(|w| *w /= 2.0);
             let named = s.named.clone();
@@ -143,7 +149,7 @@ mod tests {
         }
         assert_eq!(labels.label("t-light", 5.0), OTHER, "the first ten fill the names");
         assert_eq!(labels.label("t-heavy", 1_000.0), "t-heavy", "twice the lightest takes its name");
-        assert_eq!(labels.label("t-0", 1.0), OTHER.to_owned() + "", "the lightest (t-0) gave its name up");
+        assert_eq!(labels.label("t-0", 1.0), OTHER, "the lightest (t-0) gave its name up");
         // Thousands of tenants never name more than the life-time bound.
         let mut named = BTreeSet::new();
         for i in 0..5_000u64 {
@@ -152,5 +158,20 @@ mod tests {
         }
         assert!(named.len() <= MAX_NAMED_EVER + 1, "{} labels", named.len());
         assert!(named.contains(OTHER));
+    }
+
+    #[test]
+    fn weight_is_recent_yesterdays_heavy_tenants_give_a_name_up() {
+        let labels = TenantLabels::default();
+        for i in 0..TOP_TENANTS {
+            assert_eq!(labels.label(&format!("t-old-{i}"), 1e9), format!("t-old-{i}"));
+        }
+        // Long after, a steady newcomer: without the halvings it would need 2e7 events to weigh
+        // twice the lightest old tenant; with them, yesterday's weight halves away.
+        let named = (0..20 * HALVE_EVERY).any(|_| labels.label("t-new", 100.0) == "t-new");
+        assert!(named, "a recent heavy tenant gets a name");
+        let old_named =
+            (0..TOP_TENANTS).filter(|i| labels.label(&format!("t-old-{i}"), 0.0) != OTHER).count();
+        assert_eq!(old_named, TOP_TENANTS - 1, "one of yesterday's gave its name up");
     }
 }

@@ -82,8 +82,10 @@ pub trait Cache: Send + Sync {
     async fn add(&self, key: &str, by: u64, ttl: Duration) -> Result<u64, CacheError>;
     /// Puts `member` in the set at `key` until `until_ms` (Unix ms, the caller's clock; `now_ms` is
     /// its now), replacing its previous time. Members past their time are not counted, and are
-    /// dropped as others enter.
-    async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError>;
+    /// dropped as others enter. [`Self::enter_within`] with no cap.
+    async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError> {
+        self.enter_within(key, member, now_ms, until_ms, u64::MAX).await.map(|_| ())
+    }
     /// Takes `member` out of the set at `key`.
     async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError>;
     /// Like [`Self::enter`], but only while fewer than `max` members are within their time (one

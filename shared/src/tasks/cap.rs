@@ -8,8 +8,7 @@
 use super::share::ShareHold;
 use super::worker::{Run, Settle, Worker};
 use crate::domain::concurrency::running_key;
-use crate::domain::fairness::task_group;
-use crate::domain::{Lane, TaskId, TaskRequest};
+use crate::domain::{Lane, TaskId};
 use crate::lease::Outcome;
 use crate::ports::Cache;
 use std::sync::Arc;
@@ -40,17 +39,18 @@ impl Drop for Place {
 impl Worker {
     /// The tenant's two gates before a claimed run's call, in order: a place under its concurrency
     /// cap, then its token share. Either one refusing puts the run off (a wait, no attempt); a
-    /// place already taken is given back by the drop.
+    /// place already taken is given back by the drop. `group` is the run's
+    /// ([`task_group`](crate::domain::fairness::task_group)).
     pub(super) async fn take_turn(
         &self,
         run: Run<'_>,
+        group: &str,
         estimate: u64,
         now_ms: u64,
     ) -> Result<(Option<Place>, Option<ShareHold>), Outcome> {
         let (lane, request) = (run.task.lane, &run.record.request);
-        let group = task_group(request.tenant.as_ref(), &request.project_id);
         let put_off = |after, why, reason| {
-            self.metrics.tenants.put_off(lane.as_str(), &group, why);
+            self.metrics.tenants.put_off(lane.as_str(), group, why);
             self.wait(
                 &**run.queue,
                 run.message,
@@ -61,7 +61,7 @@ impl Worker {
                 reason,
             )
         };
-        let place = match self.take_place(lane, request, &run.task.task_id, now_ms).await {
+        let place = match self.take_place(lane, group, &run.task.task_id, now_ms).await {
             Ok(place) => place,
             Err(after) => {
                 return Err(put_off(
@@ -81,17 +81,17 @@ impl Worker {
         }
     }
 
-    /// Takes a place for `task` among its group's running tasks in `lane`: `Ok(None)` where the lane
+    /// Takes a place for `task` among `group`'s running tasks in `lane`: `Ok(None)` where the lane
     /// has no cap (or the cache is down), `Err(after)` when the group is at its cap.
-    pub(super) async fn take_place(
+    async fn take_place(
         &self,
         lane: Lane,
-        request: &TaskRequest,
+        group: &str,
         task: &TaskId,
         now_ms: u64,
     ) -> Result<Option<Place>, Duration> {
         let Some(cap) = self.config.quota.concurrency.of(lane) else { return Ok(None) };
-        let key = running_key(lane, &task_group(request.tenant.as_ref(), &request.project_id));
+        let key = running_key(lane, group);
         let ttl = self.config.lease_ttl;
         let until = move |now: u64| now.saturating_add(ttl.as_millis() as u64);
         match self.cache.enter_within(&key, task.as_str(), now_ms, until(now_ms), cap.into()).await {
@@ -103,8 +103,8 @@ impl Worker {
                     loop {
                         tokio::time::sleep(every).await;
                         let now = clock.now_ms();
-                        // Renewing never fails for a full set: a member renews whatever the count.
-                        let _ = cache.enter_within(&k, &m, now, until(now), u64::MAX).await;
+                        // A member renews whatever the count.
+                        let _ = cache.enter(&k, &m, now, until(now)).await;
                     }
                 });
                 Ok(Some(Place { renewals, cache: self.cache.clone(), key, member: task.as_str().to_owned() }))

@@ -259,7 +259,7 @@ impl Worker {
             LlmRequest { lane: task.lane, ..LlmRequest::for_task(&record.request, policy.max_tokens) };
         let run = Run { queue, message, task, record: &record, completed };
         let estimate = crate::llm::estimate_tokens(&request);
-        let (_place, share) = match self.take_turn(run, estimate, now).await {
+        let (_place, share) = match self.take_turn(run, &group, estimate, now).await {
             Ok(turn) => turn,
             Err(outcome) => return outcome,
         };

@@ -346,34 +346,6 @@ impl Cache for RedisCache {
             .map_err(|e| CacheError::Unavailable(e.to_string()))
     }
 
-    async fn enter(&self, key: &str, member: &str, now_ms: u64, until_ms: u64) -> Result<(), CacheError> {
-        crate::metrics::aws_request("redis", "EVALSHA enter");
-        // One sorted set per key, scored by each member's end time. Dropping the ended and adding
-        // this one in one script keeps the set from growing with crashed members; the key's own
-        // expiry (a day past this member's end, relative so the server's clock never mixes with
-        // the caller's) removes a set nobody enters any more. A script, not MULTI, because it runs
-        // the same on a cluster (one key, one slot).
-        static ENTER: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-            redis::Script::new(
-                "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1]) \
-                 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3]) \
-                 redis.call('PEXPIRE', KEYS[1], ARGV[4]) \
-                 return 1",
-            )
-        });
-        let mut conn = self.conn.clone();
-        ENTER
-            .key(format!("{}{key}", self.prefix))
-            .arg(now_ms)
-            .arg(until_ms)
-            .arg(member)
-            .arg(until_ms.saturating_sub(now_ms).saturating_add(86_400_000))
-            .invoke_async::<i64>(&mut conn)
-            .await
-            .map(|_| ())
-            .map_err(|e| CacheError::Unavailable(e.to_string()))
-    }
-
     async fn leave(&self, key: &str, member: &str) -> Result<(), CacheError> {
         crate::metrics::aws_request("redis", "ZREM");
         let mut conn = self.conn.clone();
@@ -394,8 +366,12 @@ impl Cache for RedisCache {
         max: u64,
     ) -> Result<bool, CacheError> {
         crate::metrics::aws_request("redis", "EVALSHA enter_within");
-        // As `enter`, with the count and the add in one script: two workers racing for the last
-        // place cannot both take it.
+        // One sorted set per key, scored by each member's end time. Dropping the ended, counting and
+        // adding in one script keeps the set from growing with crashed members and lets two workers
+        // racing for the last place not both take it; the key's own expiry (a day past this
+        // member's end, relative so the server's clock never mixes with the caller's) removes a set
+        // nobody enters any more. A script, not MULTI, because it runs the same on a cluster (one
+        // key, one slot). Without a cap (`enter`) the count never refuses.
         static ENTER_WITHIN: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
             redis::Script::new(
                 "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1]) \
