@@ -51,8 +51,9 @@
 //! - [`local`]: `lanes dev`, everything wired in one process; [`summarize`]: `lanes summarize`.
 //! - [`lambda`]: Lambda events to the core (used by `functions/*`): cold-start assembly
 //!   ([`lambda::startup`]), the controller's and worker's per-container state and invocations
-//!   ([`lambda::handlers`]), and the SQS batch plumbing with its partial failures and deadline
-//!   hand-back ([`lambda::batch`]).
+//!   ([`lambda::handlers`]), the SQS batch plumbing with its partial failures and deadline
+//!   hand-back ([`lambda::batch`]), and HTTP requests bounded by the invocation's deadline
+//!   ([`lambda::deadline`]).
 
 pub mod adapters;
 pub mod clock;

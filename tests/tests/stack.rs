@@ -693,3 +693,120 @@ fn alarms_and_dashboard_name_only_emitted_metrics() {
         );
     }
 }
+
+/// The KMS key a `KmsMasterKeyId` names, if the template makes it (None for a string: an alias or
+/// an ARN from outside).
+fn template_key(r: &BTreeMap<String, Value>, id: &Value) -> Option<Value> {
+    match id {
+        Value::Tagged(_) => {
+            let key = &r[&target(id)];
+            assert_eq!(key["Type"], "AWS::KMS::Key", "the topic's key is a KMS key");
+            Some(key.clone())
+        }
+        _ => None,
+    }
+}
+
+/// Whether a key policy lets `service` run every one of `actions` (a `kms:X*` grant covers `kms:X...`).
+fn key_grants(key: &Value, service: &str, actions: &[&str]) -> bool {
+    let statements = key["Properties"]["KeyPolicy"]["Statement"].as_sequence().unwrap();
+    actions.iter().all(|want| {
+        statements.iter().any(|s| {
+            let granted: Vec<&str> = match &s["Action"] {
+                Value::Sequence(a) => a.iter().filter_map(|a| a.as_str()).collect(),
+                a => a.as_str().into_iter().collect(),
+            };
+            s["Effect"] == "Allow"
+                && s["Principal"]["Service"] == service
+                && granted
+                    .iter()
+                    .any(|g| g == want || g.strip_suffix('*').is_some_and(|p| want.starts_with(p)))
+        })
+    })
+}
+
+/// CloudWatch can publish an alarm to an SNS topic encrypted with a KMS key only when the key's
+/// policy grants `cloudwatch.amazonaws.com` `kms:GenerateDataKey*` and `kms:Decrypt`; the
+/// AWS-managed `alias/aws/sns` key's policy cannot be changed and grants neither, so alarms to such
+/// a topic are dropped. Every alarm notifies the topic, and `AlarmEmail` subscribes an address.
+#[test]
+fn alarms_can_notify() {
+    let t = template();
+    let r = resources(&t);
+    let topics: Vec<&String> = r.keys().filter(|k| r[*k]["Type"] == "AWS::SNS::Topic").collect();
+    assert_eq!(topics, ["AlarmTopic"]);
+    let topic = &r["AlarmTopic"]["Properties"];
+    if let Some(id) = topic.get("KmsMasterKeyId") {
+        let text = format!("{id:?}");
+        assert!(
+            !text.contains("alias/aws/"),
+            "an AWS-managed key: CloudWatch cannot publish with it ({text})"
+        );
+        let key =
+            template_key(&r, id).expect("the topic's key is made here, with a policy CloudWatch may use");
+        assert!(key["Condition"].is_null(), "the key exists whenever the topic does");
+        assert!(
+            key_grants(&key, "cloudwatch.amazonaws.com", &["kms:Decrypt", "kms:GenerateDataKey"]),
+            "the key policy lets CloudWatch encrypt for the topic"
+        );
+        assert_eq!(key["Properties"]["EnableKeyRotation"], true);
+    }
+    for (name, alarm) in r.iter().filter(|(_, a)| a["Type"] == "AWS::CloudWatch::Alarm") {
+        let actions = alarm["Properties"]["AlarmActions"].as_sequence().unwrap();
+        assert!(actions.iter().any(|a| target(a) == "AlarmTopic"), "{name} notifies the alarm topic");
+    }
+    let email = &t["Parameters"]["AlarmEmail"];
+    assert_eq!(email["Default"], "", "no subscription unless asked");
+    let subscription = &r["AlarmEmailSubscription"];
+    assert_eq!(subscription["Type"], "AWS::SNS::Subscription");
+    assert_eq!(subscription["Properties"]["Protocol"], "email");
+    assert_eq!(target(&subscription["Properties"]["Endpoint"]), "AlarmEmail");
+    assert_eq!(target(&subscription["Properties"]["TopicArn"]), "AlarmTopic");
+    let condition = subscription["Condition"].as_str().unwrap();
+    assert!(
+        format!("{:?}", t["Conditions"][condition]).contains("AlarmEmail"),
+        "made when AlarmEmail is set"
+    );
+}
+
+/// The default of the parameter `value` refers to, after checking it is a parameter.
+fn parameter_default(t: &Value, value: &Value) -> u64 {
+    let name = target(value);
+    num(&t["Parameters"][name.as_str()]["Default"])
+}
+
+/// Nothing public reaches Lambda unthrottled (security review M2): the webhook's function URL has
+/// reserved concurrency (so a flood is refused there and cannot take the workers' concurrency), and
+/// the HTTP API throttles its default route; each is a parameter with a default, in the README.
+#[test]
+fn the_public_entry_points_are_throttled() {
+    let t = template();
+    let r = resources(&t);
+    let webhook = &r["WebhookFunction"]["Properties"];
+    let reserved = parameter_default(&t, &webhook["ReservedConcurrentExecutions"]);
+    assert!((1..=100).contains(&reserved), "webhook reserved concurrency {reserved}");
+    let stage = &r["ApiStage"]["Properties"]["DefaultRouteSettings"];
+    let rate = parameter_default(&t, &stage["ThrottlingRateLimit"]);
+    let burst = parameter_default(&t, &stage["ThrottlingBurstLimit"]);
+    assert!(rate >= 1 && burst >= rate, "API throttling rate {rate}, burst {burst}");
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    for p in ["WebhookReservedConcurrency", "ApiThrottleRate", "ApiThrottleBurst", "AlarmEmail"] {
+        assert!(readme.contains(&format!("`{p}`")), "README documents {p}");
+    }
+}
+
+/// The ingress function serves the longest long-poll whole: its `Timeout` holds `wait`'s maximum,
+/// the margin the long-poll keeps before the deadline and the one the request cut-off keeps, and
+/// stays within the HTTP API's 30 s integration limit. (A shorter one still answers in time, with
+/// the wait cut: `lambda_limits`.)
+#[test]
+fn the_ingress_timeout_holds_the_longest_long_poll() {
+    use lanes_core::lambda::deadline::ANSWER_MARGIN;
+    use lanes_core::tasks::poll::{LONG_POLL_MARGIN, MAX_WAIT_SECS};
+    let t = template();
+    let ingress = &resources(&t)["IngressFunction"];
+    let timeout = std::time::Duration::from_secs(timeout(&t, ingress));
+    let needed = std::time::Duration::from_secs(MAX_WAIT_SECS) + LONG_POLL_MARGIN + ANSWER_MARGIN;
+    assert!(timeout >= needed, "ingress Timeout {timeout:?} < {needed:?}");
+    assert!(timeout <= std::time::Duration::from_secs(30), "past the HTTP API's 30 s: {timeout:?}");
+}

@@ -111,7 +111,7 @@ pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
         clock: Arc::new(SystemClock),
         config,
     });
-    Ok(with_emf(router, metrics))
+    Ok(with_emf(super::deadline::with_deadline(router), metrics))
 }
 
 /// The CloudWatch namespace of the EMF metrics: `LANES_METRICS_NAMESPACE` (default `Lanes`).
@@ -178,7 +178,7 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         config,
     });
     let tasks = tasks.merge(crate::openapi::routes()).merge(read);
-    Ok(with_emf(with_trace(with_tenancy(tasks, tenancy)), metrics))
+    Ok(with_emf(super::deadline::with_deadline(with_trace(with_tenancy(tasks, tenancy))), metrics))
 }
 
 /// Scopes each request to its invocation's X-Ray trace header (Lambda's `Context.xray_trace_id`,

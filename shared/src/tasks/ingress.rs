@@ -16,7 +16,7 @@ use crate::tasks::answers::{
     NoTenant, conflict, invalid_id, not_found, over_budget, store_problem, view_response,
 };
 use crate::tasks::cache::{HINT_TTL, cache_key, cancel_key, publish_finished};
-use crate::tasks::poll::{long_poll, parse_wait};
+use crate::tasks::poll::{AnswerBy, long_poll, parse_wait, wait_within};
 use crate::tasks::tenant::Tenant;
 use axum::Extension;
 use axum::body::Body;
@@ -26,7 +26,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use std::sync::Arc;
-use std::time::Duration;
 use tracing::{Instrument, error, warn};
 
 /// Everything ingress needs, built once.
@@ -297,6 +296,7 @@ async fn answer_duplicate(
 pub(crate) async fn get_task(
     State(ing): State<Arc<Ingress>>,
     tenant: Option<Extension<Tenant>>,
+    answer_by: Option<Extension<AnswerBy>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
@@ -319,7 +319,8 @@ pub(crate) async fn get_task(
     {
         return view_response(StatusCode::OK, &rec.view());
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    let wait = wait_within(wait, answer_by.map(|Extension(a)| a), ing.clock.now_ms());
+    let deadline = tokio::time::Instant::now() + wait;
     let record = match read(&ing, &caller, &id).await {
         Ok(Some(rec)) => rec,
         Ok(None) => return not_found(),
@@ -435,6 +436,7 @@ mod tests {
     use http_body_util::BodyExt;
     use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
     use tower::ServiceExt;
 
     /// A sender that can be switched off, standing in for an unreachable SQS endpoint.
