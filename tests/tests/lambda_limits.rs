@@ -113,6 +113,15 @@ async fn a_long_poll_answers_inside_the_ingress_timeout() {
     let answer =
         worker.invoke(&sqs_event(&received, "arn:aws:sqs:us-east-1:123456789012:lanes-interactive")).await;
     assert_eq!(answer.answer()["batchItemFailures"], serde_json::json!([]), "{}", worker.log_text());
+    // The gauge of the oldest record's age leaves Lambda in the invocation's EMF document.
+    let emf = worker
+        .log_text()
+        .lines()
+        .find(|l| l.contains("\"CloudWatchMetrics\"") && l.contains("queue_oldest_age_seconds"))
+        .map(str::to_owned);
+    let emf: Value = serde_json::from_str(&emf.expect("an EMF line with the gauge")).unwrap();
+    assert_eq!(emf["lane"], "interactive");
+    assert!(emf["queue_oldest_age_seconds"].is_number(), "{emf}");
     let ingress = LambdaFunction::start(function(&s, "IngressFunction"));
     let answer = ingress.invoke(&get_event(&id, "wait=20")).await.answer();
     assert_eq!(

@@ -531,6 +531,15 @@ fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
         .filter_map(|l| l.strip_prefix("const ")?.split_once(": &[&str] = &["))
         .map(|(name, rest)| (name, quoted(rest.split(']').next().unwrap_or(""))))
         .collect();
+    // Gauges (`field: r.gauge("lanes_…", …)`, labelled by lane) of those EMF reports.
+    for line in metrics_rs.lines() {
+        if let Some((field, rest)) = line.trim().split_once(": r.gauge(\"") {
+            let family = rest.split('"').next().unwrap();
+            if lanes_core::metrics::EMF_GAUGES.contains(&family) {
+                families.insert(field.to_owned(), (family.to_owned(), vec!["lane".to_owned()]));
+            }
+        }
+    }
     for part in metrics_rs.split("\"lanes_").skip(1) {
         let family = format!("lanes_{}", part.split('"').next().unwrap());
         if !family.ends_with("_total") {
@@ -578,7 +587,15 @@ fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
             if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
-            let src = std::fs::read_to_string(&path).unwrap();
+            // Method chains joined onto one line (`.queue_oldest_age_seconds` then, below it,
+            // `.with_label_values(…)`).
+            let src = std::fs::read_to_string(&path).unwrap().lines().fold(String::new(), |mut out, line| {
+                if !line.trim_start().starts_with('.') {
+                    out.push('\n');
+                }
+                out.push_str(line.trim_start());
+                out
+            });
             for (owner, (family, labels)) in &families {
                 for part in src.split(&format!("{owner}.with_label_values(&[")).skip(1) {
                     let args: Vec<&str> = part.split(']').next().unwrap().split(',').map(str::trim).collect();
@@ -629,9 +646,14 @@ fn is_emitted(emitted: &BTreeMap<String, BTreeSet<String>>, name: &str, dims: &B
 #[test]
 fn alarms_and_dashboard_name_only_emitted_metrics() {
     let emitted = emitted_metrics();
-    for name in
-        ["llm_tokens_prompt", "duplicates_commit_cache", "handed_back", "dead_lettered", "queue_depth"]
-    {
+    for name in [
+        "llm_tokens_prompt",
+        "duplicates_commit_cache",
+        "handed_back",
+        "dead_lettered",
+        "queue_depth",
+        "queue_oldest_age_seconds",
+    ] {
         assert!(emitted.contains_key(name), "{name} not found in the code: {emitted:?}");
     }
     let t = template();

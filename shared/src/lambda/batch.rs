@@ -18,8 +18,8 @@ use tracing::warn;
 
 /// How long the oldest record of a batch waited in its queue (`now - SentTimestamp`): SQS has no
 /// queue attribute for it (`ApproximateAgeOfOldestMessage` is a CloudWatch metric), so each worker
-/// reports the age of what it receives (its gauge, on `/metrics` where one is served; EMF carries
-/// counters and latencies only): a lower bound of the queue's oldest, exact when the queue is
+/// reports the age of what it receives (its gauge, on `/metrics` where one is served, and in EMF as
+/// `queue_oldest_age_seconds`): a lower bound of the queue's oldest, exact when the queue is
 /// drained in order.
 pub fn oldest_age_ms(records: &[SqsMessage], now_ms: u64) -> Option<u64> {
     records

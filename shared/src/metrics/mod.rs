@@ -54,6 +54,11 @@ pub fn reason_kind(reason: &str) -> String {
 /// The labels that become CloudWatch dimensions in EMF; every other label is part of the metric name.
 pub const EMF_DIMENSIONS: [&str; 3] = ["lane", "reason", "tenant"];
 
+/// The gauges EMF reports, each its value at the flush. The pool's queue depth and in-flight
+/// gauges are left out: only `lanes dev` sets them (at zero from the start), and in Lambda the
+/// controller reports `queue_depth` and `queue_in_flight` itself, from the queues.
+pub const EMF_GAUGES: [&str; 1] = ["lanes_queue_oldest_age_seconds"];
+
 /// The EMF documents of one dimension set: at most 100 metrics per document and 100 values per
 /// metric, as EMF allows.
 fn emf_group(
@@ -425,7 +430,8 @@ impl Metrics {
     /// CloudWatch Embedded Metric Format documents (one JSON line each) for everything since the
     /// last call, in `namespace`: per lane (dimension `lane`) or without dimensions. Counter names
     /// drop `lanes_` and `_total` and append their other labels (`llm_tokens_total{type="prompt"}` ->
-    /// `llm_tokens_prompt`).
+    /// `llm_tokens_prompt`); a counter reports what it grew by. A gauge of [`EMF_GAUGES`] that was ever
+    /// set reports its value at the call (unit `Seconds` when its name ends so).
     pub fn emf_documents(&self, namespace: &str, now_ms: u64) -> Vec<String> {
         use std::collections::BTreeMap;
         // dimensions (name, value) -> metric -> (unit, values)
@@ -442,9 +448,11 @@ impl Metrics {
                 .push(v);
         }
         for family in self.registry.gather() {
-            if family.get_field_type() != prometheus::proto::MetricType::COUNTER {
-                continue;
-            }
+            let gauge = match family.get_field_type() {
+                prometheus::proto::MetricType::COUNTER => false,
+                prometheus::proto::MetricType::GAUGE if EMF_GAUGES.contains(&family.name()) => true,
+                _ => continue,
+            };
             for m in family.get_metric() {
                 let labels: Vec<(&str, &str)> = m.get_label().iter().map(|l| (l.name(), l.value())).collect();
                 let name = emf_name(family.name(), &labels);
@@ -453,6 +461,12 @@ impl Metrics {
                     .filter(|(l, _)| EMF_DIMENSIONS.contains(l))
                     .map(|(l, v)| ((*l).to_owned(), (*v).to_owned()))
                     .collect();
+                if gauge {
+                    // A gauge is its value at the flush: a sample, not a delta.
+                    let unit = if family.name().ends_with("_seconds") { "Seconds" } else { "Count" };
+                    groups.entry(dims).or_default().insert(name, (unit, vec![m.get_gauge().get_value()]));
+                    continue;
+                }
                 let mut key = family.name().to_owned();
                 for (l, v) in &labels {
                     key.push_str(&format!(",{l}={v}"));
@@ -542,6 +556,16 @@ mod tests {
             dead["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
             serde_json::json!([["lane", "reason"]])
         );
+        // A gauge reports its value at each flush, with its unit.
+        m.queue_oldest_age_seconds.with_label_values(&["interactive"]).set(42);
+        for at in [1_100, 1_200] {
+            let docs: Vec<serde_json::Value> =
+                m.emf_documents("Lanes/test", at).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+            let lane = docs.iter().find(|d| d["lane"] == "interactive").unwrap();
+            assert_eq!(lane["queue_oldest_age_seconds"], 42.0, "{lane}");
+            let defs = lane["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().unwrap();
+            assert!(defs.iter().any(|d| d["Name"] == "queue_oldest_age_seconds" && d["Unit"] == "Seconds"));
+        }
         // Per tenant: the tenant is a dimension, with raw waits and counted put-offs.
         m.tenant_waited("interactive", "t-abc", 0.25);
         m.tenants.put_off("interactive", "t-abc", "fairness");
@@ -565,7 +589,7 @@ mod tests {
         m.llm_tokens_total.with_label_values(&["interactive", "prompt"]).inc_by(5);
         let again: Vec<serde_json::Value> =
             m.emf_documents("Lanes/test", 2_000).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
-        assert_eq!(again.len(), 1);
+        assert_eq!(again.len(), 1, "{again:?}");
         assert_eq!(again[0]["llm_tokens_prompt"], 5.0);
         assert!(again[0].get("task_latency_seconds").is_none());
     }
