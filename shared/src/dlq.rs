@@ -195,7 +195,7 @@ impl Sweep<'_> {
     }
 
     async fn fail_unfinished(&self, m: &ReceivedMessage, task: &TaskMessage) -> Result<bool, StoreError> {
-        let reason = format!("dead-lettered: {}", reason_of(m));
+        let reason = crate::domain::failure::FailureCode::DeadLettered.reason(reason_of(m));
         let sent_before = m.sent_at_ms.saturating_add(CLOCK_SKEW_MS);
         let now = self.clock.now_ms();
         let failed =

@@ -293,6 +293,11 @@ impl MockLlm {
         self.state.script.lock().unwrap_or_else(|e| e.into_inner()).extend(answers);
     }
 
+    /// Drops the scripted answers not used yet.
+    pub fn clear_script(&self) {
+        self.state.script.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Every request so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()

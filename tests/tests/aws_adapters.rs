@@ -174,7 +174,7 @@ async fn dynamodb_adapter_against_moto() {
     store.finish(&huge.task_id, hc.fence, Completion::Completed(result(noise)), now, 86_400).await.unwrap();
     let h = store.get(&huge.task_id, now).await.unwrap().unwrap();
     assert_eq!(h.status, TaskStatus::Failed);
-    assert!(h.error.unwrap().starts_with("result too large to store"));
+    assert!(h.error.unwrap().starts_with("result_too_large: "));
 
     // BatchGetItem over more than one request.
     let mut ids = Vec::new();

@@ -74,7 +74,7 @@ async fn a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it(backend
     }
     // The third receive finds the message over its count: the queue redrives it, the sweep answers.
     let failed = wait_status(&stack.server.url, &id, "FAILED", Duration::from_secs(30)).await;
-    assert!(failed["error"].as_str().unwrap().starts_with("dead-lettered:"), "{failed}");
+    assert_eq!(failed["error"]["code"], "dead_lettered", "{failed}");
     assert_eq!(failed["attempts"], 0, "a crash is not a provider failure");
 
     if backend == Backend::Aws {
@@ -206,4 +206,43 @@ async fn a_throttling_provider_fails_no_task() {
     );
     let dlq = lanes_dlq(&["list", "--lane", "interactive"], url);
     assert_eq!(dlq["messages"].as_array().unwrap().len(), 0, "{dlq}");
+}
+
+/// A provider's own error text never reaches the client (security review L1): a refusal (401) and
+/// a provider that keeps failing (503, one attempt allowed) end `FAILED` with a stable code and its
+/// fixed message, and the provider's words, here naming an account and an internal host, go to the
+/// worker's log with the task id.
+#[tokio::test]
+async fn a_failed_task_shows_a_stable_code_not_the_providers_words() {
+    use lanes_tests::mock_llm::{MockLlm, Scripted};
+    let mock = MockLlm::start().await.unwrap();
+    let env = [
+        ("LANES_LLM_PROVIDER", "openai".to_owned()),
+        ("LANES_LLM_MODEL", "gpt-test".to_owned()),
+        ("LANES_LLM_BASE_URL", format!("{}/v1", mock.url)),
+        ("LANES_ATTEMPTS_INTERACTIVE", "1".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec();
+    let stack = Stack::start_with_env(Backend::Embedded, &[], env).await;
+    let url = &stack.server.url;
+    let host = mock.url.trim_start_matches("http://").to_owned();
+    for (status, code) in [(401, "provider_refused"), (503, "provider_unavailable")] {
+        // Enough for every try of the one attempt (the client retries a 5xx in the call, and a 401
+        // once with the key re-read); what is left is dropped.
+        mock.script(vec![Scripted::Status(status, vec![]); 12]);
+        let id = submit(url, "classify", &format!("a task the provider answers {status}")).await;
+        let failed = wait_status(url, &id, "FAILED", Duration::from_secs(30)).await;
+        mock.clear_script();
+        assert_eq!(failed["error"]["code"], code, "{failed}");
+        assert!(failed["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{failed}");
+        let text = failed.to_string();
+        assert!(!text.contains("scripted") && !text.contains(&host), "provider text in the view: {text}");
+        let logged = stack.server.log_text();
+        let line = logged.lines().find(|l| l.contains("task failed") && l.contains(&id));
+        assert!(
+            line.is_some_and(|l| l.contains(&format!("scripted {status}"))),
+            "the detail is logged: {line:?}"
+        );
+    }
 }

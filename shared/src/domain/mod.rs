@@ -1,9 +1,11 @@
 //! The vocabulary both flows and the ports share: lanes and the kinds that decide them, token
 //! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), who a message is fair to and in what order ([`fairness`]), what a budget charges ([`quota`]), each group's share of a lane in tokens ([`token_share`]), what a client asks for ([`request`]), the
-//! task's record ([`task`]) and its transition table ([`lifecycle`]), and the commit types ([`commit`]). Pure: no I/O.
+//! task's record ([`task`]) and its transition table ([`lifecycle`]), why a task failed as a client
+//! sees it ([`failure`]), and the commit types ([`commit`]). Pure: no I/O.
 
 pub mod commit;
 pub mod concurrency;
+pub mod failure;
 pub mod fairness;
 pub mod ids;
 pub mod lifecycle;

@@ -127,7 +127,7 @@ impl TaskRecord {
             lane: self.lane,
             kind: self.request.kind,
             result: self.result.clone(),
-            error: self.error.clone(),
+            error: self.error.as_deref().map(crate::domain::failure::TaskError::from_stored),
             attempts: self.attempts,
             created_at_ms: self.created_at_ms,
             finished_at_ms: self.finished_at_ms,
@@ -149,8 +149,8 @@ pub struct TaskView {
     pub kind: Kind,
     /// Result when completed.
     pub result: Option<TaskResult>,
-    /// Reason when failed.
-    pub error: Option<String>,
+    /// Why it failed (or, while it runs, why its last call failed): a stable code and its message.
+    pub error: Option<crate::domain::failure::TaskError>,
     /// Provider calls that failed (throttling excluded).
     #[serde(default)]
     pub attempts: u32,

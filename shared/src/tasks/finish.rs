@@ -4,6 +4,7 @@
 //! settled without a write of its own.
 
 use super::worker::{Call, FINISH_TRIES, Run, Settle, Worker};
+use crate::domain::failure::FailureCode;
 use crate::domain::{TaskMessage, TaskRecord, TaskResult, TaskStatus};
 use crate::lease::{self, Outcome, full_jitter_backoff};
 use crate::metrics::Latency;
@@ -75,7 +76,8 @@ impl Worker {
         match e {
             LlmError::Permanent(_) => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "permanent"]).inc();
-                self.finish(queue, message, record, Completion::Failed(e.to_string()), completed).await
+                let reason = FailureCode::ProviderRefused.reason(&e);
+                self.finish(queue, message, record, Completion::Failed(reason), completed).await
             }
             LlmError::Throttled { .. } => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "throttled"]).inc();
@@ -88,7 +90,7 @@ impl Worker {
             }
             LlmError::Retryable { .. } => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "retryable"]).inc();
-                let reason = e.to_string();
+                let reason = FailureCode::ProviderRetrying.reason(&e);
                 let now = self.clock.now_ms();
                 let attempts = match self.store.note_attempt(&task.task_id, record.fence, &reason, now).await
                 {
@@ -103,7 +105,8 @@ impl Worker {
                     }
                 };
                 if attempts >= self.config.lane(task.lane).attempt_budget {
-                    let reason = format!("gave up after {attempts} failed provider attempts: {reason}");
+                    let reason = FailureCode::ProviderUnavailable
+                        .reason(format_args!("gave up after {attempts} failed provider attempts: {e}"));
                     return self.finish(queue, message, record, Completion::Failed(reason), completed).await;
                 }
                 let after =
@@ -133,7 +136,8 @@ impl Worker {
         }
         let outcome = lease::retry_later(queue, message, after, reason, task.lane.as_str()).await;
         if matches!(outcome, Outcome::Retry { .. }) && lease::is_last_delivery(queue, message) {
-            let reason = format!("last delivery could not be put off ({reason})");
+            let reason = FailureCode::NotScheduled
+                .reason(format_args!("last delivery could not be put off ({reason})"));
             let now = self.clock.now_ms();
             let ttl = self.config.record_ttl_secs;
             let settled = match settle {
@@ -169,6 +173,10 @@ impl Worker {
     ) -> Outcome {
         let lane = record.lane.as_str();
         let now = self.clock.now_ms();
+        if let Completion::Failed(reason) = &completion {
+            // The detail stays here and in the record; the client's view shows only its code.
+            warn!(task_id = %record.task_id, reason = %reason, "task failed");
+        }
         // A failed write is tried again (the heartbeat still holds the lease) before a paid answer
         // is given up: the fence keeps a late retry from writing over another run.
         let mut written = Err(crate::ports::StoreError::Unavailable("not tried".into()));

@@ -243,11 +243,11 @@ impl Worker {
             crate::domain::fairness::task_group(record.request.tenant.as_ref(), &record.request.project_id);
         self.metrics.tenant_waited(lane, &group, age.as_secs_f64());
         if age > policy.max_age {
-            let reason = format!(
+            let reason = crate::domain::failure::FailureCode::Expired.reason(format_args!(
                 "not started within the {} lane's maximum task age ({} s)",
                 lane,
                 policy.max_age.as_secs()
-            );
+            ));
             return self.finish(queue, message, &record, Completion::Failed(reason), completed).await;
         }
 
@@ -349,7 +349,8 @@ impl Worker {
                 let max_age = self.config.lane(task.lane).max_age.as_millis() as u64;
                 let renews_at = now + over.retry_after.as_millis() as u64;
                 if renews_at > record.created_at_ms.saturating_add(max_age) {
-                    let reason = format!("{why}, which renews after the lane's maximum task age");
+                    let reason = crate::domain::failure::FailureCode::OverBudget
+                        .reason(format_args!("{why}, which renews after the lane's maximum task age"));
                     return Err(self
                         .finish(queue, message, record, Completion::Failed(reason), completed)
                         .await);

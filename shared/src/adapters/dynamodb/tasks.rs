@@ -290,8 +290,8 @@ impl TaskStore for DynamoStore {
                 let json = serde_json::to_string(&result).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 let (name, value, size) = text_attr("result", &json)?;
                 if size > MAX_ITEM_BYTES / 2 {
-                    let reason =
-                        format!("result too large to store: {} bytes, {size} bytes compressed", json.len());
+                    let reason = crate::domain::failure::FailureCode::ResultTooLarge
+                        .reason(format_args!("{} bytes, {size} bytes compressed", json.len()));
                     (Completion::Failed(reason), None)
                 } else {
                     (Completion::Completed(result), Some((name, value)))
