@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the integration and end-to-end tests need, idempotently, and says what it could not:
 # redis-server (Debian package), a project venv (.venv) with moto[server], cargo-lambda (+ ziglang, its
-# cross linker), cfn-lint, aws-sam-cli and openapi-spec-validator, and Rust's aarch64 Linux target for the arm64 Lambda builds.
+# cross linker), cfn-lint, aws-sam-cli and openapi-spec-validator, schemathesis in a venv beside it, and
+# Rust's aarch64 Linux target for the arm64 Lambda builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${LANES_VENV:-$PWD/.venv}"
@@ -30,6 +31,16 @@ if ! "$VENV/bin/python" -c 'import moto, cfnlint, samcli, samtranslator, ziglang
     || { echo "test-deps: pip install failed (is the package index reachable?)" >&2; exit 1; }
 fi
 
+# Schemathesis (the API contract test) in a venv of its own: its pins (hypothesis, jsonschema) must
+# not move moto's or aws-sam-cli's.
+ST_VENV="${VENV}-schemathesis"
+if [ ! -x "$ST_VENV/bin/st" ]; then
+  echo "test-deps: installing schemathesis into $ST_VENV"
+  { [ -x "$ST_VENV/bin/python" ] || python3 -m venv "$ST_VENV"; } \
+    && "$ST_VENV/bin/pip" install -q --disable-pip-version-check 'schemathesis>=4.3,<5' \
+    || { echo "test-deps: could not install schemathesis into $ST_VENV (is the package index reachable?)" >&2; exit 1; }
+fi
+
 if command -v rustup >/dev/null 2>&1; then
   if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
     echo "test-deps: adding Rust's aarch64-unknown-linux-gnu target (arm64 Lambda builds)"
@@ -40,4 +51,4 @@ else
   echo "test-deps: rustup not found; install the aarch64-unknown-linux-gnu target for the arm64 builds" >&2; exit 1
 fi
 # cargo-lambda is a cargo plugin: it answers `cargo-lambda lambda --version`, not `--version`.
-echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" lambda --version 2>/dev/null | head -n 1 || true)"
+echo "test-deps: redis-server $(redis-server --version | awk '{print $3}'), moto $("$VENV/bin/python" -c 'import moto; print(moto.__version__)'), $("$VENV/bin/cargo-lambda" lambda --version 2>/dev/null | head -n 1 || true), $("$ST_VENV/bin/st" --version 2>/dev/null | head -n 1 || true)"

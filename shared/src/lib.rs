@@ -77,6 +77,7 @@ pub mod openapi;
 pub mod pool;
 pub mod ports;
 pub mod problem;
+pub mod query;
 pub mod quota;
 pub mod running;
 pub mod secret;

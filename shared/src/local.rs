@@ -267,6 +267,7 @@ impl Local {
                     }
                 }),
             );
+        let router = crate::problem::framework_rejections(router);
         Self { router, pool, llm, adapters, metrics, dlq }
     }
 

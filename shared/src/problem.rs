@@ -97,3 +97,65 @@ impl IntoResponse for Problem {
         resp
     }
 }
+
+/// Longest part of a framework rejection's own text kept as a problem's detail.
+const REJECTION_DETAIL_CHARS: usize = 300;
+
+/// Every error answer of `router` as problem+json, the web framework's own rejections included: a
+/// 4xx or 5xx whose body is not JSON (axum's plain-text answers to a malformed path, query or body,
+/// a body over the limit, a wrong media type) becomes a problem of the same status naming the part
+/// of the request at fault, with the rejection's text (which describes only the request) as its
+/// detail. Answers the handlers wrote themselves pass unchanged.
+pub fn framework_rejections(router: axum::Router) -> axum::Router {
+    router.layer(axum::middleware::map_response(|resp: Response| async move {
+        let status = resp.status();
+        let is_json = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/json") || ct.starts_with(PROBLEM_JSON));
+        if !(status.is_client_error() || status.is_server_error()) || is_json {
+            return resp;
+        }
+        let (parts, body) = resp.into_parts();
+        let text = match axum::body::to_bytes(body, 64 * 1024).await {
+            Ok(b) => String::from_utf8_lossy(&b).chars().take(REJECTION_DETAIL_CHARS).collect::<String>(),
+            Err(_) => String::new(),
+        };
+        let mut answer = rejection(status, &text).into_response();
+        for name in [header::ALLOW, header::RETRY_AFTER] {
+            if let Some(v) = parts.headers.get(&name) {
+                answer.headers_mut().insert(name, v.clone());
+            }
+        }
+        answer
+    }))
+}
+
+/// The problem for a framework rejection of `status` with text `text`.
+fn rejection(status: StatusCode, text: &str) -> Problem {
+    let lower = text.to_ascii_lowercase();
+    // axum names a query or body field in backticks ("duplicate field `limit`").
+    let named = text.split('`').nth(1).filter(|f| !f.is_empty() && f.len() <= 64);
+    let (slug, title, field) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ("body-too-large", "Body too large", "body".to_owned()),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            ("unsupported-media-type", "Unsupported media type", "Content-Type".to_owned())
+        }
+        StatusCode::METHOD_NOT_ALLOWED => ("method-not-allowed", "Method not allowed", "method".to_owned()),
+        StatusCode::NOT_FOUND => ("not-found", "Not found", "path".to_owned()),
+        s if s.is_client_error() => {
+            let part = if lower.contains("query") {
+                ("invalid-query", "Invalid query parameter", named.unwrap_or("query"))
+            } else if lower.contains("path") || lower.contains("url") {
+                ("invalid-parameter", "Invalid parameter", "path")
+            } else {
+                ("invalid-request", "The request is invalid", named.unwrap_or("body"))
+            };
+            (part.0, part.1, part.2.to_owned())
+        }
+        _ => return Problem::internal(),
+    };
+    let detail = if text.trim().is_empty() { title.to_ascii_lowercase() } else { text.trim().to_owned() };
+    Problem::new(status, slug, title, detail).with_field(&field)
+}

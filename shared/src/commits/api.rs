@@ -9,12 +9,11 @@ use crate::domain::commit::{CommitSummary, summary_cache_key};
 use crate::domain::{RepoId, Sha, Tenant};
 use crate::ports::{Cache, StoreError, SummaryStore};
 use crate::problem::Problem;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use serde::Deserialize;
 use std::sync::Arc;
 use tracing::warn;
 
@@ -119,8 +118,8 @@ fn unavailable(e: &StoreError) -> Response {
     path = "/v1/repos/{repo_id}/commits/{sha}/summary",
     tag = "summaries",
     params(
-        ("repo_id" = String, Path, description = "`github:<id>` or `gitlab:<id>`"),
-        ("sha" = String, Path, description = "The commit's 40-hex sha"),
+        ("repo_id" = String, Path, description = "`github:<id>` or `gitlab:<id>` (the host's numeric id), or `local:<hex>`", pattern = "^((github|gitlab):[0-9]{1,20}|local:[0-9A-Fa-f]{8,64})$"),
+        ("sha" = String, Path, description = "The full commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits", pattern = "^([0-9a-f]{40}|[0-9a-f]{64})$"),
     ),
     responses(
         (status = 200, description = "The summary", body = CommitSummary),
@@ -178,7 +177,6 @@ pub struct SummaryPage {
     pub next_cursor: Option<String>,
 }
 
-#[derive(Deserialize)]
 pub(crate) struct ListQuery {
     limit: Option<String>,
     cursor: Option<String>,
@@ -190,15 +188,15 @@ pub(crate) struct ListQuery {
     path = "/v1/repos/{repo_id}/summaries",
     tag = "summaries",
     params(
-        ("repo_id" = String, Path, description = "`github:<id>` or `gitlab:<id>`"),
-        ("limit" = Option<u32>, Query, description = "Page size, 1 to 100 (default 20)"),
-        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
+        ("repo_id" = String, Path, description = "`github:<id>` or `gitlab:<id>` (the host's numeric id), or `local:<hex>`", pattern = "^((github|gitlab):[0-9]{1,20}|local:[0-9A-Fa-f]{8,64})$"),
+        ("limit" = Option<u32>, Query, description = "Page size, 1 to 100 (default 20); given once", minimum = 1, maximum = 100),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page; one this API did not return for this repository is a 404", pattern = "^[A-Za-z0-9_-]{1,2048}$"),
     ),
     responses(
         (status = 200, description = "One page", body = SummaryPage),
         (status = 400, description = "Invalid parameter", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "With tenancy on: no summaries of the repository that this caller may read (none at all answers alike)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "With tenancy on: no summaries of the repository that this caller may read (none at all answers alike); or a cursor this API did not return for the repository", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "A stored item could not be read", body = Problem, content_type = "application/problem+json"),
     )
@@ -207,8 +205,12 @@ pub(crate) async fn list(
     State(api): State<Arc<SummariesApi>>,
     tenant: Option<Extension<Tenant>>,
     Path(repo_id): Path<String>,
-    Query(q): Query<ListQuery>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let q = match crate::query::params(query.as_deref(), &["limit", "cursor"]) {
+        Ok(mut p) => ListQuery { limit: p.remove("limit"), cursor: p.remove("cursor") },
+        Err(problem) => return problem.into_response(),
+    };
     let repo_id = match RepoId::parse(&repo_id) {
         Ok(repo_id) => repo_id,
         Err(e) => return bad(e.field, e.reason.into()),
@@ -225,7 +227,9 @@ pub(crate) async fn list(
         },
     };
     if let Some(c) = &q.cursor
-        && (c.len() > 2048 || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        && (c.is_empty()
+            || c.len() > 2048
+            || !c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
     {
         return bad("cursor", "not a cursor this API returned".into());
     }
@@ -236,9 +240,15 @@ pub(crate) async fn list(
         Ok(page) if !page.items.iter().all(|s| reader.may_read(s)) => repository_not_found(),
         Ok(page) if page.items.is_empty() && matches!(reader, Reader::Tenant(..)) => repository_not_found(),
         Ok(page) => Json(SummaryPage { items: page.items, next_cursor: page.next }).into_response(),
-        Err(StoreError::Corrupt(_)) if q.cursor.is_some() => {
-            bad("cursor", "not a cursor this API returned for this repository".into())
-        }
+        // A well-formed cursor names a page; one that names none of this repository's is not found.
+        Err(StoreError::Corrupt(_)) if q.cursor.is_some() => Problem::new(
+            StatusCode::NOT_FOUND,
+            "page-not-found",
+            "No such page",
+            "the cursor names no page of this repository's summaries; start again without it",
+        )
+        .with_field("cursor")
+        .into_response(),
         Err(e) => unavailable(&e),
     }
 }

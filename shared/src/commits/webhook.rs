@@ -203,17 +203,26 @@ pub(crate) async fn gitlab(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Res
 }
 
 /// The function URL: either host, told apart by its event header (`X-GitHub-Event` or
-/// `X-Gitlab-Event`); the same answers as the two routes above.
+/// `X-Gitlab-Event`); the same answers as the two routes above. A request with neither header
+/// carries no credential this route could check: `401`, like a bad signature.
 #[utoipa::path(
     post,
     path = "/",
     tag = "webhooks",
     request_body(content = Object, content_type = "application/json", description = "A GitHub or GitLab push payload"),
+    params(
+        ("X-GitHub-Event" = Option<String>, Header, description = "A GitHub delivery's event (`push`; `ping` answers `pong`); with `X-Hub-Signature-256`. One of this and `X-Gitlab-Event` is required"),
+        ("X-Hub-Signature-256" = Option<String>, Header, description = "With `X-GitHub-Event`: `sha256=<hex HMAC of the body>`"),
+        ("X-GitHub-Delivery" = Option<String>, Header, description = "With `X-GitHub-Event`: the delivery id; a replay is dropped"),
+        ("X-Gitlab-Event" = Option<String>, Header, description = "A GitLab delivery's event (`Push Hook`); with `X-Gitlab-Token`. One of this and `X-GitHub-Event` is required"),
+        ("X-Gitlab-Token" = Option<String>, Header, description = "With `X-Gitlab-Event`: the webhook's secret token"),
+        ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "With `X-Gitlab-Event`: the delivery id; a replay is dropped"),
+    ),
     responses(
         (status = 200, description = "Ping or replayed delivery", body = WebhookAnswer),
         (status = 202, description = "Accepted or ignored", body = WebhookAnswer),
-        (status = 400, description = "Unknown sender or unreadable payload", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Bad signature or token", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Unreadable payload", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Neither sender's event header, or a bad signature or token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
@@ -255,11 +264,12 @@ async fn accept(
         None if headers.contains_key("x-gitlab-event") => Provider::Gitlab,
         None => {
             return Err(Problem::new(
-                StatusCode::BAD_REQUEST,
+                StatusCode::UNAUTHORIZED,
                 "unknown-sender",
                 "Unknown webhook sender",
                 "expected a GitHub (X-GitHub-Event) or GitLab (X-Gitlab-Event) delivery",
-            ));
+            )
+            .with_field("X-GitHub-Event"));
         }
     };
     let bytes = authenticated(w, provider, headers, body).await?;

@@ -15,16 +15,34 @@ pub const MAX_PROJECT_ID_LEN: usize = 128;
 /// Longest accepted `Idempotency-Key` header value.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
+/// What a `prompt` must hold: one character that is not white space as Rust's `str::trim` counts it
+/// (Unicode `White_Space`), so the trimmed prompt is not empty. Written as a class, not `\S`, since
+/// ECMA-262 and Python count other characters as space.
+pub const PROMPT_PATTERN: &str =
+    r"[^\t\n\u000b\u000c\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]";
+
+/// A `target_files` entry: no leading `/` or `\`, no drive letter (a second character `:`), no
+/// `..` segment, no control character (Unicode `Cc`), 1 to 1024 characters.
+pub const TARGET_FILE_PATTERN: &str =
+    r"^(?![/\\])(?!.:)(?!(.*[/\\])?\.\.([/\\]|$))[^\u0000-\u001f\u007f-\u009f]{1,1024}$";
+
 /// A validated task request, in canonical form (prompt trimmed, files sorted and deduplicated).
+/// Its schema states every rule the validation applies (a generator of requests from the
+/// document must see the same ones), and no field beyond these.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct TaskRequest {
     /// Tenant-chosen project identifier, `[A-Za-z0-9._-]{1,128}`.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$", min_length = 1, max_length = 128)]
     pub project_id: String,
-    /// What to do; decides the lane.
+    /// What to do; decides the lane. The commits lane's kinds come from the webhook only.
+    #[schema(schema_with = task_kinds)]
     pub kind: Kind,
-    /// The instruction, trimmed.
+    /// The instruction, trimmed; at least one character that is not white space.
+    #[schema(schema_with = prompt)]
     pub prompt: String,
-    /// Relative paths, sorted and deduplicated.
+    /// Relative paths, sorted and deduplicated; at most 200.
+    #[schema(schema_with = target_files)]
     pub target_files: Vec<String>,
     /// Sampling parameters passed to the model (see [`ModelParams`]); `null` when absent.
     #[schema(value_type = Option<ModelParams>)]
@@ -38,28 +56,89 @@ pub struct TaskRequest {
     /// or `low`, a 30-second offset either way. Not part of the task's identity: the same payload
     /// at another priority is the same task.
     #[serde(default, skip_serializing_if = "Priority::is_normal")]
+    #[schema(value_type = Option<Priority>)]
     pub priority: Priority,
+}
+
+/// The kinds a client may submit: every task kind but the commits lane's.
+fn task_kinds() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    let kinds = Kind::ALL.iter().filter(|k| k.lane() != Lane::Commits).map(|k| k.as_str());
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(kinds))
+        .description(Some(
+            "What to do; decides the lane. The commits lane's kinds come from the webhook only.",
+        ))
+        .build()
+}
+
+/// `prompt`: at least one character that is not white space ([`PROMPT_PATTERN`]).
+fn prompt() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .pattern(Some(PROMPT_PATTERN))
+        .description(Some("The instruction, trimmed; at least one character that is not white space."))
+        .build()
+}
+
+/// `target_files`: at most [`MAX_TARGET_FILES`] relative paths ([`TARGET_FILE_PATTERN`]).
+fn target_files() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    let item = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+        .max_length(Some(1024))
+        .pattern(Some(TARGET_FILE_PATTERN));
+    ArrayBuilder::new()
+        .items(item)
+        .max_items(Some(MAX_TARGET_FILES))
+        .description(Some("Relative paths, sorted and deduplicated; at most 200."))
+        .build()
 }
 
 /// The documented shape of `params`: every key optional, unknown keys refused (a typo would otherwise
 /// be silently ignored by the model and still change the task id).
+/// `null` for any key is the key left out.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ModelParams {
     /// Sampling temperature, 0 to 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 2.0)]
     pub temperature: Option<f64>,
     /// Nucleus sampling, 0 to 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f64>,
     /// Completion token cap, at most the lane's own cap (which applies when this is absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 128_000)]
     pub max_tokens: Option<u32>,
-    /// Up to four stop sequences.
+    /// A stop sequence, or up to four of them; none empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(schema_with = stop_sequences)]
     pub stop: Vec<String>,
     /// Sampling seed, where the provider supports one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = -9_223_372_036_854_775_808_i64, maximum = 9_223_372_036_854_775_807_i64)]
     pub seed: Option<i64>,
+}
+
+/// `stop`: one non-empty string, or an array of at most four, or null.
+fn stop_sequences() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+    let one = || ObjectBuilder::new().schema_type(Type::String).min_length(Some(1));
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(one())
+            .item(ArrayBuilder::new().items(one()).max_items(Some(4)))
+            .item(ObjectBuilder::new().schema_type(Type::Null))
+            .description(Some("A stop sequence, or up to four of them; none empty."))
+            .build(),
+    )
 }
 
 /// Keys `params` may have.
@@ -76,6 +155,9 @@ impl ModelParams {
     pub fn validate(obj: &Map<String, Value>) -> Vec<FieldError> {
         let mut errors = Vec::new();
         for (key, value) in obj {
+            if value.is_null() && PARAM_KEYS.contains(&key.as_str()) {
+                continue;
+            }
             let field = format!("params.{key}");
             let bad = |reason: &str| FieldError::new(field.clone(), reason);
             match key.as_str() {
@@ -87,13 +169,13 @@ impl ModelParams {
                     Some(t) if (0.0..=1.0).contains(&t) => {}
                     _ => errors.push(bad("expected a number from 0 to 1")),
                 },
-                "max_tokens" => match value.as_u64() {
-                    Some(n) if (1..=MAX_PARAM_TOKENS as u64).contains(&n) => {}
+                "max_tokens" => match whole(value) {
+                    Some(n) if (1..=i128::from(MAX_PARAM_TOKENS)).contains(&n) => {}
                     _ => errors.push(bad(&format!("expected a whole number from 1 to {MAX_PARAM_TOKENS}"))),
                 },
                 "seed" => {
-                    if value.as_i64().is_none() {
-                        errors.push(bad("expected a whole number"));
+                    if !whole(value).is_some_and(|n| i64::try_from(n).is_ok()) {
+                        errors.push(bad("expected a whole number (a signed 64-bit one)"));
                     }
                 }
                 "stop" => match value {
@@ -318,8 +400,8 @@ fn validate_relative_path(path: &str) -> Result<(), &'static str> {
     if path.is_empty() {
         return Err("must not be empty");
     }
-    if path.len() > 1024 {
-        return Err("longer than 1024 bytes");
+    if path.chars().count() > 1024 {
+        return Err("longer than 1024 characters");
     }
     if path.starts_with('/') || path.starts_with('\\') {
         return Err("must be a relative path (no leading '/')");
@@ -330,10 +412,23 @@ fn validate_relative_path(path: &str) -> Result<(), &'static str> {
     if path.split(['/', '\\']).any(|seg| seg == "..") {
         return Err("must not contain '..' segments");
     }
-    if path.len() >= 2 && path.as_bytes()[1] == b':' {
+    if path.chars().nth(1) == Some(':') {
         return Err("must be a relative path (no drive letter)");
     }
     Ok(())
+}
+
+/// A JSON number's whole value: an integer, or a float with no fraction (JSON, and JSON Schema's
+/// `integer`, do not tell `5.0` from `5`) small enough to be exact (|n| < 2^53, as `integral`
+/// writes it back; a larger one was rounded when it was parsed).
+fn whole(v: &Value) -> Option<i128> {
+    if let Some(n) = v.as_i64() {
+        return Some(i128::from(n));
+    }
+    if let Some(n) = v.as_u64() {
+        return Some(i128::from(n));
+    }
+    v.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15).map(|f| f as i128)
 }
 
 /// A float with no fraction, written as the integer it equals (JSON does not tell `1.0` from `1`;
@@ -362,6 +457,21 @@ pub(crate) mod tests {
             Ok(r) => panic!("expected an error, got {r:?}"),
             Err(e) => e,
         }
+    }
+
+    /// What the document states of `params` holds: a whole float is the integer, a null is the key
+    /// left out, and a seed past 64 bits (a float once parsed, rounded) is refused.
+    #[test]
+    fn params_read_as_the_document_states_them() {
+        let with = |params: Value| json!({"project_id": "p", "kind": "explain", "prompt": "x", "target_files": [], "params": params});
+        assert_eq!(req(with(json!({"max_tokens": 5.0}))).params, req(with(json!({"max_tokens": 5}))).params);
+        assert_eq!(req(with(json!({"temperature": null, "stop": null}))).params, Value::Null);
+        let max = req(with(json!({"seed": i64::MIN}))).params;
+        assert_eq!(ModelParams::from_value(&max).seed, Some(i64::MIN));
+        for seed in [json!(-9223372036854775809.0), json!(9223372036854775808_u64), json!(1.5)] {
+            assert_eq!(errs(with(json!({"seed": seed})))[0].field, "params.seed", "{seed}");
+        }
+        assert_eq!(errs(with(json!({"max_tokens": 128_001})))[0].field, "params.max_tokens");
     }
 
     #[test]

@@ -111,7 +111,7 @@ pub async fn webhook_from_env() -> Result<axum::Router, ColdStartError> {
         clock: Arc::new(SystemClock),
         config,
     });
-    Ok(with_emf(super::deadline::with_deadline(router), metrics))
+    Ok(with_emf(super::deadline::with_deadline(crate::problem::framework_rejections(router)), metrics))
 }
 
 /// The CloudWatch namespace of the EMF metrics: `LANES_METRICS_NAMESPACE` (default `Lanes`).
@@ -177,7 +177,7 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         clock: Arc::new(SystemClock),
         config,
     });
-    let tasks = tasks.merge(crate::openapi::routes()).merge(read);
+    let tasks = crate::problem::framework_rejections(tasks.merge(crate::openapi::routes()).merge(read));
     Ok(with_emf(super::deadline::with_deadline(with_trace(with_tenancy(tasks, tenancy))), metrics))
 }
 

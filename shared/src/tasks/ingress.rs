@@ -76,7 +76,7 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
     path = "/v1/tasks",
     tag = "tasks",
     request_body(content = TaskRequest, content_type = "application/json"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Names the task instead of the payload's hash (at most 255 printable characters); reused with another payload it is a 422")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Names the task instead of the payload's hash (1 to 255 visible ASCII characters); reused with another payload it is a 422", pattern = "^[!-~]{1,255}$")),
     responses(
         (status = 202, description = "Accepted: new, or a duplicate still running", body = TaskView,
             headers(("Location" = String, description = "The task's URL"), ("Retry-After" = u64, description = "Seconds until it is worth asking again"))),
@@ -279,8 +279,8 @@ async fn answer_duplicate(
     path = "/v1/tasks/{id}",
     tag = "tasks",
     params(
-        ("id" = String, Path, description = "The task id (64 hex characters)"),
-        ("wait" = Option<u64>, Query, description = "Seconds to wait for the task to end, 0 to 20 (0: answer at once)"),
+        ("id" = String, Path, description = "The task id (64 lowercase hex characters)", pattern = "^[0-9a-f]{64}$"),
+        ("wait" = Option<u64>, Query, description = "Seconds to wait for the task to end, 0 to 20 (0: answer at once); given once", minimum = 0, maximum = 20),
     ),
     responses(
         (status = 200, description = "Finished", body = TaskView),
@@ -348,7 +348,7 @@ async fn read(ing: &Ingress, caller: &Option<Tenant>, id: &TaskId) -> Result<Opt
     delete,
     path = "/v1/tasks/{id}",
     tag = "tasks",
-    params(("id" = String, Path, description = "The task id (64 hex characters)")),
+    params(("id" = String, Path, description = "The task id (64 lowercase hex characters)", pattern = "^[0-9a-f]{64}$")),
     responses(
         (status = 200, description = "Cancelled", body = TaskView),
         (status = 400, description = "Invalid id", body = Problem, content_type = "application/problem+json"),

@@ -38,28 +38,20 @@ pub(crate) fn wait_within(wait_secs: u64, answer_by: Option<AnswerBy>, now_ms: u
 /// Reads `wait` from the query: whole seconds, `0..=MAX_WAIT_SECS`. Other parameters are refused, so
 /// a typo is not silently a plain GET.
 pub(crate) fn parse_wait(query: Option<&str>) -> Result<u64, Box<Problem>> {
-    let bad = |reason: String| {
-        Problem::new(StatusCode::BAD_REQUEST, "invalid-query", "Invalid query parameter", reason)
-    };
-    let mut wait = 0;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if key != "wait" {
-            let key: String = key.chars().take(40).collect();
-            return Err(bad(format!("unknown query parameter `{key}`; only `wait` is accepted"))
-                .with_field(&key)
-                .into());
-        }
-        wait = match value.parse::<u64>() {
-            Ok(n) if n <= MAX_WAIT_SECS => n,
-            _ => {
-                return Err(bad(format!("`wait` must be whole seconds from 0 to {MAX_WAIT_SECS}"))
-                    .with_field("wait")
-                    .into());
-            }
-        };
+    let params = crate::query::params(query, &["wait"])?;
+    match params.get("wait").map(|v| v.parse::<u64>()) {
+        None => Ok(0),
+        Some(Ok(n)) if n <= MAX_WAIT_SECS => Ok(n),
+        Some(_) => Err(Box::new(
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-query",
+                "Invalid query parameter",
+                format!("`wait` must be whole seconds from 0 to {MAX_WAIT_SECS}"),
+            )
+            .with_field("wait"),
+        )),
     }
-    Ok(wait)
 }
 
 /// The long-poll: until `deadline`, waits for `record`'s run to end and answers its last record, as
