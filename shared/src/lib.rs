@@ -28,7 +28,8 @@
 //!   cache.
 //! - [`adapters`]: SQS, DynamoDB, Redis/Valkey (lock, cache, limiter scripts), Lambda mappings,
 //!   Bedrock, Secrets Manager, the SDK clients' TLS roots. The only modules that name an SDK crate.
-//! - [`metrics`], [`problem`]: Prometheus/EMF metrics; RFC 9457 problem+json responses.
+//! - [`metrics`], [`problem`], [`query`]: Prometheus/EMF metrics; RFC 9457 problem+json responses
+//!   (the framework's own rejections too); the query strings the routes take.
 //! - [`openapi`]: the OpenAPI 3.1 document of every route, generated from the handlers and types.
 //! - [`trace`]: the X-Ray trace header a task's message carries from ingress to its worker.
 //! - [`lease`]: a delivery's lease: start, the batch heartbeat, the queue view that settles through

@@ -137,25 +137,81 @@ fn rejection(status: StatusCode, text: &str) -> Problem {
     let lower = text.to_ascii_lowercase();
     // axum names a query or body field in backticks ("duplicate field `limit`").
     let named = text.split('`').nth(1).filter(|f| !f.is_empty() && f.len() <= 64);
-    let (slug, title, field) = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => ("body-too-large", "Body too large", "body".to_owned()),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-            ("unsupported-media-type", "Unsupported media type", "Content-Type".to_owned())
+    let detail = |title: &str| {
+        if text.trim().is_empty() { title.to_ascii_lowercase() } else { text.trim().to_owned() }
+    };
+    let (problem, field) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            (Problem::new(status, "body-too-large", "Body too large", detail("Body too large")), "body")
         }
-        StatusCode::METHOD_NOT_ALLOWED => ("method-not-allowed", "Method not allowed", "method".to_owned()),
-        StatusCode::NOT_FOUND => ("not-found", "Not found", "path".to_owned()),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            let title = "Unsupported media type";
+            (Problem::new(status, "unsupported-media-type", title, detail(title)), "Content-Type")
+        }
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let title = "Method not allowed";
+            (Problem::new(status, "method-not-allowed", title, detail(title)), "method")
+        }
+        StatusCode::NOT_FOUND => {
+            (Problem::new(status, "not-found", "Not found", detail("Not found")), "path")
+        }
+        s if s.is_client_error() && lower.contains("query") => {
+            let title = "Invalid query parameter";
+            (Problem::new(status, "invalid-query", title, detail(title)), named.unwrap_or("query"))
+        }
+        s if s.is_client_error() && (lower.contains("path") || lower.contains("url")) => {
+            let title = "Invalid parameter";
+            (Problem::new(status, "invalid-parameter", title, detail(title)), "path")
+        }
         s if s.is_client_error() => {
-            let part = if lower.contains("query") {
-                ("invalid-query", "Invalid query parameter", named.unwrap_or("query"))
-            } else if lower.contains("path") || lower.contains("url") {
-                ("invalid-parameter", "Invalid parameter", "path")
-            } else {
-                ("invalid-request", "The request is invalid", named.unwrap_or("body"))
-            };
-            (part.0, part.1, part.2.to_owned())
+            let title = "The request is invalid";
+            (Problem::new(status, "invalid-request", title, detail(title)), named.unwrap_or("body"))
         }
         _ => return Problem::internal(),
     };
-    let detail = if text.trim().is_empty() { title.to_ascii_lowercase() } else { text.trim().to_owned() };
-    Problem::new(status, slug, title, detail).with_field(&field)
+    problem.with_field(field)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::extract::Query;
+    use tower::ServiceExt;
+
+    #[derive(serde::Deserialize)]
+    struct Page {
+        #[allow(dead_code)]
+        limit: Option<u32>,
+    }
+
+    /// axum's own plain-text rejections come out as problems naming the part at fault.
+    #[tokio::test]
+    async fn framework_rejections_are_problems_naming_the_field() {
+        let router = framework_rejections(
+            axum::Router::new()
+                .route("/q", axum::routing::get(|Query(_): Query<Page>| async { "ok" }))
+                .route("/j", axum::routing::post(|axum::Json(_): axum::Json<Page>| async { "ok" })),
+        );
+        let send = |method: &str, uri: &str, body: &'static str| {
+            let req = axum::http::Request::builder().method(method).uri(uri);
+            let req = req.header(header::CONTENT_TYPE, "application/json").body(Body::from(body));
+            router.clone().oneshot(req.unwrap_or_default())
+        };
+        for (method, uri, body, status, field) in [
+            ("GET", "/q?limit=x", "", 400, "query"),
+            ("POST", "/j", "{\"limit\": \"x\"}", 422, "body"),
+            ("DELETE", "/q", "", 405, "method"),
+        ] {
+            let resp = send(method, uri, body).await.unwrap_or_default();
+            assert_eq!(resp.status().as_u16(), status, "{method} {uri}");
+            let ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+            assert_eq!(ct.as_ref().and_then(|v| v.to_str().ok()), Some(PROBLEM_JSON), "{method} {uri}");
+            let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            assert_eq!(v["field"], field, "{method} {uri}: {v}");
+            assert_eq!(v["status"], status, "{v}");
+        }
+        assert_eq!(send("GET", "/q?limit=3", "").await.map(|r| r.status().as_u16()).unwrap_or(0), 200);
+    }
 }

@@ -174,7 +174,7 @@ impl ModelParams {
                     _ => errors.push(bad(&format!("expected a whole number from 1 to {MAX_PARAM_TOKENS}"))),
                 },
                 "seed" => {
-                    if !whole(value).is_some_and(|n| i64::try_from(n).is_ok()) {
+                    if whole(value).is_none_or(|n| i64::try_from(n).is_err()) {
                         errors.push(bad("expected a whole number (a signed 64-bit one)"));
                     }
                 }
