@@ -548,6 +548,7 @@ mod tests {
             panic!()
         };
         let done = crate::domain::TaskResult {
+            text_ref: None,
             text: "t".into(),
             model: "m".into(),
             tokens: Default::default(),

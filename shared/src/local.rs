@@ -185,6 +185,7 @@ impl Local {
                     queue_urls,
                     redis: redis_from_env()?,
                     redrive: None,
+                    results_bucket: Some(crate::wiring::RESULTS_BUCKET.into()),
                 };
                 crate::wiring::aws(&config, &Lane::ALL).await?
             }
@@ -251,6 +252,7 @@ impl Local {
             metrics: metrics.clone(),
             clock,
             config: IngressConfig { tenancy: opts.tenancy.is_on(), ..opts.ingress },
+            objects: adapters.objects.clone(),
         };
         let tasks = crate::tasks::tenant::with_header(
             router(ingress).merge(crate::openapi::routes()).merge(read),

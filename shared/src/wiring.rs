@@ -4,7 +4,7 @@
 //! and the Git hosts' sources. Reads and validates the AWS configuration from the environment,
 //! naming any missing variable, and can create the queues and the table (`--create`).
 
-use crate::adapters::redis::{RedisAuth, RedisCache, RedisLock, RedisSettings, connect};
+use crate::adapters::redis::{RedisCache, RedisLock, RedisSettings, connect};
 use crate::adapters::sqs::SqsQueue;
 use crate::adapters::{AwsClients, AwsSettings};
 use crate::clock::SharedClock;
@@ -63,6 +63,8 @@ pub struct Adapters {
     pub redis: Option<crate::adapters::redis::RedisConn>,
     /// The key prefix of that connection.
     pub redis_prefix: String,
+    /// Where results too large for a record are kept (files locally, S3 on AWS when configured).
+    pub objects: Option<Arc<dyn crate::ports::ResultObjects>>,
 }
 
 impl Adapters {
@@ -82,6 +84,7 @@ impl Adapters {
             metrics,
             clock,
             config,
+            objects: self.objects.clone(),
         }
     }
 
@@ -158,6 +161,7 @@ pub async fn embedded(
         dlq: queues.clone().map(|q| Some(Arc::new(q.dead_letter_queue()) as Arc<dyn QueueConsume>)),
         redis: None,
         redis_prefix: String::new(),
+        objects: Some(Arc::new(crate::embedded::FileObjects::new(data_dir))),
     };
     Ok((adapters, queues))
 }
@@ -176,67 +180,19 @@ pub struct AwsBackendConfig {
     /// The lane queues' redrive policy, when the deployment states it: the consumers are then built
     /// without asking SQS for it.
     pub redrive: Option<Redrive>,
+    /// The S3 bucket of results too large for a record (`LANES_RESULTS_BUCKET`); without one such
+    /// a result fails its task `result_too_large`.
+    pub results_bucket: Option<String>,
 }
 
 const QUEUE_URL_VARS: [&str; 3] =
     ["LANES_QUEUE_URL_INTERACTIVE", "LANES_QUEUE_URL_SYNTHESIS", "LANES_QUEUE_URL_COMMITS"];
 
-/// Redis settings from `REDIS_URL`, `LANES_REDIS_CLUSTER`, `LANES_KEY_PREFIX`,
-/// `LANES_REDIS_CA_FILE` (a PEM certificate authority for `rediss://`, instead of the system roots)
-/// and the ACL user `LANES_REDIS_USER` (default `default`) with `LANES_REDIS_PASSWORD` or
-/// `LANES_REDIS_PASSWORD_SECRET`.
-pub fn redis_from_env() -> Result<RedisSettings, ConfigError> {
-    let url = require_env("REDIS_URL")?;
-    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-        return Err(ConfigError::Invalid {
-            name: "REDIS_URL",
-            reason: "must start with redis:// or rediss://".into(),
-        });
-    }
-    let cluster = match std::env::var("LANES_REDIS_CLUSTER").unwrap_or_default().as_str() {
-        "" | "0" | "false" => false,
-        "1" | "true" => true,
-        other => {
-            return Err(ConfigError::Invalid {
-                name: "LANES_REDIS_CLUSTER",
-                reason: format!("`{other}`; expected true or false"),
-            });
-        }
-    };
-    let prefix = std::env::var("LANES_KEY_PREFIX").unwrap_or_else(|_| "lanes:".into());
-    // A private CA for `rediss://` (self-hosted Valkey, a test CA): a PEM file.
-    let ca_pem = match crate::config::optional_env("LANES_REDIS_CA_FILE") {
-        None => None,
-        Some(path) => Some(std::fs::read(&path).map_err(|e| ConfigError::Invalid {
-            name: "LANES_REDIS_CA_FILE",
-            reason: format!("cannot read `{path}`: {e}"),
-        })?),
-    };
-    // An ACL user: `LANES_REDIS_USER` with `LANES_REDIS_PASSWORD` or the Secrets Manager secret
-    // `LANES_REDIS_PASSWORD_SECRET` (plain, or JSON with a `password` field).
-    let password = crate::adapters::secrets::env_or_secret(
-        "LANES_REDIS_PASSWORD",
-        "LANES_REDIS_PASSWORD_SECRET",
-        crate::adapters::secrets::Part::Field("password"),
-    );
-    let auth = match (crate::config::optional_env("LANES_REDIS_USER"), password) {
-        (None, None) => None,
-        (user, Some(password)) => {
-            Some(RedisAuth { user: user.unwrap_or_else(|| "default".into()), password })
-        }
-        (Some(_), None) => {
-            return Err(ConfigError::Invalid {
-                name: "LANES_REDIS_USER",
-                reason: "names a user without LANES_REDIS_PASSWORD or LANES_REDIS_PASSWORD_SECRET".into(),
-            });
-        }
-    };
-    Ok(RedisSettings { url, cluster, prefix, timeout: Duration::from_millis(500), ca_pem, auth })
-}
+pub use crate::adapters::redis::env::redis_from_env;
 
 impl AwsBackendConfig {
     /// Reads `LANES_TABLE`, `LANES_QUEUE_URL_{INTERACTIVE,SYNTHESIS,COMMITS}`, `REDIS_URL`,
-    /// `LANES_REDIS_CLUSTER` and `LANES_KEY_PREFIX`, and checks `LANES_AWS_TLS_ROOTS`
+    /// `LANES_REDIS_CLUSTER`, `LANES_KEY_PREFIX` and `LANES_RESULTS_BUCKET`, and checks `LANES_AWS_TLS_ROOTS`
     /// ([`crate::adapters::trust`], read again where the SDK configuration is loaded).
     pub fn from_env() -> Result<Self, ConfigError> {
         crate::adapters::trust::AwsRoots::from_env(false)?;
@@ -255,6 +211,7 @@ impl AwsBackendConfig {
             // Only the functions take the policy as stated ([`AwsBackendConfig::for_functions`]):
             // operator tools ask SQS, which also tells them the queues' ARNs (move tasks need them).
             redrive: None,
+            results_bucket: crate::config::optional_env("LANES_RESULTS_BUCKET"),
         })
     }
 
@@ -292,11 +249,18 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
         consume: queues.map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
         redis: Some(conn),
         redis_prefix: config.redis.prefix.clone(),
+        objects: config
+            .results_bucket
+            .as_deref()
+            .map(|b| Arc::new(aws.result_objects(b)) as Arc<dyn crate::ports::ResultObjects>),
     })
 }
 
-/// Creates the lane queues (`<prefix>-<lane>`, each with a `-dlq` and a redrive policy) and the
-/// table, idempotently; returns the queue URLs.
+/// The results bucket local runs against an emulator create ([`create_aws_resources`]).
+pub const RESULTS_BUCKET: &str = "lanes-results";
+
+/// Creates the lane queues (`<prefix>-<lane>`, each with a `-dlq` and a redrive policy), the
+/// table and the results bucket ([`RESULTS_BUCKET`]), idempotently; returns the queue URLs.
 pub async fn create_aws_resources(
     aws: &AwsSettings,
     prefix: &str,
@@ -312,6 +276,7 @@ pub async fn create_aws_resources(
         );
     }
     aws.create_table(table).await?;
+    aws.create_bucket(RESULTS_BUCKET).await?;
     urls.try_into().map_err(|_| WiringError::Config(ConfigError::Missing("queues")))
 }
 

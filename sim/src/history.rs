@@ -181,6 +181,7 @@ impl World {
 
     fn worker(&self, ctx: &Ctx) -> Worker {
         Worker {
+            objects: None,
             store: self.store(ctx),
             lock: Arc::new(FaultyLock { ctx: ctx.clone() }),
             cache: Arc::new(FaultyCache { ctx: ctx.clone() }),
@@ -194,6 +195,7 @@ impl World {
     fn ingress(&self, ctx: &Ctx) -> axum::Router {
         let queues = Lane::ALL.map(|l| self.queue(ctx, l) as Arc<dyn QueueSend>);
         lanes_core::tasks::ingress::router(lanes_core::tasks::ingress::Ingress {
+            objects: None,
             store: self.store(ctx),
             cache: Arc::new(FaultyCache { ctx: ctx.clone() }),
             queues,

@@ -24,6 +24,7 @@ fn record(prompt: &str, now_ms: u64) -> TaskRecord {
 
 fn result() -> TaskResult {
     TaskResult {
+        text_ref: None,
         text: "t".into(),
         model: "m".into(),
         tokens: Default::default(),
@@ -563,4 +564,15 @@ pub async fn summary_store(s: &dyn SummaryStore) {
     assert!(s.count_pushed(&repo, 20_000, 3, 3).await.unwrap(), "the room given back is taken");
     assert!(!s.count_pushed(&repo, 20_000, 1, 3).await.unwrap());
     assert!(!s.count_pushed(&RepoId::parse("github:78").unwrap(), 20_000, 4, 3).await.unwrap(), "over alone");
+}
+
+/// The results store: an object reads back byte for byte, a key never written reads as none, and
+/// a second put under a key replaces the first (the same run writing again).
+pub async fn result_objects(objects: &dyn lanes_core::ports::ResultObjects) {
+    let big: Vec<u8> = (0..400 * 1024).map(|i| (i % 251) as u8).collect();
+    objects.put("results/abc/1", big.clone()).await.unwrap();
+    assert_eq!(objects.get("results/abc/1").await.unwrap(), Some(big));
+    assert_eq!(objects.get("results/abc/2").await.unwrap(), None);
+    objects.put("results/abc/1", b"again".to_vec()).await.unwrap();
+    assert_eq!(objects.get("results/abc/1").await.unwrap().as_deref(), Some(&b"again"[..]));
 }

@@ -873,6 +873,7 @@ pub fn stack_env(table: &str, queue_urls: &[String; 3]) -> Vec<(String, String)>
         ("LANES_BACKEND".to_owned(), "aws".to_owned()),
         ("LANES_TABLE".to_owned(), table.to_owned()),
         ("LANES_MAX_RECEIVE_COUNT".to_owned(), max_receive_count.to_string()),
+        ("LANES_RESULTS_BUCKET".to_owned(), lanes_core::wiring::RESULTS_BUCKET.to_owned()),
     ];
     for (lane, url) in ["INTERACTIVE", "SYNTHESIS", "COMMITS"].iter().zip(queue_urls) {
         env.push((format!("LANES_QUEUE_URL_{lane}"), url.clone()));

@@ -31,6 +31,7 @@ fn record(prompt: &str) -> TaskRecord {
 
 fn result(text: String) -> TaskResult {
     TaskResult {
+        text_ref: None,
         text,
         model: "m".into(),
         tokens: TokenUsage { prompt: 1, completion: 2 },
@@ -791,4 +792,29 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
         put_off += usize::from(a == Verdict::PutOff);
     }
     assert!(put_off > 100, "only {put_off} put-offs: the sequence barely tests the policy");
+}
+
+/// A result over the record's limit (here 640 KB that does not compress, which fails its task
+/// `result_too_large` in DynamoDB alone) completes with the results bucket on moto's S3: the text
+/// is put first under the run's key, the fenced write keeps the key, and a read answers it whole.
+#[tokio::test]
+async fn a_result_past_the_item_limit_completes_through_s3() {
+    use lanes_core::tasks::large_results::{key, offload, resolve};
+    let moto = MotoServer::start();
+    let aws = lanes_core::adapters::AwsClients::load(&moto.aws_settings()).await;
+    aws.create_table("lanes-tasks").await.unwrap();
+    aws.create_bucket("lanes-results").await.unwrap();
+    let (store, objects) = (aws.task_store("lanes-tasks"), aws.result_objects("lanes-results"));
+    let now = now_ms();
+    let huge = record("huge through s3");
+    store.put_pending(&huge, now).await.unwrap();
+    let ClaimOutcome::Claimed(c) = store.claim(&huge.task_id, now, 86_400).await.unwrap() else { panic!() };
+    let noise: String = (0..20_000).map(|_| uuid::Uuid::new_v4().simple().to_string()).collect();
+    let kept = offload(Some(&objects), &huge.task_id, c.fence, result(noise.clone())).await.unwrap();
+    assert_eq!(kept.text_ref.as_deref(), Some(key(&huge.task_id, c.fence).as_str()));
+    store.finish(&huge.task_id, c.fence, Completion::Completed(kept), now, 86_400).await.unwrap();
+    let stored = store.get(&huge.task_id, now).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Completed);
+    let read = resolve(Some(&objects), stored).await.unwrap();
+    assert_eq!(read.view().result.map(|r| r.text == noise), Some(true));
 }

@@ -187,6 +187,7 @@ async fn the_move_task_redrive_resets_records_then_starts_one_move() {
         };
         let end = if r.task_id == completed.task_id {
             Completion::Completed(lanes_core::domain::TaskResult {
+                text_ref: None,
                 text: "t".into(),
                 model: "m".into(),
                 tokens: Default::default(),

@@ -129,6 +129,7 @@ async fn rig() -> Rig {
     };
     let queue_urls = create_aws_resources(&aws, "c", "lanes-commits-test", settings).await.unwrap();
     let config = AwsBackendConfig {
+        results_bucket: None,
         aws,
         table: "lanes-commits-test".into(),
         queue_urls,

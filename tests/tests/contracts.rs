@@ -126,3 +126,18 @@ async fn summary_store_dynamodb() {
     DynamoStore::create_table(&client, "contract").await.unwrap();
     contract::summary_store(&DynamoSummaries::new(client, "contract")).await;
 }
+
+#[tokio::test]
+async fn result_objects_in_files() {
+    let dir = tempfile::tempdir().unwrap();
+    contract::result_objects(&lanes_core::embedded::FileObjects::new(dir.path())).await;
+}
+
+#[tokio::test]
+async fn result_objects_on_moto_s3() {
+    let moto = MotoServer::start();
+    let aws = lanes_core::adapters::AwsClients::load(&moto.aws_settings()).await;
+    aws.create_bucket("lanes-results").await.unwrap();
+    aws.create_bucket("lanes-results").await.unwrap(); // idempotent
+    contract::result_objects(&aws.result_objects("lanes-results")).await;
+}

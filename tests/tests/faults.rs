@@ -174,6 +174,7 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
     let received = lanes_tests::receive_n(&queue, 4).await;
     let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
     let worker = Worker {
+        objects: None,
         store: Arc::new(store.clone()),
         lock: Arc::new(MemoryLock::new(clock.clone())),
         cache: Arc::new(MemoryCache::new(clock.clone())),
@@ -223,6 +224,7 @@ async fn sqs_unreachable_at_ingress_is_503_and_leaves_the_record_marked_unsent()
     let sender: Arc<dyn QueueSend> = Arc::new(SqsQueue::sender(sqs, &url));
     let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
     let app = router(Ingress {
+        objects: None,
         store: Arc::new(store.clone()),
         cache: Arc::new(MemoryCache::new(clock.clone())),
         queues: [sender.clone(), sender.clone(), sender],

@@ -36,6 +36,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
     let urls =
         create_aws_resources(&settings, "batch", "lanes-batch", QueueSettings::default()).await.unwrap();
     let config = AwsBackendConfig {
+        results_bucket: None,
         aws: settings,
         table: "lanes-batch".into(),
         queue_urls: urls,
@@ -62,6 +63,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
     let clock: SharedClock = Arc::new(SystemClock);
     // Each task runs 1.2 s, under a 1.5 s lease renewed every 0.5 s.
     let worker = Worker {
+        objects: None,
         store: adapters.store.clone(),
         lock: adapters.lock.clone(),
         cache: adapters.cache.clone(),

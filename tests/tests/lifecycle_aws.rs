@@ -79,6 +79,7 @@ async fn rig(config: IngressConfig) -> Rig {
     let cache = Arc::new(RedisCache::new(conn.clone(), "lanes:"));
     let clock: SharedClock = Arc::new(SystemClock);
     let app = router(Ingress {
+        objects: None,
         store: Arc::new(store.clone()),
         cache: cache.clone(),
         queues: [sender.clone(), sender.clone(), sender],
@@ -90,6 +91,7 @@ async fn rig(config: IngressConfig) -> Rig {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     let worker = Worker {
+        objects: None,
         store: Arc::new(store.clone()),
         lock: Arc::new(RedisLock::new(conn, "lanes:")),
         cache: cache.clone(),

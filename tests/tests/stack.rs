@@ -251,7 +251,13 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
     ];
     let task_worker = [
         &QUEUE[..],
-        &["dynamodb:GetItem", "dynamodb:UpdateItem", "secretsmanager:GetSecretValue", "bedrock:InvokeModel"],
+        &[
+            "dynamodb:GetItem",
+            "dynamodb:UpdateItem",
+            "secretsmanager:GetSecretValue",
+            "bedrock:InvokeModel",
+            "s3:PutObject",
+        ],
     ]
     .concat();
     let commits_worker = [
@@ -275,6 +281,7 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
                 "dynamodb:BatchGetItem",
                 "dynamodb:Query",
                 "sqs:SendMessage",
+                "s3:GetObject",
             ],
         ),
         (
@@ -341,6 +348,7 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
         "dynamodb:DescribeTable",
         "sqs:StartMessageMoveTask",
         "sqs:ListMessageMoveTasks",
+        "s3:CreateBucket",
     ];
     let pascal = |snake: &str| -> String {
         snake
@@ -353,8 +361,11 @@ fn iam_allows_every_call_the_code_makes_and_nothing_broader() {
     };
     let mut calls = BTreeSet::new();
     let adapters = workspace_root().join("shared/src/adapters");
-    let mut files =
-        vec![("lambda", adapters.join("lambda.rs")), ("secretsmanager", adapters.join("secrets.rs"))];
+    let mut files = vec![
+        ("lambda", adapters.join("lambda.rs")),
+        ("secretsmanager", adapters.join("secrets.rs")),
+        ("s3", adapters.join("s3.rs")),
+    ];
     for (service, dir) in [("sqs", "sqs"), ("dynamodb", "dynamodb")] {
         for entry in std::fs::read_dir(adapters.join(dir)).unwrap() {
             files.push((service, entry.unwrap().path()));
@@ -831,4 +842,37 @@ fn the_ingress_timeout_holds_the_longest_long_poll() {
     let needed = std::time::Duration::from_secs(MAX_WAIT_SECS) + LONG_POLL_MARGIN + ANSWER_MARGIN;
     assert!(timeout >= needed, "ingress Timeout {timeout:?} < {needed:?}");
     assert!(timeout <= std::time::Duration::from_secs(30), "past the HTTP API's 30 s: {timeout:?}");
+}
+
+/// The results bucket: private (every public access blocked, ACLs off), encrypted, reachable over
+/// TLS only, from the VPC through a gateway endpoint, and its objects outlive the records that name
+/// them (the record TTL) by at most a couple of days.
+#[test]
+fn the_results_bucket_is_private_encrypted_and_expires_with_the_records() {
+    let t = template();
+    let r = resources(&t);
+    let bucket = &r["ResultsBucket"]["Properties"];
+    let sse =
+        &bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"];
+    assert!(!sse["SSEAlgorithm"].is_null());
+    for k in ["BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets"] {
+        assert_eq!(bucket["PublicAccessBlockConfiguration"][k], true, "{k}");
+    }
+    let rule = &bucket["LifecycleConfiguration"]["Rules"][0];
+    assert_eq!((rule["Status"].as_str(), rule["Prefix"].as_str()), (Some("Enabled"), Some("results/")));
+    let ttl_days = lanes_core::config::WorkerConfig::default().record_ttl_secs.div_ceil(86_400);
+    let days = num(&rule["ExpirationInDays"]);
+    assert!(
+        (ttl_days..=ttl_days + 2).contains(&days),
+        "objects expire after {days} days, records after {ttl_days}"
+    );
+    let policy = format!("{:?}", r["ResultsBucketPolicy"]["Properties"]["PolicyDocument"]);
+    assert!(policy.contains("aws:SecureTransport") && policy.contains("Deny"), "TLS only: {policy}");
+    let endpoint = &r["S3Endpoint"]["Properties"];
+    assert_eq!(endpoint["VpcEndpointType"], "Gateway");
+    assert!(format!("{:?}", endpoint["ServiceName"]).contains(".s3"));
+    assert_eq!(
+        target(&t["Globals"]["Function"]["Environment"]["Variables"]["LANES_RESULTS_BUCKET"]),
+        "ResultsBucket"
+    );
 }

@@ -1,5 +1,5 @@
-//! Production adapters of the ports: SQS, DynamoDB, Redis/Valkey (ElastiCache), Lambda event source
-//! mappings, Bedrock and Secrets Manager; the SDK interceptor that counts every AWS request
+//! Production adapters of the ports: SQS, DynamoDB, S3 (large results), Redis/Valkey (ElastiCache),
+//! Lambda event source mappings, Bedrock and Secrets Manager; the SDK interceptor that counts every AWS request
 //! ([`requests`]), the roots the SDK clients trust ([`trust`]) and, for the CLI, the OTLP trace
 //! exporter (`otlp`, feature `otlp`). Only this module names an SDK crate (`aws_sdk_*`,
 //! `aws_config`, `redis`): the rest of the core sees the ports, and builds adapters through
@@ -12,6 +12,7 @@ pub mod lambda;
 pub mod otlp;
 pub mod redis;
 pub mod requests;
+pub mod s3;
 pub mod secrets;
 pub mod sqs;
 pub mod trust;
@@ -84,6 +85,16 @@ impl AwsClients {
     /// Creates `table` (with its TTL and index), idempotently.
     pub async fn create_table(&self, table: &str) -> Result<(), crate::ports::StoreError> {
         dynamodb::DynamoStore::create_table(&self.dynamodb, table).await
+    }
+
+    /// The results bucket `bucket`, for results too large for a record.
+    pub fn result_objects(&self, bucket: &str) -> s3::S3Objects {
+        s3::S3Objects::new(requests::s3(&self.sdk), bucket)
+    }
+
+    /// Creates `bucket`, idempotently (local runs against an emulator).
+    pub async fn create_bucket(&self, bucket: &str) -> Result<(), crate::ports::StoreError> {
+        s3::S3Objects::create_bucket(&requests::s3(&self.sdk), bucket).await
     }
 
     /// The event source mappings, for the controller.

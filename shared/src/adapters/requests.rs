@@ -55,6 +55,17 @@ pub fn dynamodb(sdk: &aws_config::SdkConfig) -> aws_sdk_dynamodb::Client {
     )
 }
 
+/// An S3 client that counts its requests. Path-style addressing where an endpoint is set (an
+/// emulator on loopback has no bucket subdomains).
+pub fn s3(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
+    aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(sdk)
+            .force_path_style(sdk.endpoint_url().is_some())
+            .interceptor(CountRequests)
+            .build(),
+    )
+}
+
 /// A Lambda client that counts its requests.
 pub fn lambda(sdk: &aws_config::SdkConfig) -> aws_sdk_lambda::Client {
     aws_sdk_lambda::Client::from_conf(

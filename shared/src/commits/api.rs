@@ -326,8 +326,11 @@ mod tests {
         assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("limit")));
         let (status, v) = get_json(&r, "/v1/repos/github:7/summaries?cursor=%2F%2F").await;
         assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("cursor")));
+        // A well-formed cursor of another repository names no page of this one.
         let (status, v) = get_json(&r, &format!("/v1/repos/github:9/summaries?cursor={cursor}")).await;
-        assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("cursor")));
+        assert_eq!((status, v["field"].as_str()), (StatusCode::NOT_FOUND, Some("cursor")));
+        let (status, v) = get_json(&r, "/v1/repos/github:7/summaries?limit=1&limit=2").await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::BAD_REQUEST, Some("limit")));
     }
 
     /// With tenancy on: the mapped tenant reads; another tenant, mapped elsewhere or nowhere, gets

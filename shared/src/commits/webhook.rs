@@ -833,9 +833,9 @@ mod tests {
         .await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(v["detail"].as_str().unwrap().contains("repository"), "{v}");
-        // Unknown sender on the function URL.
-        let (status, _) = deliver(&r, "/", &[], "{}").await;
-        assert_eq!(status, StatusCode::BAD_REQUEST);
+        // Neither sender's header on the function URL: no credential to check.
+        let (status, v) = deliver(&r, "/", &[], "{}").await;
+        assert_eq!((status, v["field"].as_str()), (StatusCode::UNAUTHORIZED, Some("X-GitHub-Event")));
     }
 
     #[tokio::test]

@@ -55,6 +55,11 @@ pub struct TaskResult {
     /// What the call cost in USD, from the price table (`None` for a model without a price).
     #[serde(default)]
     pub cost_usd: Option<f64>,
+    /// Where the text is kept when it is too large for the record (`text` is then empty): the key
+    /// of its object in the results store. Never in a client's view, which carries the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub text_ref: Option<String>,
 }
 
 /// The durable record of one task (one DynamoDB item / one embedded row).

@@ -1,11 +1,12 @@
-//! Embedded adapters: the local twins of SQS, DynamoDB, Redis and Lambda's event source mappings. The
-//! queue and the stores live in one redb file under the data dir, so accepted work survives a
-//! `kill -9`; lock, cache and mappings are in-process.
+//! Embedded adapters: the local twins of SQS, DynamoDB, S3, Redis and Lambda's event source
+//! mappings. The queue and the stores live in one redb file under the data dir, so accepted work
+//! survives a `kill -9`; large results are files beside it; lock, cache and mappings are in-process.
 
 mod cache;
 mod db;
 mod lock;
 mod mappings;
+mod objects;
 mod queue;
 mod store;
 mod summaries;
@@ -16,6 +17,7 @@ pub use lock::MemoryLock;
 #[cfg(test)]
 pub(crate) use lock::ScriptedLock;
 pub use mappings::MemoryMappings;
+pub use objects::FileObjects;
 pub use queue::{DeliveryOrder, EmbeddedQueue, EmbeddedQueues, QueueSettings};
 pub use store::EmbeddedStore;
 pub use summaries::EmbeddedSummaries;

@@ -236,6 +236,7 @@ mod tests {
 
     fn result() -> TaskResult {
         TaskResult {
+            text_ref: None,
             text: "t".into(),
             model: "m".into(),
             tokens: TokenUsage { prompt: 1, completion: 2 },

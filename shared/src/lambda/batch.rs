@@ -291,6 +291,7 @@ mod tests {
             })
             .collect();
         let worker = Worker {
+            objects: None,
             store: adapters.store.clone(),
             lock: adapters.lock.clone(),
             cache: adapters.cache.clone(),

@@ -176,6 +176,7 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
         config,
+        objects: adapters.objects,
     });
     let tasks = crate::problem::framework_rejections(tasks.merge(crate::openapi::routes()).merge(read));
     Ok(with_emf(super::deadline::with_deadline(with_trace(with_tenancy(tasks, tenancy))), metrics))
@@ -325,6 +326,7 @@ mod tests {
         let db = EmbeddedDb::open(dir.path()).unwrap();
         let all = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
         let tasks = router(Ingress {
+            objects: None,
             store: Arc::new(EmbeddedStore::new(db)),
             cache: Arc::new(MemoryCache::new(clock.clone())),
             queues: Lane::ALL

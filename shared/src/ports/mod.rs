@@ -1,12 +1,14 @@
 //! Ports: the small traits the core talks to, one capability each, with retry intent in their
-//! errors. Task and summary stores, queue, lock and cache each have an embedded twin and an AWS
+//! errors. Task and summary stores, large-result objects, queue, lock and cache each have an embedded twin and an AWS
 //! adapter held to one contract (`tests/src/contract.rs`); the limiter's in-process and Redis
 //! implementations are run side by side on `redis-server`; the model clients, diff sources and
 //! mapping control are tested each on its own.
 
+mod objects;
 mod queue;
 mod store;
 
+pub use objects::*;
 pub use queue::*;
 pub use store::*;
 

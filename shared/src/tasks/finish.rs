@@ -59,6 +59,7 @@ impl Worker {
             .with_label_values(&[lane, &resp.model])
             .inc_by(cost_usd.unwrap_or(0.0));
         TaskResult {
+            text_ref: None,
             text: resp.text,
             model: resp.model,
             tokens: resp.usage,
@@ -161,6 +162,30 @@ impl Worker {
         outcome
     }
 
+    /// `completion` as the record keeps it: a completed result's large text put in the results
+    /// store first ([`crate::tasks::large_results::offload`]), tried as often as the final write.
+    async fn kept(
+        &self,
+        record: &TaskRecord,
+        completion: Completion,
+    ) -> Result<Completion, crate::ports::StoreError> {
+        let Completion::Completed(result) = completion else { return Ok(completion) };
+        let mut tries = 0;
+        loop {
+            let objects = self.objects.as_deref();
+            match crate::tasks::large_results::offload(objects, &record.task_id, record.fence, result.clone())
+                .await
+            {
+                Ok(kept) => return Ok(Completion::Completed(kept)),
+                Err(e) if e.is_retryable() && tries + 1 < FINISH_TRIES => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(crate::jitter::range(100..=400 << tries))).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Fenced final write, then the cache from what the store wrote, then ack. `completed` is set
     /// when the written record is `COMPLETED`.
     pub(super) async fn finish(
@@ -177,6 +202,15 @@ impl Worker {
             // The detail stays here and in the record; the client's view shows only its code.
             warn!(task_id = %record.task_id, reason = %reason, "task failed");
         }
+        let completion = match self.kept(record, completion).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "large result not stored");
+                self.metrics.waits_total.with_label_values(&[lane, "store"]).inc();
+                let after = full_jitter_backoff(&self.config, message.receive_count);
+                return lease::retry_later(&**queue, message, after, "results store unavailable", lane).await;
+            }
+        };
         // A failed write is tried again (the heartbeat still holds the lease) before a paid answer
         // is given up: the fence keeps a late retry from writing over another run.
         let mut written = Err(crate::ports::StoreError::Unavailable("not tried".into()));

@@ -43,6 +43,9 @@ pub struct Ingress {
     pub clock: SharedClock,
     /// Settings.
     pub config: IngressConfig,
+    /// Where results too large for a record are kept ([`crate::tasks::large_results`]); `None`
+    /// where the deployment has no results store.
+    pub objects: Option<Arc<dyn crate::ports::ResultObjects>>,
 }
 
 /// The task API router.
@@ -262,7 +265,7 @@ async fn answer_duplicate(
             {
                 warn!(error = %e, "cache refill failed");
             }
-            Ok(view_response(StatusCode::OK, &existing.view()))
+            Ok(ing.finished_view(StatusCode::OK, *existing).await)
         }
         Duplicate::Queued(existing) => {
             ing.resend_if_orphaned(&existing, now).await;
@@ -317,7 +320,7 @@ pub(crate) async fn get_task(
         && rec.status == TaskStatus::Completed
         && owns(&caller, &rec)
     {
-        return view_response(StatusCode::OK, &rec.view());
+        return ing.finished_view(StatusCode::OK, rec).await;
     }
     let wait = wait_within(wait, answer_by.map(|Extension(a)| a), ing.clock.now_ms());
     let deadline = tokio::time::Instant::now() + wait;
@@ -328,9 +331,20 @@ pub(crate) async fn get_task(
     };
     ing.resend_if_orphaned(&record, ing.clock.now_ms()).await;
     match long_poll(&*ing.cache, || read(&ing, &caller, &id), record, deadline).await {
-        Ok(Some(record)) => view_response(StatusCode::OK, &record.view()),
+        Ok(Some(record)) => ing.finished_view(StatusCode::OK, record).await,
         Ok(None) => not_found(),
         Err(resp) => resp,
+    }
+}
+
+impl Ingress {
+    /// The view of `record`, its result's text read back from the results store when the record
+    /// keeps only its key.
+    async fn finished_view(&self, status: StatusCode, record: TaskRecord) -> Response {
+        match crate::tasks::large_results::resolve(self.objects.as_deref(), record).await {
+            Ok(record) => view_response(status, &record.view()),
+            Err(e) => store_problem(&e, self.config.retry_after_secs).into_response(),
+        }
     }
 }
 
@@ -501,6 +515,7 @@ mod tests {
         });
         let cache = Arc::new(MemoryCache::new(clock.clone()));
         let ingress = Ingress {
+            objects: None,
             store: Arc::new(store.clone()),
             cache,
             queues,
@@ -806,6 +821,7 @@ mod tests {
             panic!()
         };
         let result = crate::domain::TaskResult {
+            text_ref: None,
             text: "t".into(),
             model: "m".into(),
             tokens: Default::default(),

@@ -44,6 +44,8 @@ pub struct Worker {
     pub clock: SharedClock,
     /// Lease, retry and per-lane settings.
     pub config: WorkerConfig,
+    /// Where results too large for a record are kept ([`crate::tasks::large_results`]).
+    pub objects: Option<Arc<dyn crate::ports::ResultObjects>>,
 }
 
 /// Tries of the fenced final write before its answer is given up (about 2.5 s in all).
@@ -467,6 +469,7 @@ mod tests {
         let lock = Arc::new(MemoryLock::new(clock.clone()));
         let llm = Arc::new(llm);
         let worker = Worker {
+            objects: None,
             store: Arc::new(store.clone()),
             lock: lock.clone(),
             cache: Arc::new(MemoryCache::new(clock.clone())),

@@ -2,9 +2,12 @@
 //! hash tag) and the hot cache. One reconnecting connection per process (`ConnectionManager`, or a
 //! cluster connection for ElastiCache Serverless), made at the first command ([`RedisConn`]) so a
 //! process starts while Redis is down and reads no secret at start-up; `rediss://` for TLS, verified against the system roots or a named CA; an ACL user and
-//! password when the server requires them ([`RedisAuth`]). Scripts run by `EVALSHA` and
+//! password when the server requires them ([`RedisAuth`]); the settings from the environment are
+//! [`env`]'s. Scripts run by `EVALSHA` and
 //! fall back to `EVAL` on `NOSCRIPT`, so they survive a Redis restart or failover. Every key carries
 //! the configured prefix.
+
+pub mod env;
 
 use crate::ports::{Acquire, Cache, CacheError, Charge, LeaseLock, LockError, ShareAsk, Verdict};
 use async_trait::async_trait;
