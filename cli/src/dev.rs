@@ -52,6 +52,10 @@ pub struct DevArgs {
     /// Without the flag, one tenant.
     #[arg(long, value_name = "NAME")]
     tenant_header: Option<String>,
+    /// Listen on a non-loopback `--addr`: the task API, the DLQ admin routes and `/metrics` are
+    /// then open to the network with no authentication.
+    #[arg(long)]
+    allow_remote: bool,
 }
 
 /// Serves until Ctrl-C.
@@ -69,7 +73,14 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
         queue_visibility_secs,
         dlq_sweep_secs,
         tenant_header,
+        allow_remote,
     } = args;
+    if !addr.ip().is_loopback() && !allow_remote {
+        return Err(CliError::Usage(format!(
+            "--addr {addr} is not a loopback address: lanes dev serves every task and its DLQ admin \
+             routes without authentication; pass --allow-remote to expose them anyway"
+        )));
+    }
     let backend = match backend.as_str() {
         "aws" => DevBackend::Aws { create, aws: Default::default() },
         _ if create => return Err(CliError::Usage("--create needs --backend aws".into())),

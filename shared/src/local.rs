@@ -270,6 +270,7 @@ impl Local {
                 }),
             );
         let router = crate::problem::framework_rejections(router);
+        let router = if opts.addr.ip().is_loopback() { loopback_hosts_only(router) } else { router };
         Self { router, pool, llm, adapters, metrics, dlq }
     }
 
@@ -303,5 +304,62 @@ impl Local {
         shutdown.cancel();
         let _ = pool_task.await;
         served
+    }
+}
+
+/// A server on a loopback address answers only requests addressed to loopback (a `Host` of
+/// `localhost`, `127.0.0.1` or `[::1]`, any port; none at all from a non-browser client): a web
+/// page the developer visits cannot reach the task API, the DLQ admin routes or `/metrics` through
+/// a name of its own that resolves to 127.0.0.1 (DNS rebinding). Others get `421`.
+fn loopback_hosts_only(router: Router) -> Router {
+    router.layer(axum::middleware::from_fn(
+        |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            match req.headers().get(header::HOST).map(|h| h.to_str().map(is_loopback_host)) {
+                None | Some(Ok(true)) => next.run(req).await,
+                _ => crate::problem::Problem::new(
+                    axum::http::StatusCode::MISDIRECTED_REQUEST,
+                    "misdirected-request",
+                    "Not addressed to this machine",
+                    "lanes dev on a loopback address answers requests to localhost, 127.0.0.1 or [::1] only",
+                )
+                .with_field("Host")
+                .into_response(),
+            }
+        },
+    ))
+}
+
+/// Whether a `Host` value names this machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_names_are_this_machine() {
+        for yes in [
+            "localhost",
+            "LOCALHOST:3000",
+            "127.0.0.1",
+            "127.0.0.1:3000",
+            "[::1]",
+            "[::1]:8080",
+            "127.1.2.3:1",
+        ] {
+            assert!(is_loopback_host(yes), "{yes}");
+        }
+        for no in
+            ["evil.example", "evil.example:3000", "localhost.evil.example", "10.0.0.1:3000", "[::2]:1", ""]
+        {
+            assert!(!is_loopback_host(no), "{no}");
+        }
     }
 }

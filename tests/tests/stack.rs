@@ -876,3 +876,35 @@ fn the_results_bucket_is_private_encrypted_and_expires_with_the_records() {
         "ResultsBucket"
     );
 }
+
+/// Each function writes only its own kinds of item (security review L2): every statement that
+/// grants a DynamoDB write names the leading keys it may touch (`task#`, `commit#`, `delivery#`,
+/// `pushed#`), the internet-facing webhook touches no task, and ingress cannot send to the commits
+/// lane (commits come from the webhook only).
+#[test]
+fn writes_are_scoped_to_each_functions_own_items() {
+    let t = template();
+    for (id, f) in functions(&t) {
+        for policy in f["Properties"]["Policies"].as_sequence().unwrap() {
+            for s in policy["Statement"].as_sequence().unwrap() {
+                let actions = format!("{:?}", s["Action"]);
+                let writes = ["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"];
+                if !writes.iter().any(|w| actions.contains(w)) {
+                    continue;
+                }
+                let keys = &s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"];
+                let keys: Vec<&str> = keys
+                    .as_sequence()
+                    .map(|k| k.iter().filter_map(|k| k.as_str()).collect())
+                    .unwrap_or_default();
+                assert!(!keys.is_empty(), "{id}: DynamoDB writes without a LeadingKeys condition");
+                assert!(keys.iter().all(|k| k.ends_with("#*")), "{id}: {keys:?}");
+                if id == "WebhookFunction" {
+                    assert!(!keys.contains(&"task#*") && !keys.contains(&"commit#*"), "{id}: {keys:?}");
+                }
+            }
+        }
+    }
+    let sends = format!("{:?}", allowed(&functions(&t)["IngressFunction"])["sqs:SendMessage"]);
+    assert!(!sends.contains("CommitsQueue"), "ingress may send to the commits lane: {sends}");
+}

@@ -347,6 +347,24 @@ fn not_a_push(w: &Webhook, provider: Provider, headers: &HeaderMap) -> Option<Re
     }
 }
 
+/// The `401` of a delivery whose `h` (a `what`) is missing or wrong: counted, and logged with who
+/// sent it (a function URL puts the caller's address first in `X-Forwarded-For`).
+fn not_authenticated(w: &Webhook, provider: Provider, headers: &HeaderMap, h: &str, what: &str) -> Problem {
+    let source = header(headers, "x-forwarded-for").and_then(|f| f.split(',').next()).unwrap_or("-");
+    let source: String = source.trim().chars().take(64).collect();
+    warn!(%provider, source = %source, "webhook delivery not authenticated");
+    w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "unauthorized"]).inc();
+    Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "bad-signature",
+        "Delivery not authenticated",
+        format!(
+            "the {h} {what} is missing or does not match the secret configured for this repository's owner"
+        ),
+    )
+    .with_field(h)
+}
+
 /// The delivery's body, once its sender is authenticated with the key [`key_of`] chooses: GitHub's
 /// HMAC over the (size-capped) body, checked before anything but [`claimed_owner`] reads it;
 /// GitLab's token header, checked before the body is read unless owner secrets are configured
@@ -361,16 +379,7 @@ async fn authenticated(
         Provider::Gitlab => ("X-Gitlab-Token", "token"),
         _ => ("X-Hub-Signature-256", "signature"),
     };
-    let unauthorized = || {
-        w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "unauthorized"]).inc();
-        Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "bad-signature",
-            "Delivery not authenticated",
-            format!("the {h} {what} is missing or does not match the secret configured for this repository's owner"),
-        )
-        .with_field(h)
-    };
+    let unauthorized = || not_authenticated(w, provider, headers, h, what);
     let shared = match provider {
         Provider::Github => w.config.github_secret.as_ref(),
         Provider::Gitlab => w.config.gitlab_token.as_ref(),
@@ -423,7 +432,12 @@ async fn authenticated(
         (_, _, Some(secret)) => verified(w, provider, secret, &accepts).await?,
         _ => false,
     };
-    if ok { Ok(bytes) } else { Err(unauthorized()) }
+    if !ok {
+        // The repository it claims, unverified: which one a forger aims at.
+        warn!(claimed_owner = ?claimed_owner(provider, &bytes), "the unauthenticated delivery's claimed owner");
+        return Err(unauthorized());
+    }
+    Ok(bytes)
 }
 
 /// The owner whose own secret must verify this payload, or `None` for the shared secret: the

@@ -1,7 +1,7 @@
 //! Anthropic Messages (`POST {base}/v1/messages`, `anthropic-version: 2023-06-01`). Usage is read
 //! from every response; 429/529 carry the `anthropic-ratelimit-*-reset` or `retry-after` hint.
 
-use super::openai::{send_error, status_error, transport_error};
+use super::openai::{MAX_ANSWER_BYTES, json_capped, send_error, status_error};
 use crate::domain::TokenUsage;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use crate::secret::Secret;
@@ -65,7 +65,7 @@ impl LlmClient for AnthropicClient {
             return Err(status_error("provider", resp).await);
         }
         let limits = super::retry::rate_limits(resp.headers(), std::time::SystemTime::now());
-        let v: Value = resp.json().await.map_err(|e| transport_error(&e))?;
+        let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
         let text: String = v["content"]
             .as_array()
             .map(|blocks| {

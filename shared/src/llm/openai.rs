@@ -53,12 +53,30 @@ pub(super) fn transport_error(e: &reqwest::Error) -> LlmError {
     LlmError::Retryable { message, retry_after: None }
 }
 
+/// Most bytes of a model's answer read: far past the largest completion a lane asks for, and a
+/// bound on what a broken or hostile OpenAI-compatible server can make a worker hold.
+pub(super) const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// An answer's JSON body, read at most `cap` bytes: a longer one is refused (it will not shrink on
+/// a retry), a cut connection is retried.
+pub(super) async fn json_capped(mut resp: reqwest::Response, cap: usize) -> Result<Value, LlmError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e))? {
+        if body.len() + chunk.len() > cap {
+            return Err(LlmError::Permanent(format!("the provider's answer is over {cap} bytes")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| LlmError::Retryable { message: format!("answer is not JSON: {e}"), retry_after: None })
+}
+
 /// Maps a non-success HTTP answer to a retryable or permanent error, keeping the provider's message
 /// short and the reset hint.
 pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> LlmError {
     let status = resp.status().as_u16();
     let hint = retry_hint(resp.headers(), SystemTime::now());
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    let body: Value = json_capped(resp, 64 * 1024).await.unwrap_or(Value::Null);
     let detail = body["error"]["message"].as_str().unwrap_or("").chars().take(300).collect::<String>();
     let message = format!("{provider} answered {status}: {detail}");
     if status == 429 {
@@ -111,7 +129,7 @@ impl LlmClient for OpenAiClient {
             return Err(status_error("provider", resp).await);
         }
         let limits = rate_limits(resp.headers(), SystemTime::now());
-        let v: Value = resp.json().await.map_err(|e| transport_error(&e))?;
+        let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
         let text = v["choices"][0]["message"]["content"]
             .as_str()
             .ok_or_else(|| LlmError::Retryable {
@@ -134,6 +152,14 @@ impl LlmClient for OpenAiClient {
 
 #[cfg(test)]
 mod tests {
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_is_refused_not_held() {
+        let resp = |body: String| reqwest::Response::from(axum::http::Response::new(body));
+        assert!(json_capped(resp(r#"{"a": 1}"#.into()), 100).await.is_ok());
+        assert!(matches!(json_capped(resp("7".repeat(200)), 100).await, Err(LlmError::Permanent(_))));
+        assert!(matches!(json_capped(resp("not json".into()), 100).await, Err(LlmError::Retryable { .. })));
+    }
     use super::*;
 
     #[test]

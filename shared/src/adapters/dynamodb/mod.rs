@@ -62,11 +62,19 @@ pub(super) fn gzip(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
     enc.write_all(bytes).and_then(|_| enc.finish()).map_err(|e| StoreError::Corrupt(format!("gzip: {e}")))
 }
 
+/// Most bytes a compressed attribute may expand to: far past any text the code stores (a result
+/// over 300 KB goes to the results store), and a bound on what a crafted item can make a reader hold.
+const MAX_GUNZIP_BYTES: u64 = 16 * 1024 * 1024;
+
 pub(super) fn gunzip(bytes: &[u8]) -> Result<String, StoreError> {
     let mut out = String::new();
     GzDecoder::new(bytes)
+        .take(MAX_GUNZIP_BYTES + 1)
         .read_to_string(&mut out)
         .map_err(|e| StoreError::Corrupt(format!("gunzip: {e}")))?;
+    if out.len() as u64 > MAX_GUNZIP_BYTES {
+        return Err(StoreError::Corrupt(format!("gunzip: expands past {MAX_GUNZIP_BYTES} bytes")));
+    }
     Ok(out)
 }
 
@@ -155,4 +163,18 @@ pub(super) async fn batch_get(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compressed_attribute_may_not_expand_past_its_bound() {
+        let small = gzip(b"hello").unwrap_or_default();
+        assert_eq!(gunzip(&small).ok().as_deref(), Some("hello"));
+        let bomb = gzip(&vec![b'0'; MAX_GUNZIP_BYTES as usize + 1]).unwrap_or_default();
+        assert!(bomb.len() < 64 * 1024, "a bomb is small: {}", bomb.len());
+        assert!(matches!(gunzip(&bomb), Err(StoreError::Corrupt(_))));
+    }
 }
