@@ -158,7 +158,7 @@ pub(super) async fn adapters_from_env(function: &str, consume: &[Lane]) -> Resul
 /// The ingress function's router, from the environment (`LANES_BACKEND`, then the backend's variables).
 pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
     let adapters = adapters_from_env("ingress", &[]).await?;
-    let tenancy = tenancy_from_env();
+    let tenancy = tenancy_from_env()?;
     let read = api::router(SummariesApi {
         summaries: adapters.summaries.clone(),
         cache: adapters.cache.clone(),
@@ -195,30 +195,40 @@ pub fn with_trace(router: axum::Router) -> axum::Router {
 }
 
 /// Tenancy in Lambda: the authorizer's JWT claim `LANES_TENANT_CLAIM` (default `sub`) or the IAM
-/// principal; `LANES_TENANCY=off` turns it off (for an API behind no authorizer, e.g. emulated).
-pub fn tenancy_from_env() -> Tenancy {
-    match crate::config::optional_env("LANES_TENANCY").as_deref() {
-        Some("off") => Tenancy::Off,
-        _ => Tenancy::Authorizer {
-            claim: crate::config::optional_env("LANES_TENANT_CLAIM").unwrap_or_else(|| "sub".into()),
-        },
+/// caller, by role or, with `LANES_IAM_TENANT=session`, by session; `LANES_TENANCY=off` turns it
+/// off (for an API behind no authorizer, e.g. emulated). Any other `LANES_TENANCY` keeps it on.
+pub fn tenancy_from_env() -> Result<Tenancy, ConfigError> {
+    if crate::config::optional_env("LANES_TENANCY").as_deref() == Some("off") {
+        return Ok(Tenancy::Off);
     }
+    let iam_session = match crate::config::optional_env("LANES_IAM_TENANT").as_deref() {
+        None | Some("role") => false,
+        Some("session") => true,
+        Some(other) => {
+            let reason = format!("`{other}`; expected role or session");
+            return Err(ConfigError::Invalid { name: "LANES_IAM_TENANT", reason });
+        }
+    };
+    let claim = crate::config::optional_env("LANES_TENANT_CLAIM").unwrap_or_else(|| "sub".into());
+    Ok(Tenancy::Authorizer { claim, iam_session })
 }
 
 /// The task router with the tenant taken from API Gateway's authorizer, when tenancy is on.
 pub fn with_tenancy(tasks: axum::Router, tenancy: Tenancy) -> axum::Router {
     match tenancy {
-        Tenancy::Authorizer { claim } => {
-            tasks.layer(axum::middleware::from_fn_with_state(Arc::<str>::from(claim), tenant_from_authorizer))
-        }
+        Tenancy::Authorizer { claim, iam_session } => tasks.layer(axum::middleware::from_fn_with_state(
+            (Arc::<str>::from(claim), iam_session),
+            tenant_from_authorizer,
+        )),
         _ => tasks,
     }
 }
 
 /// The caller API Gateway (HTTP API, payload 2.0) authenticated: the JWT claim, else the IAM
-/// principal's ARN. Nothing else can set the [`Tenant`]: one already in the request is dropped.
+/// caller (its role's ARN, or by session: [`Tenant::from_session`]). Nothing else can set the
+/// [`Tenant`]: one already in the request is dropped.
 pub(super) async fn tenant_from_authorizer(
-    axum::extract::State(claim): axum::extract::State<Arc<str>>,
+    axum::extract::State((claim, iam_session)): axum::extract::State<(Arc<str>, bool)>,
     mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -228,7 +238,15 @@ pub(super) async fn tenant_from_authorizer(
             let jwt =
                 a.jwt.as_ref().and_then(|j| j.claims.get(&*claim)).and_then(|c| Tenant::from_identity(c));
             jwt.or_else(|| {
-                a.iam.as_ref().and_then(|i| i.user_arn.as_deref()).and_then(Tenant::from_principal)
+                let iam = a.iam.as_ref()?;
+                let arn = iam.user_arn.as_deref()?;
+                if !iam_session {
+                    return Tenant::from_principal(arn);
+                }
+                let cognito = iam.cognito_identity.as_ref();
+                let cognito =
+                    cognito.and_then(|c| Some((c.identity_pool_id.as_deref()?, c.identity_id.as_deref()?)));
+                Tenant::from_session(arn, cognito)
             })
         }),
         _ => None,
@@ -335,7 +353,7 @@ mod tests {
             clock,
             config: IngressConfig { tenancy: true, ..Default::default() },
         });
-        let app = with_tenancy(tasks, Tenancy::Authorizer { claim: "sub".into() });
+        let app = with_tenancy(tasks, Tenancy::Authorizer { claim: "sub".into(), iam_session: false });
         let event = |method: &str, path: &str, authorizer: serde_json::Value| {
             let mut e: serde_json::Value =
                 serde_json::from_str(include_str!("../../../events/api-post-task.json")).unwrap();

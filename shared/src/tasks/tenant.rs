@@ -29,6 +29,16 @@ impl Tenant {
         Self::parse(raw.trim()).ok()
     }
 
+    /// A tenant from an IAM caller, by session: a Cognito identity pool's caller is its identity
+    /// (`cognito-identity:<pool>:<id>`: every one of them assumes the same role, in a session named
+    /// alike), anyone else its whole ARN, session name included.
+    pub fn from_session(arn: &str, cognito: Option<(&str, &str)>) -> Option<Self> {
+        match cognito {
+            Some((pool, id)) => Self::from_identity(&format!("cognito-identity:{pool}:{id}")),
+            None => Self::from_identity(arn.trim()),
+        }
+    }
+
     /// A tenant from an IAM caller's ARN: an assumed role's session name is dropped
     /// (`arn:aws:sts::123:assumed-role/R/session` is `arn:aws:sts::123:assumed-role/R`), because
     /// sessions change with every credential refresh while the role is who is calling.
@@ -57,6 +67,9 @@ pub enum Tenancy {
     Authorizer {
         /// The claim naming the tenant.
         claim: String,
+        /// With IAM: each session is its own tenant (a Cognito identity pool's caller is its
+        /// identity id), instead of every session of one role being one tenant.
+        iam_session: bool,
     },
 }
 
@@ -95,6 +108,20 @@ pub async fn from_header(State(name): State<HeaderName>, mut req: Request, next:
 
 #[cfg(test)]
 mod tests {
+
+    /// By role, every session of a role is one tenant; by session, each is its own, and a Cognito
+    /// identity pool's callers (one role, one session name) are told apart by identity.
+    #[test]
+    fn iam_callers_by_role_or_by_session() {
+        let a = "arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_Dev/alice";
+        let b = "arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_Dev/bob";
+        assert_eq!(Tenant::from_principal(a), Tenant::from_principal(b));
+        assert_ne!(Tenant::from_session(a, None), Tenant::from_session(b, None));
+        let pool = "arn:aws:sts::123456789012:assumed-role/Cognito_Auth/CognitoIdentityCredentials";
+        let one = Tenant::from_session(pool, Some(("us-east-1:pool", "us-east-1:one")));
+        let two = Tenant::from_session(pool, Some(("us-east-1:pool", "us-east-1:two")));
+        assert!(one.is_some() && one != two, "{one:?} {two:?}");
+    }
     use super::*;
 
     #[test]
