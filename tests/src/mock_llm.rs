@@ -22,6 +22,8 @@ pub enum Scripted {
     Status(u16, Vec<(&'static str, String)>),
     /// A normal answer after a delay.
     Slow(Duration),
+    /// A chat completion (OpenAI's shape) with this text, finished normally.
+    Answer(String),
 }
 
 /// What the mock saw of one request.
@@ -323,6 +325,17 @@ async fn record_and_script(
         Some(Scripted::Slow(d)) => {
             tokio::time::sleep(d).await;
             None
+        }
+        Some(Scripted::Answer(text)) => {
+            let completion = tokens(&text);
+            Some(
+                Json(json!({
+                    "id": "chatcmpl-mock", "object": "chat.completion", "model": "scripted",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": completion + 10}
+                }))
+                .into_response(),
+            )
         }
         Some(Scripted::Status(code, hdrs)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -17,6 +17,7 @@ on_both_backends!(
     a_crash_on_every_delivery_ends_failed_and_lanes_dlq_redrives_it,
     a_running_task_cancelled_by_its_client_drops_its_provider_call,
     two_hundred_long_polls_on_one_task_are_woken_by_its_end,
+    a_result_too_large_for_a_record_is_answered_whole,
 );
 
 /// Two deliveries before the redrive, a 1 s lease, a 2 s queue visibility.
@@ -243,6 +244,43 @@ async fn a_failed_task_shows_a_stable_code_not_the_providers_words() {
         assert!(
             line.is_some_and(|l| l.contains(&format!("scripted {status}"))),
             "the detail is logged: {line:?}"
+        );
+    }
+}
+
+/// A 400 KB answer (past what a DynamoDB item holds) completes and reads back whole: its text is in
+/// the results store (files under the data dir; moto's S3 on the AWS backend) and the record keeps
+/// only its key.
+async fn a_result_too_large_for_a_record_is_answered_whole(backend: Backend) {
+    use lanes_tests::mock_llm::{MockLlm, Scripted};
+    let mock = MockLlm::start().await.unwrap();
+    let env = [
+        ("LANES_LLM_PROVIDER", "openai".to_owned()),
+        ("LANES_LLM_MODEL", "gpt-test".to_owned()),
+        ("LANES_LLM_BASE_URL", format!("{}/v1", mock.url)),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec();
+    let stack = Stack::start_with_env(backend, &[], env).await;
+    let text: String = (0..400 * 1024 / 64).map(|i| format!("{i:063}\n")).collect();
+    mock.script([Scripted::Answer(text.clone())]);
+    let id = submit(&stack.server.url, "refactor", "say a great deal").await;
+    let done = wait_status(&stack.server.url, &id, "COMPLETED", Duration::from_secs(60)).await;
+    assert_eq!(done["result"]["text"].as_str().map(str::len), Some(text.len()));
+    assert!(done["result"]["text"] == text.as_str(), "the text comes back whole");
+    assert!(done["result"].get("text_ref").is_none(), "the key is not a client's business");
+    if backend == Backend::Embedded {
+        let dir = stack.server.data_dir().join("results").join(&id);
+        assert!(std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()), "{}", dir.display());
+    } else {
+        use lanes_core::ports::TaskStore;
+        let kept =
+            stack.dynamo().await.get(&id.parse().unwrap(), lanes_tests::now_ms()).await.unwrap().unwrap();
+        let result = kept.result.unwrap();
+        assert_eq!(
+            (result.text.as_str(), result.text_ref.is_some()),
+            ("", true),
+            "the item keeps the key only"
         );
     }
 }

@@ -1,4 +1,5 @@
-//! The twin of the S3 results bucket: one file per key under `<data dir>/results`, written to a
+//! The twin of the S3 results bucket: one file per key under the data dir (the core's keys start
+//! with `results/`, so the files are under `<data dir>/results`), written to a
 //! temporary name and renamed, so a reader sees a whole object or none (as S3 never shows a half
 //! written one). Keys are the core's own (`results/<task id>/<fence>`), checked to stay inside the
 //! directory.
@@ -14,15 +15,17 @@ pub struct FileObjects {
 }
 
 impl FileObjects {
-    /// Objects under `data_dir/results`.
+    /// Objects under `data_dir`, one file per key.
     pub fn new(data_dir: &Path) -> Self {
-        Self { dir: data_dir.join("results") }
+        Self { dir: data_dir.to_path_buf() }
     }
 
-    /// The file of `key`: each `/`-separated part a plain name (no `..`, no empty part).
+    /// The file of `key`: under `results/`, each `/`-separated part a plain name (no `..`, no empty
+    /// part).
     fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
         let plain = |p: &&str| !p.is_empty() && *p != "." && *p != ".." && !p.contains('\\');
-        if key.split('/').all(|p| plain(&p)) {
+        // Under `results/` only: the data dir also holds the database.
+        if key.starts_with("results/") && key.split('/').all(|p| plain(&p)) {
             Ok(key.split('/').fold(self.dir.clone(), |path, part| path.join(part)))
         } else {
             Err(StoreError::Corrupt(format!("object key {key:?} is not a plain path")))
