@@ -176,14 +176,7 @@ async fn a_throttling_provider_fails_no_task() {
     })
     .await
     .unwrap();
-    let env = [
-        ("LANES_LLM_PROVIDER", "openai".to_owned()),
-        ("LANES_LLM_MODEL", "gpt-test".to_owned()),
-        ("LANES_LLM_BASE_URL", format!("{}/v1", mock.url)),
-        ("LANES_ATTEMPTS_INTERACTIVE", "1".to_owned()),
-    ]
-    .map(|(k, v)| (k.to_owned(), v))
-    .to_vec();
+    let env = openai_at(&mock.url, Some(1));
     let stack = Stack::start_with_env(
         Backend::Embedded,
         &["--max-receive-count", "3", "--lease-ttl-ms", "3000"],
@@ -217,14 +210,7 @@ async fn a_throttling_provider_fails_no_task() {
 async fn a_failed_task_shows_a_stable_code_not_the_providers_words() {
     use lanes_tests::mock_llm::{MockLlm, Scripted};
     let mock = MockLlm::start().await.unwrap();
-    let env = [
-        ("LANES_LLM_PROVIDER", "openai".to_owned()),
-        ("LANES_LLM_MODEL", "gpt-test".to_owned()),
-        ("LANES_LLM_BASE_URL", format!("{}/v1", mock.url)),
-        ("LANES_ATTEMPTS_INTERACTIVE", "1".to_owned()),
-    ]
-    .map(|(k, v)| (k.to_owned(), v))
-    .to_vec();
+    let env = openai_at(&mock.url, Some(1));
     let stack = Stack::start_with_env(Backend::Embedded, &[], env).await;
     let url = &stack.server.url;
     let host = mock.url.trim_start_matches("http://").to_owned();
@@ -254,13 +240,7 @@ async fn a_failed_task_shows_a_stable_code_not_the_providers_words() {
 async fn a_result_too_large_for_a_record_is_answered_whole(backend: Backend) {
     use lanes_tests::mock_llm::{MockLlm, Scripted};
     let mock = MockLlm::start().await.unwrap();
-    let env = [
-        ("LANES_LLM_PROVIDER", "openai".to_owned()),
-        ("LANES_LLM_MODEL", "gpt-test".to_owned()),
-        ("LANES_LLM_BASE_URL", format!("{}/v1", mock.url)),
-    ]
-    .map(|(k, v)| (k.to_owned(), v))
-    .to_vec();
+    let env = openai_at(&mock.url, None);
     let stack = Stack::start_with_env(backend, &[], env).await;
     let text: String = (0..400 * 1024 / 64).map(|i| format!("{i:063}\n")).collect();
     mock.script([Scripted::Answer(text.clone())]);
@@ -283,4 +263,16 @@ async fn a_result_too_large_for_a_record_is_answered_whole(backend: Backend) {
             "the item keeps the key only"
         );
     }
+}
+
+/// `lanes dev`'s environment for an OpenAI-compatible provider at `url` (the mock), with
+/// `attempts` provider attempts per interactive task when given (the lane's default otherwise).
+fn openai_at(url: &str, attempts: Option<u32>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("LANES_LLM_PROVIDER".to_owned(), "openai".to_owned()),
+        ("LANES_LLM_MODEL".to_owned(), "gpt-test".to_owned()),
+        ("LANES_LLM_BASE_URL".to_owned(), format!("{url}/v1")),
+    ];
+    env.extend(attempts.map(|n| ("LANES_ATTEMPTS_INTERACTIVE".to_owned(), n.to_string())));
+    env
 }
