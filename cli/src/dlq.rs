@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand, ValueEnum};
 use lanes_core::clock::SystemClock;
 use lanes_core::config::{IngressConfig, WorkerConfig};
-use lanes_core::dlq_admin::{Admin, DlqOp};
+use lanes_core::dlq_admin::{ADMIN_HEADER, Admin, DlqOp};
 use lanes_core::domain::Lane;
 use std::sync::Arc;
 
@@ -150,8 +150,10 @@ async fn on_server(server: &str, lane: Lane, op: DlqOp) -> Result<serde_json::Va
     let client = reqwest::Client::new();
     let request = match op {
         DlqOp::List => client.get(format!("{base}/admin/dlq/{lane}")),
-        DlqOp::Redrive => client.post(format!("{base}/admin/dlq/{lane}/redrive")),
-        DlqOp::RedriveByMove => client.post(format!("{base}/admin/dlq/{lane}/redrive?by=move")),
+        DlqOp::Redrive => client.post(format!("{base}/admin/dlq/{lane}/redrive")).header(ADMIN_HEADER, "1"),
+        DlqOp::RedriveByMove => {
+            client.post(format!("{base}/admin/dlq/{lane}/redrive?by=move")).header(ADMIN_HEADER, "1")
+        }
         DlqOp::Moves => client.get(format!("{base}/admin/dlq/{lane}/moves")),
     };
     let resp = request.send().await.map_err(|e| DlqCliError::Server(format!("cannot reach {base}: {e}")))?;

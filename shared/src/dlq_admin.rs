@@ -171,8 +171,14 @@ fn failure(e: DlqError) -> crate::problem::Problem {
     }
 }
 
+/// The header a redrive must carry ([`admin_router`]).
+pub const ADMIN_HEADER: &str = "x-lanes-admin";
+
 /// `GET /admin/dlq/{lane}` (list), `POST /admin/dlq/{lane}/redrive[?by=move]` and
-/// `GET /admin/dlq/{lane}/moves`, for `lanes dlq --server`.
+/// `GET /admin/dlq/{lane}/moves`, for `lanes dlq --server`. A redrive reruns tasks (and spends on
+/// the provider), so it must carry [`ADMIN_HEADER`]: a web page the developer visits can post a
+/// form to a loopback address, but cannot add a header of its own without a CORS preflight, which
+/// this server never grants.
 pub fn admin_router(admin: Admin) -> axum::Router {
     use crate::problem::Problem;
     use axum::extract::{Path, Query, State};
@@ -203,7 +209,20 @@ pub fn admin_router(admin: Admin) -> axum::Router {
         .route(
             "/admin/dlq/{lane}/redrive",
             post(
-                |State(a): State<Shared>, Path(l): Path<String>, Query(q): Query<RedriveQuery>| async move {
+                |State(a): State<Shared>,
+                 Path(l): Path<String>,
+                 Query(q): Query<RedriveQuery>,
+                 headers: axum::http::HeaderMap| async move {
+                    if !headers.contains_key(ADMIN_HEADER) {
+                        return Problem::new(
+                            StatusCode::FORBIDDEN,
+                            "admin-header-required",
+                            "Admin header required",
+                            "a redrive must carry the X-Lanes-Admin header (as `lanes dlq --server` sends it)",
+                        )
+                        .with_field("X-Lanes-Admin")
+                        .into_response();
+                    }
                     let op = match q.by.as_deref() {
                         None | Some("relay") => DlqOp::Redrive,
                         Some("move") => DlqOp::RedriveByMove,

@@ -275,3 +275,30 @@ async fn lanes_dev_serves_each_tenant_its_own_tasks() {
     assert_eq!(get("team-b").await.unwrap().status(), StatusCode::NOT_FOUND);
     assert!(get("team-a").await.unwrap().status().is_success());
 }
+
+/// `lanes dev` answers only this machine (security review L5): a request addressed to another name
+/// (DNS rebinding) is a `421`, and a DLQ redrive without `X-Lanes-Admin` (a cross-site form's) is a
+/// `403`; `lanes dlq --server` sends the header.
+#[tokio::test]
+async fn lanes_dev_answers_only_this_machine_and_redrives_only_with_its_header() {
+    let stack = Stack::start(Backend::Embedded, &[]).await;
+    let url = &stack.server.url;
+    let client = reqwest::Client::new();
+    let rebound =
+        client.get(format!("{url}/healthz")).header("host", "rebind.example:3000").send().await.unwrap();
+    assert_eq!(rebound.status(), StatusCode::MISDIRECTED_REQUEST);
+    let problem: Value = rebound.json().await.unwrap();
+    assert_eq!(problem["field"], "Host");
+    assert_eq!(client.get(format!("{url}/healthz")).send().await.unwrap().status(), StatusCode::OK);
+    let localhost = url.replace("127.0.0.1", "localhost");
+    let by_name =
+        client.get(format!("{url}/healthz")).header("host", localhost.trim_start_matches("http://"));
+    assert_eq!(by_name.send().await.unwrap().status(), StatusCode::OK);
+    let redrive = format!("{url}/admin/dlq/interactive/redrive");
+    let form = client.post(&redrive).header("content-type", "application/x-www-form-urlencoded").body("a=1");
+    let refused = form.send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(refused.json::<Value>().await.unwrap()["field"], "X-Lanes-Admin");
+    let allowed = client.post(&redrive).header("x-lanes-admin", "1").send().await.unwrap();
+    assert_eq!(allowed.status(), StatusCode::OK, "{:?}", allowed.text().await);
+}
