@@ -296,6 +296,8 @@ impl Local {
                 }
             }
         });
+        let (store, summaries) = (self.adapters.store.clone(), self.adapters.summaries.clone());
+        tokio::spawn(expiry_sweep(store, summaries, shutdown.clone()));
         let stop = shutdown.clone();
         let served = axum::serve(listener, self.router)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -304,6 +306,37 @@ impl Local {
         shutdown.cancel();
         let _ = pool_task.await;
         served
+    }
+}
+
+/// Records, delivery marks and push counts a sweep deletes at most, each, per round.
+const EXPIRY_SWEEP_MAX: usize = 1000;
+
+/// The embedded twin of DynamoDB's TTL sweep: every minute, expired task records, delivery marks
+/// and past days' push counts are deleted, at most [`EXPIRY_SWEEP_MAX`] of each a round (the next
+/// round takes the rest), so the data file holds the live data rather than all there ever was. On
+/// the AWS backend the ports answer 0: DynamoDB sweeps itself.
+async fn expiry_sweep(
+    store: Arc<dyn crate::ports::TaskStore>,
+    summaries: Arc<dyn crate::ports::SummaryStore>,
+    stop: CancellationToken,
+) {
+    use crate::clock::Clock;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        let now = SystemClock.now_ms();
+        let records = store.sweep_expired(now, EXPIRY_SWEEP_MAX).await;
+        let marks = summaries.sweep_expired(now, EXPIRY_SWEEP_MAX).await;
+        match (records, marks) {
+            (Ok(0), Ok(0)) => {}
+            (Ok(records), Ok(marks)) => info!(records, marks, "expired items swept"),
+            (r, m) => {
+                tracing::warn!(records = ?r.err(), marks = ?m.err(), "expiry sweep failed; the next round retries")
+            }
+        }
     }
 }
 

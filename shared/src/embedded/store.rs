@@ -91,6 +91,34 @@ impl EmbeddedStore {
     }
 }
 
+/// The one field a sweep reads of a record.
+#[derive(serde::Deserialize)]
+struct Expiry {
+    expires_at: u64,
+}
+
+/// Deletes at most `max` records of `txn` whose TTL has passed at `now_ms`. An unreadable record is
+/// left for an operator to look at.
+fn sweep(txn: &WriteTransaction, now_ms: u64, max: usize) -> Result<usize, StoreError> {
+    let mut table = txn.open_table(TASKS).map_err(unavailable)?;
+    let mut gone = Vec::new();
+    for entry in table.iter().map_err(unavailable)? {
+        let (k, v) = entry.map_err(unavailable)?;
+        let expired = serde_json::from_slice::<Expiry>(v.value())
+            .is_ok_and(|e| e.expires_at.saturating_mul(1000) <= now_ms);
+        if expired {
+            gone.push(k.value().to_owned());
+            if gone.len() >= max {
+                break;
+            }
+        }
+    }
+    for k in &gone {
+        table.remove(k.as_str()).map_err(unavailable)?;
+    }
+    Ok(gone.len())
+}
+
 fn read(txn: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>, StoreError> {
     let table = txn.open_table(TASKS).map_err(unavailable)?;
     let Some(v) = table.get(id).map_err(unavailable)? else { return Ok(None) };
@@ -202,6 +230,10 @@ impl TaskStore for EmbeddedStore {
         })
     }
 
+    async fn sweep_expired(&self, now_ms: u64, max: usize) -> Result<usize, StoreError> {
+        self.db.submit_maybe(move |txn| sweep(txn, now_ms, max).map(|n| (n, n > 0))).wait().await
+    }
+
     async fn fail_unfinished(
         &self,
         task_id: &TaskId,
@@ -306,5 +338,26 @@ mod tests {
         assert_eq!((again.status, again.fence), (TaskStatus::Pending, 1));
         // Past its TTL a record counts as absent.
         assert_eq!(store.get(&id, 4_000 + 3_601_000 + 1_000).await.unwrap(), None);
+    }
+
+    /// The twin of DynamoDB's TTL sweep: expired records go, at most `max` a call, live ones stay.
+    #[tokio::test]
+    async fn the_sweep_deletes_expired_records_in_bounded_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
+        for i in 0..5 {
+            let req = TaskRequest::from_value(
+                json!({"project_id":"p","kind":"explain","prompt":format!("x{i}"),"target_files":[]}),
+            )
+            .unwrap();
+            // Three expire after an hour, two after a day.
+            let ttl = if i < 3 { 3600 } else { 86_400 };
+            store.put_pending(&TaskRecord::pending(req.task_id(None), req, 0, ttl), 0).await.unwrap();
+        }
+        let two_hours = 2 * 3600 * 1000;
+        assert_eq!(store.sweep_expired(two_hours, 2).await.unwrap(), 2, "bounded");
+        assert_eq!(store.sweep_expired(two_hours, 2).await.unwrap(), 1);
+        assert_eq!(store.sweep_expired(two_hours, 2).await.unwrap(), 0);
+        assert_eq!(store.all(0).await.unwrap().len(), 2, "the live ones stay");
     }
 }

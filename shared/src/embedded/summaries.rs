@@ -192,6 +192,50 @@ impl SummaryStore for EmbeddedSummaries {
             .await
     }
 
+    async fn sweep_expired(&self, now_ms: u64, max: usize) -> Result<usize, StoreError> {
+        // A day's count is needed until the day is over (the budget's window); yesterday's is kept
+        // for a clock that lags.
+        let today = now_ms / 86_400_000;
+        self.db
+            .submit_maybe(move |txn| {
+                let mut gone = 0;
+                let mut deliveries = txn.open_table(DELIVERIES).map_err(unavailable)?;
+                let expired: Vec<String> = deliveries
+                    .iter()
+                    .map_err(unavailable)?
+                    .filter_map(Result::ok)
+                    .filter(|(_, v)| v.value() <= now_ms)
+                    .map(|(k, _)| k.value().to_owned())
+                    .take(max)
+                    .collect();
+                for k in &expired {
+                    deliveries.remove(k.as_str()).map_err(unavailable)?;
+                }
+                gone += expired.len();
+                let mut pushed = txn.open_table(PUSHED).map_err(unavailable)?;
+                let past: Vec<String> = pushed
+                    .iter()
+                    .map_err(unavailable)?
+                    .filter_map(Result::ok)
+                    .map(|(k, _)| k.value().to_owned())
+                    .filter(|k| {
+                        k.rsplit('#')
+                            .next()
+                            .and_then(|d| d.parse::<u64>().ok())
+                            .is_some_and(|d| d + 1 < today)
+                    })
+                    .take(max.saturating_sub(gone))
+                    .collect();
+                for k in &past {
+                    pushed.remove(k.as_str()).map_err(unavailable)?;
+                }
+                gone += past.len();
+                Ok((gone, gone > 0))
+            })
+            .wait()
+            .await
+    }
+
     async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
         let id = delivery.to_owned();
         self.db
@@ -205,5 +249,31 @@ impl SummaryStore for EmbeddedSummaries {
                 Ok(t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms))
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::RepoId;
+
+    /// Expired delivery marks and past days' push counts go; live ones stay.
+    #[tokio::test]
+    async fn the_sweep_deletes_expired_marks_and_past_days() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = EmbeddedSummaries::new(EmbeddedDb::open(dir.path()).unwrap_or_else(|e| panic!("{e}")));
+        let day = 86_400_000;
+        let repo = RepoId::parse("github:1").unwrap_or_else(|e| panic!("{e:?}"));
+        for (id, ttl) in [("old", 60), ("new", 7 * 86_400)] {
+            assert!(store.mark_delivery(id, 10 * day, ttl).await.unwrap_or(false));
+        }
+        for d in [7, 9, 10] {
+            assert!(store.count_pushed(&repo, d, 1, 100).await.unwrap_or(false));
+        }
+        // Day 10, later: the 60 s mark and day 7's count go; day 9's (yesterday) and 10's stay.
+        assert_eq!(store.sweep_expired(10 * day + 3_600_000, 100).await.unwrap_or(0), 2);
+        assert!(!store.delivery_seen("old", 10 * day + 3_600_000).await.unwrap_or(true));
+        assert!(store.delivery_seen("new", 10 * day + 3_600_000).await.unwrap_or(false));
+        assert!(!store.count_pushed(&repo, 9, 100, 100).await.unwrap_or(true), "day 9's count is still 1");
     }
 }

@@ -271,6 +271,11 @@ pub trait SummaryStore: Send + Sync {
         commits: i64,
         limit: u64,
     ) -> Result<bool, StoreError>;
+    /// Deletes at most `max` expired delivery marks and past days' push counts; how many. DynamoDB's
+    /// TTL sweep does this (nothing to do there); the embedded twin does it when asked.
+    async fn sweep_expired(&self, _now_ms: u64, _max: usize) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }
 
 /// Errors fetching a diff.

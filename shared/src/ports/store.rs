@@ -126,4 +126,9 @@ pub trait TaskStore: Send + Sync {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<FinishOutcome, StoreError>;
+    /// Deletes at most `max` records whose TTL has passed; how many it deleted. DynamoDB's own TTL
+    /// sweep does this (nothing to do there); the embedded twin does it when asked.
+    async fn sweep_expired(&self, _now_ms: u64, _max: usize) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }
