@@ -5,6 +5,10 @@
 //! without a hint, a provider in slow start). Reported per run: 429s as a share of requests, tokens
 //! used as a share of the limit, calls that failed (not merely waited), p99 call time, and the
 //! interactive share of tokens under saturation.
+//!
+//! Then interactive work alone against a fixed-window provider, with the limits configured and
+//! learned from its headers: a fixed number of tasks, and the time they take against the time the
+//! limit allows. The background's reservation is idle there and must be lent whole.
 
 use crate::limiter::{MIXED, mixed_request};
 use lanes_core::clock::SystemClock;
@@ -56,7 +60,54 @@ pub struct ProviderReport {
     pub seconds: f64,
     /// One run per discipline and knowledge.
     pub runs: Vec<ProviderRun>,
+    /// Interactive tasks alone at a low request limit, per knowledge of the limits.
+    pub alone: Vec<AloneRun>,
 }
+
+/// Interactive tasks alone against a fixed-window provider.
+#[derive(Debug, Clone, Serialize)]
+pub struct AloneRun {
+    /// `configured` or `learned from headers`.
+    pub limits: String,
+    /// Tasks (one call each), taken by six interactive workers.
+    pub tasks: usize,
+    /// The provider's requests per window.
+    pub requests_per_window: f64,
+    /// The provider's window, seconds.
+    pub window_secs: f64,
+    /// Seconds from the first call to the last answer.
+    pub seconds: f64,
+    /// Seconds the limit allows for the tasks: `tasks / requests_per_window` windows.
+    pub limit_seconds: f64,
+    /// `limit_seconds / seconds`: the share of the limit used.
+    pub of_limit: f64,
+    /// The share of the limit used from the end of the provider's first window (when the limits
+    /// are known in every case) to the last answer.
+    pub after_first_window: f64,
+    /// Answers 429.
+    pub throttled: u64,
+    /// Calls that did not end in an answer.
+    pub unanswered: u64,
+}
+
+impl AloneRun {
+    /// The share of the limit its goal counts: the whole run with the limits configured; from the end
+    /// of the first window once they are learned (the first answer cannot tell which calls in flight
+    /// the provider already counted, so the first window is paced as if it counted none), to a tenth
+    /// of a percent.
+    pub fn used(&self) -> f64 {
+        let share = if self.limits == "configured" { self.of_limit } else { self.after_first_window };
+        (share * 1000.0).round() / 1000.0
+    }
+}
+
+/// Tasks and the request limit of the interactive-alone runs: 60 tasks at 30 a window, the two
+/// minutes a provider's 30 requests a minute allow.
+pub const ALONE_TASKS: usize = 60;
+/// See [`ALONE_TASKS`].
+pub const ALONE_RPW: f64 = 30.0;
+/// The provider's window in the interactive-alone runs.
+pub const ALONE_WINDOW: Duration = Duration::from_secs(5);
 
 /// Runs every discipline with the limits configured and learned, and the slow-start provider.
 pub async fn provider_report(rpm: f64, tpm: f64, seconds: f64) -> Result<ProviderReport, String> {
@@ -90,12 +141,81 @@ pub async fn provider_report(rpm: f64, tpm: f64, seconds: f64) -> Result<Provide
     };
     let limiter = in_process(&slow_start, false);
     runs.push(run("fixed window", "unknown (no headers, no hints)", slow_start, limiter, seconds).await?);
+    let mut alone = Vec::new();
+    for known in [true, false] {
+        alone.push(interactive_alone(known, ALONE_TASKS, ALONE_RPW, ALONE_WINDOW).await?);
+    }
     Ok(ProviderReport {
         command: format!("lanes bench provider --rpm {rpm} --tpm {tpm} --seconds {seconds}"),
         rpm,
         tpm,
         seconds,
         runs,
+        alone,
+    })
+}
+
+/// `tasks` interactive calls from six workers (a pool's interactive slots) against a fixed-window
+/// provider allowing `rpw` requests a `window` and tokens without a practical limit.
+pub async fn interactive_alone(
+    known: bool,
+    tasks: usize,
+    rpw: f64,
+    window: Duration,
+) -> Result<AloneRun, String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let limits = MockLimits {
+        rpm: rpw,
+        tpm: 1e9,
+        window,
+        discipline: Discipline::FixedWindow,
+        headers: !known,
+        hint: Hint::Both,
+    };
+    let mock = MockLlm::start_limited(limits).await.map_err(|e| e.to_string())?;
+    let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5));
+    let policy = RetryPolicy { max_hint: Duration::from_secs(2), ..RetryPolicy::default() };
+    let limited = Limited::new(provider, in_process(&limits, known), Duration::from_secs(10));
+    let client: Arc<dyn LlmClient> = Arc::new(Retrying::new(limited, policy));
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..6 {
+        let (client, next) = (client.clone(), next.clone());
+        handles.push(tokio::spawn(async move {
+            let mut answered = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= tasks {
+                    return answered;
+                }
+                let ok = client.complete(&mixed_request(Lane::Interactive, i)).await.is_ok();
+                answered.push((ok, started.elapsed().as_secs_f64()));
+            }
+        }));
+    }
+    let mut answered = Vec::new();
+    for h in handles {
+        answered.extend(h.await.map_err(|e| e.to_string())?);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let unanswered = answered.iter().filter(|(ok, _)| !ok).count() as u64;
+    let limit_seconds = tasks as f64 / rpw * window.as_secs_f64();
+    // Once the first window is over, the limits are known in every case: the pace from then on.
+    let w = window.as_secs_f64();
+    let later = answered.iter().filter(|(ok, at)| *ok && *at >= w).count() as f64;
+    let after_first_window = (later / rpw * w) / (seconds - w).max(1e-9);
+    Ok(AloneRun {
+        limits: if known { "configured" } else { "learned from headers" }.into(),
+        tasks,
+        requests_per_window: rpw,
+        window_secs: window.as_secs_f64(),
+        seconds,
+        limit_seconds,
+        of_limit: limit_seconds / seconds,
+        after_first_window,
+        throttled: mock.usage().throttled,
+        unanswered,
     })
 }
 
@@ -215,6 +335,26 @@ impl std::fmt::Display for ProviderReport {
         writeln!(
             f,
             "Goals: <= 1% 429s with the limits configured, <= 5% learned; >= 95% of the limit; 0 failed; interactive >= 70%."
-        )
+        )?;
+        writeln!(f, "Interactive alone, fixed window:")?;
+        for r in &self.alone {
+            let met =
+                if r.used() >= 0.95 && r.throttled == 0 && r.unanswered == 0 { "met" } else { "NOT met" };
+            writeln!(
+                f,
+                "  {:<22} {} tasks at {} per {} s: {:.2} s against {:.2} s the limit allows ({:.1}% of the limit, {:.1}% after the first window), {} x 429, {} unanswered: >= 95% (whole run configured, after the first window learned) and 0 x 429 {met}",
+                r.limits,
+                r.tasks,
+                r.requests_per_window,
+                r.window_secs,
+                r.seconds,
+                r.limit_seconds,
+                r.of_limit * 100.0,
+                r.after_first_window * 100.0,
+                r.throttled,
+                r.unanswered
+            )?;
+        }
+        Ok(())
     }
 }

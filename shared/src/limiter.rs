@@ -1,15 +1,17 @@
 //! The shared LLM rate limiter (see docs/ARCHITECTURE.md, LLM gateway): requests per minute and tokens per minute, with lane
-//! reservations. Interactive holds 70% of each budget and the background lanes 30%; a class may
-//! borrow from the other's bucket only while that bucket is above a watermark, i.e. while the other
-//! class leaves it idle. Tokens are charged with an estimate before the call and reconciled with the
-//! provider's reported usage after it.
+//! reservations. Interactive holds 70% of each budget and the background lanes 30%. A class that
+//! leaves its bucket full (idle) lends its refill as it accrues: the overflow goes to the other
+//! class's bucket, so one class alone uses the whole limit. The lender keeps its burst, so its own
+//! work, when it comes, is admitted at once and takes its whole refill back; the 70/30 split holds
+//! only while both classes have work. Tokens are charged with an estimate before the call and
+//! reconciled with the provider's reported usage after it.
 //!
 //! Admission is smooth, GCRA-style: each class has a bucket per dimension that holds only a small
 //! burst (5% of its share of the window's limit) and refills continuously at the rest of its share
 //! over the window. Whatever the window starts, what is admitted in it is at most the burst plus the
 //! refill, i.e. the limit, so a provider counting per calendar window, per sliding window or by token
 //! bucket never sees more than its limit; about 95% of it is used under load. A request larger than
-//! a whole burst waits for a full bucket and then runs into debt that later refills pay.
+//! half a burst waits for half a bucket and then runs into debt that later refills pay.
 //!
 //! Limits are the configured caps (`LANES_LLM_RPM`/`TPM`, optional) or, lower, what the provider
 //! says in its rate-limit headers ([`ProviderLimits`], learned per process from each answer). A 429
@@ -51,18 +53,38 @@ impl BucketState {
 
 fn refill(config: &LimiterConfig, state: &mut BucketState, now_ms: u64) {
     let elapsed = now_ms.saturating_sub(state.at_ms) as f64;
-    for ((level, cap), rate) in state.levels.iter_mut().zip(config.caps()).zip(config.rates()) {
-        // A level above its cap means the limits just came down (first learned from the provider,
-        // or lowered): what was admitted so far ran unpaced, so the new pace starts from empty, to
-        // be lined up with the provider's window by the next answer.
+    let (caps, rates) = (config.caps(), config.rates());
+    // A level above its cap means the limits just came down (first learned from the provider, or
+    // lowered): what was admitted so far ran unpaced, so the new pace starts from empty, to be lined
+    // up with the provider's window by the next answer.
+    for (level, cap) in state.levels.iter_mut().zip(caps) {
         if *level > cap * (1.0 + 1e-9) + 1e-9 {
             *level = 0.0;
             state.aligned = false;
-        } else {
-            *level = (*level + elapsed * rate).min(cap);
         }
     }
+    for dim in [0, 2] {
+        let (a, b) = (dim, dim + 1);
+        let mut grown = [state.levels[a] + elapsed * rates[a], state.levels[b] + elapsed * rates[b]];
+        spill(&mut grown, [caps[a], caps[b]]);
+        state.levels[a] = grown[0];
+        state.levels[b] = grown[1];
+    }
     state.at_ms = state.at_ms.max(now_ms);
+}
+
+/// Caps two classes' refilled levels of one dimension, the overflow of a full bucket going to the
+/// other class: an idle class's refill is lent as it accrues, and stops being lent the moment its
+/// own work takes from its bucket (a bucket below its cap keeps its whole refill). Exact for a
+/// piecewise-linear refill: once one bucket is full, the other refills at both rates.
+fn spill(levels: &mut [f64; 2], caps: [f64; 2]) {
+    for (from, to) in [(0, 1), (1, 0)] {
+        let over = levels[from] - caps[from];
+        if over > 0.0 {
+            levels[from] = caps[from];
+            levels[to] = (levels[to] + over).min(caps[to]);
+        }
+    }
 }
 
 /// Starts (or extends) the shared cooldown to `until_ms`.
@@ -73,8 +95,8 @@ pub fn cool_down(state: &mut BucketState, until_ms: u64) {
 /// Takes one request and `tokens` for `class`, or says how long to wait. All or nothing. A caller
 /// willing to wait up to `reserve_up_to_ms` for its own class's refill gets the budget reserved
 /// ([`Decision::Reserved`]) instead of polling again: reservations keep arrival order within a class,
-/// and a class with waiting callers holds no budget above its watermark, so the other class borrows
-/// only what is truly idle.
+/// and a class with waiting callers holds a bucket below its cap, so nothing of its refill spills to
+/// the other class: only a truly idle class lends.
 pub fn decide(
     config: &LimiterConfig,
     state: &mut BucketState,
@@ -92,83 +114,71 @@ pub fn decide(
         Class::Interactive => (0, 1),
         Class::Background => (1, 0),
     };
-    let mut takes = [0.0f64; 4];
     let mut wait_ms = 0.0f64;
-    // Whether some dimension's wait is shorter with a loan than with the class's own refill.
-    let mut loan_sooner = false;
+    // Whether some dimension's wait counts on the other class's refill.
+    let mut lent_sooner = false;
     for (dim, need) in [(0usize, 1.0f64), (2, tokens as f64)] {
         let (own, other) = (dim + own_off, dim + other_off);
-        // A request waits for at most its class's bucket up to the lending watermark, then runs into
-        // debt that later refills pay: what the other class may borrow (above the watermark) is
-        // never what this class waits for, so an active class keeps its reservation.
-        let need_now = need.min(caps[own] * config.lend_above.clamp(0.1, 1.0));
-        let have = state.levels[own].max(0.0);
-        if have >= need_now {
-            takes[own] = need;
+        // A request waits for at most a share of its class's bucket, then runs into debt that later
+        // refills pay: a request larger than the bucket is admitted at all.
+        let need_now = need.min(caps[own] * config.wait_for.clamp(0.1, 1.0));
+        if state.levels[own] >= need_now {
             continue;
         }
-        let lendable = state.levels[other] - config.lend_above * caps[other];
-        if lendable >= need_now - have {
-            // The lender pays the whole shortfall, running into debt for a big request: it lends only
-            // while above its watermark, so the debt stops further loans until its refill pays it,
-            // and a borrower can never admit request after request on another class's budget.
-            takes[own] = have;
-            takes[other] = need - have;
-            continue;
-        }
-        // Either its own bucket fills, or (sooner, when the other class is idle) both refill until
-        // its own plus what the other may lend covers the need.
+        // Its own bucket fills at its own rate, or at both classes' while the other's is full (idle)
+        // and spills into it.
         let own_wait =
             if rates[own] > 0.0 { (need_now - state.levels[own]) / rates[own] } else { config.window_ms };
-        let short = need_now - have - lendable.max(0.0);
-        // A full bucket refills no further: its lendable share grows only while it is below its cap.
-        let other_rate = if state.levels[other] < caps[other] { rates[other] } else { 0.0 };
-        let both = rates[own] + other_rate;
-        let with_loan = if short <= caps[other] * (1.0 - config.lend_above) && both > 0.0 {
-            short / both
-        } else {
-            own_wait
-        };
-        loan_sooner |= with_loan < own_wait;
-        wait_ms = wait_ms.max(own_wait.min(with_loan));
+        let both = rates[own] + rates[other];
+        let other_full = state.levels[other] >= caps[other] * (1.0 - 1e-9);
+        let sooner = if other_full && both > 0.0 { (need_now - state.levels[own]) / both } else { own_wait };
+        // A wait shortened by the other class's refill lasts only while that class stays idle, so it
+        // is polled again rather than reserved.
+        lent_sooner |= sooner < own_wait;
+        wait_ms = wait_ms.max(sooner);
     }
     if wait_ms > 0.0 {
         let wait = wait_ms.ceil() as u64;
-        if !loan_sooner && wait <= reserve_up_to_ms {
+        if !lent_sooner && wait <= reserve_up_to_ms {
             state.levels[own_off] -= 1.0;
             state.levels[2 + own_off] -= tokens as f64;
             return Decision::Reserved(Duration::from_millis(wait));
         }
         return Decision::Wait(Duration::from_millis(wait));
     }
-    for (level, take) in state.levels.iter_mut().zip(takes) {
-        *level -= take;
-    }
+    state.levels[own_off] -= 1.0;
+    state.levels[2 + own_off] -= tokens as f64;
     Decision::Granted
 }
 
-/// Lines the buckets up with what the provider says is left of its current window: each class's
-/// bucket holds at most its share of the remaining budget less what it refills before the reset, so
-/// the rest of that window admits no more than is left, the calls made before the limits were known
-/// (unpaced) included. Once per start of the buckets: later, a token-bucket provider's `reset-*`
-/// (time to full) would make this stall a busy deployment for nothing. Never below minus a window's
-/// share.
-pub fn align(config: &LimiterConfig, state: &mut BucketState, now_ms: u64, limits: &ProviderLimits) {
+/// Lines the buckets up with what the provider says is left of its current window, after an answer
+/// to a call of `class`: both buckets together hold at most the remaining budget less what they
+/// refill before the reset, so the rest of that window admits no more than is left, the calls made
+/// before the limits were known (unpaced) included. That debt is `class`'s, whose calls ran unpaced;
+/// the other class starts full, so if it is idle it lends its refill at once ([`refill`]). Once per start of the buckets: later, a token-bucket provider's `reset-*` (time to
+/// full) would make this stall a busy deployment for nothing. Never below minus a window's share.
+pub fn align(
+    config: &LimiterConfig,
+    state: &mut BucketState,
+    now_ms: u64,
+    limits: &ProviderLimits,
+    class: Class,
+) {
     refill(config, state, now_ms);
     if state.aligned || limits.remaining.iter().all(Option::is_none) {
         return;
     }
     state.aligned = true;
-    let (shares, rates) = (config.shares(), config.rates());
-    let fractions =
-        [config.interactive_share.clamp(0.0, 1.0), 1.0 - config.interactive_share.clamp(0.0, 1.0)];
+    let (shares, rates, caps) = (config.shares(), config.rates(), config.caps());
     for dim in 0..2 {
         let (Some(left), Some(reset)) = (limits.remaining[dim], limits.reset[dim]) else { continue };
-        for (class, fraction) in fractions.iter().enumerate() {
-            let i = dim * 2 + class;
-            let ceiling = (fraction * left - rates[i] * reset.as_millis() as f64).max(-shares[i]);
-            state.levels[i] = state.levels[i].min(ceiling);
-        }
+        let (own, other) = (dim * 2 + class as usize, dim * 2 + 1 - class as usize);
+        let ceiling = left - (rates[own] + rates[other]) * reset.as_millis() as f64;
+        let levels = &mut state.levels;
+        // The other class starts full (it may be idle, and then lends from now on), unless the debt
+        // is more than `class` can hold above its floor.
+        levels[other] = caps[other].min(ceiling + shares[own]).max(-shares[other]);
+        levels[own] = levels[own].min(ceiling - levels[other].max(0.0)).max(-shares[own]);
     }
 }
 
@@ -258,9 +268,9 @@ impl RateLimiter for MemoryLimiter {
         self.learned.learn(limits)
     }
 
-    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError> {
+    async fn align(&self, lane: Lane, limits: &ProviderLimits) -> Result<(), LimiterError> {
         let config = self.learned.apply(&self.config);
-        align(&config, &mut *self.state()?, self.clock.now_ms(), limits);
+        align(&config, &mut *self.state()?, self.clock.now_ms(), limits, lane.into());
         Ok(())
     }
 
@@ -358,17 +368,55 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_background_lends_its_whole_share_to_interactive() {
+        // The 30% kept for the background is lent as it accrues: interactive alone gets at least 95%
+        // of 30 requests a minute, whether its callers poll or reserve (each bucket holds less than
+        // one request here, so only the spill of the idle class's refill can give this).
+        for reserve in [0, 20_000] {
+            let cfg = LimiterConfig::new(30.0, 1e9);
+            let got = simulate(cfg, 4, [100, 100], [true, false], reserve);
+            let per_min = got[0] as f64 / 100.0 / 4.0;
+            assert!(per_min >= 0.95 * 30.0, "interactive alone got {per_min} requests/min");
+        }
+    }
+
+    #[test]
+    fn a_lender_takes_its_share_back_as_soon_as_its_work_arrives() {
+        // Interactive alone drains every bucket for a minute, the background's spill included.
+        let cfg = LimiterConfig::new(30.0, 1e9);
+        let mut s = BucketState::full(&cfg, 0);
+        let mut now = 0;
+        while now < 60_000 {
+            match decide(&cfg, &mut s, now, Class::Interactive, 1, 0) {
+                Decision::Granted => {}
+                Decision::Wait(d) | Decision::Reserved(d) => now += d.as_millis().max(1) as u64,
+            }
+        }
+        // The background's first request goes at once: what it did not use was lent, never its burst.
+        assert_eq!(decide(&cfg, &mut s, now, Class::Background, 1, 0), Decision::Granted);
+        // From then on, with both busy, each class keeps its own refill: nothing spills.
+        let before = s.levels;
+        refill(&cfg, &mut s, now + 1_000);
+        let rates = cfg.rates();
+        for class in [0, 1] {
+            let grew = s.levels[class] - before[class];
+            assert!((grew - 1_000.0 * rates[class]).abs() < 1e-9, "{:?}", s.levels);
+        }
+    }
+
+    #[test]
     fn waits_are_exact_and_reconciliation_refunds() {
         // 60 rpm, 6000 tpm, 5% burst: interactive's token bucket holds 210 and refills 3990/min;
-        // background's holds 90 and lends what is above half of it (45).
+        // background's holds 90 and refills 1710/min.
         let cfg = LimiterConfig::new(60.0, 6_000.0);
         let mut s = BucketState::full(&cfg, 0);
         assert_eq!(decide(&cfg, &mut s, 0, Class::Interactive, 200, 0), Decision::Granted);
-        // 10 left + 45 lendable < 100: short by 45 at 3990 tokens/min (the background's bucket is
-        // full, so what it lends does not grow) = 677 ms, not the 1.354 s it would take without the
-        // loan.
+        // 10 left, short by 90. The background's bucket is full, so its refill spills into
+        // interactive's, which fills at both rates (5700 tokens/min): 948 ms, not the 1.354 s it
+        // would take on its own refill. The background keeps its burst for its own first call.
         let Decision::Wait(w) = decide(&cfg, &mut s, 0, Class::Interactive, 100, 0) else { panic!() };
-        assert_eq!(w, Duration::from_millis(677));
+        assert_eq!(w, Duration::from_millis(948));
+        assert!((s.levels[3] - 90.0).abs() < 1e-9, "{:?}", s.levels);
         reconcile(&cfg, &mut s, 0, Class::Interactive, 200, 100);
         assert_eq!(
             decide(&cfg, &mut s, 0, Class::Interactive, 100, 0),
@@ -419,10 +467,12 @@ mod tests {
             reset: [None, Some(Duration::from_millis(500))],
             ..Default::default()
         };
-        align(&cfg, &mut s, 0, &said);
+        align(&cfg, &mut s, 0, &said, Class::Interactive);
         // What the rest of that window admits: the levels plus 95% of 1,000/s for 500 ms.
         let admitted = s.levels[2] + s.levels[3] + 0.95 * 1_000.0 * 0.5;
         assert!(admitted <= 600.0 + 1e-6, "{admitted}");
+        // The debt is the answering class's: the other starts full, to lend at once if idle.
+        assert_eq!(s.levels[3], cfg.caps()[3]);
         // Once per start of the buckets: a later answer (a token-bucket provider's time to full,
         // say) changes nothing.
         let before = s;
@@ -435,6 +485,7 @@ mod tests {
                 reset: [None, Some(Duration::from_secs(60))],
                 ..Default::default()
             },
+            Class::Interactive,
         );
         assert_eq!(s, before);
     }

@@ -335,6 +335,11 @@ async fn limiter_parity_on(redis: RedisServer) {
         (Lane::Interactive, 1_500, 0, 60_000),
         (Lane::Synthesis, 700, 10_000, 0),
         (Lane::Interactive, 4_000, 30_000, 0),
+        // The background idle and full: its refill spills into interactive's bucket.
+        (Lane::Interactive, 1_900, 0, 0),
+        (Lane::Interactive, 1_900, 1_000, 0),
+        (Lane::Interactive, 1_900, 2_000, 0),
+        (Lane::Interactive, 1_900, 6_000, 0),
     ];
     let (mut granted, mut reserved) = (0, 0);
     for (lane, tokens, advance, reserve) in script {
@@ -358,7 +363,7 @@ async fn limiter_parity_on(redis: RedisServer) {
             local.reconcile(lane, tokens, tokens + 100).await.unwrap();
         }
     }
-    assert!((2..7).contains(&granted), "the script exercises both grants and waits ({granted} granted)");
+    assert!((2..11).contains(&granted), "the script exercises both grants and waits ({granted} granted)");
     assert!(reserved >= 1, "and reservations");
     // An unused reservation given back lands the same in both.
     shared.give_back(Lane::Interactive, 1_500).await.unwrap();
@@ -374,6 +379,27 @@ async fn limiter_parity_on(redis: RedisServer) {
             assert!(x.abs_diff(y) <= Duration::from_millis(1), "after a give-back: {x:?} vs {y:?}")
         }
         other => panic!("after a give-back, redis and in-process disagree: {other:?}"),
+    }
+    // Lined up with a provider's window after a background answer: the debt lands alike.
+    let said = lanes_core::limiter::ProviderLimits {
+        remaining: [Some(3.0), Some(2_000.0)],
+        reset: [Some(Duration::from_secs(20)), Some(Duration::from_secs(20))],
+        ..Default::default()
+    };
+    shared.align(Lane::Commits, &said).await.unwrap();
+    local.align(Lane::Commits, &said).await.unwrap();
+    for lane in [Lane::Commits, Lane::Interactive, Lane::Synthesis] {
+        let (a, b) = (
+            shared.try_acquire(lane, 300, Duration::ZERO).await.unwrap(),
+            local.try_acquire(lane, 300, Duration::ZERO).await.unwrap(),
+        );
+        match (a, b) {
+            (Decision::Granted, Decision::Granted) => {}
+            (Decision::Wait(x), Decision::Wait(y)) => {
+                assert!(x.abs_diff(y) <= Duration::from_millis(1), "after an alignment: {x:?} vs {y:?}")
+            }
+            other => panic!("after an alignment, redis and in-process disagree: {other:?}"),
+        }
     }
 }
 
@@ -412,7 +438,7 @@ async fn a_cooldown_is_shared_by_every_limiter_on_the_same_redis() {
     assert!(granted <= 3, "paced by what the provider said: {granted} of 10 at once");
     // What one worker learned is stored with the buckets: a worker that has had no answer yet
     // paces by it too.
-    second.align(&ProviderLimits { rpm: Some(60.0), ..Default::default() }).await.unwrap();
+    second.align(Lane::Interactive, &ProviderLimits { rpm: Some(60.0), ..Default::default() }).await.unwrap();
     let mut granted = 0;
     for _ in 0..10 {
         if first.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap() == Decision::Granted {

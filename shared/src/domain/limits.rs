@@ -31,8 +31,9 @@ pub struct LimiterConfig {
     pub tpm: f64,
     /// Interactive's reserved share (background gets the rest).
     pub interactive_share: f64,
-    /// A bucket lends only what it holds above this fraction of its capacity.
-    pub lend_above: f64,
+    /// The fraction of its bucket's capacity a request waits for at most before it runs into debt
+    /// (a request larger than that is admitted against later refills).
+    pub wait_for: f64,
     /// The period the limits are per, in ms: 60000 for providers' per-minute limits; tests shorten it.
     pub window_ms: f64,
     /// The share of a window's limit a bucket holds as its burst.
@@ -46,7 +47,7 @@ pub const UNKNOWN: f64 = 1e12;
 impl LimiterConfig {
     /// Limits with the default 70/30 reservation and a 5% burst.
     pub fn new(rpm: f64, tpm: f64) -> Self {
-        Self { rpm, tpm, interactive_share: 0.7, lend_above: 0.5, window_ms: 60_000.0, burst: 0.05 }
+        Self { rpm, tpm, interactive_share: 0.7, wait_for: 0.5, window_ms: 60_000.0, burst: 0.05 }
     }
 
     /// No configured cap: pacing starts when the provider's headers say its limits.

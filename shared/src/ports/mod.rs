@@ -196,8 +196,9 @@ pub trait RateLimiter: Send + Sync {
     /// Paces by the limits the provider said, where lower than the configured caps; true when this
     /// process did not know them before (then [`RateLimiter::align`] with the same answer).
     fn learn(&self, limits: &ProviderLimits) -> bool;
-    /// Lines the shared buckets up with the provider's `remaining-*`/`reset-*` (`crate::limiter::align`).
-    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError>;
+    /// Lines the shared buckets up with the provider's `remaining-*`/`reset-*` after an answer to a
+    /// call of `lane`, which takes the debt of the calls made unpaced (`crate::limiter::align`).
+    async fn align(&self, lane: Lane, limits: &ProviderLimits) -> Result<(), LimiterError>;
     /// The limits in force (the caps lowered to what was learned).
     fn limits(&self) -> LimiterConfig;
 }

@@ -3,13 +3,13 @@
 -- and `align` (store the learned limits and line fresh buckets up with the provider's window).
 -- Numbers are stored with 17 digits, so they read back exactly.
 -- ARGV: op, now_ms, class (0/1), tokens, estimated (or the cooldown's ms for `cool`), rpm, tpm,
--- interactive share, lend_above, window_ms, burst, reserve_up_to_ms, and for `align` the resets of
+-- interactive share, wait_for, window_ms, burst, reserve_up_to_ms, and for `align` the resets of
 -- requests and tokens (with the remaining requests and tokens in the tokens and estimated slots;
 -- values of 1e18 and more mean "not said"). Returns 0 when granted, the wait in ms when nothing was
 -- taken, minus the wait when the budget was reserved (see `decide`).
 local k = KEYS[1]
 local op, now, class, tokens, estimated = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local rpm, tpm, share, lend, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local rpm, tpm, share, wait_for, window = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local burst = tonumber(ARGV[11])
 local reserve = tonumber(ARGV[12]) or 0
 local raw = redis.call('HMGET', k, 'l1', 'l2', 'l3', 'l4', 'at', 'cool', 'al', 'lr', 'lt')
@@ -37,9 +37,14 @@ for i = 1, 4 do
   if levels[i] > caps[i] * (1 + 1e-9) + 1e-9 then
     levels[i] = 0
     aligned = false
-  else
-    levels[i] = math.min(levels[i] + elapsed * rates[i], caps[i])
   end
+end
+-- Refill; a full bucket's overflow goes to the other class's bucket of the same dimension (`spill`).
+for d = 1, 3, 2 do
+  local a, b = levels[d] + elapsed * rates[d], levels[d + 1] + elapsed * rates[d + 1]
+  if a > caps[d] then b = b + a - caps[d]; a = caps[d] end
+  if b > caps[d + 1] then a = math.min(a + b - caps[d + 1], caps[d]); b = caps[d + 1] end
+  levels[d], levels[d + 1] = a, math.min(b, caps[d + 1])
 end
 at = math.max(at, now)
 local wait = 0
@@ -50,14 +55,14 @@ if op == 'align' then
   if not aligned and (left[1] < 1e18 or left[2] < 1e18) then
     aligned = true
     local resets = {tonumber(ARGV[13]) or 1e19, tonumber(ARGV[14]) or 1e19}
-    local fractions = {math.max(0, math.min(share, 1)), 1 - math.max(0, math.min(share, 1))}
+    -- Both buckets together hold at most what is left less their refill before the reset; the debt
+    -- is the answered call's class's, and the other starts full unless the debt passes that floor.
     for d = 1, 2 do
       if left[d] < 1e18 and resets[d] < 1e18 then
-        for c = 1, 2 do
-          local i = (d - 1) * 2 + c
-          local ceiling = math.max(fractions[c] * left[d] - rates[i] * resets[d], -shares[i])
-          if levels[i] > ceiling then levels[i] = ceiling end
-        end
+        local own, other = (d - 1) * 2 + 1 + class, (d - 1) * 2 + 2 - class
+        local ceiling = left[d] - (rates[own] + rates[other]) * resets[d]
+        levels[other] = math.max(math.min(caps[other], ceiling + shares[own]), -shares[other])
+        levels[own] = math.max(math.min(levels[own], ceiling - math.max(levels[other], 0)), -shares[own])
       end
     end
   end
@@ -74,38 +79,24 @@ elseif cool > now then
   wait = cool - now
 else
   local own_off, other_off = class, 1 - class
-  local takes = {0, 0, 0, 0}
-  local loan_sooner = false
+  local lent_sooner = false
   local dims = {{1, 1}, {3, tokens}}
   for _, d in ipairs(dims) do
     local own, other, need = d[1] + own_off, d[1] + other_off, d[2]
-    local need_now = math.min(need, caps[own] * math.max(0.1, math.min(lend, 1)))
-    local have = math.max(levels[own], 0)
-    if have >= need_now then
-      takes[own] = need
-    else
-      local lendable = levels[other] - lend * caps[other]
-      if lendable >= need_now - have then
-        takes[own] = have
-        takes[other] = need - have
-      else
-        local w = window
-        if rates[own] > 0 then w = (need_now - levels[own]) / rates[own] end
-        local short = need_now - have - math.max(lendable, 0)
-        local other_rate = 0
-        if levels[other] < caps[other] then other_rate = rates[other] end
-        local both = rates[own] + other_rate
-        if short <= caps[other] * (1 - lend) and both > 0 and short / both < w then
-          w = short / both
-          loan_sooner = true
-        end
-        wait = math.max(wait, w)
+    local need_now = math.min(need, caps[own] * math.max(0.1, math.min(wait_for, 1)))
+    if levels[own] < need_now then
+      local w = window
+      if rates[own] > 0 then w = (need_now - levels[own]) / rates[own] end
+      local both = rates[own] + rates[other]
+      local sooner = w
+      if levels[other] >= caps[other] * (1 - 1e-9) and both > 0 then
+        sooner = (need_now - levels[own]) / both
       end
+      if sooner < w then lent_sooner = true end
+      wait = math.max(wait, sooner)
     end
   end
-  if wait == 0 then
-    for i = 1, 4 do levels[i] = levels[i] - takes[i] end
-  elseif (not loan_sooner) and math.ceil(wait) <= reserve then
+  if wait == 0 or ((not lent_sooner) and math.ceil(wait) <= reserve) then
     levels[1 + own_off] = levels[1 + own_off] - 1
     levels[3 + own_off] = levels[3 + own_off] - tokens
     wait = -wait

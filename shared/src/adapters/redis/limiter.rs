@@ -14,7 +14,7 @@ use std::time::Duration;
 
 /// `limiter::decide` and `limiter::reconcile` as one Lua script over one hash key, so every worker shares the
 /// buckets atomically. ARGV: op (`take`/`put`/`cool`), now_ms, class (0/1), tokens, estimated, rpm,
-/// tpm, interactive share, lend_above, window_ms, burst, reserve_up_to_ms. Returns 0 (granted), the
+/// tpm, interactive share, wait_for, window_ms, burst, reserve_up_to_ms. Returns 0 (granted), the
 /// wait in ms, or minus the wait of a reservation.
 const LIMITER_LUA: &str = include_str!("limiter.lua");
 
@@ -66,7 +66,7 @@ impl RedisLimiter {
             .arg(c.rpm)
             .arg(c.tpm)
             .arg(c.interactive_share)
-            .arg(c.lend_above)
+            .arg(c.wait_for)
             .arg(c.window_ms)
             .arg(c.burst)
             .arg(extra[0])
@@ -132,10 +132,10 @@ impl RateLimiter for RedisLimiter {
         self.learned.apply(&self.config)
     }
 
-    async fn align(&self, limits: &ProviderLimits) -> Result<(), LimiterError> {
+    async fn align(&self, lane: Lane, limits: &ProviderLimits) -> Result<(), LimiterError> {
         // Absent values travel as u64::MAX, which the script reads as "not said".
         let left = limits.remaining.map(|v| v.map_or(u64::MAX, |v| v as u64));
         let resets = limits.reset.map(|d| d.map_or(u64::MAX, |d| d.as_millis() as u64));
-        self.run("align", Class::Interactive, left[0], left[1], [0, resets[0], resets[1]]).await.map(|_| ())
+        self.run("align", lane.into(), left[0], left[1], [0, resets[0], resets[1]]).await.map(|_| ())
     }
 }
