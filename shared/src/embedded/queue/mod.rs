@@ -48,6 +48,9 @@ pub struct QueueSettings {
     pub max_receive_count: u32,
     /// The order visible messages are delivered in.
     pub order: DeliveryOrder,
+    /// How often a long poll looks again for a message whose timeout or delay ran out (one that is
+    /// sent, requeued or shown wakes it at once).
+    pub look_again: Duration,
 }
 
 impl Default for QueueSettings {
@@ -58,6 +61,7 @@ impl Default for QueueSettings {
             default_visibility: Duration::from_secs(900),
             max_receive_count: 10,
             order: DeliveryOrder::Fair,
+            look_again: Duration::from_millis(50),
         }
     }
 }
@@ -104,6 +108,9 @@ pub struct EmbeddedQueues {
     clock: SharedClock,
     settings: QueueSettings,
     state: Mutex<State>,
+    /// Woken whenever a message may have become visible now (a send, a requeue or a visibility set
+    /// to zero), so a long poll answers at once instead of at its next look.
+    shown: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for EmbeddedQueues {
@@ -145,7 +152,13 @@ impl EmbeddedQueues {
             let entry = Entry { id, visible_at_ms: 0, receipt: None, stored };
             state.queues.entry(entry.stored.queue.clone()).or_default().insert(entry.stored.seq, entry);
         }
-        Ok(Arc::new(Self { db, clock, settings, state: Mutex::new(state) }))
+        Ok(Arc::new(Self {
+            db,
+            clock,
+            settings,
+            state: Mutex::new(state),
+            shown: tokio::sync::Notify::new(),
+        }))
     }
 
     /// A handle on queue `name`, whose DLQ is `dlq`.
@@ -288,6 +301,7 @@ impl QueueSend for EmbeddedQueue {
         let published = tokio::spawn(async move {
             written.wait().await?;
             queues.state.lock().await.queues.entry(name).or_default().insert(seq, entry);
+            queues.shown.notify_waiters();
             Ok::<_, QueueError>(())
         });
         published.await.map_err(|e| unavailable(format!("send task: {e}")))??;
@@ -297,6 +311,34 @@ impl QueueSend for EmbeddedQueue {
 
 #[async_trait]
 impl QueueConsume for EmbeddedQueue {
+    /// A long poll that answers the moment a message is shown (see `EmbeddedQueues::shown`); one
+    /// that becomes visible as its timeout or delay runs out is seen at the next look
+    /// ([`QueueSettings::look_again`]).
+    async fn receive_waiting(
+        &self,
+        max: usize,
+        visibility: Option<Duration>,
+        wait: Duration,
+    ) -> Result<Vec<ReceivedMessage>, QueueError> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before looking, so a message shown between the look and the wait wakes it.
+            let shown = self.queues.shown.notified();
+            tokio::pin!(shown);
+            shown.as_mut().enable();
+            let got = self.receive_for(max, visibility).await?;
+            let now = tokio::time::Instant::now();
+            if !got.is_empty() || now >= until {
+                return Ok(got);
+            }
+            let look_again = (until - now).min(self.queues.settings.look_again);
+            tokio::select! {
+                _ = shown => {}
+                _ = tokio::time::sleep(look_again) => {}
+            }
+        }
+    }
+
     async fn receive_for(
         &self,
         max: usize,
@@ -379,6 +421,9 @@ impl QueueConsume for EmbeddedQueue {
         // (and write back) a message whose delete is about to commit.
         if entry.visible_at_ms != DELETING {
             entry.visible_at_ms = now + timeout.as_millis() as u64;
+            if timeout.is_zero() {
+                self.queues.shown.notify_waiters();
+            }
         }
         Ok(())
     }
@@ -442,6 +487,9 @@ impl QueueConsume for EmbeddedQueue {
         if let Some(q) = state.queues.get_mut(&queue) {
             q.remove(&seq);
             q.insert(new_seq, copy);
+        }
+        if delay.is_zero() {
+            self.queues.shown.notify_waiters();
         }
         Ok(())
     }
@@ -576,6 +624,40 @@ mod tests {
         assert!(q.receive(1).await.unwrap().is_empty());
         clock.advance_ms(1);
         assert_eq!(q.receive(1).await.unwrap().len(), 1, "back after the lease, not the 1 s default");
+    }
+
+    #[tokio::test]
+    async fn a_long_poll_answers_when_a_message_is_shown_not_at_its_next_look() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        // A poll would look again only after an hour: only the wake-up can answer it in time.
+        let settings = QueueSettings { look_again: Duration::from_secs(3_600), ..Default::default() };
+        let queues = EmbeddedQueues::open(db, ManualClock::new(10_000), settings).await.unwrap();
+        let q = Arc::new(queues.queue("q", "q-dlq"));
+        let poll = |q: Arc<EmbeddedQueue>| {
+            tokio::spawn(async move { q.receive_waiting(1, None, Duration::from_secs(3_600)).await })
+        };
+        let first = poll(q.clone());
+        // Parked on its first, empty look.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!first.is_finished());
+        q.send("m", BTreeMap::new()).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), first).await.expect("woken by the send");
+        let message = got.unwrap().unwrap().pop().unwrap();
+        // In flight for 900 s: a new poll waits, until the message is requeued with no delay.
+        let second = poll(q.clone());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!second.is_finished());
+        q.requeue(&message, Duration::ZERO).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), second).await.expect("woken by the requeue");
+        let message = got.unwrap().unwrap().pop().unwrap();
+        // And by a visibility set to zero.
+        let third = poll(q.clone());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!third.is_finished());
+        q.change_visibility(&message.receipt, Duration::ZERO).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), third).await.expect("woken by the release");
+        assert_eq!(got.unwrap().unwrap().len(), 1);
     }
 
     #[tokio::test]
