@@ -57,7 +57,7 @@ bench: build test-deps
 	  || { echo "make: could not install matplotlib into $(VENV)" >&2; exit 1; }
 	mkdir -p bench
 	$(CARGO) build --locked --profile profiling -p lanes-cli
-	$(LANES_BIN) bench hol --json > bench/hol.json
+	$(LANES_RELEASE_BIN) bench hol --json > bench/hol.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench fairness --json > bench/fairness.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 3000 --json > bench/throughput.json

@@ -26,6 +26,31 @@ pub struct HolRun {
     pub utilization: f64,
     /// First submission to last completion, s.
     pub makespan_s: f64,
+    /// The interactive tail (latency at or above its p99): how many tasks, and of them how many
+    /// arrived with every slot busy (queueing a free slot could not avoid without preemption).
+    pub tail: [usize; 2],
+    /// The tail's waits, ms, p50 among those that found a free slot (what dispatch costs).
+    pub tail_free_wait_p50_ms: f64,
+}
+
+/// Splits the interactive tail (latency at or above the p99) by whether every slot was busy when
+/// each arrived. `tasks`: (created, started, finished, interactive) ms, every task of the run.
+fn tail_causes(tasks: &[(u64, u64, u64, bool)], slots: usize, p99: f64) -> ([usize; 2], f64) {
+    let mut free_waits = Vec::new();
+    let mut tail = [0usize; 2];
+    for &(created, started, finished, interactive) in tasks {
+        if !interactive || ((finished - created) as f64) < p99 {
+            continue;
+        }
+        tail[0] += 1;
+        let busy = tasks.iter().filter(|t| t.1 <= created && created < t.2).count();
+        if busy >= slots {
+            tail[1] += 1;
+        } else {
+            free_waits.push(started.saturating_sub(created) as f64);
+        }
+    }
+    (tail, crate::percentile(&mut free_waits, 50.0))
 }
 
 /// What `lanes bench hol` reports.
@@ -47,6 +72,8 @@ pub struct HolReport {
     pub fifo_over_weighted: f64,
     /// 70/30's synthesis throughput over FIFO's (target >= 0.95).
     pub synthesis_vs_fifo: f64,
+    /// The share of interactive's reservation the 70/30 pool keeps free while interactive has work.
+    pub headroom: f64,
 }
 
 /// A mixed workload time-scaled (1 s -> `scale_ms`): a Poisson stream for `seconds` of real time,
@@ -129,6 +156,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
         let mut latencies = Vec::new();
         let mut services = Vec::new();
         let (mut first, mut last, mut busy, mut synth_done) = (u64::MAX, 0u64, 0u64, 0usize);
+        let mut all = Vec::new();
         for (id, synthesis) in &ids {
             let Some(r) = adapters.store.get(id, clock.now_ms()).await.map_err(|e| err(&e))? else {
                 continue;
@@ -137,6 +165,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
             first = first.min(r.created_at_ms);
             last = last.max(f);
             busy += f.saturating_sub(s);
+            all.push((r.created_at_ms, s, f, !*synthesis));
             if *synthesis {
                 synth_done += 1;
             } else {
@@ -146,6 +175,8 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
             }
         }
         let makespan_s = last.saturating_sub(first) as f64 / 1000.0;
+        let latency_p99 = crate::percentile(&mut latencies.clone(), 99.0);
+        let (tail, tail_free_wait_p50_ms) = tail_causes(&all, slots, latency_p99);
         runs.push(HolRun {
             policy: policy.into(),
             interactive_wait_ms: [crate::percentile(&mut waits, 50.0), crate::percentile(&mut waits, 99.0)],
@@ -157,6 +188,8 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
             synthesis_per_s: synth_done as f64 / makespan_s.max(1e-3),
             utilization: busy as f64 / 1000.0 / (slots as f64 * makespan_s.max(1e-3)),
             makespan_s,
+            tail,
+            tail_free_wait_p50_ms,
         });
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -171,6 +204,7 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
             / weighted.interactive_service_p99_ms.max(1e-3),
         fifo_over_weighted: fifo.interactive_latency_ms[1] / weighted.interactive_latency_ms[1].max(1e-3),
         synthesis_vs_fifo: weighted.synthesis_per_s / fifo.synthesis_per_s.max(1e-9),
+        headroom: lanes_core::pool::INTERACTIVE_HEADROOM,
         runs,
     })
 }
@@ -196,14 +230,17 @@ impl std::fmt::Display for HolReport {
         for run in &self.runs {
             writeln!(
                 f,
-                "{:<16} {:>11.0} ms {:>14.0} ms {:>13.0} ms {:>13.2} {:>10.0}% {:>7.1} s",
+                "{:<16} {:>11.0} ms {:>14.0} ms {:>13.0} ms {:>13.2} {:>10.0}% {:>7.1} s   tail {} ({} with every slot busy; free-slot wait p50 {:.0} ms)",
                 run.policy,
                 run.interactive_wait_ms[1],
                 run.interactive_latency_ms[0],
                 run.interactive_latency_ms[1],
                 run.synthesis_per_s,
                 run.utilization * 100.0,
-                run.makespan_s
+                run.makespan_s,
+                run.tail[0],
+                run.tail[1],
+                run.tail_free_wait_p50_ms
             )?;
         }
         writeln!(

@@ -56,10 +56,11 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 10)]
         slots: usize,
         /// Seconds of arrivals (real time).
-        #[arg(long, default_value_t = 8.0)]
+        #[arg(long, default_value_t = 40.0)]
         seconds: f64,
-        /// Real ms per workload second.
-        #[arg(long, default_value_t = 20)]
+        /// Real ms per workload second: at 100, the few ms each task spends in durable writes
+        /// (submission, send, claim) are a small part of a 50-200 ms interactive task.
+        #[arg(long, default_value_t = 100)]
         scale_ms: u64,
         /// One JSON object instead of a table.
         #[arg(long)]
