@@ -313,9 +313,10 @@ impl Local {
 const EXPIRY_SWEEP_MAX: usize = 1000;
 
 /// The embedded twin of DynamoDB's TTL sweep: every minute, expired task records, delivery marks
-/// and past days' push counts are deleted, at most [`EXPIRY_SWEEP_MAX`] of each a round (the next
-/// round takes the rest), so the data file holds the live data rather than all there ever was. On
-/// the AWS backend the ports answer 0: DynamoDB sweeps itself.
+/// and past days' push counts are deleted, in rounds of at most [`EXPIRY_SWEEP_MAX`] of each (one
+/// write transaction a round), round after round until one finds fewer, so the sweep keeps up with
+/// any rate of writes and the data file holds the live data rather than all there ever was. On the
+/// AWS backend the ports answer 0: DynamoDB sweeps itself.
 async fn expiry_sweep(
     store: Arc<dyn crate::ports::TaskStore>,
     summaries: Arc<dyn crate::ports::SummaryStore>,
@@ -328,14 +329,24 @@ async fn expiry_sweep(
             _ = tokio::time::sleep(Duration::from_secs(60)) => {}
         }
         let now = SystemClock.now_ms();
-        let records = store.sweep_expired(now, EXPIRY_SWEEP_MAX).await;
-        let marks = summaries.sweep_expired(now, EXPIRY_SWEEP_MAX).await;
-        match (records, marks) {
-            (Ok(0), Ok(0)) => {}
-            (Ok(records), Ok(marks)) => info!(records, marks, "expired items swept"),
-            (r, m) => {
-                tracing::warn!(records = ?r.err(), marks = ?m.err(), "expiry sweep failed; the next round retries")
+        let (mut records, mut marks) = (0, 0);
+        while !stop.is_cancelled() {
+            let round = (
+                store.sweep_expired(now, EXPIRY_SWEEP_MAX).await,
+                summaries.sweep_expired(now, EXPIRY_SWEEP_MAX).await,
+            );
+            let (Ok(r), Ok(m)) = round else {
+                let (r, m) = round;
+                tracing::warn!(records = ?r.err(), marks = ?m.err(), "expiry sweep failed; the next round retries");
+                break;
+            };
+            (records, marks) = (records + r, marks + m);
+            if r < EXPIRY_SWEEP_MAX && m < EXPIRY_SWEEP_MAX {
+                break;
             }
+        }
+        if records + marks > 0 {
+            info!(records, marks, "expired items swept");
         }
     }
 }

@@ -97,26 +97,46 @@ struct Expiry {
     expires_at: u64,
 }
 
-/// Deletes at most `max` records of `txn` whose TTL has passed at `now_ms`. An unreadable record is
-/// left for an operator to look at.
-fn sweep(txn: &WriteTransaction, now_ms: u64, max: usize) -> Result<usize, StoreError> {
-    let mut table = txn.open_table(TASKS).map_err(unavailable)?;
+fn expired(value: &[u8], now_ms: u64) -> bool {
+    serde_json::from_slice::<Expiry>(value).is_ok_and(|e| e.expires_at.saturating_mul(1000) <= now_ms)
+}
+
+/// At most `max` keys of records whose TTL has passed at `now_ms`, read in a read transaction: the
+/// scan costs the live table, and writers go on meanwhile (redb's readers see a snapshot). An
+/// unreadable record is left for an operator to look at.
+fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<String>, StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let table = match txn.open_table(TASKS) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(unavailable(e)),
+    };
     let mut gone = Vec::new();
     for entry in table.iter().map_err(unavailable)? {
         let (k, v) = entry.map_err(unavailable)?;
-        let expired = serde_json::from_slice::<Expiry>(v.value())
-            .is_ok_and(|e| e.expires_at.saturating_mul(1000) <= now_ms);
-        if expired {
+        if expired(v.value(), now_ms) {
             gone.push(k.value().to_owned());
             if gone.len() >= max {
                 break;
             }
         }
     }
-    for k in &gone {
-        table.remove(k.as_str()).map_err(unavailable)?;
+    Ok(gone)
+}
+
+/// Deletes those of `keys` still expired at `now_ms` (one may have been written again since it was
+/// found).
+fn delete_expired(txn: &WriteTransaction, keys: &[String], now_ms: u64) -> Result<usize, StoreError> {
+    let mut table = txn.open_table(TASKS).map_err(unavailable)?;
+    let mut gone = 0;
+    for k in keys {
+        let still = table.get(k.as_str()).map_err(unavailable)?.is_some_and(|v| expired(v.value(), now_ms));
+        if still {
+            table.remove(k.as_str()).map_err(unavailable)?;
+            gone += 1;
+        }
     }
-    Ok(gone.len())
+    Ok(gone)
 }
 
 fn read(txn: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>, StoreError> {
@@ -231,7 +251,11 @@ impl TaskStore for EmbeddedStore {
     }
 
     async fn sweep_expired(&self, now_ms: u64, max: usize) -> Result<usize, StoreError> {
-        self.db.submit_maybe(move |txn| sweep(txn, now_ms, max).map(|n| (n, n > 0))).wait().await
+        let keys = self.db.run(move |db| find_expired(db, now_ms, max)).await?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        self.db.submit_maybe(move |txn| delete_expired(txn, &keys, now_ms).map(|n| (n, n > 0))).wait().await
     }
 
     async fn fail_unfinished(
@@ -359,5 +383,23 @@ mod tests {
         assert_eq!(store.sweep_expired(two_hours, 2).await.unwrap(), 1);
         assert_eq!(store.sweep_expired(two_hours, 2).await.unwrap(), 0);
         assert_eq!(store.all(0).await.unwrap().len(), 2, "the live ones stay");
+    }
+
+    /// The sweep finds expired records without holding the writer, so one may be written again
+    /// between the finding and the deleting: it is kept.
+    #[tokio::test]
+    async fn a_record_written_again_after_the_sweep_found_it_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
+        let old = record(0);
+        store.put_pending(&old, 0).await.unwrap();
+        let two_hours = 2 * 3600 * 1000;
+        let keys = store.db.run(move |db| find_expired(db, two_hours, 10)).await.unwrap();
+        assert_eq!(keys, vec![old.task_id.to_string()]);
+        let again = TaskRecord::pending(old.task_id.clone(), old.request.clone(), two_hours, 3600);
+        store.put_pending(&again, two_hours).await.unwrap();
+        let deleted = store.db.write(move |txn| delete_expired(txn, &keys, two_hours)).await.unwrap();
+        assert_eq!(deleted, 0);
+        assert!(store.get(&old.task_id, two_hours).await.unwrap().is_some());
     }
 }
