@@ -12,6 +12,7 @@
 //! - [`hol`]: head-of-line blocking under FIFO, a static split and 70/30 with borrowing.
 //! - [`recovery`]: takeover after a SIGKILLed worker, with the lease vs a static visibility.
 //! - [`throughput`]: ingress and end-to-end rates, latency and memory of `lanes dev`.
+//! - [`soak`]: `lanes dev` under a long stream with expiring records: rate, memory, file size.
 //! - [`coldstart`]: the Lambda functions' init duration and zip size against a hello-world function.
 
 pub mod batching;
@@ -22,6 +23,7 @@ pub mod hol;
 pub mod limiter;
 pub mod provider;
 pub mod recovery;
+pub mod soak;
 pub mod throughput;
 pub mod token_fairness;
 

@@ -132,6 +132,25 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// `lanes dev` under a long stream of tasks whose records expire, swept as it runs: tasks/s per
+    /// tenth (the last against the first), memory per tenth, and the data file against its live data.
+    Soak {
+        /// Tasks to submit.
+        #[arg(long, default_value_t = 1_000_000)]
+        tasks: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// How long the server keeps a task record.
+        #[arg(long, default_value_t = 30)]
+        record_ttl_secs: u64,
+        /// How often the server sweeps expired records.
+        #[arg(long, default_value_t = 5)]
+        sweep_secs: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The limiter against a provider emulator that counts its limits by token bucket, fixed or
     /// sliding window, with the limits configured, learned from its headers, or unknown (slow start):
     /// 429s, use of the limit, failures, p99 call time, interactive share.
@@ -174,6 +193,9 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         }
         BenchCommand::Limiter { rpm, tpm, requests, json } => {
             show(b::limiter::limiter_report(rpm, tpm, requests).await, json)
+        }
+        BenchCommand::Soak { tasks, clients, record_ttl_secs, sweep_secs, json } => {
+            show(b::soak::soak_report(tasks, clients, record_ttl_secs, sweep_secs).await, json)
         }
         BenchCommand::Provider { rpm, tpm, seconds, json } => {
             show(b::provider::provider_report(rpm, tpm, seconds).await, json)

@@ -47,6 +47,15 @@ pub struct DevArgs {
     /// How often the task lanes' DLQs are swept (records of dead-lettered tasks marked FAILED).
     #[arg(long, default_value_t = 30)]
     dlq_sweep_secs: u64,
+    /// How often expired records, delivery marks and past days' push counts are deleted from the
+    /// embedded store (DynamoDB's TTL does it on AWS).
+    #[arg(long, default_value_t = 60)]
+    expiry_sweep_secs: u64,
+    /// Keep task records this long after their last write (default: 15 days finished, the queues'
+    /// retention and a day pending). Shorter than the retention, a message that waits longer finds
+    /// its record gone and its task reads as not found: for soaks and demos.
+    #[arg(long, value_name = "SECS")]
+    record_ttl_secs: Option<u64>,
     /// Serve tasks per tenant, taking the tenant from this header (set by a trusted local proxy): ids,
     /// reads, cancellations and long-polls are scoped to it, and a request without it is a 401.
     /// Without the flag, one tenant.
@@ -72,6 +81,8 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
         max_receive_count,
         queue_visibility_secs,
         dlq_sweep_secs,
+        expiry_sweep_secs,
+        record_ttl_secs,
         tenant_header,
         allow_remote,
     } = args;
@@ -96,6 +107,11 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     opts.ingress = lanes_core::config::IngressConfig::from_env()?;
     opts.ingress.quota = opts.worker.quota;
     opts.dlq_sweep_interval = Duration::from_secs(dlq_sweep_secs.max(1));
+    opts.expiry_sweep_interval = Duration::from_secs(expiry_sweep_secs.max(1));
+    if let Some(ttl) = record_ttl_secs {
+        opts.worker.record_ttl_secs = ttl.max(1);
+        opts.ingress.pending_ttl_secs = ttl.max(1);
+    }
     if let Some(name) = tenant_header {
         let header = reqwest::header::HeaderName::try_from(name.as_str())
             .map_err(|_| CliError::Usage(format!("--tenant-header `{name}` is not a valid header name")))?;

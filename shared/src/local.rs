@@ -118,6 +118,8 @@ pub struct DevOptions {
     /// How often the task lanes' DLQs are swept (records behind dead-lettered messages marked
     /// `FAILED`).
     pub dlq_sweep_interval: Duration,
+    /// How often the embedded stores delete expired items (see `expiry_sweep`).
+    pub expiry_sweep_interval: Duration,
     /// Where the tenant comes from: off (one tenant), or a header a trusted proxy sets
     /// (`--tenant-header`).
     pub tenancy: crate::tasks::tenant::Tenancy,
@@ -141,6 +143,7 @@ impl Default for DevOptions {
             queue: QueueSettings::default(),
             poll_interval: Duration::from_millis(50),
             dlq_sweep_interval: Duration::from_secs(30),
+            expiry_sweep_interval: Duration::from_secs(60),
             tenancy: Default::default(),
         }
     }
@@ -297,7 +300,7 @@ impl Local {
             }
         });
         let (store, summaries) = (self.adapters.store.clone(), self.adapters.summaries.clone());
-        tokio::spawn(expiry_sweep(store, summaries, shutdown.clone()));
+        tokio::spawn(expiry_sweep(store, summaries, opts.expiry_sweep_interval, shutdown.clone()));
         let stop = shutdown.clone();
         let served = axum::serve(listener, self.router)
             .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -312,7 +315,7 @@ impl Local {
 /// Records, delivery marks and push counts a sweep deletes at most, each, per round.
 const EXPIRY_SWEEP_MAX: usize = 1000;
 
-/// The embedded twin of DynamoDB's TTL sweep: every minute, expired task records, delivery marks
+/// The embedded twin of DynamoDB's TTL sweep: every `every` (a minute by default), expired task records, delivery marks
 /// and past days' push counts are deleted, in rounds of at most [`EXPIRY_SWEEP_MAX`] of each (one
 /// write transaction a round), round after round until one finds fewer, so the sweep keeps up with
 /// any rate of writes and the data file holds the live data rather than all there ever was. On the
@@ -320,13 +323,14 @@ const EXPIRY_SWEEP_MAX: usize = 1000;
 async fn expiry_sweep(
     store: Arc<dyn crate::ports::TaskStore>,
     summaries: Arc<dyn crate::ports::SummaryStore>,
+    every: Duration,
     stop: CancellationToken,
 ) {
     use crate::clock::Clock;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            _ = tokio::time::sleep(every) => {}
         }
         let now = SystemClock.now_ms();
         let (mut records, mut marks) = (0, 0);

@@ -1,0 +1,171 @@
+//! `lanes bench soak`: `lanes dev` on embedded defaults (offline model, no latency) under a long
+//! stream of interactive tasks whose records expire after `--record-ttl-secs`, with the expiry sweep
+//! running every few seconds: whether the cost stays flat as the work grows. Reported: tasks/s per
+//! tenth of the run (the first against the last), the server's resident memory per tenth, and the
+//! data file's size at the end against the live data in it (the file compacted).
+
+use lanes_tests::DevServer;
+use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// One tenth of the submissions.
+#[derive(Debug, Clone, Serialize)]
+pub struct SoakTenth {
+    /// `POST /v1/tasks` answered per second in this tenth.
+    pub tasks_per_s: f64,
+    /// The server's resident memory (VmRSS) at the end of this tenth, MiB.
+    pub rss_mib: f64,
+}
+
+/// What `lanes bench soak` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct SoakReport {
+    /// The command that reproduces it.
+    pub command: String,
+    /// Tasks submitted.
+    pub tasks: usize,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// The records' TTL given to the server.
+    pub record_ttl_secs: u64,
+    /// The expiry sweep's period given to the server.
+    pub sweep_secs: u64,
+    /// Each tenth of the run, in order.
+    pub tenths: Vec<SoakTenth>,
+    /// The last tenth's rate over the first's.
+    pub last_over_first: f64,
+    /// The data file's size at the end, bytes.
+    pub file_bytes: u64,
+    /// The same file compacted (only what is live in it), bytes.
+    pub live_bytes: u64,
+    /// `file_bytes / live_bytes`.
+    pub file_over_live: f64,
+    /// Peak resident memory of the server (VmHWM), MiB.
+    pub peak_rss_mib: f64,
+    /// Tasks not completed (or expired) by the end: the workers fell behind.
+    pub unfinished: usize,
+}
+
+/// Streams `tasks` interactive tasks from `clients` clients at a `lanes dev` whose records expire
+/// after `ttl_secs`, swept every `sweep_secs`.
+pub async fn soak_report(
+    tasks: usize,
+    clients: usize,
+    ttl_secs: u64,
+    sweep_secs: u64,
+) -> Result<SoakReport, String> {
+    let dir = crate::temp_dir().map_err(|e| e.to_string())?;
+    let (ttl, sweep) = (ttl_secs.to_string(), sweep_secs.to_string());
+    let args = ["--interactive-latency-ms", "0", "--record-ttl-secs", &ttl, "--expiry-sweep-secs", &sweep];
+    let mut server = DevServer::start(&dir, &args).await;
+    let client = reqwest::Client::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..clients {
+        let (client, url, next, done) = (client.clone(), server.url.clone(), next.clone(), done.clone());
+        handles.push(tokio::spawn(async move {
+            let mut last = String::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= tasks {
+                    break;
+                }
+                last = crate::submit_task(&client, &url, "explain", &format!("soak task {i}")).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, String>(last)
+        }));
+    }
+    // A tenth ends when a tenth more tasks were answered: its rate, and the server's memory then.
+    let mut tenths = Vec::new();
+    let mut at = Instant::now();
+    for k in 1..=10 {
+        while done.load(Ordering::Relaxed) < tasks * k / 10 && !handles.iter().all(|h| h.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let rss = rss_kib(server.pid()).unwrap_or(0) as f64 / 1024.0;
+        tenths
+            .push(SoakTenth { tasks_per_s: (tasks / 10) as f64 / at.elapsed().as_secs_f64(), rss_mib: rss });
+        at = Instant::now();
+    }
+    let mut lasts = Vec::new();
+    for h in handles {
+        lasts.push(h.await.map_err(|e| e.to_string())??);
+    }
+    let until = Instant::now() + Duration::from_secs(120);
+    let mut unfinished = lasts.len();
+    while unfinished > 0 && Instant::now() < until {
+        unfinished = 0;
+        for id in &lasts {
+            if !matches!(crate::status(&client, &server.url, id).await.as_deref(), Some("COMPLETED") | None) {
+                unfinished += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let peak_rss_mib = server.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+    server.kill9();
+    let (file_bytes, live_bytes) = sizes(&dir.join("lanes.redb"))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(SoakReport {
+        command: format!(
+            "lanes bench soak --tasks {tasks} --clients {clients} --record-ttl-secs {ttl_secs} --sweep-secs {sweep_secs}"
+        ),
+        tasks,
+        clients,
+        record_ttl_secs: ttl_secs,
+        sweep_secs,
+        last_over_first: tenths[9].tasks_per_s / tenths[0].tasks_per_s.max(1e-9),
+        tenths,
+        file_bytes,
+        live_bytes,
+        file_over_live: file_bytes as f64 / live_bytes.max(1) as f64,
+        peak_rss_mib,
+        unfinished,
+    })
+}
+
+/// The data file's size, and the size of a compacted copy of it (what is live in it).
+fn sizes(path: &std::path::Path) -> Result<(u64, u64), String> {
+    let file_bytes = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    let copy = path.with_extension("compacted");
+    std::fs::copy(path, &copy).map_err(|e| e.to_string())?;
+    let mut db = redb::Database::open(&copy).map_err(|e| e.to_string())?;
+    while db.compact().map_err(|e| e.to_string())? {}
+    drop(db);
+    let live_bytes = std::fs::metadata(&copy).map_err(|e| e.to_string())?.len();
+    Ok((file_bytes, live_bytes))
+}
+
+/// Resident memory (`VmRSS`) of process `pid`, KiB.
+fn rss_kib(pid: Option<u32>) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+}
+
+impl std::fmt::Display for SoakReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "Soak: {} tasks from {} clients, records kept {} s, swept every {} s ({})",
+            self.tasks, self.clients, self.record_ttl_secs, self.sweep_secs, self.command
+        )?;
+        for (k, t) in self.tenths.iter().enumerate() {
+            writeln!(f, "  tenth {:>2}: {:>8.0} tasks/s, RSS {:>6.1} MiB", k + 1, t.tasks_per_s, t.rss_mib)?;
+        }
+        let flat = if self.last_over_first >= 0.9 { "met" } else { "NOT met" };
+        let small = if self.file_over_live <= 2.0 { "met" } else { "NOT met" };
+        writeln!(f, "last tenth / first: {:.2} (goal >= 0.90): {flat}", self.last_over_first)?;
+        writeln!(
+            f,
+            "data file {:.1} MiB, live data {:.1} MiB: {:.2}x (goal <= 2): {small}",
+            self.file_bytes as f64 / 1048576.0,
+            self.live_bytes as f64 / 1048576.0,
+            self.file_over_live
+        )?;
+        writeln!(f, "peak RSS {:.1} MiB; unfinished at the end: {}", self.peak_rss_mib, self.unfinished)
+    }
+}
