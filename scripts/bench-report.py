@@ -153,6 +153,21 @@ def main():
                 "first submission to the last completion. Each backend also runs alone with `--backend embedded` or "
                 "`--backend aws`. moto is an emulator, so the Redis + moto row measures the code paths, not AWS's "
                 "speed.", "", "![throughput](throughput.png)", ""]
+    so = load(d, "soak")
+    if so:
+        def met(ok):
+            return "met" if ok else "**not met**"
+        out += ["## Soak", "", f"`{so['command']}`", "",
+                f"`lanes dev` on embedded defaults (release build, offline model with no latency), {so['tasks']:,} "
+                f"interactive tasks from {so['clients']} clients; records kept {so['record_ttl_secs']} s and swept every "
+                f"{so['sweep_secs']} s, so the live data stays bounded while the work grows.", "",
+                "| tenth | tasks/s | RSS |", "|---:|---:|---:|"]
+        out += [f"| {k + 1} | {t['tasks_per_s']:.0f} | {t['rss_mib']:.0f} MiB |" for k, t in enumerate(so["tenths"])]
+        out += ["",
+                f"- last tenth / first = {so['last_over_first']:.2f} (goal >= 0.90): {met(so['last_over_first'] >= 0.9)}",
+                f"- data file {so['file_bytes'] / 1048576:.1f} MiB against {so['live_bytes'] / 1048576:.1f} MiB live "
+                f"(a compacted copy) = {so['file_over_live']:.2f}x (goal <= 2): {met(so['file_over_live'] <= 2)}",
+                f"- peak RSS {so['peak_rss_mib']:.0f} MiB; tasks unfinished at the end: {so['unfinished']}", ""]
     cs = load(d, "coldstart")
     if cs:
         base = cs["baseline"]

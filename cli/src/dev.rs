@@ -111,6 +111,10 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     if let Some(ttl) = record_ttl_secs {
         opts.worker.record_ttl_secs = ttl.max(1);
         opts.ingress.pending_ttl_secs = ttl.max(1);
+        // A cached finished task never outlives its record.
+        let ttl = Duration::from_secs(ttl.max(1));
+        opts.worker.result_cache_ttl = opts.worker.result_cache_ttl.min(ttl);
+        opts.ingress.result_cache_ttl = opts.ingress.result_cache_ttl.min(ttl);
     }
     if let Some(name) = tenant_header {
         let header = reqwest::header::HeaderName::try_from(name.as_str())
