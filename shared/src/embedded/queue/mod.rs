@@ -20,9 +20,13 @@ use tokio::sync::Mutex;
 
 mod move_task;
 mod order;
+mod poll;
+mod settings;
 
 pub use order::DeliveryOrder;
 use order::ready;
+use settings::MAX_DELAY;
+pub use settings::QueueSettings;
 
 const MESSAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("queue_messages");
 
@@ -38,36 +42,6 @@ impl From<String> for QueueError {
 fn unavailable(e: impl std::fmt::Display) -> QueueError {
     QueueError::Unavailable(e.to_string())
 }
-
-/// Settings shared by every embedded queue.
-#[derive(Debug, Clone, Copy)]
-pub struct QueueSettings {
-    /// The queue's default visibility timeout (kept long, as in SQS; the worker shortens it).
-    pub default_visibility: Duration,
-    /// The redrive policy's `maxReceiveCount`.
-    pub max_receive_count: u32,
-    /// The order visible messages are delivered in.
-    pub order: DeliveryOrder,
-    /// How often a long poll looks again for a message whose timeout or delay ran out (one that is
-    /// sent, requeued or shown wakes it at once).
-    pub look_again: Duration,
-}
-
-impl Default for QueueSettings {
-    /// Receives are not attempts (those are counted in the task record), so the redrive only has to
-    /// catch poison and crash loops: ten deliveries, as the template's default.
-    fn default() -> Self {
-        Self {
-            default_visibility: Duration::from_secs(900),
-            max_receive_count: 10,
-            order: DeliveryOrder::Fair,
-            look_again: Duration::from_millis(50),
-        }
-    }
-}
-
-/// SQS's longest `DelaySeconds`.
-const MAX_DELAY: Duration = Duration::from_secs(900);
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct StoredMessage {
@@ -311,32 +285,13 @@ impl QueueSend for EmbeddedQueue {
 
 #[async_trait]
 impl QueueConsume for EmbeddedQueue {
-    /// A long poll that answers the moment a message is shown (see `EmbeddedQueues::shown`); one
-    /// that becomes visible as its timeout or delay runs out is seen at the next look
-    /// ([`QueueSettings::look_again`]).
     async fn receive_waiting(
         &self,
         max: usize,
         visibility: Option<Duration>,
         wait: Duration,
     ) -> Result<Vec<ReceivedMessage>, QueueError> {
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            // Registered before looking, so a message shown between the look and the wait wakes it.
-            let shown = self.queues.shown.notified();
-            tokio::pin!(shown);
-            shown.as_mut().enable();
-            let got = self.receive_for(max, visibility).await?;
-            let now = tokio::time::Instant::now();
-            if !got.is_empty() || now >= until {
-                return Ok(got);
-            }
-            let look_again = (until - now).min(self.queues.settings.look_again);
-            tokio::select! {
-                _ = shown => {}
-                _ = tokio::time::sleep(look_again) => {}
-            }
-        }
+        poll::receive_waiting(self, max, visibility, wait).await
     }
 
     async fn receive_for(
