@@ -137,17 +137,16 @@ pub fn decide(
         lent_sooner |= sooner < own_wait;
         wait_ms = wait_ms.max(sooner);
     }
-    if wait_ms > 0.0 {
-        let wait = wait_ms.ceil() as u64;
-        if !lent_sooner && wait <= reserve_up_to_ms {
-            state.levels[own_off] -= 1.0;
-            state.levels[2 + own_off] -= tokens as f64;
-            return Decision::Reserved(Duration::from_millis(wait));
-        }
+    let wait = wait_ms.ceil() as u64;
+    if wait > 0 && (lent_sooner || wait > reserve_up_to_ms) {
         return Decision::Wait(Duration::from_millis(wait));
     }
+    // Granted now, or reserved: the budget is taken either way.
     state.levels[own_off] -= 1.0;
     state.levels[2 + own_off] -= tokens as f64;
+    if wait > 0 {
+        return Decision::Reserved(Duration::from_millis(wait));
+    }
     Decision::Granted
 }
 
