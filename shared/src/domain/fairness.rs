@@ -20,7 +20,7 @@ use crate::domain::ids::{Provider, Tenant};
 use crate::domain::sha256_hex;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 /// The message attribute naming a message's group; the SQS adapter sends it as `MessageGroupId`
 /// and reads it back from the received message's system attributes.
@@ -127,36 +127,59 @@ pub struct Ready<'a> {
     pub group: &'a str,
 }
 
-/// The order in which to deliver `ready` (visible messages, in any order): repeatedly the head of
-/// the group with the fewest messages out (in flight before this receive, from `in_flight`, plus
-/// those already picked by it), ties to the earliest head. Inside a group, earliest
-/// [`Ready::order_at`] first, then sending order. Messages without a group (`""`) are one group of
-/// their own.
+/// A message's place inside its group: its [`Ready::order_at`], then its sequence number.
+pub type Place = (u64, u64);
+
+/// The fair order taken one message at a time, over groups whose ready messages are kept sorted
+/// elsewhere (a queue's index): repeatedly the head of the group with the fewest messages out (in
+/// flight before this receive, plus those this receive already took), ties to the earliest head.
+/// Each turn costs the log of the number of groups, not the backlog.
+#[derive(Debug)]
+pub struct FairTurns<G> {
+    /// Min-heap on (messages out, head's place, group).
+    heap: BinaryHeap<Reverse<(usize, Place, G)>>,
+}
+
+impl<G: Ord + Clone> FairTurns<G> {
+    /// Starts from each group with a ready message: the group, its messages out, its head.
+    pub fn new(heads: impl IntoIterator<Item = (G, usize, Place)>) -> Self {
+        Self { heap: heads.into_iter().map(|(g, out, head)| Reverse((out, head, g))).collect() }
+    }
+
+    /// The next message to deliver, with its group. `after` gives the group's ready message that
+    /// follows the one just taken, if any.
+    pub fn next(&mut self, after: impl FnOnce(&G, Place) -> Option<Place>) -> Option<(G, Place)> {
+        let Reverse((out, head, group)) = self.heap.pop()?;
+        if let Some(next) = after(&group, head) {
+            self.heap.push(Reverse((out + 1, next, group.clone())));
+        }
+        Some((group, head))
+    }
+}
+
+/// The order in which to deliver `ready` (visible messages, in any order), as [`FairTurns`] takes
+/// it. Inside a group, earliest [`Ready::order_at`] first, then sending order. Messages without a
+/// group (`""`) are one group of their own.
 pub fn fair_order<'a>(
     ready: impl IntoIterator<Item = Ready<'a>>,
     in_flight: &HashMap<&str, usize>,
 ) -> Vec<u64> {
-    let mut by_group: BTreeMap<&str, VecDeque<(u64, u64)>> = BTreeMap::new();
+    let mut by_group: BTreeMap<&str, Vec<Place>> = BTreeMap::new();
     for r in ready {
-        by_group.entry(r.group).or_default().push_back((r.order_at, r.seq));
+        by_group.entry(r.group).or_default().push((r.order_at, r.seq));
     }
     for q in by_group.values_mut() {
-        q.make_contiguous().sort_unstable();
+        q.sort_unstable();
     }
-    // Min-heap on (messages out, head's order).
-    type Head<'g> = Reverse<(usize, (u64, u64), &'g str)>;
-    let mut heap: BinaryHeap<Head> = by_group
-        .iter()
-        .filter_map(|(g, q)| Some(Reverse((in_flight.get(g).copied().unwrap_or(0), *q.front()?, *g))))
-        .collect();
-    let mut out = Vec::with_capacity(by_group.values().map(VecDeque::len).sum());
-    while let Some(Reverse((out_now, _, group))) = heap.pop() {
-        let Some(q) = by_group.get_mut(group) else { continue };
-        let Some((_, seq)) = q.pop_front() else { continue };
+    let mut turns = FairTurns::new(
+        by_group.iter().filter_map(|(g, q)| Some((*g, in_flight.get(g).copied().unwrap_or(0), *q.first()?))),
+    );
+    let mut out = Vec::with_capacity(by_group.values().map(Vec::len).sum());
+    while let Some((_, (_, seq))) = turns.next(|g, head| {
+        let q = by_group.get(g)?;
+        q.get(q.partition_point(|p| *p <= head)).copied()
+    }) {
         out.push(seq);
-        if let Some(&next) = q.front() {
-            heap.push(Reverse((out_now + 1, next, group)));
-        }
     }
     out
 }

@@ -6,6 +6,7 @@
 use super::db::{EmbeddedDb, Pending};
 use crate::clock::SharedClock;
 use crate::domain::MessageId;
+use crate::domain::fairness::{GROUP_ATTRIBUTE, Priority};
 use crate::ports::{
     DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
     ReceivedMessage,
@@ -18,13 +19,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
+mod messages;
 mod move_task;
 mod order;
 mod poll;
 mod settings;
 
+use messages::Messages;
 pub use order::DeliveryOrder;
-use order::ready;
 use settings::MAX_DELAY;
 pub use settings::QueueSettings;
 
@@ -59,16 +61,40 @@ struct Entry {
     stored: StoredMessage,
     visible_at_ms: u64,
     receipt: Option<String>,
+    /// Its group and the time it is ordered as, read from its attributes once.
+    group: Arc<str>,
+    order_at: u64,
 }
 
-#[derive(Debug, Default)]
+impl Entry {
+    fn new(id: MessageId, stored: StoredMessage, visible_at_ms: u64) -> Self {
+        let group = Arc::from(stored.attributes.get(GROUP_ATTRIBUTE).map_or("", String::as_str));
+        let order_at = Priority::of_attributes(&stored.attributes).order_at(stored.sent_at_ms);
+        Self { id, stored, visible_at_ms, receipt: None, group, order_at }
+    }
+}
+
+#[derive(Debug)]
 struct State {
+    order: DeliveryOrder,
     next_seq: u64,
-    queues: HashMap<String, BTreeMap<u64, Entry>>,
+    queues: HashMap<String, Messages>,
     receipts: HashMap<String, (String, u64)>,
     /// Move tasks of this process by DLQ name, newest last (not persisted: SQS keeps them for a
     /// while only).
     moves: Vec<(String, MoveTask)>,
+}
+
+impl State {
+    fn new(order: DeliveryOrder) -> Self {
+        Self { order, next_seq: 0, queues: HashMap::new(), receipts: HashMap::new(), moves: Vec::new() }
+    }
+
+    /// Queue `name`'s messages, an empty queue if it has none yet.
+    fn queue(&mut self, name: &str) -> &mut Messages {
+        let order = self.order;
+        self.queues.entry(name.to_owned()).or_insert_with(|| Messages::new(order))
+    }
 }
 
 enum Op {
@@ -120,11 +146,11 @@ impl EmbeddedQueues {
                 Ok(out)
             })
             .await?;
-        let mut state = State::default();
+        let mut state = State::new(settings.order);
         for (id, stored) in loaded {
             state.next_seq = state.next_seq.max(stored.seq + 1);
-            let entry = Entry { id, visible_at_ms: 0, receipt: None, stored };
-            state.queues.entry(entry.stored.queue.clone()).or_default().insert(entry.stored.seq, entry);
+            let entry = Entry::new(id, stored, 0);
+            state.queue(&entry.stored.queue.clone()).insert(entry);
         }
         Ok(Arc::new(Self {
             db,
@@ -162,6 +188,20 @@ impl EmbeddedQueues {
             }
             Ok(())
         })
+    }
+}
+
+/// What a receive hands back for `entry`, leased under `receipt`.
+fn received(entry: &Entry, receipt: &str, visibility: Option<Duration>) -> ReceivedMessage {
+    ReceivedMessage {
+        message_id: entry.id.clone(),
+        receipt: receipt.to_owned(),
+        body: entry.stored.body.clone(),
+        receive_count: entry.stored.receive_count,
+        sent_at_ms: entry.stored.sent_at_ms,
+        attributes: entry.stored.attributes.clone(),
+        leased_for: visibility,
+        leased_at: visibility.map(|_| tokio::time::Instant::now()),
     }
 }
 
@@ -210,13 +250,13 @@ impl EmbeddedQueue {
     pub async fn peek_receipt(&self, receipt: &str) -> Option<(String, u64)> {
         let state = self.queues.state.lock().await;
         let (queue, seq) = state.receipts.get(receipt)?;
-        let entry = state.queues.get(queue)?.get(seq)?;
+        let entry = state.queues.get(queue)?.get(*seq)?;
         Some((entry.stored.body.clone(), entry.stored.sent_at_ms))
     }
 
     /// Moves an entry to the DLQ inside a held state lock; returns the persistence op.
     fn move_to_dlq(&self, state: &mut State, seq: u64, reason: &str) -> Result<Option<Op>, QueueError> {
-        let Some(mut entry) = state.queues.get_mut(&self.name).and_then(|q| q.remove(&seq)) else {
+        let Some(mut entry) = state.queues.get_mut(&self.name).and_then(|q| q.remove(seq)) else {
             return Ok(None);
         };
         if let Some(r) = entry.receipt.take() {
@@ -230,7 +270,7 @@ impl EmbeddedQueue {
         entry.stored.attributes.insert(DEAD_LETTER_SOURCE.into(), self.name.clone());
         entry.visible_at_ms = 0;
         let op = put_op(&entry)?;
-        state.queues.entry(self.dlq.clone()).or_default().insert(seq, entry);
+        state.queue(&self.dlq).insert(entry);
         Ok(Some(op))
     }
 
@@ -252,19 +292,15 @@ impl QueueSend for EmbeddedQueue {
         let mut state = self.queues.state.lock().await;
         let seq = state.next_seq;
         state.next_seq += 1; // reserved: a failed write leaves a harmless gap
-        let entry = Entry {
-            id: id.clone(),
-            stored: StoredMessage {
-                queue: self.name.clone(),
-                seq,
-                body: body.to_owned(),
-                attributes,
-                sent_at_ms: now,
-                receive_count: 0,
-            },
-            visible_at_ms: 0,
-            receipt: None,
+        let stored = StoredMessage {
+            queue: self.name.clone(),
+            seq,
+            body: body.to_owned(),
+            attributes,
+            sent_at_ms: now,
+            receive_count: 0,
         };
+        let entry = Entry::new(id.clone(), stored, 0);
         // Durable first: a send that returns Ok must survive a crash. Nothing can see the entry
         // before it is in memory, so the lock is not held while the write commits. Waiting and
         // publishing run in their own task: a caller that gives up (a client hanging up) cannot
@@ -274,7 +310,7 @@ impl QueueSend for EmbeddedQueue {
         let (queues, name) = (self.queues.clone(), self.name.clone());
         let published = tokio::spawn(async move {
             written.wait().await?;
-            queues.state.lock().await.queues.entry(name).or_default().insert(seq, entry);
+            queues.state.lock().await.queue(&name).insert(entry);
             queues.shown.notify_waiters();
             Ok::<_, QueueError>(())
         });
@@ -302,20 +338,15 @@ impl QueueConsume for EmbeddedQueue {
         let now = self.queues.clock.now_ms();
         let settings = self.queues.settings;
         let mut state = self.queues.state.lock().await;
-        let Some(ready) = state.queues.get(&self.name).map(|q| ready(q, now, settings.order)) else {
+        let Some(mut turns) = state.queues.get_mut(&self.name).map(|q| q.turns(now)) else {
             return Ok(Vec::new());
         };
         let mut ops = Vec::new();
         let mut out = Vec::new();
-        for seq in ready {
-            if out.len() >= max {
-                break;
-            }
-            let over = state
-                .queues
-                .get(&self.name)
-                .and_then(|q| q.get(&seq))
-                .is_some_and(|e| e.stored.receive_count >= settings.max_receive_count)
+        while out.len() < max {
+            let Some(q) = state.queues.get_mut(&self.name) else { break };
+            let Some(seq) = q.next_turn(&mut turns) else { break };
+            let over = q.get(seq).is_some_and(|e| e.stored.receive_count >= settings.max_receive_count)
                 // A DLQ has no redrive of its own (as in SQS): peeking it never moves anything.
                 && self.name != self.dlq;
             if over {
@@ -324,23 +355,18 @@ impl QueueConsume for EmbeddedQueue {
                 continue;
             }
             let receipt = uuid::Uuid::new_v4().to_string();
-            let Some(entry) = state.queues.get_mut(&self.name).and_then(|q| q.get_mut(&seq)) else {
+            let visible_at = now + visibility.unwrap_or(settings.default_visibility).as_millis() as u64;
+            let Some(leased) = q.update(seq, |entry| {
+                let old = entry.receipt.replace(receipt.clone());
+                entry.stored.receive_count += 1;
+                entry.visible_at_ms = visible_at;
+                put_op(entry).map(|op| (op, received(entry, &receipt, visibility), old))
+            }) else {
                 continue;
             };
-            let old = entry.receipt.replace(receipt.clone());
-            entry.stored.receive_count += 1;
-            entry.visible_at_ms = now + visibility.unwrap_or(settings.default_visibility).as_millis() as u64;
-            ops.push(put_op(entry)?);
-            out.push(ReceivedMessage {
-                message_id: entry.id.clone(),
-                receipt: receipt.clone(),
-                body: entry.stored.body.clone(),
-                receive_count: entry.stored.receive_count,
-                sent_at_ms: entry.stored.sent_at_ms,
-                attributes: entry.stored.attributes.clone(),
-                leased_for: visibility,
-                leased_at: visibility.map(|_| tokio::time::Instant::now()),
-            });
+            let (op, message, old) = leased?;
+            ops.push(op);
+            out.push(message);
             if let Some(old) = old {
                 state.receipts.remove(&old);
             }
@@ -355,10 +381,12 @@ impl QueueConsume for EmbeddedQueue {
             let mut state = self.queues.state.lock().await;
             for m in &out {
                 if let Some((queue, seq)) = state.receipts.remove(&m.receipt)
-                    && let Some(entry) = state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq))
+                    && let Some(q) = state.queues.get_mut(&queue)
                 {
-                    entry.visible_at_ms = 0;
-                    entry.receipt = None;
+                    q.update(seq, |entry| {
+                        entry.visible_at_ms = 0;
+                        entry.receipt = None;
+                    });
                 }
             }
             return Err(e);
@@ -370,15 +398,19 @@ impl QueueConsume for EmbeddedQueue {
         let now = self.queues.clock.now_ms();
         let mut state = self.queues.state.lock().await;
         let (queue, seq) = Self::lookup(&state, receipt)?;
-        let entry =
-            state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq)).ok_or(QueueError::ReceiptInvalid)?;
+        let q = state.queues.get_mut(&queue).ok_or(QueueError::ReceiptInvalid)?;
         // A delete in flight keeps it hidden: a renewal racing the ack must not let a receive take
         // (and write back) a message whose delete is about to commit.
-        if entry.visible_at_ms != DELETING {
-            entry.visible_at_ms = now + timeout.as_millis() as u64;
-            if timeout.is_zero() {
-                self.queues.shown.notify_waiters();
-            }
+        let shown = q
+            .update(seq, |entry| {
+                if entry.visible_at_ms != DELETING {
+                    entry.visible_at_ms = now + timeout.as_millis() as u64;
+                }
+                entry.visible_at_ms <= now
+            })
+            .ok_or(QueueError::ReceiptInvalid)?;
+        if shown {
+            self.queues.shown.notify_waiters();
         }
         Ok(())
     }
@@ -386,14 +418,15 @@ impl QueueConsume for EmbeddedQueue {
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
         let mut state = self.queues.state.lock().await;
         let (queue, seq) = Self::lookup(&state, receipt)?;
-        let Some(entry) = state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq)) else {
-            return Err(QueueError::ReceiptInvalid);
-        };
         // Hidden for good while the delete commits without the lock, so no receive can take it
         // (and write it back) even if its lease runs out meanwhile; memory forgets it once the
         // delete is durable, or shows it again as it was if the delete failed.
-        let (id, was_visible_at) = (entry.id.clone(), entry.visible_at_ms);
-        entry.visible_at_ms = DELETING;
+        let hidden = state.queues.get_mut(&queue).and_then(|q| {
+            q.update(seq, |entry| (entry.id.clone(), std::mem::replace(&mut entry.visible_at_ms, DELETING)))
+        });
+        let Some((id, was_visible_at)) = hidden else {
+            return Err(QueueError::ReceiptInvalid);
+        };
         let written = self.queues.persist(vec![Op::Delete(id.to_string())]);
         drop(state);
         let outcome = written.wait().await;
@@ -402,13 +435,13 @@ impl QueueConsume for EmbeddedQueue {
             Ok(()) => {
                 state.receipts.remove(receipt);
                 if let Some(q) = state.queues.get_mut(&queue) {
-                    q.remove(&seq);
+                    q.remove(seq);
                 }
                 Ok(())
             }
             Err(e) => {
-                if let Some(entry) = state.queues.get_mut(&queue).and_then(|q| q.get_mut(&seq)) {
-                    entry.visible_at_ms = was_visible_at;
+                if let Some(q) = state.queues.get_mut(&queue) {
+                    q.update(seq, |entry| entry.visible_at_ms = was_visible_at);
                 }
                 Err(e)
             }
@@ -420,7 +453,7 @@ impl QueueConsume for EmbeddedQueue {
         let delay = delay.min(MAX_DELAY);
         let mut state = self.queues.state.lock().await;
         let (queue, seq) = Self::lookup(&state, &message.receipt)?;
-        let Some(old) = state.queues.get(&queue).and_then(|q| q.get(&seq)) else {
+        let Some(old) = state.queues.get(&queue).and_then(|q| q.get(seq)) else {
             return Err(QueueError::ReceiptInvalid);
         };
         let new_seq = state.next_seq;
@@ -429,19 +462,14 @@ impl QueueConsume for EmbeddedQueue {
         stored.receive_count = 0;
         stored.sent_at_ms = now;
         stored.attributes.insert("SentTimestamp".into(), now.to_string());
-        let copy = Entry {
-            id: MessageId::random(),
-            stored,
-            visible_at_ms: now + delay.as_millis() as u64,
-            receipt: None,
-        };
+        let copy = Entry::new(MessageId::random(), stored, now + delay.as_millis() as u64);
         // One persistence batch: the copy and the delete land together or not at all.
         self.queues.persist(vec![put_op(&copy)?, Op::Delete(old.id.to_string())]).wait().await?;
         state.next_seq += 1;
         state.receipts.remove(&message.receipt);
         if let Some(q) = state.queues.get_mut(&queue) {
-            q.remove(&seq);
-            q.insert(new_seq, copy);
+            q.remove(seq);
+            q.insert(copy);
         }
         if delay.is_zero() {
             self.queues.shown.notify_waiters();
@@ -458,19 +486,15 @@ impl QueueConsume for EmbeddedQueue {
 
     async fn depth(&self) -> Result<QueueDepth, QueueError> {
         let now = self.queues.clock.now_ms();
-        let state = self.queues.state.lock().await;
-        let mut depth = QueueDepth::default();
-        if let Some(q) = state.queues.get(&self.name) {
-            for e in q.values() {
-                if e.visible_at_ms <= now {
-                    depth.visible += 1;
-                } else {
-                    depth.in_flight += 1;
-                }
-                depth.oldest_age_ms = depth.oldest_age_ms.max(now.saturating_sub(e.stored.sent_at_ms));
-            }
-        }
-        Ok(depth)
+        let mut state = self.queues.state.lock().await;
+        let Some(counts) = state.queues.get_mut(&self.name).map(|q| q.counts(now)) else {
+            return Ok(QueueDepth::default());
+        };
+        Ok(QueueDepth {
+            visible: counts.visible as u64,
+            in_flight: counts.in_flight as u64,
+            oldest_age_ms: counts.oldest_sent_at.map_or(0, |at| now.saturating_sub(at)),
+        })
     }
 
     fn max_receive_count(&self) -> u32 {

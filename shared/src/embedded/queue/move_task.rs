@@ -13,24 +13,19 @@ impl EmbeddedQueue {
         };
         let now = self.queues.clock.now_ms();
         let mut state = self.queues.state.lock().await;
-        let visible: Vec<u64> = state
-            .queues
-            .get(&self.name)
-            .map(|q| q.values().filter(|e| e.visible_at_ms <= now).map(|e| e.stored.seq).collect())
-            .unwrap_or_default();
+        let visible: Vec<u64> = state.queues.get_mut(&self.name).map(|q| q.visible(now)).unwrap_or_default();
         let mut moved = Vec::with_capacity(visible.len());
         for (n, seq) in visible.iter().enumerate() {
-            let Some(entry) = state.queues.get(&self.name).and_then(|q| q.get(seq)) else { continue };
-            let mut copy =
-                Entry { id: entry.id.clone(), stored: entry.stored.clone(), visible_at_ms: 0, receipt: None };
-            copy.stored.queue = source.clone();
-            copy.stored.seq = state.next_seq + n as u64;
-            copy.stored.receive_count = 0;
+            let Some(entry) = state.queues.get(&self.name).and_then(|q| q.get(*seq)) else { continue };
+            let mut stored = entry.stored.clone();
+            stored.queue = source.clone();
+            stored.seq = state.next_seq + n as u64;
+            stored.receive_count = 0;
             // As SQS does: a moved message is enqueued anew, so the DLQ sweep's guard (a record no
             // newer than the message) holds for it if it dead-letters again.
-            copy.stored.sent_at_ms = now;
-            copy.stored.attributes.insert("SentTimestamp".into(), now.to_string());
-            moved.push((*seq, copy));
+            stored.sent_at_ms = now;
+            stored.attributes.insert("SentTimestamp".into(), now.to_string());
+            moved.push((*seq, Entry::new(entry.id.clone(), stored, 0)));
         }
         // Same ids: each put replaces the DLQ row, so the move is one atomic write.
         let ops = moved.iter().map(|(_, e)| put_op(e)).collect::<Result<Vec<_>, _>>()?;
@@ -38,12 +33,12 @@ impl EmbeddedQueue {
         state.next_seq += visible.len() as u64;
         let count = moved.len() as u64;
         for (old_seq, entry) in moved {
-            if let Some(e) = state.queues.get_mut(&self.name).and_then(|q| q.remove(&old_seq))
+            if let Some(e) = state.queues.get_mut(&self.name).and_then(|q| q.remove(old_seq))
                 && let Some(r) = e.receipt
             {
                 state.receipts.remove(&r);
             }
-            state.queues.entry(source.clone()).or_default().insert(entry.stored.seq, entry);
+            state.queue(&source).insert(entry);
         }
         let handle = uuid::Uuid::new_v4().to_string();
         let task = MoveTask {
