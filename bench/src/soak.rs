@@ -17,6 +17,9 @@ pub struct SoakTenth {
     pub tasks_per_s: f64,
     /// The server's resident memory (VmRSS) at the end of this tenth, MiB.
     pub rss_mib: f64,
+    /// Interactive messages queued or in flight at the end of this tenth (the server's
+    /// `lanes_queue_depth` plus `lanes_queue_in_flight`): whether the workers keep up.
+    pub backlog: u64,
 }
 
 /// What `lanes bench soak` reports.
@@ -32,6 +35,8 @@ pub struct SoakReport {
     pub record_ttl_secs: u64,
     /// The expiry sweep's period given to the server.
     pub sweep_secs: u64,
+    /// The server's worker slots.
+    pub capacity: usize,
     /// Each tenth of the run, in order.
     pub tenths: Vec<SoakTenth>,
     /// The last tenth's rate over the first's.
@@ -55,10 +60,20 @@ pub async fn soak_report(
     clients: usize,
     ttl_secs: u64,
     sweep_secs: u64,
+    capacity: usize,
 ) -> Result<SoakReport, String> {
     let dir = crate::temp_dir().map_err(|e| e.to_string())?;
-    let (ttl, sweep) = (ttl_secs.to_string(), sweep_secs.to_string());
-    let args = ["--interactive-latency-ms", "0", "--record-ttl-secs", &ttl, "--expiry-sweep-secs", &sweep];
+    let (ttl, sweep, slots) = (ttl_secs.to_string(), sweep_secs.to_string(), capacity.to_string());
+    let args = [
+        "--interactive-latency-ms",
+        "0",
+        "--record-ttl-secs",
+        &ttl,
+        "--expiry-sweep-secs",
+        &sweep,
+        "--capacity",
+        &slots,
+    ];
     let mut server = DevServer::start(&dir, &args).await;
     let client = reqwest::Client::new();
     let next = Arc::new(AtomicUsize::new(0));
@@ -87,8 +102,9 @@ pub async fn soak_report(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let rss = rss_kib(server.pid()).unwrap_or(0) as f64 / 1024.0;
-        tenths
-            .push(SoakTenth { tasks_per_s: (tasks / 10) as f64 / at.elapsed().as_secs_f64(), rss_mib: rss });
+        let tasks_per_s = (tasks / 10) as f64 / at.elapsed().as_secs_f64();
+        let backlog = backlog(&client, &server.url).await.unwrap_or(0);
+        tenths.push(SoakTenth { tasks_per_s, rss_mib: rss, backlog });
         at = Instant::now();
     }
     let mut lasts = Vec::new();
@@ -112,12 +128,13 @@ pub async fn soak_report(
     let _ = std::fs::remove_dir_all(&dir);
     Ok(SoakReport {
         command: format!(
-            "lanes bench soak --tasks {tasks} --clients {clients} --record-ttl-secs {ttl_secs} --sweep-secs {sweep_secs}"
+            "lanes bench soak --tasks {tasks} --clients {clients} --record-ttl-secs {ttl_secs} --sweep-secs {sweep_secs} --capacity {capacity}"
         ),
         tasks,
         clients,
         record_ttl_secs: ttl_secs,
         sweep_secs,
+        capacity,
         last_over_first: tenths[9].tasks_per_s / tenths[0].tasks_per_s.max(1e-9),
         tenths,
         file_bytes,
@@ -140,6 +157,16 @@ fn sizes(path: &std::path::Path) -> Result<(u64, u64), String> {
     Ok((file_bytes, live_bytes))
 }
 
+/// The interactive lane's messages queued and in flight, from the server's `/metrics`.
+async fn backlog(client: &reqwest::Client, url: &str) -> Option<u64> {
+    let text = client.get(format!("{url}/metrics")).send().await.ok()?.text().await.ok()?;
+    let gauge = |name: &str| {
+        let prefix = format!("{name}{{lane=\"interactive\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)?.trim().parse::<u64>().ok())
+    };
+    Some(gauge("lanes_queue_depth")? + gauge("lanes_queue_in_flight")?)
+}
+
 /// Resident memory (`VmRSS`) of process `pid`, KiB.
 fn rss_kib(pid: Option<u32>) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
@@ -154,7 +181,14 @@ impl std::fmt::Display for SoakReport {
             self.tasks, self.clients, self.record_ttl_secs, self.sweep_secs, self.command
         )?;
         for (k, t) in self.tenths.iter().enumerate() {
-            writeln!(f, "  tenth {:>2}: {:>8.0} tasks/s, RSS {:>6.1} MiB", k + 1, t.tasks_per_s, t.rss_mib)?;
+            writeln!(
+                f,
+                "  tenth {:>2}: {:>8.0} tasks/s, RSS {:>6.1} MiB, backlog {:>7}",
+                k + 1,
+                t.tasks_per_s,
+                t.rss_mib,
+                t.backlog
+            )?;
         }
         let flat = if self.last_over_first >= 0.9 { "met" } else { "NOT met" };
         let small = if self.file_over_live <= 2.0 { "met" } else { "NOT met" };

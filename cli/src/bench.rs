@@ -147,6 +147,9 @@ pub enum BenchCommand {
         /// How often the server sweeps expired records.
         #[arg(long, default_value_t = 5)]
         sweep_secs: u64,
+        /// The server's worker slots (`lanes dev --capacity`), as `throughput` gives it.
+        #[arg(long, default_value_t = 64)]
+        capacity: usize,
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -194,8 +197,8 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Limiter { rpm, tpm, requests, json } => {
             show(b::limiter::limiter_report(rpm, tpm, requests).await, json)
         }
-        BenchCommand::Soak { tasks, clients, record_ttl_secs, sweep_secs, json } => {
-            show(b::soak::soak_report(tasks, clients, record_ttl_secs, sweep_secs).await, json)
+        BenchCommand::Soak { tasks, clients, record_ttl_secs, sweep_secs, capacity, json } => {
+            show(b::soak::soak_report(tasks, clients, record_ttl_secs, sweep_secs, capacity).await, json)
         }
         BenchCommand::Provider { rpm, tpm, seconds, json } => {
             show(b::provider::provider_report(rpm, tpm, seconds).await, json)

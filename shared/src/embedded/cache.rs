@@ -1,5 +1,6 @@
 //! In-process TTL cache with the Redis hot cache's contract.
 
+use super::expiring::Expiring;
 use crate::clock::SharedClock;
 use crate::domain::quota::{apply, first_refused};
 use crate::ports::{Cache, CacheError, Charge, ShareAsk, Verdict};
@@ -8,14 +9,16 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Most entries kept; past it expired entries are swept, then the soonest-expiring go.
+/// Most entries kept; past it the soonest-expiring go first.
 const MAX_ENTRIES: usize = 100_000;
+
+type Entries = Expiring<String>;
 
 /// The embedded cache.
 #[derive(Debug)]
 pub struct MemoryCache {
     clock: SharedClock,
-    entries: Mutex<HashMap<String, (String, u64)>>,
+    entries: Mutex<Entries>,
     /// Sets of expiring members: key -> member -> until (Unix ms).
     sets: Mutex<HashMap<String, HashMap<String, u64>>>,
 }
@@ -23,7 +26,11 @@ pub struct MemoryCache {
 impl MemoryCache {
     /// A cache judged by `clock`.
     pub fn new(clock: SharedClock) -> Self {
-        Self { clock, entries: Mutex::new(HashMap::new()), sets: Mutex::new(HashMap::new()) }
+        Self { clock, entries: Mutex::new(Expiring::new(MAX_ENTRIES)), sets: Mutex::new(HashMap::new()) }
+    }
+
+    fn entries(&self) -> Result<std::sync::MutexGuard<'_, Entries>, CacheError> {
+        self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))
     }
 }
 
@@ -31,44 +38,25 @@ impl MemoryCache {
 impl Cache for MemoryCache {
     async fn get(&self, key: &str) -> Result<Option<String>, CacheError> {
         let now = self.clock.now_ms();
-        let entries = self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
-        Ok(entries.get(key).filter(|(_, exp)| *exp > now).map(|(v, _)| v.clone()))
+        Ok(self.entries()?.live(key, now).map(|(v, _)| v.clone()))
     }
 
     async fn set(&self, key: &str, value: &str, ttl: Duration) -> Result<(), CacheError> {
         let now = self.clock.now_ms();
-        let mut entries =
-            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
-        if entries.len() >= MAX_ENTRIES {
-            entries.retain(|_, (_, exp)| *exp > now);
-            if entries.len() >= MAX_ENTRIES {
-                let mut by_expiry: Vec<(u64, String)> =
-                    entries.iter().map(|(k, (_, exp))| (*exp, k.clone())).collect();
-                by_expiry.sort();
-                for (_, k) in by_expiry.into_iter().take(MAX_ENTRIES / 10) {
-                    entries.remove(&k);
-                }
-            }
-        }
-        entries.insert(key.to_owned(), (value.to_owned(), now + ttl.as_millis() as u64));
+        self.entries()?.insert(key, value.to_owned(), now + ttl.as_millis() as u64, now);
         Ok(())
     }
 
     async fn add(&self, key: &str, by: u64, ttl: Duration) -> Result<u64, CacheError> {
         let now = self.clock.now_ms();
-        let mut entries =
-            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
-        let entry = entries
-            .entry(key.to_owned())
-            .and_modify(|e| {
-                if e.1 <= now {
-                    *e = ("0".into(), now + ttl.as_millis() as u64);
-                }
-            })
-            .or_insert_with(|| ("0".into(), now + ttl.as_millis() as u64));
-        // A value that is not a number (a plain `set` under the same key) counts as zero.
-        let value = entry.0.parse::<u64>().unwrap_or(0).saturating_add(by);
-        entry.0 = value.to_string();
+        let mut entries = self.entries()?;
+        let (current, expires) = match entries.live(key, now) {
+            // A value that is not a number (a plain `set` under the same key) counts as zero.
+            Some((v, exp)) => (v.parse::<u64>().unwrap_or(0), *exp),
+            None => (0, now + ttl.as_millis() as u64),
+        };
+        let value = current.saturating_add(by);
+        entries.insert(key, value.to_string(), expires, now);
         Ok(value)
     }
 
@@ -106,25 +94,18 @@ impl Cache for MemoryCache {
 
     async fn reserve(&self, charges: &[Charge]) -> Result<Option<usize>, CacheError> {
         let now = self.clock.now_ms();
-        let mut entries =
-            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        let mut entries = self.entries()?;
         // One lock over the check and the charges: the reservation is atomic as the script is.
         let current: Vec<u64> = charges
             .iter()
-            .map(|c| {
-                let live = entries.get(&c.key).filter(|(_, exp)| *exp > now);
-                live.and_then(|(v, _)| v.parse::<u64>().ok()).unwrap_or(0)
-            })
+            .map(|c| entries.live(&c.key, now).and_then(|(v, _)| v.parse::<u64>().ok()).unwrap_or(0))
             .collect();
         if let Some(refused) = first_refused(&current, charges) {
             return Ok(Some(refused));
         }
         for (c, value) in charges.iter().zip(current) {
-            let expires = match entries.get(&c.key) {
-                Some((_, exp)) if *exp > now => *exp,
-                _ => now + c.ttl.as_millis() as u64,
-            };
-            entries.insert(c.key.clone(), (apply(value, c.amount).to_string(), expires));
+            let expires = entries.live(&c.key, now).map_or(now + c.ttl.as_millis() as u64, |(_, exp)| *exp);
+            entries.insert(&c.key, apply(value, c.amount).to_string(), expires, now);
         }
         Ok(None)
     }
@@ -132,14 +113,12 @@ impl Cache for MemoryCache {
     async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError> {
         use crate::domain::token_share::{decode_state, encode_state, state_ttl_ms, step};
         let now = self.clock.now_ms();
-        let mut entries =
-            self.entries.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        let mut entries = self.entries()?;
         // One lock over the read and the write: the step is atomic as the script is.
-        let state =
-            entries.get(key).filter(|(_, exp)| *exp > now).map(|(v, _)| decode_state(v)).unwrap_or_default();
+        let state = entries.live(key, now).map(|(v, _)| decode_state(v)).unwrap_or_default();
         let change = step(&state, ask);
         let text = encode_state(state, &ask.group, &change);
-        entries.insert(key.to_owned(), (text, now + state_ttl_ms(&ask.settings)));
+        entries.insert(key, text, now + state_ttl_ms(&ask.settings), now);
         Ok(change.verdict)
     }
 }

@@ -108,6 +108,11 @@ impl std::fmt::Debug for EmbeddedDb {
     }
 }
 
+/// redb's page cache. Its default, 1 GiB, fills as the file is touched, so a long-running
+/// `lanes dev` grew to that much resident memory with a working set far smaller: the live records
+/// (their TTL's worth) and the queue's backlog.
+const CACHE_BYTES: usize = 64 * 1024 * 1024;
+
 impl EmbeddedDb {
     /// Opens or creates the database in `data_dir`. After a crash redb repairs the file on open.
     pub fn open(data_dir: &Path) -> Result<Self, DbOpenError> {
@@ -115,7 +120,9 @@ impl EmbeddedDb {
             .map_err(|source| DbOpenError::DataDir { path: data_dir.display().to_string(), source })?;
         let path = data_dir.join("lanes.redb");
         let db = Arc::new(
-            Database::create(&path)
+            Database::builder()
+                .set_cache_size(CACHE_BYTES)
+                .create(&path)
                 .map_err(|source| DbOpenError::Open { path: path.display().to_string(), source })?,
         );
         let (jobs, rx) = mpsc::channel();

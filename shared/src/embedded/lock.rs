@@ -1,10 +1,10 @@
 //! In-process lease lock with the Redis lock's contract: token, TTL, compare-then-renew,
 //! compare-then-release. Expiry is judged by the injected clock.
 
+use super::expiring::Expiring;
 use crate::clock::SharedClock;
 use crate::ports::{Acquire, LeaseLock, LockError};
 use async_trait::async_trait;
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -12,19 +12,20 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct MemoryLock {
     clock: SharedClock,
-    held: Mutex<HashMap<String, (String, u64)>>,
+    /// Token and expiry by key.
+    held: Mutex<Expiring<String>>,
 }
 
 impl MemoryLock {
     /// A lock judged by `clock`.
     pub fn new(clock: SharedClock) -> Self {
-        Self { clock, held: Mutex::new(HashMap::new()) }
+        Self { clock, held: Mutex::new(Expiring::new(usize::MAX)) }
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, (String, u64)>, u64) -> T) -> Result<T, LockError> {
+    fn with<T>(&self, f: impl FnOnce(&mut Expiring<String>, u64) -> T) -> Result<T, LockError> {
         let now = self.clock.now_ms();
         let mut held = self.held.lock().map_err(|_| LockError::Unavailable("lock table poisoned".into()))?;
-        held.retain(|_, (_, expires)| *expires > now);
+        held.drop_expired(now);
         Ok(f(&mut held, now))
     }
 }
@@ -32,32 +33,29 @@ impl MemoryLock {
 #[async_trait]
 impl LeaseLock for MemoryLock {
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
-        self.with(|held, now| match held.get(key) {
+        self.with(|held, now| match held.live(key, now) {
             Some((_, expires)) => Acquire::Held { remaining: Duration::from_millis(expires - now) },
             None => {
                 let token = uuid::Uuid::new_v4().to_string();
-                held.insert(key.to_owned(), (token.clone(), now + ttl.as_millis() as u64));
+                held.insert(key, token.clone(), now + ttl.as_millis() as u64, now);
                 Acquire::Acquired(token)
             }
         })
     }
 
     async fn renew(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, LockError> {
-        self.with(|held, now| match held.get_mut(key) {
-            Some((t, expires)) if t == token => {
-                *expires = now + ttl.as_millis() as u64;
-                true
-            }
-            Some(_) => false,
-            None => {
-                held.insert(key.to_owned(), (token.to_owned(), now + ttl.as_millis() as u64));
+        self.with(|held, now| match held.live(key, now) {
+            Some((t, _)) if t != token => false,
+            // Ours, or free: taken (again) until the new expiry.
+            _ => {
+                held.insert(key, token.to_owned(), now + ttl.as_millis() as u64, now);
                 true
             }
         })
     }
 
     async fn release(&self, key: &str, token: &str) -> Result<bool, LockError> {
-        self.with(|held, _| match held.get(key) {
+        self.with(|held, now| match held.live(key, now) {
             Some((t, _)) if t == token => held.remove(key).is_some(),
             _ => false,
         })

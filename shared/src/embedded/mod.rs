@@ -4,6 +4,7 @@
 
 mod cache;
 mod db;
+mod expiring;
 mod lock;
 mod mappings;
 mod objects;
