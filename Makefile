@@ -61,7 +61,7 @@ bench: build test-deps
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench fairness --json > bench/fairness.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 3000 --json > bench/throughput.json
-	$(LANES_RELEASE_BIN) bench soak --tasks 100000 --json > bench/soak.json
+	$(LANES_RELEASE_BIN) bench soak --json > bench/soak.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench coldstart --json > bench/coldstart.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json
 	$(LANES_BIN) bench provider --json > bench/provider.json

@@ -13,6 +13,14 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 
+/// Every record's key by its expiry (`expires_at`, Unix seconds), kept in the same transaction as
+/// the record, so the TTL sweep reads only what has expired rather than the whole table.
+const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("task_expiry");
+
+/// The key in [`EXPIRY`] saying its entries cover every record: absent in a file written before
+/// the index existed, whose records the first sweep then indexes.
+const INDEXED: (u64, &str) = (u64::MAX, "indexed");
+
 impl From<String> for StoreError {
     fn from(s: String) -> Self {
         StoreError::Unavailable(s)
@@ -52,6 +60,7 @@ impl EmbeddedStore {
                     Ok(c) => c,
                     Err(e) => return Ok((Err(e), false)),
                 };
+                let was_expiring_at = current.as_ref().map(|r| r.expires_at);
                 let (write, answer) = f(current);
                 let Some(record) = write else { return Ok((Ok(answer), false)) };
                 let bytes = match serde_json::to_vec(&record) {
@@ -60,6 +69,13 @@ impl EmbeddedStore {
                 };
                 let mut table = txn.open_table(TASKS).map_err(unavailable)?;
                 table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
+                if was_expiring_at != Some(record.expires_at) {
+                    let mut expiry = txn.open_table(EXPIRY).map_err(unavailable)?;
+                    if let Some(at) = was_expiring_at {
+                        expiry.remove((at, id.as_str())).map_err(unavailable)?;
+                    }
+                    expiry.insert((record.expires_at, id.as_str()), ()).map_err(unavailable)?;
+                }
                 Ok((Ok(answer), true))
             })
             .wait()
@@ -101,42 +117,60 @@ fn expired(value: &[u8], now_ms: u64) -> bool {
     serde_json::from_slice::<Expiry>(value).is_ok_and(|e| e.expires_at.saturating_mul(1000) <= now_ms)
 }
 
-/// At most `max` keys of records whose TTL has passed at `now_ms`, read in a read transaction: the
-/// scan costs the live table, and writers go on meanwhile (redb's readers see a snapshot). An
-/// unreadable record is left for an operator to look at.
-fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<String>, StoreError> {
+/// At most `max` records whose TTL has passed at `now_ms`, by expiry and key, read from the expiry
+/// index in a read transaction (writers go on meanwhile: redb's readers see a snapshot).
+fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<(u64, String)>, StoreError> {
     let txn = db.begin_read().map_err(unavailable)?;
-    let table = match txn.open_table(TASKS) {
+    let index = match txn.open_table(EXPIRY) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
         Err(e) => return Err(unavailable(e)),
     };
     let mut gone = Vec::new();
-    for entry in table.iter().map_err(unavailable)? {
-        let (k, v) = entry.map_err(unavailable)?;
-        if expired(v.value(), now_ms) {
-            gone.push(k.value().to_owned());
-            if gone.len() >= max {
-                break;
-            }
+    for entry in index.range((0, "")..=(now_ms / 1000, "\u{10FFFF}")).map_err(unavailable)?.take(max) {
+        let (k, _) = entry.map_err(unavailable)?;
+        let (at, id) = k.value();
+        gone.push((at, id.to_owned()));
+    }
+    Ok(gone)
+}
+
+/// Deletes those of `found` still expired at `now_ms`: one may have been written again since it
+/// was found, and its index entry then moved with it.
+fn delete_expired(txn: &WriteTransaction, found: &[(u64, String)], now_ms: u64) -> Result<usize, StoreError> {
+    let mut table = txn.open_table(TASKS).map_err(unavailable)?;
+    let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
+    let mut gone = 0;
+    for (at, id) in found {
+        if index.remove((*at, id.as_str())).map_err(unavailable)?.is_none() {
+            continue;
+        }
+        let still = table.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| expired(v.value(), now_ms));
+        if still {
+            table.remove(id.as_str()).map_err(unavailable)?;
+            gone += 1;
         }
     }
     Ok(gone)
 }
 
-/// Deletes those of `keys` still expired at `now_ms` (one may have been written again since it was
-/// found).
-fn delete_expired(txn: &WriteTransaction, keys: &[String], now_ms: u64) -> Result<usize, StoreError> {
-    let mut table = txn.open_table(TASKS).map_err(unavailable)?;
-    let mut gone = 0;
-    for k in keys {
-        let still = table.get(k.as_str()).map_err(unavailable)?.is_some_and(|v| expired(v.value(), now_ms));
-        if still {
-            table.remove(k.as_str()).map_err(unavailable)?;
-            gone += 1;
+/// Indexes every record by its expiry, once per file: one written before the index existed has
+/// records it does not cover. Returns whether it had to.
+fn index_unindexed(txn: &WriteTransaction) -> Result<bool, StoreError> {
+    let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
+    if index.get(INDEXED).map_err(unavailable)?.is_some() {
+        return Ok(false);
+    }
+    let table = txn.open_table(TASKS).map_err(unavailable)?;
+    for entry in table.iter().map_err(unavailable)? {
+        let (k, v) = entry.map_err(unavailable)?;
+        // An unreadable record is left out, for an operator to look at.
+        if let Ok(e) = serde_json::from_slice::<Expiry>(v.value()) {
+            index.insert((e.expires_at, k.value()), ()).map_err(unavailable)?;
         }
     }
-    Ok(gone)
+    index.insert(INDEXED, ()).map_err(unavailable)?;
+    Ok(true)
 }
 
 fn read(txn: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>, StoreError> {
@@ -251,6 +285,7 @@ impl TaskStore for EmbeddedStore {
     }
 
     async fn sweep_expired(&self, now_ms: u64, max: usize) -> Result<usize, StoreError> {
+        self.db.submit_maybe(move |txn| index_unindexed(txn).map(|wrote| ((), wrote))).wait().await?;
         let keys = self.db.run(move |db| find_expired(db, now_ms, max)).await?;
         if keys.is_empty() {
             return Ok(0);
@@ -395,11 +430,32 @@ mod tests {
         store.put_pending(&old, 0).await.unwrap();
         let two_hours = 2 * 3600 * 1000;
         let keys = store.db.run(move |db| find_expired(db, two_hours, 10)).await.unwrap();
-        assert_eq!(keys, vec![old.task_id.to_string()]);
+        assert_eq!(keys, vec![(old.expires_at, old.task_id.to_string())]);
         let again = TaskRecord::pending(old.task_id.clone(), old.request.clone(), two_hours, 3600);
         store.put_pending(&again, two_hours).await.unwrap();
         let deleted = store.db.write(move |txn| delete_expired(txn, &keys, two_hours)).await.unwrap();
         assert_eq!(deleted, 0);
         assert!(store.get(&old.task_id, two_hours).await.unwrap().is_some());
+        // Its index entry moved with it: the record goes once its new expiry has passed.
+        assert_eq!(store.sweep_expired(two_hours + 3_600_000, 10).await.unwrap(), 1);
+    }
+
+    /// A file written before the expiry index existed: its first sweep indexes its records, and
+    /// the expired ones go.
+    #[tokio::test]
+    async fn records_of_a_file_without_the_expiry_index_are_swept_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
+        for i in 0..3 {
+            let req = TaskRequest::from_value(
+                json!({"project_id":"p","kind":"explain","prompt":format!("x{i}"),"target_files":[]}),
+            )
+            .unwrap();
+            store.put_pending(&TaskRecord::pending(req.task_id(None), req, 0, 3600), 0).await.unwrap();
+        }
+        store.db.write(|txn| txn.delete_table(EXPIRY).map(|_| ()).map_err(unavailable)).await.unwrap();
+        let two_hours = 2 * 3600 * 1000;
+        assert_eq!(store.sweep_expired(two_hours, 10).await.unwrap(), 3);
+        assert!(store.all(0).await.unwrap().is_empty());
     }
 }
