@@ -37,6 +37,12 @@ pub struct SoakReport {
     pub sweep_secs: u64,
     /// The server's worker slots.
     pub capacity: usize,
+    /// Tasks submitted before the first tenth, while the records of the first ones live out their
+    /// TTL and are swept (`record_ttl_secs` plus two sweeps): the tenths then measure a data file
+    /// at its steady size, not one growing from empty.
+    pub warmup_tasks: usize,
+    /// `POST /v1/tasks` answered per second during the warm-up.
+    pub warmup_tasks_per_s: f64,
     /// Each tenth of the run, in order.
     pub tenths: Vec<SoakTenth>,
     /// The last tenth's rate over the first's.
@@ -78,14 +84,17 @@ pub async fn soak_report(
     let client = reqwest::Client::new();
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
+    // Unbounded through the warm-up; then `tasks` more.
+    let limit = Arc::new(AtomicUsize::new(usize::MAX));
     let mut handles = Vec::new();
     for _ in 0..clients {
-        let (client, url, next, done) = (client.clone(), server.url.clone(), next.clone(), done.clone());
+        let (client, url) = (client.clone(), server.url.clone());
+        let (next, done, limit) = (next.clone(), done.clone(), limit.clone());
         handles.push(tokio::spawn(async move {
             let mut last = String::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= tasks {
+                if i >= limit.load(Ordering::Relaxed) {
                     break;
                 }
                 last = crate::submit_task(&client, &url, "explain", &format!("soak task {i}")).await?;
@@ -94,11 +103,18 @@ pub async fn soak_report(
             Ok::<_, String>(last)
         }));
     }
+    let warmup = Duration::from_secs(ttl_secs + 2 * sweep_secs);
+    tokio::time::sleep(warmup).await;
+    let warmup_tasks = done.load(Ordering::Relaxed);
+    let start = next.load(Ordering::Relaxed);
+    limit.store(start + tasks, Ordering::Relaxed);
     // A tenth ends when a tenth more tasks were answered: its rate, and the server's memory then.
     let mut tenths = Vec::new();
     let mut at = Instant::now();
     for k in 1..=10 {
-        while done.load(Ordering::Relaxed) < tasks * k / 10 && !handles.iter().all(|h| h.is_finished()) {
+        while done.load(Ordering::Relaxed) < start + tasks * k / 10
+            && !handles.iter().all(|h| h.is_finished())
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let rss = rss_kib(server.pid()).unwrap_or(0) as f64 / 1024.0;
@@ -135,6 +151,8 @@ pub async fn soak_report(
         record_ttl_secs: ttl_secs,
         sweep_secs,
         capacity,
+        warmup_tasks,
+        warmup_tasks_per_s: warmup_tasks as f64 / warmup.as_secs_f64(),
         last_over_first: tenths[9].tasks_per_s / tenths[0].tasks_per_s.max(1e-9),
         tenths,
         file_bytes,
@@ -179,6 +197,11 @@ impl std::fmt::Display for SoakReport {
             f,
             "Soak: {} tasks from {} clients, records kept {} s, swept every {} s ({})",
             self.tasks, self.clients, self.record_ttl_secs, self.sweep_secs, self.command
+        )?;
+        writeln!(
+            f,
+            "  warm-up: {} tasks at {:.0} tasks/s, until the first records had expired and been swept",
+            self.warmup_tasks, self.warmup_tasks_per_s
         )?;
         for (k, t) in self.tenths.iter().enumerate() {
             writeln!(
