@@ -6,25 +6,25 @@
 use super::db::{EmbeddedDb, Pending};
 use crate::clock::SharedClock;
 use crate::domain::MessageId;
-use crate::domain::fairness::{GROUP_ATTRIBUTE, Priority};
 use crate::ports::{
     DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
     ReceivedMessage,
 };
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
+mod entry;
 mod messages;
 mod move_task;
 mod order;
 mod poll;
 mod settings;
 
+use entry::{Entry, StoredMessage, put_op, received};
 use messages::Messages;
 pub use order::DeliveryOrder;
 use settings::MAX_DELAY;
@@ -43,35 +43,6 @@ impl From<String> for QueueError {
 
 fn unavailable(e: impl std::fmt::Display) -> QueueError {
     QueueError::Unavailable(e.to_string())
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredMessage {
-    queue: String,
-    seq: u64,
-    body: String,
-    attributes: BTreeMap<String, String>,
-    sent_at_ms: u64,
-    receive_count: u32,
-}
-
-#[derive(Debug)]
-struct Entry {
-    id: MessageId,
-    stored: StoredMessage,
-    visible_at_ms: u64,
-    receipt: Option<String>,
-    /// Its group and the time it is ordered as, read from its attributes once.
-    group: Arc<str>,
-    order_at: u64,
-}
-
-impl Entry {
-    fn new(id: MessageId, stored: StoredMessage, visible_at_ms: u64) -> Self {
-        let group = Arc::from(stored.attributes.get(GROUP_ATTRIBUTE).map_or("", String::as_str));
-        let order_at = Priority::of_attributes(&stored.attributes).order_at(stored.sent_at_ms);
-        Self { id, stored, visible_at_ms, receipt: None, group, order_at }
-    }
 }
 
 #[derive(Debug)]
@@ -189,24 +160,6 @@ impl EmbeddedQueues {
             Ok(())
         })
     }
-}
-
-/// What a receive hands back for `entry`, leased under `receipt`.
-fn received(entry: &Entry, receipt: &str, visibility: Option<Duration>) -> ReceivedMessage {
-    ReceivedMessage {
-        message_id: entry.id.clone(),
-        receipt: receipt.to_owned(),
-        body: entry.stored.body.clone(),
-        receive_count: entry.stored.receive_count,
-        sent_at_ms: entry.stored.sent_at_ms,
-        attributes: entry.stored.attributes.clone(),
-        leased_for: visibility,
-        leased_at: visibility.map(|_| tokio::time::Instant::now()),
-    }
-}
-
-fn put_op(entry: &Entry) -> Result<Op, QueueError> {
-    Ok(Op::Put(entry.id.to_string(), serde_json::to_vec(&entry.stored).map_err(unavailable)?))
 }
 
 /// One embedded queue (with its DLQ).
