@@ -10,6 +10,8 @@ use crate::ports::{
 };
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
 
@@ -35,12 +37,15 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 #[derive(Debug, Clone)]
 pub struct EmbeddedStore {
     db: EmbeddedDb,
+    /// Whether this process has seen the expiry index cover every record ([`index_unindexed`]),
+    /// so later sweeps skip the check and its turn in the write queue.
+    indexed: Arc<AtomicBool>,
 }
 
 impl EmbeddedStore {
     /// A store in `db`.
     pub fn new(db: EmbeddedDb) -> Self {
-        Self { db }
+        Self { db, indexed: Arc::new(AtomicBool::new(false)) }
     }
 
     /// Runs `f` on the stored record, expired or not (DynamoDB keeps an expired item until its TTL
@@ -285,7 +290,10 @@ impl TaskStore for EmbeddedStore {
     }
 
     async fn sweep_expired(&self, now_ms: u64, max: usize) -> Result<usize, StoreError> {
-        self.db.submit_maybe(move |txn| index_unindexed(txn).map(|wrote| ((), wrote))).wait().await?;
+        if !self.indexed.load(Ordering::Relaxed) {
+            self.db.submit_maybe(move |txn| index_unindexed(txn).map(|wrote| ((), wrote))).wait().await?;
+            self.indexed.store(true, Ordering::Relaxed);
+        }
         let keys = self.db.run(move |db| find_expired(db, now_ms, max)).await?;
         if keys.is_empty() {
             return Ok(0);

@@ -110,7 +110,8 @@ pub trait QueueConsume: Send + Sync {
     /// Like [`Self::receive_for`], waiting up to `wait` for a message when none is visible, and
     /// answering as soon as one is (SQS long polling, `WaitTimeSeconds`, at most 20 s). An idle
     /// poller uses it instead of asking for the queue's depth in a loop. The default looks again
-    /// every 50 ms, which costs nothing on an in-process queue.
+    /// every 50 ms (test fakes use it); the SQS adapter long-polls, and the embedded queue is woken
+    /// the moment a message is shown.
     async fn receive_waiting(
         &self,
         max: usize,
