@@ -4,7 +4,10 @@
 //! documented, bodies that match their schemas, schema-valid requests accepted and invalid ones
 //! refused, and a stateful phase that follows the links (create, read, cancel). It must report no
 //! failure. Two documented behaviours are told to it (`tests/schemathesis.toml`). The budget is
-//! fixed: a seed, 30 examples per operation and phase, at most 150 s.
+//! fixed: a seed, 30 examples per operation and phase, at most 150 s. It runs one worker: with two
+//! threads, Hypothesis parses Python source in both at once, and CPython 3.11's AST constructor keeps
+//! its recursion depth in state the threads share, so a run can fail with "AST constructor
+//! recursion depth mismatch" (CPython gh-106905), a failure of neither Lanes nor the document.
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -37,7 +40,7 @@ async fn schemathesis_finds_no_failure_against_lanes_dev() {
             .args(["run", &schema, "--checks", "all", "--exclude-checks", "use_after_free"])
             // A long-poll may wait its whole 20 s.
             .args(["--max-response-time", "25", "--request-timeout", "25"])
-            .args(["--max-examples", "30", "--seed", "1", "--max-time", "150", "--workers", "2"])
+            .args(["--max-examples", "30", "--seed", "1", "--max-time", "150", "--workers", "1"])
             .args(["--continue-on-failure", "--no-color"])
             .output()
             .unwrap()
