@@ -268,9 +268,13 @@ identifier! {
 }
 
 impl MessageId {
-    /// A fresh id, as a queue twin gives a message it is sent: a v4 UUID.
-    pub fn random() -> Self {
-        Self(uuid::Uuid::new_v4().to_string())
+    /// A fresh id, as a queue twin gives a message it is sent: a v7 UUID, unique like a v4 one but
+    /// ordered by the time it was made (and, within a millisecond, by a counter). The embedded queue
+    /// keys its table by id, so new messages land at the table's end and the oldest, which are the
+    /// ones received and deleted next, sit together at its start: a commit's sends, receives and
+    /// deletes rewrite a few neighbouring pages rather than one page per message.
+    pub fn fresh() -> Self {
+        Self(uuid::Uuid::now_v7().to_string())
     }
 
     fn check(raw: &str) -> Result<(), IdError> {

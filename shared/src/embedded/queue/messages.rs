@@ -213,7 +213,7 @@ mod tests {
             sent_at_ms,
             receive_count: 0,
         };
-        Entry::new(MessageId::random(), stored, visible_at_ms)
+        Entry::new(MessageId::fresh(), stored, visible_at_ms)
     }
 
     /// The order and counts a scan of every message gives: the definition the index must keep.

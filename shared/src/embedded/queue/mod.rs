@@ -240,7 +240,7 @@ impl QueueSend for EmbeddedQueue {
         mut attributes: BTreeMap<String, String>,
     ) -> Result<MessageId, QueueError> {
         let now = self.queues.clock.now_ms();
-        let id = MessageId::random();
+        let id = MessageId::fresh();
         attributes.insert("SentTimestamp".into(), now.to_string());
         let mut state = self.queues.state.lock().await;
         let seq = state.next_seq;
@@ -415,7 +415,7 @@ impl QueueConsume for EmbeddedQueue {
         stored.receive_count = 0;
         stored.sent_at_ms = now;
         stored.attributes.insert("SentTimestamp".into(), now.to_string());
-        let copy = Entry::new(MessageId::random(), stored, now + delay.as_millis() as u64);
+        let copy = Entry::new(MessageId::fresh(), stored, now + delay.as_millis() as u64);
         // One persistence batch: the copy and the delete land together or not at all.
         self.queues.persist(vec![put_op(&copy)?, Op::Delete(old.id.to_string())]).wait().await?;
         state.next_seq += 1;
