@@ -56,12 +56,13 @@ bench: build test-deps
 	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/pip install -q --disable-pip-version-check 'matplotlib>=3.8,<4' \
 	  || { echo "make: could not install matplotlib into $(VENV)" >&2; exit 1; }
 	mkdir -p bench
-	$(CARGO) build --locked --profile profiling -p lanes-cli
+	$(CARGO) build --locked --profile profiling -p lanes-cli -p lanes-ingress -p lanes-worker
 	$(LANES_RELEASE_BIN) bench hol --json > bench/hol.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench fairness --json > bench/fairness.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 3000 --json > bench/throughput.json
 	$(LANES_RELEASE_BIN) bench soak --json > bench/soak.json
+	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench functions --tasks 3000 --json > bench/functions.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench coldstart --json > bench/coldstart.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json
 	$(LANES_BIN) bench provider --json > bench/provider.json

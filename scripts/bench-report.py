@@ -177,6 +177,27 @@ def main():
                 f"- data file {so['file_bytes'] / 1048576:.1f} MiB against {so['live_bytes'] / 1048576:.1f} MiB live "
                 f"(a compacted copy) = {so['file_over_live']:.2f}x (goal <= 2): {met(so['file_over_live'] <= 2)}",
                 f"- peak RSS {so['peak_rss_mib']:.0f} MiB; tasks unfinished at the end: {so['unfinished']}", ""]
+    fn = load(d, "functions")
+    if fn:
+        def met(ok):
+            return "met" if ok else "**not met**"
+        out += ["## Lambda functions' memory", "", f"`{fn['command']}`", "",
+                f"The real Lambda binaries (release build) under the harness's Lambda emulator with their "
+                f"`template.yaml` settings, against moto and redis-server: {fn['tasks']:,} tasks (one in ten "
+                f"synthesis) posted to ingress as API Gateway events, {fn['concurrency']} at a time, and each worker "
+                "invoked with the SQS batches its event source mapping builds (its `BatchSize`), the mapping's deletes "
+                "included. Warm environments are reused, as Lambda reuses them. RSS is the largest resident set of a "
+                "function's environments at the end of a tenth of the run; KiB/call is its growth from the first "
+                "tenth to the last over the function's calls in between (spread over several environments, a lower "
+                f"bound on one environment's). The run took {fn['seconds']:.0f} s; tasks unfinished: {fn['unfinished']}.",
+                "", "| function | calls | environments | RSS, first tenth | RSS, last tenth | last / first | KiB/call | peak |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {x['function']} | {x['invocations']} | {x['environments']} | {x['rss_mib'][0]:.1f} MiB | "
+                f"{x['rss_mib'][9]:.1f} MiB | {x['last_over_first']:.2f} | {x['growth_kib_per_invocation']:.2f} | "
+                f"{x['peak_mib']:.1f} MiB |" for x in fn["functions"]]
+        worst = max(x["last_over_first"] for x in fn["functions"])
+        out += ["", f"- every function's RSS in the last tenth within 10% of the first (flat after warm-up): worst "
+                f"{worst:.2f}: {met(worst <= 1.10)}", ""]
     cs = load(d, "coldstart")
     if cs:
         base = cs["baseline"]

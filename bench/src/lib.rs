@@ -19,6 +19,7 @@ pub mod batching;
 pub mod coldstart;
 pub mod duplicates;
 pub mod fairness;
+pub mod functions;
 pub mod hol;
 pub mod limiter;
 pub mod provider;

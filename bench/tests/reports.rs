@@ -28,3 +28,20 @@ async fn a_renewed_lease_makes_one_llm_call_for_ten_deliveries() {
         }
     }
 }
+
+/// `lanes bench functions` drives the real binaries under the Lambda emulator end to end: every task
+/// it posts completes through the batches the mappings build, each function is invoked as its
+/// template says (ingress per task, the synthesis worker one message per batch), and the memory of
+/// each one is read.
+#[tokio::test]
+async fn the_functions_bench_completes_every_task_through_the_real_binaries() {
+    let r = lanes_bench::functions::functions_report(100, 4).await.unwrap();
+    assert_eq!(r.unfinished, 0, "{r:?}");
+    let calls: Vec<u64> = r.functions.iter().map(|f| f.invocations).collect();
+    assert_eq!((calls[0], calls[2]), (100, 10), "{r:?}");
+    assert!(
+        (10..=90).contains(&calls[1]),
+        "90 interactive tasks in batches of at most 10, each tenth apart: {r:?}"
+    );
+    assert!(r.functions.iter().all(|f| f.rss_mib.iter().all(|&m| m > 1.0)), "{r:?}");
+}

@@ -18,6 +18,21 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Memory of each Lambda function: the real binaries under the Lambda emulator with their
+    /// template settings (ingress, the interactive and synthesis workers), against moto and Redis,
+    /// through a stream of tasks: each function's resident memory per tenth of the run.
+    Functions {
+        /// Tasks (one in ten to the synthesis lane).
+        #[arg(long, default_value_t = 1000)]
+        tasks: usize,
+        /// Ingress invocations at once (the emulator gives a function without reserved
+        /// concurrency at most 10 environments).
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Throughput: concurrent clients submitting interactive tasks to `lanes dev` (offline model, no
     /// latency) on embedded defaults and on Redis + moto: ingress and end-to-end rates, latency, memory.
     Throughput {
@@ -178,6 +193,9 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
     use lanes_bench as b;
     match what {
         BenchCommand::Recovery { scale_ms, json } => show(b::recovery::recovery_report(scale_ms).await, json),
+        BenchCommand::Functions { tasks, concurrency, json } => {
+            show(b::functions::functions_report(tasks, concurrency).await, json)
+        }
         BenchCommand::Throughput { tasks, clients, capacity, backend, json } => {
             show(b::throughput::throughput_report(tasks, clients, capacity, backend.as_deref()).await, json)
         }

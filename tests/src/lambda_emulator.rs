@@ -277,6 +277,28 @@ impl LambdaFunction {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// The resident memory of each idle environment, KiB: now (`VmRSS`) and at its peak (`VmHWM`).
+    /// Busy ones are left out; between invocations every environment is idle.
+    pub fn memory_kib(&self) -> Vec<(u64, u64)> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.iter()
+            .filter_map(|env| {
+                let status = std::fs::read_to_string(format!("/proc/{}/status", env.child.id())).ok()?;
+                let field = |name: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok())
+                };
+                Some((field("VmRSS:")?, field("VmHWM:")?))
+            })
+            .collect()
+    }
+
+    /// Invocations so far.
+    pub fn invocations(&self) -> u64 {
+        self.invocations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Invokes it with `payload` (a synchronous invoke), and says how that ended.
     pub async fn invoke(&self, payload: &serde_json::Value) -> Outcome {
         let env = {
