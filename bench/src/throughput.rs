@@ -27,6 +27,12 @@ pub struct ThroughputRun {
     pub latency_samples: usize,
     /// Peak resident memory of the server (VmHWM), MiB.
     pub peak_rss_mib: f64,
+    /// The server's CPU time (user and system, every thread) from its start to the last task's
+    /// completion, per task, ms.
+    pub server_cpu_ms_per_task: f64,
+    /// What the server caused to be written to storage over the same span (`write_bytes` of
+    /// `/proc/<pid>/io`), per task, KiB.
+    pub disk_kib_per_task: f64,
 }
 
 /// What `lanes bench throughput` reports.
@@ -38,6 +44,9 @@ pub struct ThroughputReport {
     pub clients: usize,
     /// Worker slots of the server.
     pub capacity: usize,
+    /// CPUs the machine offers (`available_parallelism`): the bench's clients and the server share
+    /// them.
+    pub cores: usize,
     /// One run per backend.
     pub runs: Vec<ThroughputRun>,
 }
@@ -83,6 +92,7 @@ pub async fn throughput_report(
         ),
         clients,
         capacity,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         runs,
     })
 }
@@ -135,6 +145,8 @@ async fn throughput_run(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    // Before the reads below, which are the bench's and not the work's.
+    let (cpu_ms, written) = (cpu_ms(server.pid()).unwrap_or(0.0), written_bytes(server.pid()).unwrap_or(0));
     let mut done = Vec::with_capacity(tasks);
     let mut pending: Vec<&String> = submitted.iter().map(|(id, _)| id).collect();
     while !pending.is_empty() && Instant::now() < until {
@@ -173,7 +185,25 @@ async fn throughput_run(
         latency_samples: task_ms.len(),
         task_latency_ms: [crate::percentile(&mut task_ms, 50.0), crate::percentile(&mut task_ms, 99.0)],
         peak_rss_mib: peak,
+        server_cpu_ms_per_task: cpu_ms / tasks.max(1) as f64,
+        disk_kib_per_task: written as f64 / 1024.0 / tasks.max(1) as f64,
     })
+}
+
+/// User and system CPU time of process `pid` and all its threads, ms (`/proc/<pid>/stat` counts
+/// in `USER_HZ`, 100 on every Linux the bench runs on).
+fn cpu_ms(pid: Option<u32>) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    // The command name is in parentheses and may hold spaces: fields count from after it.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 * 10.0)
+}
+
+/// Bytes process `pid` caused to be written to storage (`write_bytes` of `/proc/<pid>/io`).
+fn written_bytes(pid: Option<u32>) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{}/io", pid?)).ok()?;
+    io.lines().find_map(|l| l.strip_prefix("write_bytes:")?.trim().parse().ok())
 }
 
 /// How a task ended, as the bench counts it.
@@ -200,13 +230,21 @@ impl std::fmt::Display for ThroughputReport {
         writeln!(f, "Throughput, {} clients ({})", self.clients, self.command)?;
         writeln!(
             f,
-            "{:<14} {:>7} {:>11} {:>22} {:>9} {:>22} {:>10}",
-            "backend", "tasks", "ingress/s", "ingress p50/p99 ms", "tasks/s", "task p50/p99 ms", "peak MiB"
+            "{:<14} {:>7} {:>11} {:>22} {:>9} {:>22} {:>10} {:>10} {:>10}",
+            "backend",
+            "tasks",
+            "ingress/s",
+            "ingress p50/p99 ms",
+            "tasks/s",
+            "task p50/p99 ms",
+            "peak MiB",
+            "CPU ms/t",
+            "disk KiB/t"
         )?;
         for run in &self.runs {
             writeln!(
                 f,
-                "{:<14} {:>7} {:>11.0} {:>14.1} / {:>5.1} {:>9.0} {:>14.0} / {:>5.0} {:>10.1}",
+                "{:<14} {:>7} {:>11.0} {:>14.1} / {:>5.1} {:>9.0} {:>14.0} / {:>5.0} {:>10.1} {:>10.3} {:>10.1}",
                 run.backend,
                 run.tasks,
                 run.ingress_per_s,
@@ -215,7 +253,9 @@ impl std::fmt::Display for ThroughputReport {
                 run.tasks_per_s,
                 run.task_latency_ms[0],
                 run.task_latency_ms[1],
-                run.peak_rss_mib
+                run.peak_rss_mib,
+                run.server_cpu_ms_per_task,
+                run.disk_kib_per_task
             )?;
         }
         Ok(())
