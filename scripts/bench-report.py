@@ -35,6 +35,11 @@ def bar(path, title, labels, series, ylabel):
     plt.close(fig)
 
 
+def met(ok):
+    """A goal line's verdict."""
+    return "met" if ok else "**not met**"
+
+
 def main():
     d = Path(sys.argv[1])
     out = ["# Lanes benchmarks", "",
@@ -55,15 +60,13 @@ def main():
                 f"{r['interactive_latency_ms'][0]:.0f} / {r['interactive_latency_ms'][1]:.0f} ms | "
                 f"{r['interactive_service_p99_ms']:.0f} ms | {r['synthesis_per_s']:.2f} | {100 * r['utilization']:.0f}% | "
                 f"{r['makespan_s']:.1f} s | {r['tail'][1]} of {r['tail'][0]} |" for r in runs]
-        def verdict(ok):
-            return "met" if ok else "**not met**"
         out += ["",
                 f"- 70/30 interactive p99 / its service p99 = {h['interactive_p99_over_service']:.2f} (target <= 1.2): "
-                f"{verdict(h['interactive_p99_over_service'] <= 1.2)}",
+                f"{met(h['interactive_p99_over_service'] <= 1.2)}",
                 f"- FIFO / 70/30 interactive p99 = {h['fifo_over_weighted']:.1f} (target >= 10): "
-                f"{verdict(h['fifo_over_weighted'] >= 10)}",
+                f"{met(h['fifo_over_weighted'] >= 10)}",
                 f"- 70/30 synthesis throughput / FIFO's = {h['synthesis_vs_fifo']:.2f} (target >= 0.95): "
-                f"{verdict(h['synthesis_vs_fifo'] >= 0.95)}", "",
+                f"{met(h['synthesis_vs_fifo'] >= 0.95)}", "",
                 "Reading it: FIFO lets synthesis tasks (45-180 s, scaled) fill every slot, so interactive waits "
                 "behind them. 70/30 with borrowing lends idle capacity without preemption; an active "
                 f"interactive lane (work in the last ten workload seconds) keeps {100 * h['headroom']:.0f}% of its "
@@ -150,8 +153,6 @@ def main():
                 f"{r.get('server_cpu_ms_per_task', 0):.3f} ms | {r.get('disk_kib_per_task', 0):.1f} KiB |" for r in runs]
         emb = next((r for r in runs if r["backend"] == "embedded"), None)
         if emb and "server_cpu_ms_per_task" in emb:
-            def met(ok):
-                return "met" if ok else "**not met**"
             goal = 10000
             need = goal * emb["server_cpu_ms_per_task"] / 1000
             out += ["", f"- embedded tasks/s: {emb['tasks_per_s']:.0f} (goal >= {goal:,} on {tp['cores']} cores): "
@@ -180,8 +181,6 @@ def main():
                 "speed.", "", "![throughput](throughput.png)", ""]
     so = load(d, "soak")
     if so:
-        def met(ok):
-            return "met" if ok else "**not met**"
         out += ["## Soak", "", f"`{so['command']}`", "",
                 f"`lanes dev` on embedded defaults (release build, offline model with no latency), {so['tasks']:,} "
                 f"interactive tasks from {so['clients']} clients; records kept {so['record_ttl_secs']} s and swept every "
@@ -204,8 +203,6 @@ def main():
                 f"- peak RSS {so['peak_rss_mib']:.0f} MiB; tasks unfinished at the end: {so['unfinished']}", ""]
     fn = load(d, "functions")
     if fn:
-        def met(ok):
-            return "met" if ok else "**not met**"
         out += ["## Lambda functions' memory", "", f"`{fn['command']}`", "",
                 f"The real Lambda binaries (release build) under the harness's Lambda emulator with their "
                 f"`template.yaml` settings, against moto and redis-server: {fn['tasks']:,} tasks (one in ten "
@@ -314,8 +311,6 @@ def main():
                 f"{r['call_p99_ms']:.0f} ms | {100 * r['interactive_share']:.1f}% |" for r in runs]
         known = [r for r in runs if r["limits"] == "configured"]
         learned = [r for r in runs if r["limits"] == "learned from headers"]
-        def met(ok):
-            return "met" if ok else "**not met**"
         out += ["",
                 f"- <= 1% 429s with the limits configured: {met(all(r['throttled_share'] <= 0.01 for r in known))}; "
                 f"<= 5% learned from headers: {met(all(r['throttled_share'] <= 0.05 for r in learned))}; "
