@@ -172,23 +172,13 @@ fn build(bins: &[&str], flags: &[&str], dir: &Path) -> Result<(), String> {
 /// and each function's environment as the template sets it, pointed at them.
 async fn environments() -> Result<(lanes_tests::MotoServer, lanes_tests::RedisServer, Vec<Function>), String>
 {
-    let (moto, redis, mut common) =
-        crate::aws_services().ok_or("redis-server or moto_server is missing: run scripts/test-deps.sh")?;
-    let urls = lanes_core::wiring::create_aws_resources(
-        &moto.aws_settings(),
-        "lanes",
-        "lanes-tasks",
-        Default::default(),
-    )
-    .await
-    .map_err(|e| format!("moto resources: {e}"))?;
+    let ((moto, redis, mut common), _) = crate::aws_stack().await?;
     let github = moto.create_secret("lanes/github-webhook", WEBHOOK_SECRET).await?;
     let gitlab = moto.create_secret("lanes/gitlab-webhook", "bench-token").await?;
     // The commits worker's API tokens, as a stack with private repositories configures them (read
     // at first use in an on-demand cold start, like the webhook's secrets).
     let github_token = moto.create_secret("lanes/github-token", "bench-github-token").await?;
     let gitlab_token = moto.create_secret("lanes/gitlab-token", "bench-gitlab-token").await?;
-    common.extend(lanes_tests::stack_env("lanes-tasks", &urls));
     common.push(("LANES_LLM_PROVIDER".into(), "offline".into()));
     // The roots the SDK trusts as deployed: a function in Lambda with no endpoint override, no
     // proxy and no `SSL_CERT_FILE` trusts Amazon's ([`lanes_core::adapters::trust`]); the moto

@@ -126,17 +126,7 @@ pub async fn functions_report(tasks: usize, concurrency: usize) -> Result<Functi
 /// moto and redis-server with the stack's resources, the functions as the template declares them,
 /// and the adapters the mapping and the final check use.
 async fn start() -> Result<Run, String> {
-    let (moto, redis, mut vars) =
-        crate::aws_services().ok_or("redis-server or moto_server is missing: run scripts/test-deps.sh")?;
-    let urls = lanes_core::wiring::create_aws_resources(
-        &moto.aws_settings(),
-        "lanes",
-        "lanes-tasks",
-        Default::default(),
-    )
-    .await
-    .map_err(|e| format!("moto resources: {e}"))?;
-    vars.extend(lanes_tests::stack_env("lanes-tasks", &urls));
+    let ((moto, redis, mut vars), urls) = crate::aws_stack().await?;
     vars.push(("LANES_METRICS_NAMESPACE".into(), "Lanes/bench".into()));
     let spec = |logical_id: &str| {
         FunctionSpec::from_template(logical_id)
@@ -147,7 +137,7 @@ async fn start() -> Result<Run, String> {
     };
     let config = lanes_core::wiring::AwsBackendConfig {
         aws: moto.aws_settings(),
-        table: "lanes-tasks".into(),
+        table: crate::STACK_TABLE.into(),
         queue_urls: urls.clone(),
         redis: redis.settings(false),
         redrive: None,
@@ -230,15 +220,9 @@ async fn drain(run: &Run) -> Result<(), String> {
             any = true;
             let answer =
                 answered(worker.invoke(&sqs_event(&received, arn)).await, &worker.spec().logical_id)?;
-            let failed: Vec<&str> = answer["batchItemFailures"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|f| f["itemIdentifier"].as_str()).collect())
-                .unwrap_or_default();
-            for m in &received {
-                if !failed.contains(&m.message_id.as_str()) {
-                    queue.delete(&m.receipt).await.map_err(|e| e.to_string())?;
-                }
-            }
+            let response = serde_json::from_value(answer.clone()).map_err(|e| format!("{answer}: {e}"))?;
+            let records: Vec<_> = received.iter().map(lanes_tests::sqs_record).collect();
+            lanes_tests::mapping_deletes(&**queue, &records, &response).await.map_err(|e| e.to_string())?;
         }
         if !any {
             let mut left = 0;

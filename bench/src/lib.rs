@@ -80,6 +80,27 @@ fn aws_services() -> Option<AwsServices> {
     Some((moto, redis, env))
 }
 
+/// The table that [`aws_stack`] creates.
+const STACK_TABLE: &str = "lanes-tasks";
+
+/// [`aws_services`] with the stack's resources made ([`lanes_core::wiring::create_aws_resources`]:
+/// the table, the lane queues with their DLQs, the results bucket): the services, the lanes' queue
+/// URLs, and the environment the template gives every function, pointed at them.
+async fn aws_stack() -> Result<(AwsServices, [String; 3]), String> {
+    let (moto, redis, mut env) =
+        aws_services().ok_or("redis-server or moto_server is missing: run scripts/test-deps.sh")?;
+    let urls = lanes_core::wiring::create_aws_resources(
+        &moto.aws_settings(),
+        "lanes",
+        STACK_TABLE,
+        Default::default(),
+    )
+    .await
+    .map_err(|e| format!("moto resources: {e}"))?;
+    env.extend(lanes_tests::stack_env(STACK_TABLE, &urls));
+    Ok(((moto, redis, env), urls))
+}
+
 /// The usage a [`SleepLlm`] prompt asks to report: `tokens=<n>` anywhere in it (half prompt, half
 /// completion), else one of each.
 fn usage_in(prompt: &str) -> lanes_core::domain::TokenUsage {

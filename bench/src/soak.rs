@@ -117,7 +117,7 @@ pub async fn soak_report(
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let rss = rss_kib(server.pid()).unwrap_or(0) as f64 / 1024.0;
+        let rss = server.rss_kib().unwrap_or(0) as f64 / 1024.0;
         let tasks_per_s = (tasks / 10) as f64 / at.elapsed().as_secs_f64();
         let backlog = backlog(&client, &server.url).await.unwrap_or(0);
         tenths.push(SoakTenth { tasks_per_s, rss_mib: rss, backlog });
@@ -183,12 +183,6 @@ async fn backlog(client: &reqwest::Client, url: &str) -> Option<u64> {
         text.lines().find_map(|l| l.strip_prefix(&prefix)?.trim().parse::<u64>().ok())
     };
     Some(gauge("lanes_queue_depth")? + gauge("lanes_queue_in_flight")?)
-}
-
-/// Resident memory (`VmRSS`) of process `pid`, KiB.
-fn rss_kib(pid: Option<u32>) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
 impl std::fmt::Display for SoakReport {

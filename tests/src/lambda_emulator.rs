@@ -281,17 +281,7 @@ impl LambdaFunction {
     /// Busy ones are left out; between invocations every environment is idle.
     pub fn memory_kib(&self) -> Vec<(u64, u64)> {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.iter()
-            .filter_map(|env| {
-                let status = std::fs::read_to_string(format!("/proc/{}/status", env.child.id())).ok()?;
-                let field = |name: &str| {
-                    status
-                        .lines()
-                        .find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok())
-                };
-                Some((field("VmRSS:")?, field("VmHWM:")?))
-            })
-            .collect()
+        idle.iter().filter_map(|env| crate::resident_kib(env.child.id())).collect()
     }
 
     /// Invocations so far.

@@ -39,6 +39,16 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     bin
 }
 
+/// Resident memory of process `pid`, KiB, from `/proc/<pid>/status`: now (`VmRSS`) and at its peak
+/// (`VmHWM`). `None` once the process is gone.
+pub fn resident_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status.lines().find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok())
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 /// Wall-clock Unix milliseconds, as the servers under test read them.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -180,8 +190,12 @@ impl DevServer {
 
     /// Peak resident memory (`VmHWM`) of the process, in KiB.
     pub fn peak_rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        status.lines().find_map(|l| l.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?.trim().parse().ok())
+        resident_kib(self.pid()?).map(|(_, peak)| peak)
+    }
+
+    /// Resident memory (`VmRSS`) of the process now, in KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        resident_kib(self.pid()?).map(|(now, _)| now)
     }
 
     /// SIGKILL: no shutdown code runs.
@@ -793,21 +807,23 @@ pub async fn fake_github(fetches: Fetches) -> String {
 
 /// What Lambda's event source mapping does when a function answers with a partial-batch response
 /// (`ReportBatchItemFailures`): deletes every record the answer does not name as a failure. The
-/// functions leave that delete to the mapping, so a test that plays the mapping must do it too.
+/// functions leave that delete to the mapping, so a test or bench that plays the mapping must do it
+/// too.
 pub async fn mapping_deletes(
     queue: &dyn lanes_core::ports::QueueConsume,
     records: &[aws_lambda_events::event::sqs::SqsMessage],
     response: &aws_lambda_events::event::sqs::SqsBatchResponse,
-) {
+) -> Result<(), lanes_core::ports::QueueError> {
     for record in records {
         let failed = response
             .batch_item_failures
             .iter()
             .any(|f| Some(f.item_identifier.as_str()) == record.message_id.as_deref());
         if let (false, Some(receipt)) = (failed, record.receipt_handle.as_deref()) {
-            queue.delete(receipt).await.unwrap_or_else(|e| panic!("mapping delete: {e}"));
+            queue.delete(receipt).await?;
         }
     }
+    Ok(())
 }
 
 /// `lanes_aws_requests_total` in a Prometheus text exposition, as `service operation -> count`.

@@ -206,7 +206,7 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
     // until it does; the undecodable one is gone already.
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 3));
-    lanes_tests::mapping_deletes(&queue, &records, &response).await;
+    lanes_tests::mapping_deletes(&queue, &records, &response).await.unwrap();
     assert_eq!(queue.depth().await.unwrap().visible + queue.depth().await.unwrap().in_flight, 0);
 }
 

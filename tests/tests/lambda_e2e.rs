@@ -73,7 +73,7 @@ async fn ingress_and_worker_binaries_under_cargo_lambda_watch() {
         serde_json::from_value(answer.clone()).unwrap();
     let records: Vec<aws_lambda_events::event::sqs::SqsMessage> =
         serde_json::from_value(batch["Records"].clone()).unwrap();
-    lanes_tests::mapping_deletes(&queue, &records, &response).await;
+    lanes_tests::mapping_deletes(&queue, &records, &response).await.unwrap();
 
     let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), "lanes-tasks");
     let now = lanes_tests::now_ms();

@@ -123,7 +123,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
     // Everything settled is still hidden, and gone once the mapping deletes it.
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 10));
-    lanes_tests::mapping_deletes(&*queue, &records, &response).await;
+    lanes_tests::mapping_deletes(&*queue, &records, &response).await.unwrap();
     let depth = queue.depth().await.unwrap();
     assert_eq!((depth.visible, depth.in_flight), (0, 0));
     for id in &ids {
