@@ -127,6 +127,7 @@ impl lanes_core::ports::LlmClient for SleepLlm {
             text: "done".into(),
             model: "sleep".into(),
             usage: usage_in(&request.prompt),
+            tier: Default::default(),
         })
     }
 }

@@ -45,6 +45,7 @@ pub fn mixed_request(lane: Lane, i: usize) -> LlmRequest {
         target_files: vec![],
         max_tokens: 16,
         params: Default::default(),
+        tier: Default::default(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! Binaries build these once at start; tests shrink the durations to milliseconds.
 
 use crate::domain::Lane;
+use crate::domain::tier::TierSetting;
 use std::time::Duration;
 
 /// Errors in configuration: always permanent, always naming the setting.
@@ -53,22 +54,39 @@ pub struct LanePolicy {
     pub max_age: Duration,
     /// Completion token cap of one call (a task's `params.max_tokens` may lower it, never raise it).
     pub max_tokens: u32,
+    /// The service tier its calls are made at ([`crate::domain::tier`]).
+    pub tier: TierSetting,
+    /// How long after it was enqueued its work may finish, for [`TierSetting::Auto`].
+    pub deadline: Option<Duration>,
 }
 
 impl LanePolicy {
-    /// The documented defaults: interactive 5 attempts / 1 h / 1,024 tokens; synthesis 5 attempts /
-    /// 24 h / 16,384 tokens; commits 5 attempts / 7 days (its calls size their own token cap).
+    /// The documented defaults: interactive 5 attempts / 1 h / 1,024 tokens / `sync`; synthesis 5
+    /// attempts / 24 h / 16,384 tokens / `sync`; commits 5 attempts / 7 days (its calls size their
+    /// own token cap) / `auto` with a 6 h deadline.
     pub const fn default_for(lane: Lane) -> Self {
         match lane {
-            Lane::Interactive => {
-                Self { attempt_budget: 5, max_age: Duration::from_secs(3600), max_tokens: 1024 }
-            }
-            Lane::Synthesis => {
-                Self { attempt_budget: 5, max_age: Duration::from_secs(24 * 3600), max_tokens: 16_384 }
-            }
-            Lane::Commits => {
-                Self { attempt_budget: 5, max_age: Duration::from_secs(7 * 24 * 3600), max_tokens: 4096 }
-            }
+            Lane::Interactive => Self {
+                attempt_budget: 5,
+                max_age: Duration::from_secs(3600),
+                max_tokens: 1024,
+                tier: TierSetting::Sync,
+                deadline: None,
+            },
+            Lane::Synthesis => Self {
+                attempt_budget: 5,
+                max_age: Duration::from_secs(24 * 3600),
+                max_tokens: 16_384,
+                tier: TierSetting::Sync,
+                deadline: None,
+            },
+            Lane::Commits => Self {
+                attempt_budget: 5,
+                max_age: Duration::from_secs(7 * 24 * 3600),
+                max_tokens: 4096,
+                tier: TierSetting::Auto,
+                deadline: Some(Duration::from_secs(6 * 3600)),
+            },
         }
     }
 }
@@ -120,6 +138,28 @@ impl WorkerConfig {
             }
         }
         self.quota.completion_caps = self.lanes.map(|l| l.max_tokens);
+        self.tiers_from_env()
+    }
+
+    /// Each lane's tier and deadline from `LANES_TIER_<LANE>` (`sync`, `flex` or `auto`) and
+    /// `LANES_DEADLINE_SECS_<LANE>` (0 for none), where set.
+    fn tiers_from_env(mut self) -> Result<Self, ConfigError> {
+        const NAMES: [[&str; 2]; 3] = [
+            ["LANES_TIER_INTERACTIVE", "LANES_DEADLINE_SECS_INTERACTIVE"],
+            ["LANES_TIER_SYNTHESIS", "LANES_DEADLINE_SECS_SYNTHESIS"],
+            ["LANES_TIER_COMMITS", "LANES_DEADLINE_SECS_COMMITS"],
+        ];
+        for (policy, [tier, deadline]) in self.lanes.iter_mut().zip(NAMES) {
+            if let Some(v) = optional_env(tier) {
+                policy.tier = TierSetting::parse(&v).ok_or_else(|| ConfigError::Invalid {
+                    name: tier,
+                    reason: format!("`{v}`; expected sync, flex or auto"),
+                })?;
+            }
+            if let Some(n) = env_number(deadline, 0, 14 * 24 * 3600)? {
+                policy.deadline = (n > 0).then(|| Duration::from_secs(n));
+            }
+        }
         Ok(self)
     }
 

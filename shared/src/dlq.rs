@@ -554,6 +554,7 @@ mod tests {
             tokens: Default::default(),
             truncated: false,
             cost_usd: None,
+            tier: Default::default(),
         };
         store.finish(&ids[0], c.fence, Completion::Completed(done), clock.now_ms(), 3600).await.unwrap();
         store.claim(&ids[1], clock.now_ms(), 3600).await.unwrap();

@@ -45,6 +45,7 @@ pub fn routes() -> axum::Router {
         crate::domain::Lane,
         crate::domain::Kind,
         crate::domain::TokenUsage,
+        crate::domain::tier::Tier,
         crate::domain::FieldError,
         crate::domain::commit::CommitSummary,
         crate::domain::commit::SummarySource,

@@ -218,7 +218,7 @@ fn tally(
         .done
         .iter()
         .filter(|d| d.served == Served::Llm)
-        .filter_map(|d| crate::llm::price::prices().cost(&d.summary.model, d.summary.tokens))
+        .filter_map(|d| crate::llm::price::prices().cost(&d.summary.model, d.summary.tokens, d.summary.tier))
         .sum::<f64>();
     for done in r.done {
         let key = done.summary.key();

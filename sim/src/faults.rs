@@ -1065,6 +1065,7 @@ impl LlmClient for SimLlm {
             usage: lanes_core::domain::TokenUsage { prompt, completion: 80 },
             truncated: false,
             limits: ProviderLimits::default(),
+            tier: Default::default(),
         })
     }
 }

@@ -30,6 +30,7 @@ fn result() -> TaskResult {
         tokens: Default::default(),
         truncated: true,
         cost_usd: Some(0.25),
+        tier: Default::default(),
     }
 }
 
@@ -515,6 +516,7 @@ fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {
         diff_cut: false,
         committed_at_ms: at,
         created_at_ms: 1,
+        tier: Default::default(),
     }
 }
 

@@ -24,6 +24,8 @@ pub enum Scripted {
     Slow(Duration),
     /// A chat completion (OpenAI's shape) with this text, finished normally.
     Answer(String),
+    /// OpenAI's refusal of a flex call for want of capacity: `429 Resource Unavailable`.
+    FlexUnavailable,
 }
 
 /// What the mock saw of one request.
@@ -117,6 +119,8 @@ struct MockState {
     seen: Mutex<Vec<Seen>>,
     buckets: Mutex<Option<Buckets>>,
     usage: Mutex<MockUsage>,
+    /// Models that have no flex tier: a flex call to one is refused with a 400.
+    no_flex: Mutex<Vec<String>>,
 }
 
 impl MockState {
@@ -300,6 +304,12 @@ impl MockLlm {
         self.state.script.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
+    /// Refuses flex calls to `model` as OpenAI refuses them for a model without flex (a 400 naming
+    /// `service_tier`).
+    pub fn without_flex(&self, model: &str) {
+        self.state.no_flex.lock().unwrap_or_else(|e| e.into_inner()).push(model.to_owned());
+    }
+
     /// Every request so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -337,6 +347,14 @@ async fn record_and_script(
                 .into_response(),
             )
         }
+        Some(Scripted::FlexUnavailable) => Some(
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                Json(json!({"error": {"message": "Resource Unavailable: flex capacity is exhausted, retry later or use the default tier",
+                    "type": "resource_unavailable", "param": null, "code": "resource_unavailable"}})),
+            )
+                .into_response(),
+        ),
         Some(Scripted::Status(code, hdrs)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let mut resp =
@@ -384,6 +402,16 @@ async fn openai(
     if let Some(r) = record_and_script(&state, "/v1/chat/completions", headers, body.clone()).await {
         return r;
     }
+    let flex = body["service_tier"] == "flex";
+    let model = body["model"].as_str().unwrap_or_default().to_owned();
+    if flex && state.no_flex.lock().unwrap_or_else(|e| e.into_inner()).contains(&model) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": format!("Flex processing is not available for model {model}."),
+                "type": "invalid_request_error", "param": "service_tier", "code": null}})),
+        )
+            .into_response();
+    }
     let prompt: String =
         body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_str()).collect();
     // A commit-summary prompt gets a well-formed JSON array, as a model following it would answer.
@@ -408,7 +436,9 @@ async fn openai(
         "model": body["model"],
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
         "usage": {"prompt_tokens": tokens(&prompt), "completion_tokens": completion,
-                  "total_tokens": tokens(&prompt) + completion}
+                  "total_tokens": tokens(&prompt) + completion},
+        // The tier that served the call, as OpenAI names it in every answer.
+        "service_tier": if flex { "flex" } else { "default" }
     }))
     .into_response();
     if let Some((limits, left)) = left
@@ -482,7 +512,7 @@ async fn converse(
     if headers.get("authorization").is_none() {
         return (StatusCode::FORBIDDEN, Json(json!({"message": "missing signature"}))).into_response();
     }
-    if let Some(r) = record_and_script(&state, "/converse", headers, body).await {
+    if let Some(r) = record_and_script(&state, "/converse", headers, body.clone()).await {
         // Bedrock names the error in a header; the SDK maps it to the operation's error variant.
         let (mut parts, b) = r.into_parts();
         let kind = match parts.status.as_u16() {
@@ -497,6 +527,10 @@ async fn converse(
         }
         return Response::from_parts(parts, b);
     }
-    let recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
+    let mut recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
+    // Converse names the tier that served the call when one was asked for.
+    if let Some(tier) = body["serviceTier"]["type"].as_str() {
+        recorded["serviceTier"] = json!({"type": tier});
+    }
     Json(recorded).into_response()
 }

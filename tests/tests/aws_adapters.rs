@@ -37,6 +37,7 @@ fn result(text: String) -> TaskResult {
         tokens: TokenUsage { prompt: 1, completion: 2 },
         truncated: false,
         cost_usd: None,
+        tier: Default::default(),
     }
 }
 

@@ -193,6 +193,7 @@ async fn the_move_task_redrive_resets_records_then_starts_one_move() {
                 tokens: Default::default(),
                 truncated: false,
                 cost_usd: None,
+                tier: Default::default(),
             })
         } else {
             end

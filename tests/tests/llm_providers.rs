@@ -18,6 +18,7 @@ fn request() -> LlmRequest {
         target_files: vec!["src/main.rs".into()],
         max_tokens: 64,
         params: Default::default(),
+        tier: Default::default(),
     }
 }
 
@@ -268,6 +269,80 @@ async fn a_primary_cooling_down_falls_back_and_the_answer_names_the_fallback_mod
     assert_eq!(stack.server.metric(&route("throttled")).await, 1.0);
 }
 
+/// A flex call goes out with `service_tier: "flex"`; OpenAI's capacity refusal (`429 Resource
+/// Unavailable`) is answered at `sync` on the same route at once; a model without flex (a 400 naming
+/// `service_tier`) is called at `sync` and the route stops asking; a route configured `+sync` never
+/// asks. The answer says the tier that served it, and the price follows it.
+#[tokio::test]
+async fn flex_is_asked_for_refused_flex_is_answered_at_sync_and_a_model_without_flex_stops_being_asked() {
+    use lanes_core::domain::tier::Tier;
+    use lanes_core::llm::route::{Fallback, RouteClient};
+    use lanes_core::metrics::LLM_ROUTE_EVENTS;
+    let mock = MockLlm::start().await.unwrap();
+    let openai = std::sync::Arc::new(OpenAiClient::new(
+        &format!("{}/v1", mock.url),
+        "gpt-4o-flex-test",
+        Some("k".into()),
+        Duration::from_secs(5),
+    ));
+    let route = "openai:gpt-4o-flex-test";
+    let f = Fallback::new([vec![RouteClient::new(route.into(), openai.clone(), None, true)], vec![], vec![]]);
+    let flex = LlmRequest { tier: Tier::Flex, ..request() };
+    let asked = |i: usize| mock.seen()[i].body["service_tier"].as_str().map(str::to_owned);
+    let events = |e: &str| LLM_ROUTE_EVENTS.with_label_values(&["interactive", route, e]).get();
+
+    mock.script([Scripted::FlexUnavailable]);
+    let refused = f.complete(&flex).await.unwrap();
+    assert_eq!(refused.tier, Tier::Sync, "answered at sync after the refusal");
+    assert_eq!((asked(0).as_deref(), asked(1)), (Some("flex"), None));
+    assert_eq!(events("flex_refused"), 1);
+
+    let served = f.complete(&flex).await.unwrap();
+    assert_eq!((served.tier, asked(2).as_deref()), (Tier::Flex, Some("flex")));
+    let prices = lanes_core::llm::price::prices();
+    let (at_flex, at_sync) = (
+        prices.cost(&served.model, served.usage, served.tier).unwrap(),
+        prices.cost(&served.model, served.usage, Tier::Sync).unwrap(),
+    );
+    assert!((at_flex * 2.0 - at_sync).abs() < 1e-12, "flex is charged half: {at_flex} vs {at_sync}");
+
+    mock.without_flex("gpt-4o-flex-test");
+    let unsupported = f.complete(&flex).await.unwrap();
+    assert_eq!(unsupported.tier, Tier::Sync);
+    assert_eq!((asked(3).as_deref(), asked(4)), (Some("flex"), None));
+    assert_eq!(events("flex_unsupported"), 1);
+    f.complete(&flex).await.unwrap();
+    assert_eq!((mock.seen().len(), asked(5)), (6, None), "the route no longer asks for flex");
+
+    // A route that does not offer flex is called at sync, and the client alone sends what it is told.
+    let plain =
+        Fallback::new([vec![RouteClient::new("p".into(), openai.clone(), None, false)], vec![], vec![]]);
+    assert_eq!(plain.complete(&flex).await.unwrap().tier, Tier::Sync);
+    assert_eq!(asked(6), None);
+}
+
+/// Tier refusals are decided by the client from the answer, never guessed: a 429 that is a rate limit
+/// stays a throttle on a flex call, and a 400 about something else stays permanent.
+#[tokio::test]
+async fn on_a_flex_call_only_the_refusals_of_the_tier_are_tier_refusals() {
+    use lanes_core::domain::tier::Tier;
+    let mock = MockLlm::start().await.unwrap();
+    let client =
+        OpenAiClient::new(&format!("{}/v1", mock.url), "gpt-4o", Some("k".into()), Duration::from_secs(5));
+    let flex = LlmRequest { tier: Tier::Flex, ..request() };
+    mock.script([
+        Scripted::Status(429, vec![("retry-after", "1".into())]),
+        Scripted::Status(400, vec![]),
+        Scripted::FlexUnavailable,
+    ]);
+    assert!(matches!(client.complete(&flex).await, Err(LlmError::Throttled { .. })));
+    assert!(matches!(client.complete(&flex).await, Err(LlmError::Permanent(_))));
+    assert!(matches!(client.complete(&flex).await, Err(LlmError::TierRefused { unsupported: false, .. })));
+    // The same refusal on a sync call (which never happens) is an ordinary throttle.
+    mock.script([Scripted::FlexUnavailable]);
+    assert!(matches!(client.complete(&request()).await, Err(LlmError::Throttled { .. })));
+}
+
 mod bedrock_and_secrets {
     use super::*;
     use lanes_core::adapters::bedrock::BedrockClient;
@@ -298,6 +373,23 @@ mod bedrock_and_secrets {
         assert_eq!(seen[0].body["inferenceConfig"]["maxTokens"], 64);
         assert!(seen[0].body["system"][0]["text"].as_str().unwrap().starts_with("Explain"));
         assert!(seen[0].body["messages"][0]["content"][0]["text"].as_str().unwrap().contains("src/main.rs"));
+    }
+
+    /// A flex call carries Converse's `serviceTier`, and the answer's tier is the one Bedrock says
+    /// served it; flex capacity running out (503) is a tier refusal, a throttle stays a throttle.
+    #[tokio::test]
+    async fn converse_asks_for_flex_and_reads_the_tier_that_served_it() {
+        use lanes_core::domain::tier::Tier;
+        let mock = MockLlm::start().await.unwrap();
+        let c = client(&mock).await;
+        let flex = LlmRequest { tier: Tier::Flex, ..request() };
+        assert_eq!(c.complete(&flex).await.unwrap().tier, Tier::Flex);
+        assert_eq!(mock.seen()[0].body["serviceTier"]["type"], "flex");
+        assert_eq!(c.complete(&request()).await.unwrap().tier, Tier::Sync);
+        assert!(mock.seen()[1].body.get("serviceTier").is_none());
+        mock.script([Scripted::Status(503, vec![]), Scripted::Status(429, vec![])]);
+        assert!(matches!(c.complete(&flex).await, Err(LlmError::TierRefused { unsupported: false, .. })));
+        assert!(matches!(c.complete(&flex).await, Err(LlmError::Throttled { .. })));
     }
 
     #[tokio::test]

@@ -3,13 +3,15 @@
 //! from every response.
 
 use crate::domain::TokenUsage;
+use crate::domain::tier::Tier;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_bedrockruntime::operation::converse::ConverseError;
 use aws_sdk_bedrockruntime::types::{
-    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message, SystemContentBlock,
+    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message, ServiceTier,
+    ServiceTierType, SystemContentBlock,
 };
 
 /// A Converse client for one model.
@@ -54,6 +56,26 @@ fn map_error(e: SdkError<ConverseError>) -> LlmError {
     }
 }
 
+/// What a refused flex call means: a model without the flex tier is a validation error naming it,
+/// and flex capacity running out is the service being unavailable to flex. Either is answered at
+/// `sync` by the routes ([`LlmError::TierRefused`]); a throttle stays a throttle (the account's
+/// quota, which `sync` shares).
+fn flex_refusal(e: SdkError<ConverseError>) -> LlmError {
+    let said = format!("{} {}", e.code().unwrap_or_default(), e.message().unwrap_or_default());
+    let message = format!("bedrock: {said}");
+    match e.as_service_error() {
+        Some(ConverseError::ValidationException(_))
+            if ["tier", "flex"].iter().any(|w| said.to_ascii_lowercase().contains(w)) =>
+        {
+            LlmError::TierRefused { message, unsupported: true }
+        }
+        Some(ConverseError::ServiceUnavailableException(_)) => {
+            LlmError::TierRefused { message, unsupported: false }
+        }
+        _ => map_error(e),
+    }
+}
+
 /// Converse's inference settings from the task's parameters (Converse has no seed).
 fn inference_config(request: &LlmRequest, max_tokens: i32) -> InferenceConfiguration {
     let p = &request.params;
@@ -74,6 +96,7 @@ impl LlmClient for BedrockClient {
             .build()
             .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
         let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
+        let flex = request.tier == Tier::Flex;
         let out = self
             .client
             .converse()
@@ -81,9 +104,14 @@ impl LlmClient for BedrockClient {
             .system(SystemContentBlock::Text(request.kind.system_prompt().to_owned()))
             .messages(message)
             .inference_config(inference_config(request, max_tokens))
+            .set_service_tier(
+                flex.then(|| ServiceTier::builder().r#type(ServiceTierType::Flex).build())
+                    .transpose()
+                    .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?,
+            )
             .send()
             .await
-            .map_err(map_error)?;
+            .map_err(|e| if flex { flex_refusal(e) } else { map_error(e) })?;
         let text: String = match out.output() {
             Some(ConverseOutput::Message(m)) => m
                 .content()
@@ -114,6 +142,10 @@ impl LlmClient for BedrockClient {
             usage: TokenUsage {
                 prompt: usage.map_or(0, |u| u.input_tokens().max(0) as u64),
                 completion: usage.map_or(0, |u| u.output_tokens().max(0) as u64),
+            },
+            tier: match out.service_tier().map(|t| t.r#type()) {
+                Some(ServiceTierType::Flex) => Tier::Flex,
+                _ => Tier::Sync,
             },
         })
     }

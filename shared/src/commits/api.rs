@@ -290,6 +290,7 @@ mod tests {
                     diff_cut: false,
                     committed_at_ms: 1_000 + i,
                     created_at_ms: 0,
+                    tier: Default::default(),
                 })
                 .await
                 .unwrap();

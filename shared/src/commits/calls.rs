@@ -7,7 +7,8 @@ use super::budget;
 use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
 use super::report::{BatchReport, Served};
 use super::worker::{CommitsWorker, Group, GroupEnd, LANE, Pending};
-use crate::domain::commit::SummarySource;
+use crate::domain::commit::{CommitSummary, SummarySource};
+use crate::domain::tier::Tier;
 use crate::domain::{Kind, Lane, TokenUsage};
 use crate::lease::full_jitter_backoff;
 use crate::ports::{LlmError, LlmRequest};
@@ -33,13 +34,14 @@ impl CommitsWorker {
         }
         let bins = self.bins(groups, &pending);
         let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
+        let read: &[Group] = groups;
         let calls = join_all(bins.iter().map(|bin| {
             let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
-            let tokens: Vec<CancellationToken> = items.iter().map(|p| groups[p.group].lost.clone()).collect();
+            let tokens: Vec<CancellationToken> = items.iter().map(|p| read[p.group].lost.clone()).collect();
             let slots = slots.clone();
             async move {
                 let _slot = slots.acquire_owned().await;
-                let r = self.call(&items, &tokens, deadline).await;
+                let r = self.call(read, &items, &tokens, deadline).await;
                 (items, r)
             }
         }))
@@ -48,9 +50,9 @@ impl CommitsWorker {
         let mut answered: Vec<Answer<'_>> = Vec::new();
         for (items, r) in calls {
             match r {
-                CallResult::Answered { answers, usage, model } => {
+                CallResult::Answered { answers, usage, by } => {
                     report.add_call(usage);
-                    let (ok, missing) = split_answer(groups, &items, &answers, usage, &model);
+                    let (ok, missing) = split_answer(groups, &items, &answers, usage, &by);
                     answered.extend(ok);
                     singles.extend(missing);
                 }
@@ -74,7 +76,7 @@ impl CommitsWorker {
             }
         }
         answered.extend(self.ask_alone(groups, &singles, report, deadline).await);
-        for (p, text, usage, model) in answered {
+        for (p, text, usage, (model, tier)) in answered {
             let g = p.group;
             if groups[g].lost.is_cancelled() {
                 // Written all the same, as a task's answer in hand is: a summary is written once
@@ -85,6 +87,7 @@ impl CommitsWorker {
             }
             let summary =
                 self.summary(&groups[g].commit, text, &model, SummarySource::Llm, usage, &p.trimmed);
+            let summary = CommitSummary { tier, ..summary };
             groups[g].outcome = Some(self.write(&groups[g], summary, Served::Llm).await);
         }
     }
@@ -118,18 +121,19 @@ impl CommitsWorker {
         report: &mut BatchReport,
         deadline: Instant,
     ) -> Vec<Answer<'p>> {
+        let read: &[Group] = groups;
         let retried = join_all(singles.iter().map(|p| {
-            let token = vec![groups[p.group].lost.clone()];
-            async move { (*p, self.call(&[*p], &token, deadline).await) }
+            let token = vec![read[p.group].lost.clone()];
+            async move { (*p, self.call(read, &[*p], &token, deadline).await) }
         }))
         .await;
         let mut answered = Vec::new();
         for (p, r) in retried {
             match r {
-                CallResult::Answered { answers, usage, model } => {
+                CallResult::Answered { answers, usage, by } => {
                     report.add_call(usage);
                     match answers.get(groups[p.group].commit.sha.as_str()) {
-                        Some(text) => answered.push((p, text.clone(), usage, model)),
+                        Some(text) => answered.push((p, text.clone(), usage, by)),
                         None => {
                             let after = full_jitter_backoff(&self.lease, groups[p.group].receives);
                             groups[p.group].outcome = Some(GroupEnd::Retry {
@@ -162,6 +166,12 @@ impl CommitsWorker {
                 let after = full_jitter_backoff(&self.lease, receives).max(retry_after.unwrap_or_default());
                 GroupEnd::Retry { after, reason: format!("model: {message}") }
             }
+            LlmError::TierRefused { message, .. } => {
+                // Answered at `sync` inside the routes; one reaching here is a wait, not an attempt.
+                self.metrics.waits_total.with_label_values(&[LANE, "throttled"]).inc();
+                let after = full_jitter_backoff(&self.lease, receives);
+                GroupEnd::Wait { after, reason: format!("model: {message}") }
+            }
             LlmError::Throttled { message, retry_after } => {
                 self.metrics.llm_requests_total.with_label_values(&[LANE, "throttled"]).inc();
                 self.metrics.waits_total.with_label_values(&[LANE, "throttled"]).inc();
@@ -172,8 +182,19 @@ impl CommitsWorker {
     }
 
     /// One model call for `items`, abandoned when every item's lease is lost or the deadline comes.
-    async fn call(&self, items: &[&Pending], lost: &[CancellationToken], deadline: Instant) -> CallResult {
+    /// Its tier is the lane's choice for the item that has waited longest.
+    async fn call(
+        &self,
+        groups: &[Group],
+        items: &[&Pending],
+        lost: &[CancellationToken],
+        deadline: Instant,
+    ) -> CallResult {
+        let oldest = items.iter().map(|p| groups[p.group].enqueued_at_ms).min().unwrap_or(u64::MAX);
+        let waited = Duration::from_millis(self.clock.now_ms().saturating_sub(oldest));
+        let policy = self.lease.lane(Lane::Commits);
         let request = LlmRequest {
+            tier: crate::domain::tier::choose(policy.tier, policy.deadline, waited),
             lane: Lane::Commits,
             kind: Kind::CommitSummary,
             prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
@@ -196,15 +217,19 @@ impl CommitsWorker {
             Ok(resp) => {
                 self.metrics.llm_requests_total.with_label_values(&[LANE, "ok"]).inc();
                 self.metrics.llm_tokens_total.with_label_values(&[LANE, "prompt"]).inc_by(resp.usage.prompt);
-                let cost = crate::llm::price::prices().cost(&resp.model, resp.usage).unwrap_or(0.0);
-                self.metrics.llm_cost_usd_total.with_label_values(&[LANE, &resp.model]).inc_by(cost);
+                let cost =
+                    crate::llm::price::prices().cost(&resp.model, resp.usage, resp.tier).unwrap_or(0.0);
+                self.metrics
+                    .llm_cost_usd_total
+                    .with_label_values(&[LANE, &resp.model, resp.tier.as_str()])
+                    .inc_by(cost);
                 self.metrics
                     .llm_tokens_total
                     .with_label_values(&[LANE, "completion"])
                     .inc_by(resp.usage.completion);
                 let shas: Vec<&str> = items.iter().map(|p| sha_of(&p.section)).collect();
                 let answers = prompt::parse_answer(&resp.text, &shas);
-                CallResult::Answered { answers, usage: resp.usage, model: resp.model }
+                CallResult::Answered { answers, usage: resp.usage, by: (resp.model, resp.tier) }
             }
             Err(e) => CallResult::Failed(e),
         }
@@ -215,8 +240,11 @@ fn sha_of(section: &str) -> &str {
     section.lines().next().and_then(|l| l.strip_prefix("=== commit ")).unwrap_or("").trim()
 }
 
-/// One commit's answer in hand: its text, its share of the call's tokens, the model that answered.
-type Answer<'p> = (&'p Pending, String, TokenUsage, String);
+/// The model that answered a call and the tier it was served at.
+type By = (String, Tier);
+
+/// One commit's answer in hand: its text, its share of the call's tokens, who answered.
+type Answer<'p> = (&'p Pending, String, TokenUsage, By);
 
 /// A batch call's answers, each with its share of the call's usage (prompt tokens by section size,
 /// completion tokens by answer size), and the commits the answer left out.
@@ -225,7 +253,7 @@ fn split_answer<'p>(
     items: &[&'p Pending],
     answers: &HashMap<String, String>,
     usage: TokenUsage,
-    model: &str,
+    by: &By,
 ) -> (Vec<Answer<'p>>, Vec<&'p Pending>) {
     let (ok, missing): (Vec<&Pending>, Vec<&Pending>) =
         items.iter().copied().partition(|p| answers.contains_key(groups[p.group].commit.sha.as_str()));
@@ -240,15 +268,13 @@ fn split_answer<'p>(
         .iter()
         .zip(prompts)
         .zip(completions)
-        .map(|((p, pt), ct)| {
-            (*p, text(p).clone(), TokenUsage { prompt: pt, completion: ct }, model.to_owned())
-        })
+        .map(|((p, pt), ct)| (*p, text(p).clone(), TokenUsage { prompt: pt, completion: ct }, by.clone()))
         .collect();
     (answered, missing)
 }
 
 enum CallResult {
-    Answered { answers: HashMap<String, String>, usage: TokenUsage, model: String },
+    Answered { answers: HashMap<String, String>, usage: TokenUsage, by: By },
     Failed(LlmError),
     Cancelled(String),
 }

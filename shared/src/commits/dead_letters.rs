@@ -233,6 +233,7 @@ mod tests {
             diff_cut: false,
             committed_at_ms: 1,
             created_at_ms: 1,
+            tier: Default::default(),
         };
         summaries.put_summary(&summary).await.unwrap();
         let ops = CommitsDlq { dlq: &dlq, summaries: &summaries };

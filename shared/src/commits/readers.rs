@@ -120,6 +120,7 @@ mod tests {
             diff_cut: false,
             committed_at_ms: 0,
             created_at_ms: 0,
+            tier: Default::default(),
         }
     }
 

@@ -69,6 +69,9 @@ pub(super) struct Group {
     /// The repository's daily commit budget it took ([`super::repo_budget`]), given back unless
     /// the commit is summarized.
     pub(super) budget: Option<crate::domain::quota::Charge>,
+    /// When the oldest of its deliveries entered the queue (Unix ms): the lane's deadline counts
+    /// from here ([`crate::domain::tier::choose`]).
+    pub(super) enqueued_at_ms: u64,
 }
 
 pub(super) enum GroupEnd {
@@ -205,10 +208,12 @@ impl CommitsWorker {
                             lock: None,
                             outcome: None,
                             budget: None,
+                            enqueued_at_ms: m.sent_at_ms,
                         });
                         groups.len() - 1
                     });
                     groups[g].members.push(i);
+                    groups[g].enqueued_at_ms = groups[g].enqueued_at_ms.min(m.sent_at_ms);
                     groups[g].receives = groups[g].receives.max(m.receive_count);
                 }
                 Err(e) => {
@@ -448,6 +453,7 @@ impl CommitsWorker {
             diff_cut: trimmed.cut,
             committed_at_ms: commit.committed_at_ms,
             created_at_ms: self.clock.now_ms(),
+            tier: crate::domain::tier::Tier::Sync,
         }
     }
 

@@ -199,6 +199,9 @@ pub struct CommitSummary {
     pub committed_at_ms: u64,
     /// When the summary was written (Unix ms).
     pub created_at_ms: u64,
+    /// The tier the model served the call at (what its tokens were charged at).
+    #[serde(default)]
+    pub tier: crate::domain::tier::Tier,
 }
 
 impl CommitSummary {

@@ -1,5 +1,5 @@
 //! The vocabulary both flows and the ports share: lanes and the kinds that decide them, token
-//! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), who a message is fair to and in what order ([`fairness`]), what a budget charges ([`quota`]), each group's share of a lane in tokens ([`token_share`]), what a client asks for ([`request`]), the
+//! counts, the field-naming error of a rejected input, the checked identifiers ([`ids`]), who a message is fair to and in what order ([`fairness`]), what a budget charges ([`quota`]), each group's share of a lane in tokens ([`token_share`]), the service tier a call is made at ([`tier`]), what a client asks for ([`request`]), the
 //! task's record ([`task`]) and its transition table ([`lifecycle`]), why a task failed as a client
 //! sees it ([`failure`]), and the commit types ([`commit`]). Pure: no I/O.
 
@@ -14,6 +14,7 @@ pub mod model_call;
 pub mod quota;
 pub mod request;
 pub mod task;
+pub mod tier;
 pub mod token_share;
 
 pub use ids::{IdError, MessageId, RepoId, Sha, TaskId, Tenant};

@@ -1,6 +1,7 @@
 //! One call to a model, as every provider and the limiter see it: the request (with its user
 //! message), the answer, and what the provider's rate-limit headers said with it. Pure.
 
+use super::tier::Tier;
 use super::{Kind, Lane, ModelParams, TokenUsage};
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ pub struct LlmRequest {
     pub max_tokens: u32,
     /// Sampling parameters from the task's `params`.
     pub params: ModelParams,
+    /// The tier asked for ([`super::tier::choose`]); a route that does not offer it calls at `sync`.
+    pub tier: Tier,
 }
 
 impl LlmRequest {
@@ -33,6 +36,7 @@ impl LlmRequest {
             target_files: request.target_files.clone(),
             max_tokens: params.max_tokens.map_or(cap, |m| m.min(cap)),
             params,
+            tier: Tier::Sync,
         }
     }
 
@@ -74,4 +78,6 @@ pub struct LlmResponse {
     pub truncated: bool,
     /// What the provider's rate-limit headers said with this answer.
     pub limits: ProviderLimits,
+    /// The tier the provider says it served the call at (what it charged).
+    pub tier: Tier,
 }

@@ -52,9 +52,13 @@ pub struct TaskResult {
     /// The model stopped at its token cap (`finish_reason`/`stop_reason` = length): the text is cut.
     #[serde(default)]
     pub truncated: bool,
-    /// What the call cost in USD, from the price table (`None` for a model without a price).
+    /// What the call cost in USD, from the price table at the tier it was served at (`None` for a
+    /// model without a price).
     #[serde(default)]
     pub cost_usd: Option<f64>,
+    /// The tier the provider served the call at: `flex` is charged at its discount.
+    #[serde(default)]
+    pub tier: crate::domain::tier::Tier,
     /// Where the text is kept when it is too large for the record (`text` is then empty): the key
     /// of its object in the results store. Never in a client's view, which carries the text.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -341,6 +341,7 @@ mod tests {
             tokens: TokenUsage { prompt: 1, completion: 2 },
             truncated: false,
             cost_usd: None,
+            tier: Default::default(),
         }
     }
 

@@ -87,6 +87,8 @@ impl LlmClient for AnthropicClient {
                 prompt: v["usage"]["input_tokens"].as_u64().unwrap_or(0),
                 completion: v["usage"]["output_tokens"].as_u64().unwrap_or(0),
             },
+            // The Messages API has no flex tier: its discounted tier is the Message Batches API.
+            tier: crate::domain::tier::Tier::Sync,
         })
     }
 }

@@ -291,7 +291,8 @@ impl<C> Limited<C> {
                 Some(0)
             }
             Err(LlmError::Retryable { .. }) => None,
-            Err(LlmError::Permanent(_)) => Some(0),
+            // Refused before any work (not charged): the request is spent, its tokens are not.
+            Err(LlmError::Permanent(_) | LlmError::TierRefused { .. }) => Some(0),
         };
         if let Some(actual) = actual
             && let Err(e) = self.limiter.reconcile(lane, estimate, actual).await
@@ -326,6 +327,7 @@ mod tests {
             target_files: vec![],
             max_tokens: 10,
             params: Default::default(),
+            tier: Default::default(),
         };
         // Four from its own share. The idle background lends its refill (none here), never its burst:
         // that stays for its own first call.

@@ -73,6 +73,7 @@ impl LlmClient for OfflineProvider {
                 usage,
                 truncated,
                 limits: Default::default(),
+                tier: crate::domain::tier::Tier::Sync,
             });
         }
         let digest = sha256_hex(request.prompt.as_bytes());
@@ -103,6 +104,7 @@ impl LlmClient for OfflineProvider {
             usage,
             truncated,
             limits: Default::default(),
+            tier: crate::domain::tier::Tier::Sync,
         })
     }
 }
@@ -122,6 +124,7 @@ mod tests {
             target_files: vec!["src/main.rs".into()],
             max_tokens: 100,
             params: Default::default(),
+            tier: Default::default(),
         };
         let a = p.complete(&req).await.unwrap();
         let b = p.complete(&req).await.unwrap();

@@ -3,6 +3,7 @@
 
 use super::retry::{is_retryable_status, rate_limits, retry_hint};
 use crate::domain::TokenUsage;
+use crate::domain::tier::Tier;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use crate::secret::Secret;
 use async_trait::async_trait;
@@ -77,7 +78,12 @@ pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> Llm
     let status = resp.status().as_u16();
     let hint = retry_hint(resp.headers(), SystemTime::now());
     let body: Value = json_capped(resp, 64 * 1024).await.unwrap_or(Value::Null);
-    let detail = body["error"]["message"].as_str().unwrap_or("").chars().take(300).collect::<String>();
+    let error = &body["error"];
+    let mut detail = error["message"].as_str().unwrap_or("").chars().take(300).collect::<String>();
+    // The machine-readable parts say what the message may not (`code`, `type`, the `param` at fault).
+    for part in ["code", "type", "param"].iter().filter_map(|k| error[*k].as_str()) {
+        detail.push_str(&format!(" [{}]", part.chars().take(60).collect::<String>()));
+    }
     let message = format!("{provider} answered {status}: {detail}");
     if status == 429 {
         LlmError::Throttled { message, retry_after: hint }
@@ -85,6 +91,28 @@ pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> Llm
         LlmError::Retryable { message, retry_after: hint }
     } else {
         LlmError::Permanent(message)
+    }
+}
+
+/// What a refused flex call means. OpenAI answers a flex call it lacks capacity for with
+/// `429 Resource Unavailable` (not charged), and one for a model without flex with a 400 naming the
+/// `service_tier` parameter. Either is a [`LlmError::TierRefused`], which the routes answer by
+/// calling again at `sync`; any other error is what it would have been at `sync`.
+fn flex_refusal(e: LlmError) -> LlmError {
+    let says = |m: &str, words: &[&str]| {
+        let m = m.to_ascii_lowercase();
+        words.iter().any(|w| m.contains(w))
+    };
+    match e {
+        LlmError::Throttled { message, .. }
+            if says(&message, &["resource unavailable", "resource_unavailable"]) =>
+        {
+            LlmError::TierRefused { message, unsupported: false }
+        }
+        LlmError::Permanent(message) if says(&message, &["service_tier", "flex"]) => {
+            LlmError::TierRefused { message, unsupported: true }
+        }
+        other => other,
     }
 }
 
@@ -115,6 +143,10 @@ impl LlmClient for OpenAiClient {
         if let Some(seed) = p.seed {
             body["seed"] = json!(seed);
         }
+        let flex = request.tier == Tier::Flex;
+        if flex {
+            body["service_tier"] = json!("flex");
+        }
         let url = format!("{}/chat/completions", self.base_url);
         let resp = crate::http::send(self.api_key.as_ref(), |http, key| {
             let req = http.post(&url).timeout(self.timeout).json(&body);
@@ -126,7 +158,8 @@ impl LlmClient for OpenAiClient {
         .await
         .map_err(send_error)?;
         if !resp.status().is_success() {
-            return Err(status_error("provider", resp).await);
+            let e = status_error("provider", resp).await;
+            return Err(if flex { flex_refusal(e) } else { e });
         }
         let limits = rate_limits(resp.headers(), SystemTime::now());
         let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
@@ -146,6 +179,9 @@ impl LlmClient for OpenAiClient {
                 prompt: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
                 completion: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
             },
+            // The answer names the tier that served it, which may differ from the one asked for;
+            // without it (a compatible server) the call is taken as charged at the list price.
+            tier: if v["service_tier"] == "flex" { Tier::Flex } else { Tier::Sync },
         })
     }
 }
@@ -212,6 +248,7 @@ mod tests {
             target_files: vec![],
             max_tokens: 8,
             params: Default::default(),
+            tier: Default::default(),
         };
         let refused = client.complete(&request).await;
         // Not before the key may be read again: a sooner retry would send the same refused key.

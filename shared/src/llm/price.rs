@@ -5,9 +5,16 @@
 //! contains, so dated versions (`gpt-4o-2024-08-06`) and Bedrock ids
 //! (`us.anthropic.claude-sonnet-4-20250514-v1:0`) find their family. List prices change: the
 //! variable is how a deployment keeps them true.
+//!
+//! A call served at the `flex` tier ([`crate::domain::tier`]) is charged the model's flex price.
+//! OpenAI prices flex at its Batch API rates, half the list price, so its models default to that;
+//! Bedrock's flex discount differs by model and is unpublished for most, so other models are
+//! charged their list price at flex (an upper bound) until a deployment names the flex price as two
+//! more figures: `model=input/output/flex_input/flex_output`.
 
 use crate::config::ConfigError;
 use crate::domain::TokenUsage;
+use crate::domain::tier::Tier;
 
 /// USD per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -16,6 +23,14 @@ pub struct Price {
     pub input: f64,
     /// Completion (output) tokens.
     pub output: f64,
+    /// The same at the `flex` tier, when it differs from the list price.
+    pub flex: Option<(f64, f64)>,
+}
+
+impl Price {
+    fn list(input: f64, output: f64) -> Self {
+        Self { input, output, flex: None }
+    }
 }
 
 /// Prices by model-name key.
@@ -53,9 +68,14 @@ impl PriceTable {
     pub fn defaults() -> Self {
         let mut table: Vec<(String, Price)> = DEFAULTS
             .iter()
-            .map(|(k, input, output)| ((*k).to_owned(), Price { input: *input, output: *output }))
+            .map(|(k, input, output)| {
+                // OpenAI's flex tier is charged at its Batch API rates: half the list price.
+                let openai = ["gpt-", "o3", "o4"].iter().any(|p| k.starts_with(p));
+                let flex = openai.then_some((input / 2.0, output / 2.0));
+                ((*k).to_owned(), Price { input: *input, output: *output, flex })
+            })
             .collect();
-        table.push((super::OFFLINE_MODEL.to_owned(), Price { input: 0.0, output: 0.0 }));
+        table.push((super::OFFLINE_MODEL.to_owned(), Price::list(0.0, 0.0)));
         Self(table)
     }
 
@@ -68,21 +88,28 @@ impl PriceTable {
         Ok(table)
     }
 
-    /// Adds or replaces prices from `model=input/output,...`.
+    /// Adds or replaces prices from `model=input/output[/flex_input/flex_output],...`.
     pub fn apply(&mut self, spec: &str) -> Result<(), ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid { name: "LANES_LLM_PRICES", reason };
         for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let (model, prices) = entry
                 .split_once('=')
                 .ok_or_else(|| invalid(format!("`{entry}`: expected model=input/output")))?;
-            let (input, output) =
-                prices.split_once('/').ok_or_else(|| invalid(format!("`{entry}`: expected input/output")))?;
             let parse = |v: &str| {
                 v.trim().parse::<f64>().ok().filter(|p| p.is_finite() && *p >= 0.0).ok_or_else(|| {
                     invalid(format!("`{entry}`: `{v}` is not a price in USD per million tokens"))
                 })
             };
-            let price = Price { input: parse(input)?, output: parse(output)? };
+            let figures = prices.split('/').map(parse).collect::<Result<Vec<f64>, _>>()?;
+            let price = match figures[..] {
+                [input, output] => Price::list(input, output),
+                [input, output, fi, fo] => Price { input, output, flex: Some((fi, fo)) },
+                _ => {
+                    return Err(invalid(format!(
+                        "`{entry}`: expected input/output or input/output/flex_input/flex_output"
+                    )));
+                }
+            };
             let model = model.trim().to_ascii_lowercase();
             self.0.retain(|(k, _)| *k != model);
             self.0.push((model, price));
@@ -100,10 +127,14 @@ impl PriceTable {
             .map(|(_, p)| *p)
     }
 
-    /// What `usage` cost on `model`, when its price is known.
-    pub fn cost(&self, model: &str, usage: TokenUsage) -> Option<f64> {
+    /// What `usage` cost on `model` served at `tier`, when its price is known.
+    pub fn cost(&self, model: &str, usage: TokenUsage, tier: Tier) -> Option<f64> {
         let p = self.price(model)?;
-        Some((usage.prompt as f64 * p.input + usage.completion as f64 * p.output) / 1_000_000.0)
+        let (input, output) = match (tier, p.flex) {
+            (Tier::Flex, Some(flex)) => flex,
+            _ => (p.input, p.output),
+        };
+        Some((usage.prompt as f64 * input + usage.completion as f64 * output) / 1_000_000.0)
     }
 }
 
@@ -130,7 +161,8 @@ mod tests {
     fn families_match_by_their_longest_key_and_overrides_win() {
         let mut t = PriceTable::defaults();
         let usage = TokenUsage { prompt: 1_000_000, completion: 100_000 };
-        let cost = |t: &PriceTable, model: &str| t.cost(model, usage).map(|c| (c * 1e6).round() / 1e6);
+        let cost =
+            |t: &PriceTable, model: &str| t.cost(model, usage, Tier::Sync).map(|c| (c * 1e6).round() / 1e6);
         assert_eq!(cost(&t, "gpt-4o-2024-08-06"), Some(3.5));
         assert_eq!(cost(&t, "gpt-4o-mini-2024-07-18"), Some(0.21), "the longer key wins");
         assert_eq!(cost(&t, "us.anthropic.claude-sonnet-4-20250514-v1:0"), Some(4.5));
@@ -139,8 +171,24 @@ mod tests {
         t.apply("my-vllm-model=0.2/0.4, gpt-4o=5/20").unwrap();
         assert_eq!(cost(&t, "my-vllm-model"), Some(0.24));
         assert_eq!(cost(&t, "gpt-4o-2024-08-06"), Some(7.0));
-        for bad in ["gpt-4o", "gpt-4o=1", "gpt-4o=a/b", "gpt-4o=-1/2", "gpt-4o=inf/1"] {
+        for bad in ["gpt-4o", "gpt-4o=1", "gpt-4o=a/b", "gpt-4o=-1/2", "gpt-4o=inf/1", "gpt-4o=1/2/3"] {
             assert!(t.apply(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn flex_is_half_price_on_openai_and_list_price_where_the_discount_is_unknown() {
+        let mut t = PriceTable::defaults();
+        let usage = TokenUsage { prompt: 1_000_000, completion: 100_000 };
+        let cost =
+            |t: &PriceTable, model: &str, tier| t.cost(model, usage, tier).map(|c| (c * 1e6).round() / 1e6);
+        assert_eq!(cost(&t, "gpt-4o-2024-08-06", Tier::Flex), Some(1.75));
+        assert_eq!(cost(&t, "o3-2025-04-16", Tier::Flex), Some(1.4));
+        assert_eq!(cost(&t, "us.anthropic.claude-sonnet-4-20250514-v1:0", Tier::Flex), Some(4.5));
+        // A deployment names a Bedrock model's flex price; a list-only override drops the default.
+        t.apply("amazon.nova-pro=0.8/3.2/0.4/1.6,gpt-4o=2.5/10").unwrap();
+        assert_eq!(cost(&t, "amazon.nova-pro-v1:0", Tier::Flex), Some(0.56));
+        assert_eq!(cost(&t, "amazon.nova-pro-v1:0", Tier::Sync), Some(1.12));
+        assert_eq!(cost(&t, "gpt-4o", Tier::Flex), Some(3.5));
     }
 }

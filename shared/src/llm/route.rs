@@ -5,6 +5,12 @@
 //! optionally followed by `@base-url`, e.g.
 //! `openai:gpt-4o-mini,anthropic:claude-3-5-haiku-latest@https://gateway.internal`.
 //!
+//! A route offers the `flex` tier ([`crate::domain::tier`]) on OpenAI's own API and on Bedrock, and
+//! not on an OpenAI-compatible server of one's own or on Anthropic's Messages API; `+flex` or
+//! `+sync` after the model says otherwise (`openai:gpt-5-mini+flex@http://litellm:4000/v1`). A call
+//! asking for flex on a route without it is made at `sync`; a flex call the provider refuses is
+//! made again at `sync` on the same route, and a model that has no flex stops the route asking.
+//!
 //! Each route has its own limiter (one per provider and model, so its own learned limits and
 //! cooldown). [`Fallback`] tries the routes in order: a route cooling down after a 429 is skipped
 //! while a later route exists, and a route failing with a retryable error (5xx, timeout, 429)
@@ -14,10 +20,12 @@
 
 use crate::config::ConfigError;
 use crate::domain::Lane;
+use crate::domain::tier::Tier;
 use crate::ports::RateLimiter;
 use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The providers a route can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,6 +71,9 @@ pub struct Route {
     pub model: String,
     /// The API base URL, when not the vendor's.
     pub base_url: Option<String>,
+    /// Whether calls may ask for the `flex` tier: by default on OpenAI's own API and on Bedrock,
+    /// never on a server of one's own; `+flex` or `+sync` after the model says otherwise.
+    pub flex: bool,
 }
 
 impl Route {
@@ -93,6 +104,11 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
             }
             None => (item, None),
         };
+        let (route, tier) = match (route.strip_suffix("+flex"), route.strip_suffix("+sync")) {
+            (Some(r), _) => (r, Some(true)),
+            (_, Some(r)) => (r, Some(false)),
+            _ => (route, None),
+        };
         // Bedrock model ids contain `:` (`...-v1:0`): only the first one separates the provider.
         let (provider, model) = route.split_once(':').unwrap_or((route, ""));
         let provider = Provider::parse(provider).ok_or_else(|| {
@@ -101,7 +117,16 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
         if model.is_empty() && provider != Provider::Offline {
             return Err(invalid(format!("`{item}` names no model; write {}:<model>", provider.as_str())));
         }
-        routes.push(Route { provider, model: model.to_owned(), base_url });
+        let flex = match (provider, tier) {
+            (Provider::Offline | Provider::Anthropic, Some(true)) => {
+                return Err(invalid(format!("`{item}`: {} has no flex tier", provider.as_str())));
+            }
+            (_, Some(flex)) => flex,
+            (Provider::OpenAi, None) => base_url.is_none(),
+            (Provider::Bedrock, None) => true,
+            (Provider::Offline | Provider::Anthropic, None) => false,
+        };
+        routes.push(Route { provider, model: model.to_owned(), base_url, flex });
     }
     if routes.is_empty() {
         return Err(invalid("no route given".into()));
@@ -129,7 +154,12 @@ pub fn routes_from_env() -> Result<[Vec<Route>; 3], ConfigError> {
                 crate::http::check_endpoint(url)
                     .map_err(|reason| ConfigError::Invalid { name: "LANES_LLM_BASE_URL", reason })?;
             }
-            vec![Route { provider, model, base_url }]
+            let flex = match provider {
+                Provider::OpenAi => base_url.is_none(),
+                Provider::Bedrock => true,
+                Provider::Offline | Provider::Anthropic => false,
+            };
+            vec![Route { provider, model, base_url, flex }]
         }
     };
     let mut lanes: [Vec<Route>; 3] = Default::default();
@@ -152,6 +182,45 @@ pub struct RouteClient {
     pub client: Arc<dyn LlmClient>,
     /// The route's limiter, to see a cooldown before calling.
     pub limiter: Option<Arc<dyn RateLimiter>>,
+    /// Whether it is asked for `flex`: the route's setting, until its model says it has no flex.
+    pub flex: Arc<AtomicBool>,
+}
+
+impl RouteClient {
+    /// A route's client; `flex` as the route allows it.
+    pub fn new(
+        name: String,
+        client: Arc<dyn LlmClient>,
+        limiter: Option<Arc<dyn RateLimiter>>,
+        flex: bool,
+    ) -> Self {
+        Self { name, client, limiter, flex: Arc::new(AtomicBool::new(flex)) }
+    }
+
+    /// Calls at the tier asked for where this route offers it, else at `sync`. A flex call refused
+    /// (no capacity now, or a model without flex, which stops the route asking) is made again at
+    /// `sync` at once, through the limiter again: neither a failure nor an attempt of the task.
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        if request.tier == Tier::Sync {
+            return self.client.complete(request).await;
+        }
+        let sync = LlmRequest { tier: Tier::Sync, ..request.clone() };
+        if !self.flex.load(Ordering::Relaxed) {
+            return self.client.complete(&sync).await;
+        }
+        match self.client.complete(request).await {
+            Err(LlmError::TierRefused { message, unsupported }) => {
+                let why = if unsupported { "flex_unsupported" } else { "flex_refused" };
+                tracing::info!(lane = %request.lane, route = %self.name, %message, why, "flex refused; calling at sync");
+                crate::metrics::llm_route_event(request.lane, &self.name, why);
+                if unsupported {
+                    self.flex.store(false, Ordering::Relaxed);
+                }
+                self.client.complete(&sync).await
+            }
+            other => other,
+        }
+    }
 }
 
 /// Tries each lane's routes in order (see the module header).
@@ -186,8 +255,12 @@ impl LlmClient for Fallback {
                 fell_back(request.lane, &route.name, "cooldown");
                 continue;
             }
-            match route.client.complete(request).await {
-                Err(e @ (LlmError::Retryable { .. } | LlmError::Throttled { .. })) => {
+            match route.complete(request).await {
+                Err(
+                    e @ (LlmError::Retryable { .. }
+                    | LlmError::Throttled { .. }
+                    | LlmError::TierRefused { .. }),
+                ) => {
                     let why = if matches!(e, LlmError::Throttled { .. }) { "throttled" } else { "retryable" };
                     tracing::debug!(error = %e, "route failed");
                     fell_back(request.lane, &route.name, why);
@@ -195,7 +268,7 @@ impl LlmClient for Fallback {
                 other => return other,
             }
         }
-        last.client.complete(request).await
+        last.complete(request).await
     }
 }
 
@@ -258,6 +331,7 @@ mod tests {
                 usage: TokenUsage { prompt: 1, completion: 1 },
                 truncated: false,
                 limits: Default::default(),
+                tier: Default::default(),
             })
         }
     }
@@ -270,6 +344,7 @@ mod tests {
             target_files: vec![],
             max_tokens: 10,
             params: Default::default(),
+            tier: Default::default(),
         }
     }
 
@@ -290,8 +365,8 @@ mod tests {
         let primary = Scripted::new("light", vec![Err(failure(503)), Err(failure(429))]);
         let second = Scripted::new("heavy", vec![]);
         let f = fallback(vec![
-            RouteClient { name: "openai:light".into(), client: primary.clone(), limiter: None },
-            RouteClient { name: "anthropic:heavy".into(), client: second.clone(), limiter: None },
+            RouteClient::new("openai:light".into(), primary.clone(), None, false),
+            RouteClient::new("anthropic:heavy".into(), second.clone(), None, false),
         ]);
         let before = crate::metrics::LLM_ROUTE_EVENTS
             .with_label_values(&["interactive", "openai:light", "fallback"])
@@ -315,8 +390,8 @@ mod tests {
         let primary = Scripted::new("light", vec![Err(LlmError::Permanent("bad request".into()))]);
         let second = Scripted::new("heavy", vec![]);
         let f = fallback(vec![
-            RouteClient { name: "p".into(), client: primary.clone(), limiter: Some(limiter.clone()) },
-            RouteClient { name: "s".into(), client: second.clone(), limiter: None },
+            RouteClient::new("p".into(), primary.clone(), Some(limiter.clone()), false),
+            RouteClient::new("s".into(), second.clone(), None, false),
         ]);
         assert_eq!(f.complete(&request()).await.unwrap().model, "heavy");
         assert_eq!(primary.calls(), 0);
@@ -325,11 +400,12 @@ mod tests {
         assert!(matches!(f.complete(&request()).await, Err(LlmError::Permanent(_))));
         assert_eq!((primary.calls(), second.calls()), (1, 1));
         // The last route's errors are final too.
-        let only = fallback(vec![RouteClient {
-            name: "x".into(),
-            client: Scripted::new("x", vec![Err(failure(503))]),
-            limiter: None,
-        }]);
+        let only = fallback(vec![RouteClient::new(
+            "x".into(),
+            Scripted::new("x", vec![Err(failure(503))]),
+            None,
+            false,
+        )]);
         assert!(matches!(only.complete(&request()).await, Err(LlmError::Retryable { .. })));
     }
 }

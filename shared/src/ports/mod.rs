@@ -140,11 +140,21 @@ pub enum LlmError {
         /// When to come back, when known.
         retry_after: Option<Duration>,
     },
+    /// The provider would not serve the call at the tier asked for (a flex call refused for
+    /// capacity, or a model without flex): the same call is made at `sync`, and it is neither a
+    /// failure nor an attempt ([`crate::llm::route`]).
+    #[error("provider refused the tier: {message}")]
+    TierRefused {
+        /// What happened.
+        message: String,
+        /// The model does not offer the tier at all (rather than lacking capacity now).
+        unsupported: bool,
+    },
 }
 
 impl RetryIntent for LlmError {
     fn is_retryable(&self) -> bool {
-        matches!(self, LlmError::Retryable { .. } | LlmError::Throttled { .. })
+        !matches!(self, LlmError::Permanent(_))
     }
 }
 
@@ -153,7 +163,7 @@ impl LlmError {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             LlmError::Retryable { retry_after, .. } | LlmError::Throttled { retry_after, .. } => *retry_after,
-            LlmError::Permanent(_) => None,
+            LlmError::Permanent(_) | LlmError::TierRefused { .. } => None,
         }
     }
 }

@@ -50,13 +50,13 @@ impl Worker {
         self.metrics.llm_tokens_total.with_label_values(&[lane, "prompt"]).inc_by(resp.usage.prompt);
         self.metrics.llm_tokens_total.with_label_values(&[lane, "completion"]).inc_by(resp.usage.completion);
         let used = resp.usage.prompt + resp.usage.completion;
-        let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage);
+        let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage, resp.tier);
         if let Some(r) = reservation {
             self.settle(Some(r), crate::quota::used(used, cost_usd, r.cost())).await;
         }
         self.metrics
             .llm_cost_usd_total
-            .with_label_values(&[lane, &resp.model])
+            .with_label_values(&[lane, &resp.model, resp.tier.as_str()])
             .inc_by(cost_usd.unwrap_or(0.0));
         TaskResult {
             text_ref: None,
@@ -65,6 +65,7 @@ impl Worker {
             tokens: resp.usage,
             truncated: resp.truncated,
             cost_usd,
+            tier: resp.tier,
         }
     }
 
@@ -80,7 +81,8 @@ impl Worker {
                 let reason = FailureCode::ProviderRefused.reason(&e);
                 self.finish(queue, message, record, Completion::Failed(reason), completed).await
             }
-            LlmError::Throttled { .. } => {
+            // A tier refusal is answered at `sync` inside the routes; one reaching here is a wait.
+            LlmError::Throttled { .. } | LlmError::TierRefused { .. } => {
                 self.metrics.llm_requests_total.with_label_values(&[lane, "throttled"]).inc();
                 let after = e
                     .retry_after()

@@ -827,6 +827,7 @@ mod tests {
             tokens: Default::default(),
             truncated: false,
             cost_usd: None,
+            tier: Default::default(),
         };
         r.store.finish(id, c.fence, crate::ports::Completion::Completed(result), now, 3600).await.unwrap();
         let (s4, _, b4) = post(&r, BODY, None).await;

@@ -70,6 +70,7 @@ mod tests {
             truncated: false,
             cost_usd: None,
             text_ref: None,
+            tier: Default::default(),
         }
     }
 

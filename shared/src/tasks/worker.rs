@@ -257,8 +257,12 @@ impl Worker {
         let (lost, cancelled) = (lease.lost.clone(), CancellationToken::new());
         let watch = Watch { id: task.task_id.clone(), fence: record.fence, cancelled: cancelled.clone() };
         let _renewed = batch.heartbeat().join(Leased { watch: Some(watch), ..lease });
-        let request =
-            LlmRequest { lane: task.lane, ..LlmRequest::for_task(&record.request, policy.max_tokens) };
+        let waited = Duration::from_millis(now.saturating_sub(record.created_at_ms));
+        let request = LlmRequest {
+            lane: task.lane,
+            tier: crate::domain::tier::choose(policy.tier, policy.deadline, waited),
+            ..LlmRequest::for_task(&record.request, policy.max_tokens)
+        };
         let run = Run { queue, message, task, record: &record, completed };
         let estimate = crate::llm::estimate_tokens(&request);
         let (_place, share) = match self.take_turn(run, &group, estimate, now).await {
@@ -426,6 +430,7 @@ mod tests {
                 usage: TokenUsage { prompt: 1000, completion: 100 },
                 truncated: self.truncated,
                 limits: Default::default(),
+                tier: Default::default(),
             })
         }
     }
@@ -539,8 +544,12 @@ mod tests {
         // 1000 prompt and 100 completion tokens at gpt-4o-mini's list price.
         let cost = result.cost_usd.unwrap();
         assert!((cost - 0.00021).abs() < 1e-12, "{cost}");
-        let spent =
-            r.worker.metrics.llm_cost_usd_total.with_label_values(&["interactive", &result.model]).get();
+        let spent = r
+            .worker
+            .metrics
+            .llm_cost_usd_total
+            .with_label_values(&["interactive", &result.model, "sync"])
+            .get();
         assert!((spent - 0.00021).abs() < 1e-12, "{spent}");
         let cached = r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().unwrap();
         assert_eq!(serde_json::from_str::<TaskRecord>(&cached).unwrap(), r.record().await);

@@ -1,0 +1,115 @@
+//! Service tiers: the price a call is made at, and the choice of it from the work's deadline. Pure.
+//!
+//! A provider sells the same model at more than one tier. `sync` is the ordinary call at list price.
+//! `flex` (OpenAI's `service_tier: "flex"`, Bedrock's `serviceTier: flex`) is the same synchronous
+//! call at the batch discount, slower, and refused when the provider lacks capacity; a refusal is
+//! answered by calling again at `sync` (see `crate::llm::route`), so flex never fails work that
+//! `sync` would have done.
+//!
+//! Each lane has a [`TierSetting`] (`LANES_TIER_<LANE>`) and a deadline (`LANES_DEADLINE_SECS_<LANE>`):
+//! how long after it was enqueued its work may finish. [`choose`] makes `auto` a decision from the
+//! time left: flex while a slow flex call still fits in it with room to spare, sync once it does not.
+//! Nobody waits for a commit summary, so the commits lane is `auto` with a deadline of six hours by
+//! default; interactive and synthesis tasks stay `sync` unless configured.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The tier a call is made, or was served, at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// The ordinary synchronous call at list price.
+    #[default]
+    Sync,
+    /// A synchronous call at the batch discount, which the provider may refuse for capacity.
+    Flex,
+}
+
+impl Tier {
+    /// The tier's name in configuration, metrics labels and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Sync => "sync",
+            Tier::Flex => "flex",
+        }
+    }
+}
+
+/// What a lane is configured to call at (`LANES_TIER_<LANE>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierSetting {
+    /// Always `sync`.
+    Sync,
+    /// `flex` wherever the route offers it, whatever the deadline.
+    Flex,
+    /// `flex` while the deadline leaves room for it ([`choose`]), else `sync`.
+    Auto,
+}
+
+impl TierSetting {
+    /// Parses `sync`, `flex` or `auto`; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sync" => Some(TierSetting::Sync),
+            "flex" => Some(TierSetting::Flex),
+            "auto" => Some(TierSetting::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// The longest a flex call is expected to take, and so the least time left at which `auto` still
+/// chooses it. OpenAI advises a 15-minute client timeout for flex calls, against the 10 minutes of an
+/// ordinary one; a call refused for capacity is then made at `sync` with the rest of the time.
+pub const FLEX_HEADROOM: Duration = Duration::from_secs(15 * 60);
+
+/// The tier to call at for work of a lane with `setting` and `deadline` that has waited `waited`
+/// since it was enqueued. `auto` with no deadline is `sync`: the lane declared no patience.
+pub fn choose(setting: TierSetting, deadline: Option<Duration>, waited: Duration) -> Tier {
+    match setting {
+        TierSetting::Sync => Tier::Sync,
+        TierSetting::Flex => Tier::Flex,
+        TierSetting::Auto => match deadline {
+            Some(d) if d.saturating_sub(waited) >= FLEX_HEADROOM => Tier::Flex,
+            _ => Tier::Sync,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_calls_at_flex_while_a_slow_flex_call_fits_before_the_deadline() {
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        let six = Some(hours(6));
+        assert_eq!(choose(TierSetting::Auto, six, Duration::ZERO), Tier::Flex);
+        assert_eq!(choose(TierSetting::Auto, six, hours(6) - FLEX_HEADROOM), Tier::Flex);
+        assert_eq!(
+            choose(TierSetting::Auto, six, hours(6) - FLEX_HEADROOM + Duration::from_secs(1)),
+            Tier::Sync
+        );
+        // Past the deadline: at once, at full price.
+        assert_eq!(choose(TierSetting::Auto, six, hours(7)), Tier::Sync);
+        // A deadline shorter than the headroom never waits for flex, and no deadline means none.
+        assert_eq!(choose(TierSetting::Auto, Some(Duration::from_secs(600)), Duration::ZERO), Tier::Sync);
+        assert_eq!(choose(TierSetting::Auto, None, Duration::ZERO), Tier::Sync);
+        // The fixed settings ignore the clock.
+        assert_eq!(choose(TierSetting::Flex, None, hours(100)), Tier::Flex);
+        assert_eq!(choose(TierSetting::Sync, six, Duration::ZERO), Tier::Sync);
+    }
+
+    #[test]
+    fn settings_parse_by_name_and_nothing_else() {
+        assert_eq!(TierSetting::parse(" Flex "), Some(TierSetting::Flex));
+        assert_eq!(TierSetting::parse("auto"), Some(TierSetting::Auto));
+        assert_eq!(TierSetting::parse("sync"), Some(TierSetting::Sync));
+        for bad in ["", "batch", "priority", "fast"] {
+            assert_eq!(TierSetting::parse(bad), None, "{bad}");
+        }
+        assert_eq!(Tier::Flex.as_str(), "flex");
+        assert_eq!(serde_json::to_string(&Tier::Sync).unwrap(), "\"sync\"");
+    }
+}
