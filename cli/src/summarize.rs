@@ -2,6 +2,9 @@
 
 use crate::CliError;
 use clap::Args;
+use lanes_core::config::LanePolicy;
+use lanes_core::domain::Lane;
+use lanes_core::domain::tier::TierSetting;
 use std::path::PathBuf;
 
 /// `lanes summarize`'s flags.
@@ -22,6 +25,16 @@ pub struct SummarizeArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Service tier of the calls: `sync`, `flex` or `auto` (flex while the deadline leaves room).
+    #[arg(long, default_value = "auto", value_parser = parse_tier)]
+    tier: TierSetting,
+    /// How long the summaries may take, for `--tier auto` (e.g. `90m`, `6h`; `0` for none).
+    #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
+    deadline: std::time::Duration,
+}
+
+fn parse_tier(s: &str) -> Result<TierSetting, String> {
+    TierSetting::parse(s).ok_or_else(|| format!("`{s}`: expected sync, flex or auto"))
 }
 
 /// Summarizes and prints.
@@ -30,13 +43,18 @@ pub async fn run(args: SummarizeArgs) -> Result<(), CliError> {
         Some(rev) => lanes_core::summarize::Range::Since(rev),
         None => lanes_core::summarize::Range::Last(args.last.unwrap_or(20)),
     };
-    summarize(&args.repo, &range, &args.data_dir, args.json).await
+    let policy = LanePolicy {
+        tier: args.tier,
+        deadline: (!args.deadline.is_zero()).then_some(args.deadline),
+        ..LanePolicy::default_for(Lane::Commits)
+    };
+    summarize(&args.repo, &range, (&args.data_dir, policy), args.json).await
 }
 
 async fn summarize(
     repo: &std::path::Path,
     range: &lanes_core::summarize::Range,
-    data_dir: &std::path::Path,
+    (data_dir, policy): (&std::path::Path, LanePolicy),
     json: bool,
 ) -> Result<(), CliError> {
     use std::io::IsTerminal;
@@ -52,7 +70,7 @@ async fn summarize(
     if !std::io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
-    let report = lanes_core::summarize::run_local(repo, range, data_dir, |done, total| {
+    let report = lanes_core::summarize::run_local(repo, range, (data_dir, policy), |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
@@ -63,14 +81,15 @@ async fn summarize(
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
-    println!("{:<10}  {:<40}  {:>6}  {:<6}  summary", "sha", "subject", "tokens", "source");
+    println!("{:<10}  {:<40}  {:>6}  {:<6}  {:<4}  summary", "sha", "subject", "tokens", "source", "tier");
     for row in &report.summaries {
         println!(
-            "{:<10}  {:<40}  {:>6}  {:<6}  {}",
+            "{:<10}  {:<40}  {:>6}  {:<6}  {:<4}  {}",
             &row.sha[..10.min(row.sha.len())],
             clip(&row.subject, 40),
             row.tokens,
             row.source,
+            row.tier.as_str(),
             clip(&row.summary, 100)
         );
     }

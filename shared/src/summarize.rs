@@ -6,7 +6,7 @@
 use crate::clock::SharedClock;
 use crate::commits::sources::DiffSources;
 use crate::commits::worker::{BatchReport, Served};
-use crate::config::WorkerConfig;
+use crate::config::{LanePolicy, WorkerConfig};
 use crate::domain::commit::{CommitMessage, Provider, commit_key};
 use crate::domain::{Lane, MessageId, RepoId, Sha};
 use crate::lease::Outcome;
@@ -116,6 +116,8 @@ pub struct Row {
     pub tokens: u64,
     /// `llm`, `rule`, `cache`, or `failed`.
     pub source: &'static str,
+    /// The tier the summary's call was served at (what its tokens cost).
+    pub tier: crate::domain::tier::Tier,
 }
 
 /// What a run did.
@@ -148,16 +150,18 @@ pub struct Report {
     pub summaries: Vec<Row>,
 }
 
-/// Runs the pipeline over `commits` on `adapters`, calling `progress(done, total)` as commits finish.
+/// Runs the pipeline over `commits` on `adapters` with the commits lane's `policy` (its tier and
+/// deadline among it), calling `progress(done, total)` as commits finish.
 pub async fn run(
     commits: Vec<CommitMessage>,
     adapters: &Adapters,
-    llm: Arc<dyn LlmClient>,
+    (llm, policy): (Arc<dyn LlmClient>, LanePolicy),
     clock: SharedClock,
     progress: impl Fn(usize, usize),
 ) -> Result<Report, SummarizeError> {
     let queue = adapters.consume[Lane::Commits.index()].clone();
-    let lease = WorkerConfig::default();
+    let mut lease = WorkerConfig::default();
+    lease.lanes[Lane::Commits.index()] = policy;
     let worker =
         adapters.commits_worker(llm, Arc::new(DiffSources::local_only()), Metrics::new(), clock, lease);
     let mut report = Report {
@@ -239,7 +243,14 @@ fn tally(
         let summary = done.summary;
         rows.insert(
             key,
-            Row { sha: summary.sha, subject: summary.subject, summary: summary.summary, tokens, source },
+            Row {
+                sha: summary.sha,
+                subject: summary.subject,
+                summary: summary.summary,
+                tokens,
+                source,
+                tier: summary.tier,
+            },
         );
     }
     for (id, outcome) in outcomes {
@@ -251,7 +262,14 @@ fn tally(
             report.failed += 1;
             rows.insert(
                 c.key(),
-                Row { sha: c.sha, subject: c.subject, summary: reason, tokens: 0, source: "failed" },
+                Row {
+                    sha: c.sha,
+                    subject: c.subject,
+                    summary: reason,
+                    tokens: 0,
+                    source: "failed",
+                    tier: Default::default(),
+                },
             );
         }
     }
@@ -262,7 +280,7 @@ fn tally(
 pub async fn run_local(
     repo: &Path,
     range: &Range,
-    data_dir: &Path,
+    (data_dir, policy): (&Path, LanePolicy),
     progress: impl Fn(usize, usize),
 ) -> Result<Report, SummarizeError> {
     let commits = list_commits(repo, range).await?;
@@ -273,7 +291,7 @@ pub async fn run_local(
     let llm = crate::local::local_llm(&adapters, clock.clone(), [Duration::ZERO; 3])
         .await
         .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
-    let mut report = run(commits, &adapters, llm, clock, progress).await?;
+    let mut report = run(commits, &adapters, (llm, policy), clock, progress).await?;
     if report.repo.is_empty() {
         report.repo = repo.display().to_string();
     }

@@ -98,6 +98,65 @@ fn lanes_summarize_twice_over_a_real_repository() {
     assert!(second["summaries"].as_array().unwrap().iter().all(|r| r["source"] == "cache"));
 }
 
+/// `lanes summarize --tier`: the commits lane's calls ask a flex route for `service_tier: "flex"`, each
+/// row says the tier that served it, and the run costs half what the same commits cost at sync; a
+/// tier that does not exist is refused naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_summarize_at_flex_costs_half_of_sync_through_a_flex_route() {
+    let mock = lanes_tests::mock_llm::MockLlm::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    for i in 0..4 {
+        let src: String = (0..20).map(|l| format!("fn g{i}_{l}() -> u32 {{ {l} }}\n")).collect();
+        std::fs::write(repo.join(format!("g{i}.rs")), src).unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", &format!("Add g{i}")]);
+    }
+    let route = format!("openai:gpt-4o-mini+flex@{}/v1", mock.url);
+    let run = |tier: &str, data: &str| {
+        Command::new(workspace_bin("lanes"))
+            .args(["summarize", "--json", "--last", "4", "--tier", tier, "--repo"])
+            .arg(&repo)
+            .arg("--data-dir")
+            .arg(dir.path().join(data))
+            .env("RUST_LOG", "warn")
+            .env("LANES_LLM_ROUTES_COMMITS", &route)
+            .env("OPENAI_API_KEY", "k")
+            .output()
+            .unwrap()
+    };
+    let report = |tier: &str, data: &str| -> Value {
+        let out = run(tier, data);
+        assert!(
+            out.status.success(),
+            "lanes summarize --tier {tier}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let flex = report("flex", "a");
+    let asked: Vec<Value> = mock.seen().iter().map(|s| s.body["service_tier"].clone()).collect();
+    assert!(!asked.is_empty() && asked.iter().all(|t| t == "flex"), "{asked:?}");
+    let rows = flex["summaries"].as_array().unwrap();
+    assert!(rows.iter().all(|r| r["source"] == "llm" && r["tier"] == "flex"), "{flex}");
+    let seen = mock.seen().len();
+    let sync = report("sync", "b");
+    assert!(mock.seen()[seen..].iter().all(|s| s.body.get("service_tier").is_none()));
+    assert!(sync["summaries"].as_array().unwrap().iter().all(|r| r["tier"] == "sync"));
+    let (at_flex, at_sync) = (flex["cost_usd"].as_f64().unwrap(), sync["cost_usd"].as_f64().unwrap());
+    assert_eq!(flex["prompt_tokens"], sync["prompt_tokens"], "the same calls");
+    assert!(at_sync > 0.0 && (at_flex * 2.0 - at_sync).abs() < 1e-9, "flex {at_flex} against sync {at_sync}");
+    let refused = run("batch", "c");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--tier"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
 #[tokio::test]
 async fn lanes_dev_takes_a_signed_push_and_serves_the_summaries() {
     let fetches = Fetches::default();

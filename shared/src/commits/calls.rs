@@ -4,10 +4,11 @@
 //! out asked about alone once, and each answer written once.
 
 use super::budget;
+use super::budget::Trimmed;
 use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
 use super::report::{BatchReport, Served};
 use super::worker::{CommitsWorker, Group, GroupEnd, LANE, Pending};
-use crate::domain::commit::{CommitSummary, SummarySource};
+use crate::domain::commit::{CommitMessage, CommitSummary, SummarySource};
 use crate::domain::tier::Tier;
 use crate::domain::{Kind, Lane, TokenUsage};
 use crate::lease::full_jitter_backoff;
@@ -155,6 +156,34 @@ impl CommitsWorker {
         answered
     }
 
+    /// A commit's summary record, written by the model or by a rule.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn summary(
+        &self,
+        commit: &CommitMessage,
+        text: String,
+        model: &str,
+        source: SummarySource,
+        tokens: TokenUsage,
+        trimmed: &Trimmed,
+    ) -> CommitSummary {
+        CommitSummary {
+            repo_id: commit.repo_id.clone(),
+            sha: commit.sha.clone(),
+            repo: commit.repo.clone(),
+            subject: commit.subject.clone(),
+            summary: text,
+            model: model.to_owned(),
+            source,
+            tokens,
+            diff_tokens: trimmed.tokens as u64,
+            diff_cut: trimmed.cut,
+            committed_at_ms: commit.committed_at_ms,
+            created_at_ms: self.clock.now_ms(),
+            tier: crate::domain::tier::Tier::Sync,
+        }
+    }
+
     fn llm_failure(&self, e: &LlmError, receives: u32) -> GroupEnd {
         match e {
             LlmError::Permanent(reason) => {
@@ -192,9 +221,8 @@ impl CommitsWorker {
     ) -> CallResult {
         let oldest = items.iter().map(|p| groups[p.group].enqueued_at_ms).min().unwrap_or(u64::MAX);
         let waited = Duration::from_millis(self.clock.now_ms().saturating_sub(oldest));
-        let policy = self.lease.lane(Lane::Commits);
         let request = LlmRequest {
-            tier: crate::domain::tier::choose(policy.tier, policy.deadline, waited),
+            tier: self.lease.lane(Lane::Commits).tier_after(waited),
             lane: Lane::Commits,
             kind: Kind::CommitSummary,
             prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),

@@ -10,10 +10,8 @@ use super::budget::Trimmed;
 pub use super::report::{BatchReport, Done, Served};
 use crate::clock::SharedClock;
 use crate::config::WorkerConfig;
-use crate::domain::commit::{
-    CommitMessage, CommitSummary, CommitsMessage, PushRange, SummarySource, summary_cache_key,
-};
-use crate::domain::{MessageId, RepoId, Sha, TokenUsage};
+use crate::domain::commit::{CommitMessage, CommitSummary, CommitsMessage, PushRange, summary_cache_key};
+use crate::domain::{MessageId, RepoId, Sha};
 use crate::lease::{
     self, Heartbeat, Leased, LeasedQueue, Membership, Outcome, after_holder, full_jitter_backoff,
 };
@@ -430,33 +428,6 @@ impl CommitsWorker {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn summary(
-        &self,
-        commit: &CommitMessage,
-        text: String,
-        model: &str,
-        source: SummarySource,
-        tokens: TokenUsage,
-        trimmed: &Trimmed,
-    ) -> CommitSummary {
-        CommitSummary {
-            repo_id: commit.repo_id.clone(),
-            sha: commit.sha.clone(),
-            repo: commit.repo.clone(),
-            subject: commit.subject.clone(),
-            summary: text,
-            model: model.to_owned(),
-            source,
-            tokens,
-            diff_tokens: trimmed.tokens as u64,
-            diff_cut: trimmed.cut,
-            committed_at_ms: commit.committed_at_ms,
-            created_at_ms: self.clock.now_ms(),
-            tier: crate::domain::tier::Tier::Sync,
-        }
-    }
-
     /// Write once; when another worker won the race, its summary is the one kept and served.
     pub(super) async fn write(&self, group: &Group, summary: CommitSummary, served: Served) -> GroupEnd {
         // A failed write is asked again before a paid answer is put off: the write is once only
@@ -566,6 +537,8 @@ mod tests {
         commits_asked: Mutex<Vec<String>>,
         /// The shas of each call, call by call.
         prompts: Mutex<Vec<Vec<String>>>,
+        /// The tier each call asked for.
+        tiers: Mutex<Vec<crate::domain::tier::Tier>>,
     }
 
     #[async_trait]
@@ -582,6 +555,9 @@ mod tests {
             }
             if let Ok(mut prompts) = self.prompts.lock() {
                 prompts.push(shas.clone());
+            }
+            if let Ok(mut tiers) = self.tiers.lock() {
+                tiers.push(request.tier);
             }
             let mut resp = self.inner.complete(request).await?;
             if shas.len() > 1 {
@@ -627,6 +603,7 @@ mod tests {
             calls: AtomicU64::new(0),
             commits_asked: Mutex::new(Vec::new()),
             prompts: Mutex::new(Vec::new()),
+            tiers: Mutex::new(Vec::new()),
         });
         let diffs = Arc::new(FakeDiffs { diffs, calls: AtomicU64::new(0) });
         let worker = CommitsWorker {
@@ -661,6 +638,25 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(30);
         let (outcomes, report) = r.worker.process_batch(Arc::new(r.queue.clone()), batch, deadline).await;
         (outcomes.into_iter().map(|(_, o)| o).collect(), report)
+    }
+
+    /// Nobody waits for a summary: by default the lane asks for flex while its six hours leave room
+    /// for a slow flex call, and for sync once they do not (the deadline counts from the send).
+    #[tokio::test]
+    async fn the_commits_lane_asks_for_flex_while_its_deadline_leaves_room_and_sync_after() {
+        use crate::clock::Clock;
+        use crate::domain::tier::Tier;
+        let r = rig(HashMap::from([(sha(1), diff("a.rs", 5))]), "").await;
+        r.queue.send(&message("github:1", &sha(1)), Default::default()).await.unwrap();
+        assert!(drain(&r).await.0.iter().all(|o| *o == Outcome::Acked));
+        assert_eq!(*r.llm.tiers.lock().unwrap(), [Tier::Flex]);
+        let mut r = rig(HashMap::from([(sha(2), diff("b.rs", 5))]), "").await;
+        let late =
+            SystemClock.now_ms() + 6 * 3600 * 1000 - crate::domain::tier::FLEX_HEADROOM.as_millis() as u64;
+        r.worker.clock = crate::clock::ManualClock::new(late + 60_000);
+        r.queue.send(&message("github:1", &sha(2)), Default::default()).await.unwrap();
+        assert!(drain(&r).await.0.iter().all(|o| *o == Outcome::Acked));
+        assert_eq!(*r.llm.tiers.lock().unwrap(), [Tier::Sync]);
     }
 
     #[tokio::test]

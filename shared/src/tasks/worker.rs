@@ -257,12 +257,9 @@ impl Worker {
         let (lost, cancelled) = (lease.lost.clone(), CancellationToken::new());
         let watch = Watch { id: task.task_id.clone(), fence: record.fence, cancelled: cancelled.clone() };
         let _renewed = batch.heartbeat().join(Leased { watch: Some(watch), ..lease });
-        let waited = Duration::from_millis(now.saturating_sub(record.created_at_ms));
-        let request = LlmRequest {
-            lane: task.lane,
-            tier: crate::domain::tier::choose(policy.tier, policy.deadline, waited),
-            ..LlmRequest::for_task(&record.request, policy.max_tokens)
-        };
+        let tier = policy.tier_after(Duration::from_millis(now.saturating_sub(record.created_at_ms)));
+        let request =
+            LlmRequest { lane: task.lane, tier, ..LlmRequest::for_task(&record.request, policy.max_tokens) };
         let run = Run { queue, message, task, record: &record, completed };
         let estimate = crate::llm::estimate_tokens(&request);
         let (_place, share) = match self.take_turn(run, &group, estimate, now).await {
