@@ -532,7 +532,7 @@ fn emitted_metrics() -> BTreeMap<String, BTreeSet<String>> {
     let metrics_rs = std::fs::read_to_string(root.join("metrics/mod.rs")).unwrap();
     let mut out = BTreeMap::new();
     for l in Latency::ALL {
-        out.insert(l.name().to_owned(), BTreeSet::from(["lane".to_owned()]));
+        out.insert(l.name().to_owned(), BTreeSet::from([l.label().to_owned()]));
     }
     // Family definitions: the field (or static) name before, the family name and label list.
     let mut families: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();

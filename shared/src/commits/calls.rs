@@ -12,6 +12,7 @@ use crate::domain::commit::{CommitMessage, CommitSummary, SummarySource};
 use crate::domain::tier::Tier;
 use crate::domain::{Kind, Lane, TokenUsage};
 use crate::lease::full_jitter_backoff;
+use crate::metrics::Latency;
 use crate::ports::{LlmError, LlmRequest};
 use futures::future::join_all;
 use std::collections::HashMap;
@@ -89,7 +90,12 @@ impl CommitsWorker {
             let summary =
                 self.summary(&groups[g].commit, text, &model, SummarySource::Llm, usage, &p.trimmed);
             let summary = CommitSummary { tier, ..summary };
-            groups[g].outcome = Some(self.write(&groups[g], summary, Served::Llm).await);
+            let waited = summary.created_at_ms.saturating_sub(groups[g].enqueued_at_ms);
+            let end = self.write(&groups[g], summary, Served::Llm).await;
+            if matches!(end, GroupEnd::Done(_)) {
+                self.metrics.observe(Latency::Summary, tier.as_str(), waited as f64 / 1000.0);
+            }
+            groups[g].outcome = Some(end);
         }
     }
 

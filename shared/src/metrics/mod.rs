@@ -91,11 +91,22 @@ pub enum Latency {
     Run,
     /// Submission to completion.
     Total,
+    /// A commit's enqueue to its summary written, by the tier that served its call (labelled `tier`,
+    /// not `lane`: the commits lane is the only one).
+    Summary,
 }
 
 impl Latency {
     /// Every latency series.
-    pub const ALL: [Latency; 3] = [Latency::Wait, Latency::Run, Latency::Total];
+    pub const ALL: [Latency; 4] = [Latency::Wait, Latency::Run, Latency::Total, Latency::Summary];
+
+    /// The label its series is split by.
+    pub fn label(self) -> &'static str {
+        match self {
+            Latency::Summary => "tier",
+            Latency::Wait | Latency::Run | Latency::Total => "lane",
+        }
+    }
 
     /// Its name, in Prometheus (with the `lanes_` prefix) and EMF (without).
     pub fn name(self) -> &'static str {
@@ -103,6 +114,7 @@ impl Latency {
             Latency::Wait => "task_wait_seconds",
             Latency::Run => "task_run_seconds",
             Latency::Total => "task_latency_seconds",
+            Latency::Summary => "summary_latency_seconds",
         }
     }
 }
@@ -132,6 +144,8 @@ pub struct Metrics {
     pub queue_oldest_age_seconds: IntGaugeVec,
     /// Submission to completion, per lane.
     pub task_latency_seconds: HistogramVec,
+    /// A commit's enqueue to its summary, per tier.
+    pub summary_latency_seconds: HistogramVec,
     /// Submission to claim, per lane.
     pub task_wait_seconds: HistogramVec,
     /// Claim to completion, per lane.
@@ -186,6 +200,10 @@ impl std::fmt::Debug for Metrics {
 const LATENCY_BUCKETS: [f64; 14] =
     [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0];
 
+/// Up to a day: a summary's deadline is hours, and flex calls wait for spare capacity.
+const SUMMARY_BUCKETS: [f64; 14] =
+    [1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14_400.0, 21_600.0, 86_400.0];
+
 const LANE: &[&str] = &["lane"];
 const LANE_STATUS: &[&str] = &["lane", "status"];
 const LANE_REASON: &[&str] = &["lane", "reason"];
@@ -235,6 +253,17 @@ impl Metrics {
             queue_in_flight: r.gauge("lanes_queue_in_flight", "Received, unacknowledged messages"),
             queue_oldest_age_seconds: r.gauge("lanes_queue_oldest_age_seconds", "Age of the oldest message"),
             task_latency_seconds: r.histogram("lanes_task_latency_seconds", "Submission to completion"),
+            summary_latency_seconds: r.add(
+                "lanes_summary_latency_seconds",
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "lanes_summary_latency_seconds",
+                        "A commit's enqueue to its summary written, by the tier that served it",
+                    )
+                    .buckets(SUMMARY_BUCKETS.to_vec()),
+                    &["tier"],
+                ),
+            ),
             task_wait_seconds: r.histogram("lanes_task_wait_seconds", "Submission to claim"),
             task_run_seconds: r.histogram("lanes_task_run_seconds", "Claim to completion"),
             llm_requests_total: r.counter("lanes_llm_requests_total", "LLM provider calls", LANE_STATUS),
@@ -332,18 +361,21 @@ impl Metrics {
         }
     }
 
-    /// Records a latency (seconds) for `lane`; kept raw for EMF too once [`Metrics::enable_emf`] ran.
+    /// Records a latency (seconds) for `lane` (the tier, for [`Latency::Summary`]); kept raw for EMF too once
+    /// [`Metrics::enable_emf`] ran.
     pub fn observe(&self, which: Latency, lane: &str, seconds: f64) {
         let hist = match which {
             Latency::Wait => &self.task_wait_seconds,
             Latency::Run => &self.task_run_seconds,
             Latency::Total => &self.task_latency_seconds,
+            Latency::Summary => &self.summary_latency_seconds,
         };
         hist.with_label_values(&[lane]).observe(seconds);
         if let Ok(mut emf) = self.emf.lock()
             && emf.enabled
         {
-            let dims = if lane.is_empty() { Vec::new() } else { vec![("lane".to_owned(), lane.to_owned())] };
+            let dims =
+                if lane.is_empty() { Vec::new() } else { vec![(which.label().to_owned(), lane.to_owned())] };
             emf.observations.push((which.name(), dims, seconds));
         }
     }
