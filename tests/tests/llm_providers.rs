@@ -343,6 +343,55 @@ async fn on_a_flex_call_only_the_refusals_of_the_tier_are_tier_refusals() {
     assert!(matches!(client.complete(&request()).await, Err(LlmError::Throttled { .. })));
 }
 
+/// Through `lanes dev`: a synthesis task that gives `params.deadline_s` is called at flex on a flex
+/// route and its result says so, at half the price; one refused for capacity is answered at sync
+/// with no attempt spent; a task without a deadline is called at sync.
+#[tokio::test]
+async fn a_task_with_a_deadline_is_served_at_flex_and_a_refusal_costs_it_no_attempt() {
+    use lanes_tests::{Backend, Stack};
+    let mock = MockLlm::start().await.unwrap();
+    let env = [
+        ("LANES_LLM_ROUTES_SYNTHESIS", format!("openai:gpt-4o+flex@{}/v1", mock.url)),
+        ("OPENAI_API_KEY", "k".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec();
+    let stack = Stack::start_with_env(Backend::Embedded, &[], env).await;
+    let url = stack.server.url.clone();
+    let run = |prompt: &str, params: serde_json::Value| {
+        let body = serde_json::json!({"project_id": "p1", "kind": "scaffold", "prompt": prompt,
+            "target_files": [], "params": params});
+        let url = url.clone();
+        async move {
+            let (status, _, v) = lanes_tests::post_task(&url, &body.to_string()).await;
+            assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{v}");
+            let id = v["task_id"].as_str().unwrap().to_owned();
+            lanes_tests::wait_status(&url, &id, "COMPLETED", Duration::from_secs(30)).await
+        }
+    };
+    let asked = |i: usize| mock.seen()[i].body["service_tier"].as_str().map(str::to_owned);
+    let patient = serde_json::json!({"deadline_s": 3600});
+    let flex = run("a module", patient.clone()).await;
+    assert_eq!(
+        (flex["result"]["tier"].as_str(), asked(0).as_deref()),
+        (Some("flex"), Some("flex")),
+        "{flex}"
+    );
+    let sync = run("a module", serde_json::Value::Null).await;
+    assert_eq!((sync["result"]["tier"].as_str(), asked(1)), (Some("sync"), None), "{sync}");
+    let (at_flex, at_sync) =
+        (flex["result"]["cost_usd"].as_f64().unwrap(), sync["result"]["cost_usd"].as_f64().unwrap());
+    assert!((at_flex * 2.0 - at_sync).abs() < 1e-12, "flex {at_flex} against sync {at_sync}");
+    mock.script([Scripted::FlexUnavailable]);
+    let refused = run("another module", patient).await;
+    assert_eq!((asked(2).as_deref(), asked(3)), (Some("flex"), None), "refused at flex, asked again at sync");
+    assert_eq!(
+        (refused["result"]["tier"].as_str(), refused["attempts"].as_u64()),
+        (Some("sync"), Some(0)),
+        "{refused}"
+    );
+}
+
 mod bedrock_and_secrets {
     use super::*;
     use lanes_core::adapters::bedrock::BedrockClient;

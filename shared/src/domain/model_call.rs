@@ -1,7 +1,7 @@
 //! One call to a model, as every provider and the limiter see it: the request (with its user
 //! message), the answer, and what the provider's rate-limit headers said with it. Pure.
 
-use super::tier::Tier;
+use super::tier::{Tier, TierSetting, choose};
 use super::{Kind, Lane, ModelParams, TokenUsage};
 use std::time::Duration;
 
@@ -38,6 +38,16 @@ impl LlmRequest {
             params,
             tier: Tier::Sync,
         }
+    }
+
+    /// The same call at the tier for work that has waited `waited`: a task's own `deadline_s` makes
+    /// it `auto` with that deadline, else the lane's setting and deadline decide.
+    pub fn at_tier(self, (setting, deadline): (TierSetting, Option<Duration>), waited: Duration) -> Self {
+        let tier = match self.params.deadline_s {
+            Some(d) => choose(TierSetting::Auto, Some(Duration::from_secs(d)), waited),
+            None => choose(setting, deadline, waited),
+        };
+        Self { tier, ..self }
     }
 
     /// The user message: the prompt plus the files it is about.
@@ -80,4 +90,34 @@ pub struct LlmResponse {
     pub limits: ProviderLimits,
     /// The tier the provider says it served the call at (what it charged).
     pub tier: Tier,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tasks_own_deadline_opts_it_into_flex_whatever_its_lanes_setting() {
+        let call = |params: serde_json::Value| LlmRequest {
+            lane: Lane::Synthesis,
+            kind: Kind::Scaffold,
+            prompt: "p".into(),
+            target_files: vec![],
+            max_tokens: 8,
+            params: ModelParams::from_value(&params),
+            tier: Tier::Sync,
+        };
+        let sync_lane = (TierSetting::Sync, None);
+        let minutes = |m: u64| Duration::from_secs(m * 60);
+        let patient = serde_json::json!({"deadline_s": 3600});
+        assert_eq!(call(patient.clone()).at_tier(sync_lane, minutes(10)).tier, Tier::Flex);
+        assert_eq!(
+            call(patient).at_tier(sync_lane, minutes(50)).tier,
+            Tier::Sync,
+            "too little left for flex"
+        );
+        assert_eq!(call(serde_json::Value::Null).at_tier(sync_lane, Duration::ZERO).tier, Tier::Sync);
+        let flex_lane = (TierSetting::Flex, None);
+        assert_eq!(call(serde_json::Value::Null).at_tier(flex_lane, Duration::ZERO).tier, Tier::Flex);
+    }
 }

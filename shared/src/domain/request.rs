@@ -125,6 +125,12 @@ pub struct ModelParams {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = -9_223_372_036_854_775_808_i64, maximum = 9_223_372_036_854_775_807_i64)]
     pub seed: Option<i64>,
+    /// Seconds after submission by which the answer is wanted: with one, the task is called at the
+    /// discounted `flex` tier while at least 15 minutes of it are left (where its route offers flex),
+    /// and at `sync` after that. Without one, the lane's tier applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_209_600)]
+    pub deadline_s: Option<u64>,
 }
 
 /// `stop`: one non-empty string, or an array of at most four, or null.
@@ -142,7 +148,10 @@ fn stop_sequences() -> utoipa::openapi::schema::Schema {
 }
 
 /// Keys `params` may have.
-pub const PARAM_KEYS: [&str; 5] = ["max_tokens", "seed", "stop", "temperature", "top_p"];
+pub const PARAM_KEYS: [&str; 6] = ["deadline_s", "max_tokens", "seed", "stop", "temperature", "top_p"];
+
+/// The longest `params.deadline_s`: the queues' retention, past which no task waits.
+pub const MAX_DEADLINE_SECS: u64 = 14 * 24 * 3600;
 
 impl ModelParams {
     /// Reads validated `params` (`null` is the empty set). Validation happened at ingress, so a value
@@ -172,6 +181,12 @@ impl ModelParams {
                 "max_tokens" => match whole(value) {
                     Some(n) if (1..=i128::from(MAX_PARAM_TOKENS)).contains(&n) => {}
                     _ => errors.push(bad(&format!("expected a whole number from 1 to {MAX_PARAM_TOKENS}"))),
+                },
+                "deadline_s" => match whole(value) {
+                    Some(n) if (1..=i128::from(MAX_DEADLINE_SECS)).contains(&n) => {}
+                    _ => errors.push(bad(&format!(
+                        "expected a whole number of seconds from 1 to {MAX_DEADLINE_SECS}"
+                    ))),
                 },
                 "seed" => {
                     if whole(value).is_none_or(|n| i64::try_from(n).is_err()) {
@@ -472,6 +487,17 @@ pub(crate) mod tests {
             assert_eq!(errs(with(json!({"seed": seed})))[0].field, "params.seed", "{seed}");
         }
         assert_eq!(errs(with(json!({"max_tokens": 128_001})))[0].field, "params.max_tokens");
+        let patient = req(with(json!({"deadline_s": 3600})));
+        assert_eq!(ModelParams::from_value(&patient.params).deadline_s, Some(3600));
+        assert_ne!(
+            patient.task_id(None),
+            req(with(Value::Null)).task_id(None),
+            "a deadline is part of the work"
+        );
+        for bad in [json!(0), json!(-5), json!(1.5), json!("1h"), json!(MAX_DEADLINE_SECS + 1)] {
+            let e = errs(with(json!({"deadline_s": bad})));
+            assert_eq!((e[0].field.as_str(), e.len()), ("params.deadline_s", 1), "{bad}");
+        }
     }
 
     #[test]

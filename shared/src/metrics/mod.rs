@@ -200,6 +200,8 @@ impl std::fmt::Debug for Metrics {
 const LATENCY_BUCKETS: [f64; 14] =
     [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0];
 
+const SUMMARY_HELP: &str = "A commit's enqueue to its summary written, by the tier that served it";
+
 /// Up to a day: a summary's deadline is hours, and flex calls wait for spare capacity.
 const SUMMARY_BUCKETS: [f64; 14] =
     [1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14_400.0, 21_600.0, 86_400.0];
@@ -232,6 +234,13 @@ impl Registrar {
         self.add(name, IntCounterVec::new(Opts::new(name, help), labels))
     }
 
+    /// `lanes_summary_latency_seconds`, by `tier`, in buckets up to a day.
+    fn summary_histogram(&self) -> HistogramVec {
+        let opts = HistogramOpts::new("lanes_summary_latency_seconds", SUMMARY_HELP)
+            .buckets(SUMMARY_BUCKETS.to_vec());
+        self.add("lanes_summary_latency_seconds", HistogramVec::new(opts, &["tier"]))
+    }
+
     fn histogram(&self, name: &str, help: &str) -> HistogramVec {
         let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
         self.add(name, HistogramVec::new(opts, LANE))
@@ -253,17 +262,7 @@ impl Metrics {
             queue_in_flight: r.gauge("lanes_queue_in_flight", "Received, unacknowledged messages"),
             queue_oldest_age_seconds: r.gauge("lanes_queue_oldest_age_seconds", "Age of the oldest message"),
             task_latency_seconds: r.histogram("lanes_task_latency_seconds", "Submission to completion"),
-            summary_latency_seconds: r.add(
-                "lanes_summary_latency_seconds",
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "lanes_summary_latency_seconds",
-                        "A commit's enqueue to its summary written, by the tier that served it",
-                    )
-                    .buckets(SUMMARY_BUCKETS.to_vec()),
-                    &["tier"],
-                ),
-            ),
+            summary_latency_seconds: r.summary_histogram(),
             task_wait_seconds: r.histogram("lanes_task_wait_seconds", "Submission to claim"),
             task_run_seconds: r.histogram("lanes_task_run_seconds", "Claim to completion"),
             llm_requests_total: r.counter("lanes_llm_requests_total", "LLM provider calls", LANE_STATUS),

@@ -257,9 +257,10 @@ impl Worker {
         let (lost, cancelled) = (lease.lost.clone(), CancellationToken::new());
         let watch = Watch { id: task.task_id.clone(), fence: record.fence, cancelled: cancelled.clone() };
         let _renewed = batch.heartbeat().join(Leased { watch: Some(watch), ..lease });
-        let tier = policy.tier_after(Duration::from_millis(now.saturating_sub(record.created_at_ms)));
+        let waited = Duration::from_millis(now.saturating_sub(record.created_at_ms));
         let request =
-            LlmRequest { lane: task.lane, tier, ..LlmRequest::for_task(&record.request, policy.max_tokens) };
+            LlmRequest { lane: task.lane, ..LlmRequest::for_task(&record.request, policy.max_tokens) }
+                .at_tier((policy.tier, policy.deadline), waited);
         let run = Run { queue, message, task, record: &record, completed };
         let estimate = crate::llm::estimate_tokens(&request);
         let (_place, share) = match self.take_turn(run, &group, estimate, now).await {
