@@ -14,9 +14,11 @@
 //! - [`throughput`]: ingress and end-to-end rates, latency and memory of `lanes dev`.
 //! - [`soak`]: `lanes dev` under a long stream with expiring records: rate, memory, file size.
 //! - [`coldstart`]: the Lambda functions' init duration and zip size against a hello-world function.
+//! - [`cost`]: a repository's commits at each service tier policy: cost, flex refusals, deadlines.
 
 pub mod batching;
 pub mod coldstart;
+pub mod cost;
 pub mod duplicates;
 pub mod fairness;
 pub mod functions;

@@ -17,6 +17,27 @@ async fn micro_batching_spends_fewer_calls_and_tokens_and_no_429() {
     assert_eq!(single.llm_calls as usize + single.rule_summaries as usize, 120, "{r:?}");
 }
 
+/// This repository's own commits at each tier policy: flex serves every call at half the price, a
+/// refused flex call is made again at sync with no commit lost or asked twice, and a deadline too
+/// short for flex calls at sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cost_bench_serves_flex_at_half_price_and_loses_nothing_to_refusals() {
+    let r = lanes_bench::cost::cost_report(&lanes_tests::workspace_root(), 100, 10).await.unwrap();
+    let [sync, flex, refused, short] = &r.runs[..] else { panic!("four runs: {r:?}") };
+    for run in &r.runs {
+        assert_eq!((run.summaries, run.failed, run.duplicates), (sync.summaries, 0, 0), "{run:?}");
+    }
+    assert!(sync.cost_usd > 0.0 && sync.flex_asked == 0, "{sync:?}");
+    assert!(
+        flex.flex_asked == flex.llm_calls && flex.served_at_flex > 0,
+        "every call asks for flex: {flex:?}"
+    );
+    assert!((flex.cost_usd * 2.0 - sync.cost_usd).abs() < 1e-9, "{flex:?} against {sync:?}");
+    assert!(refused.flex_refused >= 1 && refused.requests as u64 == refused.llm_calls + refused.flex_refused);
+    assert!(refused.cost_usd > flex.cost_usd && refused.cost_usd < sync.cost_usd, "{refused:?}");
+    assert_eq!((short.flex_asked, short.cost_usd), (0, sync.cost_usd), "{short:?}");
+}
+
 #[tokio::test]
 async fn a_renewed_lease_makes_one_llm_call_for_ten_deliveries() {
     let r = lanes_bench::duplicates::duplicates_report(10, 900, 300).await.unwrap();

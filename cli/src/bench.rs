@@ -186,6 +186,22 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A repository's commits through the commits pipeline at each service tier policy against the
+    /// provider emulator: cost, calls, flex refusals, time to summary, deadlines missed, duplicates.
+    Cost {
+        /// The repository whose history is summarized.
+        #[arg(long, default_value = ".")]
+        repo: std::path::PathBuf,
+        /// Its newest N commits.
+        #[arg(long, default_value_t = 300)]
+        commits: usize,
+        /// What the emulator adds to each flex call (spare capacity is slower), ms.
+        #[arg(long, default_value_t = 50)]
+        flex_latency_ms: u64,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs one benchmark and prints its report.
@@ -220,6 +236,9 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         }
         BenchCommand::Provider { rpm, tpm, seconds, json } => {
             show(b::provider::provider_report(rpm, tpm, seconds).await, json)
+        }
+        BenchCommand::Cost { repo, commits, flex_latency_ms, json } => {
+            show(b::cost::cost_report(&repo, commits, flex_latency_ms).await, json)
         }
     }
 }

@@ -118,6 +118,8 @@ pub struct Row {
     pub source: &'static str,
     /// The tier the summary's call was served at (what its tokens cost).
     pub tier: crate::domain::tier::Tier,
+    /// When the summary was written (Unix ms; 0 for a commit that failed).
+    pub written_at_ms: u64,
 }
 
 /// What a run did.
@@ -250,6 +252,7 @@ fn tally(
                 tokens,
                 source,
                 tier: summary.tier,
+                written_at_ms: summary.created_at_ms,
             },
         );
     }
@@ -269,6 +272,7 @@ fn tally(
                     tokens: 0,
                     source: "failed",
                     tier: Default::default(),
+                    written_at_ms: 0,
                 },
             );
         }

@@ -121,6 +121,24 @@ struct MockState {
     usage: Mutex<MockUsage>,
     /// Models that have no flex tier: a flex call to one is refused with a 400.
     no_flex: Mutex<Vec<String>>,
+    /// How flex calls are served ([`MockLlm::flex_capacity`]).
+    flex: Mutex<FlexCapacity>,
+    /// Each commit summarized in an answer, by sha, and how many answers carried it.
+    answered_commits: Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// How the emulator serves flex calls: one in `refuse_every` is refused for capacity (`429 Resource
+/// Unavailable`, 0 for none), and each answered one takes `latency` (spare capacity is slower).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FlexCapacity {
+    /// One flex call in this many is refused; 0 refuses none.
+    pub refuse_every: u64,
+    /// Added to each answered flex call.
+    pub latency: Duration,
+    /// Flex calls asked so far.
+    pub asked: u64,
+    /// Flex calls refused so far.
+    pub refused: u64,
 }
 
 impl MockState {
@@ -310,6 +328,23 @@ impl MockLlm {
         self.state.no_flex.lock().unwrap_or_else(|e| e.into_inner()).push(model.to_owned());
     }
 
+    /// Serves flex calls as `capacity` says (its counts start at zero).
+    pub fn flex_capacity(&self, capacity: FlexCapacity) {
+        *self.state.flex.lock().unwrap_or_else(|e| e.into_inner()) =
+            FlexCapacity { asked: 0, refused: 0, ..capacity };
+    }
+
+    /// Flex calls asked and refused so far.
+    pub fn flex_counts(&self) -> (u64, u64) {
+        let f = *self.state.flex.lock().unwrap_or_else(|e| e.into_inner());
+        (f.asked, f.refused)
+    }
+
+    /// Each commit summarized in an answer, by sha, with the number of answers that carried it.
+    pub fn answered_commits(&self) -> std::collections::HashMap<String, u32> {
+        self.state.answered_commits.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Every request so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -347,14 +382,7 @@ async fn record_and_script(
                 .into_response(),
             )
         }
-        Some(Scripted::FlexUnavailable) => Some(
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                Json(json!({"error": {"message": "Resource Unavailable: flex capacity is exhausted, retry later or use the default tier",
-                    "type": "resource_unavailable", "param": null, "code": "resource_unavailable"}})),
-            )
-                .into_response(),
-        ),
+        Some(Scripted::FlexUnavailable) => Some(flex_unavailable()),
         Some(Scripted::Status(code, hdrs)) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let mut resp =
@@ -367,6 +395,13 @@ async fn record_and_script(
             Some(resp)
         }
     }
+}
+
+/// OpenAI's refusal of a flex call it has no capacity for.
+fn flex_unavailable() -> Response {
+    let error = json!({"message": "Resource Unavailable: flex capacity is exhausted, retry later or use the default tier",
+        "type": "resource_unavailable", "param": null, "code": "resource_unavailable"});
+    (StatusCode::TOO_MANY_REQUESTS, Json(json!({ "error": error }))).into_response()
 }
 
 fn throttled(wait: Duration, hint: Hint) -> Response {
@@ -414,6 +449,19 @@ async fn openai(
     }
     let prompt: String =
         body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_str()).collect();
+    if flex {
+        let refused = {
+            let mut f = state.flex.lock().unwrap_or_else(|e| e.into_inner());
+            f.asked += 1;
+            let refused = f.refuse_every > 0 && f.asked % f.refuse_every == 0;
+            f.refused += u64::from(refused);
+            if refused { None } else { Some(f.latency) }
+        };
+        match refused {
+            None => return flex_unavailable(),
+            Some(latency) => tokio::time::sleep(latency).await,
+        }
+    }
     // A commit-summary prompt gets a well-formed JSON array, as a model following it would answer.
     let (content, completion) = if prompt.contains("=== commit ") {
         let a = lanes_core::commits::prompt::offline_answer(&prompt)
@@ -430,6 +478,13 @@ async fn openai(
         Ok(left) => left,
         Err(wait) => return throttled(wait, state.hint()),
     };
+    let mut answered = state.answered_commits.lock().unwrap_or_else(|e| e.into_inner());
+    let shas = prompt.split("=== commit ").skip(1).filter_map(|s| s.split_whitespace().next());
+    // Only the sections' shas: the instructions show the marker too, with a placeholder.
+    for sha in shas.filter(|s| matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit())) {
+        *answered.entry(sha.to_owned()).or_default() += 1;
+    }
+    drop(answered);
     let mut resp = Json(json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
