@@ -341,6 +341,19 @@ async fn on_a_flex_call_only_the_refusals_of_the_tier_are_tier_refusals() {
     // The same refusal on a sync call (which never happens) is an ordinary throttle.
     mock.script([Scripted::FlexUnavailable]);
     assert!(matches!(client.complete(&request()).await, Err(LlmError::Throttled { .. })));
+    // What a retry would answer at sync (a 5xx, a timeout) is flex failing, answered at sync at once
+    // rather than retried at flex on the task's attempts.
+    let impatient = OpenAiClient::new(
+        &format!("{}/v1", mock.url),
+        "gpt-4o",
+        Some("k".into()),
+        Duration::from_millis(300),
+    );
+    mock.script([Scripted::Status(503, vec![]), Scripted::Slow(Duration::from_secs(2))]);
+    assert!(matches!(client.complete(&flex).await, Err(LlmError::TierRefused { unsupported: false, .. })));
+    assert!(matches!(impatient.complete(&flex).await, Err(LlmError::TierRefused { unsupported: false, .. })));
+    mock.script([Scripted::Status(503, vec![])]);
+    assert!(matches!(client.complete(&request()).await, Err(LlmError::Retryable { .. })));
 }
 
 /// Through `lanes dev`: a synthesis task that gives `params.deadline_s` is called at flex on a flex

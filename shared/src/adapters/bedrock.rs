@@ -57,9 +57,10 @@ fn map_error(e: SdkError<ConverseError>) -> LlmError {
 }
 
 /// What a refused flex call means: a model without the flex tier is a validation error naming it,
-/// and flex capacity running out is the service being unavailable to flex. Either is answered at
-/// `sync` by the routes ([`LlmError::TierRefused`]); a throttle stays a throttle (the account's
-/// quota, which `sync` shares).
+/// and any failure a retry would answer (the service unavailable to flex, a model timeout, a cut
+/// connection) is flex's spare capacity failing. Either is answered at `sync` by the routes
+/// ([`LlmError::TierRefused`]); a throttle stays a throttle (the account's quota, which `sync`
+/// shares).
 fn flex_refusal(e: SdkError<ConverseError>) -> LlmError {
     let said = format!("{} {}", e.code().unwrap_or_default(), e.message().unwrap_or_default());
     let message = format!("bedrock: {said}");
@@ -69,10 +70,10 @@ fn flex_refusal(e: SdkError<ConverseError>) -> LlmError {
         {
             LlmError::TierRefused { message, unsupported: true }
         }
-        Some(ConverseError::ServiceUnavailableException(_)) => {
-            LlmError::TierRefused { message, unsupported: false }
-        }
-        _ => map_error(e),
+        _ => match map_error(e) {
+            LlmError::Retryable { message, .. } => LlmError::TierRefused { message, unsupported: false },
+            other => other,
+        },
     }
 }
 

@@ -2,9 +2,9 @@
 //!
 //! A provider sells the same model at more than one tier. `sync` is the ordinary call at list price.
 //! `flex` (OpenAI's `service_tier: "flex"`, Bedrock's `serviceTier: flex`) is the same synchronous
-//! call at the batch discount, slower, and refused when the provider lacks capacity; a refusal is
-//! answered by calling again at `sync` (see `crate::llm::route`), so flex never fails work that
-//! `sync` would have done.
+//! call at the batch discount, slower, and refused when the provider lacks capacity; a refusal (or a
+//! flex call failing as a retry would answer: a 5xx, a timeout) is answered by calling again at
+//! `sync` (see `crate::llm::route`), so flex never spends a task's attempts.
 //!
 //! Each lane has a [`TierSetting`] (`LANES_TIER_<LANE>`) and a deadline (`LANES_DEADLINE_SECS_<LANE>`):
 //! how long after it was enqueued its work may finish. [`choose`] makes `auto` a decision from the

@@ -97,7 +97,10 @@ pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> Llm
 /// What a refused flex call means. OpenAI answers a flex call it lacks capacity for with
 /// `429 Resource Unavailable` (not charged), and one for a model without flex with a 400 naming the
 /// `service_tier` parameter. Either is a [`LlmError::TierRefused`], which the routes answer by
-/// calling again at `sync`; any other error is what it would have been at `sync`.
+/// calling again at `sync`. So is a flex call that failed the way a retry would answer (a 5xx, a
+/// timeout, a cut connection): flex is the slower, best-effort tier, and retrying it could spend the
+/// task's attempts on a failure `sync` may not have. A rate-limit 429 stays a throttle (`sync`
+/// shares the quota) and any other refusal stays what it is.
 fn flex_refusal(e: LlmError) -> LlmError {
     let says = |m: &str, words: &[&str]| {
         let m = m.to_ascii_lowercase();
@@ -112,6 +115,7 @@ fn flex_refusal(e: LlmError) -> LlmError {
         LlmError::Permanent(message) if says(&message, &["service_tier", "flex"]) => {
             LlmError::TierRefused { message, unsupported: true }
         }
+        LlmError::Retryable { message, .. } => LlmError::TierRefused { message, unsupported: false },
         other => other,
     }
 }
@@ -156,7 +160,7 @@ impl LlmClient for OpenAiClient {
             }
         })
         .await
-        .map_err(send_error)?;
+        .map_err(|e| if flex { flex_refusal(send_error(e)) } else { send_error(e) })?;
         if !resp.status().is_success() {
             let e = status_error("provider", resp).await;
             return Err(if flex { flex_refusal(e) } else { e });
