@@ -68,7 +68,7 @@ REVERTS = {
     {
         return Ok(answer);
     }
-    enqueue(w, &push).await?;
+    w.enqueue(&push).await?;
     if let Some(d) = &delivery
         && let Err(e) = w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await
     {
@@ -81,7 +81,7 @@ REVERTS = {
             Err(_) => return Err(Problem::unavailable("the store is unavailable; redeliver later", 30)),
         }
     }
-    enqueue(w, &push).await?;
+    w.enqueue(&push).await?;
 """),
     ]),
     "group-lease-carrier": ("any delivery of a commit whose receipt is refused stops the commit's run", [

@@ -146,7 +146,7 @@ impl World {
             summaries: self.summaries(ctx),
             cache: Arc::new(FaultyCache { ctx: ctx.clone() }),
             lock: Arc::new(FaultyLock { ctx: ctx.clone() }),
-            llm: Arc::new(SimLlm { ctx: ctx.clone() }),
+            llm: crate::faults::sim_llm(ctx),
             diffs: Arc::new(SimDiffs { ctx: ctx.clone() }),
             send: self.queue(ctx, Lane::Commits),
             metrics: self.metrics.clone(),

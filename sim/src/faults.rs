@@ -1027,6 +1027,18 @@ impl LlmClient for SimLlm {
             _ => chaos.between(2_000, 40_000),
         };
         let roll = if chaos.is_calm() { 1.0 } else { chaos.chance() };
+        // A flex call may find no spare capacity: refused before any work, never charged; the
+        // route asks again at sync (`llm::route`), which this provider then answers as any call.
+        if request.tier == lanes_core::domain::tier::Tier::Flex && !chaos.is_calm() && chaos.chance() < 0.2 {
+            spend.refused = true;
+            self.ctx.proc.sleep(latency / 10).await;
+            ids.iter().for_each(|id| self.ctx.release_hand(id));
+            self.ctx.note(|| format!("llm.call {} refused at flex", short(&task)));
+            return Err(LlmError::TierRefused {
+                message: "429 Resource Unavailable".into(),
+                unsupported: false,
+            });
+        }
         if !chaos.is_calm() && chaos.chance() < plan.p_slow {
             latency *= 10;
         }
@@ -1065,7 +1077,15 @@ impl LlmClient for SimLlm {
             usage: lanes_core::domain::TokenUsage { prompt, completion: 80 },
             truncated: false,
             limits: ProviderLimits::default(),
-            tier: Default::default(),
+            tier: request.tier,
         })
     }
+}
+
+/// The simulated provider behind one route that offers flex, as the deployed stack wires it: a
+/// refused flex call is asked again at sync there.
+pub fn sim_llm(ctx: &Ctx) -> Arc<dyn LlmClient> {
+    use lanes_core::llm::route::{Fallback, RouteClient};
+    let route = || RouteClient::new("sim:model".into(), Arc::new(SimLlm { ctx: ctx.clone() }), None, true);
+    Arc::new(Fallback::new([vec![route()], vec![route()], vec![route()]]))
 }

@@ -185,7 +185,7 @@ impl World {
             store: self.store(ctx),
             lock: Arc::new(FaultyLock { ctx: ctx.clone() }),
             cache: Arc::new(FaultyCache { ctx: ctx.clone() }),
-            llm: Arc::new(SimLlm { ctx: ctx.clone() }),
+            llm: crate::faults::sim_llm(ctx),
             metrics: self.metrics.clone(),
             clock: ctx.proc.clock.clone(),
             config: self.worker_config,
@@ -401,6 +401,10 @@ fn payloads(
                 let priority = ["normal", "high", "low"][knobs.random_range(0..3usize)];
                 if priority != "normal" {
                     body["priority"] = serde_json::json!(priority);
+                }
+                // Some tasks can wait an hour: they are called at flex, which may be refused.
+                if knobs.random::<f64>() < 0.3 {
+                    body["params"] = serde_json::json!({"deadline_s": 3600});
                 }
             }
             let body = body.to_string();
