@@ -51,6 +51,17 @@ impl Provider {
         }
     }
 
+    /// Whether a route of this provider at `base_url` has a flex tier unless it says otherwise:
+    /// OpenAI's own API (no base URL) and Bedrock do; a server of one's own, Anthropic's Messages
+    /// API and the offline model do not.
+    fn offers_flex(self, base_url: Option<&str>) -> bool {
+        match self {
+            Provider::OpenAi => base_url.is_none(),
+            Provider::Bedrock => true,
+            Provider::Offline | Provider::Anthropic => false,
+        }
+    }
+
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "offline" => Provider::Offline,
@@ -122,9 +133,7 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
                 return Err(invalid(format!("`{item}`: {} has no flex tier", provider.as_str())));
             }
             (_, Some(flex)) => flex,
-            (Provider::OpenAi, None) => base_url.is_none(),
-            (Provider::Bedrock, None) => true,
-            (Provider::Offline | Provider::Anthropic, None) => false,
+            (_, None) => provider.offers_flex(base_url.as_deref()),
         };
         routes.push(Route { provider, model: model.to_owned(), base_url, flex });
     }
@@ -154,11 +163,7 @@ pub fn routes_from_env() -> Result<[Vec<Route>; 3], ConfigError> {
                 crate::http::check_endpoint(url)
                     .map_err(|reason| ConfigError::Invalid { name: "LANES_LLM_BASE_URL", reason })?;
             }
-            let flex = match provider {
-                Provider::OpenAi => base_url.is_none(),
-                Provider::Bedrock => true,
-                Provider::Offline | Provider::Anthropic => false,
-            };
+            let flex = provider.offers_flex(base_url.as_deref());
             vec![Route { provider, model, base_url, flex }]
         }
     };
@@ -201,12 +206,12 @@ impl RouteClient {
     /// (no capacity now, or a model without flex, which stops the route asking) is made again at
     /// `sync` at once, through the limiter again: neither a failure nor an attempt of the task.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let sync = || LlmRequest { tier: Tier::Sync, ..request.clone() };
         if request.tier == Tier::Sync {
             return self.client.complete(request).await;
         }
-        let sync = LlmRequest { tier: Tier::Sync, ..request.clone() };
         if !self.flex.load(Ordering::Relaxed) {
-            return self.client.complete(&sync).await;
+            return self.client.complete(&sync()).await;
         }
         match self.client.complete(request).await {
             Err(LlmError::TierRefused { message, unsupported }) => {
@@ -216,7 +221,7 @@ impl RouteClient {
                 if unsupported {
                     self.flex.store(false, Ordering::Relaxed);
                 }
-                self.client.complete(&sync).await
+                self.client.complete(&sync()).await
             }
             other => other,
         }
@@ -293,6 +298,22 @@ mod tests {
         assert_eq!(r[1].model, "anthropic.claude-3-5-haiku-20241022-v1:0");
         assert_eq!(r[2].base_url.as_deref(), Some("http://127.0.0.1:9"));
         assert_eq!(parse_routes("V", "offline").unwrap()[0].provider, Provider::Offline);
+        // Flex where the vendor sells it, unless the route says otherwise.
+        assert_eq!(r.iter().map(|r| r.flex).collect::<Vec<_>>(), [true, true, false]);
+        let said =
+            parse_routes("V", "openai:m+flex@http://127.0.0.1:4000/v1,openai:m+sync,bedrock:b-v1:0+sync")
+                .unwrap();
+        assert_eq!(
+            said.iter().map(|r| (r.model.as_str(), r.flex)).collect::<Vec<_>>(),
+            [("m", true), ("m", false), ("b-v1:0", false)]
+        );
+        assert_eq!(said[0].base_url.as_deref(), Some("http://127.0.0.1:4000/v1"));
+        for no_flex in ["anthropic:claude+flex", "offline+flex"] {
+            assert!(
+                parse_routes("V", no_flex).unwrap_err().to_string().contains("no flex tier"),
+                "{no_flex}"
+            );
+        }
         for bad in
             ["", "cohere:x", "openai", "openai:", "openai:m@ftp://x", "openai:m@http://llm.internal:8000"]
         {
