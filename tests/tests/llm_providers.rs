@@ -319,10 +319,19 @@ async fn flex_is_asked_for_refused_flex_is_answered_at_sync_and_a_model_without_
         Fallback::new([vec![RouteClient::new("p".into(), openai.clone(), None, false)], vec![], vec![]]);
     assert_eq!(plain.complete(&flex).await.unwrap().tier, Tier::Sync);
     assert_eq!(asked(6), None);
+
+    // A refusal of a flex call that does not name the tier: asked again at sync, whose refusal is
+    // the answer; the route keeps asking for flex.
+    let other = Fallback::new([vec![RouteClient::new("o".into(), openai, None, true)], vec![], vec![]]);
+    mock.script([Scripted::Status(400, vec![]), Scripted::Status(400, vec![])]);
+    assert!(matches!(other.complete(&flex).await, Err(LlmError::Permanent(_))));
+    assert_eq!((asked(7).as_deref(), asked(8)), (Some("flex"), None));
+    other.complete(&flex).await.unwrap();
+    assert_eq!(asked(9).as_deref(), Some("flex"));
 }
 
-/// Tier refusals are decided by the client from the answer, never guessed: a 429 that is a rate limit
-/// stays a throttle on a flex call, and a 400 about something else stays permanent.
+/// Tier refusals are decided by the client from the answer: a 429 that is a rate limit stays a
+/// throttle on a flex call; only a refusal naming the tier says the model has no flex.
 #[tokio::test]
 async fn on_a_flex_call_only_the_refusals_of_the_tier_are_tier_refusals() {
     use lanes_core::domain::tier::Tier;
@@ -336,7 +345,9 @@ async fn on_a_flex_call_only_the_refusals_of_the_tier_are_tier_refusals() {
         Scripted::FlexUnavailable,
     ]);
     assert!(matches!(client.complete(&flex).await, Err(LlmError::Throttled { .. })));
-    assert!(matches!(client.complete(&flex).await, Err(LlmError::Permanent(_))));
+    // A refusal that does not name the tier is asked again at sync (whose answer is final) and does
+    // not turn flex off.
+    assert!(matches!(client.complete(&flex).await, Err(LlmError::TierRefused { unsupported: false, .. })));
     assert!(matches!(client.complete(&flex).await, Err(LlmError::TierRefused { unsupported: false, .. })));
     // The same refusal on a sync call (which never happens) is an ordinary throttle.
     mock.script([Scripted::FlexUnavailable]);

@@ -65,10 +65,11 @@ fn flex_refusal(e: SdkError<ConverseError>) -> LlmError {
     let said = format!("{} {}", e.code().unwrap_or_default(), e.message().unwrap_or_default());
     let message = format!("bedrock: {said}");
     match e.as_service_error() {
-        Some(ConverseError::ValidationException(_))
-            if ["tier", "flex"].iter().any(|w| said.to_ascii_lowercase().contains(w)) =>
-        {
-            LlmError::TierRefused { message, unsupported: true }
+        // Only a refusal naming the tier says the model has none; any other validation error of a
+        // flex call is asked again at sync, whose answer is final.
+        Some(ConverseError::ValidationException(_)) => {
+            let unsupported = ["tier", "flex"].iter().any(|w| said.to_ascii_lowercase().contains(w));
+            LlmError::TierRefused { message, unsupported }
         }
         _ => match map_error(e) {
             LlmError::Retryable { message, .. } => LlmError::TierRefused { message, unsupported: false },

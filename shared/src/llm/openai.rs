@@ -99,8 +99,8 @@ pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> Llm
 /// `service_tier` parameter. Either is a [`LlmError::TierRefused`], which the routes answer by
 /// calling again at `sync`. So is a flex call that failed the way a retry would answer (a 5xx, a
 /// timeout, a cut connection): flex is the slower, best-effort tier, and retrying it could spend the
-/// task's attempts on a failure `sync` may not have. A rate-limit 429 stays a throttle (`sync`
-/// shares the quota) and any other refusal stays what it is.
+/// task's attempts on a failure `sync` may not have. So is any other refusal of a flex call, which
+/// `sync` then answers for good. A rate-limit 429 stays a throttle (`sync` shares the quota).
 fn flex_refusal(e: LlmError) -> LlmError {
     let says = |m: &str, words: &[&str]| {
         let m = m.to_ascii_lowercase();
@@ -112,8 +112,12 @@ fn flex_refusal(e: LlmError) -> LlmError {
         {
             LlmError::TierRefused { message, unsupported: false }
         }
-        LlmError::Permanent(message) if says(&message, &["service_tier", "flex"]) => {
-            LlmError::TierRefused { message, unsupported: true }
+        LlmError::Permanent(message) => {
+            // Only a refusal naming the tier says the model has none. Any other refusal of a flex
+            // call is asked again at sync, whose answer is final: a model refusing flex in words we
+            // do not know never fails work that sync would do.
+            let unsupported = says(&message, &["service_tier", "flex"]);
+            LlmError::TierRefused { message, unsupported }
         }
         LlmError::Retryable { message, .. } => LlmError::TierRefused { message, unsupported: false },
         other => other,
