@@ -53,11 +53,28 @@ async fn submit_dedupe_complete_and_replay(backend: Backend) -> Stack {
     let done = wait_status(&server.url, &id, "COMPLETED", Duration::from_secs(10)).await;
     assert!(done["result"]["text"].as_str().unwrap().contains("NOT an LLM"));
     assert!(done["result"]["tokens"]["completion"].as_u64().unwrap() > 0);
+    assert_eq!(done["result"]["tier"], "sync", "the interactive lane calls at sync");
+
+    // A task that can wait an hour is called at flex, which the offline model serves (free).
+    let patient = json!({"project_id":"p1","kind":"explain","prompt":"what does main do?",
+        "target_files":["src/main.rs"],"params":{"deadline_s":3600}});
+    let (sp, _, vp) = post_task(&server.url, &patient.to_string()).await;
+    assert_eq!(sp, StatusCode::ACCEPTED, "{vp}");
+    let pid = vp["task_id"].as_str().unwrap().to_owned();
+    let flex = wait_status(&server.url, &pid, "COMPLETED", Duration::from_secs(10)).await;
+    assert_eq!(
+        (flex["result"]["tier"].as_str(), flex["result"]["cost_usd"].as_f64()),
+        (Some("flex"), Some(0.0))
+    );
 
     let (s3, _, v3) = post_task(&server.url, &body.to_string()).await;
     assert_eq!(s3, StatusCode::OK);
     assert_eq!(v3["result"], done["result"]);
-    assert_eq!(server.metric(OK_LLM).await, 1.0, "one provider call for three submissions");
+    assert_eq!(
+        server.metric(OK_LLM).await,
+        2.0,
+        "one provider call for three submissions, one for the flex task"
+    );
     assert!(server.metric("lanes_task_latency_seconds_count{lane=\"interactive\"}").await >= 1.0);
 
     let other_kind = json!({"project_id":"p1","kind":"refactor","prompt":"what does main do?","target_files":["src/main.rs","src/lib.rs"]});

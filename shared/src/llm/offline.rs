@@ -73,7 +73,7 @@ impl LlmClient for OfflineProvider {
                 usage,
                 truncated,
                 limits: Default::default(),
-                tier: crate::domain::tier::Tier::Sync,
+                tier: request.tier,
             });
         }
         let digest = sha256_hex(request.prompt.as_bytes());
@@ -104,7 +104,7 @@ impl LlmClient for OfflineProvider {
             usage,
             truncated,
             limits: Default::default(),
-            tier: crate::domain::tier::Tier::Sync,
+            tier: request.tier,
         })
     }
 }

@@ -5,9 +5,10 @@
 //! optionally followed by `@base-url`, e.g.
 //! `openai:gpt-4o-mini,anthropic:claude-3-5-haiku-latest@https://gateway.internal`.
 //!
-//! A route offers the `flex` tier ([`crate::domain::tier`]) on OpenAI's own API and on Bedrock, and
-//! not on an OpenAI-compatible server of one's own or on Anthropic's Messages API; `+flex` or
-//! `+sync` after the model says otherwise (`openai:gpt-5-mini+flex@http://litellm:4000/v1`). A call
+//! A route offers the `flex` tier ([`crate::domain::tier`]) on OpenAI's own API, on Bedrock and on
+//! the offline model, and not on an OpenAI-compatible server of one's own or on Anthropic's Messages
+//! API; `+flex` or `+sync` after the model says otherwise
+//! (`openai:gpt-5-mini+flex@http://litellm:4000/v1`). A call
 //! asking for flex on a route without it is made at `sync`; a flex call the provider refuses is
 //! made again at `sync` on the same route, and a model that has no flex stops the route asking.
 //!
@@ -52,13 +53,14 @@ impl Provider {
     }
 
     /// Whether a route of this provider at `base_url` has a flex tier unless it says otherwise:
-    /// OpenAI's own API (no base URL) and Bedrock do; a server of one's own, Anthropic's Messages
-    /// API and the offline model do not.
+    /// OpenAI's own API (no base URL) and Bedrock do, and so does the offline model (which serves
+    /// any tier, free, so `lanes dev` shows the tiers); a server of one's own and Anthropic's
+    /// Messages API do not.
     fn offers_flex(self, base_url: Option<&str>) -> bool {
         match self {
             Provider::OpenAi => base_url.is_none(),
-            Provider::Bedrock => true,
-            Provider::Offline | Provider::Anthropic => false,
+            Provider::Bedrock | Provider::Offline => true,
+            Provider::Anthropic => false,
         }
     }
 
@@ -129,7 +131,7 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
             return Err(invalid(format!("`{item}` names no model; write {}:<model>", provider.as_str())));
         }
         let flex = match (provider, tier) {
-            (Provider::Offline | Provider::Anthropic, Some(true)) => {
+            (Provider::Anthropic, Some(true)) => {
                 return Err(invalid(format!("`{item}`: {} has no flex tier", provider.as_str())));
             }
             (_, Some(flex)) => flex,
@@ -308,12 +310,8 @@ mod tests {
             [("m", true), ("m", false), ("b-v1:0", false)]
         );
         assert_eq!(said[0].base_url.as_deref(), Some("http://127.0.0.1:4000/v1"));
-        for no_flex in ["anthropic:claude+flex", "offline+flex"] {
-            assert!(
-                parse_routes("V", no_flex).unwrap_err().to_string().contains("no flex tier"),
-                "{no_flex}"
-            );
-        }
+        assert!(parse_routes("V", "anthropic:claude+flex").unwrap_err().to_string().contains("no flex tier"));
+        assert!(parse_routes("V", "offline").unwrap()[0].flex, "the offline model serves any tier");
         for bad in
             ["", "cohere:x", "openai", "openai:", "openai:m@ftp://x", "openai:m@http://llm.internal:8000"]
         {
