@@ -25,7 +25,8 @@ pub struct SummarizeArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Service tier of the calls: `sync`, `flex` or `auto` (flex while the deadline leaves room).
+    /// Service tier of the calls: `sync`, `flex`, `priority` or `auto` (flex while the deadline leaves
+    /// room).
     #[arg(long, default_value = "auto", value_parser = parse_tier)]
     tier: TierSetting,
     /// How long the summaries may take, for `--tier auto` (e.g. `90m`, `6h`; `0` for none).
@@ -34,7 +35,7 @@ pub struct SummarizeArgs {
 }
 
 fn parse_tier(s: &str) -> Result<TierSetting, String> {
-    TierSetting::parse(s).ok_or_else(|| format!("`{s}`: expected sync, flex or auto"))
+    TierSetting::parse(s).ok_or_else(|| format!("`{s}`: expected sync, flex, auto or priority"))
 }
 
 /// Summarizes and prints.

@@ -146,7 +146,7 @@ impl WorkerConfig {
         self.tiers_from_env()
     }
 
-    /// Each lane's tier and deadline from `LANES_TIER_<LANE>` (`sync`, `flex` or `auto`) and
+    /// Each lane's tier and deadline from `LANES_TIER_<LANE>` (`sync`, `flex`, `auto` or `priority`) and
     /// `LANES_DEADLINE_SECS_<LANE>` (0 for none), where set.
     fn tiers_from_env(mut self) -> Result<Self, ConfigError> {
         const NAMES: [[&str; 2]; 3] = [
@@ -158,7 +158,7 @@ impl WorkerConfig {
             if let Some(v) = optional_env(tier) {
                 policy.tier = TierSetting::parse(&v).ok_or_else(|| ConfigError::Invalid {
                     name: tier,
-                    reason: format!("`{v}`; expected sync, flex or auto"),
+                    reason: format!("`{v}`; expected sync, flex, auto or priority"),
                 })?;
             }
             if let Some(n) = env_number(deadline, 0, 14 * 24 * 3600)? {

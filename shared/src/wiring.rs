@@ -392,7 +392,7 @@ async fn route_client(
         Some(l) => Arc::new(crate::llm::Limited::new(client, l.clone(), max_wait).for_route(&name)) as _,
         None => client,
     };
-    Ok(crate::llm::route::RouteClient::new(name, client, limiter, route.flex))
+    Ok(crate::llm::route::RouteClient::new(name, client, limiter, route.tiers))
 }
 
 /// The webhook's settings: `LANES_GITHUB_WEBHOOK_SECRET` / `LANES_GITLAB_WEBHOOK_TOKEN`, or in Lambda the Secrets Manager

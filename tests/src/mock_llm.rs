@@ -493,7 +493,7 @@ async fn openai(
         "usage": {"prompt_tokens": tokens(&prompt), "completion_tokens": completion,
                   "total_tokens": tokens(&prompt) + completion},
         // The tier that served the call, as OpenAI names it in every answer.
-        "service_tier": if flex { "flex" } else { "default" }
+        "service_tier": body["service_tier"].as_str().filter(|t| matches!(*t, "flex" | "priority")).unwrap_or("default")
     }))
     .into_response();
     if let Some((limits, left)) = left

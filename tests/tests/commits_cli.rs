@@ -114,7 +114,7 @@ async fn lanes_summarize_at_flex_costs_half_of_sync_through_a_flex_route() {
         git(&repo, &["add", "."]);
         git(&repo, &["commit", "-qm", &format!("Add g{i}")]);
     }
-    let route = format!("openai:gpt-4o-mini+flex@{}/v1", mock.url);
+    let route = format!("openai:gpt-4o-mini+tiers@{}/v1", mock.url);
     let run = |tier: &str, data: &str| {
         Command::new(workspace_bin("lanes"))
             .args(["summarize", "--json", "--last", "4", "--tier", tier, "--repo"])

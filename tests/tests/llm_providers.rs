@@ -367,6 +367,36 @@ async fn on_a_flex_call_only_the_refusals_of_the_tier_are_tier_refusals() {
     assert!(matches!(client.complete(&request()).await, Err(LlmError::Retryable { .. })));
 }
 
+/// A priority call asks for `service_tier: "priority"` and is charged the tier the answer names,
+/// at the model's priority price; a model without a known priority price has an unknown cost, never
+/// the list price. Converse takes `serviceTier: priority` the same way.
+#[tokio::test]
+async fn priority_is_asked_for_and_charged_at_its_premium() {
+    use lanes_core::domain::tier::Tier;
+    use lanes_core::llm::route::{Fallback, RouteClient};
+    let mock = MockLlm::start().await.unwrap();
+    let prices = lanes_core::llm::price::prices();
+    for (model, known) in [("gpt-5-mini", true), ("gpt-4o", false)] {
+        let client =
+            OpenAiClient::new(&format!("{}/v1", mock.url), model, Some("k".into()), Duration::from_secs(5));
+        let f = Fallback::new([
+            vec![RouteClient::new("r".into(), std::sync::Arc::new(client), None, true)],
+            vec![],
+            vec![],
+        ]);
+        let r = f.complete(&LlmRequest { tier: Tier::Priority, ..request() }).await.unwrap();
+        assert_eq!(r.tier, Tier::Priority);
+        assert_eq!(mock.seen().last().unwrap().body["service_tier"], "priority");
+        let (at_priority, at_sync) =
+            (prices.cost(&r.model, r.usage, r.tier), prices.cost(&r.model, r.usage, Tier::Sync).unwrap());
+        match (known, at_priority) {
+            (true, Some(p)) => assert!(p > at_sync, "{model}: a premium, {p} against {at_sync}"),
+            (false, None) => {}
+            other => panic!("{model}: {other:?}"),
+        }
+    }
+}
+
 /// Through `lanes dev`: a synthesis task that gives `params.deadline_s` is called at flex on a flex
 /// route and its result says so, at half the price; one refused for capacity is answered at sync
 /// with no attempt spent; a task without a deadline is called at sync.
@@ -375,7 +405,7 @@ async fn a_task_with_a_deadline_is_served_at_flex_and_a_refusal_costs_it_no_atte
     use lanes_tests::{Backend, Stack};
     let mock = MockLlm::start().await.unwrap();
     let env = [
-        ("LANES_LLM_ROUTES_SYNTHESIS", format!("openai:gpt-4o+flex@{}/v1", mock.url)),
+        ("LANES_LLM_ROUTES_SYNTHESIS", format!("openai:gpt-4o+tiers@{}/v1", mock.url)),
         ("OPENAI_API_KEY", "k".to_owned()),
     ]
     .map(|(k, v)| (k.to_owned(), v))
@@ -460,6 +490,9 @@ mod bedrock_and_secrets {
         assert_eq!(mock.seen()[0].body["serviceTier"]["type"], "flex");
         assert_eq!(c.complete(&request()).await.unwrap().tier, Tier::Sync);
         assert!(mock.seen()[1].body.get("serviceTier").is_none());
+        let priority = LlmRequest { tier: Tier::Priority, ..request() };
+        assert_eq!(c.complete(&priority).await.unwrap().tier, Tier::Priority);
+        assert_eq!(mock.seen()[2].body["serviceTier"]["type"], "priority");
         mock.script([Scripted::Status(503, vec![]), Scripted::Status(429, vec![])]);
         assert!(matches!(c.complete(&flex).await, Err(LlmError::TierRefused { unsupported: false, .. })));
         assert!(matches!(c.complete(&flex).await, Err(LlmError::Throttled { .. })));

@@ -56,23 +56,23 @@ fn map_error(e: SdkError<ConverseError>) -> LlmError {
     }
 }
 
-/// What a refused flex call means: a model without the flex tier is a validation error naming it,
-/// and any failure a retry would answer (the service unavailable to flex, a model timeout, a cut
-/// connection) is flex's spare capacity failing. Either is answered at `sync` by the routes
-/// ([`LlmError::TierRefused`]); a throttle stays a throttle (the account's quota, which `sync`
-/// shares).
-fn flex_refusal(e: SdkError<ConverseError>) -> LlmError {
+/// What a refused tier call means: a model without the tier is a validation error naming it, and
+/// any other validation error of a tier call is asked again at sync, whose answer is final. For
+/// flex, a failure a retry would answer (the service unavailable to flex, a model timeout, a cut
+/// connection) is flex's spare capacity failing, answered at sync too; a priority call is retried
+/// as it is. A throttle stays a throttle (the account's quota, which `sync` shares).
+fn tier_refusal(tier: Tier, e: SdkError<ConverseError>) -> LlmError {
     let said = format!("{} {}", e.code().unwrap_or_default(), e.message().unwrap_or_default());
     let message = format!("bedrock: {said}");
     match e.as_service_error() {
-        // Only a refusal naming the tier says the model has none; any other validation error of a
-        // flex call is asked again at sync, whose answer is final.
         Some(ConverseError::ValidationException(_)) => {
-            let unsupported = ["tier", "flex"].iter().any(|w| said.to_ascii_lowercase().contains(w));
+            let unsupported = ["tier", tier.as_str()].iter().any(|w| said.to_ascii_lowercase().contains(w));
             LlmError::TierRefused { message, unsupported }
         }
         _ => match map_error(e) {
-            LlmError::Retryable { message, .. } => LlmError::TierRefused { message, unsupported: false },
+            LlmError::Retryable { message, .. } if tier == Tier::Flex => {
+                LlmError::TierRefused { message, unsupported: false }
+            }
             other => other,
         },
     }
@@ -98,7 +98,11 @@ impl LlmClient for BedrockClient {
             .build()
             .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
         let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
-        let flex = request.tier == Tier::Flex;
+        let tier = match request.tier {
+            Tier::Sync => None,
+            Tier::Flex => Some(ServiceTierType::Flex),
+            Tier::Priority => Some(ServiceTierType::Priority),
+        };
         let out = self
             .client
             .converse()
@@ -107,13 +111,15 @@ impl LlmClient for BedrockClient {
             .messages(message)
             .inference_config(inference_config(request, max_tokens))
             .set_service_tier(
-                flex.then(|| ServiceTier::builder().r#type(ServiceTierType::Flex).build())
+                tier.map(|t| ServiceTier::builder().r#type(t).build())
                     .transpose()
                     .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?,
             )
             .send()
             .await
-            .map_err(|e| if flex { flex_refusal(e) } else { map_error(e) })?;
+            .map_err(
+                |e| if request.tier == Tier::Sync { map_error(e) } else { tier_refusal(request.tier, e) },
+            )?;
         let text: String = match out.output() {
             Some(ConverseOutput::Message(m)) => m
                 .content()
@@ -147,6 +153,7 @@ impl LlmClient for BedrockClient {
             },
             tier: match out.service_tier().map(|t| t.r#type()) {
                 Some(ServiceTierType::Flex) => Tier::Flex,
+                Some(ServiceTierType::Priority) => Tier::Priority,
                 _ => Tier::Sync,
             },
         })

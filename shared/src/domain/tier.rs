@@ -1,6 +1,7 @@
 //! Service tiers: the price a call is made at, and the choice of it from the work's deadline. Pure.
 //!
-//! A provider sells the same model at more than one tier. `sync` is the ordinary call at list price.
+//! A provider sells the same model at more than one tier. `sync` is the ordinary call at list price;
+//! `priority` (OpenAI's and Bedrock's) is served ahead of the others at a premium.
 //! `flex` (OpenAI's `service_tier: "flex"`, Bedrock's `serviceTier: flex`) is the same synchronous
 //! call at the batch discount, slower, and refused when the provider lacks capacity; a refusal (or a
 //! flex call failing as a retry would answer: a 5xx, a timeout) is answered by calling again at
@@ -24,6 +25,9 @@ pub enum Tier {
     Sync,
     /// A synchronous call at the batch discount, which the provider may refuse for capacity.
     Flex,
+    /// A synchronous call served ahead of the others, at a premium (OpenAI's and Bedrock's
+    /// `priority`): for work a person waits for.
+    Priority,
 }
 
 impl Tier {
@@ -32,11 +36,12 @@ impl Tier {
         match self {
             Tier::Sync => "sync",
             Tier::Flex => "flex",
+            Tier::Priority => "priority",
         }
     }
 }
 
-/// What a lane is configured to call at (`LANES_TIER_<LANE>`).
+/// What a lane is configured to call at (`LANES_TIER_<LANE>`): `sync`, `flex`, `auto` or `priority`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TierSetting {
     /// Always `sync`.
@@ -45,6 +50,8 @@ pub enum TierSetting {
     Flex,
     /// `flex` while the deadline leaves room for it ([`choose`]), else `sync`.
     Auto,
+    /// Always `priority` wherever the route offers it.
+    Priority,
 }
 
 impl TierSetting {
@@ -54,6 +61,7 @@ impl TierSetting {
             "sync" => Some(TierSetting::Sync),
             "flex" => Some(TierSetting::Flex),
             "auto" => Some(TierSetting::Auto),
+            "priority" => Some(TierSetting::Priority),
             _ => None,
         }
     }
@@ -70,6 +78,7 @@ pub fn choose(setting: TierSetting, deadline: Option<Duration>, waited: Duration
     match setting {
         TierSetting::Sync => Tier::Sync,
         TierSetting::Flex => Tier::Flex,
+        TierSetting::Priority => Tier::Priority,
         TierSetting::Auto => match deadline {
             Some(d) if d.saturating_sub(waited) >= FLEX_HEADROOM => Tier::Flex,
             _ => Tier::Sync,
@@ -99,6 +108,7 @@ mod tests {
         // The fixed settings ignore the clock.
         assert_eq!(choose(TierSetting::Flex, None, hours(100)), Tier::Flex);
         assert_eq!(choose(TierSetting::Sync, six, Duration::ZERO), Tier::Sync);
+        assert_eq!(choose(TierSetting::Priority, six, hours(7)), Tier::Priority);
     }
 
     #[test]
@@ -106,7 +116,8 @@ mod tests {
         assert_eq!(TierSetting::parse(" Flex "), Some(TierSetting::Flex));
         assert_eq!(TierSetting::parse("auto"), Some(TierSetting::Auto));
         assert_eq!(TierSetting::parse("sync"), Some(TierSetting::Sync));
-        for bad in ["", "batch", "priority", "fast"] {
+        assert_eq!(TierSetting::parse("PRIORITY"), Some(TierSetting::Priority));
+        for bad in ["", "batch", "default", "fast"] {
             assert_eq!(TierSetting::parse(bad), None, "{bad}");
         }
         assert_eq!(Tier::Flex.as_str(), "flex");

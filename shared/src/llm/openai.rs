@@ -94,32 +94,35 @@ pub(super) async fn status_error(provider: &str, resp: reqwest::Response) -> Llm
     }
 }
 
-/// What a refused flex call means. OpenAI answers a flex call it lacks capacity for with
-/// `429 Resource Unavailable` (not charged), and one for a model without flex with a 400 naming the
-/// `service_tier` parameter. Either is a [`LlmError::TierRefused`], which the routes answer by
-/// calling again at `sync`. So is a flex call that failed the way a retry would answer (a 5xx, a
-/// timeout, a cut connection): flex is the slower, best-effort tier, and retrying it could spend the
-/// task's attempts on a failure `sync` may not have. So is any other refusal of a flex call, which
-/// `sync` then answers for good. A rate-limit 429 stays a throttle (`sync` shares the quota).
-fn flex_refusal(e: LlmError) -> LlmError {
+/// What a refused tier call means. OpenAI answers a flex call it lacks capacity for with
+/// `429 Resource Unavailable` (not charged), and a call at a tier its model lacks with a 400 naming
+/// the `service_tier` parameter. Either is a [`LlmError::TierRefused`], which the routes answer by
+/// calling again at `sync`. So is any other refusal (4xx) of a tier call, which `sync` then answers
+/// for good, and, for flex, a failure a retry would answer (a 5xx, a timeout, a cut connection):
+/// flex is the slower, best-effort tier, and retrying it could spend the task's attempts on a
+/// failure `sync` may not have (a priority call is retried as it is: it is the fast path). A
+/// rate-limit 429 stays a throttle (`sync` shares the quota).
+fn tier_refusal(tier: Tier, e: LlmError) -> LlmError {
     let says = |m: &str, words: &[&str]| {
         let m = m.to_ascii_lowercase();
         words.iter().any(|w| m.contains(w))
     };
     match e {
         LlmError::Throttled { message, .. }
-            if says(&message, &["resource unavailable", "resource_unavailable"]) =>
+            if tier == Tier::Flex && says(&message, &["resource unavailable", "resource_unavailable"]) =>
         {
             LlmError::TierRefused { message, unsupported: false }
         }
         LlmError::Permanent(message) => {
-            // Only a refusal naming the tier says the model has none. Any other refusal of a flex
-            // call is asked again at sync, whose answer is final: a model refusing flex in words we
-            // do not know never fails work that sync would do.
-            let unsupported = says(&message, &["service_tier", "flex"]);
+            // Only a refusal naming the tier says the model has none. Any other refusal of a tier
+            // call is asked again at sync, whose answer is final: a model refusing the tier in
+            // words not recognised here never fails work that sync would do.
+            let unsupported = says(&message, &["service_tier", tier.as_str()]);
             LlmError::TierRefused { message, unsupported }
         }
-        LlmError::Retryable { message, .. } => LlmError::TierRefused { message, unsupported: false },
+        LlmError::Retryable { message, .. } if tier == Tier::Flex => {
+            LlmError::TierRefused { message, unsupported: false }
+        }
         other => other,
     }
 }
@@ -151,9 +154,9 @@ impl LlmClient for OpenAiClient {
         if let Some(seed) = p.seed {
             body["seed"] = json!(seed);
         }
-        let flex = request.tier == Tier::Flex;
-        if flex {
-            body["service_tier"] = json!("flex");
+        let tier = request.tier;
+        if tier != Tier::Sync {
+            body["service_tier"] = json!(tier.as_str());
         }
         let url = format!("{}/chat/completions", self.base_url);
         let resp = crate::http::send(self.api_key.as_ref(), |http, key| {
@@ -164,10 +167,10 @@ impl LlmClient for OpenAiClient {
             }
         })
         .await
-        .map_err(|e| if flex { flex_refusal(send_error(e)) } else { send_error(e) })?;
+        .map_err(|e| if tier == Tier::Sync { send_error(e) } else { tier_refusal(tier, send_error(e)) })?;
         if !resp.status().is_success() {
             let e = status_error("provider", resp).await;
-            return Err(if flex { flex_refusal(e) } else { e });
+            return Err(if tier == Tier::Sync { e } else { tier_refusal(tier, e) });
         }
         let limits = rate_limits(resp.headers(), SystemTime::now());
         let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
@@ -189,7 +192,11 @@ impl LlmClient for OpenAiClient {
             },
             // The answer names the tier that served it, which may differ from the one asked for;
             // without it (a compatible server) the call is taken as charged at the list price.
-            tier: if v["service_tier"] == "flex" { Tier::Flex } else { Tier::Sync },
+            tier: match v["service_tier"].as_str() {
+                Some("flex") => Tier::Flex,
+                Some("priority") => Tier::Priority,
+                _ => Tier::Sync,
+            },
         })
     }
 }

@@ -10,7 +10,9 @@
 //! OpenAI prices flex at its Batch API rates, half the list price, so its models default to that;
 //! Bedrock's flex discount differs by model and is unpublished for most, so other models are
 //! charged their list price at flex (an upper bound) until a deployment names the flex price as two
-//! more figures: `model=input/output/flex_input/flex_output`.
+//! more figures: `model=input/output/flex_input/flex_output`. A call served at `priority` is charged
+//! the model's priority price (OpenAI's published ones are built in; two more figures name others);
+//! without one its cost is unknown rather than the list price, which would undercount it.
 
 use crate::config::ConfigError;
 use crate::domain::TokenUsage;
@@ -25,13 +27,20 @@ pub struct Price {
     pub output: f64,
     /// The same at the `flex` tier, when it differs from the list price.
     pub flex: Option<(f64, f64)>,
+    /// The same at the `priority` tier, when known (a premium: unknown, a priority call's cost is
+    /// unknown, never the list price).
+    pub priority: Option<(f64, f64)>,
 }
 
 impl Price {
     fn list(input: f64, output: f64) -> Self {
-        Self { input, output, flex: None }
+        Self { input, output, flex: None, priority: None }
     }
 }
+
+/// OpenAI's published priority prices (input, output per million tokens) of the models in the table.
+const PRIORITY: [(&str, f64, f64); 3] =
+    [("gpt-5", 2.50, 20.00), ("gpt-5-mini", 0.45, 3.60), ("gpt-4.1", 3.50, 14.00)];
 
 /// Prices by model-name key.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +81,8 @@ impl PriceTable {
                 // OpenAI's flex tier is charged at its Batch API rates: half the list price.
                 let openai = ["gpt-", "o3", "o4"].iter().any(|p| k.starts_with(p));
                 let flex = openai.then_some((input / 2.0, output / 2.0));
-                ((*k).to_owned(), Price { input: *input, output: *output, flex })
+                let priority = PRIORITY.iter().find(|(m, _, _)| m == k).map(|(_, i, o)| (*i, *o));
+                ((*k).to_owned(), Price { input: *input, output: *output, flex, priority })
             })
             .collect();
         table.push((super::OFFLINE_MODEL.to_owned(), Price::list(0.0, 0.0)));
@@ -88,7 +98,7 @@ impl PriceTable {
         Ok(table)
     }
 
-    /// Adds or replaces prices from `model=input/output[/flex_input/flex_output],...`.
+    /// Adds or replaces prices from `model=input/output[/flex_input/flex_output[/priority_input/priority_output]],...`.
     pub fn apply(&mut self, spec: &str) -> Result<(), ConfigError> {
         let invalid = |reason: String| ConfigError::Invalid { name: "LANES_LLM_PRICES", reason };
         for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -103,10 +113,14 @@ impl PriceTable {
             let figures = prices.split('/').map(parse).collect::<Result<Vec<f64>, _>>()?;
             let price = match figures[..] {
                 [input, output] => Price::list(input, output),
-                [input, output, fi, fo] => Price { input, output, flex: Some((fi, fo)) },
+                [input, output, fi, fo] => Price { flex: Some((fi, fo)), ..Price::list(input, output) },
+                [input, output, fi, fo, pi, po] => {
+                    Price { flex: Some((fi, fo)), priority: Some((pi, po)), ..Price::list(input, output) }
+                }
                 _ => {
                     return Err(invalid(format!(
-                        "`{entry}`: expected input/output or input/output/flex_input/flex_output"
+                        "`{entry}`: expected input/output, then optionally flex_input/flex_output and \
+                         priority_input/priority_output"
                     )));
                 }
             };
@@ -127,12 +141,14 @@ impl PriceTable {
             .map(|(_, p)| *p)
     }
 
-    /// What `usage` cost on `model` served at `tier`, when its price is known.
+    /// What `usage` cost on `model` served at `tier`, when its price is known: flex without a price
+    /// of its own at the list price (an upper bound), priority without one unknown (a premium).
     pub fn cost(&self, model: &str, usage: TokenUsage, tier: Tier) -> Option<f64> {
         let p = self.price(model)?;
-        let (input, output) = match (tier, p.flex) {
-            (Tier::Flex, Some(flex)) => flex,
-            _ => (p.input, p.output),
+        let (input, output) = match tier {
+            Tier::Sync => (p.input, p.output),
+            Tier::Flex => p.flex.unwrap_or((p.input, p.output)),
+            Tier::Priority => p.priority?,
         };
         Some((usage.prompt as f64 * input + usage.completion as f64 * output) / 1_000_000.0)
     }
@@ -190,5 +206,20 @@ mod tests {
         assert_eq!(cost(&t, "amazon.nova-pro-v1:0", Tier::Flex), Some(0.56));
         assert_eq!(cost(&t, "amazon.nova-pro-v1:0", Tier::Sync), Some(1.12));
         assert_eq!(cost(&t, "gpt-4o", Tier::Flex), Some(3.5));
+    }
+
+    #[test]
+    fn priority_is_charged_its_published_premium_and_is_unknown_without_one() {
+        let mut t = PriceTable::defaults();
+        let usage = TokenUsage { prompt: 1_000_000, completion: 100_000 };
+        let cost = |t: &PriceTable, model: &str| {
+            t.cost(model, usage, Tier::Priority).map(|c| (c * 1e6).round() / 1e6)
+        };
+        assert_eq!(cost(&t, "gpt-5-2025-08-07"), Some(4.5));
+        assert_eq!(cost(&t, "gpt-5-mini-2025-08-07"), Some(0.81));
+        assert_eq!(cost(&t, "gpt-4o"), None, "no published priority price: unknown, not the list price");
+        t.apply("gpt-4o=2.5/10/1.25/5/4.25/17").unwrap();
+        assert_eq!(cost(&t, "gpt-4o"), Some(5.95));
+        assert!(t.apply("gpt-4o=1/2/3/4/5").is_err());
     }
 }

@@ -5,12 +5,12 @@
 //! optionally followed by `@base-url`, e.g.
 //! `openai:gpt-4o-mini,anthropic:claude-3-5-haiku-latest@https://gateway.internal`.
 //!
-//! A route offers the `flex` tier ([`crate::domain::tier`]) on OpenAI's own API, on Bedrock and on
-//! the offline model, and not on an OpenAI-compatible server of one's own or on Anthropic's Messages
-//! API; `+flex` or `+sync` after the model says otherwise
-//! (`openai:gpt-5-mini+flex@http://litellm:4000/v1`). A call
-//! asking for flex on a route without it is made at `sync`; a flex call the provider refuses is
-//! made again at `sync` on the same route, and a model that has no flex stops the route asking.
+//! A route takes the vendor's service tiers (`flex`, `priority`: [`crate::domain::tier`]) on
+//! OpenAI's own API, on Bedrock and on the offline model, and not on an OpenAI-compatible server of
+//! one's own or on Anthropic's Messages API; `+tiers` or `+sync` after the model says otherwise
+//! (`openai:gpt-5-mini+tiers@http://litellm:4000/v1`). A call asking for a tier on a route without
+//! them is made at `sync`; a tier call the provider refuses is made again at `sync` on the same
+//! route, and a model that has no such tier stops the route asking.
 //!
 //! Each route has its own limiter (one per provider and model, so its own learned limits and
 //! cooldown). [`Fallback`] tries the routes in order: a route cooling down after a 429 is skipped
@@ -52,11 +52,11 @@ impl Provider {
         }
     }
 
-    /// Whether a route of this provider at `base_url` has a flex tier unless it says otherwise:
+    /// Whether a route of this provider at `base_url` takes service tiers unless it says otherwise:
     /// OpenAI's own API (no base URL) and Bedrock do, and so does the offline model (which serves
     /// any tier, free, so `lanes dev` shows the tiers); a server of one's own and Anthropic's
     /// Messages API do not.
-    fn offers_flex(self, base_url: Option<&str>) -> bool {
+    fn offers_tiers(self, base_url: Option<&str>) -> bool {
         match self {
             Provider::OpenAi => base_url.is_none(),
             Provider::Bedrock | Provider::Offline => true,
@@ -84,9 +84,10 @@ pub struct Route {
     pub model: String,
     /// The API base URL, when not the vendor's.
     pub base_url: Option<String>,
-    /// Whether calls may ask for the `flex` tier: by default on OpenAI's own API and on Bedrock,
-    /// never on a server of one's own; `+flex` or `+sync` after the model says otherwise.
-    pub flex: bool,
+    /// Whether calls may ask for the vendor's tiers (`flex`, `priority`): by default on OpenAI's
+    /// own API, Bedrock and the offline model, never on a server of one's own; `+tiers` or `+sync`
+    /// after the model says otherwise.
+    pub tiers: bool,
 }
 
 impl Route {
@@ -117,7 +118,7 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
             }
             None => (item, None),
         };
-        let (route, tier) = match (route.strip_suffix("+flex"), route.strip_suffix("+sync")) {
+        let (route, tier) = match (route.strip_suffix("+tiers"), route.strip_suffix("+sync")) {
             (Some(r), _) => (r, Some(true)),
             (_, Some(r)) => (r, Some(false)),
             _ => (route, None),
@@ -130,14 +131,14 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
         if model.is_empty() && provider != Provider::Offline {
             return Err(invalid(format!("`{item}` names no model; write {}:<model>", provider.as_str())));
         }
-        let flex = match (provider, tier) {
+        let tiers = match (provider, tier) {
             (Provider::Anthropic, Some(true)) => {
-                return Err(invalid(format!("`{item}`: {} has no flex tier", provider.as_str())));
+                return Err(invalid(format!("`{item}`: {} takes no service tier", provider.as_str())));
             }
-            (_, Some(flex)) => flex,
-            (_, None) => provider.offers_flex(base_url.as_deref()),
+            (_, Some(tiers)) => tiers,
+            (_, None) => provider.offers_tiers(base_url.as_deref()),
         };
-        routes.push(Route { provider, model: model.to_owned(), base_url, flex });
+        routes.push(Route { provider, model: model.to_owned(), base_url, tiers });
     }
     if routes.is_empty() {
         return Err(invalid("no route given".into()));
@@ -165,8 +166,8 @@ pub fn routes_from_env() -> Result<[Vec<Route>; 3], ConfigError> {
                 crate::http::check_endpoint(url)
                     .map_err(|reason| ConfigError::Invalid { name: "LANES_LLM_BASE_URL", reason })?;
             }
-            let flex = provider.offers_flex(base_url.as_deref());
-            vec![Route { provider, model, base_url, flex }]
+            let tiers = provider.offers_tiers(base_url.as_deref());
+            vec![Route { provider, model, base_url, tiers }]
         }
     };
     let mut lanes: [Vec<Route>; 3] = Default::default();
@@ -189,39 +190,45 @@ pub struct RouteClient {
     pub client: Arc<dyn LlmClient>,
     /// The route's limiter, to see a cooldown before calling.
     pub limiter: Option<Arc<dyn RateLimiter>>,
-    /// Whether it is asked for `flex`: the route's setting, until its model says it has no flex.
-    pub flex: Arc<AtomicBool>,
+    /// Whether it is asked for service tiers: the route's setting, until its model says it has
+    /// none of the one asked for.
+    pub tiers: Arc<AtomicBool>,
 }
 
 impl RouteClient {
-    /// A route's client; `flex` as the route allows it.
+    /// A route's client; `tiers` as the route allows them.
     pub fn new(
         name: String,
         client: Arc<dyn LlmClient>,
         limiter: Option<Arc<dyn RateLimiter>>,
-        flex: bool,
+        tiers: bool,
     ) -> Self {
-        Self { name, client, limiter, flex: Arc::new(AtomicBool::new(flex)) }
+        Self { name, client, limiter, tiers: Arc::new(AtomicBool::new(tiers)) }
     }
 
-    /// Calls at the tier asked for where this route offers it, else at `sync`. A flex call refused
-    /// (no capacity now, or a model without flex, which stops the route asking) is made again at
-    /// `sync` at once, through the limiter again: neither a failure nor an attempt of the task.
+    /// Calls at the tier asked for where this route offers it, else at `sync`. A call refused its
+    /// tier (flex without capacity now, or a model without the tier, which stops the route asking)
+    /// is made again at `sync` at once, through the limiter again: neither a failure nor an attempt
+    /// of the task.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let sync = || LlmRequest { tier: Tier::Sync, ..request.clone() };
         if request.tier == Tier::Sync {
             return self.client.complete(request).await;
         }
-        if !self.flex.load(Ordering::Relaxed) {
+        if !self.tiers.load(Ordering::Relaxed) {
             return self.client.complete(&sync()).await;
         }
         match self.client.complete(request).await {
             Err(LlmError::TierRefused { message, unsupported }) => {
-                let why = if unsupported { "flex_unsupported" } else { "flex_refused" };
-                tracing::info!(lane = %request.lane, route = %self.name, %message, why, "flex refused; calling at sync");
-                crate::metrics::llm_route_event(request.lane, &self.name, why);
+                let why = format!(
+                    "{}_{}",
+                    request.tier.as_str(),
+                    if unsupported { "unsupported" } else { "refused" }
+                );
+                tracing::info!(lane = %request.lane, route = %self.name, %message, why, "tier refused; calling at sync");
+                crate::metrics::llm_route_event(request.lane, &self.name, &why);
                 if unsupported {
-                    self.flex.store(false, Ordering::Relaxed);
+                    self.tiers.store(false, Ordering::Relaxed);
                 }
                 self.client.complete(&sync()).await
             }
@@ -300,18 +307,23 @@ mod tests {
         assert_eq!(r[1].model, "anthropic.claude-3-5-haiku-20241022-v1:0");
         assert_eq!(r[2].base_url.as_deref(), Some("http://127.0.0.1:9"));
         assert_eq!(parse_routes("V", "offline").unwrap()[0].provider, Provider::Offline);
-        // Flex where the vendor sells it, unless the route says otherwise.
-        assert_eq!(r.iter().map(|r| r.flex).collect::<Vec<_>>(), [true, true, false]);
+        // Tiers where the vendor sells them, unless the route says otherwise.
+        assert_eq!(r.iter().map(|r| r.tiers).collect::<Vec<_>>(), [true, true, false]);
         let said =
-            parse_routes("V", "openai:m+flex@http://127.0.0.1:4000/v1,openai:m+sync,bedrock:b-v1:0+sync")
+            parse_routes("V", "openai:m+tiers@http://127.0.0.1:4000/v1,openai:m+sync,bedrock:b-v1:0+sync")
                 .unwrap();
         assert_eq!(
-            said.iter().map(|r| (r.model.as_str(), r.flex)).collect::<Vec<_>>(),
+            said.iter().map(|r| (r.model.as_str(), r.tiers)).collect::<Vec<_>>(),
             [("m", true), ("m", false), ("b-v1:0", false)]
         );
         assert_eq!(said[0].base_url.as_deref(), Some("http://127.0.0.1:4000/v1"));
-        assert!(parse_routes("V", "anthropic:claude+flex").unwrap_err().to_string().contains("no flex tier"));
-        assert!(parse_routes("V", "offline").unwrap()[0].flex, "the offline model serves any tier");
+        assert!(
+            parse_routes("V", "anthropic:claude+tiers")
+                .unwrap_err()
+                .to_string()
+                .contains("takes no service tier")
+        );
+        assert!(parse_routes("V", "offline").unwrap()[0].tiers, "the offline model serves any tier");
         for bad in
             ["", "cohere:x", "openai", "openai:", "openai:m@ftp://x", "openai:m@http://llm.internal:8000"]
         {
