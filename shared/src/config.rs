@@ -149,17 +149,15 @@ impl WorkerConfig {
     /// Each lane's tier and deadline from `LANES_TIER_<LANE>` (`sync`, `flex`, `auto` or `priority`) and
     /// `LANES_DEADLINE_SECS_<LANE>` (0 for none), where set.
     fn tiers_from_env(mut self) -> Result<Self, ConfigError> {
-        const NAMES: [[&str; 2]; 3] = [
-            ["LANES_TIER_INTERACTIVE", "LANES_DEADLINE_SECS_INTERACTIVE"],
-            ["LANES_TIER_SYNTHESIS", "LANES_DEADLINE_SECS_SYNTHESIS"],
-            ["LANES_TIER_COMMITS", "LANES_DEADLINE_SECS_COMMITS"],
+        const DEADLINES: [&str; 3] = [
+            "LANES_DEADLINE_SECS_INTERACTIVE",
+            "LANES_DEADLINE_SECS_SYNTHESIS",
+            "LANES_DEADLINE_SECS_COMMITS",
         ];
-        for (policy, [tier, deadline]) in self.lanes.iter_mut().zip(NAMES) {
-            if let Some(v) = optional_env(tier) {
-                policy.tier = TierSetting::parse(&v).ok_or_else(|| ConfigError::Invalid {
-                    name: tier,
-                    reason: format!("`{v}`; expected sync, flex, auto or priority"),
-                })?;
+        let tiers = lane_tiers_from_env()?;
+        for ((policy, tier), deadline) in self.lanes.iter_mut().zip(tiers).zip(DEADLINES) {
+            if let Some(tier) = tier {
+                policy.tier = tier;
             }
             if let Some(n) = env_number(deadline, 0, 14 * 24 * 3600)? {
                 policy.deadline = (n > 0).then(|| Duration::from_secs(n));
@@ -258,6 +256,21 @@ pub fn env_number(name: &'static str, min: u64, max: u64) -> Result<Option<u64>,
             reason: format!("`{v}` is not a whole number in {min}..={max}"),
         }),
     }
+}
+
+/// Each lane's `LANES_TIER_<LANE>`, where set (ingress prices a new task's hold by it).
+pub fn lane_tiers_from_env() -> Result<[Option<TierSetting>; 3], ConfigError> {
+    const NAMES: [&str; 3] = ["LANES_TIER_INTERACTIVE", "LANES_TIER_SYNTHESIS", "LANES_TIER_COMMITS"];
+    let mut tiers = [None; 3];
+    for (tier, name) in tiers.iter_mut().zip(NAMES) {
+        if let Some(v) = optional_env(name) {
+            *tier = Some(TierSetting::parse(&v).ok_or_else(|| ConfigError::Invalid {
+                name,
+                reason: format!("`{v}`; expected sync, flex, auto or priority"),
+            })?);
+        }
+    }
+    Ok(tiers)
 }
 
 /// An optional variable: unset and empty (CloudFormation's way of leaving a parameter out) are both

@@ -84,19 +84,34 @@ pub fn used(tokens: u64, cost_usd: Option<f64>, reserved: Cost) -> Cost {
 }
 
 /// `config` with each lane's [`QuotaConfig::usd_per_mtok`]: the dearest price, input or output, of
-/// the lane's routes (`LANES_ROUTES_<LANE>`) in the price table (`LANES_LLM_PRICES`). A route whose
-/// model has no price reserves no USD.
+/// the lane's routes (`LANES_ROUTES_<LANE>`) in the price table (`LANES_LLM_PRICES`), at the lane's
+/// priority price where it calls at `priority` (`LANES_TIER_<LANE>`) and one is known. A route
+/// whose model has no price reserves no USD.
 pub fn priced_by_routes(mut config: QuotaConfig) -> Result<QuotaConfig, ConfigError> {
     let routes = crate::llm::route::routes_from_env()?;
+    let tiers = crate::config::lane_tiers_from_env()?;
     // The table first, so `LANES_LLM_PRICES` is read before anything prices with the defaults.
     crate::llm::price::load_from_env()?;
     let table = crate::llm::price::prices();
     for lane in Lane::ALL {
-        let dearest = routes[lane.index()].iter().filter_map(|r| table.price(&r.model));
-        config.usd_per_mtok[lane.index()] =
-            dearest.map(|p| (p.input.max(p.output) * 1e6).ceil() as u64).max().unwrap_or(0);
+        let priority = tiers[lane.index()] == Some(crate::domain::tier::TierSetting::Priority);
+        config.usd_per_mtok[lane.index()] = dearest(&routes[lane.index()], table, priority);
     }
     Ok(config)
+}
+
+/// The dearest price of `routes`, input or output, in micro-USD per million tokens: at `priority`
+/// where a route's model has a known priority price.
+fn dearest(
+    routes: &[crate::llm::route::Route],
+    table: &crate::llm::price::PriceTable,
+    priority: bool,
+) -> u64 {
+    let each = routes.iter().filter_map(|r| table.price(&r.model)).map(|p| {
+        let (input, output) = p.priority.filter(|_| priority).unwrap_or((p.input, p.output));
+        (input.max(output) * 1e6).ceil() as u64
+    });
+    each.max().unwrap_or(0)
 }
 
 /// Ingress, for a new task: holds its estimate on every day's budget of its tenant and project in
@@ -236,6 +251,18 @@ fn clamp(n: u64) -> i64 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_priority_lane_holds_at_the_priority_price_where_one_is_known() {
+        let routes = crate::llm::route::parse_routes("V", "openai:gpt-5-mini,openai:gpt-4o").unwrap();
+        let table = crate::llm::price::PriceTable::defaults();
+        // gpt-4o's list output (10) is the dearest at sync; gpt-5-mini's priority output (3.6) is
+        // below it, and gpt-4o has no priority price, so its list price stands.
+        assert_eq!(dearest(&routes, &table, false), 10_000_000);
+        assert_eq!(dearest(&routes, &table, true), 10_000_000);
+        let mini = crate::llm::route::parse_routes("V", "openai:gpt-5-mini").unwrap();
+        assert_eq!((dearest(&mini, &table, false), dearest(&mini, &table, true)), (2_000_000, 3_600_000));
+    }
     use super::*;
     use crate::clock::ManualClock;
     use crate::domain::quota::Limits;
