@@ -130,6 +130,7 @@ impl lanes_core::ports::LlmClient for SleepLlm {
             model: "sleep".into(),
             usage: usage_in(&request.prompt),
             tier: Default::default(),
+            route: Default::default(),
         })
     }
 }

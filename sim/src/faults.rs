@@ -1078,6 +1078,7 @@ impl LlmClient for SimLlm {
             truncated: false,
             limits: ProviderLimits::default(),
             tier: request.tier,
+            route: Default::default(),
         })
     }
 }

@@ -436,6 +436,15 @@ async fn a_task_with_a_deadline_is_served_at_flex_and_a_refusal_costs_it_no_atte
     let (at_flex, at_sync) =
         (flex["result"]["cost_usd"].as_f64().unwrap(), sync["result"]["cost_usd"].as_f64().unwrap());
     assert!((at_flex * 2.0 - at_sync).abs() < 1e-12, "flex {at_flex} against sync {at_sync}");
+    // Cost is counted by lane, route, model and the tier that served the call.
+    let spent = |tier: &str| {
+        format!(
+            "lanes_llm_cost_usd_total{{lane=\"synthesis\",model=\"gpt-4o\",route=\"openai:gpt-4o\",tier=\"{tier}\"}}"
+        )
+    };
+    let (by_flex, by_sync) =
+        (stack.server.metric(&spent("flex")).await, stack.server.metric(&spent("sync")).await);
+    assert!((by_flex - at_flex).abs() < 1e-12 && (by_sync - at_sync).abs() < 1e-12, "{by_flex} {by_sync}");
     mock.script([Scripted::FlexUnavailable]);
     let refused = run("another module", patient).await;
     assert_eq!((asked(2).as_deref(), asked(3)), (Some("flex"), None), "refused at flex, asked again at sync");

@@ -156,6 +156,7 @@ impl LlmClient for BedrockClient {
                 Some(ServiceTierType::Priority) => Tier::Priority,
                 _ => Tier::Sync,
             },
+            route: Default::default(),
         })
     }
 }

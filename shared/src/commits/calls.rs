@@ -255,7 +255,7 @@ impl CommitsWorker {
                     crate::llm::price::prices().cost(&resp.model, resp.usage, resp.tier).unwrap_or(0.0);
                 self.metrics
                     .llm_cost_usd_total
-                    .with_label_values(&[LANE, &resp.model, resp.tier.as_str()])
+                    .with_label_values(&[LANE, &resp.route, &resp.model, resp.tier.as_str()])
                     .inc_by(cost);
                 self.metrics
                     .llm_tokens_total

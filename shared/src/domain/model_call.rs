@@ -90,6 +90,9 @@ pub struct LlmResponse {
     pub limits: ProviderLimits,
     /// The tier the provider says it served the call at (what it charged).
     pub tier: Tier,
+    /// The route that answered (`provider:model`), set by the routes; empty for a call made without
+    /// them.
+    pub route: String,
 }
 
 #[cfg(test)]

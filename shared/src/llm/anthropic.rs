@@ -89,6 +89,7 @@ impl LlmClient for AnthropicClient {
             },
             // The Messages API has no flex tier: its discounted tier is the Message Batches API.
             tier: crate::domain::tier::Tier::Sync,
+            route: Default::default(),
         })
     }
 }

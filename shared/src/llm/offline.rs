@@ -74,6 +74,7 @@ impl LlmClient for OfflineProvider {
                 truncated,
                 limits: Default::default(),
                 tier: request.tier,
+                route: Default::default(),
             });
         }
         let digest = sha256_hex(request.prompt.as_bytes());
@@ -105,6 +106,7 @@ impl LlmClient for OfflineProvider {
             truncated,
             limits: Default::default(),
             tier: request.tier,
+            route: Default::default(),
         })
     }
 }

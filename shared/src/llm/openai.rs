@@ -197,6 +197,7 @@ impl LlmClient for OpenAiClient {
                 Some("priority") => Tier::Priority,
                 _ => Tier::Sync,
             },
+            route: Default::default(),
         })
     }
 }

@@ -211,6 +211,11 @@ impl RouteClient {
     /// is made again at `sync` at once, through the limiter again: neither a failure nor an attempt
     /// of the task.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let answer = self.at_tier(request).await?;
+        Ok(LlmResponse { route: self.name.clone(), ..answer })
+    }
+
+    async fn at_tier(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let sync = || LlmRequest { tier: Tier::Sync, ..request.clone() };
         if request.tier == Tier::Sync {
             return self.client.complete(request).await;
@@ -363,6 +368,7 @@ mod tests {
                 truncated: false,
                 limits: Default::default(),
                 tier: Default::default(),
+                route: Default::default(),
             })
         }
     }

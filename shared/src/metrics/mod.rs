@@ -320,8 +320,8 @@ impl Metrics {
             cancellations_total: r.counter("lanes_cancellations_total", "Tasks cancelled by clients", LANE),
             llm_cost_usd_total: r.cost(
                 "lanes_llm_cost_usd_total",
-                "Provider calls' cost in USD, at the tier each was served at",
-                &["lane", "model", "tier"],
+                "Provider calls' cost in USD, by the route that answered and the tier it served at",
+                &["lane", "route", "model", "tier"],
             ),
             registry: r.0,
             emf: Default::default(),

@@ -56,7 +56,7 @@ impl Worker {
         }
         self.metrics
             .llm_cost_usd_total
-            .with_label_values(&[lane, &resp.model, resp.tier.as_str()])
+            .with_label_values(&[lane, &resp.route, &resp.model, resp.tier.as_str()])
             .inc_by(cost_usd.unwrap_or(0.0));
         TaskResult {
             text_ref: None,

@@ -73,7 +73,8 @@ pub(super) struct Run<'a> {
 
 /// How one provider call ended, from the worker's point of view.
 pub(super) enum Call {
-    Answered(Result<crate::ports::LlmResponse, LlmError>),
+    /// Boxed: an answer is far larger than the other outcomes.
+    Answered(Box<Result<crate::ports::LlmResponse, LlmError>>),
     LeaseLost,
     Cancelled,
 }
@@ -278,13 +279,13 @@ impl Worker {
             biased;
             _ = lost.cancelled() => Call::LeaseLost,
             _ = cancelled.cancelled() => Call::Cancelled,
-            r = self.llm.complete(&request) => Call::Answered(r),
+            r = self.llm.complete(&request) => Call::Answered(Box::new(r)),
         };
         // An answer in hand is written even if the lease was lost meanwhile: the fenced write
         // decides whether this run still owns the record. A dropped call keeps its reservation: the
         // provider may have billed it.
         let answer = match call {
-            Call::Answered(a) => a,
+            Call::Answered(a) => *a,
             dropped => return self.dropped(run, dropped).await,
         };
         match answer {
@@ -429,6 +430,7 @@ mod tests {
                 truncated: self.truncated,
                 limits: Default::default(),
                 tier: Default::default(),
+                route: Default::default(),
             })
         }
     }
@@ -546,7 +548,7 @@ mod tests {
             .worker
             .metrics
             .llm_cost_usd_total
-            .with_label_values(&["interactive", &result.model, "sync"])
+            .with_label_values(&["interactive", "", &result.model, "sync"])
             .get();
         assert!((spent - 0.00021).abs() < 1e-12, "{spent}");
         let cached = r.worker.cache.get(&cache_key(&r.task_id)).await.unwrap().unwrap();
