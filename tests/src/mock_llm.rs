@@ -125,6 +125,9 @@ struct MockState {
     flex: Mutex<FlexCapacity>,
     /// Each commit summarized in an answer, by sha, and how many answers carried it.
     answered_commits: Mutex<std::collections::HashMap<String, u32>>,
+    /// Anthropic answers as an organisation with Priority Tier capacity: `usage.service_tier` says
+    /// `priority` (else `standard`).
+    anthropic_priority: std::sync::atomic::AtomicBool,
 }
 
 /// How the emulator serves flex calls: one in `refuse_every` is refused for capacity (`429 Resource
@@ -340,6 +343,11 @@ impl MockLlm {
         (f.asked, f.refused)
     }
 
+    /// Answers Anthropic calls as served at its Priority Tier (`usage.service_tier: "priority"`).
+    pub fn anthropic_priority(&self, on: bool) {
+        self.state.anthropic_priority.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Each commit summarized in an answer, by sha, with the number of answers that carried it.
     pub fn answered_commits(&self) -> std::collections::HashMap<String, u32> {
         self.state.answered_commits.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -535,7 +543,8 @@ async fn anthropic(
         "model": body["model"],
         "content": content,
         "stop_reason": stop,
-        "usage": {"input_tokens": tokens(&prompt), "output_tokens": completion}
+        "usage": {"input_tokens": tokens(&prompt), "output_tokens": completion,
+                  "service_tier": if state.anthropic_priority.load(std::sync::atomic::Ordering::Relaxed) { "priority" } else { "standard" }}
     }))
     .into_response()
 }

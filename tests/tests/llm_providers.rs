@@ -60,6 +60,14 @@ async fn anthropic_shape_usage_and_headers() {
     let seen = mock.seen();
     assert_eq!(seen[0].headers["anthropic-version"], "2023-06-01");
     assert!(seen[0].body["system"].as_str().unwrap().starts_with("Explain"));
+    // The tier it was served at is the one `usage.service_tier` names: Priority Tier usage is paid
+    // under the organisation's commitment, so its per-token cost is unknown here, not the list price.
+    use lanes_core::domain::tier::Tier;
+    assert_eq!(r.tier, Tier::Sync);
+    mock.anthropic_priority(true);
+    let r = client.complete(&request()).await.unwrap();
+    assert_eq!(r.tier, Tier::Priority);
+    assert_eq!(lanes_core::llm::price::prices().cost("claude-sonnet-4", r.usage, r.tier), None);
 }
 
 /// A request with sampling parameters and a completion cap of one token.

@@ -87,8 +87,13 @@ impl LlmClient for AnthropicClient {
                 prompt: v["usage"]["input_tokens"].as_u64().unwrap_or(0),
                 completion: v["usage"]["output_tokens"].as_u64().unwrap_or(0),
             },
-            // The Messages API has no flex tier: its discounted tier is the Message Batches API.
-            tier: crate::domain::tier::Tier::Sync,
+            // Anthropic serves at its Priority Tier by the organisation's capacity commitment, not
+            // per request, and says so in `usage.service_tier`; it has no flex tier (its discount
+            // is the Message Batches API).
+            tier: match v["usage"]["service_tier"].as_str() {
+                Some("priority") => crate::domain::tier::Tier::Priority,
+                _ => crate::domain::tier::Tier::Sync,
+            },
             route: Default::default(),
         })
     }
