@@ -61,11 +61,6 @@ pub struct LanePolicy {
 }
 
 impl LanePolicy {
-    /// The tier to call at for work that has waited `waited` since it was enqueued.
-    pub fn tier_after(&self, waited: Duration) -> crate::domain::tier::Tier {
-        crate::domain::tier::choose(self.tier, self.deadline, waited)
-    }
-
     /// The documented defaults: interactive 5 attempts / 1 h / 1,024 tokens / `sync`; synthesis 5
     /// attempts / 24 h / 16,384 tokens / `sync`; commits 5 attempts / 7 days (its calls size their
     /// own token cap) / `auto` with a 6 h deadline.

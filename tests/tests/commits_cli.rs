@@ -24,6 +24,20 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// A fresh repository under `dir` with `n` commits, each adding a small module.
+fn repository_of_modules(dir: &Path, n: usize) -> std::path::PathBuf {
+    let repo = dir.join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    for i in 0..n {
+        let src: String = (0..20).map(|l| format!("fn f{i}_{l}() -> u32 {{ {l} }}\n")).collect();
+        std::fs::write(repo.join(format!("m{i}.rs")), src).unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", &format!("Add module {i}")]);
+    }
+    repo
+}
+
 fn summarize(repo: &Path, data: &Path) -> Value {
     let out = Command::new(workspace_bin("lanes"))
         .args(["summarize", "--json", "--last", "50", "--repo"])
@@ -41,15 +55,7 @@ fn summarize(repo: &Path, data: &Path) -> Value {
 #[test]
 fn lanes_summarize_twice_over_a_real_repository() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    for i in 0..6 {
-        let src: String = (0..20).map(|l| format!("fn f{i}_{l}() -> u32 {{ {l} }}\n")).collect();
-        std::fs::write(repo.join(format!("m{i}.rs")), src).unwrap();
-        git(&repo, &["add", "."]);
-        git(&repo, &["commit", "-qm", &format!("Add module {i}")]);
-    }
+    let repo = repository_of_modules(dir.path(), 6);
     // A commit that only rewrites a 5 MB lockfile, and one with a huge source diff.
     let lock: String = (0..80_000)
         .map(|i| format!("[[package]]\nname = \"crate-{i}\"\nchecksum = \"{i:064x}\"\n"))
@@ -105,15 +111,7 @@ fn lanes_summarize_twice_over_a_real_repository() {
 async fn lanes_summarize_at_flex_costs_half_of_sync_through_a_flex_route() {
     let mock = lanes_tests::mock_llm::MockLlm::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    for i in 0..4 {
-        let src: String = (0..20).map(|l| format!("fn g{i}_{l}() -> u32 {{ {l} }}\n")).collect();
-        std::fs::write(repo.join(format!("g{i}.rs")), src).unwrap();
-        git(&repo, &["add", "."]);
-        git(&repo, &["commit", "-qm", &format!("Add g{i}")]);
-    }
+    let repo = repository_of_modules(dir.path(), 4);
     let route = format!("openai:gpt-4o-mini+tiers@{}/v1", mock.url);
     let run = |tier: &str, data: &str| {
         Command::new(workspace_bin("lanes"))

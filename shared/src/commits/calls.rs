@@ -227,15 +227,17 @@ impl CommitsWorker {
     ) -> CallResult {
         let oldest = items.iter().map(|p| groups[p.group].enqueued_at_ms).min().unwrap_or(u64::MAX);
         let waited = Duration::from_millis(self.clock.now_ms().saturating_sub(oldest));
+        let policy = self.lease.lane(Lane::Commits);
         let request = LlmRequest {
-            tier: self.lease.lane(Lane::Commits).tier_after(waited),
+            tier: Tier::Sync,
             lane: Lane::Commits,
             kind: Kind::CommitSummary,
             prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
             target_files: Vec::new(),
             max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
             params: Default::default(),
-        };
+        }
+        .at_tier((policy.tier, policy.deadline), waited);
         let all_lost = async {
             for t in lost {
                 t.cancelled().await;

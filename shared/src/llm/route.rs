@@ -211,11 +211,11 @@ impl RouteClient {
     /// is made again at `sync` at once, through the limiter again: neither a failure nor an attempt
     /// of the task.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let answer = self.at_tier(request).await?;
+        let answer = self.call_at_tier(request).await?;
         Ok(LlmResponse { route: self.name.clone(), ..answer })
     }
 
-    async fn at_tier(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+    async fn call_at_tier(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let sync = || LlmRequest { tier: Tier::Sync, ..request.clone() };
         if request.tier == Tier::Sync {
             return self.client.complete(request).await;
