@@ -114,6 +114,7 @@ pub async fn batching_report(commits: usize, rpm: f64, tpm: f64) -> Result<Batch
                     sha: format!("{i:040x}").parse().ok()?,
                     subject: format!("Change {i}"),
                     committed_at_ms: i as u64,
+                    escalated: Default::default(),
                 };
                 Some((serde_json::to_string(&c).unwrap_or_default(), Default::default()))
             })

@@ -103,6 +103,7 @@ pub async fn duplicates_report(
                     sha: format!("{:040x}", 1).parse().map_err(|e: lanes_core::domain::IdError| err(&e))?,
                     subject: "One commit".into(),
                     committed_at_ms: 1,
+                    escalated: Default::default(),
                 };
                 let body = serde_json::to_string(&c).map_err(|e| err(&e))?;
                 for _ in 0..deliveries {

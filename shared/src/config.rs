@@ -259,10 +259,19 @@ pub fn lane_tiers_from_env() -> Result<[Option<TierSetting>; 3], ConfigError> {
     let mut tiers = [None; 3];
     for (tier, name) in tiers.iter_mut().zip(NAMES) {
         if let Some(v) = optional_env(name) {
-            *tier = Some(TierSetting::parse(&v).ok_or_else(|| ConfigError::Invalid {
+            let setting = TierSetting::parse(&v).ok_or_else(|| ConfigError::Invalid {
                 name,
-                reason: format!("`{v}`; expected sync, flex, auto or priority"),
-            })?);
+                reason: format!("`{v}`; expected sync, flex, auto, priority or batch"),
+            })?;
+            // A provider batch is collected by the commits flow's collector; a task's answer is
+            // awaited by its worker, so a task lane takes the synchronous tiers only.
+            if setting == TierSetting::Batch && name != "LANES_TIER_COMMITS" {
+                return Err(ConfigError::Invalid {
+                    name,
+                    reason: "`batch` is taken by the commits lane only; use flex or auto".into(),
+                });
+            }
+            *tier = Some(setting);
         }
     }
     Ok(tiers)

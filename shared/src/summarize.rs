@@ -98,6 +98,7 @@ pub async fn list_commits(repo: &Path, range: &Range) -> Result<Vec<CommitMessag
                 sha: Sha::parse(sha).ok()?,
                 subject: crate::domain::commit::subject_of(subject),
                 committed_at_ms: at.parse::<u64>().unwrap_or(0) * 1000,
+                escalated: Default::default(),
             })
         })
         .collect())

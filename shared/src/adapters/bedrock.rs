@@ -99,7 +99,9 @@ impl LlmClient for BedrockClient {
             .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
         let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
         let tier = match request.tier {
-            Tier::Sync => None,
+            // Bedrock's batch inference is a job over S3, not a tier of Converse: a synchronous
+            // call asked at `batch` is made at the list price.
+            Tier::Sync | Tier::Batch => None,
             Tier::Flex => Some(ServiceTierType::Flex),
             Tier::Priority => Some(ServiceTierType::Priority),
         };

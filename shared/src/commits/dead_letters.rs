@@ -192,6 +192,7 @@ mod tests {
             sha: sha.to_string().repeat(40).parse().unwrap(),
             subject: "s".into(),
             committed_at_ms: 1,
+            escalated: Default::default(),
         }
     }
 

@@ -191,6 +191,7 @@ pub fn parse_push(provider: Provider, body: &[u8]) -> Result<Push, PushError> {
             sha,
             subject: subject_of(message),
             committed_at_ms: rfc3339_ms(timestamp),
+            escalated: Default::default(),
         });
         true
     };

@@ -524,6 +524,7 @@ mod tests {
                     sha: sha.clone().parse().unwrap(),
                     subject: "listed by the host".into(),
                     committed_at_ms: 1,
+                    escalated: Default::default(),
                 })
                 .collect())
         }
@@ -629,6 +630,7 @@ mod tests {
             sha: sha.parse().unwrap(),
             subject: format!("subject {}", &sha[36..]),
             committed_at_ms: 1,
+            escalated: Default::default(),
         })
         .unwrap()
     }
@@ -968,6 +970,7 @@ mod tests {
                 sha: s.parse().unwrap(),
                 subject: "listed".into(),
                 committed_at_ms: 1,
+                escalated: Default::default(),
             })
             .unwrap()
         };

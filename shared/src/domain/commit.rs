@@ -49,6 +49,19 @@ pub struct CommitMessage {
     /// Commit time (Unix ms), when known; orders a repository's summaries.
     #[serde(default)]
     pub committed_at_ms: u64,
+    /// Set on a commit a provider batch did not answer in time ([`crate::domain::batch`]), sent
+    /// back to the queue by the collector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalated: Option<Escalation>,
+}
+
+/// How a commit sent back by a batch's collector is to be asked again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Escalation {
+    /// The cheapest tier it may be asked at now (never a batch again).
+    pub floor: crate::domain::tier::Tier,
+    /// When it was first enqueued (Unix ms): its deadline still counts from there.
+    pub enqueued_at_ms: u64,
 }
 
 /// The attributes a message of the `commits` queue is sent with: its lane, and its group (the
@@ -232,6 +245,7 @@ mod tests {
             sha: sha("a").unwrap(),
             subject: String::new(),
             committed_at_ms: 0,
+            escalated: Default::default(),
         };
         assert_eq!(m.validate().map_err(|e| e.field), Err("repo_id"));
         let json = r#"{"provider":"github","repo_id":"github:1","repo":"o/r","sha":"HEAD"}"#;

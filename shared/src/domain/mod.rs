@@ -3,6 +3,7 @@
 //! task's record ([`task`]) and its transition table ([`lifecycle`]), why a task failed as a client
 //! sees it ([`failure`]), and the commit types ([`commit`]). Pure: no I/O.
 
+pub mod batch;
 pub mod commit;
 pub mod concurrency;
 pub mod failure;

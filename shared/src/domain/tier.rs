@@ -28,6 +28,10 @@ pub enum Tier {
     /// A synchronous call served ahead of the others, at a premium (OpenAI's and Bedrock's
     /// `priority`): for work a person waits for.
     Priority,
+    /// One request of a provider batch (OpenAI's Batch API, Anthropic's Message Batches): half the
+    /// list price, answered within the provider's window (24 hours), collected later
+    /// ([`crate::domain::batch`]).
+    Batch,
 }
 
 impl Tier {
@@ -37,6 +41,26 @@ impl Tier {
             Tier::Sync => "sync",
             Tier::Flex => "flex",
             Tier::Priority => "priority",
+            Tier::Batch => "batch",
+        }
+    }
+
+    /// How far along the price ladder the tier is, cheapest first: batch, flex, sync, priority.
+    fn rank(self) -> u8 {
+        match self {
+            Tier::Batch => 0,
+            Tier::Flex => 1,
+            Tier::Sync => 2,
+            Tier::Priority => 3,
+        }
+    }
+
+    /// This tier, or `floor` where that is the dearer: work escalated from a batch is never asked
+    /// at a cheaper tier than the one it escalated to.
+    pub fn at_least(self, floor: Option<Tier>) -> Tier {
+        match floor {
+            Some(f) if f.rank() > self.rank() => f,
+            _ => self,
         }
     }
 }
@@ -52,16 +76,20 @@ pub enum TierSetting {
     Auto,
     /// Always `priority` wherever the route offers it.
     Priority,
+    /// A provider batch while the deadline leaves room for one to finish ([`BATCH_HEADROOM`]),
+    /// then as `auto`. Taken by the commits lane, on a route with a batch API.
+    Batch,
 }
 
 impl TierSetting {
-    /// Parses `sync`, `flex` or `auto`; `None` for anything else.
+    /// Parses `sync`, `flex`, `auto`, `priority` or `batch`; `None` for anything else.
     pub fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "sync" => Some(TierSetting::Sync),
             "flex" => Some(TierSetting::Flex),
             "auto" => Some(TierSetting::Auto),
             "priority" => Some(TierSetting::Priority),
+            "batch" => Some(TierSetting::Batch),
             _ => None,
         }
     }
@@ -72,6 +100,17 @@ impl TierSetting {
 /// ordinary one; a call refused for capacity is then made at `sync` with the rest of the time.
 pub const FLEX_HEADROOM: Duration = Duration::from_secs(15 * 60);
 
+/// How long a batch is given before the collector gives up on it and escalates what it has not
+/// answered ([`crate::domain::batch::step`]): a slow flex call, and a cancellation's grace (OpenAI
+/// takes up to ten minutes to cancel a batch), and two collector ticks, before the deadline.
+pub const ESCALATE_BEFORE: Duration = Duration::from_secs(15 * 60 + 10 * 60 + 2 * 60);
+
+/// The least time left at which a batch is chosen: half an hour for the batch to run (the
+/// providers promise 24 hours but finish a small batch in minutes), plus [`ESCALATE_BEFORE`]. So a
+/// one-hour deadline still batches, and whatever the batch has not answered half an hour in goes
+/// on at flex or sync in time.
+pub const BATCH_HEADROOM: Duration = Duration::from_secs(30 * 60 + ESCALATE_BEFORE.as_secs());
+
 /// The tier to call at for work of a lane with `setting` and `deadline` that has waited `waited`
 /// since it was enqueued. `auto` with no deadline is `sync`: the lane declared no patience.
 pub fn choose(setting: TierSetting, deadline: Option<Duration>, waited: Duration) -> Tier {
@@ -79,7 +118,10 @@ pub fn choose(setting: TierSetting, deadline: Option<Duration>, waited: Duration
         TierSetting::Sync => Tier::Sync,
         TierSetting::Flex => Tier::Flex,
         TierSetting::Priority => Tier::Priority,
-        TierSetting::Auto => match deadline {
+        TierSetting::Batch if deadline.is_some_and(|d| d.saturating_sub(waited) >= BATCH_HEADROOM) => {
+            Tier::Batch
+        }
+        TierSetting::Auto | TierSetting::Batch => match deadline {
             Some(d) if d.saturating_sub(waited) >= FLEX_HEADROOM => Tier::Flex,
             _ => Tier::Sync,
         },
@@ -112,12 +154,31 @@ mod tests {
     }
 
     #[test]
+    fn batch_while_a_batch_fits_then_flex_then_sync_and_a_floor_only_raises() {
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        let six = Some(hours(6));
+        assert_eq!(choose(TierSetting::Batch, six, Duration::ZERO), Tier::Batch);
+        assert_eq!(choose(TierSetting::Batch, six, hours(6) - BATCH_HEADROOM), Tier::Batch);
+        let late = hours(6) - BATCH_HEADROOM + Duration::from_secs(1);
+        assert_eq!(choose(TierSetting::Batch, six, late), Tier::Flex);
+        assert_eq!(choose(TierSetting::Batch, six, hours(6) - FLEX_HEADROOM / 2), Tier::Sync);
+        assert_eq!(choose(TierSetting::Batch, None, Duration::ZERO), Tier::Sync);
+        // `auto` never batches: a batch needs a collector, which the lane must ask for.
+        assert_eq!(choose(TierSetting::Auto, six, Duration::ZERO), Tier::Flex);
+        assert_eq!(Tier::Batch.at_least(Some(Tier::Flex)), Tier::Flex);
+        assert_eq!(Tier::Sync.at_least(Some(Tier::Flex)), Tier::Sync);
+        assert_eq!(Tier::Flex.at_least(None), Tier::Flex);
+        assert!(ESCALATE_BEFORE > FLEX_HEADROOM && BATCH_HEADROOM > ESCALATE_BEFORE);
+    }
+
+    #[test]
     fn settings_parse_by_name_and_nothing_else() {
         assert_eq!(TierSetting::parse(" Flex "), Some(TierSetting::Flex));
         assert_eq!(TierSetting::parse("auto"), Some(TierSetting::Auto));
         assert_eq!(TierSetting::parse("sync"), Some(TierSetting::Sync));
         assert_eq!(TierSetting::parse("PRIORITY"), Some(TierSetting::Priority));
-        for bad in ["", "batch", "default", "fast"] {
+        assert_eq!(TierSetting::parse("batch"), Some(TierSetting::Batch));
+        for bad in ["", "default", "fast"] {
             assert_eq!(TierSetting::parse(bad), None, "{bad}");
         }
         assert_eq!(Tier::Flex.as_str(), "flex");

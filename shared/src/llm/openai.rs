@@ -13,10 +13,10 @@ use std::time::{Duration, SystemTime};
 /// A chat-completions client.
 #[derive(Debug, Clone)]
 pub struct OpenAiClient {
-    timeout: Duration,
-    base_url: String,
-    model: String,
-    api_key: Option<Secret>,
+    pub(super) timeout: Duration,
+    pub(super) base_url: String,
+    pub(super) model: String,
+    pub(super) api_key: Option<Secret>,
 }
 
 impl OpenAiClient {
@@ -36,6 +36,72 @@ impl OpenAiClient {
     fn is_openai(&self) -> bool {
         reqwest::Url::parse(&self.base_url).is_ok_and(|u| u.host_str() == Some("api.openai.com"))
     }
+
+    /// The chat-completions body of `request` (also one line of a batch's input file).
+    pub(super) fn chat_body(&self, request: &LlmRequest) -> Value {
+        let mut body = json!({
+            "model": self.model,
+            "messages": [
+                {"role": "system", "content": request.kind.system_prompt()},
+                {"role": "user", "content": request.user_message()},
+            ],
+        });
+        // OpenAI's own API deprecated `max_tokens` (its reasoning models refuse it); compatible
+        // servers (vLLM, Ollama, LiteLLM) still expect it.
+        let cap = if self.is_openai() { "max_completion_tokens" } else { "max_tokens" };
+        body[cap] = json!(request.max_tokens);
+        let p = &request.params;
+        if let Some(t) = p.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(t) = p.top_p {
+            body["top_p"] = json!(t);
+        }
+        if !p.stop.is_empty() {
+            body["stop"] = json!(p.stop);
+        }
+        if let Some(seed) = p.seed {
+            body["seed"] = json!(seed);
+        }
+        // A batch's request is priced by the batch; it names no tier of its own.
+        if !matches!(request.tier, Tier::Sync | Tier::Batch) {
+            body["service_tier"] = json!(request.tier.as_str());
+        }
+        body
+    }
+}
+
+/// A chat completion's answer (a synchronous one, or a line of a batch's output file).
+pub(super) fn chat_answer(
+    v: &Value,
+    default_model: &str,
+    limits: crate::domain::model_call::ProviderLimits,
+) -> Result<LlmResponse, LlmError> {
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .ok_or_else(|| LlmError::Retryable {
+            message: "answer without choices[0].message.content".into(),
+            retry_after: None,
+        })?
+        .to_owned();
+    Ok(LlmResponse {
+        truncated: v["choices"][0]["finish_reason"] == "length",
+        limits,
+        text,
+        model: v["model"].as_str().unwrap_or(default_model).to_owned(),
+        usage: TokenUsage {
+            prompt: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+            completion: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        },
+        // The answer names the tier that served it, which may differ from the one asked for;
+        // without it (a compatible server) the call is taken as charged at the list price.
+        tier: match v["service_tier"].as_str() {
+            Some("flex") => Tier::Flex,
+            Some("priority") => Tier::Priority,
+            _ => Tier::Sync,
+        },
+        route: Default::default(),
+    })
 }
 
 /// Maps a failed [`crate::http::send`]: all of it is worth retrying, a key refused mid-rotation
@@ -130,34 +196,8 @@ fn tier_refusal(tier: Tier, e: LlmError) -> LlmError {
 #[async_trait]
 impl LlmClient for OpenAiClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let mut body = json!({
-            "model": self.model,
-            "messages": [
-                {"role": "system", "content": request.kind.system_prompt()},
-                {"role": "user", "content": request.user_message()},
-            ],
-        });
-        // OpenAI's own API deprecated `max_tokens` (its reasoning models refuse it); compatible
-        // servers (vLLM, Ollama, LiteLLM) still expect it.
-        let cap = if self.is_openai() { "max_completion_tokens" } else { "max_tokens" };
-        body[cap] = json!(request.max_tokens);
-        let p = &request.params;
-        if let Some(t) = p.temperature {
-            body["temperature"] = json!(t);
-        }
-        if let Some(t) = p.top_p {
-            body["top_p"] = json!(t);
-        }
-        if !p.stop.is_empty() {
-            body["stop"] = json!(p.stop);
-        }
-        if let Some(seed) = p.seed {
-            body["seed"] = json!(seed);
-        }
+        let body = self.chat_body(request);
         let tier = request.tier;
-        if tier != Tier::Sync {
-            body["service_tier"] = json!(tier.as_str());
-        }
         let url = format!("{}/chat/completions", self.base_url);
         let resp = crate::http::send(self.api_key.as_ref(), |http, key| {
             let req = http.post(&url).timeout(self.timeout).json(&body);
@@ -174,31 +214,7 @@ impl LlmClient for OpenAiClient {
         }
         let limits = rate_limits(resp.headers(), SystemTime::now());
         let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
-        let text = v["choices"][0]["message"]["content"]
-            .as_str()
-            .ok_or_else(|| LlmError::Retryable {
-                message: "answer without choices[0].message.content".into(),
-                retry_after: None,
-            })?
-            .to_owned();
-        Ok(LlmResponse {
-            truncated: v["choices"][0]["finish_reason"] == "length",
-            limits,
-            text,
-            model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
-            usage: TokenUsage {
-                prompt: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
-                completion: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
-            },
-            // The answer names the tier that served it, which may differ from the one asked for;
-            // without it (a compatible server) the call is taken as charged at the list price.
-            tier: match v["service_tier"].as_str() {
-                Some("flex") => Tier::Flex,
-                Some("priority") => Tier::Priority,
-                _ => Tier::Sync,
-            },
-            route: Default::default(),
-        })
+        chat_answer(&v, &self.model, limits)
     }
 }
 

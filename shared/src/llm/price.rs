@@ -12,7 +12,9 @@
 //! charged their list price at flex (an upper bound) until a deployment names the flex price as two
 //! more figures: `model=input/output/flex_input/flex_output`. A call served at `priority` is charged
 //! the model's priority price (OpenAI's published ones are built in; two more figures name others);
-//! without one its cost is unknown rather than the list price, which would undercount it.
+//! without one its cost is unknown rather than the list price, which would undercount it. A
+//! request of a provider batch (`batch`) is charged half the list price, the discount OpenAI's Batch
+//! API and Anthropic's Message Batches both publish for every model.
 
 use crate::config::ConfigError;
 use crate::domain::TokenUsage;
@@ -149,6 +151,9 @@ impl PriceTable {
             Tier::Sync => (p.input, p.output),
             Tier::Flex => p.flex.unwrap_or((p.input, p.output)),
             Tier::Priority => p.priority?,
+            // OpenAI's Batch API and Anthropic's Message Batches both charge half the list price,
+            // for every model.
+            Tier::Batch => (p.input / 2.0, p.output / 2.0),
         };
         Some((usage.prompt as f64 * input + usage.completion as f64 * output) / 1_000_000.0)
     }

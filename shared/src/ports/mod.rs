@@ -4,10 +4,12 @@
 //! implementations are run side by side on `redis-server`; the model clients, diff sources and
 //! mapping control are tested each on its own.
 
+mod batches;
 mod objects;
 mod queue;
 mod store;
 
+pub use batches::*;
 pub use objects::*;
 pub use queue::*;
 pub use store::*;

@@ -1,13 +1,16 @@
-//! DynamoDB adapters, in one table: the task store ([`tasks`]), the summary store and webhook delivery
-//! markers ([`summaries`]), and the table they share ([`schema`]). This module holds what they share:
-//! attribute helpers, gzip of large text attributes, conditional-write outcomes and `BatchGetItem`.
-//! Every write is one conditional request.
+//! DynamoDB adapters, in one table: the task store ([`tasks`]), the summary store and webhook
+//! delivery markers ([`summaries`]), the provider-batch records ([`batches`]), and the table they
+//! share ([`schema`]). This module holds what they share: attribute helpers, gzip of large text
+//! attributes, conditional-write outcomes and `BatchGetItem`. Every write of a record is one
+//! conditional request (a batch's commit markers, which guard nothing alone, are written in bulk).
 
+pub mod batches;
 pub mod schema;
 pub mod summaries;
 pub mod tasks;
 mod transitions;
 
+pub use batches::DynamoBatches;
 pub use schema::BY_REPO_INDEX;
 pub use summaries::DynamoSummaries;
 pub use tasks::DynamoStore;

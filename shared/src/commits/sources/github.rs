@@ -199,6 +199,7 @@ impl GitHubSource {
                         .commit
                         .committer
                         .map_or(0, |s| crate::commits::push::rfc3339_ms(&s.date)),
+                    escalated: Default::default(),
                 })
             }));
             if n < 100 {

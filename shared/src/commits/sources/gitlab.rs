@@ -169,6 +169,7 @@ impl DiffSource for GitLabSource {
                     sha: Sha::parse(&c.id).ok()?,
                     subject: if c.title.is_empty() { subject_of(&c.message) } else { subject_of(&c.title) },
                     committed_at_ms: crate::commits::push::rfc3339_ms(&c.committed_date),
+                    escalated: Default::default(),
                 })
             }));
             match next {

@@ -222,6 +222,7 @@ mod tests {
             sha: SHA.parse().unwrap(),
             subject: String::new(),
             committed_at_ms: 0,
+            escalated: Default::default(),
         }
     }
 

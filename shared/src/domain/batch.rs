@@ -1,0 +1,234 @@
+//! Provider batches of the commits lane: the record that owns a batch's commits from submission
+//! to collection, the ids derived from the commits it carries, and the collector's rule for each
+//! tick ([`step`]). Pure.
+//!
+//! A batch's life, each step durable before the next:
+//! 1. the worker writes the record in phase [`BatchPhase::Submitting`] (with a marker per commit),
+//!    looks its key up at the provider, and submits only if no batch carries it;
+//! 2. it records the provider's id ([`BatchPhase::Open`]) and only then acks the commits' messages:
+//!    from here the record owns them;
+//! 3. the collector polls it, writes each answer once, and sends what was not answered back to the
+//!    queue at the next tier; a batch that would miss its deadline is cancelled
+//!    ([`BatchPhase::Cancelling`]) and, if still unanswered close to it, escalated at once.
+//!
+//! A crash between submission and record leaves a `Submitting` record: the collector looks its key
+//! up at the provider (a batch carries it in its metadata) and adopts the batch it finds, or sends
+//! the commits back when none was made. Nothing is submitted twice, and nothing is dropped.
+
+use super::commit::CommitMessage;
+use super::tier::{ESCALATE_BEFORE, FLEX_HEADROOM};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+/// Most commits one batch carries: its record stays far under DynamoDB's 400 KB item.
+pub const MAX_BATCH_COMMITS: usize = 400;
+
+/// How long a worker may take between writing a `Submitting` record and recording the provider's
+/// id: a Lambda invocation's longest life. A record still submitting after this was left by a crash.
+pub const SUBMIT_GRACE: Duration = Duration::from_secs(15 * 60);
+
+/// Where a batch is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchPhase {
+    /// Recorded before submission; the provider's id is not known yet.
+    Submitting,
+    /// Submitted; the provider's id is recorded and the commits' messages are acked.
+    Open,
+    /// Its cancellation was asked for (it would have missed its deadline).
+    Cancelling,
+}
+
+/// One commit a batch carries, with what its summary record needs from the worker's run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchedCommit {
+    /// The commit as its message carried it.
+    pub commit: CommitMessage,
+    /// When it was first enqueued (Unix ms): its deadline counts from here wherever it goes next.
+    pub enqueued_at_ms: u64,
+    /// Tokens of its (trimmed) diff.
+    pub diff_tokens: u64,
+    /// Whether the diff was cut to the budget.
+    pub diff_cut: bool,
+    /// Tokens of its prompt section: its share of the call's prompt tokens.
+    pub section_tokens: u64,
+}
+
+/// One request of a batch: the commits of one repository, packed as a synchronous call would be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchCall {
+    /// The request's id within the batch ([`custom_id`]).
+    pub custom_id: String,
+    /// The commits it asks about.
+    pub commits: Vec<BatchedCommit>,
+}
+
+/// The durable record of one provider batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchRecord {
+    /// Derived from the calls it carries ([`batch_key`]); also in the provider batch's metadata.
+    pub key: String,
+    /// The route (`provider:model`) it was submitted to.
+    pub route: String,
+    /// The provider's batch id, once known.
+    pub provider_id: Option<String>,
+    /// Where it is.
+    pub phase: BatchPhase,
+    /// Its requests.
+    pub calls: Vec<BatchCall>,
+    /// When it was recorded (Unix ms).
+    pub created_at_ms: u64,
+    /// The earliest deadline of its commits (Unix ms).
+    pub deadline_ms: u64,
+    /// Whether its unanswered commits were already sent back at the next tier (late answers are
+    /// still written, once).
+    #[serde(default)]
+    pub escalated: bool,
+}
+
+impl BatchRecord {
+    /// Every commit it carries.
+    pub fn commits(&self) -> impl Iterator<Item = &BatchedCommit> {
+        self.calls.iter().flat_map(|c| &c.commits)
+    }
+}
+
+fn digest(parts: impl IntoIterator<Item = String>) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    hex::encode(&h.finalize()[..12])
+}
+
+/// A request's id: derived from its repository and the shas it asks about (in any order), so the
+/// same commits always make the same id.
+pub fn custom_id(commits: &[BatchedCommit]) -> String {
+    let mut keys: Vec<String> = commits.iter().map(|c| c.commit.key()).collect();
+    keys.sort();
+    format!("c-{}", digest(keys))
+}
+
+/// A batch's key: derived from its requests' ids (in any order).
+pub fn batch_key(calls: &[BatchCall]) -> String {
+    let mut ids: Vec<String> = calls.iter().map(|c| c.custom_id.clone()).collect();
+    ids.sort();
+    format!("lanes-{}", digest(ids))
+}
+
+/// What the collector does with a record at `now_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing yet (a submission may still be under way).
+    Wait,
+    /// Look its key up at the provider: adopt the batch found, or send the commits back.
+    LookUp,
+    /// Ask the provider how it is, and collect it if it ended.
+    Poll,
+    /// Ask the provider to cancel it (it would miss its deadline), then poll it.
+    Cancel,
+    /// Send every commit it has not answered back now, at flex or sync, and keep polling for late
+    /// answers.
+    Escalate,
+}
+
+/// The collector's rule: a batch is cancelled [`ESCALATE_BEFORE`] its deadline, and whatever it
+/// has not answered a slow flex call and a tick before the deadline is escalated, cancelled or not.
+pub fn step(record: &BatchRecord, now_ms: u64) -> Step {
+    let left = Duration::from_millis(record.deadline_ms.saturating_sub(now_ms));
+    let escalate_at = FLEX_HEADROOM + Duration::from_secs(2 * 60);
+    match record.phase {
+        BatchPhase::Submitting => {
+            if now_ms.saturating_sub(record.created_at_ms) >= SUBMIT_GRACE.as_millis() as u64 {
+                Step::LookUp
+            } else {
+                Step::Wait
+            }
+        }
+        _ if !record.escalated && left <= escalate_at => Step::Escalate,
+        BatchPhase::Open if left <= ESCALATE_BEFORE => Step::Cancel,
+        BatchPhase::Open | BatchPhase::Cancelling => Step::Poll,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::commit::Provider;
+
+    fn commit(sha: char) -> BatchedCommit {
+        BatchedCommit {
+            commit: CommitMessage {
+                provider: Provider::Github,
+                repo_id: "github:1".parse().unwrap_or_else(|e| panic!("{e}")),
+                repo: "o/r".into(),
+                sha: sha.to_string().repeat(40).parse().unwrap_or_else(|e| panic!("{e}")),
+                subject: String::new(),
+                committed_at_ms: 0,
+                escalated: None,
+            },
+            enqueued_at_ms: 0,
+            diff_tokens: 1,
+            diff_cut: false,
+            section_tokens: 1,
+        }
+    }
+
+    fn record(phase: BatchPhase, created: u64, deadline: u64) -> BatchRecord {
+        BatchRecord {
+            key: "k".into(),
+            route: "openai:m".into(),
+            provider_id: None,
+            phase,
+            calls: Vec::new(),
+            created_at_ms: created,
+            deadline_ms: deadline,
+            escalated: false,
+        }
+    }
+
+    #[test]
+    fn ids_depend_on_the_commits_not_their_order() {
+        let (a, b) = (commit('a'), commit('b'));
+        assert_eq!(custom_id(&[a.clone(), b.clone()]), custom_id(&[b.clone(), a.clone()]));
+        assert_ne!(custom_id(&[a.clone()]), custom_id(&[b.clone()]));
+        let calls = |x: &BatchedCommit, y: &BatchedCommit| {
+            vec![
+                BatchCall { custom_id: custom_id(std::slice::from_ref(x)), commits: vec![x.clone()] },
+                BatchCall { custom_id: custom_id(std::slice::from_ref(y)), commits: vec![y.clone()] },
+            ]
+        };
+        assert_eq!(batch_key(&calls(&a, &b)), batch_key(&calls(&b, &a)));
+        assert!(batch_key(&calls(&a, &b)).starts_with("lanes-"));
+    }
+
+    #[test]
+    fn a_batch_is_polled_then_cancelled_then_escalated_as_its_deadline_nears() {
+        let min = 60_000;
+        let deadline = 600 * min;
+        let open = record(BatchPhase::Open, 0, deadline);
+        assert_eq!(step(&open, 0), Step::Poll);
+        assert_eq!(step(&open, deadline - ESCALATE_BEFORE.as_millis() as u64 - 1), Step::Poll);
+        assert_eq!(step(&open, deadline - ESCALATE_BEFORE.as_millis() as u64), Step::Cancel);
+        let cancelling = BatchRecord { phase: BatchPhase::Cancelling, ..open.clone() };
+        assert_eq!(step(&cancelling, deadline - 20 * min), Step::Poll);
+        assert_eq!(step(&cancelling, deadline - 17 * min), Step::Escalate);
+        // Escalated once; polled after for the late answers, past the deadline too.
+        let escalated = BatchRecord { escalated: true, ..cancelling };
+        assert_eq!(step(&escalated, deadline + 60 * min), Step::Poll);
+        // An open batch found past its escalation point (a collector down) is escalated at once.
+        assert_eq!(step(&open, deadline - min), Step::Escalate);
+    }
+
+    #[test]
+    fn a_submission_is_looked_up_only_once_no_worker_can_still_be_making_it() {
+        let r = record(BatchPhase::Submitting, 1_000, u64::MAX);
+        assert_eq!(step(&r, 1_000 + SUBMIT_GRACE.as_millis() as u64 - 1), Step::Wait);
+        assert_eq!(step(&r, 1_000 + SUBMIT_GRACE.as_millis() as u64), Step::LookUp);
+        // Even past its deadline: what happened to it must be known before anything is escalated.
+        let late = BatchRecord { deadline_ms: 0, ..r };
+        assert_eq!(step(&late, 2_000), Step::Wait);
+    }
+}

@@ -1,0 +1,190 @@
+//! OpenAI's Batch API ([`crate::ports::BatchApi`]): a batch's requests uploaded as one JSONL file
+//! (`POST /files`, `purpose=batch`), the batch made from it (`POST /batches`, a 24-hour window, our
+//! key in its `metadata`), polled (`GET /batches/{id}`), and, once it ended, its output and error
+//! files read (`GET /files/{id}/content`), one line per request by `custom_id`. Each line's body is
+//! the chat completion a synchronous call would have had, so it is read the same way
+//! ([`super::openai::chat_answer`]), and charged at the batch price.
+
+use super::openai::{OpenAiClient, chat_answer, json_capped, send_error, status_error, transport_error};
+use crate::domain::tier::Tier;
+use crate::ports::{BatchAnswer, BatchApi, BatchEnd, BatchStatus, BatchSubmission, LlmError};
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+/// The metadata field that carries a batch's key.
+const KEY_FIELD: &str = "lanes_key";
+/// Most pages of the batch list read to find a key (100 batches a page, newest first).
+const FIND_PAGES: usize = 5;
+/// Most bytes of a batch's output or error file read.
+const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The Batch API of one OpenAI route.
+#[derive(Debug, Clone)]
+pub struct OpenAiBatches {
+    chat: OpenAiClient,
+    route: String,
+}
+
+impl OpenAiBatches {
+    /// The batches of the route `route` (`openai:model`), through `chat`'s base URL and key.
+    pub fn new(chat: OpenAiClient, route: String) -> Self {
+        Self { chat, route }
+    }
+
+    async fn send(
+        &self,
+        build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, LlmError> {
+        let url = self.chat.base_url.clone();
+        let resp = crate::http::send(self.chat.api_key.as_ref(), |http, key| {
+            let req = build(http, &url).timeout(self.chat.timeout);
+            match key {
+                Some(key) => req.bearer_auth(key),
+                None => req,
+            }
+        })
+        .await
+        .map_err(send_error)?;
+        if resp.status().is_success() { Ok(resp) } else { Err(status_error("provider", resp).await) }
+    }
+
+    async fn json(
+        &self,
+        build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+    ) -> Result<Value, LlmError> {
+        json_capped(self.send(build).await?, 1024 * 1024).await
+    }
+
+    /// A file's content, as lines.
+    async fn file_lines(&self, id: &str) -> Result<Vec<Value>, LlmError> {
+        let mut resp = self.send(|http, base| http.get(format!("{base}/files/{id}/content"))).await?;
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e))? {
+            if body.len() + chunk.len() > MAX_FILE_BYTES {
+                return Err(LlmError::Permanent(format!("batch file {id} is over {MAX_FILE_BYTES} bytes")));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body);
+        // A line that does not parse is left out: its request counts as unanswered and goes on.
+        Ok(text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect())
+    }
+
+    /// One output or error line: its request's answer, or why it has none.
+    fn answer(&self, line: &Value) -> Option<BatchAnswer> {
+        let custom_id = line["custom_id"].as_str()?.to_owned();
+        let response = &line["response"];
+        let outcome = if response["status_code"].as_u64() == Some(200) {
+            chat_answer(&response["body"], &self.chat.model, Default::default())
+                .map(|a| crate::ports::LlmResponse { tier: Tier::Batch, route: self.route.clone(), ..a })
+                .map_err(|e| e.to_string())
+        } else {
+            let why = [&response["body"]["error"]["message"], &line["error"]["message"]]
+                .iter()
+                .find_map(|m| m.as_str())
+                .unwrap_or("no answer")
+                .chars()
+                .take(300)
+                .collect::<String>();
+            Err(format!("status {}: {why}", response["status_code"]))
+        };
+        Some(BatchAnswer { custom_id, outcome })
+    }
+}
+
+#[async_trait]
+impl BatchApi for OpenAiBatches {
+    fn route(&self) -> &str {
+        &self.route
+    }
+
+    async fn find(&self, key: &str) -> Result<Option<String>, LlmError> {
+        let mut after: Option<String> = None;
+        for _ in 0..FIND_PAGES {
+            let page = self
+                .json(|http, base| {
+                    // A batch id is `batch_` and letters and digits: nothing to escape.
+                    let after = after.as_deref().map(|a| format!("&after={a}")).unwrap_or_default();
+                    http.get(format!("{base}/batches?limit=100{after}"))
+                })
+                .await?;
+            let data = page["data"].as_array().cloned().unwrap_or_default();
+            if let Some(b) = data.iter().find(|b| b["metadata"][KEY_FIELD] == key) {
+                return Ok(b["id"].as_str().map(str::to_owned));
+            }
+            let last = data.last().and_then(|b| b["id"].as_str());
+            match (page["has_more"].as_bool(), last) {
+                (Some(true), Some(last)) if last.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
+                    after = Some(last.to_owned())
+                }
+                _ => break,
+            }
+        }
+        Ok(None)
+    }
+
+    async fn submit(&self, batch: &BatchSubmission) -> Result<String, LlmError> {
+        let mut jsonl = String::new();
+        for (custom_id, request) in &batch.calls {
+            let line = json!({
+                "custom_id": custom_id,
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": self.chat.chat_body(request),
+            });
+            jsonl.push_str(&line.to_string());
+            jsonl.push('\n');
+        }
+        let name = format!("{}.jsonl", batch.key);
+        let file = self
+            .json(|http, base| {
+                let part =
+                    reqwest::multipart::Part::bytes(jsonl.clone().into_bytes()).file_name(name.clone());
+                let form = reqwest::multipart::Form::new().text("purpose", "batch").part("file", part);
+                http.post(format!("{base}/files")).multipart(form)
+            })
+            .await?;
+        let file_id = file["id"].as_str().ok_or_else(|| LlmError::Retryable {
+            message: "file upload answered without an id".into(),
+            retry_after: None,
+        })?;
+        let body = json!({
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": {KEY_FIELD: batch.key},
+        });
+        let made = self.json(|http, base| http.post(format!("{base}/batches")).json(&body)).await?;
+        made["id"].as_str().map(str::to_owned).ok_or_else(|| LlmError::Retryable {
+            message: "batch creation answered without an id".into(),
+            retry_after: None,
+        })
+    }
+
+    async fn status(&self, id: &str) -> Result<BatchStatus, LlmError> {
+        let b = self.json(|http, base| http.get(format!("{base}/batches/{id}"))).await?;
+        let status = b["status"].as_str().unwrap_or("").to_owned();
+        let end = match status.as_str() {
+            "completed" => BatchEnd::Completed,
+            "expired" => BatchEnd::Expired,
+            "cancelled" => BatchEnd::Cancelled,
+            "failed" => BatchEnd::Failed,
+            _ => return Ok(BatchStatus::Running(status)),
+        };
+        let mut answers = Vec::new();
+        for file in ["output_file_id", "error_file_id"] {
+            if let Some(f) = b[file].as_str() {
+                answers.extend(self.file_lines(f).await?.iter().filter_map(|l| self.answer(l)));
+            }
+        }
+        Ok(BatchStatus::Ended(end, answers))
+    }
+
+    async fn cancel(&self, id: &str) -> Result<(), LlmError> {
+        self.json(|http, base| http.post(format!("{base}/batches/{id}/cancel"))).await.map(|_| ())
+    }
+}

@@ -1,0 +1,82 @@
+//! The provider-batch ports: [`BatchApi`], a provider's batch endpoint (OpenAI's Files and Batches,
+//! the offline model's twin), and [`BatchStore`], the durable records that own a batch's commits
+//! from submission to collection ([`crate::domain::batch`]).
+
+use super::{LlmError, LlmRequest, LlmResponse, StoreError};
+use crate::domain::batch::{BatchPhase, BatchRecord};
+use async_trait::async_trait;
+use std::collections::HashSet;
+
+/// A batch to submit: its key (kept in the provider batch's metadata, so a lost submission can be
+/// found again) and its requests by id.
+#[derive(Debug, Clone)]
+pub struct BatchSubmission {
+    /// [`crate::domain::batch::batch_key`].
+    pub key: String,
+    /// Each request with its `custom_id`.
+    pub calls: Vec<(String, LlmRequest)>,
+}
+
+/// How a provider batch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchEnd {
+    /// Every request was processed (each answered or failed on its own).
+    Completed,
+    /// The provider's window passed: the requests answered so far are in, the rest are not.
+    Expired,
+    /// Cancelled: the requests answered before are in.
+    Cancelled,
+    /// The batch as a whole was refused (its input did not validate).
+    Failed,
+}
+
+/// What a request of an ended batch came to.
+#[derive(Debug, Clone)]
+pub struct BatchAnswer {
+    /// The request's id.
+    pub custom_id: String,
+    /// Its answer, or why it has none.
+    pub outcome: Result<LlmResponse, String>,
+}
+
+/// What the provider says of a batch.
+#[derive(Debug, Clone)]
+pub enum BatchStatus {
+    /// Still under way (validating, in progress, finalizing, cancelling: the provider's word).
+    Running(String),
+    /// Ended: how, and every request's outcome it reports (a request it does not mention was not
+    /// answered).
+    Ended(BatchEnd, Vec<BatchAnswer>),
+}
+
+/// A provider's batch endpoint, for one route.
+#[async_trait]
+pub trait BatchApi: Send + Sync {
+    /// The route (`provider:model`) it submits to.
+    fn route(&self) -> &str;
+    /// The id of a batch carrying `key` in its metadata, made by an earlier submission.
+    async fn find(&self, key: &str) -> Result<Option<String>, LlmError>;
+    /// Submits the batch; its provider id.
+    async fn submit(&self, batch: &BatchSubmission) -> Result<String, LlmError>;
+    /// How the batch is, with its answers once it ended.
+    async fn status(&self, id: &str) -> Result<BatchStatus, LlmError>;
+    /// Asks the provider to cancel it (it ends `Cancelled` a while later).
+    async fn cancel(&self, id: &str) -> Result<(), LlmError>;
+}
+
+/// The durable batch records (DynamoDB in AWS, the redb file locally). A commit is *batched* while
+/// an unclosed record carries it: its marker and its record both exist.
+#[async_trait]
+pub trait BatchStore: Send + Sync {
+    /// Writes the record (and a marker per commit, first) unless one with its key exists: whether
+    /// it was written.
+    async fn create_batch(&self, record: &BatchRecord) -> Result<bool, StoreError>;
+    /// Replaces the record if its phase is still `expect`: whether it was replaced.
+    async fn update_batch(&self, record: &BatchRecord, expect: BatchPhase) -> Result<bool, StoreError>;
+    /// At most `limit` unclosed records, oldest first.
+    async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError>;
+    /// Which of the commit keys (`repo_id:sha`) an unclosed record carries.
+    async fn batched(&self, keys: &[String]) -> Result<HashSet<String>, StoreError>;
+    /// Deletes the record and its markers.
+    async fn close_batch(&self, record: &BatchRecord) -> Result<(), StoreError>;
+}
