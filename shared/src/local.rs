@@ -120,6 +120,9 @@ pub struct DevOptions {
     pub dlq_sweep_interval: Duration,
     /// How often the embedded stores delete expired items (see `expiry_sweep`).
     pub expiry_sweep_interval: Duration,
+    /// How often the provider batches are collected ([`crate::commits::collect`]), when the
+    /// commits lane's tier is `batch`.
+    pub batch_collect_interval: Duration,
     /// Where the tenant comes from: off (one tenant), or a header a trusted proxy sets
     /// (`--tenant-header`).
     pub tenancy: crate::tasks::tenant::Tenancy,
@@ -144,6 +147,7 @@ impl Default for DevOptions {
             poll_interval: Duration::from_millis(50),
             dlq_sweep_interval: Duration::from_secs(30),
             expiry_sweep_interval: Duration::from_secs(60),
+            batch_collect_interval: Duration::from_secs(2),
             tenancy: Default::default(),
         }
     }
@@ -163,6 +167,8 @@ pub struct Local {
     pub metrics: Metrics,
     /// The DLQ sweep and redrive.
     pub dlq: crate::dlq_admin::Admin,
+    /// The provider batches' collector, when the commits lane's tier is `batch`.
+    pub collector: Option<crate::commits::collect::Collector>,
 }
 
 impl Local {
@@ -198,6 +204,8 @@ impl Local {
             }
         };
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
+        // Checked here, where a bad setting can stop the start.
+        crate::wiring::batching(adapters.batches.clone(), clock.clone(), llm.clone(), opts.worker.lane(Lane::Commits).tier)?;
         let git = GitConfig {
             webhook: crate::wiring::webhook_config()?,
             diffs: Arc::new(crate::wiring::diff_sources(true)?),
@@ -218,13 +226,19 @@ impl Local {
         let worker = adapters.task_worker(llm.clone(), metrics.clone(), clock.clone(), opts.worker);
         let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
             Lane::ALL.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
-        let commits = adapters.commits_worker(
+        let mut commits = adapters.commits_worker(
             llm.clone(),
             git.diffs.clone(),
             metrics.clone(),
             clock.clone(),
             opts.worker,
         );
+        let tier = opts.worker.lane(Lane::Commits).tier;
+        commits.batching = crate::wiring::batching(adapters.batches.clone(), clock.clone(), llm.clone(), tier).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no provider batches");
+            None
+        });
+        let collector = commits.collector();
         let pool = Arc::new(
             Pool::new(opts.capacity, opts.shares, consumers, worker, opts.poll_interval)
                 .with_commits(commits),
@@ -274,7 +288,7 @@ impl Local {
             );
         let router = crate::problem::framework_rejections(router);
         let router = if opts.addr.ip().is_loopback() { loopback_hosts_only(router) } else { router };
-        Self { router, pool, llm, adapters, metrics, dlq }
+        Self { router, pool, llm, adapters, metrics, dlq, collector }
     }
 
     /// Serves on `opts.addr` and runs the pool until `shutdown`.
@@ -299,6 +313,18 @@ impl Local {
                 }
             }
         });
+        if let Some(collector) = self.collector.clone() {
+            let (every, stop) = (opts.batch_collect_interval, shutdown.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                    collector.tick().await;
+                }
+            });
+        }
         let (store, summaries) = (self.adapters.store.clone(), self.adapters.summaries.clone());
         tokio::spawn(expiry_sweep(store, summaries, opts.expiry_sweep_interval, shutdown.clone()));
         let stop = shutdown.clone();

@@ -48,6 +48,8 @@ pub struct Adapters {
     pub store: Arc<dyn TaskStore>,
     /// Commit summaries and webhook delivery markers.
     pub summaries: Arc<dyn SummaryStore>,
+    /// The records of the commits lane's provider batches.
+    pub batches: Arc<dyn crate::ports::BatchStore>,
     /// Lease lock.
     pub lock: Arc<dyn LeaseLock>,
     /// Hot cache.
@@ -108,6 +110,7 @@ impl Adapters {
             clock,
             lease,
             config: Default::default(),
+            batching: Default::default(),
         }
     }
 
@@ -149,11 +152,13 @@ pub async fn embedded(
     let db = EmbeddedDb::open(data_dir)?;
     let store = EmbeddedStore::new(db.clone());
     let summaries = EmbeddedSummaries::new(db.clone());
+    let batches = crate::embedded::EmbeddedBatches::new(db.clone());
     let all = EmbeddedQueues::open(db, clock.clone(), settings).await?;
     let queues = Lane::ALL.map(|l| all.queue(l.as_str(), &format!("{}-dlq", l.as_str())));
     let adapters = Adapters {
         store: Arc::new(store),
         summaries: Arc::new(summaries),
+        batches: Arc::new(batches),
         lock: Arc::new(MemoryLock::new(clock.clone())),
         cache: Arc::new(MemoryCache::new(clock)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
@@ -242,6 +247,7 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
     Ok(Adapters {
         store: Arc::new(aws.task_store(&config.table)),
         summaries: Arc::new(aws.summaries(&config.table)),
+        batches: Arc::new(aws.batches(&config.table)),
         lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
         cache: Arc::new(RedisCache::new(conn.clone(), &config.redis.prefix)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
@@ -297,30 +303,9 @@ pub async fn llm_from_env(
     max_wait: Duration,
 ) -> Result<Arc<dyn crate::ports::LlmClient>, ConfigError> {
     use crate::llm::route::{Fallback, RouteClient, routes_from_env};
-    let timeout = match std::env::var("LANES_LLM_TIMEOUT_MS") {
-        Err(_) => Duration::from_secs(120),
-        Ok(v) => Duration::from_millis(v.trim().parse().map_err(|_| ConfigError::Invalid {
-            name: "LANES_LLM_TIMEOUT_MS",
-            reason: format!("`{v}` is not a whole number"),
-        })?),
-    };
+    let timeout = llm_timeout()?;
     let routes = routes_from_env()?;
-    // Several vendors behind keys: each key is read from its own field of the secret.
-    let vendors: std::collections::HashSet<crate::llm::route::Provider> = routes
-        .iter()
-        .flatten()
-        .map(|r| r.provider)
-        .filter(|p| matches!(p, crate::llm::route::Provider::OpenAi | crate::llm::route::Provider::Anthropic))
-        .collect();
-    let shared = vendors.len() > 1;
-    // One key per vendor, shared by its routes (one read each).
-    let key = |provider, var, field| {
-        vendors.contains(&provider).then(|| crate::adapters::secrets::llm_key(var, field, shared)).flatten()
-    };
-    let keys = Keys {
-        openai: key(crate::llm::route::Provider::OpenAi, "OPENAI_API_KEY", "openai_api_key"),
-        anthropic: key(crate::llm::route::Provider::Anthropic, "ANTHROPIC_API_KEY", "anthropic_api_key"),
-    };
+    let keys = Keys::for_routes(&routes);
     let mut built: std::collections::HashMap<crate::llm::route::Route, RouteClient> = Default::default();
     let mut lanes: [Vec<RouteClient>; 3] = Default::default();
     let mut any_real = false;
@@ -351,6 +336,74 @@ pub async fn llm_from_env(
 struct Keys {
     openai: Option<crate::secret::Secret>,
     anthropic: Option<crate::secret::Secret>,
+}
+
+impl Keys {
+    /// One key per vendor the routes name, shared by its routes (one read each); several vendors
+    /// behind keys read each from its own field of the secret.
+    fn for_routes(routes: &[Vec<crate::llm::route::Route>; 3]) -> Self {
+        use crate::llm::route::Provider;
+        let vendors: std::collections::HashSet<Provider> = routes
+            .iter()
+            .flatten()
+            .map(|r| r.provider)
+            .filter(|p| matches!(p, Provider::OpenAi | Provider::Anthropic))
+            .collect();
+        let shared = vendors.len() > 1;
+        let key = |provider, var, field| {
+            vendors.contains(&provider).then(|| crate::adapters::secrets::llm_key(var, field, shared)).flatten()
+        };
+        Keys {
+            openai: key(Provider::OpenAi, "OPENAI_API_KEY", "openai_api_key"),
+            anthropic: key(Provider::Anthropic, "ANTHROPIC_API_KEY", "anthropic_api_key"),
+        }
+    }
+}
+
+/// `LANES_LLM_TIMEOUT_MS` (default 120000): the bound of each HTTP attempt.
+fn llm_timeout() -> Result<Duration, ConfigError> {
+    match std::env::var("LANES_LLM_TIMEOUT_MS") {
+        Err(_) => Ok(Duration::from_secs(120)),
+        Ok(v) => Ok(Duration::from_millis(v.trim().parse().map_err(|_| ConfigError::Invalid {
+            name: "LANES_LLM_TIMEOUT_MS",
+            reason: format!("`{v}` is not a whole number"),
+        })?)),
+    }
+}
+
+/// The commits lane's provider batches, when its tier is `batch` (`LANES_TIER_COMMITS`) and its
+/// first route has a batch endpoint (`crate::llm::route::Route::batch`): OpenAI's Batch API, or the
+/// offline model's twin, which ends a batch `LANES_BATCH_TURNAROUND_MS` (default 5000) after
+/// submission and answers it with `llm`. `None` otherwise: the lane's calls asked at `batch` are
+/// then made at flex.
+pub fn batching(
+    store: Arc<dyn crate::ports::BatchStore>,
+    clock: SharedClock,
+    llm: Arc<dyn crate::ports::LlmClient>,
+    setting: crate::domain::tier::TierSetting,
+) -> Result<Option<crate::commits::batches::Batching>, ConfigError> {
+    use crate::llm::route::Provider;
+    if setting != crate::domain::tier::TierSetting::Batch {
+        return Ok(None);
+    }
+    let routes = crate::llm::route::routes_from_env()?;
+    let Some(route) = routes[Lane::Commits.index()].first().filter(|r| r.batch) else {
+        tracing::warn!("LANES_TIER_COMMITS=batch, but the commits lane's first route has no batch endpoint: flex");
+        return Ok(None);
+    };
+    let api: Arc<dyn crate::ports::BatchApi> = match route.provider {
+        Provider::Offline => {
+            let turnaround = crate::config::env_number("LANES_BATCH_TURNAROUND_MS", 0, 86_400_000)?.unwrap_or(5000);
+            Arc::new(crate::llm::OfflineBatches::new(llm, clock, Duration::from_millis(turnaround), route.name()))
+        }
+        Provider::OpenAi => {
+            let base = route.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
+            let chat = crate::llm::OpenAiClient::new(&base, &route.model, Keys::for_routes(&routes).openai, llm_timeout()?);
+            Arc::new(crate::llm::OpenAiBatches::new(chat, route.name()))
+        }
+        Provider::Anthropic | Provider::Bedrock => return Ok(None),
+    };
+    Ok(Some(crate::commits::batches::Batching { api, store }))
 }
 
 /// One route's client behind its limiter.

@@ -169,6 +169,7 @@ async fn rig() -> Rig {
         clock,
         lease: WorkerConfig::default().with_lease(Duration::from_secs(3)),
         config: CommitsConfig::default(),
+        batching: Default::default(),
     };
     Rig { _moto: moto, _redis: redis, mock, adapters, webhook, worker, fetches }
 }

@@ -82,6 +82,11 @@ impl AwsClients {
         dynamodb::DynamoSummaries::new(self.dynamodb.clone(), table)
     }
 
+    /// The provider-batch records in `table`.
+    pub fn batches(&self, table: &str) -> dynamodb::DynamoBatches {
+        dynamodb::DynamoBatches::new(self.dynamodb.clone(), table)
+    }
+
     /// Creates `table` (with its TTL and index), idempotently.
     pub async fn create_table(&self, table: &str) -> Result<(), crate::ports::StoreError> {
         dynamodb::DynamoStore::create_table(&self.dynamodb, table).await

@@ -35,6 +35,7 @@ impl CommitsWorker {
             return;
         }
         let bins = self.bins(groups, &pending);
+        let bins = self.submit_batches(groups, &pending, bins).await;
         let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
         let read: &[Group] = groups;
         let calls = join_all(bins.iter().map(|bin| {
@@ -104,7 +105,7 @@ impl CommitsWorker {
     /// summary written (once, for good) for another repository, another tenant's. Within a
     /// repository the shas are distinct, so an answer keyed by sha is unambiguous. Repositories are
     /// packed in a fixed order, so batches are reproducible.
-    fn bins(&self, groups: &[Group], pending: &[Pending]) -> Vec<Vec<usize>> {
+    pub(super) fn bins(&self, groups: &[Group], pending: &[Pending]) -> Vec<Vec<usize>> {
         let mut by_repo: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
         for (i, p) in pending.iter().enumerate() {
             by_repo.entry(groups[p.group].commit.repo_id.as_str()).or_default().push(i);
@@ -216,15 +217,10 @@ impl CommitsWorker {
         }
     }
 
-    /// One model call for `items`, abandoned when every item's lease is lost or the deadline comes.
-    /// Its tier is the lane's choice for the item that has waited longest.
-    async fn call(
-        &self,
-        groups: &[Group],
-        items: &[&Pending],
-        lost: &[CancellationToken],
-        deadline: Instant,
-    ) -> CallResult {
+    /// The call for `items`: at the lane's tier for the item that has waited longest, never below
+    /// the floor of an item a batch sent back (`batch` where the lane allows it: the caller submits
+    /// those to a provider batch, [`super::batches`]).
+    pub(super) fn request_for(&self, groups: &[Group], items: &[&Pending]) -> LlmRequest {
         let oldest = items.iter().map(|p| groups[p.group].enqueued_at_ms).min().unwrap_or(u64::MAX);
         let waited = Duration::from_millis(self.clock.now_ms().saturating_sub(oldest));
         let policy = self.lease.lane(Lane::Commits);
@@ -238,6 +234,22 @@ impl CommitsWorker {
             params: Default::default(),
         }
         .at_tier((policy.tier, policy.deadline), waited);
+        let floor = items
+            .iter()
+            .filter_map(|p| groups[p.group].commit.escalated.map(|e| e.floor))
+            .fold(None, |acc: Option<Tier>, f| Some(f.at_least(acc)));
+        LlmRequest { tier: request.tier.at_least(floor), ..request }
+    }
+
+    /// One model call for `items`, abandoned when every item's lease is lost or the deadline comes.
+    async fn call(
+        &self,
+        groups: &[Group],
+        items: &[&Pending],
+        lost: &[CancellationToken],
+        deadline: Instant,
+    ) -> CallResult {
+        let request = self.request_for(groups, items);
         let all_lost = async {
             for t in lost {
                 t.cancelled().await;

@@ -16,13 +16,18 @@
 //! - [`dead_letters`]: the commits DLQ: summarized commits swept out, the rest listed and redriven.
 //! - `repo_budget`: each repository's daily commit budget, taken before a diff is fetched.
 //! - [`report`]: what a batch did, commit by commit.
+//! - [`batches`]: the commits handed to a provider batch at tier `batch` (recorded, looked up,
+//!   submitted, then acked), and [`collect`]: the collector that reads the ended batches, writes
+//!   each summary once and sends the unanswered on at the next tier.
 //! - [`worker`]: the commits lane's batch worker (cache -> store -> lease -> diffs -> LLM -> write once),
 //!   with what it reads from the Git host in `fetch` (diffs, push ranges) and its model calls in
 //!   `calls` (packing, apportioning, asking alone, writing once).
 
 pub mod api;
+pub mod batches;
 pub mod budget;
 mod calls;
+pub mod collect;
 pub mod dead_letters;
 mod enqueue;
 mod fetch;

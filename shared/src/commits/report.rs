@@ -49,6 +49,8 @@ pub struct BatchReport {
     pub lost_races: u64,
     /// Commits sent to the queue from pushes whose payload did not list them all.
     pub expanded: u64,
+    /// Commits handed to a provider batch, or found in one: acked, the batch's record owns them.
+    pub batched: u64,
     /// Commits finished.
     pub done: Vec<Done>,
 }

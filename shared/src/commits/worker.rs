@@ -53,6 +53,8 @@ pub struct CommitsWorker {
     pub lease: WorkerConfig,
     /// Budgets.
     pub config: CommitsConfig,
+    /// Provider batches, when the lane's route has a batch endpoint ([`super::batches`]).
+    pub batching: Option<super::batches::Batching>,
 }
 
 /// One distinct commit of the batch and the deliveries carrying it.
@@ -86,6 +88,8 @@ pub(super) enum GroupEnd {
     },
     /// Moved to the DLQ: why, and the reason counted (`permanent`, `identity`).
     DeadLetter(String, &'static str),
+    /// Carried by a provider batch, whose record now owns it: acked.
+    Batched,
     Lost,
 }
 
@@ -150,6 +154,7 @@ impl CommitsWorker {
         // summarized between the lookup and the lock be summarized again.
         self.lock_rest(&mut groups, &messages, heartbeat).await;
         self.answer_known(&mut groups, &mut report).await;
+        self.answer_batched(&mut groups).await;
         // Only a commit that will cost a diff and a call counts against its repository's day.
         self.take_repo_budget(&mut groups).await;
         let pending = self.fetch_and_trim(&mut groups).await;
@@ -206,7 +211,8 @@ impl CommitsWorker {
                             lock: None,
                             outcome: None,
                             budget: None,
-                            enqueued_at_ms: m.sent_at_ms,
+                            // Sent back by a batch's collector: its deadline counts from the first send.
+                            enqueued_at_ms: m.sent_at_ms.min(c.escalated.map_or(u64::MAX, |e| e.enqueued_at_ms)),
                         });
                         groups.len() - 1
                     });
@@ -293,7 +299,7 @@ impl CommitsWorker {
             for &i in &g.members {
                 let m = &messages[i];
                 outcomes[i] = Some(match &end {
-                    GroupEnd::Done(_) => lease::ack(queue, m).await,
+                    GroupEnd::Done(_) | GroupEnd::Batched => lease::ack(queue, m).await,
                     GroupEnd::Lost => Outcome::LeaseLost,
                     GroupEnd::Wait { after, reason } => {
                         lease::retry_later(queue, m, *after, reason, LANE).await
@@ -316,6 +322,9 @@ impl CommitsWorker {
                 && let Err(e) = self.lock.release(key, token).await
             {
                 warn!(error = %e, "lock release failed; it expires with its TTL");
+            }
+            if matches!(end, GroupEnd::Batched) {
+                report.batched += 1;
             }
             if let GroupEnd::Done(done) = end {
                 if done.served == Served::Rule {
@@ -618,6 +627,7 @@ mod tests {
             clock,
             lease: WorkerConfig::default().with_lease(Duration::from_millis(600)),
             config: CommitsConfig { batch_tokens: 2_000, ..CommitsConfig::default() },
+            batching: Default::default(),
         };
         Rig { _dir: dir, worker, queue, llm, diffs }
     }

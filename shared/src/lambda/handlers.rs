@@ -23,6 +23,8 @@ pub struct ControllerFunction {
     pub controller: crate::controller::Controller,
     /// The lanes' DLQs, the store and the summaries, for the sweep.
     pub sweep: Option<DlqSweep>,
+    /// The commits lane's provider batches' collector, when its tier is `batch`.
+    pub collector: Option<crate::commits::collect::Collector>,
 }
 
 /// A task lane, its DLQ, and its queue (to relay to).
@@ -108,7 +110,11 @@ impl ControllerFunction {
                 s.lock = Some(Arc::new(crate::adapters::redis::RedisLock::new(conn, &redis.prefix)));
             }
         }
-        Ok(Self { controller, sweep })
+        let collector = match crate::config::optional_env("LANES_TABLE") {
+            Some(table) => collector(&aws, &table, &urls[Lane::Commits.index()]).await?,
+            None => None,
+        };
+        Ok(Self { controller, sweep, collector })
     }
 
     /// One scheduled tick: the decisions, logged and emitted as metrics.
@@ -167,8 +173,43 @@ impl ControllerFunction {
             }
             sweep.metrics.flush_emf(&metrics_namespace());
         }
+        if let Some(collector) = &self.collector {
+            let collected = collector.tick().await;
+            tracing::info!(?collected, "provider batches collected");
+            collector.metrics.flush_emf(&metrics_namespace());
+        }
         decisions
     }
+}
+
+/// The controller's collector of the commits lane's provider batches (`LANES_TIER_COMMITS=batch`
+/// with a route that has a batch endpoint): the records in `table`, the commits sent back to
+/// `commits_url`, and the routes' keys as the workers read them.
+async fn collector(
+    aws: &crate::adapters::AwsClients,
+    table: &str,
+    commits_url: &str,
+) -> Result<Option<crate::commits::collect::Collector>, ColdStartError> {
+    let config = WorkerConfig::default().lanes_from_env()?;
+    crate::llm::price::load_from_env()?;
+    let clock: SharedClock = Arc::new(SystemClock);
+    let offline = crate::llm::OfflineProvider::new(|_| Duration::ZERO)
+        .answering_batches(crate::commits::prompt::offline_answer);
+    let tier = config.lane(Lane::Commits).tier;
+    let store = Arc::new(aws.batches(table));
+    let Some(batching) = crate::wiring::batching(store, clock.clone(), Arc::new(offline), tier)? else {
+        return Ok(None);
+    };
+    Ok(Some(crate::commits::collect::Collector {
+        batching,
+        summaries: Arc::new(aws.summaries(table)),
+        // A cache of this container's own: the workers read the store on a miss.
+        cache: Arc::new(crate::embedded::MemoryCache::new(clock.clone())),
+        send: Arc::new(aws.queue_sender(commits_url)),
+        clock,
+        metrics: Metrics::new(),
+        cache_ttl: crate::commits::CommitsConfig::default().cache_ttl,
+    }))
 }
 
 /// What the worker function builds once per container.
@@ -209,13 +250,21 @@ impl WorkerFunction {
         let metrics = Metrics::new();
         metrics.enable_emf();
         let commits = match lane {
-            Lane::Commits => Some(adapters.commits_worker(
-                llm.clone(),
-                Arc::new(crate::wiring::diff_sources(false)?),
-                metrics.clone(),
-                Arc::new(SystemClock),
-                config,
-            )),
+            Lane::Commits => Some(crate::commits::worker::CommitsWorker {
+                batching: crate::wiring::batching(
+                    adapters.batches.clone(),
+                    Arc::new(SystemClock),
+                    llm.clone(),
+                    config.lane(Lane::Commits).tier,
+                )?,
+                ..adapters.commits_worker(
+                    llm.clone(),
+                    Arc::new(crate::wiring::diff_sources(false)?),
+                    metrics.clone(),
+                    Arc::new(SystemClock),
+                    config,
+                )
+            }),
             _ => None,
         };
         let running = crate::running::RunningWork::new(adapters.cache.clone(), Arc::new(SystemClock));

@@ -10,7 +10,10 @@
 //! one's own or on Anthropic's Messages API; `+tiers` or `+sync` after the model says otherwise
 //! (`openai:gpt-5-mini+tiers@http://litellm:4000/v1`). A call asking for a tier on a route without
 //! them is made at `sync`; a tier call the provider refuses is made again at `sync` on the same
-//! route, and a model that has no such tier stops the route asking.
+//! route, and a model that has no such tier stops the route asking. The commits lane's first route
+//! is where its provider batches go (`LANES_TIER_COMMITS=batch`): OpenAI's own API and the offline
+//! model have a batch endpoint; `+batch` says a compatible server has OpenAI's (`+tiers+batch`
+//! combine).
 //!
 //! Each route has its own limiter (one per provider and model, so its own learned limits and
 //! cooldown). [`Fallback`] tries the routes in order: a route cooling down after a 429 is skipped
@@ -64,6 +67,18 @@ impl Provider {
         }
     }
 
+    /// Whether a route of this provider at `base_url` has a batch endpoint unless it says
+    /// otherwise: OpenAI's own API (its Batch API) and the offline model (its local twin). A
+    /// server of one's own may have none; Anthropic's Message Batches and Bedrock's batch inference
+    /// are not taken.
+    fn offers_batch(self, base_url: Option<&str>) -> bool {
+        match self {
+            Provider::OpenAi => base_url.is_none(),
+            Provider::Offline => true,
+            Provider::Anthropic | Provider::Bedrock => false,
+        }
+    }
+
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "offline" => Provider::Offline,
@@ -88,6 +103,10 @@ pub struct Route {
     /// own API, Bedrock and the offline model, never on a server of one's own; `+tiers` or `+sync`
     /// after the model says otherwise.
     pub tiers: bool,
+    /// Whether the commits lane may hand its calls to the route's batch endpoint
+    /// (`LANES_TIER_COMMITS=batch`): by default on OpenAI's own API and the offline model; `+batch`
+    /// after the model says an OpenAI-compatible server has OpenAI's Files and Batches endpoints.
+    pub batch: bool,
 }
 
 impl Route {
@@ -118,11 +137,18 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
             }
             None => (item, None),
         };
-        let (route, tier) = match (route.strip_suffix("+tiers"), route.strip_suffix("+sync")) {
-            (Some(r), _) => (r, Some(true)),
-            (_, Some(r)) => (r, Some(false)),
-            _ => (route, None),
-        };
+        let (mut route, mut tier, mut batch) = (route, None, None);
+        loop {
+            if let Some(r) = route.strip_suffix("+tiers") {
+                (route, tier) = (r, Some(true));
+            } else if let Some(r) = route.strip_suffix("+sync") {
+                (route, tier) = (r, Some(false));
+            } else if let Some(r) = route.strip_suffix("+batch") {
+                (route, batch) = (r, Some(true));
+            } else {
+                break;
+            }
+        }
         // Bedrock model ids contain `:` (`...-v1:0`): only the first one separates the provider.
         let (provider, model) = route.split_once(':').unwrap_or((route, ""));
         let provider = Provider::parse(provider).ok_or_else(|| {
@@ -138,7 +164,14 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
             (_, Some(tiers)) => tiers,
             (_, None) => provider.offers_tiers(base_url.as_deref()),
         };
-        routes.push(Route { provider, model: model.to_owned(), base_url, tiers });
+        let batch = match (provider, batch) {
+            (Provider::Anthropic | Provider::Bedrock, Some(true)) => {
+                return Err(invalid(format!("`{item}`: batches are taken on openai routes only")));
+            }
+            (_, Some(b)) => b,
+            (_, None) => provider.offers_batch(base_url.as_deref()),
+        };
+        routes.push(Route { provider, model: model.to_owned(), base_url, tiers, batch });
     }
     if routes.is_empty() {
         return Err(invalid("no route given".into()));
@@ -167,7 +200,8 @@ pub fn routes_from_env() -> Result<[Vec<Route>; 3], ConfigError> {
                     .map_err(|reason| ConfigError::Invalid { name: "LANES_LLM_BASE_URL", reason })?;
             }
             let tiers = provider.offers_tiers(base_url.as_deref());
-            vec![Route { provider, model, base_url, tiers }]
+            let batch = provider.offers_batch(base_url.as_deref());
+            vec![Route { provider, model, base_url, tiers, batch }]
         }
     };
     let mut lanes: [Vec<Route>; 3] = Default::default();

@@ -1,0 +1,234 @@
+//! The commits handed to a provider batch. A call the lane would make at tier `batch`
+//! ([`crate::domain::tier::choose`], `LANES_TIER_COMMITS=batch`) is not made: the worker's batch
+//! calls go into one provider batch, in the order of [`crate::domain::batch`]'s life:
+//! record (`Submitting`, with a marker per commit), look the key up at the provider, submit only if
+//! nothing carries it, record the provider's id (`Open`), and only then ack the commits' messages.
+//!
+//! What can go wrong, and what happens:
+//! - the record cannot be written: nothing was submitted; the calls are made now, synchronously;
+//! - the provider refuses the batch (a 4xx: it made none): the record is deleted and the calls are
+//!   made now;
+//! - the submission's outcome is unknown (a timeout, a 5xx) or its id cannot be recorded: the
+//!   record stays `Submitting` and owns the commits; their messages come back, are found batched
+//!   and acked; the collector later adopts the batch it finds under the key, or sends them on.
+//!
+//! A commit already carried by an unclosed batch is acked as pending, never packed again
+//! ([`CommitsWorker::answer_batched`]), unless the collector sent it back (it carries its floor).
+
+use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
+use super::worker::{CommitsWorker, Group, GroupEnd, Pending};
+use crate::domain::batch::{
+    BatchCall, BatchPhase, BatchRecord, BatchedCommit, MAX_BATCH_COMMITS, batch_key, custom_id,
+};
+use crate::domain::tier::Tier;
+use crate::domain::{Kind, Lane};
+use crate::ports::{BatchApi, BatchStore, BatchSubmission, LlmError, LlmRequest};
+use std::sync::Arc;
+use tracing::{info, warn};
+
+/// A provider's batch endpoint and the records of its batches.
+#[derive(Clone)]
+pub struct Batching {
+    /// The commits lane's route's batch endpoint.
+    pub api: Arc<dyn BatchApi>,
+    /// The records.
+    pub store: Arc<dyn BatchStore>,
+}
+
+impl CommitsWorker {
+    /// The collector of this worker's batches, when it makes any.
+    pub fn collector(&self) -> Option<super::collect::Collector> {
+        Some(super::collect::Collector {
+            batching: self.batching.clone()?,
+            summaries: self.summaries.clone(),
+            cache: self.cache.clone(),
+            send: self.send.clone(),
+            clock: self.clock.clone(),
+            metrics: self.metrics.clone(),
+            cache_ttl: self.config.cache_ttl,
+        })
+    }
+
+    /// Acks, as pending, each open commit an unclosed batch carries (a duplicate delivery, or a
+    /// message whose batch was recorded before its ack was lost). One the collector sent back is
+    /// asked again whatever its old batch's state.
+    pub(super) async fn answer_batched(&self, groups: &mut [Group]) {
+        let Some(batching) = &self.batching else { return };
+        let open: Vec<usize> = Self::open(groups).filter(|&g| groups[g].commit.escalated.is_none()).collect();
+        if open.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = open.iter().map(|&g| groups[g].commit.key()).collect();
+        match batching.store.batched(&keys).await {
+            Ok(found) => {
+                for &g in &open {
+                    if found.contains(&groups[g].commit.key()) {
+                        self.metrics.duplicates_total.with_label_values(&["commit_batched"]).inc();
+                        groups[g].outcome = Some(GroupEnd::Batched);
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "batch records unavailable");
+                for &g in &open {
+                    let after = crate::lease::full_jitter_backoff(&self.lease, groups[g].receives);
+                    groups[g].outcome = Some(GroupEnd::Wait { after, reason: "store unavailable".into() });
+                }
+            }
+        }
+    }
+
+    /// Submits the bins the lane would call at `batch` as one provider batch; returns the bins to
+    /// call now (the others, and these too where no batch could be made).
+    pub(super) async fn submit_batches(
+        &self,
+        groups: &mut [Group],
+        pending: &[Pending],
+        bins: Vec<Vec<usize>>,
+    ) -> Vec<Vec<usize>> {
+        let Some(batching) = &self.batching else { return bins };
+        let (mut batched, mut now): (Vec<Vec<usize>>, Vec<Vec<usize>>) = (Vec::new(), Vec::new());
+        let mut carried = 0;
+        for bin in bins {
+            let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
+            if self.request_for(groups, &items).tier == Tier::Batch && carried + bin.len() <= MAX_BATCH_COMMITS {
+                carried += bin.len();
+                batched.push(bin);
+            } else {
+                now.push(bin);
+            }
+        }
+        if batched.is_empty() {
+            return now;
+        }
+        let (record, submission) = self.batch_of(groups, pending, &batched);
+        let commits: Vec<usize> = batched.iter().flatten().map(|&i| pending[i].group).collect();
+        match self.submit(batching, record, &submission).await {
+            Some(end) => {
+                for g in commits {
+                    groups[g].outcome = Some(match end {
+                        Ok(()) => GroupEnd::Batched,
+                        // Owned by the record now: back after a pause, to be found batched.
+                        Err(reason) => GroupEnd::Wait { after: self.lease.backoff_base, reason: reason.into() },
+                    });
+                }
+            }
+            None => now.extend(batched),
+        }
+        now
+    }
+
+    /// The record and the submission of `bins`.
+    fn batch_of(&self, groups: &[Group], pending: &[Pending], bins: &[Vec<usize>]) -> (BatchRecord, BatchSubmission) {
+        let policy = self.lease.lane(Lane::Commits);
+        let deadline = policy.deadline.unwrap_or_default().as_millis() as u64;
+        let mut calls = Vec::new();
+        let mut requests = Vec::new();
+        for bin in bins {
+            let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
+            let commits: Vec<BatchedCommit> = items
+                .iter()
+                .map(|p| BatchedCommit {
+                    commit: groups[p.group].commit.clone(),
+                    enqueued_at_ms: groups[p.group].enqueued_at_ms,
+                    diff_tokens: p.trimmed.tokens as u64,
+                    diff_cut: p.trimmed.cut,
+                    section_tokens: p.section_tokens as u64,
+                })
+                .collect();
+            let id = custom_id(&commits);
+            requests.push((id.clone(), LlmRequest {
+                tier: Tier::Batch,
+                lane: Lane::Commits,
+                kind: Kind::CommitSummary,
+                prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
+                target_files: Vec::new(),
+                max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
+                params: Default::default(),
+            }));
+            calls.push(BatchCall { custom_id: id, commits });
+        }
+        let deadline_ms = calls.iter().flat_map(|c| &c.commits).map(|c| c.enqueued_at_ms + deadline).min().unwrap_or(0);
+        let key = batch_key(&calls);
+        let record = BatchRecord {
+            key: key.clone(),
+            route: self.batching.as_ref().map(|b| b.api.route().to_owned()).unwrap_or_default(),
+            provider_id: None,
+            phase: BatchPhase::Submitting,
+            calls,
+            created_at_ms: self.clock.now_ms(),
+            deadline_ms,
+            escalated: false,
+        };
+        (record, BatchSubmission { key, calls: requests })
+    }
+
+    /// Records, looks up, submits and records again. `None` when no batch was made and the calls
+    /// are to be made now; `Ok` when the batch owns the commits and their messages may be acked;
+    /// `Err` (why) when its record owns them but the batch is not known to be made.
+    async fn submit(
+        &self,
+        batching: &Batching,
+        mut record: BatchRecord,
+        submission: &BatchSubmission,
+    ) -> Option<Result<(), &'static str>> {
+        match batching.store.create_batch(&record).await {
+            Ok(true) => {}
+            // The same commits' batch is recorded already: an earlier run's, whose acks were lost.
+            Ok(false) => return Some(Ok(())),
+            Err(e) => {
+                warn!(error = %e, "batch record not written; calling now");
+                return None;
+            }
+        }
+        let found = match batching.api.find(&record.key).await {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, "batch lookup failed; calling now");
+                return self.forget(batching, &record).await;
+            }
+        };
+        let id = match found {
+            Some(id) => id,
+            None => match batching.api.submit(submission).await {
+                Ok(id) => id,
+                Err(LlmError::Permanent(e)) => {
+                    warn!(error = %e, "batch refused; calling now");
+                    crate::metrics::llm_route_event(Lane::Commits, batching.api.route(), "batch_refused");
+                    return self.forget(batching, &record).await;
+                }
+                Err(e) => {
+                    // It may have been made: the record stays, and the collector looks it up.
+                    warn!(error = %e, key = %record.key, "batch submission unanswered; its record owns the commits");
+                    return Some(Err("batch submission unanswered"));
+                }
+            },
+        };
+        record.provider_id = Some(id.clone());
+        record.phase = BatchPhase::Open;
+        match batching.store.update_batch(&record, BatchPhase::Submitting).await {
+            Ok(_) => {
+                let commits = record.commits().count();
+                info!(key = %record.key, batch = %id, commits, "commits handed to a provider batch");
+                crate::metrics::llm_route_event(Lane::Commits, batching.api.route(), "batch_submitted");
+                Some(Ok(()))
+            }
+            Err(e) => {
+                warn!(error = %e, key = %record.key, "batch id not recorded; the collector will find it");
+                Some(Err("batch id not recorded"))
+            }
+        }
+    }
+
+    /// Deletes the record of a batch that was not made; the calls are made now (`None`), or, if
+    /// the record stays, left to it.
+    async fn forget(&self, batching: &Batching, record: &BatchRecord) -> Option<Result<(), &'static str>> {
+        match batching.store.close_batch(record).await {
+            Ok(()) => None,
+            Err(e) => {
+                warn!(error = %e, "batch record not deleted; its collector sends the commits on");
+                Some(Err("batch not made"))
+            }
+        }
+    }
+}
