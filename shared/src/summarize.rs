@@ -165,8 +165,13 @@ pub async fn run(
     let queue = adapters.consume[Lane::Commits.index()].clone();
     let mut lease = WorkerConfig::default();
     lease.lanes[Lane::Commits.index()] = policy;
-    let worker =
-        adapters.commits_worker(llm, Arc::new(DiffSources::local_only()), Metrics::new(), clock, lease);
+    let batching = crate::wiring::batching(adapters.batches.clone(), clock.clone(), llm.clone(), policy.tier)
+        .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+    let worker = crate::commits::worker::CommitsWorker {
+        batching,
+        ..adapters.commits_worker(llm, Arc::new(DiffSources::local_only()), Metrics::new(), clock, lease)
+    };
+    let collector = worker.collector();
     let mut report = Report {
         commits: commits.len(),
         batch_tokens: worker.config.batch_tokens,
@@ -192,7 +197,17 @@ pub async fn run(
             .await
             .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
         if batch.is_empty() {
-            // Handed-back commits (a throttled model) come back after their delay.
+            // Handed-back commits (a throttled model) come back after their delay; batched ones
+            // once their batch is collected.
+            let collected = match &collector {
+                Some(c) => c.tick().await,
+                None => Default::default(),
+            };
+            report.llm_calls += collected.calls as u64;
+            if collected.written > 0 {
+                from_batches(adapters, &mut report, &mut rows, &wanted, &commits).await?;
+                progress(rows.len(), total);
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
@@ -205,6 +220,40 @@ pub async fn run(
     }
     report.summaries = commits.iter().filter_map(|c| rows.remove(&commit_key(&c.repo_id, &c.sha))).collect();
     Ok(report)
+}
+
+/// Adds a row for each wanted commit a provider batch summarized (written by the collector, so
+/// read back from the store), with its tokens and cost.
+async fn from_batches(
+    adapters: &Adapters,
+    report: &mut Report,
+    rows: &mut HashMap<String, Row>,
+    wanted: &HashSet<String>,
+    commits: &[CommitMessage],
+) -> Result<(), SummarizeError> {
+    let keys: Vec<(RepoId, Sha)> = commits
+        .iter()
+        .filter(|c| wanted.contains(&c.key()) && !rows.contains_key(&c.key()))
+        .map(|c| (c.repo_id.clone(), c.sha.clone()))
+        .collect();
+    let found = adapters.summaries.get_summaries(&keys).await.map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+    for summary in found.into_iter().filter(|s| s.tier == crate::domain::tier::Tier::Batch) {
+        report.prompt_tokens += summary.tokens.prompt;
+        report.completion_tokens += summary.tokens.completion;
+        report.cost_usd +=
+            crate::llm::price::prices().cost(&summary.model, summary.tokens, summary.tier).unwrap_or(0.0);
+        let row = Row {
+            sha: summary.sha.clone(),
+            subject: summary.subject.clone(),
+            tokens: summary.tokens.prompt + summary.tokens.completion,
+            source: "llm",
+            tier: summary.tier,
+            written_at_ms: summary.created_at_ms,
+            summary: summary.summary.clone(),
+        };
+        rows.insert(summary.key(), row);
+    }
+    Ok(())
 }
 
 /// Adds one batch to the report: its calls, tokens and cost, and a row for each wanted commit it

@@ -55,6 +55,8 @@ pub struct Collected {
     pub open: usize,
     /// Batches read and closed.
     pub ended: usize,
+    /// Requests of ended batches that were answered (each one call's worth of tokens).
+    pub calls: usize,
     /// Summaries written.
     pub written: usize,
     /// Commits sent back to the queue (unanswered, escalated, or never submitted).
@@ -172,6 +174,7 @@ impl Collector {
                 continue;
             };
             self.count_call(answer);
+            out.calls += 1;
             let shas: Vec<&str> = call.commits.iter().map(|c| c.commit.sha.as_str()).collect();
             let texts = prompt::parse_answer(&answer.text, &shas);
             let (ok, missing): (Vec<&BatchedCommit>, Vec<&BatchedCommit>) =
