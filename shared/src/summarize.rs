@@ -236,7 +236,8 @@ async fn from_batches(
         .filter(|c| wanted.contains(&c.key()) && !rows.contains_key(&c.key()))
         .map(|c| (c.repo_id.clone(), c.sha.clone()))
         .collect();
-    let found = adapters.summaries.get_summaries(&keys).await.map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+    let found =
+        adapters.summaries.get_summaries(&keys).await.map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
     for summary in found.into_iter().filter(|s| s.tier == crate::domain::tier::Tier::Batch) {
         report.prompt_tokens += summary.tokens.prompt;
         report.completion_tokens += summary.tokens.completion;

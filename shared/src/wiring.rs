@@ -351,7 +351,10 @@ impl Keys {
             .collect();
         let shared = vendors.len() > 1;
         let key = |provider, var, field| {
-            vendors.contains(&provider).then(|| crate::adapters::secrets::llm_key(var, field, shared)).flatten()
+            vendors
+                .contains(&provider)
+                .then(|| crate::adapters::secrets::llm_key(var, field, shared))
+                .flatten()
         };
         Keys {
             openai: key(Provider::OpenAi, "OPENAI_API_KEY", "openai_api_key"),
@@ -388,17 +391,30 @@ pub fn batching(
     }
     let routes = crate::llm::route::routes_from_env()?;
     let Some(route) = routes[Lane::Commits.index()].first().filter(|r| r.batch) else {
-        tracing::warn!("LANES_TIER_COMMITS=batch, but the commits lane's first route has no batch endpoint: flex");
+        tracing::warn!(
+            "LANES_TIER_COMMITS=batch, but the commits lane's first route has no batch endpoint: flex"
+        );
         return Ok(None);
     };
     let api: Arc<dyn crate::ports::BatchApi> = match route.provider {
         Provider::Offline => {
-            let turnaround = crate::config::env_number("LANES_BATCH_TURNAROUND_MS", 0, 86_400_000)?.unwrap_or(5000);
-            Arc::new(crate::llm::OfflineBatches::new(llm, clock, Duration::from_millis(turnaround), route.name()))
+            let turnaround =
+                crate::config::env_number("LANES_BATCH_TURNAROUND_MS", 0, 86_400_000)?.unwrap_or(5000);
+            Arc::new(crate::llm::OfflineBatches::new(
+                llm,
+                clock,
+                Duration::from_millis(turnaround),
+                route.name(),
+            ))
         }
         Provider::OpenAi => {
             let base = route.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
-            let chat = crate::llm::OpenAiClient::new(&base, &route.model, Keys::for_routes(&routes).openai, llm_timeout()?);
+            let chat = crate::llm::OpenAiClient::new(
+                &base,
+                &route.model,
+                Keys::for_routes(&routes).openai,
+                llm_timeout()?,
+            );
             Arc::new(crate::llm::OpenAiBatches::new(chat, route.name()))
         }
         Provider::Anthropic | Provider::Bedrock => return Ok(None),

@@ -578,3 +578,71 @@ pub async fn result_objects(objects: &dyn lanes_core::ports::ResultObjects) {
     objects.put("results/abc/1", b"again".to_vec()).await.unwrap();
     assert_eq!(objects.get("results/abc/1").await.unwrap().as_deref(), Some(&b"again"[..]));
 }
+
+/// A batch record's commit, `repo_id` and `sha` as given.
+fn batched_commit(repo_id: &str, sha: &str) -> lanes_core::domain::batch::BatchedCommit {
+    let repo_id = RepoId::parse(repo_id).unwrap();
+    lanes_core::domain::batch::BatchedCommit {
+        commit: lanes_core::domain::commit::CommitMessage {
+            provider: repo_id.provider(),
+            repo_id,
+            repo: "o/r".into(),
+            sha: sha.parse().unwrap(),
+            subject: String::new(),
+            committed_at_ms: 0,
+            escalated: None,
+        },
+        enqueued_at_ms: 1_000,
+        diff_tokens: 10,
+        diff_cut: false,
+        section_tokens: 20,
+    }
+}
+
+/// Batch records: written once by key (markers with them), replaced only from the phase expected,
+/// listed oldest first while unclosed; a commit reads as batched while its record is unclosed, and
+/// a closed record's commits do not, while another record's still do.
+pub async fn batch_store(s: &dyn lanes_core::ports::BatchStore) {
+    use lanes_core::domain::batch::{BatchCall, BatchPhase, BatchRecord, batch_key, custom_id};
+    let record = |created: u64, shas: &[&str]| {
+        let commits: Vec<_> = shas.iter().map(|sha| batched_commit("github:5", sha)).collect();
+        let calls = vec![BatchCall { custom_id: custom_id(&commits), commits }];
+        BatchRecord {
+            key: batch_key(&calls),
+            route: "openai:gpt-4o-mini".into(),
+            provider_id: None,
+            phase: BatchPhase::Submitting,
+            calls,
+            created_at_ms: created,
+            deadline_ms: 3_600_000,
+            escalated: false,
+        }
+    };
+    let (a, b, c) = ("a".repeat(40), "b".repeat(40), "c".repeat(40));
+    let first = record(2_000, &[&a, &b]);
+    let second = record(1_000, &[&c]);
+    assert!(s.create_batch(&first).await.unwrap());
+    assert!(!s.create_batch(&first).await.unwrap(), "a key is written once");
+    assert!(s.create_batch(&second).await.unwrap());
+    let listed = s.open_batches(10).await.unwrap();
+    assert_eq!(listed.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), [&second.key, &first.key]);
+    assert_eq!(listed[1], first, "read back as written");
+    assert_eq!(s.open_batches(1).await.unwrap().len(), 1);
+
+    let open = BatchRecord { provider_id: Some("batch_1".into()), phase: BatchPhase::Open, ..first.clone() };
+    assert!(s.update_batch(&open, BatchPhase::Submitting).await.unwrap());
+    assert!(!s.update_batch(&open, BatchPhase::Submitting).await.unwrap(), "no longer submitting");
+    let got = s.open_batches(10).await.unwrap();
+    assert_eq!(got.iter().find(|r| r.key == first.key).unwrap().provider_id.as_deref(), Some("batch_1"));
+
+    let key = |sha: &str| format!("github:5:{sha}");
+    let asked = [key(&a), key(&b), key(&c), key(&"d".repeat(40))];
+    let batched = s.batched(&asked).await.unwrap();
+    assert_eq!(batched.len(), 3, "{batched:?}");
+    s.close_batch(&open).await.unwrap();
+    let batched = s.batched(&asked).await.unwrap();
+    assert_eq!(batched.into_iter().collect::<Vec<_>>(), [key(&c)], "only the unclosed record's commit");
+    assert_eq!(s.open_batches(10).await.unwrap().len(), 1);
+    s.close_batch(&second).await.unwrap();
+    assert!(s.open_batches(10).await.unwrap().is_empty());
+}

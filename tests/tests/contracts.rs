@@ -120,6 +120,21 @@ async fn summary_store_embedded() {
 }
 
 #[tokio::test]
+async fn batch_store_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    contract::batch_store(&lanes_core::embedded::EmbeddedBatches::new(EmbeddedDb::open(dir.path()).unwrap()))
+        .await;
+}
+
+#[tokio::test]
+async fn batch_store_dynamodb() {
+    let moto = MotoServer::start();
+    let client = aws_sdk_dynamodb::Client::new(&sdk_config(&moto.aws_settings()).await);
+    DynamoStore::create_table(&client, "contract").await.unwrap();
+    contract::batch_store(&lanes_core::adapters::dynamodb::DynamoBatches::new(client, "contract")).await;
+}
+
+#[tokio::test]
 async fn summary_store_dynamodb() {
     let moto = MotoServer::start();
     let client = aws_sdk_dynamodb::Client::new(&sdk_config(&moto.aws_settings()).await);

@@ -91,7 +91,9 @@ impl CommitsWorker {
         let mut carried = 0;
         for bin in bins {
             let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
-            if self.request_for(groups, &items).tier == Tier::Batch && carried + bin.len() <= MAX_BATCH_COMMITS {
+            if self.request_for(groups, &items).tier == Tier::Batch
+                && carried + bin.len() <= MAX_BATCH_COMMITS
+            {
                 carried += bin.len();
                 batched.push(bin);
             } else {
@@ -109,7 +111,9 @@ impl CommitsWorker {
                     groups[g].outcome = Some(match end {
                         Ok(()) => GroupEnd::Batched,
                         // Owned by the record now: back after a pause, to be found batched.
-                        Err(reason) => GroupEnd::Wait { after: self.lease.backoff_base, reason: reason.into() },
+                        Err(reason) => {
+                            GroupEnd::Wait { after: self.lease.backoff_base, reason: reason.into() }
+                        }
                     });
                 }
             }
@@ -119,7 +123,12 @@ impl CommitsWorker {
     }
 
     /// The record and the submission of `bins`.
-    fn batch_of(&self, groups: &[Group], pending: &[Pending], bins: &[Vec<usize>]) -> (BatchRecord, BatchSubmission) {
+    fn batch_of(
+        &self,
+        groups: &[Group],
+        pending: &[Pending],
+        bins: &[Vec<usize>],
+    ) -> (BatchRecord, BatchSubmission) {
         let policy = self.lease.lane(Lane::Commits);
         let deadline = policy.deadline.unwrap_or_default().as_millis() as u64;
         let mut calls = Vec::new();
@@ -137,18 +146,22 @@ impl CommitsWorker {
                 })
                 .collect();
             let id = custom_id(&commits);
-            requests.push((id.clone(), LlmRequest {
-                tier: Tier::Batch,
-                lane: Lane::Commits,
-                kind: Kind::CommitSummary,
-                prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
-                target_files: Vec::new(),
-                max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
-                params: Default::default(),
-            }));
+            requests.push((
+                id.clone(),
+                LlmRequest {
+                    tier: Tier::Batch,
+                    lane: Lane::Commits,
+                    kind: Kind::CommitSummary,
+                    prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
+                    target_files: Vec::new(),
+                    max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
+                    params: Default::default(),
+                },
+            ));
             calls.push(BatchCall { custom_id: id, commits });
         }
-        let deadline_ms = calls.iter().flat_map(|c| &c.commits).map(|c| c.enqueued_at_ms + deadline).min().unwrap_or(0);
+        let deadline_ms =
+            calls.iter().flat_map(|c| &c.commits).map(|c| c.enqueued_at_ms + deadline).min().unwrap_or(0);
         let key = batch_key(&calls);
         let record = BatchRecord {
             key: key.clone(),

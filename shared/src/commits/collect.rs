@@ -24,7 +24,9 @@ use crate::domain::commit::{CommitSummary, CommitsMessage, Escalation, SummarySo
 use crate::domain::tier::Tier;
 use crate::domain::{Lane, TokenUsage};
 use crate::metrics::{Latency, Metrics};
-use crate::ports::{BatchAnswer, BatchStatus, Cache, LlmError, LlmResponse, QueueError, QueueSend, StoreError, SummaryStore};
+use crate::ports::{
+    BatchAnswer, BatchStatus, Cache, LlmError, LlmResponse, QueueError, QueueSend, StoreError, SummaryStore,
+};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -204,7 +206,13 @@ impl Collector {
     }
 
     /// Writes one commit's summary once; whether it was written now.
-    async fn write(&self, c: &BatchedCommit, text: String, answer: &LlmResponse, tokens: TokenUsage) -> Result<bool, CollectError> {
+    async fn write(
+        &self,
+        c: &BatchedCommit,
+        text: String,
+        answer: &LlmResponse,
+        tokens: TokenUsage,
+    ) -> Result<bool, CollectError> {
         let now = self.clock.now_ms();
         let summary = CommitSummary {
             repo_id: c.commit.repo_id.clone(),
@@ -274,5 +282,9 @@ fn shares(ok: &[&BatchedCommit], texts: &HashMap<String, String>, usage: TokenUs
         usage.completion,
         &ok.iter().map(|c| count_tokens(&texts[c.commit.sha.as_str()]) as u64).collect::<Vec<_>>(),
     );
-    prompts.into_iter().zip(completions).map(|(prompt, completion)| TokenUsage { prompt, completion }).collect()
+    prompts
+        .into_iter()
+        .zip(completions)
+        .map(|(prompt, completion)| TokenUsage { prompt, completion })
+        .collect()
 }

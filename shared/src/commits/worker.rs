@@ -212,7 +212,9 @@ impl CommitsWorker {
                             outcome: None,
                             budget: None,
                             // Sent back by a batch's collector: its deadline counts from the first send.
-                            enqueued_at_ms: m.sent_at_ms.min(c.escalated.map_or(u64::MAX, |e| e.enqueued_at_ms)),
+                            enqueued_at_ms: m
+                                .sent_at_ms
+                                .min(c.escalated.map_or(u64::MAX, |e| e.enqueued_at_ms)),
                         });
                         groups.len() - 1
                     });
