@@ -6,6 +6,7 @@
 pub mod aws_stub;
 pub mod contract;
 pub mod lambda_emulator;
+pub mod mock_batches;
 
 /// Runs each named `async fn(Backend)` as two tests, `embedded::NAME` and `aws::NAME`: the embedded
 /// default and `--backend aws --create` against moto and redis-server.

@@ -1,0 +1,336 @@
+//! An emulator of OpenAI's Files and Batch APIs on loopback, from their documented shapes, on an
+//! injected clock so a 24-hour window passes in a test:
+//! - `POST /v1/files` (multipart, `purpose=batch`) and `GET /v1/files/{id}/content`;
+//! - `POST /v1/batches`, `GET /v1/batches` (newest first, `limit`/`after`, `has_more`),
+//!   `GET /v1/batches/{id}`, `POST /v1/batches/{id}/cancel`;
+//! - status `validating` -> `in_progress` -> `finalizing` -> `completed`, or `expired` when the
+//!   window passes first (the requests finished by then answered, the rest in the error file as
+//!   `batch_expired`), or `cancelling` -> `cancelled` (the same, up to the cancellation);
+//! - per-line errors (a request whose prompt holds a marker fails with a 400 in the error file).
+//!
+//! Requests finish one after another, `per_request` apart, after `validating`. A commit-summary
+//! request is answered as a model following the prompt would be; the emulator counts every sha it
+//! answered, so a test sees a commit answered twice.
+
+use axum::Json;
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use lanes_core::clock::SharedClock;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A request whose prompt contains this fails alone (a per-line error).
+pub const FAIL_MARKER: &str = "lanes-test-fail-this-request";
+
+/// The emulator's timing.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchTiming {
+    /// Time in `validating`.
+    pub validating: Duration,
+    /// Time per request once in progress.
+    pub per_request: Duration,
+    /// The completion window (24 hours at OpenAI).
+    pub window: Duration,
+    /// Time from a cancel to `cancelled`.
+    pub cancelling: Duration,
+}
+
+impl Default for BatchTiming {
+    fn default() -> Self {
+        Self {
+            validating: Duration::from_secs(60),
+            per_request: Duration::from_secs(30),
+            window: Duration::from_secs(24 * 3600),
+            cancelling: Duration::from_secs(120),
+        }
+    }
+}
+
+struct Batch {
+    id: String,
+    input: Vec<Value>,
+    created_ms: u64,
+    metadata: Value,
+    cancel_ms: Option<u64>,
+    files: Option<(Option<String>, Option<String>)>,
+}
+
+#[derive(Default)]
+struct St {
+    files: HashMap<String, String>,
+    batches: Vec<Batch>,
+    answered: HashMap<String, u32>,
+    lists: u64,
+    next: u64,
+}
+
+struct Shared {
+    st: Mutex<St>,
+    clock: SharedClock,
+    timing: Mutex<BatchTiming>,
+}
+
+impl Shared {
+    fn st(&self) -> std::sync::MutexGuard<'_, St> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The running emulator.
+pub struct MockBatches {
+    /// Base URL, `http://127.0.0.1:PORT/v1`.
+    pub url: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockBatches {
+    /// Starts on a free loopback port, on `clock`.
+    pub async fn start(clock: SharedClock, timing: BatchTiming) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared { st: Default::default(), clock, timing: Mutex::new(timing) });
+        let app = axum::Router::new()
+            .route("/v1/files", post(upload))
+            .route("/v1/files/{id}/content", get(content))
+            .route("/v1/batches", post(create).get(list))
+            .route("/v1/batches/{id}", get(retrieve))
+            .route("/v1/batches/{id}/cancel", post(cancel))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/v1", listener.local_addr()?);
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { url, shared, task })
+    }
+
+    /// Changes the timing of batches made from now and of those under way.
+    pub fn set_timing(&self, timing: BatchTiming) {
+        *self.shared.timing.lock().unwrap_or_else(|e| e.into_inner()) = timing;
+    }
+
+    /// Batches made.
+    pub fn batches(&self) -> usize {
+        self.shared.st().batches.len()
+    }
+
+    /// How many times each sha was answered.
+    pub fn answered(&self) -> HashMap<String, u32> {
+        self.shared.st().answered.clone()
+    }
+}
+
+impl Drop for MockBatches {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({"error": {"message": message, "type": "invalid_request_error"}}))).into_response()
+}
+
+async fn upload(State(s): State<Arc<Shared>>, mut form: Multipart) -> Response {
+    let (mut purpose, mut file) = (None, None);
+    while let Ok(Some(field)) = form.next_field().await {
+        match field.name() {
+            Some("purpose") => purpose = field.text().await.ok(),
+            Some("file") => file = field.text().await.ok(),
+            _ => {}
+        }
+    }
+    let (Some(purpose), Some(file)) = (purpose, file) else {
+        return error(StatusCode::BAD_REQUEST, "purpose and file are required");
+    };
+    if purpose != "batch" {
+        return error(StatusCode::BAD_REQUEST, "purpose must be batch here");
+    }
+    for line in file.lines().filter(|l| !l.trim().is_empty()) {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            return error(StatusCode::BAD_REQUEST, "each line must be JSON");
+        };
+        if v["custom_id"].as_str().is_none() || v["method"] != "POST" || v["url"] != "/v1/chat/completions" {
+            return error(StatusCode::BAD_REQUEST, "each line needs custom_id, method POST and url");
+        }
+    }
+    let mut st = s.st();
+    st.next += 1;
+    let id = format!("file-{}", st.next);
+    let bytes = file.len();
+    st.files.insert(id.clone(), file);
+    Json(json!({"id": id, "object": "file", "bytes": bytes, "created_at": s.clock.now_ms() / 1000,
+        "filename": "batch.jsonl", "purpose": "batch"}))
+    .into_response()
+}
+
+async fn content(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    match s.st().files.get(&id) {
+        Some(text) => text.clone().into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such file"),
+    }
+}
+
+async fn create(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+    if body["endpoint"] != "/v1/chat/completions" || body["completion_window"] != "24h" {
+        return error(StatusCode::BAD_REQUEST, "endpoint and a 24h completion_window are required");
+    }
+    let mut st = s.st();
+    let Some(input) = body["input_file_id"].as_str().and_then(|f| st.files.get(f)) else {
+        return error(StatusCode::BAD_REQUEST, "input_file_id names no file");
+    };
+    let input: Vec<Value> = input.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    st.next += 1;
+    let batch = Batch {
+        id: format!("batch_{}", st.next),
+        input,
+        created_ms: s.clock.now_ms(),
+        metadata: body["metadata"].clone(),
+        cancel_ms: None,
+        files: None,
+    };
+    st.batches.push(batch);
+    let now = s.clock.now_ms();
+    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let st = &mut *st;
+    let Some(b) = st.batches.last_mut() else { return error(StatusCode::INTERNAL_SERVER_ERROR, "lost") };
+    Json(view(b, now, &timing, &mut st.files, &mut st.answered)).into_response()
+}
+
+async fn list(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(20).clamp(1, 100);
+    let now = s.clock.now_ms();
+    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = s.st();
+    let st = &mut *guard;
+    st.lists += 1;
+    let mut newest_first: Vec<&mut Batch> = st.batches.iter_mut().rev().collect();
+    if let Some(after) = q.get("after") {
+        let skip = newest_first.iter().position(|b| &b.id == after).map_or(0, |i| i + 1);
+        newest_first.drain(..skip);
+    }
+    let has_more = newest_first.len() > limit;
+    let data: Vec<Value> = newest_first
+        .into_iter()
+        .take(limit)
+        .map(|b| view(b, now, &timing, &mut st.files, &mut st.answered))
+        .collect();
+    Json(json!({"object": "list", "data": data, "has_more": has_more,
+        "first_id": data.first().map(|b| b["id"].clone()), "last_id": data.last().map(|b| b["id"].clone())}))
+    .into_response()
+}
+
+async fn retrieve(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let now = s.clock.now_ms();
+    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = s.st();
+    let st = &mut *guard;
+    match st.batches.iter_mut().find(|b| b.id == id) {
+        Some(b) => Json(view(b, now, &timing, &mut st.files, &mut st.answered)).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such batch"),
+    }
+}
+
+async fn cancel(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let now = s.clock.now_ms();
+    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = s.st();
+    let st = &mut *guard;
+    let Some(b) = st.batches.iter_mut().find(|b| b.id == id) else {
+        return error(StatusCode::NOT_FOUND, "no such batch");
+    };
+    let v = view(b, now, &timing, &mut st.files, &mut st.answered);
+    if !matches!(v["status"].as_str(), Some("validating" | "in_progress" | "finalizing")) {
+        return error(StatusCode::CONFLICT, &format!("a batch {} cannot be cancelled", v["status"]));
+    }
+    b.cancel_ms = Some(now);
+    Json(view(b, now, &timing, &mut st.files, &mut st.answered)).into_response()
+}
+
+/// The batch as the API shows it at `now`, writing its output and error files when it ends.
+fn view(
+    b: &mut Batch,
+    now: u64,
+    t: &BatchTiming,
+    files: &mut HashMap<String, String>,
+    answered: &mut HashMap<String, u32>,
+) -> Value {
+    let ms = |d: Duration| d.as_millis() as u64;
+    let started = b.created_ms + ms(t.validating);
+    let done_at = started + ms(t.per_request) * b.input.len() as u64;
+    let expires = b.created_ms + ms(t.window);
+    let (status, cut) = match b.cancel_ms {
+        Some(c) if now >= c + ms(t.cancelling) => ("cancelled", Some(c)),
+        Some(_) => ("cancelling", None),
+        None if done_at <= expires && now >= done_at + 1 => ("completed", Some(done_at)),
+        None if now >= expires && done_at > expires => ("expired", Some(expires)),
+        None if now >= done_at => ("finalizing", None),
+        None if now >= started => ("in_progress", None),
+        None => ("validating", None),
+    };
+    if let (Some(cut), None) = (cut, &b.files) {
+        let finished = (cut.saturating_sub(started) / ms(t.per_request).max(1)) as usize;
+        b.files = Some(write_files(b, finished, status, files, answered));
+    }
+    let (output, errors) = b.files.clone().unwrap_or((None, None));
+    let finished = (now.saturating_sub(started) / ms(t.per_request).max(1)).min(b.input.len() as u64);
+    json!({"id": b.id, "object": "batch", "endpoint": "/v1/chat/completions", "errors": null,
+        "completion_window": "24h", "status": status, "output_file_id": output, "error_file_id": errors,
+        "created_at": b.created_ms / 1000, "expires_at": expires / 1000,
+        "cancelling_at": b.cancel_ms.map(|c| c / 1000),
+        "request_counts": {"total": b.input.len(), "completed": finished, "failed": 0},
+        "metadata": b.metadata})
+}
+
+/// The output file (the first `finished` requests answered, or failed alone) and the error file
+/// (the failed, and the rest as not executed).
+fn write_files(
+    b: &Batch,
+    finished: usize,
+    status: &str,
+    files: &mut HashMap<String, String>,
+    answered: &mut HashMap<String, u32>,
+) -> (Option<String>, Option<String>) {
+    let (mut out, mut err) = (String::new(), String::new());
+    for (i, line) in b.input.iter().enumerate() {
+        let custom_id = line["custom_id"].clone();
+        let body = &line["body"];
+        let prompt: String =
+            body["messages"].as_array().into_iter().flatten().filter_map(|m| m["content"].as_str()).collect();
+        let row = if i >= finished {
+            let code = if status == "expired" { "batch_expired" } else { "batch_cancelled" };
+            json!({"id": format!("batch_req_{i}"), "custom_id": custom_id, "response": null,
+                "error": {"code": code, "message": "This request could not be executed before the batch ended."}})
+        } else if prompt.contains(FAIL_MARKER) {
+            json!({"id": format!("batch_req_{i}"), "custom_id": custom_id, "response": {"status_code": 400,
+                "request_id": format!("req_{i}"), "body": {"error": {"message": "invalid prompt", "type": "invalid_request_error"}}},
+                "error": null})
+        } else {
+            let text = lanes_core::commits::prompt::offline_answer(&prompt).replace("[offline heuristic, not an LLM]", "[mock]");
+            for sha in prompt.split("=== commit ").skip(1).filter_map(|s| s.split_whitespace().next()) {
+                if sha.len() == 40 && sha.bytes().all(|c| c.is_ascii_hexdigit()) {
+                    *answered.entry(sha.to_owned()).or_default() += 1;
+                }
+            }
+            let (p, c) = (prompt.len().div_ceil(4), text.len().div_ceil(4));
+            json!({"id": format!("batch_req_{i}"), "custom_id": custom_id, "response": {"status_code": 200,
+                "request_id": format!("req_{i}"), "body": {"id": format!("chatcmpl-{i}"), "object": "chat.completion",
+                "model": body["model"], "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop"}], "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}},
+                "error": null})
+        };
+        let target = if row["response"]["status_code"] == 200 { &mut out } else { &mut err };
+        target.push_str(&row.to_string());
+        target.push('\n');
+    }
+    let mut file = |text: String, n: usize| {
+        (!text.is_empty()).then(|| {
+            let id = format!("file-{}-{n}", b.id);
+            files.insert(id.clone(), text);
+            id
+        })
+    };
+    (file(out, 1), file(err, 2))
+}

@@ -1,0 +1,294 @@
+//! The commits lane at tier `batch` against the emulators of OpenAI's Files and Batch APIs and its
+//! chat completions, on the embedded store and queue, on one manual clock (hours pass at once):
+//! a batch that completes, one that expires half-done, one that would miss the deadline (cancelled
+//! and escalated in time), a crash between submission and record, duplicates while a batch is
+//! open, and a request the provider fails alone. Each ends with every commit summarized once, by
+//! one answer, before its deadline.
+
+// Test helpers panic on failure by design: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use async_trait::async_trait;
+use lanes_core::clock::{Clock, ManualClock, SharedClock};
+use lanes_core::commits::batches::Batching;
+use lanes_core::commits::collect::{Collected, Collector};
+use lanes_core::commits::worker::{BatchReport, CommitsWorker};
+use lanes_core::config::{LanePolicy, WorkerConfig};
+use lanes_core::domain::batch::{BatchPhase, BatchRecord};
+use lanes_core::domain::commit::{CommitMessage, CommitsMessage, Provider};
+use lanes_core::domain::tier::{Tier, TierSetting};
+use lanes_core::domain::{Lane, RepoId, Sha};
+use lanes_core::llm::{OpenAiBatches, OpenAiClient};
+use lanes_core::metrics::Metrics;
+use lanes_core::ports::{BatchStore, DiffError, DiffSource, StoreError};
+use lanes_core::wiring::Adapters;
+use lanes_tests::mock_batches::{BatchTiming, FAIL_MARKER, MockBatches};
+use lanes_tests::mock_llm::MockLlm;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const HOUR: u64 = 3_600_000;
+const MIN: u64 = 60_000;
+
+struct Diffs;
+
+#[async_trait]
+impl DiffSource for Diffs {
+    async fn diff(&self, c: &CommitMessage) -> Result<String, DiffError> {
+        Ok(format!("diff --git a/src/lib.rs b/src/lib.rs\n--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1 +1 @@\n-old\n+fn f_{}() {{}}\n", c.sha))
+    }
+}
+
+/// A store that fails to record a batch's provider id the first `fail` times (a crash between
+/// submission and record, as the worker sees it).
+struct Forgetful {
+    inner: Arc<dyn BatchStore>,
+    fail: AtomicU32,
+}
+
+#[async_trait]
+impl BatchStore for Forgetful {
+    async fn create_batch(&self, r: &BatchRecord) -> Result<bool, StoreError> {
+        self.inner.create_batch(r).await
+    }
+    async fn update_batch(&self, r: &BatchRecord, expect: BatchPhase) -> Result<bool, StoreError> {
+        if self.fail.load(Ordering::SeqCst) > 0 {
+            self.fail.fetch_sub(1, Ordering::SeqCst);
+            return Err(StoreError::Unavailable("the worker died here".into()));
+        }
+        self.inner.update_batch(r, expect).await
+    }
+    async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError> {
+        self.inner.open_batches(limit).await
+    }
+    async fn batched(&self, keys: &[String]) -> Result<HashSet<String>, StoreError> {
+        self.inner.batched(keys).await
+    }
+    async fn close_batch(&self, r: &BatchRecord) -> Result<(), StoreError> {
+        self.inner.close_batch(r).await
+    }
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    clock: Arc<ManualClock>,
+    adapters: Adapters,
+    batches: MockBatches,
+    chat: MockLlm,
+    worker: CommitsWorker,
+    collector: Collector,
+    start: u64,
+}
+
+async fn rig(timing: BatchTiming, fail_updates: u32) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let start = 1_800_000_000_000;
+    let clock = ManualClock::new(start);
+    let shared: SharedClock = clock.clone();
+    let (adapters, _) = lanes_core::wiring::embedded(dir.path(), Default::default(), shared.clone()).await.unwrap();
+    let batches = MockBatches::start(shared.clone(), timing).await.unwrap();
+    let chat = MockLlm::start().await.unwrap();
+    let llm = Arc::new(OpenAiClient::new(&format!("{}/v1", chat.url), "gpt-4o-mini", None, Duration::from_secs(10)));
+    let mut lease = WorkerConfig::default();
+    lease.lanes[Lane::Commits.index()] =
+        LanePolicy { tier: TierSetting::Batch, deadline: Some(Duration::from_secs(6 * 3600)), ..lease.lanes[2] };
+    let api = OpenAiBatches::new(
+        OpenAiClient::new(&batches.url, "gpt-4o-mini", None, Duration::from_secs(10)),
+        "openai:gpt-4o-mini".into(),
+    );
+    let store: Arc<dyn BatchStore> =
+        Arc::new(Forgetful { inner: adapters.batches.clone(), fail: AtomicU32::new(fail_updates) });
+    let worker = CommitsWorker {
+        batching: Some(Batching { api: Arc::new(api), store }),
+        ..adapters.commits_worker(llm, Arc::new(Diffs), Metrics::new(), shared, lease)
+    };
+    let collector = worker.collector().unwrap();
+    Rig { _dir: dir, clock, adapters, batches, chat, worker, collector, start }
+}
+
+fn commit(repo: u64, i: u32, subject: &str) -> CommitMessage {
+    CommitMessage {
+        provider: Provider::Github,
+        repo_id: RepoId::parse(&format!("github:{repo}")).unwrap(),
+        repo: format!("o/r{repo}"),
+        sha: Sha::parse(&format!("{:040x}", (repo << 16) + u64::from(i))).unwrap(),
+        subject: subject.into(),
+        committed_at_ms: 0,
+        escalated: None,
+    }
+}
+
+/// Four repositories, three commits each.
+fn commits() -> Vec<CommitMessage> {
+    (1..=4).flat_map(|r| (0..3).map(move |i| commit(r, i, &format!("Change {i}")))).collect()
+}
+
+impl Rig {
+    async fn send(&self, commits: &[CommitMessage]) {
+        let messages: Vec<_> = commits
+            .iter()
+            .map(|c| (serde_json::to_string(&CommitsMessage::Commit(c.clone())).unwrap(), c.send_attributes()))
+            .collect();
+        assert!(self.adapters.send[Lane::Commits.index()].send_batch(&messages).await.unwrap().is_empty());
+    }
+
+    /// Runs the worker until the queue shows nothing; what it did, summed.
+    async fn drain(&self) -> BatchReport {
+        let queue = self.adapters.consume[Lane::Commits.index()].clone();
+        let mut total = BatchReport::default();
+        loop {
+            let batch = lanes_core::lease::receive_batch(&*queue, 100, Duration::from_secs(30)).await.unwrap();
+            if batch.is_empty() {
+                return total;
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            let (_, r) = self.worker.process_batch(queue.clone(), batch, deadline).await;
+            total.batched += r.batched;
+            total.llm_calls += r.llm_calls;
+            total.done.extend(r.done);
+        }
+    }
+
+    async fn at(&self, ms: u64) -> Collected {
+        self.clock.advance_ms((self.start + ms).saturating_sub(self.clock.now_ms()));
+        self.collector.tick().await
+    }
+
+    /// Every commit's summary, each written by exactly one answer and before the deadline.
+    async fn all_summarized_once(&self, commits: &[CommitMessage]) -> Vec<Tier> {
+        let keys: Vec<_> = commits.iter().map(|c| (c.repo_id.clone(), c.sha.clone())).collect();
+        let found = self.adapters.summaries.get_summaries(&keys).await.unwrap();
+        assert_eq!(found.len(), commits.len(), "every commit summarized");
+        for s in &found {
+            assert!(s.created_at_ms <= self.start + 6 * HOUR, "{} written after its deadline", s.sha);
+        }
+        let mut answered = self.batches.answered();
+        for (sha, n) in self.chat.answered_commits() {
+            *answered.entry(sha).or_default() += n;
+        }
+        for c in commits {
+            assert_eq!(answered.get(c.sha.as_str()), Some(&1), "{} answered once", c.sha);
+        }
+        assert!(self.adapters.batches.open_batches(10).await.unwrap().is_empty(), "every record closed");
+        found.iter().map(|s| s.tier).collect()
+    }
+}
+
+#[tokio::test]
+async fn a_batch_completes_and_each_summary_is_written_once_at_half_price() {
+    let r = rig(BatchTiming::default(), 0).await;
+    let commits = commits();
+    r.send(&commits).await;
+    let report = r.drain().await;
+    assert_eq!((report.batched, report.llm_calls), (12, 0), "handed to one batch, no call made");
+    assert_eq!(r.batches.batches(), 1);
+    // Minutes later: four requests, one per repository, still running.
+    assert_eq!(r.at(3 * MIN).await.ended, 0);
+    let collected = r.at(10 * MIN).await;
+    assert_eq!((collected.ended, collected.calls, collected.written, collected.sent_back), (1, 4, 12, 0));
+    let tiers = r.all_summarized_once(&commits).await;
+    assert!(tiers.iter().all(|t| *t == Tier::Batch));
+    let cost = lanes_core::llm::price::prices();
+    let s = &r.adapters.summaries.get_summaries(&[(commits[0].repo_id.clone(), commits[0].sha.clone())]).await.unwrap()[0];
+    let (half, full) = (cost.cost(&s.model, s.tokens, s.tier).unwrap(), cost.cost(&s.model, s.tokens, Tier::Sync).unwrap());
+    assert!((half * 2.0 - full).abs() < 1e-12, "charged half the list price");
+}
+
+#[tokio::test]
+async fn a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time() {
+    // The provider's window passes after two of the four requests.
+    let timing = BatchTiming { per_request: Duration::from_secs(40 * 60), window: Duration::from_secs(2 * 3600), ..Default::default() };
+    let r = rig(timing, 0).await;
+    let commits = commits();
+    r.send(&commits).await;
+    assert_eq!(r.drain().await.batched, 12);
+    assert_eq!(r.at(HOUR).await.ended, 0);
+    let collected = r.at(2 * HOUR + MIN).await;
+    assert_eq!((collected.ended, collected.written, collected.sent_back), (1, 6, 6));
+    let report = r.drain().await;
+    assert_eq!((report.done.len(), report.batched), (6, 0), "sent back, summarized now, never batched again");
+    let tiers = r.all_summarized_once(&commits).await;
+    assert_eq!(tiers.iter().filter(|t| **t == Tier::Batch).count(), 6);
+    assert_eq!(tiers.iter().filter(|t| **t == Tier::Flex).count(), 6, "{tiers:?}");
+}
+
+#[tokio::test]
+async fn a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time() {
+    // Ten hours a request: it would finish long past the six-hour deadline.
+    let timing = BatchTiming { per_request: Duration::from_secs(10 * 3600), ..Default::default() };
+    let r = rig(timing, 0).await;
+    let commits = commits();
+    r.send(&commits).await;
+    assert_eq!(r.drain().await.batched, 12);
+    for h in 1..=5 {
+        assert_eq!(r.at(h * HOUR).await, Collected { open: 1, ..Default::default() }, "polled at {h} h");
+    }
+    let cancelled = r.at(6 * HOUR - 27 * MIN).await;
+    assert_eq!((cancelled.cancelled, cancelled.sent_back), (1, 0), "cancelled first");
+    assert_eq!(r.at(6 * HOUR - 17 * MIN).await.sent_back, 12, "then escalated, before a flex call's time is up");
+    let report = r.drain().await;
+    assert_eq!(report.done.len(), 12);
+    // The cancelled batch answered nothing; its record closes.
+    assert_eq!(r.at(6 * HOUR).await.ended, 1);
+    let tiers = r.all_summarized_once(&commits).await;
+    assert!(tiers.iter().all(|t| *t == Tier::Flex), "{tiers:?}");
+}
+
+#[tokio::test]
+async fn a_crash_between_submission_and_record_never_submits_twice() {
+    let r = rig(BatchTiming::default(), 1).await;
+    let commits = commits();
+    r.send(&commits).await;
+    let first = r.drain().await;
+    assert_eq!((first.batched, first.llm_calls), (0, 0), "not acked: the id was not recorded");
+    assert_eq!(r.batches.batches(), 1);
+    // The messages come back: their record owns them, so they are acked as pending.
+    r.clock.advance_ms(10 * MIN);
+    let again = r.drain().await;
+    assert_eq!((again.batched, again.llm_calls), (12, 0));
+    assert_eq!(r.batches.batches(), 1, "no second submission");
+    // Once no worker can still be submitting, the collector finds the batch by its key.
+    assert_eq!(r.at(14 * MIN).await.adopted, 0, "still within the grace");
+    assert_eq!(r.at(16 * MIN).await.adopted, 1);
+    assert_eq!(r.at(40 * MIN).await.written, 12);
+    r.all_summarized_once(&commits).await;
+}
+
+#[tokio::test]
+async fn duplicates_while_a_batch_is_open_are_pending_not_batched_again() {
+    let r = rig(BatchTiming::default(), 0).await;
+    let commits = commits();
+    r.send(&commits).await;
+    assert_eq!(r.drain().await.batched, 12);
+    // A host redelivers the push under a new delivery id, twice.
+    r.send(&commits).await;
+    r.send(&commits[..4]).await;
+    let dup = r.drain().await;
+    // 16 deliveries of 12 distinct commits, each acked as pending.
+    assert_eq!((dup.batched, dup.llm_calls), (12, 0), "acked as pending");
+    // Some of them alone: another packing, another key; the commits' markers still hold.
+    r.send(&commits[..4]).await;
+    assert_eq!(r.drain().await.batched, 4);
+    assert_eq!(r.batches.batches(), 1);
+    assert_eq!(r.at(20 * MIN).await.written, 12);
+    // After the batch: duplicates are answered from the store.
+    r.send(&commits[..2]).await;
+    assert_eq!(r.drain().await.done.len(), 2);
+    r.all_summarized_once(&commits).await;
+}
+
+#[tokio::test]
+async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier() {
+    let r = rig(BatchTiming::default(), 0).await;
+    let mut commits = commits();
+    commits.push(commit(9, 0, &format!("Broken {FAIL_MARKER}")));
+    r.send(&commits).await;
+    assert_eq!(r.drain().await.batched, 13);
+    let collected = r.at(20 * MIN).await;
+    assert_eq!((collected.written, collected.sent_back), (12, 1));
+    assert_eq!(r.drain().await.done.len(), 1);
+    let tiers = r.all_summarized_once(&commits).await;
+    assert_eq!(tiers.iter().filter(|t| **t == Tier::Flex).count(), 1);
+}
