@@ -377,7 +377,8 @@ fn llm_timeout() -> Result<Duration, ConfigError> {
 /// The commits lane's provider batches, when its tier is `batch` (`LANES_TIER_COMMITS`) and its
 /// first route has a batch endpoint (`crate::llm::route::Route::batch`): OpenAI's Batch API, or the
 /// offline model's twin, which ends a batch `LANES_BATCH_TURNAROUND_MS` (default 5000) after
-/// submission and answers it with `llm`. `None` otherwise: the lane's calls asked at `batch` are
+/// submission and answers it with `llm`; `LANES_BATCH_QUEUE_TOKENS` caps the prompt tokens its
+/// unended batches hold (the provider's batch queue limit). `None` otherwise: the lane's calls asked at `batch` are
 /// then made at flex.
 pub fn batching(
     store: Arc<dyn crate::ports::BatchStore>,
@@ -419,7 +420,8 @@ pub fn batching(
         }
         Provider::Anthropic | Provider::Bedrock => return Ok(None),
     };
-    Ok(Some(crate::commits::batches::Batching { api, store }))
+    let queue_tokens = crate::config::env_number("LANES_BATCH_QUEUE_TOKENS", 1, u64::MAX)?;
+    Ok(Some(crate::commits::batches::Batching { api, store, queue_tokens }))
 }
 
 /// One route's client behind its limiter.

@@ -264,7 +264,7 @@ fn view(
     let (status, cut) = match b.cancel_ms {
         Some(c) if now >= c + ms(t.cancelling) => ("cancelled", Some(c)),
         Some(_) => ("cancelling", None),
-        None if done_at <= expires && now >= done_at + 1 => ("completed", Some(done_at)),
+        None if done_at <= expires && now > done_at => ("completed", Some(done_at)),
         None if now >= expires && done_at > expires => ("expired", Some(expires)),
         None if now >= done_at => ("finalizing", None),
         None if now >= started => ("in_progress", None),
@@ -308,7 +308,8 @@ fn write_files(
                 "request_id": format!("req_{i}"), "body": {"error": {"message": "invalid prompt", "type": "invalid_request_error"}}},
                 "error": null})
         } else {
-            let text = lanes_core::commits::prompt::offline_answer(&prompt).replace("[offline heuristic, not an LLM]", "[mock]");
+            let text = lanes_core::commits::prompt::offline_answer(&prompt)
+                .replace("[offline heuristic, not an LLM]", "[mock]");
             for sha in prompt.split("=== commit ").skip(1).filter_map(|s| s.split_whitespace().next()) {
                 if sha.len() == 40 && sha.bytes().all(|c| c.is_ascii_hexdigit()) {
                     *answered.entry(sha.to_owned()).or_default() += 1;

@@ -37,7 +37,10 @@ struct Diffs;
 #[async_trait]
 impl DiffSource for Diffs {
     async fn diff(&self, c: &CommitMessage) -> Result<String, DiffError> {
-        Ok(format!("diff --git a/src/lib.rs b/src/lib.rs\n--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1 +1 @@\n-old\n+fn f_{}() {{}}\n", c.sha))
+        Ok(format!(
+            "diff --git a/src/lib.rs b/src/lib.rs\n--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1 +1 @@\n-old\n+fn f_{}() {{}}\n",
+            c.sha
+        ))
     }
 }
 
@@ -87,13 +90,22 @@ async fn rig(timing: BatchTiming, fail_updates: u32) -> Rig {
     let start = 1_800_000_000_000;
     let clock = ManualClock::new(start);
     let shared: SharedClock = clock.clone();
-    let (adapters, _) = lanes_core::wiring::embedded(dir.path(), Default::default(), shared.clone()).await.unwrap();
+    let (adapters, _) =
+        lanes_core::wiring::embedded(dir.path(), Default::default(), shared.clone()).await.unwrap();
     let batches = MockBatches::start(shared.clone(), timing).await.unwrap();
     let chat = MockLlm::start().await.unwrap();
-    let llm = Arc::new(OpenAiClient::new(&format!("{}/v1", chat.url), "gpt-4o-mini", None, Duration::from_secs(10)));
+    let llm = Arc::new(OpenAiClient::new(
+        &format!("{}/v1", chat.url),
+        "gpt-4o-mini",
+        None,
+        Duration::from_secs(10),
+    ));
     let mut lease = WorkerConfig::default();
-    lease.lanes[Lane::Commits.index()] =
-        LanePolicy { tier: TierSetting::Batch, deadline: Some(Duration::from_secs(6 * 3600)), ..lease.lanes[2] };
+    lease.lanes[Lane::Commits.index()] = LanePolicy {
+        tier: TierSetting::Batch,
+        deadline: Some(Duration::from_secs(6 * 3600)),
+        ..lease.lanes[2]
+    };
     let api = OpenAiBatches::new(
         OpenAiClient::new(&batches.url, "gpt-4o-mini", None, Duration::from_secs(10)),
         "openai:gpt-4o-mini".into(),
@@ -101,7 +113,7 @@ async fn rig(timing: BatchTiming, fail_updates: u32) -> Rig {
     let store: Arc<dyn BatchStore> =
         Arc::new(Forgetful { inner: adapters.batches.clone(), fail: AtomicU32::new(fail_updates) });
     let worker = CommitsWorker {
-        batching: Some(Batching { api: Arc::new(api), store }),
+        batching: Some(Batching { api: Arc::new(api), store, queue_tokens: None }),
         ..adapters.commits_worker(llm, Arc::new(Diffs), Metrics::new(), shared, lease)
     };
     let collector = worker.collector().unwrap();
@@ -129,7 +141,9 @@ impl Rig {
     async fn send(&self, commits: &[CommitMessage]) {
         let messages: Vec<_> = commits
             .iter()
-            .map(|c| (serde_json::to_string(&CommitsMessage::Commit(c.clone())).unwrap(), c.send_attributes()))
+            .map(|c| {
+                (serde_json::to_string(&CommitsMessage::Commit(c.clone())).unwrap(), c.send_attributes())
+            })
             .collect();
         assert!(self.adapters.send[Lane::Commits.index()].send_batch(&messages).await.unwrap().is_empty());
     }
@@ -139,7 +153,8 @@ impl Rig {
         let queue = self.adapters.consume[Lane::Commits.index()].clone();
         let mut total = BatchReport::default();
         loop {
-            let batch = lanes_core::lease::receive_batch(&*queue, 100, Duration::from_secs(30)).await.unwrap();
+            let batch =
+                lanes_core::lease::receive_batch(&*queue, 100, Duration::from_secs(30)).await.unwrap();
             if batch.is_empty() {
                 return total;
             }
@@ -191,15 +206,25 @@ async fn a_batch_completes_and_each_summary_is_written_once_at_half_price() {
     let tiers = r.all_summarized_once(&commits).await;
     assert!(tiers.iter().all(|t| *t == Tier::Batch));
     let cost = lanes_core::llm::price::prices();
-    let s = &r.adapters.summaries.get_summaries(&[(commits[0].repo_id.clone(), commits[0].sha.clone())]).await.unwrap()[0];
-    let (half, full) = (cost.cost(&s.model, s.tokens, s.tier).unwrap(), cost.cost(&s.model, s.tokens, Tier::Sync).unwrap());
+    let s = &r
+        .adapters
+        .summaries
+        .get_summaries(&[(commits[0].repo_id.clone(), commits[0].sha.clone())])
+        .await
+        .unwrap()[0];
+    let (half, full) =
+        (cost.cost(&s.model, s.tokens, s.tier).unwrap(), cost.cost(&s.model, s.tokens, Tier::Sync).unwrap());
     assert!((half * 2.0 - full).abs() < 1e-12, "charged half the list price");
 }
 
 #[tokio::test]
 async fn a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time() {
     // The provider's window passes after two of the four requests.
-    let timing = BatchTiming { per_request: Duration::from_secs(40 * 60), window: Duration::from_secs(2 * 3600), ..Default::default() };
+    let timing = BatchTiming {
+        per_request: Duration::from_secs(40 * 60),
+        window: Duration::from_secs(2 * 3600),
+        ..Default::default()
+    };
     let r = rig(timing, 0).await;
     let commits = commits();
     r.send(&commits).await;
@@ -227,7 +252,11 @@ async fn a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time
     }
     let cancelled = r.at(6 * HOUR - 27 * MIN).await;
     assert_eq!((cancelled.cancelled, cancelled.sent_back), (1, 0), "cancelled first");
-    assert_eq!(r.at(6 * HOUR - 17 * MIN).await.sent_back, 12, "then escalated, before a flex call's time is up");
+    assert_eq!(
+        r.at(6 * HOUR - 17 * MIN).await.sent_back,
+        12,
+        "then escalated, before a flex call's time is up"
+    );
     let report = r.drain().await;
     assert_eq!(report.done.len(), 12);
     // The cancelled batch answered nothing; its record closes.
@@ -291,4 +320,22 @@ async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier() {
     assert_eq!(r.drain().await.done.len(), 1);
     let tiers = r.all_summarized_once(&commits).await;
     assert_eq!(tiers.iter().filter(|t| **t == Tier::Flex).count(), 1);
+}
+
+#[tokio::test]
+async fn calls_past_the_providers_batch_queue_limit_are_made_now_at_flex() {
+    let mut r = rig(BatchTiming::default(), 0).await;
+    let commits = commits();
+    // Room for one repository's request (three commits' sections), not two.
+    r.worker.batching.as_mut().unwrap().queue_tokens = Some(1);
+    r.send(&commits[..3]).await;
+    let full = r.drain().await;
+    assert_eq!((full.batched, full.llm_calls, r.batches.batches()), (0, 1, 0), "no room: called now");
+    r.worker.batching.as_mut().unwrap().queue_tokens = Some(100_000);
+    r.send(&commits[3..]).await;
+    let roomy = r.drain().await;
+    assert_eq!((roomy.batched, roomy.llm_calls, r.batches.batches()), (9, 0, 1));
+    assert_eq!(r.at(20 * MIN).await.written, 9);
+    let tiers = r.all_summarized_once(&commits).await;
+    assert_eq!(tiers.iter().filter(|t| **t == Tier::Flex).count(), 3);
 }

@@ -33,6 +33,10 @@ pub struct Batching {
     pub api: Arc<dyn BatchApi>,
     /// The records.
     pub store: Arc<dyn BatchStore>,
+    /// The provider's batch queue limit: most prompt tokens the unended batches may hold
+    /// (`LANES_BATCH_QUEUE_TOKENS`; OpenAI's per-model "batch queue limit"). Calls past it are made
+    /// now, at flex: a batch never waits on a full queue, and never spends the synchronous budget.
+    pub queue_tokens: Option<u64>,
 }
 
 impl CommitsWorker {
@@ -88,13 +92,15 @@ impl CommitsWorker {
     ) -> Vec<Vec<usize>> {
         let Some(batching) = &self.batching else { return bins };
         let (mut batched, mut now): (Vec<Vec<usize>>, Vec<Vec<usize>>) = (Vec::new(), Vec::new());
-        let mut carried = 0;
+        let (mut carried, mut room) = (0, self.queue_room(batching).await);
         for bin in bins {
             let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
+            let tokens: u64 = items.iter().map(|p| p.section_tokens as u64).sum();
             if self.request_for(groups, &items).tier == Tier::Batch
                 && carried + bin.len() <= MAX_BATCH_COMMITS
+                && tokens <= room
             {
-                carried += bin.len();
+                (carried, room) = (carried + bin.len(), room - tokens);
                 batched.push(bin);
             } else {
                 now.push(bin);
@@ -120,6 +126,19 @@ impl CommitsWorker {
             None => now.extend(batched),
         }
         now
+    }
+
+    /// The prompt tokens the provider's batch queue has room for: its limit less what the unended
+    /// batches hold; none when the records cannot be read (no batch is made blind).
+    async fn queue_room(&self, batching: &Batching) -> u64 {
+        let Some(limit) = batching.queue_tokens else { return u64::MAX };
+        match batching.store.open_batches(1000).await {
+            Ok(open) => limit.saturating_sub(open.iter().map(|r| r.tokens).sum()),
+            Err(e) => {
+                warn!(error = %e, "batch records unavailable; calling now");
+                0
+            }
+        }
     }
 
     /// The record and the submission of `bins`.
@@ -168,6 +187,7 @@ impl CommitsWorker {
             route: self.batching.as_ref().map(|b| b.api.route().to_owned()).unwrap_or_default(),
             provider_id: None,
             phase: BatchPhase::Submitting,
+            tokens: calls.iter().flat_map(|c| &c.commits).map(|c| c.section_tokens).sum(),
             calls,
             created_at_ms: self.clock.now_ms(),
             deadline_ms,

@@ -250,6 +250,12 @@ impl CommitsWorker {
         deadline: Instant,
     ) -> CallResult {
         let request = self.request_for(groups, items);
+        // A call the lane would batch but that is made now (no batch endpoint, or no room in its
+        // queue) is made at the nearest synchronous price.
+        let request = match request.tier {
+            Tier::Batch => LlmRequest { tier: Tier::Flex, ..request },
+            _ => request,
+        };
         let all_lost = async {
             for t in lost {
                 t.cancelled().await;

@@ -77,6 +77,10 @@ pub struct BatchRecord {
     pub phase: BatchPhase,
     /// Its requests.
     pub calls: Vec<BatchCall>,
+    /// The prompt tokens its requests carry (their commits' sections): what it holds of the
+    /// provider's batch queue.
+    #[serde(default)]
+    pub tokens: u64,
     /// When it was recorded (Unix ms).
     pub created_at_ms: u64,
     /// The earliest deadline of its commits (Unix ms).
@@ -186,6 +190,7 @@ mod tests {
             created_at_ms: created,
             deadline_ms: deadline,
             escalated: false,
+            tokens: Default::default(),
         }
     }
 
@@ -193,7 +198,7 @@ mod tests {
     fn ids_depend_on_the_commits_not_their_order() {
         let (a, b) = (commit('a'), commit('b'));
         assert_eq!(custom_id(&[a.clone(), b.clone()]), custom_id(&[b.clone(), a.clone()]));
-        assert_ne!(custom_id(&[a.clone()]), custom_id(&[b.clone()]));
+        assert_ne!(custom_id(std::slice::from_ref(&a)), custom_id(std::slice::from_ref(&b)));
         let calls = |x: &BatchedCommit, y: &BatchedCommit| {
             vec![
                 BatchCall { custom_id: custom_id(std::slice::from_ref(x)), commits: vec![x.clone()] },
