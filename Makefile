@@ -67,7 +67,7 @@ bench: build test-deps
 	$(LANES_BIN) bench limiter --json > bench/limiter.json
 	$(LANES_BIN) bench provider --json > bench/provider.json
 	$(LANES_BIN) bench batching --json > bench/batching.json
-	$(LANES_BIN) bench cost --commits 300 --json > bench/cost.json
+	$(LANES_BIN) bench cost --commits 1000 --json > bench/cost.json
 	$(LANES_BIN) bench duplicates --json > bench/duplicates.json
 	$(LANES_BIN) sim --histories 10000 --json > bench/sim.json
 	$(VENV)/bin/python scripts/bench-report.py bench

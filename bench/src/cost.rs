@@ -3,7 +3,11 @@
 //! route's flex refusal handling, the OpenAI client) against the provider emulator, once per tier
 //! policy: all at `sync`; `auto` with the commits lane's six-hour deadline (flex); the same with the
 //! emulator refusing one flex call in ten for capacity; and `auto` with a deadline too short for a
-//! flex call (sync at once). Each run reports what the calls cost at the tier that served them, the
+//! flex call (sync at once); and tier `batch` through the emulator of OpenAI's Files and Batch APIs
+//! (the commits handed to one provider batch and collected as the collector does), once completing
+//! and once with the provider's window passing half-done (the rest summarized at flex). The batch
+//! emulator runs at a scaled time: 200 ms to validate and 5 ms a request, where OpenAI's take
+//! minutes to hours. Each run reports what the calls cost at the tier that served them, the
 //! calls and the refusals, the time from enqueue to summary, the summaries written and any commit
 //! the provider answered twice; the goal lines are computed from these figures.
 
@@ -13,6 +17,7 @@ use lanes_core::domain::tier::TierSetting;
 use lanes_core::llm::route::{Fallback, RouteClient};
 use lanes_core::llm::{OpenAiClient, RetryPolicy, Retrying};
 use lanes_core::ports::LlmClient;
+use lanes_tests::mock_batches::{BatchTiming, MockBatches};
 use lanes_tests::mock_llm::{FlexCapacity, MockLlm};
 use serde::Serialize;
 use std::sync::Arc;
@@ -44,6 +49,8 @@ pub struct CostRun {
     pub flex_refused: u64,
     /// Summaries whose call was served at flex.
     pub served_at_flex: usize,
+    /// Summaries answered by a provider batch.
+    pub served_at_batch: usize,
     /// Enqueue to summary, ms.
     pub summary_p50_ms: f64,
     /// Enqueue to summary, ms.
@@ -69,16 +76,45 @@ pub struct CostReport {
     pub runs: Vec<CostRun>,
 }
 
-/// The runs: (name, lane setting, deadline, one flex call in N refused).
-fn modes() -> [(&'static str, TierSetting, Option<Duration>, u64); 4] {
+/// How a run's provider batches behave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batches {
+    /// No batch endpoint.
+    None,
+    /// Every batch completes.
+    Complete,
+    /// The provider's window passes when half of the requests are answered.
+    HalfExpire,
+}
+
+/// The runs: (name, lane setting, deadline, one flex call in N refused, batches).
+fn modes() -> [(&'static str, TierSetting, Option<Duration>, u64, Batches); 6] {
     let six_hours = Some(Duration::from_secs(6 * 3600));
     [
-        ("sync", TierSetting::Sync, six_hours, 0),
-        ("auto, 6 h deadline (flex)", TierSetting::Auto, six_hours, 0),
-        ("auto, 6 h deadline, 1 flex call in 10 refused", TierSetting::Auto, six_hours, 10),
-        ("auto, 10 min deadline (too short for flex)", TierSetting::Auto, Some(Duration::from_secs(600)), 0),
+        ("sync", TierSetting::Sync, six_hours, 0, Batches::None),
+        ("auto, 6 h deadline (flex)", TierSetting::Auto, six_hours, 0, Batches::None),
+        ("auto, 6 h deadline, 1 flex call in 10 refused", TierSetting::Auto, six_hours, 10, Batches::None),
+        (
+            "auto, 10 min deadline (too short for flex)",
+            TierSetting::Auto,
+            Some(Duration::from_secs(600)),
+            0,
+            Batches::None,
+        ),
+        ("batch, 6 h deadline", TierSetting::Batch, six_hours, 0, Batches::Complete),
+        (
+            "batch, 6 h deadline, window passes half-done",
+            TierSetting::Batch,
+            six_hours,
+            0,
+            Batches::HalfExpire,
+        ),
     ]
 }
+
+/// The batch emulator's pace (a scaled time).
+const VALIDATING: Duration = Duration::from_millis(200);
+const PER_REQUEST: Duration = Duration::from_millis(5);
 
 /// Runs `commits` of the repository at `repo` through each policy.
 pub async fn cost_report(
@@ -89,13 +125,25 @@ pub async fn cost_report(
     let list = lanes_core::summarize::list_commits(repo, &lanes_core::summarize::Range::Last(commits))
         .await
         .map_err(|e| e.to_string())?;
-    let mut runs = Vec::new();
-    for (mode, tier, deadline, refuse_every) in modes() {
+    let mut runs: Vec<CostRun> = Vec::new();
+    for (mode, tier, deadline, refuse_every, batches) in modes() {
         let mock = MockLlm::start().await.map_err(|e| e.to_string())?;
         let latency = Duration::from_millis(flex_latency_ms);
         mock.flex_capacity(FlexCapacity { refuse_every, latency, ..Default::default() });
+        let window_share = (batches == Batches::HalfExpire).then_some(0.5);
+        let timing = BatchTiming {
+            validating: VALIDATING,
+            per_request: PER_REQUEST,
+            window_share,
+            ..Default::default()
+        };
+        let clock: lanes_core::clock::SharedClock = Arc::new(lanes_core::clock::SystemClock);
+        let emulator = match batches {
+            Batches::None => None,
+            _ => Some(MockBatches::start(clock, timing).await.map_err(|e| e.to_string())?),
+        };
         let policy = LanePolicy { tier, deadline, ..LanePolicy::default_for(Lane::Commits) };
-        runs.push(one_run(mode, &list, &mock, policy).await?);
+        runs.push(one_run(mode, &list, (&mock, emulator.as_ref()), policy).await?);
     }
     Ok(CostReport {
         command: format!("lanes bench cost --commits {commits} --flex-latency-ms {flex_latency_ms}"),
@@ -119,7 +167,7 @@ fn route_stack(mock: &MockLlm) -> Arc<dyn LlmClient> {
 async fn one_run(
     mode: &str,
     commits: &[lanes_core::domain::commit::CommitMessage],
-    mock: &MockLlm,
+    (mock, emulator): (&MockLlm, Option<&MockBatches>),
     policy: LanePolicy,
 ) -> Result<CostRun, String> {
     let dir = crate::temp_dir().map_err(|e| e.to_string())?;
@@ -128,10 +176,19 @@ async fn one_run(
         .await
         .map_err(|e| e.to_string())?;
     let started = clock.now_ms();
-    let report = lanes_core::summarize::run(
+    let batching = emulator.map(|e| {
+        let chat = OpenAiClient::new(&e.url, MODEL, None, Duration::from_secs(30));
+        let api = lanes_core::llm::OpenAiBatches::new(chat, format!("openai:{MODEL}"));
+        lanes_core::commits::batches::Batching {
+            api: Arc::new(api),
+            store: adapters.batches.clone(),
+            queue_tokens: None,
+        }
+    });
+    let report = lanes_core::summarize::run_batching(
         commits.to_vec(),
         &adapters,
-        (route_stack(mock), policy),
+        (route_stack(mock), policy, batching),
         clock,
         |_, _| {},
     )
@@ -151,7 +208,7 @@ async fn one_run(
         failed: report.failed,
         cost_usd: report.cost_usd,
         llm_calls: report.llm_calls,
-        requests: mock.seen().len(),
+        requests: mock.seen().len() + emulator.map_or(0, |e| e.requests()),
         flex_asked,
         flex_refused,
         served_at_flex: written.iter().filter(|r| r.tier == lanes_core::domain::tier::Tier::Flex).count(),
@@ -161,8 +218,18 @@ async fn one_run(
             .iter()
             .filter(|r| r.written_at_ms.saturating_sub(started) > deadline_ms)
             .count(),
-        duplicates: mock.answered_commits().values().map(|n| u64::from(n.saturating_sub(1))).sum(),
+        served_at_batch: written.iter().filter(|r| r.tier == lanes_core::domain::tier::Tier::Batch).count(),
+        duplicates: answered_twice(mock, emulator),
     })
+}
+
+/// Extra answers of a commit, over the chat emulator and the batch emulator together.
+fn answered_twice(mock: &MockLlm, emulator: Option<&MockBatches>) -> u64 {
+    let mut answered = mock.answered_commits();
+    for (sha, n) in emulator.map(|e| e.answered()).unwrap_or_default() {
+        *answered.entry(sha).or_default() += n;
+    }
+    answered.values().map(|n| u64::from(n.saturating_sub(1))).sum()
 }
 
 impl CostReport {
@@ -178,6 +245,12 @@ impl CostReport {
         }
         let flex = self.runs.get(1).map_or(f64::NAN, |r| r.cost_usd / sync.cost_usd);
         lines.push(format!("flex cost / sync cost = {:.3} (goal <= 0.55): {}", flex, met(flex <= 0.55)));
+        let batch = self
+            .runs
+            .iter()
+            .find(|r| r.mode.starts_with("batch"))
+            .map_or(f64::NAN, |r| r.cost_usd / sync.cost_usd);
+        lines.push(format!("batch cost / sync cost = {:.3} (goal <= 0.55): {}", batch, met(batch <= 0.55)));
         let missed: usize = self.runs.iter().map(|r| r.deadlines_missed).sum();
         lines.push(format!("deadlines missed: {missed} (goal 0): {}", met(missed == 0)));
         let dup: u64 = self.runs.iter().map(|r| r.duplicates).sum();
@@ -196,12 +269,12 @@ impl std::fmt::Display for CostReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "Cost by tier ({}), {} of {}, flex calls {} ms slower",
+            "Cost by tier ({}), {} of {}, flex calls {} ms slower, batches at a scaled time (200 ms to validate, 5 ms a request)",
             self.command, self.model, self.repo, self.flex_latency_ms
         )?;
         writeln!(
             f,
-            "{:<48} {:>7} {:>9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>10} {:>10} {:>6} {:>4}",
+            "{:<48} {:>7} {:>9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10} {:>10} {:>6} {:>4}",
             "mode",
             "commits",
             "summaries",
@@ -210,6 +283,7 @@ impl std::fmt::Display for CostReport {
             "flex asked",
             "refused",
             "at flex",
+            "at batch",
             "p50 ms",
             "p99 ms",
             "missed",
@@ -218,7 +292,7 @@ impl std::fmt::Display for CostReport {
         for r in &self.runs {
             writeln!(
                 f,
-                "{:<48} {:>7} {:>9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>10.0} {:>10.0} {:>6} {:>4}  ${:.6}",
+                "{:<48} {:>7} {:>9} {:>6} {:>8} {:>10} {:>8} {:>8} {:>8} {:>10.0} {:>10.0} {:>6} {:>4}  ${:.6}",
                 r.mode,
                 r.commits,
                 r.summaries,
@@ -227,6 +301,7 @@ impl std::fmt::Display for CostReport {
                 r.flex_asked,
                 r.flex_refused,
                 r.served_at_flex,
+                r.served_at_batch,
                 r.summary_p50_ms,
                 r.summary_p99_ms,
                 r.deadlines_missed,

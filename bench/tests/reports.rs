@@ -18,12 +18,13 @@ async fn micro_batching_spends_fewer_calls_and_tokens_and_no_429() {
 }
 
 /// This repository's own commits at each tier policy: flex serves every call at half the price, a
-/// refused flex call is made again at sync with no commit lost or asked twice, and a deadline too
-/// short for flex calls at sync.
+/// refused flex call is made again at sync with no commit lost or asked twice, a deadline too
+/// short for flex calls at sync, a batch answers every commit at half the price, and a batch whose
+/// window passes half-done has the rest answered at flex.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cost_bench_serves_flex_at_half_price_and_loses_nothing_to_refusals() {
+async fn the_cost_bench_serves_flex_and_batch_at_half_price_and_loses_nothing() {
     let r = lanes_bench::cost::cost_report(&lanes_tests::workspace_root(), 100, 10).await.unwrap();
-    let [sync, flex, refused, short] = &r.runs[..] else { panic!("four runs: {r:?}") };
+    let [sync, flex, refused, short, batch, expired] = &r.runs[..] else { panic!("six runs: {r:?}") };
     for run in &r.runs {
         assert_eq!((run.summaries, run.failed, run.duplicates), (sync.summaries, 0, 0), "{run:?}");
     }
@@ -36,6 +37,13 @@ async fn the_cost_bench_serves_flex_at_half_price_and_loses_nothing_to_refusals(
     assert!(refused.flex_refused >= 1 && refused.requests as u64 == refused.llm_calls + refused.flex_refused);
     assert!(refused.cost_usd > flex.cost_usd && refused.cost_usd < sync.cost_usd, "{refused:?}");
     assert_eq!((short.flex_asked, short.cost_usd), (0, sync.cost_usd), "{short:?}");
+    assert!(batch.served_at_batch > 0 && batch.flex_asked == 0, "{batch:?}");
+    assert!((batch.cost_usd * 2.0 - sync.cost_usd).abs() < 1e-9, "{batch:?} against {sync:?}");
+    assert!(
+        expired.served_at_batch > 0 && expired.served_at_flex > 0,
+        "half by batch, half at flex: {expired:?}"
+    );
+    assert!((expired.cost_usd * 2.0 - sync.cost_usd).abs() < 1e-9, "{expired:?}");
 }
 
 #[tokio::test]

@@ -154,7 +154,8 @@ pub struct Report {
 }
 
 /// Runs the pipeline over `commits` on `adapters` with the commits lane's `policy` (its tier and
-/// deadline among it), calling `progress(done, total)` as commits finish.
+/// deadline among it), calling `progress(done, total)` as commits finish. At tier `batch` its
+/// batches go to the first commits route's batch endpoint ([`crate::wiring::batching`]).
 pub async fn run(
     commits: Vec<CommitMessage>,
     adapters: &Adapters,
@@ -162,11 +163,22 @@ pub async fn run(
     clock: SharedClock,
     progress: impl Fn(usize, usize),
 ) -> Result<Report, SummarizeError> {
+    let batching = crate::wiring::batching(adapters.batches.clone(), clock.clone(), llm.clone(), policy.tier)
+        .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
+    run_batching(commits, adapters, (llm, policy, batching), clock, progress).await
+}
+
+/// [`run`], with the batch endpoint given (none: calls asked at `batch` are made at flex).
+pub async fn run_batching(
+    commits: Vec<CommitMessage>,
+    adapters: &Adapters,
+    (llm, policy, batching): (Arc<dyn LlmClient>, LanePolicy, Option<crate::commits::batches::Batching>),
+    clock: SharedClock,
+    progress: impl Fn(usize, usize),
+) -> Result<Report, SummarizeError> {
     let queue = adapters.consume[Lane::Commits.index()].clone();
     let mut lease = WorkerConfig::default();
     lease.lanes[Lane::Commits.index()] = policy;
-    let batching = crate::wiring::batching(adapters.batches.clone(), clock.clone(), llm.clone(), policy.tier)
-        .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
     let worker = crate::commits::worker::CommitsWorker {
         batching,
         ..adapters.commits_worker(llm, Arc::new(DiffSources::local_only()), Metrics::new(), clock, lease)

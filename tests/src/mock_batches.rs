@@ -6,7 +6,8 @@
 //! - status `validating` -> `in_progress` -> `finalizing` -> `completed`, or `expired` when the
 //!   window passes first (the requests finished by then answered, the rest in the error file as
 //!   `batch_expired`), or `cancelling` -> `cancelled` (the same, up to the cancellation);
-//! - per-line errors (a request whose prompt holds a marker fails with a 400 in the error file).
+//! - per-line errors (a request whose prompt holds a marker the test chose at run time, so no
+//!   diff of this source holds it, fails with a 400 in the error file).
 //!
 //! Requests finish one after another, `per_request` apart, after `validating`. A commit-summary
 //! request is answered as a model following the prompt would be; the emulator counts every sha it
@@ -23,9 +24,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A request whose prompt contains this fails alone (a per-line error).
-pub const FAIL_MARKER: &str = "lanes-test-fail-this-request";
-
 /// The emulator's timing.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchTiming {
@@ -37,6 +35,9 @@ pub struct BatchTiming {
     pub window: Duration,
     /// Time from a cancel to `cancelled`.
     pub cancelling: Duration,
+    /// When set, each batch's window passes once this share of its requests is answered, whatever
+    /// its size (a way to expire every batch part-done).
+    pub window_share: Option<f64>,
 }
 
 impl Default for BatchTiming {
@@ -46,6 +47,7 @@ impl Default for BatchTiming {
             per_request: Duration::from_secs(30),
             window: Duration::from_secs(24 * 3600),
             cancelling: Duration::from_secs(120),
+            window_share: None,
         }
     }
 }
@@ -64,7 +66,7 @@ struct St {
     files: HashMap<String, String>,
     batches: Vec<Batch>,
     answered: HashMap<String, u32>,
-    lists: u64,
+    requests: u64,
     next: u64,
 }
 
@@ -72,6 +74,7 @@ struct Shared {
     st: Mutex<St>,
     clock: SharedClock,
     timing: Mutex<BatchTiming>,
+    fail: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -91,7 +94,12 @@ pub struct MockBatches {
 impl MockBatches {
     /// Starts on a free loopback port, on `clock`.
     pub async fn start(clock: SharedClock, timing: BatchTiming) -> std::io::Result<Self> {
-        let shared = Arc::new(Shared { st: Default::default(), clock, timing: Mutex::new(timing) });
+        let shared = Arc::new(Shared {
+            st: Default::default(),
+            clock,
+            timing: Mutex::new(timing),
+            fail: Mutex::new(None),
+        });
         let app = axum::Router::new()
             .route("/v1/files", post(upload))
             .route("/v1/files/{id}/content", get(content))
@@ -112,9 +120,19 @@ impl MockBatches {
         *self.shared.timing.lock().unwrap_or_else(|e| e.into_inner()) = timing;
     }
 
+    /// Fails alone, with a 400, each request whose prompt contains `marker`.
+    pub fn fail_requests_containing(&self, marker: &str) {
+        *self.shared.fail.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker.to_owned());
+    }
+
     /// Batches made.
     pub fn batches(&self) -> usize {
         self.shared.st().batches.len()
+    }
+
+    /// Requests it served (files, batches, lists, polls, cancels).
+    pub fn requests(&self) -> usize {
+        self.shared.st().requests as usize
     }
 
     /// How many times each sha was answered.
@@ -134,6 +152,7 @@ fn error(status: StatusCode, message: &str) -> Response {
 }
 
 async fn upload(State(s): State<Arc<Shared>>, mut form: Multipart) -> Response {
+    s.st().requests += 1;
     let (mut purpose, mut file) = (None, None);
     while let Ok(Some(field)) = form.next_field().await {
         match field.name() {
@@ -167,6 +186,7 @@ async fn upload(State(s): State<Arc<Shared>>, mut form: Multipart) -> Response {
 }
 
 async fn content(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    s.st().requests += 1;
     match s.st().files.get(&id) {
         Some(text) => text.clone().into_response(),
         None => error(StatusCode::NOT_FOUND, "no such file"),
@@ -174,6 +194,7 @@ async fn content(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Respon
 }
 
 async fn create(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+    s.st().requests += 1;
     if body["endpoint"] != "/v1/chat/completions" || body["completion_window"] != "24h" {
         return error(StatusCode::BAD_REQUEST, "endpoint and a 24h completion_window are required");
     }
@@ -194,18 +215,20 @@ async fn create(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Respon
     st.batches.push(batch);
     let now = s.clock.now_ms();
     let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let st = &mut *st;
     let Some(b) = st.batches.last_mut() else { return error(StatusCode::INTERNAL_SERVER_ERROR, "lost") };
-    Json(view(b, now, &timing, &mut st.files, &mut st.answered)).into_response()
+    Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
 }
 
 async fn list(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    s.st().requests += 1;
     let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(20).clamp(1, 100);
     let now = s.clock.now_ms();
     let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut guard = s.st();
     let st = &mut *guard;
-    st.lists += 1;
     let mut newest_first: Vec<&mut Batch> = st.batches.iter_mut().rev().collect();
     if let Some(after) = q.get("after") {
         let skip = newest_first.iter().position(|b| &b.id == after).map_or(0, |i| i + 1);
@@ -215,7 +238,7 @@ async fn list(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, Stri
     let data: Vec<Value> = newest_first
         .into_iter()
         .take(limit)
-        .map(|b| view(b, now, &timing, &mut st.files, &mut st.answered))
+        .map(|b| view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered))
         .collect();
     Json(json!({"object": "list", "data": data, "has_more": has_more,
         "first_id": data.first().map(|b| b["id"].clone()), "last_id": data.last().map(|b| b["id"].clone())}))
@@ -223,44 +246,56 @@ async fn list(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, Stri
 }
 
 async fn retrieve(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    s.st().requests += 1;
     let now = s.clock.now_ms();
     let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut guard = s.st();
     let st = &mut *guard;
     match st.batches.iter_mut().find(|b| b.id == id) {
-        Some(b) => Json(view(b, now, &timing, &mut st.files, &mut st.answered)).into_response(),
+        Some(b) => {
+            Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
+        }
         None => error(StatusCode::NOT_FOUND, "no such batch"),
     }
 }
 
 async fn cancel(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    s.st().requests += 1;
     let now = s.clock.now_ms();
     let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut guard = s.st();
     let st = &mut *guard;
     let Some(b) = st.batches.iter_mut().find(|b| b.id == id) else {
         return error(StatusCode::NOT_FOUND, "no such batch");
     };
-    let v = view(b, now, &timing, &mut st.files, &mut st.answered);
+    let v = view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered);
     if !matches!(v["status"].as_str(), Some("validating" | "in_progress" | "finalizing")) {
         return error(StatusCode::CONFLICT, &format!("a batch {} cannot be cancelled", v["status"]));
     }
     b.cancel_ms = Some(now);
-    Json(view(b, now, &timing, &mut st.files, &mut st.answered)).into_response()
+    Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
 }
 
 /// The batch as the API shows it at `now`, writing its output and error files when it ends.
 fn view(
     b: &mut Batch,
     now: u64,
-    t: &BatchTiming,
+    (t, fail): (&BatchTiming, Option<&str>),
     files: &mut HashMap<String, String>,
     answered: &mut HashMap<String, u32>,
 ) -> Value {
     let ms = |d: Duration| d.as_millis() as u64;
     let started = b.created_ms + ms(t.validating);
     let done_at = started + ms(t.per_request) * b.input.len() as u64;
-    let expires = b.created_ms + ms(t.window);
+    let expires = match t.window_share {
+        Some(share) => {
+            let answered = (b.input.len() as f64 * share).ceil() as u64;
+            started + ms(t.per_request) * answered + ms(t.per_request) / 2
+        }
+        None => b.created_ms + ms(t.window),
+    };
     let (status, cut) = match b.cancel_ms {
         Some(c) if now >= c + ms(t.cancelling) => ("cancelled", Some(c)),
         Some(_) => ("cancelling", None),
@@ -272,7 +307,7 @@ fn view(
     };
     if let (Some(cut), None) = (cut, &b.files) {
         let finished = (cut.saturating_sub(started) / ms(t.per_request).max(1)) as usize;
-        b.files = Some(write_files(b, finished, status, files, answered));
+        b.files = Some(write_files(b, (finished, status, fail), files, answered));
     }
     let (output, errors) = b.files.clone().unwrap_or((None, None));
     let finished = (now.saturating_sub(started) / ms(t.per_request).max(1)).min(b.input.len() as u64);
@@ -288,8 +323,7 @@ fn view(
 /// (the failed, and the rest as not executed).
 fn write_files(
     b: &Batch,
-    finished: usize,
-    status: &str,
+    (finished, status, fail): (usize, &str, Option<&str>),
     files: &mut HashMap<String, String>,
     answered: &mut HashMap<String, u32>,
 ) -> (Option<String>, Option<String>) {
@@ -303,7 +337,7 @@ fn write_files(
             let code = if status == "expired" { "batch_expired" } else { "batch_cancelled" };
             json!({"id": format!("batch_req_{i}"), "custom_id": custom_id, "response": null,
                 "error": {"code": code, "message": "This request could not be executed before the batch ended."}})
-        } else if prompt.contains(FAIL_MARKER) {
+        } else if fail.is_some_and(|m| prompt.contains(m)) {
             json!({"id": format!("batch_req_{i}"), "custom_id": custom_id, "response": {"status_code": 400,
                 "request_id": format!("req_{i}"), "body": {"error": {"message": "invalid prompt", "type": "invalid_request_error"}}},
                 "error": null})

@@ -22,7 +22,7 @@ use lanes_core::llm::{OpenAiBatches, OpenAiClient};
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{BatchStore, DiffError, DiffSource, StoreError};
 use lanes_core::wiring::Adapters;
-use lanes_tests::mock_batches::{BatchTiming, FAIL_MARKER, MockBatches};
+use lanes_tests::mock_batches::{BatchTiming, MockBatches};
 use lanes_tests::mock_llm::MockLlm;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -311,8 +311,14 @@ async fn duplicates_while_a_batch_is_open_are_pending_not_batched_again() {
 #[tokio::test]
 async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier() {
     let r = rig(BatchTiming::default(), 0).await;
+    // Chosen now: no diff of this file holds it.
+    let marker = format!(
+        "refuse-{:x}",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    );
+    r.batches.fail_requests_containing(&marker);
     let mut commits = commits();
-    commits.push(commit(9, 0, &format!("Broken {FAIL_MARKER}")));
+    commits.push(commit(9, 0, &format!("Broken {marker}")));
     r.send(&commits).await;
     assert_eq!(r.drain().await.batched, 13);
     let collected = r.at(20 * MIN).await;

@@ -170,10 +170,14 @@ impl Collector {
         let by_id: HashMap<&str, &BatchAnswer> = answers.iter().map(|a| (a.custom_id.as_str(), a)).collect();
         let mut unanswered: Vec<&BatchedCommit> = Vec::new();
         for call in &r.calls {
-            let answer = by_id.get(call.custom_id.as_str()).and_then(|a| a.outcome.as_ref().ok());
-            let Some(answer) = answer else {
-                unanswered.extend(&call.commits);
-                continue;
+            let answer = match by_id.get(call.custom_id.as_str()).map(|a| &a.outcome) {
+                Some(Ok(answer)) => answer,
+                other => {
+                    let why = other.map_or("not answered", |o| o.as_ref().err().map_or("", |e| e.as_str()));
+                    warn!(batch = %id, custom_id = %call.custom_id, why, "batch request unanswered; its commits go on");
+                    unanswered.extend(&call.commits);
+                    continue;
+                }
             };
             self.count_call(answer);
             out.calls += 1;
