@@ -146,13 +146,55 @@ async fn lanes_summarize_at_flex_costs_half_of_sync_through_a_flex_route() {
     let (at_flex, at_sync) = (flex["cost_usd"].as_f64().unwrap(), sync["cost_usd"].as_f64().unwrap());
     assert_eq!(flex["prompt_tokens"], sync["prompt_tokens"], "the same calls");
     assert!(at_sync > 0.0 && (at_flex * 2.0 - at_sync).abs() < 1e-9, "flex {at_flex} against sync {at_sync}");
-    let refused = run("batch", "c");
+    let refused = run("fast", "c");
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("--tier"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
+}
+
+/// `lanes summarize --tier batch --deadline 1h`: the commits go into one provider batch through
+/// OpenAI's Files and Batch APIs (the emulator, at a scaled time), the run waits for its collector,
+/// and every row is answered by the batch at half the list price.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_summarize_at_batch_runs_the_batch_path_and_costs_half() {
+    use lanes_tests::mock_batches::{BatchTiming, MockBatches};
+    let timing = BatchTiming {
+        validating: std::time::Duration::from_millis(100),
+        per_request: std::time::Duration::from_millis(10),
+        ..Default::default()
+    };
+    let batches =
+        MockBatches::start(std::sync::Arc::new(lanes_core::clock::SystemClock), timing).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = repository_of_modules(dir.path(), 4);
+    let out = Command::new(workspace_bin("lanes"))
+        .args(["summarize", "--json", "--last", "4", "--tier", "batch", "--deadline", "1h", "--repo"])
+        .arg(&repo)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "warn")
+        .env("LANES_LLM_ROUTES_COMMITS", format!("openai:gpt-4o-mini+batch@{}", batches.url))
+        .env("OPENAI_API_KEY", "k")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["summaries"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{report}");
+    assert!(rows.iter().all(|r| r["source"] == "llm" && r["tier"] == "batch"), "{report}");
+    assert_eq!(batches.batches(), 1);
+    let tokens = lanes_core::domain::TokenUsage {
+        prompt: report["prompt_tokens"].as_u64().unwrap(),
+        completion: report["completion_tokens"].as_u64().unwrap(),
+    };
+    let list = lanes_core::llm::price::prices()
+        .cost("gpt-4o-mini", tokens, lanes_core::domain::tier::Tier::Sync)
+        .unwrap();
+    let paid = report["cost_usd"].as_f64().unwrap();
+    assert!(paid > 0.0 && (paid * 2.0 - list).abs() < 1e-9, "paid {paid} against a list price of {list}");
 }
 
 #[tokio::test]
