@@ -15,6 +15,7 @@
 //! A commit already carried by an unclosed batch is acked as pending, never packed again
 //! ([`CommitsWorker::answer_batched`]), unless the collector sent it back (it carries its floor).
 
+pub use super::Batching;
 use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
 use super::worker::{CommitsWorker, Group, GroupEnd, Pending};
 use crate::domain::batch::{
@@ -22,22 +23,8 @@ use crate::domain::batch::{
 };
 use crate::domain::tier::Tier;
 use crate::domain::{Kind, Lane};
-use crate::ports::{BatchApi, BatchStore, BatchSubmission, LlmError, LlmRequest};
-use std::sync::Arc;
+use crate::ports::{BatchSubmission, LlmError, LlmRequest};
 use tracing::{info, warn};
-
-/// A provider's batch endpoint and the records of its batches.
-#[derive(Clone)]
-pub struct Batching {
-    /// The commits lane's route's batch endpoint.
-    pub api: Arc<dyn BatchApi>,
-    /// The records.
-    pub store: Arc<dyn BatchStore>,
-    /// The provider's batch queue limit: most prompt tokens the unended batches may hold
-    /// (`LANES_BATCH_QUEUE_TOKENS`; OpenAI's per-model "batch queue limit"). Calls past it are made
-    /// now, at flex: a batch never waits on a full queue, and never spends the synchronous budget.
-    pub queue_tokens: Option<u64>,
-}
 
 impl CommitsWorker {
     /// The collector of this worker's batches, when it makes any.

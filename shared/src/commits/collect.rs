@@ -14,7 +14,7 @@
 //! Every step is safe to repeat: a tick that fails part-way leaves the record as it was, and the
 //! next tick does it again (writes are once only, sends are of commits not yet summarized).
 
-use super::batches::Batching;
+use super::Batching;
 use super::budget::count_tokens;
 use super::prompt;
 use super::worker::LANE;

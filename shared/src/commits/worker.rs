@@ -54,7 +54,7 @@ pub struct CommitsWorker {
     /// Budgets.
     pub config: CommitsConfig,
     /// Provider batches, when the lane's route has a batch endpoint ([`super::batches`]).
-    pub batching: Option<super::batches::Batching>,
+    pub batching: Option<super::Batching>,
 }
 
 /// One distinct commit of the batch and the deliveries carrying it.
