@@ -183,6 +183,7 @@ async fn one_run(
             api: Arc::new(api),
             store: adapters.batches.clone(),
             queue_tokens: None,
+            scope: "bench".into(),
         }
     });
     let report = lanes_core::summarize::run_batching(

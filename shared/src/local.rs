@@ -205,12 +205,7 @@ impl Local {
         };
         let llm = local_llm(&adapters, clock.clone(), opts.offline_latency).await?;
         // Checked here, where a bad setting can stop the start.
-        crate::wiring::batching(
-            adapters.batches.clone(),
-            clock.clone(),
-            llm.clone(),
-            opts.worker.lane(Lane::Commits).tier,
-        )?;
+        crate::wiring::batching(adapters.batches.clone(), llm.clone(), opts.worker.lane(Lane::Commits).tier)?;
         let git = GitConfig {
             webhook: crate::wiring::webhook_config()?,
             diffs: Arc::new(crate::wiring::diff_sources(true)?),
@@ -239,12 +234,11 @@ impl Local {
             opts.worker,
         );
         let tier = opts.worker.lane(Lane::Commits).tier;
-        commits.batching =
-            crate::wiring::batching(adapters.batches.clone(), clock.clone(), llm.clone(), tier)
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "no provider batches");
-                    None
-                });
+        commits.batching = crate::wiring::batching(adapters.batches.clone(), llm.clone(), tier)
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "no provider batches");
+                None
+            });
         let collector = commits.collector();
         let pool = Arc::new(
             Pool::new(opts.capacity, opts.shares, consumers, worker, opts.poll_interval)

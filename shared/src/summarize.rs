@@ -163,7 +163,7 @@ pub async fn run(
     clock: SharedClock,
     progress: impl Fn(usize, usize),
 ) -> Result<Report, SummarizeError> {
-    let batching = crate::wiring::batching(adapters.batches.clone(), clock.clone(), llm.clone(), policy.tier)
+    let batching = crate::wiring::batching(adapters.batches.clone(), llm.clone(), policy.tier)
         .map_err(|e| SummarizeError::Pipeline(e.to_string()))?;
     run_batching(commits, adapters, (llm, policy, batching), clock, progress).await
 }

@@ -153,7 +153,7 @@ impl World {
             clock: ctx.proc.clock.clone(),
             lease: self.worker_config,
             config: Default::default(),
-            batching: Default::default(),
+            batching: self.batching(ctx),
         }
     }
 

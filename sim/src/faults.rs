@@ -57,6 +57,9 @@ pub enum Port {
     Cache,
     /// The Git host's diff API.
     Git,
+    /// The provider's batch endpoint (its plan drawn only in histories with batches, from a stream
+    /// of its own, so the others replay as before).
+    Provider,
 }
 
 /// How one port misbehaves in a history.
@@ -92,7 +95,7 @@ pub struct LlmPlan {
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     /// Per port, indexed by `Port as usize`.
-    pub ports: [PortPlan; 5],
+    pub ports: [PortPlan; 6],
     /// The provider.
     pub llm: LlmPlan,
     /// Chance that a worker or ingress process crashes, per second it lives.
@@ -128,6 +131,8 @@ pub struct Chaos {
     pub summaries: lanes_core::embedded::EmbeddedSummaries,
     /// Which task each prompt belongs to (prompts are unique per task id).
     pub prompts: BTreeMap<String, String>,
+    /// The provider-batch records as they are, in histories with batches.
+    pub batches: Option<lanes_core::embedded::EmbeddedBatches>,
     /// For each delivery (the tokio task that runs it) and lock key, the lock service it last took
     /// that key from, or `None` when the acquire failed (the run went on degraded). A claim made
     /// from a key since lost to a failover, or with none, is a broken claim: it may take over a live
@@ -160,6 +165,7 @@ impl Chaos {
             truth,
             summaries,
             prompts: BTreeMap::new(),
+            batches: None,
             holders: Mutex::default(),
         }
     }
@@ -367,6 +373,11 @@ impl Injected for LockError {
 impl Injected for DiffError {
     fn injected(a: bool) -> Self {
         DiffError::Retryable { message: what(a), retry_after: None }
+    }
+}
+impl Injected for LlmError {
+    fn injected(a: bool) -> Self {
+        LlmError::Retryable { message: what(a), retry_after: None }
     }
 }
 impl Injected for CacheError {
@@ -641,6 +652,12 @@ impl QueueSend for FaultyQueue {
         if self.ctx.proc.kind == "ingress" {
             self.ctx.chaos.oracle(|o| o.ingress_send(&task));
         }
+        if let Ok(c) = serde_json::from_str::<lanes_core::domain::commit::CommitMessage>(body)
+            && c.escalated.is_some()
+        {
+            // A batch's collector sends the commit on: the batch no longer owns it.
+            self.ctx.chaos.oracle(|o| o.commit_sent_on(&c.sha));
+        }
         let d = self.ctx.pre::<QueueError>(Port::Queue, "send", &task).await?;
         let r = self.inner.send(body, attributes.clone()).await;
         if r.is_ok()
@@ -774,10 +791,15 @@ impl QueueConsume for FaultyQueue {
 pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
     let Some((body, sent_at_ms)) = queue.peek_receipt(receipt).await else { return };
     if let Ok(c) = serde_json::from_str::<lanes_core::domain::commit::CommitMessage>(&body) {
-        // A commit's delivery is acked once its summary is written.
+        // A commit's delivery is acked once its summary is written, or while a provider batch's
+        // record owns the commit (the oracle also takes one its collector has sent on).
         let found = chaos.summaries.get_summaries(&[(c.repo_id.clone(), c.sha.clone())]).await;
         let summarized = found.is_ok_and(|v| !v.is_empty());
-        chaos.oracle(|o| o.commit_acked(&c.sha, summarized));
+        let batched = match &chaos.batches {
+            Some(b) => b.batched(&[c.key()]).await.is_ok_and(|k| !k.is_empty()),
+            None => false,
+        };
+        chaos.oracle(|o| o.commit_acked(&c.sha, summarized, batched));
         return;
     }
     let Some(task) = task_of_body(&body) else { return };

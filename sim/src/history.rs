@@ -105,7 +105,9 @@ pub fn run(seed: u64, options: &Options) -> HistoryReport {
 
 fn plan(rng: &mut rand::rngs::StdRng) -> Plan {
     let mut p = Plan::default();
-    for port in &mut p.ports {
+    // The provider's batch port is drawn from the knobs' stream (see `history`), so its plan
+    // leaves every earlier seed's draws as they were.
+    for port in p.ports.iter_mut().take(5) {
         if rng.random::<f64>() < 0.6 {
             port.p_fail = rng.random_range(0.0..0.08);
             port.p_ambiguous = rng.random_range(0.0..0.04);
@@ -147,6 +149,9 @@ pub(crate) struct World {
     pub(crate) worker_config: WorkerConfig,
     /// The summaries (the same as `chaos.summaries`).
     pub(crate) summaries: EmbeddedSummaries,
+    /// In a history with provider batches: their records (the same as `chaos.batches`) and the
+    /// provider's batch endpoint.
+    pub(crate) batches: Option<(lanes_core::embedded::EmbeddedBatches, Arc<lanes_core::llm::OfflineBatches>)>,
     ingress_config: IngressConfig,
     next_process: AtomicU32,
     start: tokio::time::Instant,
@@ -241,6 +246,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     };
     let truth = EmbeddedStore::new(db.clone());
     let summaries = EmbeddedSummaries::new(db.clone());
+    let batch_records = lanes_core::embedded::EmbeddedBatches::new(db.clone());
     // Low counts often: last deliveries (and their settling) are where waits and crashes meet.
     let max_receive_count =
         if rng.random::<bool>() { rng.random_range(2..=4) } else { rng.random_range(5..=10) };
@@ -274,10 +280,26 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
         worker_config.quota.concurrency = lanes_core::domain::concurrency::Caps::parse(&spec)
             .unwrap_or_else(|e| panic!("a simulation cap is invalid: {e}"));
     }
+    let payloads = payloads(&mut rng, options.tenant_knobs.then_some(&mut knobs), options.payloads);
+    // Provider batches, from the knobs' stream too (after the payloads' draws): the commits lane at
+    // tier `batch` in some histories, with a provider that runs a batch in seconds to minutes and
+    // a batch port of its own faults.
+    let mut plan = plan;
+    let batch_turnaround = (options.tenant_knobs && knobs.random::<f64>() < 0.35).then(|| {
+        let port = &mut plan.ports[crate::faults::Port::Provider as usize];
+        port.p_fail = knobs.random_range(0.0..0.1);
+        port.p_ambiguous = knobs.random_range(0.0..0.1);
+        port.p_slow = knobs.random_range(0.0..0.3);
+        port.slow_ms = knobs.random_range(100..10_000);
+        Duration::from_millis(knobs.random_range(5_000..180_000))
+    });
+    if batch_turnaround.is_some() {
+        worker_config.lanes[Lane::Commits.index()].tier = lanes_core::domain::tier::TierSetting::Batch;
+    }
     let skew = plan.max_skew_ms as u64;
     let oracle = Oracle::new(ingress_config.enqueue_grace.as_millis() as u64, 2 * skew);
     let mut chaos = Chaos::new(seed, plan, clock, truth, summaries.clone(), oracle);
-    let payloads = payloads(&mut rng, options.tenant_knobs.then_some(&mut knobs), options.payloads);
+    chaos.batches = batch_turnaround.map(|_| batch_records.clone());
     for (body, _, id) in &payloads {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(body)
             && let Some(p) = v["prompt"].as_str()
@@ -285,8 +307,14 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
             chaos.prompts.insert(p.to_owned(), id.to_string());
         }
     }
+    let chaos = Arc::new(chaos);
+    let batches = batch_turnaround.map(|turnaround| {
+        let model = Arc::new(crate::batches::BatchModel { chaos: chaos.clone() });
+        (batch_records, Arc::new(lanes_core::llm::OfflineBatches::new(model, turnaround, "sim:batch".into())))
+    });
     let world = Arc::new(World {
-        chaos: Arc::new(chaos),
+        chaos,
+        batches,
         queues,
         metrics: Metrics::new(),
         worker_config,
@@ -695,6 +723,7 @@ async fn sweeper(world: Arc<World>) {
     loop {
         tokio::time::sleep(Duration::from_secs(60)).await;
         crate::commits::sweep_commits(&world, &ctx).await;
+        crate::batches::collect(&world, &ctx).await;
         for lane in [Lane::Interactive, Lane::Synthesis] {
             let (dlq, store, lane_queue) =
                 (world.dlq(&ctx, lane), world.store(&ctx), world.queue(&ctx, lane));

@@ -14,6 +14,7 @@
 //! - [`history`]: one history: the world, the actors, the phases.
 //! - this file: many histories across threads, and their summary.
 
+pub mod batches;
 pub mod commits;
 pub mod faults;
 pub mod history;

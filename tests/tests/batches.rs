@@ -20,11 +20,14 @@ use lanes_core::domain::tier::{Tier, TierSetting};
 use lanes_core::domain::{Lane, RepoId, Sha};
 use lanes_core::llm::{OpenAiBatches, OpenAiClient};
 use lanes_core::metrics::Metrics;
-use lanes_core::ports::{BatchStore, DiffError, DiffSource, StoreError};
+use lanes_core::ports::{
+    BatchApi, BatchStatus, BatchStore, BatchSubmission, DiffError, DiffSource, LlmError, StoreError,
+    SubmitError,
+};
 use lanes_core::wiring::Adapters;
 use lanes_tests::mock_batches::{BatchTiming, MockBatches};
 use lanes_tests::mock_llm::MockLlm;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -66,11 +69,52 @@ impl BatchStore for Forgetful {
     async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError> {
         self.inner.open_batches(limit).await
     }
-    async fn batched(&self, keys: &[String]) -> Result<HashSet<String>, StoreError> {
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
         self.inner.batched(keys).await
     }
     async fn close_batch(&self, r: &BatchRecord) -> Result<(), StoreError> {
         self.inner.close_batch(r).await
+    }
+}
+
+/// How the provider's batch endpoint misbehaves, the first time of each.
+#[derive(Default)]
+struct ApiFaults {
+    /// The first submission answers this, without making a batch.
+    submit: Option<fn() -> SubmitError>,
+    /// The first cancel fails as a 503 would.
+    cancel: bool,
+}
+
+/// The emulator's client with `ApiFaults`.
+struct Flaky {
+    inner: OpenAiBatches,
+    faults: std::sync::Mutex<ApiFaults>,
+}
+
+#[async_trait]
+impl BatchApi for Flaky {
+    fn route(&self) -> &str {
+        self.inner.route()
+    }
+    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError> {
+        self.inner.find(key, since_ms).await
+    }
+    async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError> {
+        let fault = self.faults.lock().unwrap().submit.take();
+        match fault {
+            Some(error) => Err(error()),
+            None => self.inner.submit(batch).await,
+        }
+    }
+    async fn status(&self, id: &str) -> Result<BatchStatus, LlmError> {
+        self.inner.status(id).await
+    }
+    async fn cancel(&self, id: &str) -> Result<(), LlmError> {
+        if std::mem::take(&mut self.faults.lock().unwrap().cancel) {
+            return Err(LlmError::Retryable { message: "503".into(), retry_after: None });
+        }
+        self.inner.cancel(id).await
     }
 }
 
@@ -86,6 +130,10 @@ struct Rig {
 }
 
 async fn rig(timing: BatchTiming, fail_updates: u32) -> Rig {
+    rig_with(timing, fail_updates, ApiFaults::default()).await
+}
+
+async fn rig_with(timing: BatchTiming, fail_updates: u32, faults: ApiFaults) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let start = 1_800_000_000_000;
     let clock = ManualClock::new(start);
@@ -106,14 +154,15 @@ async fn rig(timing: BatchTiming, fail_updates: u32) -> Rig {
         deadline: Some(Duration::from_secs(6 * 3600)),
         ..lease.lanes[2]
     };
-    let api = OpenAiBatches::new(
+    let inner = OpenAiBatches::new(
         OpenAiClient::new(&batches.url, "gpt-4o-mini", None, Duration::from_secs(10)),
         "openai:gpt-4o-mini".into(),
     );
+    let api = Flaky { inner, faults: std::sync::Mutex::new(faults) };
     let store: Arc<dyn BatchStore> =
         Arc::new(Forgetful { inner: adapters.batches.clone(), fail: AtomicU32::new(fail_updates) });
     let worker = CommitsWorker {
-        batching: Some(Batching { api: Arc::new(api), store, queue_tokens: None }),
+        batching: Some(Batching { api: Arc::new(api), store, queue_tokens: None, scope: "test".into() }),
         ..adapters.commits_worker(llm, Arc::new(Diffs), Metrics::new(), shared, lease)
     };
     let collector = worker.collector().unwrap();
@@ -252,15 +301,12 @@ async fn a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time
     }
     let cancelled = r.at(6 * HOUR - 27 * MIN).await;
     assert_eq!((cancelled.cancelled, cancelled.sent_back), (1, 0), "cancelled first");
-    assert_eq!(
-        r.at(6 * HOUR - 17 * MIN).await.sent_back,
-        12,
-        "then escalated, before a flex call's time is up"
-    );
+    // Cancelled two minutes later with nothing answered: read, its commits sent on at flex, in
+    // time for a slow flex call.
+    let collected = r.at(6 * HOUR - 17 * MIN).await;
+    assert_eq!((collected.ended, collected.sent_back), (1, 12));
     let report = r.drain().await;
     assert_eq!(report.done.len(), 12);
-    // The cancelled batch answered nothing; its record closes.
-    assert_eq!(r.at(6 * HOUR).await.ended, 1);
     let tiers = r.all_summarized_once(&commits).await;
     assert!(tiers.iter().all(|t| *t == Tier::Flex), "{tiers:?}");
 }
@@ -332,7 +378,7 @@ async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier() {
 async fn calls_past_the_providers_batch_queue_limit_are_made_now_at_flex() {
     let mut r = rig(BatchTiming::default(), 0).await;
     let commits = commits();
-    // Room for one repository's request (three commits' sections), not two.
+    // No room at all: a token is less than any request.
     r.worker.batching.as_mut().unwrap().queue_tokens = Some(1);
     r.send(&commits[..3]).await;
     let full = r.drain().await;
@@ -344,4 +390,62 @@ async fn calls_past_the_providers_batch_queue_limit_are_made_now_at_flex() {
     assert_eq!(r.at(20 * MIN).await.written, 9);
     let tiers = r.all_summarized_once(&commits).await;
     assert_eq!(tiers.iter().filter(|t| **t == Tier::Flex).count(), 3);
+}
+
+#[tokio::test]
+async fn a_submission_lost_before_the_provider_made_it_is_found_missing_and_sent_on() {
+    let unanswered =
+        || SubmitError::Unknown(LlmError::Retryable { message: "timeout".into(), retry_after: None });
+    let r = rig_with(BatchTiming::default(), 0, ApiFaults { submit: Some(unanswered), ..Default::default() })
+        .await;
+    let commits = commits();
+    r.send(&commits).await;
+    let first = r.drain().await;
+    assert_eq!(
+        (first.batched, first.llm_calls, r.batches.batches()),
+        (0, 0, 0),
+        "owned by the record, not acked"
+    );
+    r.clock.advance_ms(10 * MIN);
+    assert_eq!(r.drain().await.batched, 12, "back, and found batched");
+    // Past the grace: the provider made none, so the commits go on, their deadline kept.
+    let looked = r.at(16 * MIN).await;
+    assert_eq!((looked.adopted, looked.sent_back, looked.ended), (0, 12, 0));
+    assert!(r.adapters.batches.open_batches(10).await.unwrap().is_empty(), "the record is closed");
+    let again = r.drain().await;
+    assert_eq!((again.batched, r.batches.batches()), (12, 1), "batched anew, once");
+    assert_eq!(r.at(30 * MIN).await.written, 12);
+    let tiers = r.all_summarized_once(&commits).await;
+    assert!(tiers.iter().all(|t| *t == Tier::Batch));
+}
+
+#[tokio::test]
+async fn a_refused_batch_is_forgotten_and_its_calls_made_now() {
+    let refused = || SubmitError::NotMade(LlmError::Permanent("400: invalid file".into()));
+    let r =
+        rig_with(BatchTiming::default(), 0, ApiFaults { submit: Some(refused), ..Default::default() }).await;
+    let commits = commits();
+    r.send(&commits).await;
+    let report = r.drain().await;
+    assert_eq!((report.batched, report.done.len(), r.batches.batches()), (0, 12, 0));
+    assert!(r.adapters.batches.open_batches(10).await.unwrap().is_empty(), "no record left");
+    let tiers = r.all_summarized_once(&commits).await;
+    assert!(tiers.iter().all(|t| *t == Tier::Flex), "{tiers:?}");
+}
+
+#[tokio::test]
+async fn a_cancel_that_fails_is_asked_again_and_nothing_is_late() {
+    let timing = BatchTiming { per_request: Duration::from_secs(10 * 3600), ..Default::default() };
+    let r = rig_with(timing, 0, ApiFaults { cancel: true, ..Default::default() }).await;
+    let commits = commits();
+    r.send(&commits).await;
+    assert_eq!(r.drain().await.batched, 12);
+    let failed = r.at(6 * HOUR - 27 * MIN).await;
+    assert_eq!((failed.cancelled, failed.errors), (0, 1), "the 503 is an error of the tick");
+    assert_eq!(r.at(6 * HOUR - 26 * MIN).await.cancelled, 1, "asked again");
+    let collected = r.at(6 * HOUR - 17 * MIN).await;
+    assert_eq!((collected.ended, collected.sent_back), (1, 12));
+    assert_eq!(r.drain().await.done.len(), 12);
+    let tiers = r.all_summarized_once(&commits).await;
+    assert!(tiers.iter().all(|t| *t == Tier::Flex), "{tiers:?}");
 }

@@ -220,7 +220,8 @@ fn every_function_gets_the_variables_its_configuration_requires() {
     // Whatever the code requires by name is set somewhere in the template.
     let text = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
     for file in [
-        "shared/src/wiring.rs",
+        "shared/src/wiring/mod.rs",
+        "shared/src/wiring/llm.rs",
         "shared/src/lambda/startup.rs",
         "shared/src/lambda/handlers.rs",
         "shared/src/lambda/batch.rs",

@@ -19,11 +19,11 @@ pub use super::Batching;
 use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
 use super::worker::{CommitsWorker, Group, GroupEnd, Pending};
 use crate::domain::batch::{
-    BatchCall, BatchPhase, BatchRecord, BatchedCommit, MAX_BATCH_COMMITS, batch_key, custom_id,
+    BatchCall, BatchPhase, BatchRecord, BatchedCommit, MAX_BATCH_COMMITS, SUBMIT_LIMIT, batch_key, custom_id,
 };
 use crate::domain::tier::Tier;
 use crate::domain::{Kind, Lane};
-use crate::ports::{BatchSubmission, LlmError, LlmRequest};
+use crate::ports::{BatchSubmission, LlmRequest, SubmitError};
 use tracing::{info, warn};
 
 impl CommitsWorker {
@@ -41,11 +41,11 @@ impl CommitsWorker {
     }
 
     /// Acks, as pending, each open commit an unclosed batch carries (a duplicate delivery, or a
-    /// message whose batch was recorded before its ack was lost). One the collector sent back is
-    /// asked again whatever its old batch's state.
+    /// message whose batch was recorded before its ack was lost). A batch that sent the commit on
+    /// no longer owns it, whatever its record's state: that one's marker is passed over.
     pub(super) async fn answer_batched(&self, groups: &mut [Group]) {
         let Some(batching) = &self.batching else { return };
-        let open: Vec<usize> = Self::open(groups).filter(|&g| groups[g].commit.escalated.is_none()).collect();
+        let open: Vec<usize> = Self::open(groups).collect();
         if open.is_empty() {
             return;
         }
@@ -53,7 +53,9 @@ impl CommitsWorker {
         match batching.store.batched(&keys).await {
             Ok(found) => {
                 for &g in &open {
-                    if found.contains(&groups[g].commit.key()) {
+                    let commit = &groups[g].commit;
+                    let from = commit.escalated.as_ref().and_then(|e| e.from.as_deref());
+                    if found.get(&commit.key()).is_some_and(|batch| Some(batch.as_str()) != from) {
                         self.metrics.duplicates_total.with_label_values(&["commit_batched"]).inc();
                         groups[g].outcome = Some(GroupEnd::Batched);
                     }
@@ -168,7 +170,7 @@ impl CommitsWorker {
         }
         let deadline_ms =
             calls.iter().flat_map(|c| &c.commits).map(|c| c.enqueued_at_ms + deadline).min().unwrap_or(0);
-        let key = batch_key(&calls);
+        let key = batch_key(self.batching.as_ref().map_or("", |b| b.scope.as_str()), &calls);
         let record = BatchRecord {
             key: key.clone(),
             route: self.batching.as_ref().map(|b| b.api.route().to_owned()).unwrap_or_default(),
@@ -194,49 +196,58 @@ impl CommitsWorker {
     ) -> Option<Result<(), &'static str>> {
         match batching.store.create_batch(&record).await {
             Ok(true) => {}
-            // The same commits' batch is recorded already: an earlier run's, whose acks were lost.
-            Ok(false) => return Some(Ok(())),
+            // Recorded already (an earlier run's record, whose acks were lost, or a race): its
+            // messages come back and are found batched, or sent on by its collector.
+            Ok(false) => return Some(Err("batch already recorded")),
             Err(e) => {
                 warn!(error = %e, "batch record not written; calling now");
                 return None;
             }
         }
-        let found = match batching.api.find(&record.key).await {
-            Ok(found) => found,
-            Err(e) => {
-                warn!(error = %e, "batch lookup failed; calling now");
+        // Well inside the collector's grace, so a submission is never looked up while under way.
+        let made =
+            tokio::time::timeout(SUBMIT_LIMIT, self.find_or_submit(batching, &record, submission)).await;
+        let id = match made {
+            Ok(Ok(id)) => id,
+            Ok(Err(SubmitError::NotMade(e))) => {
+                warn!(error = %e, "batch not made; calling now");
+                crate::metrics::llm_route_event(Lane::Commits, batching.api.route(), "batch_refused");
                 return self.forget(batching, &record).await;
             }
-        };
-        let id = match found {
-            Some(id) => id,
-            None => match batching.api.submit(submission).await {
-                Ok(id) => id,
-                Err(LlmError::Permanent(e)) => {
-                    warn!(error = %e, "batch refused; calling now");
-                    crate::metrics::llm_route_event(Lane::Commits, batching.api.route(), "batch_refused");
-                    return self.forget(batching, &record).await;
-                }
-                Err(e) => {
-                    // It may have been made: the record stays, and the collector looks it up.
-                    warn!(error = %e, key = %record.key, "batch submission unanswered; its record owns the commits");
-                    return Some(Err("batch submission unanswered"));
-                }
-            },
+            Ok(Err(SubmitError::Unknown(e))) => {
+                warn!(error = %e, key = %record.key, "batch submission unanswered; its record owns the commits");
+                return Some(Err("batch submission unanswered"));
+            }
+            Err(_) => return Some(Err("batch submission timed out")),
         };
         record.provider_id = Some(id.clone());
         record.phase = BatchPhase::Open;
         match batching.store.update_batch(&record, BatchPhase::Submitting).await {
-            Ok(_) => {
+            Ok(true) => {
                 let commits = record.commits().count();
                 info!(key = %record.key, batch = %id, commits, "commits handed to a provider batch");
                 crate::metrics::llm_route_event(Lane::Commits, batching.api.route(), "batch_submitted");
                 Some(Ok(()))
             }
+            Ok(false) => Some(Err("batch record changed under the submission")),
             Err(e) => {
                 warn!(error = %e, key = %record.key, "batch id not recorded; the collector will find it");
                 Some(Err("batch id not recorded"))
             }
+        }
+    }
+
+    /// The id of the batch carrying the record's key, made now if none does. A failed lookup
+    /// made nothing.
+    async fn find_or_submit(
+        &self,
+        batching: &Batching,
+        record: &BatchRecord,
+        submission: &BatchSubmission,
+    ) -> Result<String, SubmitError> {
+        match batching.api.find(&record.key, record.created_at_ms).await.map_err(SubmitError::NotMade)? {
+            Some(id) => Ok(id),
+            None => batching.api.submit(submission).await,
         }
     }
 

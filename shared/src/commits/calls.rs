@@ -236,7 +236,7 @@ impl CommitsWorker {
         .at_tier((policy.tier, policy.deadline), waited);
         let floor = items
             .iter()
-            .filter_map(|p| groups[p.group].commit.escalated.map(|e| e.floor))
+            .filter_map(|p| groups[p.group].commit.escalated.as_ref().map(|e| e.floor))
             .fold(None, |acc: Option<Tier>, f| Some(f.at_least(acc)));
         LlmRequest { tier: request.tier.at_least(floor), ..request }
     }

@@ -33,8 +33,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// Most records one tick takes.
-const PER_TICK: usize = 100;
+/// Most records one tick takes, the nearest deadlines first.
+const PER_TICK: usize = 1000;
 
 /// Why a step failed; the next tick does it again.
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +94,7 @@ impl Collector {
     /// One pass over the unclosed records.
     pub async fn tick(&self) -> Collected {
         let mut out = Collected::default();
-        let records = match self.batching.store.open_batches(PER_TICK).await {
+        let mut records = match self.batching.store.open_batches(PER_TICK).await {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "batch records unavailable");
@@ -103,9 +103,11 @@ impl Collector {
             }
         };
         out.open = records.len();
-        let now = self.clock.now_ms();
+        records.sort_by_key(|r| r.deadline_ms);
         for r in records {
             let key = r.key.clone();
+            // Each record decides on the time now, not the tick's start: a tick reads files.
+            let now = self.clock.now_ms();
             if let Err(e) = self.one(r, now, &mut out).await {
                 warn!(error = %e, key, "batch step failed; again next tick");
                 out.errors += 1;
@@ -122,11 +124,12 @@ impl Collector {
         let store = &self.batching.store;
         match step(&r, now) {
             Step::Wait => {}
-            Step::LookUp => match api.find(&r.key).await? {
+            Step::LookUp => match api.find(&r.key, r.created_at_ms).await? {
                 Some(id) => {
+                    let was = r.phase;
                     r.provider_id = Some(id);
                     r.phase = BatchPhase::Open;
-                    store.update_batch(&r, BatchPhase::Submitting).await?;
+                    store.update_batch(&r, was).await?;
                     out.adopted += 1;
                 }
                 None => {
@@ -135,33 +138,57 @@ impl Collector {
                     store.close_batch(&r).await?;
                 }
             },
-            Step::Poll => self.poll(&r, out).await?,
+            Step::Poll => {
+                self.poll(&r, out).await?;
+            }
+            // An ended batch is collected, not cancelled or escalated: its answers are in hand.
+            Step::Cancel | Step::Escalate if self.poll(&r, out).await? => {}
             Step::Cancel | Step::Escalate => {
-                let was = r.phase;
-                if let (BatchPhase::Open, Some(id)) = (was, &r.provider_id) {
-                    // A batch the provider ended meanwhile cannot be cancelled: the next poll reads it.
-                    if let Err(e) = api.cancel(id).await {
-                        warn!(error = %e, batch = %id, "batch cancel refused");
-                    }
-                    out.cancelled += 1;
-                }
+                let (was, before) = (r.phase, r.clone());
                 if step(&r, now) == Step::Escalate {
                     out.sent_back += self.send_back(&r, Tier::Flex).await?;
                     r.escalated = true;
                     crate::metrics::llm_route_event(Lane::Commits, api.route(), "batch_escalated");
                 }
-                r.phase = BatchPhase::Cancelling;
-                store.update_batch(&r, was).await?;
+                if was == BatchPhase::Open && self.cancel(&r, out).await? {
+                    r.phase = BatchPhase::Cancelling;
+                }
+                if r != before {
+                    store.update_batch(&r, was).await?;
+                }
             }
         }
         Ok(())
     }
 
-    /// Reads an ended batch: writes its answers, sends the rest on, closes its record.
-    async fn poll(&self, r: &BatchRecord, out: &mut Collected) -> Result<(), CollectError> {
-        let Some(id) = &r.provider_id else { return Ok(()) };
+    /// Asks the provider to cancel the batch: whether it took the request (or refused it for good,
+    /// a batch that ended meanwhile: the next poll reads it). A failure that may pass is an error
+    /// when only cancelling, and leaves the batch open to be cancelled next tick when escalating.
+    async fn cancel(&self, r: &BatchRecord, out: &mut Collected) -> Result<bool, CollectError> {
+        let Some(id) = &r.provider_id else { return Ok(false) };
+        match self.batching.api.cancel(id).await {
+            Ok(()) => {
+                out.cancelled += 1;
+                Ok(true)
+            }
+            Err(LlmError::Permanent(e)) => {
+                warn!(error = %e, batch = %id, "batch cancel refused; reading it next tick");
+                Ok(true)
+            }
+            Err(e) if r.escalated => {
+                warn!(error = %e, batch = %id, "batch cancel failed; again next tick");
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads an ended batch: writes its answers, sends the rest on, closes its record. Whether it
+    /// had ended.
+    async fn poll(&self, r: &BatchRecord, out: &mut Collected) -> Result<bool, CollectError> {
+        let Some(id) = &r.provider_id else { return Ok(false) };
         let answers = match self.batching.api.status(id).await? {
-            BatchStatus::Running(_) => return Ok(()),
+            BatchStatus::Running(_) => return Ok(false),
             BatchStatus::Ended(end, answers) => {
                 info!(batch = %id, ?end, answers = answers.len(), "batch ended");
                 answers
@@ -192,11 +219,11 @@ impl Collector {
             }
         }
         if !r.escalated && !unanswered.is_empty() {
-            out.sent_back += self.send(&unanswered, Tier::Flex).await?;
+            out.sent_back += self.send(&unanswered, Tier::Flex, &r.key).await?;
         }
         self.batching.store.close_batch(r).await?;
         out.ended += 1;
-        Ok(())
+        Ok(true)
     }
 
     /// Counts an answered batch request's tokens and cost.
@@ -252,18 +279,19 @@ impl Collector {
     /// Sends every commit of `r` not yet summarized back, at `floor` or above.
     async fn send_back(&self, r: &BatchRecord, floor: Tier) -> Result<usize, CollectError> {
         let all: Vec<&BatchedCommit> = r.commits().collect();
-        self.send(&all, floor).await
+        self.send(&all, floor, &r.key).await
     }
 
-    /// Sends those of `commits` not yet summarized back to the queue, each carrying `floor` and its
-    /// first enqueue time; how many were sent.
-    async fn send(&self, commits: &[&BatchedCommit], floor: Tier) -> Result<usize, CollectError> {
+    /// Sends those of `commits` not yet summarized back to the queue, each carrying `floor`, its
+    /// first enqueue time and the batch `from` that no longer owns it; how many were sent.
+    async fn send(&self, commits: &[&BatchedCommit], floor: Tier, from: &str) -> Result<usize, CollectError> {
         let keys: Vec<_> = commits.iter().map(|c| (c.commit.repo_id.clone(), c.commit.sha.clone())).collect();
         let done: std::collections::HashSet<String> =
             self.summaries.get_summaries(&keys).await?.iter().map(|s| s.key()).collect();
         let mut messages = Vec::new();
         for c in commits.iter().filter(|c| !done.contains(&c.commit.key())) {
-            let escalated = Some(Escalation { floor, enqueued_at_ms: c.enqueued_at_ms });
+            let escalated =
+                Some(Escalation { floor, enqueued_at_ms: c.enqueued_at_ms, from: Some(from.to_owned()) });
             let commit = crate::domain::commit::CommitMessage { escalated, ..c.commit.clone() };
             let attributes = commit.send_attributes();
             let body = serde_json::to_string(&CommitsMessage::Commit(commit))

@@ -56,6 +56,9 @@ pub struct Batching {
     /// (`LANES_BATCH_QUEUE_TOKENS`; OpenAI's per-model "batch queue limit"). Calls past it are made
     /// now, at flex: a batch never waits on a full queue, and never spends the synchronous budget.
     pub queue_tokens: Option<u64>,
+    /// The deployment its batch keys are scoped to (its table), so two deployments sharing a
+    /// provider account never adopt each other's batches.
+    pub scope: String,
 }
 
 /// Tunables of the commits worker.

@@ -8,7 +8,8 @@
 //! not answer, before its diff is fetched. A commit over the budget waits for the next UTC day
 //! (`lanes_waits_total{lane="commits",why="quota"}`): nothing is dropped. A commit that took the
 //! budget and was not summarized in the end (a failed fetch, a throttled call, the deadline) gives
-//! it back, so a retry is not counted twice. With the cache unreachable the budget is not enforced
+//! it back, so a retry is not counted twice; one handed to a provider batch keeps it, and is not
+//! counted again when the batch's collector sends it on. With the cache unreachable the budget is not enforced
 //! (counted as degraded), as for the tasks' budgets.
 
 use super::worker::{CommitsWorker, Group, GroupEnd, LANE};
@@ -22,7 +23,8 @@ impl CommitsWorker {
     pub(super) async fn take_repo_budget(&self, groups: &mut [Group]) {
         let Some(limit) = self.lease.quota.repo_daily_commits else { return };
         let now = self.clock.now_ms();
-        let open: Vec<usize> = Self::open(groups).collect();
+        // A commit a batch's collector sent on took its day's budget when first fetched.
+        let open: Vec<usize> = Self::open(groups).filter(|&g| groups[g].commit.escalated.is_none()).collect();
         let charges: Vec<_> =
             open.iter().map(|&g| repo_commit(&groups[g].commit.repo_id, limit, now)).collect();
         let taken = join_all(charges.iter().map(|(c, _)| self.cache.reserve(std::slice::from_ref(c)))).await;
@@ -45,11 +47,12 @@ impl CommitsWorker {
         }
     }
 
-    /// Gives back the budget of every commit that took it and was not summarized.
+    /// Gives back the budget of every commit that took it and was not summarized (one handed to a
+    /// provider batch keeps it: the batch summarizes it).
     pub(super) async fn give_back_repo_budget(&self, groups: &[Group]) {
         let back = groups
             .iter()
-            .filter(|g| !matches!(g.outcome, Some(GroupEnd::Done(_))))
+            .filter(|g| !matches!(g.outcome, Some(GroupEnd::Done(_) | GroupEnd::Batched)))
             .filter_map(|g| g.budget.as_ref().map(give_back));
         let back: Vec<_> = back.collect();
         for result in join_all(back.iter().map(|c| self.cache.reserve(std::slice::from_ref(c)))).await {

@@ -153,8 +153,10 @@ impl CommitsWorker {
         // once the lock is ours its summary is in the store. Looking up first let a commit
         // summarized between the lookup and the lock be summarized again.
         self.lock_rest(&mut groups, &messages, heartbeat).await;
-        self.answer_known(&mut groups, &mut report).await;
+        // Batched first, then looked up: a batch's record is closed only once its summaries are
+        // written, so a commit whose record is gone has its summary in the store by then.
         self.answer_batched(&mut groups).await;
+        self.answer_known(&mut groups, &mut report).await;
         // Only a commit that will cost a diff and a call counts against its repository's day.
         self.take_repo_budget(&mut groups).await;
         let pending = self.fetch_and_trim(&mut groups).await;
@@ -214,7 +216,7 @@ impl CommitsWorker {
                             // Sent back by a batch's collector: its deadline counts from the first send.
                             enqueued_at_ms: m
                                 .sent_at_ms
-                                .min(c.escalated.map_or(u64::MAX, |e| e.enqueued_at_ms)),
+                                .min(c.escalated.as_ref().map_or(u64::MAX, |e| e.enqueued_at_ms)),
                         });
                         groups.len() - 1
                     });

@@ -28,6 +28,11 @@ pub const MAX_BATCH_COMMITS: usize = 400;
 /// id: a Lambda invocation's longest life. A record still submitting after this was left by a crash.
 pub const SUBMIT_GRACE: Duration = Duration::from_secs(15 * 60);
 
+/// The longest a worker's lookup and submission may take: past it the record owns the commits and
+/// the collector finds out what became of them. Well inside [`SUBMIT_GRACE`], so the collector
+/// never looks a submission up while it is under way.
+pub const SUBMIT_LIMIT: Duration = Duration::from_secs(5 * 60);
+
 /// Where a batch is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -115,11 +120,12 @@ pub fn custom_id(commits: &[BatchedCommit]) -> String {
     format!("c-{}", digest(keys))
 }
 
-/// A batch's key: derived from its requests' ids (in any order).
-pub fn batch_key(calls: &[BatchCall]) -> String {
+/// A batch's key: derived from the deployment's `scope` (its table: two deployments sharing a
+/// provider account never adopt each other's batches) and its requests' ids (in any order).
+pub fn batch_key(scope: &str, calls: &[BatchCall]) -> String {
     let mut ids: Vec<String> = calls.iter().map(|c| c.custom_id.clone()).collect();
     ids.sort();
-    format!("lanes-{}", digest(ids))
+    format!("lanes-{}", digest(std::iter::once(scope.to_owned()).chain(ids)))
 }
 
 /// What the collector does with a record at `now_ms`.
@@ -151,6 +157,8 @@ pub fn step(record: &BatchRecord, now_ms: u64) -> Step {
                 Step::Wait
             }
         }
+        // An unsubmitted phase with no id cannot be polled: what became of it is looked up.
+        _ if record.provider_id.is_none() => Step::LookUp,
         _ if !record.escalated && left <= escalate_at => Step::Escalate,
         BatchPhase::Open if left <= ESCALATE_BEFORE => Step::Cancel,
         BatchPhase::Open | BatchPhase::Cancelling => Step::Poll,
@@ -184,7 +192,7 @@ mod tests {
         BatchRecord {
             key: "k".into(),
             route: "openai:m".into(),
-            provider_id: None,
+            provider_id: (phase != BatchPhase::Submitting).then(|| "batch_1".into()),
             phase,
             calls: Vec::new(),
             created_at_ms: created,
@@ -205,8 +213,9 @@ mod tests {
                 BatchCall { custom_id: custom_id(std::slice::from_ref(y)), commits: vec![y.clone()] },
             ]
         };
-        assert_eq!(batch_key(&calls(&a, &b)), batch_key(&calls(&b, &a)));
-        assert!(batch_key(&calls(&a, &b)).starts_with("lanes-"));
+        assert_eq!(batch_key("t", &calls(&a, &b)), batch_key("t", &calls(&b, &a)));
+        assert_ne!(batch_key("t", &calls(&a, &b)), batch_key("u", &calls(&a, &b)), "scoped");
+        assert!(batch_key("t", &calls(&a, &b)).starts_with("lanes-"));
     }
 
     #[test]
@@ -225,6 +234,8 @@ mod tests {
         assert_eq!(step(&escalated, deadline + 60 * min), Step::Poll);
         // An open batch found past its escalation point (a collector down) is escalated at once.
         assert_eq!(step(&open, deadline - min), Step::Escalate);
+        // An open record with no id (never so written) is looked up, not polled.
+        assert_eq!(step(&BatchRecord { provider_id: None, ..open }, 0), Step::LookUp);
     }
 
     #[test]

@@ -56,12 +56,15 @@ pub struct CommitMessage {
 }
 
 /// How a commit sent back by a batch's collector is to be asked again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Escalation {
     /// The cheapest tier it may be asked at now (never a batch again).
     pub floor: crate::domain::tier::Tier,
     /// When it was first enqueued (Unix ms): its deadline still counts from there.
     pub enqueued_at_ms: u64,
+    /// The key of the batch that sent it on: that batch's marker no longer owns it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 /// The attributes a message of the `commits` queue is sent with: its lane, and its group (the

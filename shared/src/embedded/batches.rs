@@ -7,7 +7,7 @@ use crate::domain::batch::{BatchPhase, BatchRecord};
 use crate::ports::{BatchStore, StoreError};
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 /// Batch key -> record JSON.
 const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
@@ -98,7 +98,7 @@ impl BatchStore for EmbeddedBatches {
             .await
     }
 
-    async fn batched(&self, keys: &[String]) -> Result<HashSet<String>, StoreError> {
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
         let keys = keys.to_vec();
         self.db
             .run(move |db| {
@@ -106,14 +106,15 @@ impl BatchStore for EmbeddedBatches {
                 let (m, t) = match (txn.open_table(BATCHED), txn.open_table(BATCHES)) {
                     (Ok(m), Ok(t)) => (m, t),
                     (Err(redb::TableError::TableDoesNotExist(_)), _)
-                    | (_, Err(redb::TableError::TableDoesNotExist(_))) => return Ok(HashSet::new()),
+                    | (_, Err(redb::TableError::TableDoesNotExist(_))) => return Ok(HashMap::new()),
                     (Err(e), _) | (_, Err(e)) => return Err(unavailable(e)),
                 };
-                let mut out = HashSet::new();
+                let mut out = HashMap::new();
                 for k in keys {
                     let Some(batch) = m.get(k.as_str()).map_err(unavailable)? else { continue };
-                    if t.get(batch.value()).map_err(unavailable)?.is_some() {
-                        out.insert(k);
+                    let batch = batch.value().to_owned();
+                    if t.get(batch.as_str()).map_err(unavailable)?.is_some() {
+                        out.insert(k, batch);
                     }
                 }
                 Ok(out)

@@ -197,7 +197,7 @@ async fn collector(
         .answering_batches(crate::commits::prompt::offline_answer);
     let tier = config.lane(Lane::Commits).tier;
     let store = Arc::new(aws.batches(table));
-    let Some(batching) = crate::wiring::batching(store, clock.clone(), Arc::new(offline), tier)? else {
+    let Some(batching) = crate::wiring::batching(store, Arc::new(offline), tier)? else {
         return Ok(None);
     };
     Ok(Some(crate::commits::collect::Collector {
@@ -253,7 +253,6 @@ impl WorkerFunction {
             Lane::Commits => Some(crate::commits::worker::CommitsWorker {
                 batching: crate::wiring::batching(
                     adapters.batches.clone(),
-                    Arc::new(SystemClock),
                     llm.clone(),
                     config.lane(Lane::Commits).tier,
                 )?,

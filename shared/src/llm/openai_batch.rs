@@ -7,14 +7,17 @@
 
 use super::openai::{OpenAiClient, chat_answer, json_capped, send_error, status_error, transport_error};
 use crate::domain::tier::Tier;
-use crate::ports::{BatchAnswer, BatchApi, BatchEnd, BatchStatus, BatchSubmission, LlmError};
+use crate::ports::{BatchAnswer, BatchApi, BatchEnd, BatchStatus, BatchSubmission, LlmError, SubmitError};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
 /// The metadata field that carries a batch's key.
 const KEY_FIELD: &str = "lanes_key";
-/// Most pages of the batch list read to find a key (100 batches a page, newest first).
-const FIND_PAGES: usize = 5;
+/// Most pages of the batch list read to find a key (100 batches a page, newest first): past
+/// them the lookup is an error, never a "none".
+const FIND_PAGES: usize = 100;
+/// How much earlier than the submission's record a batch may say it was created (clocks differ).
+const FIND_SLACK_MS: u64 = 10 * 60 * 1000;
 /// Most bytes of a batch's output or error file read.
 const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -102,7 +105,7 @@ impl BatchApi for OpenAiBatches {
         &self.route
     }
 
-    async fn find(&self, key: &str) -> Result<Option<String>, LlmError> {
+    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError> {
         let mut after: Option<String> = None;
         for _ in 0..FIND_PAGES {
             let page = self
@@ -116,18 +119,26 @@ impl BatchApi for OpenAiBatches {
             if let Some(b) = data.iter().find(|b| b["metadata"][KEY_FIELD] == key) {
                 return Ok(b["id"].as_str().map(str::to_owned));
             }
+            // Newest first: once a batch is older than the submission, no later page holds it.
+            let older =
+                |b: &Value| b["created_at"].as_u64().is_some_and(|c| c * 1000 + FIND_SLACK_MS < since_ms);
             let last = data.last().and_then(|b| b["id"].as_str());
             match (page["has_more"].as_bool(), last) {
+                _ if data.last().is_some_and(older) => return Ok(None),
                 (Some(true), Some(last)) if last.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
                     after = Some(last.to_owned())
                 }
-                _ => break,
+                (Some(true), _) => break,
+                _ => return Ok(None),
             }
         }
-        Ok(None)
+        Err(LlmError::Retryable {
+            message: format!("batch lookup did not reach batches made before {since_ms} ms"),
+            retry_after: None,
+        })
     }
 
-    async fn submit(&self, batch: &BatchSubmission) -> Result<String, LlmError> {
+    async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError> {
         let mut jsonl = String::new();
         for (custom_id, request) in &batch.calls {
             let line = json!({
@@ -147,10 +158,14 @@ impl BatchApi for OpenAiBatches {
                 let form = reqwest::multipart::Form::new().text("purpose", "batch").part("file", part);
                 http.post(format!("{base}/files")).multipart(form)
             })
-            .await?;
-        let file_id = file["id"].as_str().ok_or_else(|| LlmError::Retryable {
-            message: "file upload answered without an id".into(),
-            retry_after: None,
+            .await
+            .map_err(SubmitError::NotMade)?;
+        // A file is not a batch: whatever became of the upload, no batch was made yet.
+        let file_id = file["id"].as_str().ok_or_else(|| {
+            SubmitError::NotMade(LlmError::Retryable {
+                message: "file upload answered without an id".into(),
+                retry_after: None,
+            })
         })?;
         let body = json!({
             "input_file_id": file_id,
@@ -158,10 +173,19 @@ impl BatchApi for OpenAiBatches {
             "completion_window": "24h",
             "metadata": {KEY_FIELD: batch.key},
         });
-        let made = self.json(|http, base| http.post(format!("{base}/batches")).json(&body)).await?;
-        made["id"].as_str().map(str::to_owned).ok_or_else(|| LlmError::Retryable {
-            message: "batch creation answered without an id".into(),
-            retry_after: None,
+        // A refusal (4xx) made nothing; anything else may have made the batch.
+        let made =
+            self.json(|http, base| http.post(format!("{base}/batches")).json(&body)).await.map_err(|e| {
+                match e {
+                    LlmError::Permanent(_) => SubmitError::NotMade(e),
+                    e => SubmitError::Unknown(e),
+                }
+            })?;
+        made["id"].as_str().map(str::to_owned).ok_or_else(|| {
+            SubmitError::Unknown(LlmError::Retryable {
+                message: "batch creation answered without an id".into(),
+                retry_after: None,
+            })
         })
     }
 

@@ -5,7 +5,7 @@
 use super::{LlmError, LlmRequest, LlmResponse, StoreError};
 use crate::domain::batch::{BatchPhase, BatchRecord};
 use async_trait::async_trait;
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 /// A batch to submit: its key (kept in the provider batch's metadata, so a lost submission can be
 /// found again) and its requests by id.
@@ -49,15 +49,29 @@ pub enum BatchStatus {
     Ended(BatchEnd, Vec<BatchAnswer>),
 }
 
+/// Why a submission failed: whether a batch may have been made is what decides what follows.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// No batch was made (the input was refused, or never reached the provider): the calls may be
+    /// made another way now.
+    #[error("batch not made: {0}")]
+    NotMade(LlmError),
+    /// A batch may have been made (the creation went unanswered): only a lookup can tell.
+    #[error("batch may have been made: {0}")]
+    Unknown(LlmError),
+}
+
 /// A provider's batch endpoint, for one route.
 #[async_trait]
 pub trait BatchApi: Send + Sync {
     /// The route (`provider:model`) it submits to.
     fn route(&self) -> &str;
-    /// The id of a batch carrying `key` in its metadata, made by an earlier submission.
-    async fn find(&self, key: &str) -> Result<Option<String>, LlmError>;
+    /// The id of a batch carrying `key` in its metadata, made by a submission no earlier than
+    /// `since_ms` (Unix ms). `None` only when every batch made since then was looked at: a lookup
+    /// that could not finish is an error, never a "none".
+    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError>;
     /// Submits the batch; its provider id.
-    async fn submit(&self, batch: &BatchSubmission) -> Result<String, LlmError>;
+    async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError>;
     /// How the batch is, with its answers once it ended.
     async fn status(&self, id: &str) -> Result<BatchStatus, LlmError>;
     /// Asks the provider to cancel it (it ends `Cancelled` a while later).
@@ -75,8 +89,9 @@ pub trait BatchStore: Send + Sync {
     async fn update_batch(&self, record: &BatchRecord, expect: BatchPhase) -> Result<bool, StoreError>;
     /// At most `limit` unclosed records, oldest first.
     async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError>;
-    /// Which of the commit keys (`repo_id:sha`) an unclosed record carries.
-    async fn batched(&self, keys: &[String]) -> Result<HashSet<String>, StoreError>;
-    /// Deletes the record and its markers.
+    /// Which of the commit keys (`repo_id:sha`) an unclosed record carries, each with that
+    /// record's key.
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError>;
+    /// Deletes the record and those of its markers that still name it.
     async fn close_batch(&self, record: &BatchRecord) -> Result<(), StoreError>;
 }

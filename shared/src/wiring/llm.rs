@@ -101,11 +101,10 @@ fn llm_timeout() -> Result<Duration, ConfigError> {
 /// first route has a batch endpoint (`crate::llm::route::Route::batch`): OpenAI's Batch API, or the
 /// offline model's twin, which ends a batch `LANES_BATCH_TURNAROUND_MS` (default 5000) after
 /// submission and answers it with `llm`; `LANES_BATCH_QUEUE_TOKENS` caps the prompt tokens its
-/// unended batches hold (the provider's batch queue limit). `None` otherwise: the lane's calls asked at `batch` are
-/// then made at flex.
+/// unended batches hold (the provider's batch queue limit). `None` otherwise: the lane's calls
+/// asked at `batch` are then made at flex.
 pub fn batching(
     store: Arc<dyn crate::ports::BatchStore>,
-    clock: SharedClock,
     llm: Arc<dyn crate::ports::LlmClient>,
     setting: crate::domain::tier::TierSetting,
 ) -> Result<Option<crate::commits::batches::Batching>, ConfigError> {
@@ -124,12 +123,7 @@ pub fn batching(
         Provider::Offline => {
             let turnaround =
                 crate::config::env_number("LANES_BATCH_TURNAROUND_MS", 0, 86_400_000)?.unwrap_or(5000);
-            Arc::new(crate::llm::OfflineBatches::new(
-                llm,
-                clock,
-                Duration::from_millis(turnaround),
-                route.name(),
-            ))
+            Arc::new(crate::llm::OfflineBatches::new(llm, Duration::from_millis(turnaround), route.name()))
         }
         Provider::OpenAi => {
             let base = route.base_url.clone().unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
@@ -144,7 +138,9 @@ pub fn batching(
         Provider::Anthropic | Provider::Bedrock => return Ok(None),
     };
     let queue_tokens = crate::config::env_number("LANES_BATCH_QUEUE_TOKENS", 1, u64::MAX)?;
-    Ok(Some(crate::commits::batches::Batching { api, store, queue_tokens }))
+    // Two deployments sharing a provider account never adopt each other's batches.
+    let scope = crate::config::optional_env("LANES_TABLE").unwrap_or_else(|| "local".into());
+    Ok(Some(crate::commits::batches::Batching { api, store, queue_tokens, scope }))
 }
 
 /// One route's client behind its limiter.

@@ -10,7 +10,8 @@ use crate::domain::batch::{BatchPhase, BatchRecord};
 use crate::ports::{BatchStore, StoreError};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{PutRequest, WriteRequest};
+use futures::stream::{self, StreamExt, TryStreamExt};
 use std::collections::{HashMap, HashSet};
 
 /// The index partition of the batch records.
@@ -163,7 +164,7 @@ impl BatchStore for DynamoBatches {
         items.iter().map(record_of).collect()
     }
 
-    async fn batched(&self, keys: &[String]) -> Result<HashSet<String>, StoreError> {
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
         let unique: HashSet<&String> = keys.iter().collect();
         let wanted = unique.iter().map(|k| HashMap::from([("pk".to_owned(), s(marker_pk(k)))])).collect();
         let markers = batch_get(&self.client, &self.table, wanted).await?;
@@ -174,10 +175,12 @@ impl BatchStore for DynamoBatches {
         }
         let records =
             by_batch.keys().map(|b| HashMap::from([("pk".to_owned(), s(format!("batch#{b}")))])).collect();
-        let mut out = HashSet::new();
+        let mut out = HashMap::new();
         for r in batch_get(&self.client, &self.table, records).await? {
-            let key = get_s(&r, "pk")?.trim_start_matches("batch#");
-            out.extend(by_batch.remove(key).unwrap_or_default());
+            let key = get_s(&r, "pk")?.trim_start_matches("batch#").to_owned();
+            for commit in by_batch.remove(&key).unwrap_or_default() {
+                out.insert(commit, key.clone());
+            }
         }
         Ok(out)
     }
@@ -190,19 +193,28 @@ impl BatchStore for DynamoBatches {
             .send()
             .await
             .map_err(|e| unavailable(&e))?;
-        // A marker left by a failure here names a closed batch, which counts for nothing; TTL
-        // deletes it. A later batch's marker of the same commit deleted here (a commit sent back
-        // and batched again in between) loses only its duplicate check, never the commit.
-        let deletes = record
-            .commits()
-            .map(|c| {
-                DeleteRequest::builder()
-                    .key("pk", s(marker_pk(&c.commit.key())))
-                    .build()
-                    .map(|d| WriteRequest::builder().delete_request(d).build())
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))
+        // Each marker only while it names this batch (a commit sent on and batched again names
+        // the later one): one conditional delete each, as `BatchWriteItem` takes no condition. A
+        // marker left by a failure here names a closed batch, which counts for nothing; TTL
+        // deletes it.
+        let keys: Vec<String> = record.commits().map(|c| marker_pk(&c.commit.key())).collect();
+        stream::iter(keys)
+            .map(|pk| async move {
+                let out = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key("pk", s(pk))
+                    .condition_expression("#b = :key")
+                    .expression_attribute_names("#b", "batch")
+                    .expression_attribute_values(":key", s(record.key.clone()))
+                    .send()
+                    .await;
+                conditional(out).map(|_| ())
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.write_all(deletes).await
+            .buffer_unordered(16)
+            .try_collect::<Vec<()>>()
+            .await
+            .map(|_| ())
     }
 }
