@@ -1,4 +1,4 @@
-//! An emulator of OpenAI's Files and Batch APIs on loopback, from their documented shapes, on an
+//! An emulator of OpenAI's Files and Batch APIs, and of Anthropic's Message Batches, on loopback, from their documented shapes, on an
 //! injected clock so a 24-hour window passes in a test:
 //! - `POST /v1/files` (multipart, `purpose=batch`) and `GET /v1/files/{id}/content`;
 //! - `POST /v1/batches`, `GET /v1/batches` (newest first, `limit`/`after`, `has_more`),
@@ -6,6 +6,9 @@
 //! - status `validating` -> `in_progress` -> `finalizing` -> `completed`, or `expired` when the
 //!   window passes first (the requests finished by then answered, the rest in the error file as
 //!   `batch_expired`), or `cancelling` -> `cancelled` (the same, up to the cancellation);
+//! - Anthropic's Message Batches beside them (`/v1/messages/batches`: create, list with
+//!   `after_id`, retrieve, `results`, `cancel`), on the same clock and pace, results as
+//!   `succeeded`, `errored`, `expired` or `canceled`;
 //! - per-line errors (a request whose prompt holds a marker the test chose at run time, so no
 //!   diff of this source holds it, fails with a 400 in the error file).
 //!
@@ -59,6 +62,8 @@ struct Batch {
     metadata: Value,
     cancel_ms: Option<u64>,
     files: Option<(Option<String>, Option<String>)>,
+    /// Made through Anthropic's Message Batches (its requests kept in OpenAI's line shape).
+    anthropic: bool,
 }
 
 #[derive(Default)]
@@ -106,6 +111,10 @@ impl MockBatches {
             .route("/v1/batches", post(create).get(list))
             .route("/v1/batches/{id}", get(retrieve))
             .route("/v1/batches/{id}/cancel", post(cancel))
+            .route("/v1/messages/batches", post(anthropic::create).get(anthropic::list))
+            .route("/v1/messages/batches/{id}", get(anthropic::retrieve))
+            .route("/v1/messages/batches/{id}/results", get(anthropic::results))
+            .route("/v1/messages/batches/{id}/cancel", post(anthropic::cancel))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}/v1", listener.local_addr()?);
@@ -211,6 +220,7 @@ async fn create(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Respon
         metadata: body["metadata"].clone(),
         cancel_ms: None,
         files: None,
+        anthropic: false,
     };
     st.batches.push(batch);
     let now = s.clock.now_ms();
@@ -229,7 +239,7 @@ async fn list(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, Stri
     let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut guard = s.st();
     let st = &mut *guard;
-    let mut newest_first: Vec<&mut Batch> = st.batches.iter_mut().rev().collect();
+    let mut newest_first: Vec<&mut Batch> = st.batches.iter_mut().rev().filter(|b| !b.anthropic).collect();
     if let Some(after) = q.get("after") {
         let skip = newest_first.iter().position(|b| &b.id == after).map_or(0, |i| i + 1);
         newest_first.drain(..skip);
@@ -368,4 +378,191 @@ fn write_files(
         })
     };
     (file(out, 1), file(err, 2))
+}
+
+/// Anthropic's Message Batches, on the same batches: a request is kept as OpenAI's line would be
+/// (its system prompt first among the messages), and its result read back from the files.
+mod anthropic {
+    use super::*;
+
+    fn rfc3339(ms: u64) -> String {
+        humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+    }
+
+    pub(super) async fn create(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+        s.st().requests += 1;
+        let Some(requests) = body["requests"].as_array().filter(|r| !r.is_empty()) else {
+            return error(StatusCode::BAD_REQUEST, "requests: at least one is required");
+        };
+        let mut input = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for r in requests {
+            let id = r["custom_id"].as_str().unwrap_or("");
+            let valid = !id.is_empty()
+                && id.len() <= 64
+                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+            if !valid || !seen.insert(id.to_owned()) {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "custom_id: 1 to 64 of [a-zA-Z0-9_-], unique in the batch",
+                );
+            }
+            let p = &r["params"];
+            if p["model"].as_str().is_none()
+                || p["max_tokens"].as_u64().is_none()
+                || !p["messages"].is_array()
+            {
+                return error(StatusCode::BAD_REQUEST, "params: model, max_tokens and messages are required");
+            }
+            let mut messages = vec![json!({"role": "system", "content": p["system"]})];
+            messages.extend(p["messages"].as_array().into_iter().flatten().cloned());
+            input.push(json!({"custom_id": id, "body": {"model": p["model"], "messages": messages}}));
+        }
+        let now = s.clock.now_ms();
+        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut guard = s.st();
+        let st = &mut *guard;
+        st.next += 1;
+        let id = format!("msgbatch_{}", st.next);
+        st.batches.push(Batch {
+            id,
+            input,
+            created_ms: now,
+            metadata: Value::Null,
+            cancel_ms: None,
+            files: None,
+            anthropic: true,
+        });
+        let Some(b) = st.batches.last_mut() else { return error(StatusCode::INTERNAL_SERVER_ERROR, "lost") };
+        Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
+    }
+
+    /// The batch as Anthropic shows it, from OpenAI's view of it.
+    fn view(
+        b: &mut Batch,
+        now: u64,
+        how: (&BatchTiming, Option<&str>),
+        files: &mut HashMap<String, String>,
+        answered: &mut HashMap<String, u32>,
+    ) -> Value {
+        let v = super::view(b, now, how, files, answered);
+        let status = match v["status"].as_str() {
+            Some("cancelling") => "canceling",
+            Some("completed" | "expired" | "cancelled") => "ended",
+            _ => "in_progress",
+        };
+        let lines = results_of(b, files);
+        let count = |t: &str| lines.iter().filter(|l| l["result"]["type"] == t).count();
+        let ended = status == "ended";
+        let processing = if ended { 0 } else { b.input.len() };
+        json!({"id": b.id, "type": "message_batch", "processing_status": status,
+            "request_counts": {"processing": processing, "succeeded": count("succeeded"), "errored": count("errored"),
+                "canceled": count("canceled"), "expired": count("expired")},
+            "created_at": rfc3339(b.created_ms), "expires_at": rfc3339(b.created_ms + 86_400_000),
+            "cancel_initiated_at": b.cancel_ms.map(rfc3339), "ended_at": ended.then(|| rfc3339(now)),
+            "results_url": ended.then(|| format!("/v1/messages/batches/{}/results", b.id))})
+    }
+
+    /// An ended batch's result lines, in Anthropic's shape.
+    fn results_of(b: &Batch, files: &HashMap<String, String>) -> Vec<Value> {
+        let Some((output, errors)) = &b.files else { return Vec::new() };
+        let text = |f: &Option<String>| f.as_ref().and_then(|f| files.get(f)).cloned().unwrap_or_default();
+        let mut out = Vec::new();
+        for line in text(output).lines().chain(text(errors).lines()) {
+            let Ok(l) = serde_json::from_str::<Value>(line) else { continue };
+            let body = &l["response"]["body"];
+            let result = match (l["response"]["status_code"].as_u64(), l["error"]["code"].as_str()) {
+                (Some(200), _) => {
+                    json!({"type": "succeeded", "message": {"id": body["id"], "type": "message",
+                    "role": "assistant", "model": body["model"],
+                    "content": [{"type": "text", "text": body["choices"][0]["message"]["content"]}],
+                    "stop_reason": "end_turn", "usage": {"input_tokens": body["usage"]["prompt_tokens"],
+                    "output_tokens": body["usage"]["completion_tokens"]}}})
+                }
+                (Some(_), _) => json!({"type": "errored", "error": {"type": "error", "error":
+                    {"type": "invalid_request_error", "message": body["error"]["message"]}}}),
+                (None, Some("batch_expired")) => json!({"type": "expired"}),
+                _ => json!({"type": "canceled"}),
+            };
+            out.push(json!({"custom_id": l["custom_id"], "result": result}));
+        }
+        out
+    }
+
+    fn find<'a>(st: &'a mut St, id: &str) -> Option<&'a mut Batch> {
+        st.batches.iter_mut().find(|b| b.anthropic && b.id == id)
+    }
+
+    pub(super) async fn retrieve(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+        s.st().requests += 1;
+        let now = s.clock.now_ms();
+        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut guard = s.st();
+        let st = &mut *guard;
+        let Some(b) = st.batches.iter_mut().find(|b| b.anthropic && b.id == id) else {
+            return error(StatusCode::NOT_FOUND, "no such batch");
+        };
+        Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
+    }
+
+    pub(super) async fn results(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+        s.st().requests += 1;
+        let mut guard = s.st();
+        let st = &mut *guard;
+        let files = st.files.clone();
+        match find(st, &id) {
+            Some(b) if b.files.is_some() => {
+                results_of(b, &files).iter().map(|l| format!("{l}\n")).collect::<String>().into_response()
+            }
+            Some(_) => error(StatusCode::BAD_REQUEST, "the batch has not ended"),
+            None => error(StatusCode::NOT_FOUND, "no such batch"),
+        }
+    }
+
+    pub(super) async fn list(
+        State(s): State<Arc<Shared>>,
+        Query(q): Query<HashMap<String, String>>,
+    ) -> Response {
+        s.st().requests += 1;
+        let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(20).clamp(1, 100);
+        let now = s.clock.now_ms();
+        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut guard = s.st();
+        let st = &mut *guard;
+        let mut newest_first: Vec<&mut Batch> = st.batches.iter_mut().rev().filter(|b| b.anthropic).collect();
+        if let Some(after) = q.get("after_id") {
+            let skip = newest_first.iter().position(|b| &b.id == after).map_or(0, |i| i + 1);
+            newest_first.drain(..skip);
+        }
+        let has_more = newest_first.len() > limit;
+        let data: Vec<Value> = newest_first
+            .into_iter()
+            .take(limit)
+            .map(|b| view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered))
+            .collect();
+        Json(json!({"data": data, "has_more": has_more,
+            "first_id": data.first().map(|b| b["id"].clone()), "last_id": data.last().map(|b| b["id"].clone())}))
+        .into_response()
+    }
+
+    pub(super) async fn cancel(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+        s.st().requests += 1;
+        let now = s.clock.now_ms();
+        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
+        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut guard = s.st();
+        let st = &mut *guard;
+        let Some(b) = st.batches.iter_mut().find(|b| b.anthropic && b.id == id) else {
+            return error(StatusCode::NOT_FOUND, "no such batch");
+        };
+        let v = view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered);
+        if v["processing_status"] != "in_progress" {
+            return error(StatusCode::CONFLICT, "only a batch in progress can be canceled");
+        }
+        b.cancel_ms = Some(now);
+        Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
+    }
 }

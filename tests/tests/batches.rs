@@ -18,7 +18,7 @@ use lanes_core::domain::batch::{BatchPhase, BatchRecord};
 use lanes_core::domain::commit::{CommitMessage, CommitsMessage, Provider};
 use lanes_core::domain::tier::{Tier, TierSetting};
 use lanes_core::domain::{Lane, RepoId, Sha};
-use lanes_core::llm::{OpenAiBatches, OpenAiClient};
+use lanes_core::llm::{AnthropicBatches, AnthropicClient, OpenAiBatches, OpenAiClient};
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{
     BatchApi, BatchStatus, BatchStore, BatchSubmission, DiffError, DiffSource, LlmError, StoreError,
@@ -84,11 +84,13 @@ struct ApiFaults {
     submit: Option<fn() -> SubmitError>,
     /// The first cancel fails as a 503 would.
     cancel: bool,
+    /// Anthropic's Message Batches rather than OpenAI's Batch API.
+    anthropic: bool,
 }
 
 /// The emulator's client with `ApiFaults`.
 struct Flaky {
-    inner: OpenAiBatches,
+    inner: Box<dyn BatchApi>,
     faults: std::sync::Mutex<ApiFaults>,
 }
 
@@ -133,6 +135,11 @@ async fn rig(timing: BatchTiming, fail_updates: u32) -> Rig {
     rig_with(timing, fail_updates, ApiFaults::default()).await
 }
 
+/// [`rig`], on Anthropic's Message Batches when `anthropic`.
+async fn rig_on(anthropic: bool, timing: BatchTiming, fail_updates: u32) -> Rig {
+    rig_with(timing, fail_updates, ApiFaults { anthropic, ..Default::default() }).await
+}
+
 async fn rig_with(timing: BatchTiming, fail_updates: u32, faults: ApiFaults) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let start = 1_800_000_000_000;
@@ -154,10 +161,17 @@ async fn rig_with(timing: BatchTiming, fail_updates: u32, faults: ApiFaults) -> 
         deadline: Some(Duration::from_secs(6 * 3600)),
         ..lease.lanes[2]
     };
-    let inner = OpenAiBatches::new(
-        OpenAiClient::new(&batches.url, "gpt-4o-mini", None, Duration::from_secs(10)),
-        "openai:gpt-4o-mini".into(),
-    );
+    let inner: Box<dyn BatchApi> = if faults.anthropic {
+        let base = batches.url.trim_end_matches("/v1");
+        let key = lanes_core::secret::Secret::fixed("k");
+        let messages = AnthropicClient::new(base, "claude-3-5-haiku-latest", key, Duration::from_secs(10));
+        Box::new(AnthropicBatches::new(messages, "anthropic:claude-3-5-haiku-latest".into()))
+    } else {
+        Box::new(OpenAiBatches::new(
+            OpenAiClient::new(&batches.url, "gpt-4o-mini", None, Duration::from_secs(10)),
+            "openai:gpt-4o-mini".into(),
+        ))
+    };
     let api = Flaky { inner, faults: std::sync::Mutex::new(faults) };
     let store: Arc<dyn BatchStore> =
         Arc::new(Forgetful { inner: adapters.batches.clone(), fail: AtomicU32::new(fail_updates) });
@@ -242,7 +256,16 @@ impl Rig {
 
 #[tokio::test]
 async fn a_batch_completes_and_each_summary_is_written_once_at_half_price() {
-    let r = rig(BatchTiming::default(), 0).await;
+    a_batch_completes_and_each_summary_is_written_once_at_half_price_on(false).await
+}
+
+#[tokio::test]
+async fn a_batch_completes_and_each_summary_is_written_once_at_half_price_on_anthropic() {
+    a_batch_completes_and_each_summary_is_written_once_at_half_price_on(true).await
+}
+
+async fn a_batch_completes_and_each_summary_is_written_once_at_half_price_on(anthropic: bool) {
+    let r = rig_on(anthropic, BatchTiming::default(), 0).await;
     let commits = commits();
     r.send(&commits).await;
     let report = r.drain().await;
@@ -268,13 +291,22 @@ async fn a_batch_completes_and_each_summary_is_written_once_at_half_price() {
 
 #[tokio::test]
 async fn a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time() {
+    a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time_on(false).await
+}
+
+#[tokio::test]
+async fn a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time_on_anthropic() {
+    a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time_on(true).await
+}
+
+async fn a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time_on(anthropic: bool) {
     // The provider's window passes after two of the four requests.
     let timing = BatchTiming {
         per_request: Duration::from_secs(40 * 60),
         window: Duration::from_secs(2 * 3600),
         ..Default::default()
     };
-    let r = rig(timing, 0).await;
+    let r = rig_on(anthropic, timing, 0).await;
     let commits = commits();
     r.send(&commits).await;
     assert_eq!(r.drain().await.batched, 12);
@@ -290,9 +322,18 @@ async fn a_batch_expiring_half_done_has_the_rest_summarized_at_flex_in_time() {
 
 #[tokio::test]
 async fn a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time() {
+    a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time_on(false).await
+}
+
+#[tokio::test]
+async fn a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time_on_anthropic() {
+    a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time_on(true).await
+}
+
+async fn a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time_on(anthropic: bool) {
     // Ten hours a request: it would finish long past the six-hour deadline.
     let timing = BatchTiming { per_request: Duration::from_secs(10 * 3600), ..Default::default() };
-    let r = rig(timing, 0).await;
+    let r = rig_on(anthropic, timing, 0).await;
     let commits = commits();
     r.send(&commits).await;
     assert_eq!(r.drain().await.batched, 12);
@@ -313,7 +354,16 @@ async fn a_batch_that_would_miss_the_deadline_is_cancelled_and_escalated_in_time
 
 #[tokio::test]
 async fn a_crash_between_submission_and_record_never_submits_twice() {
-    let r = rig(BatchTiming::default(), 1).await;
+    a_crash_between_submission_and_record_never_submits_twice_on(false).await
+}
+
+#[tokio::test]
+async fn a_crash_between_submission_and_record_never_submits_twice_on_anthropic() {
+    a_crash_between_submission_and_record_never_submits_twice_on(true).await
+}
+
+async fn a_crash_between_submission_and_record_never_submits_twice_on(anthropic: bool) {
+    let r = rig_on(anthropic, BatchTiming::default(), 1).await;
     let commits = commits();
     r.send(&commits).await;
     let first = r.drain().await;
@@ -333,7 +383,16 @@ async fn a_crash_between_submission_and_record_never_submits_twice() {
 
 #[tokio::test]
 async fn duplicates_while_a_batch_is_open_are_pending_not_batched_again() {
-    let r = rig(BatchTiming::default(), 0).await;
+    duplicates_while_a_batch_is_open_are_pending_not_batched_again_on(false).await
+}
+
+#[tokio::test]
+async fn duplicates_while_a_batch_is_open_are_pending_not_batched_again_on_anthropic() {
+    duplicates_while_a_batch_is_open_are_pending_not_batched_again_on(true).await
+}
+
+async fn duplicates_while_a_batch_is_open_are_pending_not_batched_again_on(anthropic: bool) {
+    let r = rig_on(anthropic, BatchTiming::default(), 0).await;
     let commits = commits();
     r.send(&commits).await;
     assert_eq!(r.drain().await.batched, 12);
@@ -356,7 +415,16 @@ async fn duplicates_while_a_batch_is_open_are_pending_not_batched_again() {
 
 #[tokio::test]
 async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier() {
-    let r = rig(BatchTiming::default(), 0).await;
+    a_request_the_provider_fails_alone_is_summarized_at_the_next_tier_on(false).await
+}
+
+#[tokio::test]
+async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier_on_anthropic() {
+    a_request_the_provider_fails_alone_is_summarized_at_the_next_tier_on(true).await
+}
+
+async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier_on(anthropic: bool) {
+    let r = rig_on(anthropic, BatchTiming::default(), 0).await;
     // Chosen now: no diff of this file holds it.
     let marker = format!(
         "refuse-{:x}",
@@ -394,10 +462,23 @@ async fn calls_past_the_providers_batch_queue_limit_are_made_now_at_flex() {
 
 #[tokio::test]
 async fn a_submission_lost_before_the_provider_made_it_is_found_missing_and_sent_on() {
+    a_submission_lost_before_the_provider_made_it_is_found_missing_and_sent_on_on(false).await
+}
+
+#[tokio::test]
+async fn a_submission_lost_before_the_provider_made_it_is_found_missing_and_sent_on_on_anthropic() {
+    a_submission_lost_before_the_provider_made_it_is_found_missing_and_sent_on_on(true).await
+}
+
+async fn a_submission_lost_before_the_provider_made_it_is_found_missing_and_sent_on_on(anthropic: bool) {
     let unanswered =
         || SubmitError::Unknown(LlmError::Retryable { message: "timeout".into(), retry_after: None });
-    let r = rig_with(BatchTiming::default(), 0, ApiFaults { submit: Some(unanswered), ..Default::default() })
-        .await;
+    let r = rig_with(
+        BatchTiming::default(),
+        0,
+        ApiFaults { submit: Some(unanswered), anthropic, ..Default::default() },
+    )
+    .await;
     let commits = commits();
     r.send(&commits).await;
     let first = r.drain().await;

@@ -12,10 +12,10 @@ use std::time::Duration;
 /// A Messages API client.
 #[derive(Debug, Clone)]
 pub struct AnthropicClient {
-    timeout: Duration,
-    base_url: String,
-    model: String,
-    api_key: Secret,
+    pub(super) timeout: Duration,
+    pub(super) base_url: String,
+    pub(super) model: String,
+    pub(super) api_key: Secret,
 }
 
 impl AnthropicClient {
@@ -30,9 +30,9 @@ impl AnthropicClient {
     }
 }
 
-#[async_trait]
-impl LlmClient for AnthropicClient {
-    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+impl AnthropicClient {
+    /// The Messages body of `request` (also a batch request's `params`).
+    pub(super) fn messages_body(&self, request: &LlmRequest) -> Value {
         let mut body = json!({
             "model": self.model,
             "max_tokens": request.max_tokens,
@@ -51,6 +51,14 @@ impl LlmClient for AnthropicClient {
         if !p.stop.is_empty() {
             body["stop_sequences"] = json!(p.stop);
         }
+        body
+    }
+}
+
+#[async_trait]
+impl LlmClient for AnthropicClient {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let body = self.messages_body(request);
         let url = format!("{}/v1/messages", self.base_url);
         let resp = crate::http::send(Some(&self.api_key), |http, key| {
             http.post(&url)
@@ -66,35 +74,41 @@ impl LlmClient for AnthropicClient {
         }
         let limits = super::retry::rate_limits(resp.headers(), std::time::SystemTime::now());
         let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
-        let text: String = v["content"]
-            .as_array()
-            .map(|blocks| {
-                blocks.iter().filter(|b| b["type"] == "text").filter_map(|b| b["text"].as_str()).collect()
-            })
-            .unwrap_or_default();
-        if text.is_empty() {
-            return Err(LlmError::Retryable {
-                message: "answer without text content".into(),
-                retry_after: None,
-            });
-        }
-        Ok(LlmResponse {
-            truncated: v["stop_reason"] == "max_tokens",
-            limits,
-            text,
-            model: v["model"].as_str().unwrap_or(&self.model).to_owned(),
-            usage: TokenUsage {
-                prompt: v["usage"]["input_tokens"].as_u64().unwrap_or(0),
-                completion: v["usage"]["output_tokens"].as_u64().unwrap_or(0),
-            },
-            // Anthropic serves at its Priority Tier by the organisation's capacity commitment, not
-            // per request, and says so in `usage.service_tier`; it has no flex tier (its discount
-            // is the Message Batches API).
-            tier: match v["usage"]["service_tier"].as_str() {
-                Some("priority") => crate::domain::tier::Tier::Priority,
-                _ => crate::domain::tier::Tier::Sync,
-            },
-            route: Default::default(),
-        })
+        message_answer(&v, &self.model, limits)
     }
+}
+
+/// A Message's answer (a synchronous one, or a batch request's result).
+pub(super) fn message_answer(
+    v: &Value,
+    default_model: &str,
+    limits: crate::domain::model_call::ProviderLimits,
+) -> Result<LlmResponse, LlmError> {
+    let text: String = v["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks.iter().filter(|b| b["type"] == "text").filter_map(|b| b["text"].as_str()).collect()
+        })
+        .unwrap_or_default();
+    if text.is_empty() {
+        return Err(LlmError::Retryable { message: "answer without text content".into(), retry_after: None });
+    }
+    Ok(LlmResponse {
+        truncated: v["stop_reason"] == "max_tokens",
+        limits,
+        text,
+        model: v["model"].as_str().unwrap_or(default_model).to_owned(),
+        usage: TokenUsage {
+            prompt: v["usage"]["input_tokens"].as_u64().unwrap_or(0),
+            completion: v["usage"]["output_tokens"].as_u64().unwrap_or(0),
+        },
+        // Anthropic serves at its Priority Tier by the organisation's capacity commitment, not
+        // per request, and says so in `usage.service_tier`; it has no flex tier (its discount
+        // is the Message Batches API).
+        tier: match v["usage"]["service_tier"].as_str() {
+            Some("priority") => crate::domain::tier::Tier::Priority,
+            _ => crate::domain::tier::Tier::Sync,
+        },
+        route: Default::default(),
+    })
 }

@@ -1,11 +1,13 @@
 //! LLM providers behind the [`crate::ports::LlmClient`] port: the offline provider, the
 //! OpenAI-compatible chat-completions client (OpenAI, vLLM, Ollama, LiteLLM), the Anthropic Messages
-//! client, the batch endpoints ([`OpenAiBatches`], and [`OfflineBatches`], their local twin), and the
+//! client, the batch endpoints ([`OpenAiBatches`], [`AnthropicBatches`], and [`OfflineBatches`], their
+//! local twin), and the
 //! retry policy they share (only 408/409/429/5xx and connection errors, full-jitter
 //! backoff honouring the provider's reset headers, bounded attempts), the rate limiter in front of
 //! each route's client ([`limited`]), and the per-lane routes with their fallback.
 
 mod anthropic;
+mod anthropic_batch;
 pub mod limited;
 mod offline;
 mod offline_batch;
@@ -16,6 +18,7 @@ pub mod retry;
 pub mod route;
 
 pub use anthropic::AnthropicClient;
+pub use anthropic_batch::AnthropicBatches;
 pub use limited::{Limited, estimate_tokens, limited};
 pub use offline::{BatchAnswer, OFFLINE_MODEL, OfflineProvider};
 pub use offline_batch::OfflineBatches;

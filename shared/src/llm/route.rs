@@ -11,9 +11,9 @@
 //! (`openai:gpt-5-mini+tiers@http://litellm:4000/v1`). A call asking for a tier on a route without
 //! them is made at `sync`; a tier call the provider refuses is made again at `sync` on the same
 //! route, and a model that has no such tier stops the route asking. The commits lane's first route
-//! is where its provider batches go (`LANES_TIER_COMMITS=batch`): OpenAI's own API and the offline
-//! model have a batch endpoint; `+batch` says a compatible server has OpenAI's (`+tiers+batch`
-//! combine).
+//! is where its provider batches go (`LANES_TIER_COMMITS=batch`): OpenAI's and Anthropic's own APIs
+//! and the offline model have a batch endpoint; `+batch` says a server at another URL has its
+//! vendor's (`+tiers+batch` combine).
 //!
 //! Each route has its own limiter (one per provider and model, so its own learned limits and
 //! cooldown). [`Fallback`] tries the routes in order: a route cooling down after a 429 is skipped
@@ -68,14 +68,14 @@ impl Provider {
     }
 
     /// Whether a route of this provider at `base_url` has a batch endpoint unless it says
-    /// otherwise: OpenAI's own API (its Batch API) and the offline model (its local twin). A
-    /// server of one's own may have none; Anthropic's Message Batches and Bedrock's batch inference
-    /// are not taken.
+    /// otherwise: OpenAI's own API (its Batch API), Anthropic's (Message Batches) and the offline
+    /// model (its local twin). A server of one's own may have none; Bedrock's batch inference (a job
+    /// over S3) is not taken.
     fn offers_batch(self, base_url: Option<&str>) -> bool {
         match self {
-            Provider::OpenAi => base_url.is_none(),
+            Provider::OpenAi | Provider::Anthropic => base_url.is_none(),
             Provider::Offline => true,
-            Provider::Anthropic | Provider::Bedrock => false,
+            Provider::Bedrock => false,
         }
     }
 
@@ -165,8 +165,10 @@ pub fn parse_routes(var: &'static str, list: &str) -> Result<Vec<Route>, ConfigE
             (_, None) => provider.offers_tiers(base_url.as_deref()),
         };
         let batch = match (provider, batch) {
-            (Provider::Anthropic | Provider::Bedrock, Some(true)) => {
-                return Err(invalid(format!("`{item}`: batches are taken on openai routes only")));
+            (Provider::Bedrock, Some(true)) => {
+                return Err(invalid(format!(
+                    "`{item}`: batches are taken on openai and anthropic routes only"
+                )));
             }
             (_, Some(b)) => b,
             (_, None) => provider.offers_batch(base_url.as_deref()),

@@ -98,8 +98,8 @@ fn llm_timeout() -> Result<Duration, ConfigError> {
 }
 
 /// The commits lane's provider batches, when its tier is `batch` (`LANES_TIER_COMMITS`) and its
-/// first route has a batch endpoint (`crate::llm::route::Route::batch`): OpenAI's Batch API, or the
-/// offline model's twin, which ends a batch `LANES_BATCH_TURNAROUND_MS` (default 5000) after
+/// first route has a batch endpoint (`crate::llm::route::Route::batch`): OpenAI's Batch API,
+/// Anthropic's Message Batches, or the offline model's twin, which ends a batch `LANES_BATCH_TURNAROUND_MS` (default 5000) after
 /// submission and answers it with `llm`; `LANES_BATCH_QUEUE_TOKENS` caps the prompt tokens its
 /// unended batches hold (the provider's batch queue limit). `None` otherwise: the lane's calls
 /// asked at `batch` are then made at flex.
@@ -135,7 +135,13 @@ pub fn batching(
             );
             Arc::new(crate::llm::OpenAiBatches::new(chat, route.name()))
         }
-        Provider::Anthropic | Provider::Bedrock => return Ok(None),
+        Provider::Anthropic => {
+            let base = route.base_url.clone().unwrap_or_else(|| "https://api.anthropic.com".to_owned());
+            let key = Keys::for_routes(&routes).anthropic.ok_or(ConfigError::Missing("ANTHROPIC_API_KEY"))?;
+            let messages = crate::llm::AnthropicClient::new(&base, &route.model, key, llm_timeout()?);
+            Arc::new(crate::llm::AnthropicBatches::new(messages, route.name()))
+        }
+        Provider::Bedrock => return Ok(None),
     };
     let queue_tokens = crate::config::env_number("LANES_BATCH_QUEUE_TOKENS", 1, u64::MAX)?;
     // Two deployments sharing a provider account never adopt each other's batches.
