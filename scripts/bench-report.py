@@ -4,6 +4,7 @@
 Usage: bench-report.py DIR   (DIR holds the JSON of each `lanes bench NAME --json`)
 """
 import json
+import textwrap
 import sys
 from pathlib import Path
 
@@ -274,7 +275,7 @@ def main():
         runs = c["runs"]
         sync = runs[0]
         bar(d / "cost.png", f"{sync['commits']} commits of {c['repo']}: cost at each tier policy",
-            [r["mode"].replace(", ", ",\n") for r in runs], [("USD", [r["cost_usd"] for r in runs])], "USD")
+            ["\n".join(textwrap.wrap(r["mode"], 12)) for r in runs], [("USD", [r["cost_usd"] for r in runs])], "USD")
         out += ["## Cost by service tier", "", f"`{c['command']}`", "",
                 f"The newest {sync['commits']} commits of this repository through the commits pipeline (`lanes summarize`'s, "
                 f"embedded adapters, real diffs) and the route stack (retries, the route's flex handling, the OpenAI "

@@ -260,3 +260,52 @@ async fn lanes_dev_takes_a_signed_push_and_serves_the_summaries() {
         server.metric("lanes_webhook_deliveries_total{provider=\"github\",result=\"accepted\"}").await >= 1.0
     );
 }
+
+/// `lanes dev` with the commits lane at tier `batch`: a signed push's commits go into a batch of
+/// the offline twin, the dev collector's timer reads it, and the summary is served at tier `batch`.
+#[tokio::test]
+async fn lanes_dev_at_tier_batch_summarizes_a_push_through_its_collector() {
+    let github = fake_github(Fetches::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = vec![
+        ("LANES_GITHUB_WEBHOOK_SECRET".to_owned(), "lanes-local-webhook-secret".to_owned()),
+        ("LANES_GITHUB_API_URL".to_owned(), github),
+        ("LANES_TIER_COMMITS".to_owned(), "batch".to_owned()),
+        ("LANES_BATCH_TURNAROUND_MS".to_owned(), "300".to_owned()),
+    ];
+    let server = DevServer::start_with_env(&dir.path().join("data"), &[], env).await;
+    let event: Value = serde_json::from_str(
+        &std::fs::read_to_string(lanes_tests::workspace_root().join("events/webhook-github-push.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let body = event["body"].as_str().unwrap().to_owned();
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{}/webhooks/github", server.url))
+        .header("x-github-event", "push")
+        .header("x-github-delivery", "dev-batch-1")
+        .header("x-hub-signature-256", github_signature(b"lanes-local-webhook-secret", body.as_bytes()))
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let url = format!(
+        "{}/v1/repos/github:1296269/commits/3f786850e387550fdab836ed7e6dc881de23001b/summary",
+        server.url
+    );
+    let started = Instant::now();
+    let summary: Value = loop {
+        let resp = client.get(&url).send().await.unwrap();
+        if resp.status() == 200 {
+            break resp.json().await.unwrap();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no summary: {}", server.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(summary["tier"], "batch", "{summary}");
+    let submitted =
+        "lanes_llm_route_events_total{event=\"batch_submitted\",lane=\"commits\",route=\"offline:\"}";
+    assert!(server.metric(submitted).await >= 1.0, "{}", server.log_text());
+}
