@@ -384,3 +384,58 @@ async fn a_push_that_claims_another_repositorys_id_is_refused_by_the_worker() {
         "counted: {text}"
     );
 }
+
+/// The batch path on the AWS adapters: four deliveries of one push (24 messages, 6 commits) taken
+/// by four workers at once over SQS (moto) with the lock and cache in Redis, handed to provider
+/// batches (the Files and Batch API emulator) whose record and markers live in DynamoDB
+/// (moto), then collected as the controller does: each commit summarized once, at tier `batch`,
+/// and every record closed.
+#[tokio::test]
+async fn concurrent_workers_at_tier_batch_make_one_batch_through_dynamodb_and_sqs() {
+    use lanes_tests::mock_batches::{BatchTiming, MockBatches};
+    let mut r = rig().await;
+    let timing = BatchTiming {
+        validating: Duration::from_millis(200),
+        per_request: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let batches = MockBatches::start(Arc::new(SystemClock), timing).await.unwrap();
+    let api = lanes_core::llm::OpenAiBatches::new(
+        OpenAiClient::new(&batches.url, "gpt-4o-mini", None, Duration::from_secs(10)),
+        "openai:gpt-4o-mini".into(),
+    );
+    r.worker.lease.lanes[Lane::Commits.index()].tier = lanes_core::domain::tier::TierSetting::Batch;
+    r.worker.batching = Some(lanes_core::commits::Batching {
+        api: Arc::new(api),
+        store: r.adapters.batches.clone(),
+        queue_tokens: None,
+        scope: "lanes-commits-test".into(),
+    });
+    let shas: Vec<String> = "012345".chars().map(sha).collect();
+    let p = push(202, "fork/two", &shas);
+    for d in ["b-1", "b-2", "b-3", "b-4"] {
+        let (status, _) = deliver(&r, d, &p).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+    drain(&r, 4).await;
+    assert!(r.mock.seen().is_empty(), "no synchronous call");
+    // Each worker batches the commits it locked: as many batches as workers that won a lock.
+    assert!((1..=4).contains(&batches.batches()), "{}", batches.batches());
+    let collector = r.worker.collector().unwrap();
+    let mut written = 0;
+    for _ in 0..50 {
+        written += collector.tick().await.written;
+        if written == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(written, 6);
+    let keys: Vec<(RepoId, Sha)> =
+        shas.iter().map(|s| (RepoId::parse("github:202").unwrap(), Sha::parse(s).unwrap())).collect();
+    let found = r.adapters.summaries.get_summaries(&keys).await.unwrap();
+    assert_eq!(found.len(), 6);
+    assert!(found.iter().all(|s| s.tier == lanes_core::domain::tier::Tier::Batch), "{found:?}");
+    assert!(batches.answered().values().all(|n| *n == 1) && batches.answered().len() == 6);
+    assert!(r.adapters.batches.open_batches(10).await.unwrap().is_empty(), "every record closed");
+}

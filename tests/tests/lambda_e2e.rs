@@ -202,3 +202,84 @@ async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
     assert!(page.items.iter().all(|s| s.summary.contains("not an LLM")), "offline model, labelled");
     assert_eq!(fetches.lock().unwrap().len(), 2);
 }
+
+/// The commits lane at tier `batch` in the real binaries: the `worker` binary hands the SQS batch's
+/// commits to a provider batch (the emulator of OpenAI's Files and Batch APIs) and acks them, its
+/// record in DynamoDB; the `controller` binary's scheduled tick collects the ended batch and writes
+/// each summary at tier `batch`.
+#[tokio::test]
+async fn commits_worker_batches_and_the_controller_collects_under_cargo_lambda_watch() {
+    use lanes_tests::mock_batches::{BatchTiming, MockBatches};
+    let moto = MotoServer::start();
+    let redis = RedisServer::start();
+    let settings = moto.aws_settings();
+    let urls =
+        create_aws_resources(&settings, "batch", "lanes-batch", QueueSettings::default()).await.unwrap();
+    let timing = BatchTiming {
+        validating: std::time::Duration::from_millis(100),
+        per_request: std::time::Duration::from_millis(10),
+        ..Default::default()
+    };
+    let batches =
+        MockBatches::start(std::sync::Arc::new(lanes_core::clock::SystemClock), timing).await.unwrap();
+    let fetches = lanes_tests::Fetches::default();
+    let github = lanes_tests::fake_github(fetches.clone()).await;
+    let mut env = moto.env();
+    env.extend(lanes_tests::stack_env("lanes-batch", &urls));
+    env.extend(
+        [
+            ("REDIS_URL", redis.url()),
+            ("LANES_LANE", "commits".to_owned()),
+            ("LANES_TIER_COMMITS", "batch".to_owned()),
+            ("LANES_LLM_ROUTES_COMMITS", format!("openai:gpt-4o-mini+batch@{}", batches.url)),
+            ("OPENAI_API_KEY", "k".to_owned()),
+            ("LANES_GITHUB_API_URL", github),
+            // The controller's mappings: none exist in moto, so each lane is skipped and said so.
+            ("LANES_MAPPING_INTERACTIVE", "00000000-0000-0000-0000-000000000001".to_owned()),
+            ("LANES_MAPPING_SYNTHESIS", "00000000-0000-0000-0000-000000000002".to_owned()),
+            ("LANES_MAPPING_COMMITS", "00000000-0000-0000-0000-000000000003".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let watch = LambdaWatch::start(&env);
+    let shas = ["3f786850e387550fdab836ed7e6dc881de23001b", "89e6c98d92887913cadf06b2adb97f26cde4849b"];
+    let config = sdk_config(&settings).await;
+    let queue = SqsQueue::connect(aws_sdk_sqs::Client::new(&config), &urls[2]).await.unwrap();
+    for (i, sha) in shas.iter().enumerate() {
+        let body = json!({"provider": "github", "repo_id": "github:1296269", "repo": "octo-org/hello-world",
+            "sha": sha, "subject": format!("Change {i}")});
+        lanes_core::ports::QueueSend::send(&queue, &body.to_string(), Default::default()).await.unwrap();
+    }
+    let received =
+        lanes_core::lease::receive_batch(&queue, 10, std::time::Duration::from_secs(60)).await.unwrap();
+    assert_eq!(received.len(), 2);
+    let records: Vec<Value> = received
+        .iter()
+        .map(|m| {
+            json!({
+                "messageId": m.message_id, "receiptHandle": m.receipt, "body": m.body,
+                "attributes": {"ApproximateReceiveCount": m.receive_count.to_string(), "SentTimestamp": m.sent_at_ms.to_string()},
+                "messageAttributes": {"lane": {"stringValue": "commits", "dataType": "String"}},
+                "md5OfBody": "", "eventSource": "aws:sqs", "awsRegion": "us-east-1",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:lanes-commits"
+            })
+        })
+        .collect();
+    let answer = watch.invoke("worker", &json!({ "Records": records })).await;
+    assert_eq!(answer["batchItemFailures"].as_array().map(Vec::len), Some(0), "acked: {answer}");
+    assert_eq!(batches.batches(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let tick = json!({"version": "0", "id": "t", "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-12-05T00:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});
+    watch.invoke("controller", &tick).await;
+    let summaries = lanes_core::adapters::dynamodb::DynamoSummaries::new(
+        aws_sdk_dynamodb::Client::new(&config),
+        "lanes-batch",
+    );
+    use lanes_core::ports::SummaryStore;
+    let page = summaries.list_summaries(&"github:1296269".parse().unwrap(), 10, None).await.unwrap();
+    assert_eq!(page.items.len(), 2, "{page:?}");
+    assert!(page.items.iter().all(|s| s.tier == lanes_core::domain::tier::Tier::Batch), "{page:?}");
+    assert_eq!(batches.answered().len(), 2);
+}
