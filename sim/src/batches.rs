@@ -67,9 +67,9 @@ impl BatchApi for FaultyBatchApi {
     fn route(&self) -> &str {
         self.inner.route()
     }
-    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError> {
+    async fn find(&self, key: &str, since_ms: u64, requests: usize) -> Result<Option<String>, LlmError> {
         let d = self.ctx.pre::<LlmError>(Port::Provider, "batch.find", key).await?;
-        let out = self.inner.find(key, since_ms).await;
+        let out = self.inner.find(key, since_ms, requests).await;
         self.ctx.post(d, "batch.find", key, out).await
     }
     async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError> {

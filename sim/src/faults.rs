@@ -652,14 +652,16 @@ impl QueueSend for FaultyQueue {
         if self.ctx.proc.kind == "ingress" {
             self.ctx.chaos.oracle(|o| o.ingress_send(&task));
         }
-        if let Ok(c) = serde_json::from_str::<lanes_core::domain::commit::CommitMessage>(body)
-            && c.escalated.is_some()
-        {
-            // A batch's collector sends the commit on: the batch no longer owns it.
-            self.ctx.chaos.oracle(|o| o.commit_sent_on(&c.sha));
-        }
         let d = self.ctx.pre::<QueueError>(Port::Queue, "send", &task).await?;
         let r = self.inner.send(body, attributes.clone()).await;
+        if r.is_ok()
+            && let Ok(c) = serde_json::from_str::<lanes_core::domain::commit::CommitMessage>(body)
+            && c.escalated.is_some()
+        {
+            // A batch's collector sent the commit on (it is in the queue): the batch no longer
+            // owns it.
+            self.ctx.chaos.oracle(|o| o.commit_sent_on(&c.sha));
+        }
         if r.is_ok()
             && !self.ctx.chaos.is_calm()
             && self.ctx.chaos.chance() < self.ctx.chaos.plan.p_duplicate_delivery
@@ -795,8 +797,13 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
         // record owns the commit (the oracle also takes one its collector has sent on).
         let found = chaos.summaries.get_summaries(&[(c.repo_id.clone(), c.sha.clone())]).await;
         let summarized = found.is_ok_and(|v| !v.is_empty());
+        // Owned by a batch other than the one that sent this delivery on.
+        let from = c.escalated.as_ref().and_then(|e| e.from.clone());
         let batched = match &chaos.batches {
-            Some(b) => b.batched(&[c.key()]).await.is_ok_and(|k| !k.is_empty()),
+            Some(b) => b
+                .batched(&[c.key()])
+                .await
+                .is_ok_and(|k| k.values().any(|batch| Some(batch) != from.as_ref())),
             None => false,
         };
         chaos.oracle(|o| o.commit_acked(&c.sha, summarized, batched));

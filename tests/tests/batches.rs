@@ -86,6 +86,8 @@ struct ApiFaults {
     cancel: bool,
     /// Anthropic's Message Batches rather than OpenAI's Batch API.
     anthropic: bool,
+    /// Every status read fails as a 503 would.
+    status: bool,
 }
 
 /// The emulator's client with `ApiFaults`.
@@ -99,8 +101,8 @@ impl BatchApi for Flaky {
     fn route(&self) -> &str {
         self.inner.route()
     }
-    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError> {
-        self.inner.find(key, since_ms).await
+    async fn find(&self, key: &str, since_ms: u64, requests: usize) -> Result<Option<String>, LlmError> {
+        self.inner.find(key, since_ms, requests).await
     }
     async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError> {
         let fault = self.faults.lock().unwrap().submit.take();
@@ -110,6 +112,9 @@ impl BatchApi for Flaky {
         }
     }
     async fn status(&self, id: &str) -> Result<BatchStatus, LlmError> {
+        if self.faults.lock().unwrap().status {
+            return Err(LlmError::Retryable { message: "503".into(), retry_after: None });
+        }
         self.inner.status(id).await
     }
     async fn cancel(&self, id: &str) -> Result<(), LlmError> {
@@ -529,4 +534,42 @@ async fn a_cancel_that_fails_is_asked_again_and_nothing_is_late() {
     assert_eq!(r.drain().await.done.len(), 12);
     let tiers = r.all_summarized_once(&commits).await;
     assert!(tiers.iter().all(|t| *t == Tier::Flex), "{tiers:?}");
+}
+
+#[tokio::test]
+async fn a_batch_still_cancelling_at_its_escalation_has_its_commits_sent_on_and_its_end_read_later() {
+    let timing = BatchTiming {
+        per_request: Duration::from_secs(10 * 3600),
+        cancelling: Duration::from_secs(30 * 60),
+        ..Default::default()
+    };
+    let r = rig(timing, 0).await;
+    let commits = commits();
+    r.send(&commits).await;
+    assert_eq!(r.drain().await.batched, 12);
+    assert_eq!(r.at(6 * HOUR - 27 * MIN).await.cancelled, 1);
+    let escalated = r.at(6 * HOUR - 17 * MIN).await;
+    assert_eq!((escalated.ended, escalated.sent_back), (0, 12), "still cancelling: sent on at once");
+    assert_eq!(r.drain().await.done.len(), 12);
+    // Cancelled at last, with nothing answered: read and closed, nothing sent on twice.
+    let ended = r.at(6 * HOUR + 5 * MIN).await;
+    assert_eq!((ended.ended, ended.sent_back), (1, 0));
+    let tiers = r.all_summarized_once(&commits).await;
+    assert!(tiers.iter().all(|t| *t == Tier::Flex), "{tiers:?}");
+}
+
+#[tokio::test]
+async fn a_provider_that_cannot_say_how_its_batch_is_does_not_hold_the_commits_past_the_deadline() {
+    let r = rig_with(BatchTiming::default(), 0, ApiFaults { status: true, ..Default::default() }).await;
+    let commits = commits();
+    r.send(&commits).await;
+    assert_eq!(r.drain().await.batched, 12);
+    assert_eq!(r.at(HOUR).await.errors, 1, "the failed read is an error of the tick");
+    let escalated = r.at(6 * HOUR - 17 * MIN).await;
+    assert_eq!(escalated.sent_back, 12, "sent on at the escalation all the same");
+    assert_eq!(r.drain().await.done.len(), 12);
+    let keys: Vec<_> = commits.iter().map(|c| (c.repo_id.clone(), c.sha.clone())).collect();
+    let found = r.adapters.summaries.get_summaries(&keys).await.unwrap();
+    assert_eq!(found.len(), 12);
+    assert!(found.iter().all(|s| s.created_at_ms <= r.start + 6 * HOUR));
 }

@@ -170,7 +170,17 @@ impl CommitsWorker {
         }
         let deadline_ms =
             calls.iter().flat_map(|c| &c.commits).map(|c| c.enqueued_at_ms + deadline).min().unwrap_or(0);
-        let key = batch_key(self.batching.as_ref().map_or("", |b| b.scope.as_str()), &calls);
+        // Commits a batch sent on are keyed apart from it: batched again, they make another key,
+        // so a duplicate of what was sent on still finds the new batch's marker.
+        let mut froms: Vec<&str> = calls
+            .iter()
+            .flat_map(|c| &c.commits)
+            .filter_map(|c| c.commit.escalated.as_ref()?.from.as_deref())
+            .collect();
+        froms.sort_unstable();
+        froms.dedup();
+        let scope = self.batching.as_ref().map_or("", |b| b.scope.as_str());
+        let key = batch_key(&format!("{scope}|{}", froms.join(",")), &calls);
         let record = BatchRecord {
             key: key.clone(),
             route: self.batching.as_ref().map(|b| b.api.route().to_owned()).unwrap_or_default(),
@@ -237,17 +247,23 @@ impl CommitsWorker {
         }
     }
 
-    /// The id of the batch carrying the record's key, made now if none does. A failed lookup
-    /// made nothing.
+    /// The id of the batch carrying the record's key, made now if none does. The record just
+    /// written is what keeps a key from being submitted twice (only its own collector closes it);
+    /// the lookup is a second guard, so one that cannot answer (Anthropic's, while a batch of as
+    /// many requests runs) does not stop the submission.
     async fn find_or_submit(
         &self,
         batching: &Batching,
         record: &BatchRecord,
         submission: &BatchSubmission,
     ) -> Result<String, SubmitError> {
-        match batching.api.find(&record.key, record.created_at_ms).await.map_err(SubmitError::NotMade)? {
-            Some(id) => Ok(id),
-            None => batching.api.submit(submission).await,
+        match batching.api.find(&record.key, record.created_at_ms, record.calls.len()).await {
+            Ok(Some(id)) => Ok(id),
+            Ok(None) => batching.api.submit(submission).await,
+            Err(e) => {
+                warn!(error = %e, key = %record.key, "batch lookup unanswered; submitting under the new record");
+                batching.api.submit(submission).await
+            }
         }
     }
 

@@ -19,7 +19,7 @@ use super::budget::count_tokens;
 use super::prompt;
 use super::worker::LANE;
 use crate::clock::SharedClock;
-use crate::domain::batch::{BatchPhase, BatchRecord, BatchedCommit, Step, step};
+use crate::domain::batch::{BatchPhase, BatchRecord, BatchedCommit, ESCALATE_AT, Step, step};
 use crate::domain::commit::{CommitSummary, CommitsMessage, Escalation, SummarySource, summary_cache_key};
 use crate::domain::tier::Tier;
 use crate::domain::{Lane, TokenUsage};
@@ -124,26 +124,51 @@ impl Collector {
         let store = &self.batching.store;
         match step(&r, now) {
             Step::Wait => {}
-            Step::LookUp => match api.find(&r.key, r.created_at_ms).await? {
-                Some(id) => {
+            Step::LookUp => match api.find(&r.key, r.created_at_ms, r.calls.len()).await {
+                Ok(Some(id)) => {
                     let was = r.phase;
                     r.provider_id = Some(id);
                     r.phase = BatchPhase::Open;
                     store.update_batch(&r, was).await?;
                     out.adopted += 1;
                 }
-                None => {
-                    // Never made: its commits go on as they were, the deadline kept.
-                    out.sent_back += self.send_back(&r, Tier::Batch).await?;
+                Ok(None) => {
+                    // Never made: its commits go on as they were (unless already sent on), the
+                    // deadline kept.
+                    if !r.escalated {
+                        out.sent_back += self.send_back(&r, Tier::Batch).await?;
+                    }
                     store.close_batch(&r).await?;
                 }
+                // A lookup that cannot finish does not hold the commits past their deadline: they
+                // go on at flex, and the record stays to be looked up again (its late answers
+                // are written once).
+                Err(e)
+                    if !r.escalated
+                        && r.deadline_ms.saturating_sub(now) <= ESCALATE_AT.as_millis() as u64 =>
+                {
+                    warn!(error = %e, key = %r.key, "batch lookup failed near the deadline; sending its commits on");
+                    out.sent_back += self.send_back(&r, Tier::Flex).await?;
+                    let was = r.phase;
+                    r.escalated = true;
+                    store.update_batch(&r, was).await?;
+                }
+                Err(e) => return Err(e.into()),
             },
             Step::Poll => {
                 self.poll(&r, out).await?;
             }
-            // An ended batch is collected, not cancelled or escalated: its answers are in hand.
-            Step::Cancel | Step::Escalate if self.poll(&r, out).await? => {}
             Step::Cancel | Step::Escalate => {
+                // An ended batch is collected, not cancelled or escalated: its answers are in hand.
+                // A provider that cannot say does not stop an escalation: the deadline comes first.
+                match self.poll(&r, out).await {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(e) if step(&r, now) == Step::Escalate => {
+                        warn!(error = %e, key = %r.key, "batch status unknown at its escalation; escalating");
+                    }
+                    Err(e) => return Err(e),
+                }
                 let (was, before) = (r.phase, r.clone());
                 if step(&r, now) == Step::Escalate {
                     out.sent_back += self.send_back(&r, Tier::Flex).await?;
@@ -187,12 +212,19 @@ impl Collector {
     /// had ended.
     async fn poll(&self, r: &BatchRecord, out: &mut Collected) -> Result<bool, CollectError> {
         let Some(id) = &r.provider_id else { return Ok(false) };
-        let answers = match self.batching.api.status(id).await? {
-            BatchStatus::Running(_) => return Ok(false),
-            BatchStatus::Ended(end, answers) => {
+        let answers = match self.batching.api.status(id).await {
+            Ok(BatchStatus::Running(_)) => return Ok(false),
+            Ok(BatchStatus::Ended(end, answers)) => {
                 info!(batch = %id, ?end, answers = answers.len(), "batch ended");
                 answers
             }
+            // The provider refuses to say, for good (the batch is unknown to it, or the key no
+            // longer reads it): read as ended with nothing answered, so its commits go on.
+            Err(LlmError::Permanent(e)) => {
+                warn!(batch = %id, error = %e, "batch status refused; its commits go on");
+                Vec::new()
+            }
+            Err(e) => return Err(e.into()),
         };
         let by_id: HashMap<&str, &BatchAnswer> = answers.iter().map(|a| (a.custom_id.as_str(), a)).collect();
         let mut unanswered: Vec<&BatchedCommit> = Vec::new();

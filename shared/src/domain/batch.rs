@@ -128,6 +128,10 @@ pub fn batch_key(scope: &str, calls: &[BatchCall]) -> String {
     format!("lanes-{}", digest(std::iter::once(scope.to_owned()).chain(ids)))
 }
 
+/// How long before its deadline whatever a batch has not answered is sent on, cancelled or not:
+/// a slow flex call ([`FLEX_HEADROOM`]) and two collector ticks.
+pub const ESCALATE_AT: Duration = Duration::from_secs(FLEX_HEADROOM.as_secs() + 2 * 60);
+
 /// What the collector does with a record at `now_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -148,7 +152,7 @@ pub enum Step {
 /// has not answered a slow flex call and a tick before the deadline is escalated, cancelled or not.
 pub fn step(record: &BatchRecord, now_ms: u64) -> Step {
     let left = Duration::from_millis(record.deadline_ms.saturating_sub(now_ms));
-    let escalate_at = FLEX_HEADROOM + Duration::from_secs(2 * 60);
+    let escalate_at = ESCALATE_AT;
     match record.phase {
         BatchPhase::Submitting => {
             if now_ms.saturating_sub(record.created_at_ms) >= SUBMIT_GRACE.as_millis() as u64 {

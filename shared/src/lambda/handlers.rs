@@ -182,22 +182,22 @@ impl ControllerFunction {
     }
 }
 
-/// The controller's collector of the commits lane's provider batches (`LANES_TIER_COMMITS=batch`
-/// with a route that has a batch endpoint): the records in `table`, the commits sent back to
+/// The controller's collector of the commits lane's provider batches, whenever the lane's route
+/// has a batch endpoint, whatever its tier now (batches made before a change of tier still end,
+/// and their commits are owned by nobody else): the records in `table`, the commits sent back to
 /// `commits_url`, and the routes' keys as the workers read them.
 async fn collector(
     aws: &crate::adapters::AwsClients,
     table: &str,
     commits_url: &str,
 ) -> Result<Option<crate::commits::collect::Collector>, ColdStartError> {
-    let config = WorkerConfig::default().lanes_from_env()?;
     crate::llm::price::load_from_env()?;
     let clock: SharedClock = Arc::new(SystemClock);
     let offline = crate::llm::OfflineProvider::new(|_| Duration::ZERO)
         .answering_batches(crate::commits::prompt::offline_answer);
-    let tier = config.lane(Lane::Commits).tier;
     let store = Arc::new(aws.batches(table));
-    let Some(batching) = crate::wiring::batching(store, Arc::new(offline), tier)? else {
+    let batch = crate::domain::tier::TierSetting::Batch;
+    let Some(batching) = crate::wiring::batching(store, Arc::new(offline), batch)? else {
         return Ok(None);
     };
     Ok(Some(crate::commits::collect::Collector {

@@ -6,8 +6,9 @@
 //!
 //! A Message Batch has no metadata, so the batch's key travels in each request's `custom_id`
 //! (`<key>-<id>`, 57 characters of `[a-zA-Z0-9_-]`, within Anthropic's 64). Looking a key up reads
-//! the results of the batches made since the submission; one of those still running cannot be
-//! told apart, so the lookup then fails (it is asked again next tick) rather than answer "none".
+//! the results of the batches made since the submission; one of those still running with as many
+//! requests cannot be told apart, so the lookup then fails (it is asked again next tick, and the
+//! collector sends the commits on if the deadline nears) rather than answer "none".
 
 use super::anthropic::{AnthropicClient, message_answer};
 use super::openai::{json_capped, send_error, status_error, transport_error};
@@ -120,7 +121,7 @@ impl BatchApi for AnthropicBatches {
         &self.route
     }
 
-    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError> {
+    async fn find(&self, key: &str, since_ms: u64, requests: usize) -> Result<Option<String>, LlmError> {
         let prefix = format!("{key}-");
         let mut after: Option<String> = None;
         for _ in 0..FIND_PAGES {
@@ -138,6 +139,15 @@ impl BatchApi for AnthropicBatches {
                     return Ok(None);
                 }
                 let Some(id) = b["id"].as_str() else { continue };
+                // A running batch of another size cannot be this one.
+                let c = &b["request_counts"];
+                let total: u64 = ["processing", "succeeded", "errored", "canceled", "expired"]
+                    .iter()
+                    .map(|k| c[*k].as_u64().unwrap_or(0))
+                    .sum();
+                if b["processing_status"] != "ended" && total != requests as u64 {
+                    continue;
+                }
                 if b["processing_status"] != "ended" {
                     return Err(LlmError::Retryable {
                         message: format!(

@@ -18,6 +18,8 @@ use std::time::Duration;
 struct Held {
     key: String,
     cancelled: bool,
+    /// Its model is answering it: a cancel then finds it cancelling, and its answers stand.
+    running: bool,
     /// Its answers, once it ran.
     answers: Option<Vec<BatchAnswer>>,
 }
@@ -49,7 +51,7 @@ impl BatchApi for OfflineBatches {
         &self.route
     }
 
-    async fn find(&self, key: &str, _since_ms: u64) -> Result<Option<String>, LlmError> {
+    async fn find(&self, key: &str, _since_ms: u64, _requests: usize) -> Result<Option<String>, LlmError> {
         Ok(lock(&self.held).iter().find(|(_, h)| h.key == key).map(|(id, _)| id.clone()))
     }
 
@@ -57,7 +59,10 @@ impl BatchApi for OfflineBatches {
         let id = {
             let mut held = lock(&self.held);
             let id = format!("batch_offline_{}_{}", held.len() + 1, batch.key);
-            held.insert(id.clone(), Held { key: batch.key.clone(), cancelled: false, answers: None });
+            held.insert(
+                id.clone(),
+                Held { key: batch.key.clone(), cancelled: false, running: false, answers: None },
+            );
             id
         };
         let (model, held, route, turnaround) =
@@ -65,8 +70,9 @@ impl BatchApi for OfflineBatches {
         let (calls, run) = (batch.calls.clone(), id.clone());
         tokio::spawn(async move {
             tokio::time::sleep(turnaround).await;
-            if lock(&held).get(&run).is_none_or(|h| h.cancelled) {
-                return;
+            match lock(&held).get_mut(&run) {
+                Some(h) if !h.cancelled => h.running = true,
+                _ => return,
             }
             let mut answers = Vec::with_capacity(calls.len());
             for (custom_id, request) in calls {
@@ -78,7 +84,7 @@ impl BatchApi for OfflineBatches {
                 answers.push(BatchAnswer { custom_id, outcome });
             }
             if let Some(h) = lock(&held).get_mut(&run) {
-                h.answers = Some(answers);
+                (h.answers, h.running) = (Some(answers), false);
             }
         });
         Ok(id)
@@ -89,6 +95,7 @@ impl BatchApi for OfflineBatches {
         Ok(match held.get(id) {
             None => BatchStatus::Ended(BatchEnd::Expired, Vec::new()),
             Some(Held { answers: Some(a), .. }) => BatchStatus::Ended(BatchEnd::Completed, a.clone()),
+            Some(Held { running: true, cancelled: true, .. }) => BatchStatus::Running("cancelling".into()),
             Some(Held { cancelled: true, .. }) => BatchStatus::Ended(BatchEnd::Cancelled, Vec::new()),
             Some(_) => BatchStatus::Running("in_progress".into()),
         })

@@ -105,7 +105,7 @@ impl BatchApi for OpenAiBatches {
         &self.route
     }
 
-    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError> {
+    async fn find(&self, key: &str, since_ms: u64, _requests: usize) -> Result<Option<String>, LlmError> {
         let mut after: Option<String> = None;
         for _ in 0..FIND_PAGES {
             let page = self

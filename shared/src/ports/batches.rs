@@ -66,10 +66,10 @@ pub enum SubmitError {
 pub trait BatchApi: Send + Sync {
     /// The route (`provider:model`) it submits to.
     fn route(&self) -> &str;
-    /// The id of a batch carrying `key` in its metadata, made by a submission no earlier than
-    /// `since_ms` (Unix ms). `None` only when every batch made since then was looked at: a lookup
-    /// that could not finish is an error, never a "none".
-    async fn find(&self, key: &str, since_ms: u64) -> Result<Option<String>, LlmError>;
+    /// The id of a batch carrying `key`, of `requests` requests, made by a submission no earlier
+    /// than `since_ms` (Unix ms). `None` only when every batch made since then was looked at: a
+    /// lookup that could not finish is an error, never a "none".
+    async fn find(&self, key: &str, since_ms: u64, requests: usize) -> Result<Option<String>, LlmError>;
     /// Submits the batch; its provider id.
     async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError>;
     /// How the batch is, with its answers once it ended.
