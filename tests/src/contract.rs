@@ -616,7 +616,6 @@ pub async fn batch_store(s: &dyn lanes_core::ports::BatchStore) {
             created_at_ms: created,
             deadline_ms: 3_600_000,
             escalated: false,
-            tokens: Default::default(),
         }
     };
     let (a, b, c) = ("a".repeat(40), "b".repeat(40), "c".repeat(40));

@@ -86,6 +86,12 @@ impl Shared {
     fn st(&self) -> std::sync::MutexGuard<'_, St> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// What a batch's view depends on now: the time, the pace, the failing marker.
+    fn moment(&self) -> (u64, BatchTiming, Option<String>) {
+        let timing = *self.timing.lock().unwrap_or_else(|e| e.into_inner());
+        (self.clock.now_ms(), timing, self.fail.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
 }
 
 /// The running emulator.
@@ -223,9 +229,7 @@ async fn create(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Respon
         anthropic: false,
     };
     st.batches.push(batch);
-    let now = s.clock.now_ms();
-    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (now, timing, fail) = s.moment();
     let st = &mut *st;
     let Some(b) = st.batches.last_mut() else { return error(StatusCode::INTERNAL_SERVER_ERROR, "lost") };
     Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
@@ -234,9 +238,7 @@ async fn create(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Respon
 async fn list(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
     s.st().requests += 1;
     let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(20).clamp(1, 100);
-    let now = s.clock.now_ms();
-    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (now, timing, fail) = s.moment();
     let mut guard = s.st();
     let st = &mut *guard;
     let mut newest_first: Vec<&mut Batch> = st.batches.iter_mut().rev().filter(|b| !b.anthropic).collect();
@@ -257,9 +259,7 @@ async fn list(State(s): State<Arc<Shared>>, Query(q): Query<HashMap<String, Stri
 
 async fn retrieve(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
     s.st().requests += 1;
-    let now = s.clock.now_ms();
-    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (now, timing, fail) = s.moment();
     let mut guard = s.st();
     let st = &mut *guard;
     match st.batches.iter_mut().find(|b| b.id == id) {
@@ -272,9 +272,7 @@ async fn retrieve(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Respo
 
 async fn cancel(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
     s.st().requests += 1;
-    let now = s.clock.now_ms();
-    let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-    let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (now, timing, fail) = s.moment();
     let mut guard = s.st();
     let st = &mut *guard;
     let Some(b) = st.batches.iter_mut().find(|b| b.id == id) else {
@@ -418,9 +416,7 @@ mod anthropic {
             messages.extend(p["messages"].as_array().into_iter().flatten().cloned());
             input.push(json!({"custom_id": id, "body": {"model": p["model"], "messages": messages}}));
         }
-        let now = s.clock.now_ms();
-        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (now, timing, fail) = s.moment();
         let mut guard = s.st();
         let st = &mut *guard;
         st.next += 1;
@@ -496,9 +492,7 @@ mod anthropic {
 
     pub(super) async fn retrieve(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
         s.st().requests += 1;
-        let now = s.clock.now_ms();
-        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (now, timing, fail) = s.moment();
         let mut guard = s.st();
         let st = &mut *guard;
         let Some(b) = st.batches.iter_mut().find(|b| b.anthropic && b.id == id) else {
@@ -527,9 +521,7 @@ mod anthropic {
     ) -> Response {
         s.st().requests += 1;
         let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(20).clamp(1, 100);
-        let now = s.clock.now_ms();
-        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (now, timing, fail) = s.moment();
         let mut guard = s.st();
         let st = &mut *guard;
         let mut newest_first: Vec<&mut Batch> = st.batches.iter_mut().rev().filter(|b| b.anthropic).collect();
@@ -550,9 +542,7 @@ mod anthropic {
 
     pub(super) async fn cancel(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
         s.st().requests += 1;
-        let now = s.clock.now_ms();
-        let timing = *s.timing.lock().unwrap_or_else(|e| e.into_inner());
-        let fail = s.fail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (now, timing, fail) = s.moment();
         let mut guard = s.st();
         let st = &mut *guard;
         let Some(b) = st.batches.iter_mut().find(|b| b.anthropic && b.id == id) else {

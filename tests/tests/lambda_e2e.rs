@@ -175,19 +175,8 @@ async fn webhook_and_commits_worker_binaries_under_cargo_lambda_watch() {
     let received =
         lanes_core::lease::receive_batch(&queue, 100, std::time::Duration::from_secs(60)).await.unwrap();
     assert_eq!(received.len(), 3, "two GitHub commits and one GitLab commit");
-    let records: Vec<Value> = received
-        .iter()
-        .map(|m| {
-            json!({
-                "messageId": m.message_id, "receiptHandle": m.receipt, "body": m.body,
-                "attributes": {"ApproximateReceiveCount": m.receive_count.to_string(), "SentTimestamp": m.sent_at_ms.to_string()},
-                "messageAttributes": {"lane": {"stringValue": "commits", "dataType": "String"}},
-                "md5OfBody": "", "eventSource": "aws:sqs", "awsRegion": "us-east-1",
-                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:lanes-commits"
-            })
-        })
-        .collect();
-    let answer = watch.invoke("worker", &json!({ "Records": records })).await;
+    let arn = "arn:aws:sqs:us-east-1:123456789012:lanes-commits";
+    let answer = watch.invoke("worker", &lanes_tests::lambda_emulator::sqs_event(&received, arn)).await;
     // GitLab is unreachable: its commit is a retryable failure, handed back (a batch item failure);
     // the two GitHub commits are summarized and acked.
     let failures = answer["batchItemFailures"].as_array().unwrap();
@@ -249,24 +238,14 @@ async fn commits_worker_batches_and_the_controller_collects_under_cargo_lambda_w
     for (i, sha) in shas.iter().enumerate() {
         let body = json!({"provider": "github", "repo_id": "github:1296269", "repo": "octo-org/hello-world",
             "sha": sha, "subject": format!("Change {i}")});
-        lanes_core::ports::QueueSend::send(&queue, &body.to_string(), Default::default()).await.unwrap();
+        let lane = std::collections::BTreeMap::from([("lane".to_owned(), "commits".to_owned())]);
+        lanes_core::ports::QueueSend::send(&queue, &body.to_string(), lane).await.unwrap();
     }
     let received =
         lanes_core::lease::receive_batch(&queue, 10, std::time::Duration::from_secs(60)).await.unwrap();
     assert_eq!(received.len(), 2);
-    let records: Vec<Value> = received
-        .iter()
-        .map(|m| {
-            json!({
-                "messageId": m.message_id, "receiptHandle": m.receipt, "body": m.body,
-                "attributes": {"ApproximateReceiveCount": m.receive_count.to_string(), "SentTimestamp": m.sent_at_ms.to_string()},
-                "messageAttributes": {"lane": {"stringValue": "commits", "dataType": "String"}},
-                "md5OfBody": "", "eventSource": "aws:sqs", "awsRegion": "us-east-1",
-                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:lanes-commits"
-            })
-        })
-        .collect();
-    let answer = watch.invoke("worker", &json!({ "Records": records })).await;
+    let arn = "arn:aws:sqs:us-east-1:123456789012:lanes-commits";
+    let answer = watch.invoke("worker", &lanes_tests::lambda_emulator::sqs_event(&received, arn)).await;
     assert_eq!(answer["batchItemFailures"].as_array().map(Vec::len), Some(0), "acked: {answer}");
     assert_eq!(batches.batches(), 1);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;

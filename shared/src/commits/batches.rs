@@ -16,14 +16,13 @@
 //! ([`CommitsWorker::answer_batched`]), unless the collector sent it back (it carries its floor).
 
 pub use super::Batching;
-use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
 use super::worker::{CommitsWorker, Group, GroupEnd, Pending};
+use crate::domain::Lane;
 use crate::domain::batch::{
     BatchCall, BatchPhase, BatchRecord, BatchedCommit, MAX_BATCH_COMMITS, SUBMIT_LIMIT, batch_key, custom_id,
 };
 use crate::domain::tier::Tier;
-use crate::domain::{Kind, Lane};
-use crate::ports::{BatchSubmission, LlmRequest, SubmitError};
+use crate::ports::{BatchSubmission, SubmitError};
 use tracing::{info, warn};
 
 impl CommitsWorker {
@@ -85,7 +84,7 @@ impl CommitsWorker {
         for bin in bins {
             let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
             let tokens: u64 = items.iter().map(|p| p.section_tokens as u64).sum();
-            if self.request_for(groups, &items).tier == Tier::Batch
+            if self.tier_for(groups, &items) == Tier::Batch
                 && carried + bin.len() <= MAX_BATCH_COMMITS
                 && tokens <= room
             {
@@ -122,7 +121,7 @@ impl CommitsWorker {
     async fn queue_room(&self, batching: &Batching) -> u64 {
         let Some(limit) = batching.queue_tokens else { return u64::MAX };
         match batching.store.open_batches(1000).await {
-            Ok(open) => limit.saturating_sub(open.iter().map(|r| r.tokens).sum()),
+            Ok(open) => limit.saturating_sub(open.iter().map(BatchRecord::tokens).sum()),
             Err(e) => {
                 warn!(error = %e, "batch records unavailable; calling now");
                 0
@@ -154,18 +153,7 @@ impl CommitsWorker {
                 })
                 .collect();
             let id = custom_id(&commits);
-            requests.push((
-                id.clone(),
-                LlmRequest {
-                    tier: Tier::Batch,
-                    lane: Lane::Commits,
-                    kind: Kind::CommitSummary,
-                    prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
-                    target_files: Vec::new(),
-                    max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
-                    params: Default::default(),
-                },
-            ));
+            requests.push((id.clone(), self.request_for(&items, Tier::Batch)));
             calls.push(BatchCall { custom_id: id, commits });
         }
         let deadline_ms =
@@ -186,7 +174,6 @@ impl CommitsWorker {
             route: self.batching.as_ref().map(|b| b.api.route().to_owned()).unwrap_or_default(),
             provider_id: None,
             phase: BatchPhase::Submitting,
-            tokens: calls.iter().flat_map(|c| &c.commits).map(|c| c.section_tokens).sum(),
             calls,
             created_at_ms: self.clock.now_ms(),
             deadline_ms,

@@ -217,15 +217,24 @@ impl CommitsWorker {
         }
     }
 
-    /// The call for `items`: at the lane's tier for the item that has waited longest, never below
-    /// the floor of an item a batch sent back (`batch` where the lane allows it: the caller submits
-    /// those to a provider batch, [`super::batches`]).
-    pub(super) fn request_for(&self, groups: &[Group], items: &[&Pending]) -> LlmRequest {
+    /// The tier of a call for `items`: the lane's choice for the item that has waited longest,
+    /// never below the floor of an item a batch sent back. `batch` where the lane allows it: the
+    /// caller then submits those calls to a provider batch ([`super::batches`]).
+    pub(super) fn tier_for(&self, groups: &[Group], items: &[&Pending]) -> Tier {
         let oldest = items.iter().map(|p| groups[p.group].enqueued_at_ms).min().unwrap_or(u64::MAX);
         let waited = Duration::from_millis(self.clock.now_ms().saturating_sub(oldest));
         let policy = self.lease.lane(Lane::Commits);
-        let request = LlmRequest {
-            tier: Tier::Sync,
+        let floor = items
+            .iter()
+            .filter_map(|p| groups[p.group].commit.escalated.as_ref().map(|e| e.floor))
+            .fold(None, |acc: Option<Tier>, f| Some(f.at_least(acc)));
+        crate::domain::tier::choose(policy.tier, policy.deadline, waited).at_least(floor)
+    }
+
+    /// The call for `items` at `tier`: their sections in one prompt.
+    pub(super) fn request_for(&self, items: &[&Pending], tier: Tier) -> LlmRequest {
+        LlmRequest {
+            tier,
             lane: Lane::Commits,
             kind: Kind::CommitSummary,
             prompt: prompt::build_prompt(items.iter().map(|p| p.section.as_str())),
@@ -233,12 +242,6 @@ impl CommitsWorker {
             max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
             params: Default::default(),
         }
-        .at_tier((policy.tier, policy.deadline), waited);
-        let floor = items
-            .iter()
-            .filter_map(|p| groups[p.group].commit.escalated.as_ref().map(|e| e.floor))
-            .fold(None, |acc: Option<Tier>, f| Some(f.at_least(acc)));
-        LlmRequest { tier: request.tier.at_least(floor), ..request }
     }
 
     /// One model call for `items`, abandoned when every item's lease is lost or the deadline comes.
@@ -249,13 +252,13 @@ impl CommitsWorker {
         lost: &[CancellationToken],
         deadline: Instant,
     ) -> CallResult {
-        let request = self.request_for(groups, items);
         // A call the lane would batch but that is made now (no batch endpoint, or no room in its
         // queue) is made at the nearest synchronous price.
-        let request = match request.tier {
-            Tier::Batch => LlmRequest { tier: Tier::Flex, ..request },
-            _ => request,
+        let tier = match self.tier_for(groups, items) {
+            Tier::Batch => Tier::Flex,
+            tier => tier,
         };
+        let request = self.request_for(items, tier);
         let all_lost = async {
             for t in lost {
                 t.cancelled().await;

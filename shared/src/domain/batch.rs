@@ -82,10 +82,6 @@ pub struct BatchRecord {
     pub phase: BatchPhase,
     /// Its requests.
     pub calls: Vec<BatchCall>,
-    /// The prompt tokens its requests carry (their commits' sections): what it holds of the
-    /// provider's batch queue.
-    #[serde(default)]
-    pub tokens: u64,
     /// When it was recorded (Unix ms).
     pub created_at_ms: u64,
     /// The earliest deadline of its commits (Unix ms).
@@ -100,6 +96,12 @@ impl BatchRecord {
     /// Every commit it carries.
     pub fn commits(&self) -> impl Iterator<Item = &BatchedCommit> {
         self.calls.iter().flat_map(|c| &c.commits)
+    }
+
+    /// The prompt tokens its requests carry (their commits' sections): what it holds of the
+    /// provider's batch queue.
+    pub fn tokens(&self) -> u64 {
+        self.commits().map(|c| c.section_tokens).sum()
     }
 }
 
@@ -202,7 +204,6 @@ mod tests {
             created_at_ms: created,
             deadline_ms: deadline,
             escalated: false,
-            tokens: Default::default(),
         }
     }
 

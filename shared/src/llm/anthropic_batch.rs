@@ -11,7 +11,8 @@
 //! collector sends the commits on if the deadline nears) rather than answer "none".
 
 use super::anthropic::{AnthropicClient, message_answer};
-use super::openai::{json_capped, send_error, status_error, transport_error};
+use super::openai::{json_capped, jsonl_capped, send_error, status_error};
+use super::openai_batch::{next_page, unfinished};
 use crate::domain::tier::Tier;
 use crate::ports::{
     BatchAnswer, BatchApi, BatchEnd, BatchStatus, BatchSubmission, LlmError, LlmResponse, SubmitError,
@@ -64,23 +65,8 @@ impl AnthropicBatches {
 
     /// An ended batch's result lines.
     async fn results(&self, id: &str) -> Result<Vec<Value>, LlmError> {
-        let mut resp = self.send(|http, base| http.get(format!("{base}/{id}/results"))).await?;
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e))? {
-            if body.len() + chunk.len() > MAX_RESULTS_BYTES {
-                return Err(LlmError::Permanent(format!(
-                    "batch {id}'s results are over {MAX_RESULTS_BYTES} bytes"
-                )));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        let text = String::from_utf8_lossy(&body);
-        // A line that does not parse is left out: its request counts as unanswered and goes on.
-        Ok(text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect())
+        let resp = self.send(|http, base| http.get(format!("{base}/{id}/results"))).await?;
+        jsonl_capped(resp, MAX_RESULTS_BYTES).await
     }
 
     /// One result line, its `custom_id` stripped of the key: the request's answer, or why it has none.
@@ -127,7 +113,6 @@ impl BatchApi for AnthropicBatches {
         for _ in 0..FIND_PAGES {
             let page = self
                 .json(|http, base| {
-                    // A batch id is `msgbatch_` and letters and digits: nothing to escape.
                     let after = after.as_deref().map(|a| format!("&after_id={a}")).unwrap_or_default();
                     http.get(format!("{base}?limit=100{after}"))
                 })
@@ -161,19 +146,12 @@ impl BatchApi for AnthropicBatches {
                     return Ok(Some(id.to_owned()));
                 }
             }
-            let last = data.last().and_then(|b| b["id"].as_str());
-            match (page["has_more"].as_bool(), last) {
-                (Some(true), Some(last)) if last.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
-                    after = Some(last.to_owned())
-                }
-                (Some(true), _) => break,
-                _ => return Ok(None),
+            match next_page(&page)? {
+                Some(last) => after = Some(last),
+                None => return Ok(None),
             }
         }
-        Err(LlmError::Retryable {
-            message: format!("batch lookup did not reach batches made before {since_ms} ms"),
-            retry_after: None,
-        })
+        Err(unfinished(since_ms))
     }
 
     async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError> {

@@ -126,7 +126,23 @@ pub(super) const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 /// An answer's JSON body, read at most `cap` bytes: a longer one is refused (it will not shrink on
 /// a retry), a cut connection is retried.
-pub(super) async fn json_capped(mut resp: reqwest::Response, cap: usize) -> Result<Value, LlmError> {
+pub(super) async fn json_capped(resp: reqwest::Response, cap: usize) -> Result<Value, LlmError> {
+    let body = body_capped(resp, cap).await?;
+    serde_json::from_slice(&body)
+        .map_err(|e| LlmError::Retryable { message: format!("answer is not JSON: {e}"), retry_after: None })
+}
+
+/// A body of JSON lines (a batch's results), read at most `cap` bytes. A line that does not parse
+/// is left out: its request counts as unanswered and goes on.
+pub(super) async fn jsonl_capped(resp: reqwest::Response, cap: usize) -> Result<Vec<Value>, LlmError> {
+    let body = body_capped(resp, cap).await?;
+    let text = String::from_utf8_lossy(&body);
+    Ok(text.lines().filter(|l| !l.trim().is_empty()).filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// A body, read at most `cap` bytes: a longer one is refused (it will not shrink on a retry), a
+/// cut connection is retried.
+async fn body_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, LlmError> {
     let mut body = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e))? {
         if body.len() + chunk.len() > cap {
@@ -134,8 +150,7 @@ pub(super) async fn json_capped(mut resp: reqwest::Response, cap: usize) -> Resu
         }
         body.extend_from_slice(&chunk);
     }
-    serde_json::from_slice(&body)
-        .map_err(|e| LlmError::Retryable { message: format!("answer is not JSON: {e}"), retry_after: None })
+    Ok(body)
 }
 
 /// Maps a non-success HTTP answer to a retryable or permanent error, keeping the provider's message

@@ -5,7 +5,7 @@
 //! the chat completion a synchronous call would have had, so it is read the same way
 //! ([`super::openai::chat_answer`]), and charged at the batch price.
 
-use super::openai::{OpenAiClient, chat_answer, json_capped, send_error, status_error, transport_error};
+use super::openai::{OpenAiClient, chat_answer, json_capped, jsonl_capped, send_error, status_error};
 use crate::domain::tier::Tier;
 use crate::ports::{BatchAnswer, BatchApi, BatchEnd, BatchStatus, BatchSubmission, LlmError, SubmitError};
 use async_trait::async_trait;
@@ -60,21 +60,8 @@ impl OpenAiBatches {
 
     /// A file's content, as lines.
     async fn file_lines(&self, id: &str) -> Result<Vec<Value>, LlmError> {
-        let mut resp = self.send(|http, base| http.get(format!("{base}/files/{id}/content"))).await?;
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| transport_error(&e))? {
-            if body.len() + chunk.len() > MAX_FILE_BYTES {
-                return Err(LlmError::Permanent(format!("batch file {id} is over {MAX_FILE_BYTES} bytes")));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        let text = String::from_utf8_lossy(&body);
-        // A line that does not parse is left out: its request counts as unanswered and goes on.
-        Ok(text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect())
+        let resp = self.send(|http, base| http.get(format!("{base}/files/{id}/content"))).await?;
+        jsonl_capped(resp, MAX_FILE_BYTES).await
     }
 
     /// One output or error line: its request's answer, or why it has none.
@@ -99,6 +86,31 @@ impl OpenAiBatches {
     }
 }
 
+/// The id to ask the next page of a newest-first batch list after: `None` on the last page, an
+/// error when a page says there is more but names no usable id (the lookup cannot go on).
+pub(super) fn next_page(page: &Value) -> Result<Option<String>, LlmError> {
+    let last = page["data"].as_array().and_then(|d| d.last()).and_then(|b| b["id"].as_str());
+    match (page["has_more"].as_bool(), last) {
+        // A batch id is a prefix and letters and digits: nothing to escape in a query.
+        (Some(true), Some(last)) if last.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
+            Ok(Some(last.to_owned()))
+        }
+        (Some(true), _) => Err(LlmError::Retryable {
+            message: "batch list page with no usable last id".into(),
+            retry_after: None,
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// A lookup that read every page it may and did not reach the batches made before the submission.
+pub(super) fn unfinished(since_ms: u64) -> LlmError {
+    LlmError::Retryable {
+        message: format!("batch lookup did not reach batches made before {since_ms} ms"),
+        retry_after: None,
+    }
+}
+
 #[async_trait]
 impl BatchApi for OpenAiBatches {
     fn route(&self) -> &str {
@@ -110,7 +122,6 @@ impl BatchApi for OpenAiBatches {
         for _ in 0..FIND_PAGES {
             let page = self
                 .json(|http, base| {
-                    // A batch id is `batch_` and letters and digits: nothing to escape.
                     let after = after.as_deref().map(|a| format!("&after={a}")).unwrap_or_default();
                     http.get(format!("{base}/batches?limit=100{after}"))
                 })
@@ -122,20 +133,15 @@ impl BatchApi for OpenAiBatches {
             // Newest first: once a batch is older than the submission, no later page holds it.
             let older =
                 |b: &Value| b["created_at"].as_u64().is_some_and(|c| c * 1000 + FIND_SLACK_MS < since_ms);
-            let last = data.last().and_then(|b| b["id"].as_str());
-            match (page["has_more"].as_bool(), last) {
-                _ if data.last().is_some_and(older) => return Ok(None),
-                (Some(true), Some(last)) if last.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
-                    after = Some(last.to_owned())
-                }
-                (Some(true), _) => break,
-                _ => return Ok(None),
+            if data.last().is_some_and(older) {
+                return Ok(None);
+            }
+            match next_page(&page)? {
+                Some(last) => after = Some(last),
+                None => return Ok(None),
             }
         }
-        Err(LlmError::Retryable {
-            message: format!("batch lookup did not reach batches made before {since_ms} ms"),
-            retry_after: None,
-        })
+        Err(unfinished(since_ms))
     }
 
     async fn submit(&self, batch: &BatchSubmission) -> Result<String, SubmitError> {

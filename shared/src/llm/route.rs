@@ -252,15 +252,6 @@ impl RouteClient {
     }
 
     async fn call_at_tier(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        // A batch is submitted through a batch endpoint (`crate::ports::BatchApi`); a synchronous
-        // call asked at `batch` is made at the nearest synchronous price, flex.
-        let flex;
-        let request = if request.tier == Tier::Batch {
-            flex = LlmRequest { tier: Tier::Flex, ..request.clone() };
-            &flex
-        } else {
-            request
-        };
         let sync = || LlmRequest { tier: Tier::Sync, ..request.clone() };
         if request.tier == Tier::Sync {
             return self.client.complete(request).await;

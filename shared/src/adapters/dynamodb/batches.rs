@@ -4,8 +4,8 @@
 //! oldest first (no repository id is `batches`: those are `provider:id`). A commit's marker is
 //! `pk = batched#<repo_id:sha>` naming its batch. Both expire two days past the batch's deadline.
 
-use super::schema::{BY_REPO_INDEX, REPO_PK, REPO_SK};
-use super::{Item, batch_get, conditional, get_s, n, s, unavailable};
+use super::schema::{REPO_PK, REPO_SK};
+use super::{Item, batch_get, conditional, get_s, n, query_index, s, unavailable};
 use crate::domain::batch::{BatchPhase, BatchRecord};
 use crate::ports::{BatchStore, StoreError};
 use async_trait::async_trait;
@@ -138,28 +138,7 @@ impl BatchStore for DynamoBatches {
     }
 
     async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError> {
-        let mut items: Vec<Item> = Vec::new();
-        let mut exclusive = None;
-        loop {
-            let resp = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(BY_REPO_INDEX)
-                .key_condition_expression("#r = :r")
-                .expression_attribute_names("#r", REPO_PK)
-                .expression_attribute_values(":r", s(PARTITION))
-                .limit((limit - items.len()).max(1) as i32)
-                .set_exclusive_start_key(exclusive.take())
-                .send()
-                .await
-                .map_err(|e| unavailable(&e))?;
-            items.extend(resp.items().iter().cloned());
-            match resp.last_evaluated_key() {
-                Some(k) if items.len() < limit && !k.is_empty() => exclusive = Some(k.clone()),
-                _ => break,
-            }
-        }
+        let mut items = query_index(&self.client, &self.table, PARTITION, limit, true, None).await?;
         items.truncate(limit);
         items.iter().map(record_of).collect()
     }

@@ -168,6 +168,41 @@ pub(super) async fn batch_get(
     Ok(out)
 }
 
+/// Up to `want` items of the [`BY_REPO_INDEX`] partition `partition`, in sort-key order
+/// (`forward`) or the reverse, from after `start`; DynamoDB's pages are followed until `want` are
+/// in hand or the partition ends.
+pub(super) async fn query_index(
+    client: &Client,
+    table: &str,
+    partition: &str,
+    want: usize,
+    forward: bool,
+    start: Option<Item>,
+) -> Result<Vec<Item>, StoreError> {
+    let mut items: Vec<Item> = Vec::new();
+    let mut exclusive = start;
+    loop {
+        let resp = client
+            .query()
+            .table_name(table)
+            .index_name(BY_REPO_INDEX)
+            .key_condition_expression("#r = :r")
+            .expression_attribute_names("#r", schema::REPO_PK)
+            .expression_attribute_values(":r", s(partition))
+            .scan_index_forward(forward)
+            .limit((want - items.len()).max(1) as i32)
+            .set_exclusive_start_key(exclusive.take())
+            .send()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        items.extend(resp.items().iter().cloned());
+        match resp.last_evaluated_key() {
+            Some(k) if items.len() < want && !k.is_empty() => exclusive = Some(k.clone()),
+            _ => return Ok(items),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

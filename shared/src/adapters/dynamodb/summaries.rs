@@ -3,8 +3,8 @@
 //! [`super::BY_REPO_INDEX`] index; a webhook delivery marker is `pk = delivery#<id>` with
 //! `expires_at`.
 
-use super::schema::{BY_REPO_INDEX, REPO_PK, REPO_SK};
-use super::{Item, batch_get, conditional, get_s, n, s, unavailable};
+use super::schema::{REPO_PK, REPO_SK};
+use super::{Item, batch_get, conditional, get_s, n, query_index, s, unavailable};
 use crate::domain::{RepoId, Sha};
 use crate::ports::StoreError;
 use async_trait::async_trait;
@@ -103,29 +103,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
         };
         // One more than asked, so a next cursor is only given when there is a next item.
         let want = limit + 1;
-        let mut items: Vec<Item> = Vec::new();
-        let mut exclusive = start;
-        loop {
-            let resp = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(BY_REPO_INDEX)
-                .key_condition_expression("#r = :r")
-                .expression_attribute_names("#r", REPO_PK)
-                .expression_attribute_values(":r", s(repo_id.as_str()))
-                .scan_index_forward(false)
-                .limit((want - items.len()) as i32)
-                .set_exclusive_start_key(exclusive.take())
-                .send()
-                .await
-                .map_err(|e| unavailable(&e))?;
-            items.extend(resp.items().iter().cloned());
-            match resp.last_evaluated_key() {
-                Some(k) if items.len() < want && !k.is_empty() => exclusive = Some(k.clone()),
-                _ => break,
-            }
-        }
+        let mut items = query_index(&self.client, &self.table, repo_id.as_str(), want, false, start).await?;
         let more = items.len() > limit;
         items.truncate(limit);
         let next = match items.last() {
