@@ -169,6 +169,8 @@ pub struct Local {
     pub dlq: crate::dlq_admin::Admin,
     /// The provider batches' collector, when the commits lane's tier is `batch`.
     pub collector: Option<crate::commits::collect::Collector>,
+    /// The synthesis tasks' provider batches' collector, when the lane's route has a batch endpoint.
+    pub task_collector: Option<crate::tasks::collect::TaskCollector>,
 }
 
 impl Local {
@@ -223,7 +225,7 @@ impl Local {
         git: GitConfig,
     ) -> Self {
         let metrics = Metrics::new();
-        let worker = adapters.task_worker(llm.clone(), metrics.clone(), clock.clone(), opts.worker);
+        let (worker, task_collector) = task_worker(&adapters, &llm, &metrics, &clock, opts);
         let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> =
             Lane::ALL.iter().map(|&l| (l, adapters.consume[l.index()].clone())).collect();
         let mut commits = adapters.commits_worker(
@@ -289,7 +291,7 @@ impl Local {
             );
         let router = crate::problem::framework_rejections(router);
         let router = if opts.addr.ip().is_loopback() { loopback_hosts_only(router) } else { router };
-        Self { router, pool, llm, adapters, metrics, dlq, collector }
+        Self { router, pool, llm, adapters, metrics, dlq, collector, task_collector }
     }
 
     /// Serves on `opts.addr` and runs the pool until `shutdown`.
@@ -314,7 +316,8 @@ impl Local {
                 }
             }
         });
-        if let Some(collector) = self.collector.clone() {
+        if self.collector.is_some() || self.task_collector.is_some() {
+            let (commits, tasks) = (self.collector.clone(), self.task_collector.clone());
             let (every, stop) = (opts.batch_collect_interval, shutdown.clone());
             tokio::spawn(async move {
                 loop {
@@ -322,7 +325,12 @@ impl Local {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(every) => {}
                     }
-                    collector.tick().await;
+                    if let Some(c) = &commits {
+                        c.tick().await;
+                    }
+                    if let Some(t) = &tasks {
+                        t.tick().await;
+                    }
                 }
             });
         }
@@ -412,6 +420,29 @@ fn is_loopback_host(host: &str) -> bool {
     };
     name.eq_ignore_ascii_case("localhost")
         || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The task worker, with the synthesis lane's provider batches and their collector where its route
+/// has a batch endpoint (for the tasks that opt in with `params.deadline_s`).
+fn task_worker(
+    adapters: &Adapters,
+    llm: &Arc<dyn LlmClient>,
+    metrics: &Metrics,
+    clock: &SharedClock,
+    opts: &DevOptions,
+) -> (crate::tasks::worker::Worker, Option<crate::tasks::collect::TaskCollector>) {
+    let mut worker = adapters.task_worker(llm.clone(), metrics.clone(), clock.clone(), opts.worker);
+    worker.batching = crate::wiring::lane_batching(Lane::Synthesis, adapters.batches.clone(), llm.clone())
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no provider batches for synthesis tasks");
+            None
+        });
+    let collector = worker.batching.clone().map(|batching| crate::tasks::collect::TaskCollector {
+        worker: worker.clone(),
+        batching,
+        send: adapters.send[Lane::Synthesis.index()].clone(),
+    });
+    (worker, collector)
 }
 
 #[cfg(test)]

@@ -582,6 +582,7 @@ mod tests {
             metrics: Metrics::new(),
             clock: clock.clone(),
             config: crate::config::WorkerConfig::default(),
+            batching: Default::default(),
         };
         let consumers = Lane::ALL
             .iter()

@@ -584,6 +584,32 @@ impl TaskStore for FaultyStore {
         }
         self.ctx.post(d, "fail_unfinished", task_id, r).await
     }
+    async fn park(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        parked: lanes_core::domain::Parked,
+        now_ms: u64,
+        ttl: u64,
+    ) -> Result<bool, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "park", task_id).await?;
+        let batch = parked.batch.clone();
+        let r = self.inner.park(task_id, fence, parked, now_ms, ttl).await;
+        if let Ok(done) = &r {
+            let done = *done;
+            self.ctx.note(|| format!("park {} fence {fence} in {batch} -> {done}", short(task_id)));
+        }
+        self.ctx.post(d, "park", task_id, r).await
+    }
+    async fn unpark(&self, task_id: &TaskId, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "unpark", task_id).await?;
+        let r = self.inner.unpark(task_id, fence, now_ms).await;
+        if let Ok(done) = &r {
+            let done = *done;
+            self.ctx.note(|| format!("unpark {} fence {fence} -> {done}", short(task_id)));
+        }
+        self.ctx.post(d, "unpark", task_id, r).await
+    }
     async fn finish(
         &self,
         task_id: &TaskId,

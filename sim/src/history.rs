@@ -194,6 +194,7 @@ impl World {
             metrics: self.metrics.clone(),
             clock: ctx.proc.clock.clone(),
             config: self.worker_config,
+            batching: None,
         }
     }
 

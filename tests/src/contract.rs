@@ -149,7 +149,14 @@ enum Prior {
     Absent,
     /// Claimed, then past its TTL: the store still holds it, with its fence.
     Expired,
+    /// Claimed, then handed to a provider batch.
+    Parked,
     Is(TaskStatus),
+}
+
+/// The batch a parked run waits on.
+fn parked() -> lanes_core::domain::Parked {
+    lanes_core::domain::Parked { batch: "lanes-0123456789abcdef01234567".into(), due_ms: 9_000_000 }
 }
 
 /// Puts the record of `name` where `prior` says, through the port, and returns it as stored.
@@ -179,6 +186,11 @@ async fn arrange(store: &dyn TaskStore, name: &str, prior: Prior, now: u64) -> O
             // A failed attempt first, so the record carries a reason a final write must clear.
             let c = claimed(store.claim(&id, at, ttl).await.unwrap());
             assert_eq!(store.note_attempt(&id, c.fence, "503", at).await.unwrap(), Some(1));
+            store.get(&id, at).await.unwrap()
+        }
+        Prior::Parked => {
+            let c = claimed(store.claim(&id, at, ttl).await.unwrap());
+            assert!(store.park(&id, c.fence, parked(), at, ttl).await.unwrap(), "{name}");
             store.get(&id, at).await.unwrap()
         }
         Prior::Is(TaskStatus::Completed) => finish(Completion::Completed(result())).await,
@@ -216,6 +228,10 @@ fn command(
             let sent_before_ms = if broken == Some(Guard::CreatedBefore) { created - 1 } else { created };
             Command::FailUnfinished { reason: "dead-lettered".into(), sent_before_ms }
         }
+        // Whether it is parked is the record's state, not the command's: the parked prior breaks
+        // `Unparked`, every other prior `Parked`.
+        Event::Park => Command::Park { fence, parked: parked() },
+        Event::Unpark => Command::Unpark { fence },
     }
 }
 
@@ -235,6 +251,8 @@ async fn carry_out(store: &dyn TaskStore, id: &TaskId, command: Command, now: u6
         Command::FailUnfinished { reason, sent_before_ms } => {
             store.fail_unfinished(id, &reason, sent_before_ms, now, ttl).await.unwrap()
         }
+        Command::Park { fence, parked } => store.park(id, fence, parked, now, ttl).await.unwrap(),
+        Command::Unpark { fence } => store.unpark(id, fence, now).await.unwrap(),
     }
 }
 
@@ -244,7 +262,7 @@ async fn carry_out(store: &dyn TaskStore, id: &TaskId, command: Command, now: u6
 /// store makes and the table does not (or the other way round) fails here.
 pub async fn task_transitions(store: &dyn TaskStore, now: u64) {
     use TaskStatus::*;
-    let priors = [Prior::Absent, Prior::Expired, Prior::Is(Pending), Prior::Is(Processing)]
+    let priors = [Prior::Absent, Prior::Expired, Prior::Is(Pending), Prior::Is(Processing), Prior::Parked]
         .into_iter()
         .chain([Completed, Failed, Cancelled].map(Prior::Is));
     let mut tried = 0;
@@ -265,7 +283,7 @@ pub async fn task_transitions(store: &dyn TaskStore, now: u64) {
             }
         }
     }
-    assert!(tried >= 7 * TRANSITIONS.len());
+    assert!(tried >= 8 * TRANSITIONS.len());
 }
 
 /// A requeue puts a fresh copy of a delivery (receive count 1, after its delay) in place of it,
@@ -616,6 +634,7 @@ pub async fn batch_store(s: &dyn lanes_core::ports::BatchStore) {
             created_at_ms: created,
             deadline_ms: 3_600_000,
             escalated: false,
+            task: None,
         }
     };
     let (a, b, c) = ("a".repeat(40), "b".repeat(40), "c".repeat(40));
@@ -661,4 +680,23 @@ pub async fn batch_store(s: &dyn lanes_core::ports::BatchStore) {
     s.close_batch(&second).await.unwrap();
     assert!(s.batched(&asked).await.unwrap().is_empty());
     assert!(s.open_batches(10).await.unwrap().is_empty());
+
+    // A task's record: its marker is the task's, and it reads back with the run it carries.
+    let id = lanes_core::domain::TaskId::parse(&"e".repeat(64)).unwrap();
+    let task = lanes_core::domain::batch::BatchedTask {
+        task_id: id.clone(),
+        fence: 3,
+        lane: lanes_core::domain::Lane::Synthesis,
+        kind: lanes_core::domain::Kind::Scaffold,
+        custom_id: "t-1".into(),
+        tokens: 40,
+    };
+    let key = lanes_core::domain::batch::task_batch_key("contract", &id, 3);
+    let parked = BatchRecord { key: key.clone(), calls: Vec::new(), task: Some(task), ..record(4_000, &[]) };
+    assert!(s.create_batch(&parked).await.unwrap());
+    assert_eq!(s.open_batches(10).await.unwrap(), std::slice::from_ref(&parked));
+    let marker = lanes_core::domain::batch::task_marker(&id);
+    assert_eq!(s.batched(std::slice::from_ref(&marker)).await.unwrap().get(&marker), Some(&key));
+    s.close_batch(&parked).await.unwrap();
+    assert!(s.batched(&[marker]).await.unwrap().is_empty());
 }

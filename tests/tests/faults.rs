@@ -182,6 +182,7 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
         metrics: Metrics::new(),
         clock,
         config: WorkerConfig::default(),
+        batching: Default::default(),
     };
     let records: Vec<SqsMessage> = received.iter().map(lanes_tests::sqs_record).collect();
     let consume: Arc<dyn QueueConsume> = Arc::new(queue.clone());

@@ -71,6 +71,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
         metrics: Metrics::new(),
         clock,
         config: WorkerConfig::default().with_lease(Duration::from_millis(1500)),
+        batching: Default::default(),
     };
 
     // Three slots for ten tasks: four rounds, so most deliveries wait longer than a lease for their

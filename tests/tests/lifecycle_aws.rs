@@ -99,6 +99,7 @@ async fn rig(config: IngressConfig) -> Rig {
         metrics: Metrics::new(),
         clock,
         config: WorkerConfig { quota: config.quota, ..WorkerConfig::default() },
+        batching: Default::default(),
     };
     Rig { url: format!("http://{addr}"), store, worker, queue, cache, stall, _moto: moto, _redis: redis }
 }

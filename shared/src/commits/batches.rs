@@ -80,7 +80,7 @@ impl CommitsWorker {
     ) -> Vec<Vec<usize>> {
         let Some(batching) = &self.batching else { return bins };
         let (mut batched, mut now): (Vec<Vec<usize>>, Vec<Vec<usize>>) = (Vec::new(), Vec::new());
-        let (mut carried, mut room) = (0, self.queue_room(batching).await);
+        let (mut carried, mut room) = (0, batching.queue_room().await);
         for bin in bins {
             let items: Vec<&Pending> = bin.iter().map(|&i| &pending[i]).collect();
             let tokens: u64 = items.iter().map(|p| p.section_tokens as u64).sum();
@@ -114,19 +114,6 @@ impl CommitsWorker {
             None => now.extend(batched),
         }
         now
-    }
-
-    /// The prompt tokens the provider's batch queue has room for: its limit less what the unended
-    /// batches hold; none when the records cannot be read (no batch is made blind).
-    async fn queue_room(&self, batching: &Batching) -> u64 {
-        let Some(limit) = batching.queue_tokens else { return u64::MAX };
-        match batching.store.open_batches(1000).await {
-            Ok(open) => limit.saturating_sub(open.iter().map(BatchRecord::tokens).sum()),
-            Err(e) => {
-                warn!(error = %e, "batch records unavailable; calling now");
-                0
-            }
-        }
     }
 
     /// The record and the submission of `bins`.
@@ -178,6 +165,7 @@ impl CommitsWorker {
             created_at_ms: self.clock.now_ms(),
             deadline_ms,
             escalated: false,
+            task: None,
         };
         (record, BatchSubmission { key, calls: requests })
     }
@@ -202,8 +190,7 @@ impl CommitsWorker {
             }
         }
         // Well inside the collector's grace, so a submission is never looked up while under way.
-        let made =
-            tokio::time::timeout(SUBMIT_LIMIT, self.find_or_submit(batching, &record, submission)).await;
+        let made = tokio::time::timeout(SUBMIT_LIMIT, batching.find_or_submit(&record, submission)).await;
         let id = match made {
             Ok(Ok(id)) => id,
             Ok(Err(SubmitError::NotMade(e))) => {
@@ -230,26 +217,6 @@ impl CommitsWorker {
             Err(e) => {
                 warn!(error = %e, key = %record.key, "batch id not recorded; the collector will find it");
                 Some(Err("batch id not recorded"))
-            }
-        }
-    }
-
-    /// The id of the batch carrying the record's key, made now if none does. The record just
-    /// written is what keeps a key from being submitted twice (only its own collector closes it);
-    /// the lookup is a second guard, so one that cannot answer (Anthropic's, while a batch of as
-    /// many requests runs) does not stop the submission.
-    async fn find_or_submit(
-        &self,
-        batching: &Batching,
-        record: &BatchRecord,
-        submission: &BatchSubmission,
-    ) -> Result<String, SubmitError> {
-        match batching.api.find(&record.key, record.created_at_ms, record.calls.len()).await {
-            Ok(Some(id)) => Ok(id),
-            Ok(None) => batching.api.submit(submission).await,
-            Err(e) => {
-                warn!(error = %e, key = %record.key, "batch lookup unanswered; submitting under the new record");
-                batching.api.submit(submission).await
             }
         }
     }

@@ -102,6 +102,8 @@ impl Collector {
                 return out;
             }
         };
+        // A task's batch is the task collector's ([`crate::tasks::collect`]).
+        records.retain(|r| r.task.is_none());
         out.open = records.len();
         records.sort_by_key(|r| r.deadline_ms);
         for r in records {
@@ -124,7 +126,7 @@ impl Collector {
         let store = &self.batching.store;
         match step(&r, now) {
             Step::Wait => {}
-            Step::LookUp => match api.find(&r.key, r.created_at_ms, r.calls.len()).await {
+            Step::LookUp => match api.find(&r.key, r.created_at_ms, r.requests()).await {
                 Ok(Some(id)) => {
                     let was = r.phase;
                     r.provider_id = Some(id);

@@ -41,25 +41,9 @@ pub mod sources;
 pub mod webhook;
 pub mod worker;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-/// A provider's batch endpoint and the records of its batches: what the worker hands calls to at
-/// tier `batch` ([`batches`]) and the collector reads them back from ([`collect`]).
-#[derive(Clone)]
-pub struct Batching {
-    /// The commits lane's route's batch endpoint.
-    pub api: Arc<dyn crate::ports::BatchApi>,
-    /// The records.
-    pub store: Arc<dyn crate::ports::BatchStore>,
-    /// The provider's batch queue limit: most prompt tokens the unended batches may hold
-    /// (`LANES_BATCH_QUEUE_TOKENS`; OpenAI's per-model "batch queue limit"). Calls past it are made
-    /// now, at flex: a batch never waits on a full queue, and never spends the synchronous budget.
-    pub queue_tokens: Option<u64>,
-    /// The deployment its batch keys are scoped to (its table), so two deployments sharing a
-    /// provider account never adopt each other's batches.
-    pub scope: String,
-}
+pub use crate::ports::Batching;
 
 /// Tunables of the commits worker.
 #[derive(Debug, Clone, Copy)]

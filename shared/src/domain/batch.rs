@@ -17,6 +17,7 @@
 
 use super::commit::CommitMessage;
 use super::tier::{ESCALATE_BEFORE, FLEX_HEADROOM};
+use super::{Kind, Lane, TaskId};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -90,6 +91,28 @@ pub struct BatchRecord {
     /// still written, once).
     #[serde(default)]
     pub escalated: bool,
+    /// The task run it carries, for a batch of a synthesis task (its one request; `calls` is then
+    /// empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<BatchedTask>,
+}
+
+/// A task run a batch carries: a synthesis task that opted in with `params.deadline_s`, parked in
+/// its record under the claim's fence until the batch answers ([`crate::domain::Parked`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchedTask {
+    /// The task.
+    pub task_id: TaskId,
+    /// The claim's fence: the collector's final write carries it.
+    pub fence: u64,
+    /// Its lane, whose queue it goes back to if the batch does not answer.
+    pub lane: Lane,
+    /// Its kind (for the message that sends it back).
+    pub kind: Kind,
+    /// The request's id within the batch.
+    pub custom_id: String,
+    /// The prompt tokens its request carries (an estimate): what it holds of the batch queue.
+    pub tokens: u64,
 }
 
 impl BatchRecord {
@@ -98,11 +121,35 @@ impl BatchRecord {
         self.calls.iter().flat_map(|c| &c.commits)
     }
 
-    /// The prompt tokens its requests carry (their commits' sections): what it holds of the
-    /// provider's batch queue.
+    /// The prompt tokens its requests carry (their commits' sections, or its task's prompt): what
+    /// it holds of the provider's batch queue.
     pub fn tokens(&self) -> u64 {
-        self.commits().map(|c| c.section_tokens).sum()
+        self.commits().map(|c| c.section_tokens).sum::<u64>() + self.task.as_ref().map_or(0, |t| t.tokens)
     }
+
+    /// The keys of its markers: one per commit (`repo_id:sha`), or its task's ([`task_marker`]).
+    pub fn markers(&self) -> Vec<String> {
+        let commits = self.commits().map(|c| c.commit.key());
+        commits.chain(self.task.as_ref().map(|t| task_marker(&t.task_id))).collect()
+    }
+
+    /// How many requests it carries.
+    pub fn requests(&self) -> usize {
+        self.calls.len() + usize::from(self.task.is_some())
+    }
+}
+
+/// The marker key of a parked task run: its batch record is found by it
+/// ([`crate::ports::BatchStore::batched`]).
+pub fn task_marker(task_id: &TaskId) -> String {
+    format!("task:{task_id}")
+}
+
+/// The batch key of the run of `task_id` claimed at `fence`, in the deployment `scope`: the same
+/// for every delivery of that claim (a parked run keeps its fence), another for a later run, so a
+/// run sent on and batched again is never taken for the first.
+pub fn task_batch_key(scope: &str, task_id: &TaskId, fence: u64) -> String {
+    format!("lanes-{}", digest([scope.to_owned(), task_id.to_string(), fence.to_string()]))
 }
 
 fn digest(parts: impl IntoIterator<Item = String>) -> String {
@@ -204,6 +251,7 @@ mod tests {
             created_at_ms: created,
             deadline_ms: deadline,
             escalated: false,
+            task: None,
         }
     }
 

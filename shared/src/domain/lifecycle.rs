@@ -41,6 +41,11 @@ pub enum Event {
     Cancel,
     /// The DLQ sweep settles a run no worker will finish.
     FailUnfinished,
+    /// The run's claim hands it to a provider batch: no claim takes it while the batch owns it.
+    Park,
+    /// The batch's collector gives the run back (no batch was made, or it will miss the deadline),
+    /// so a delivery of its message can claim it again.
+    Unpark,
 }
 
 /// A condition on the stored record beyond its status.
@@ -53,6 +58,10 @@ pub enum Guard {
     /// The run was submitted no later than the message's send time (plus skew): a resubmission
     /// made since is another run.
     CreatedBefore,
+    /// No provider batch owns the run.
+    Unparked,
+    /// A provider batch owns the run.
+    Parked,
 }
 
 /// The time a transition writes.
@@ -115,7 +124,7 @@ pub struct Transition {
 use TaskStatus::{Cancelled, Completed, Failed, Pending, Processing};
 
 /// Every transition of a task record. `Completed` is final: no row leaves it.
-pub const TRANSITIONS: [Transition; 8] = [
+pub const TRANSITIONS: [Transition; 10] = [
     Transition {
         event: Event::Submit,
         from: &[Failed, Cancelled],
@@ -140,7 +149,7 @@ pub const TRANSITIONS: [Transition; 8] = [
         event: Event::Claim,
         from: &[Pending, Processing],
         or_absent: false,
-        guards: &[],
+        guards: &[Guard::Unparked],
         to: Some(Processing),
         fence: Fence::Bump,
         stamp: Stamp::Started,
@@ -195,6 +204,28 @@ pub const TRANSITIONS: [Transition; 8] = [
         fence: Fence::Bump,
         stamp: Stamp::Finished,
         expiry: Expiry::FromNow,
+    },
+    // The record lives on from the park for the caller's TTL (a claim's, which outlives any
+    // deadline a task may ask for), so it outlives the batch.
+    Transition {
+        event: Event::Park,
+        from: &[Processing],
+        or_absent: false,
+        guards: &[Guard::Fence, Guard::Unparked],
+        to: None,
+        fence: Fence::Keep,
+        stamp: Stamp::Nothing,
+        expiry: Expiry::FromNow,
+    },
+    Transition {
+        event: Event::Unpark,
+        from: &[Processing],
+        or_absent: false,
+        guards: &[Guard::Fence, Guard::Parked],
+        to: None,
+        fence: Fence::Keep,
+        stamp: Stamp::Nothing,
+        expiry: Expiry::Keep,
     },
 ];
 
@@ -267,6 +298,18 @@ pub enum Command {
         /// The message's send time plus the clock skew allowed.
         sent_before_ms: u64,
     },
+    /// The claim holding `fence` hands the run to a provider batch.
+    Park {
+        /// The claim's fence.
+        fence: u64,
+        /// The batch and the deadline.
+        parked: super::task::Parked,
+    },
+    /// The batch owning the run of `fence` gives it back.
+    Unpark {
+        /// The parked claim's fence.
+        fence: u64,
+    },
 }
 
 impl Command {
@@ -281,6 +324,8 @@ impl Command {
             Command::Finish { completion: Completion::Failed(_), .. } => Event::Fail,
             Command::Cancel => Event::Cancel,
             Command::FailUnfinished { .. } => Event::FailUnfinished,
+            Command::Park { .. } => Event::Park,
+            Command::Unpark { .. } => Event::Unpark,
         }
     }
 
@@ -288,7 +333,10 @@ impl Command {
     pub fn fence(&self) -> Option<u64> {
         match self {
             Command::MarkEnqueued(m) => Some(m.fence),
-            Command::NoteAttempt { fence, .. } | Command::Finish { fence, .. } => Some(*fence),
+            Command::NoteAttempt { fence, .. }
+            | Command::Finish { fence, .. }
+            | Command::Park { fence, .. }
+            | Command::Unpark { fence } => Some(*fence),
             _ => None,
         }
     }
@@ -301,6 +349,8 @@ impl Command {
             (Guard::CreatedBefore, Command::FailUnfinished { sent_before_ms, .. }) => {
                 r.created_at_ms <= *sent_before_ms
             }
+            (Guard::Unparked, _) => r.parked.is_none(),
+            (Guard::Parked, _) => r.parked.is_some(),
             _ => false,
         }
     }
@@ -371,6 +421,8 @@ fn content(command: Command, r: &mut TaskRecord) {
         | Command::FailUnfinished { reason, .. } => {
             r.error = Some(stored_reason(&reason));
         }
+        Command::Park { parked, .. } => r.parked = Some(parked),
+        Command::Unpark { .. } => r.parked = None,
         Command::Submit(_) | Command::MarkEnqueued(_) | Command::Claim | Command::Cancel => {}
     }
 }
@@ -403,10 +455,35 @@ mod tests {
     #[test]
     fn every_event_has_one_row() {
         use Event::*;
-        for e in [Submit, MarkEnqueued, Claim, NoteAttempt, Complete, Fail, Cancel, FailUnfinished] {
+        for e in
+            [Submit, MarkEnqueued, Claim, NoteAttempt, Complete, Fail, Cancel, FailUnfinished, Park, Unpark]
+        {
             assert_eq!(TRANSITIONS.iter().filter(|t| t.event == e).count(), 1, "{e:?}");
             assert_eq!(transition(e).event, e);
         }
+    }
+
+    #[test]
+    fn a_parked_run_is_claimed_by_no_one_until_given_back_and_keeps_its_fence() {
+        let claimed = apply(Command::Claim, Some(&pending(1_000)), 2_000, 3600).unwrap_or_else(|| panic!());
+        let parked = super::super::task::Parked { batch: "lanes-t".into(), due_ms: 9_000 };
+        let park = |fence| Command::Park { fence, parked: parked.clone() };
+        assert_eq!(apply(park(claimed.fence + 1), Some(&claimed), 3_000, 3600), None, "fenced");
+        let p = apply(park(claimed.fence), Some(&claimed), 3_000, 3600).unwrap_or_else(|| panic!());
+        assert_eq!((p.status, p.fence, p.parked.as_ref()), (Processing, claimed.fence, Some(&parked)));
+        assert_eq!(p.view().expected_by_ms, Some(9_000));
+        assert_eq!(apply(Command::Claim, Some(&p), 4_000, 3600), None, "no claim takes it");
+        assert_eq!(apply(park(p.fence), Some(&p), 4_000, 3600), None, "parked once");
+        // The batch's answer is the claim's fenced write; a cancel moves the fence past it.
+        let done = Command::Finish { fence: p.fence, completion: Completion::Failed("x".into()) };
+        assert!(apply(done.clone(), Some(&p), 4_000, 3600).is_some());
+        let cancelled = apply(Command::Cancel, Some(&p), 4_000, 3600).unwrap_or_else(|| panic!());
+        assert_eq!((cancelled.view().tier, apply(done, Some(&cancelled), 4_000, 3600)), (None, None));
+        let back =
+            apply(Command::Unpark { fence: p.fence }, Some(&p), 5_000, 3600).unwrap_or_else(|| panic!());
+        assert_eq!((back.parked.as_ref(), back.fence), (None, p.fence));
+        assert_eq!(apply(Command::Unpark { fence: p.fence }, Some(&back), 5_000, 3600), None);
+        assert_eq!(apply(Command::Claim, Some(&back), 6_000, 3600).map(|r| r.fence), Some(p.fence + 1));
     }
 
     #[test]

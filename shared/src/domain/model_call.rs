@@ -41,10 +41,13 @@ impl LlmRequest {
     }
 
     /// The same call at the tier for work that has waited `waited`: a task's own `deadline_s` makes
-    /// it `auto` with that deadline, else the lane's setting and deadline decide.
+    /// it `auto` with that deadline (`batch` in the synthesis lane, whose worker hands such a call to
+    /// a provider batch where its route has one, and makes it at flex where not), else the lane's
+    /// setting and deadline decide.
     pub fn at_tier(self, (setting, deadline): (TierSetting, Option<Duration>), waited: Duration) -> Self {
+        let own = if self.lane == Lane::Synthesis { TierSetting::Batch } else { TierSetting::Auto };
         let tier = match self.params.deadline_s {
-            Some(d) => choose(TierSetting::Auto, Some(Duration::from_secs(d)), waited),
+            Some(d) => choose(own, Some(Duration::from_secs(d)), waited),
             None => choose(setting, deadline, waited),
         };
         Self { tier, ..self }
@@ -100,7 +103,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_tasks_own_deadline_opts_it_into_flex_whatever_its_lanes_setting() {
+    fn a_tasks_own_deadline_opts_it_into_batch_or_flex_whatever_its_lanes_setting() {
         let call = |params: serde_json::Value| LlmRequest {
             lane: Lane::Synthesis,
             kind: Kind::Scaffold,
@@ -120,6 +123,11 @@ mod tests {
             "too little left for flex"
         );
         assert_eq!(call(serde_json::Value::Null).at_tier(sync_lane, Duration::ZERO).tier, Tier::Sync);
+        // Two hours in the synthesis lane: a provider batch; in the interactive lane, flex.
+        let patient = serde_json::json!({"deadline_s": 7200});
+        assert_eq!(call(patient.clone()).at_tier(sync_lane, minutes(10)).tier, Tier::Batch);
+        let interactive = LlmRequest { lane: Lane::Interactive, ..call(patient) };
+        assert_eq!(interactive.at_tier(sync_lane, minutes(10)).tier, Tier::Flex);
         let flex_lane = (TierSetting::Flex, None);
         assert_eq!(call(serde_json::Value::Null).at_tier(flex_lane, Duration::ZERO).tier, Tier::Flex);
     }

@@ -99,6 +99,21 @@ pub struct TaskRecord {
     pub error: Option<String>,
     /// Unix seconds after which the record counts as absent (DynamoDB TTL attribute).
     pub expires_at: u64,
+    /// Set while a provider batch owns the run (`PROCESSING`, its claim's fence kept): no claim
+    /// takes it until the batch answers, or gives it back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parked: Option<Parked>,
+}
+
+/// A run handed to a provider batch ([`crate::tasks::batches`]): the record of the batch that owns
+/// it, and when its answer is due at the latest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parked {
+    /// The batch record's key ([`crate::domain::batch::task_batch_key`]).
+    pub batch: String,
+    /// The task's deadline (Unix ms): its submission plus its `params.deadline_s`. The collector
+    /// sends the run on at flex or sync before it, if the batch has not answered.
+    pub due_ms: u64,
 }
 
 impl TaskRecord {
@@ -120,6 +135,7 @@ impl TaskRecord {
             result: None,
             error: None,
             expires_at: now_ms / 1000 + ttl_secs,
+            parked: None,
         }
     }
 
@@ -140,7 +156,14 @@ impl TaskRecord {
             attempts: self.attempts,
             created_at_ms: self.created_at_ms,
             finished_at_ms: self.finished_at_ms,
+            tier: self.waiting().map(|_| crate::domain::tier::Tier::Batch),
+            expected_by_ms: self.waiting().map(|p| p.due_ms),
         }
+    }
+
+    /// The batch the run waits on, while it does (a finished record keeps no claim on one).
+    pub fn waiting(&self) -> Option<&Parked> {
+        self.parked.as_ref().filter(|_| self.status == TaskStatus::Processing)
     }
 }
 
@@ -169,6 +192,15 @@ pub struct TaskView {
     /// When it finished (completed, failed or cancelled), Unix ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_ms: Option<u64>,
+    /// While a provider batch answers it: `batch` (half price). A finished task's tier is its
+    /// result's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<crate::domain::tier::Tier>,
+    /// While a provider batch answers it: when the answer is due at the latest, Unix ms (its
+    /// submission plus `params.deadline_s`; what the batch has not answered by then is answered
+    /// at flex or sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_by_ms: Option<u64>,
 }
 
 /// The body of a queue message: small on purpose; the worker reads the request from the store.

@@ -48,8 +48,8 @@ impl BatchStore for EmbeddedBatches {
                 }
                 t.insert(record.key.as_str(), json.as_slice()).map_err(unavailable)?;
                 let mut m = txn.open_table(BATCHED).map_err(unavailable)?;
-                for c in record.commits() {
-                    m.insert(c.commit.key().as_str(), record.key.as_str()).map_err(unavailable)?;
+                for key in record.markers() {
+                    m.insert(key.as_str(), record.key.as_str()).map_err(unavailable)?;
                 }
                 Ok((true, true))
             })
@@ -129,8 +129,7 @@ impl BatchStore for EmbeddedBatches {
                 let mut t = txn.open_table(BATCHES).map_err(unavailable)?;
                 let existed = t.remove(record.key.as_str()).map_err(unavailable)?.is_some();
                 let mut m = txn.open_table(BATCHED).map_err(unavailable)?;
-                for c in record.commits() {
-                    let key = c.commit.key();
+                for key in record.markers() {
                     // Only this batch's markers: a later batch may carry the commit again.
                     let ours =
                         m.get(key.as_str()).map_err(unavailable)?.is_some_and(|b| b.value() == record.key);

@@ -246,9 +246,24 @@ impl TaskStore for EmbeddedStore {
     async fn claim(&self, task_id: &TaskId, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError> {
         Ok(match self.transition(task_id, Command::Claim, now_ms, ttl_secs).await? {
             Ok(r) => ClaimOutcome::Claimed(Box::new(r)),
-            Err(Some(live)) => ClaimOutcome::Terminal(Box::new(live)),
+            Err(Some(live)) => ClaimOutcome::refused(live),
             Err(None) => ClaimOutcome::Missing,
         })
+    }
+
+    async fn park(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        parked: crate::domain::Parked,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError> {
+        Ok(self.transition(task_id, Command::Park { fence, parked }, now_ms, ttl_secs).await?.is_ok())
+    }
+
+    async fn unpark(&self, task_id: &TaskId, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
+        Ok(self.transition(task_id, Command::Unpark { fence }, now_ms, 0).await?.is_ok())
     }
 
     async fn finish(

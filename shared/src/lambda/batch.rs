@@ -303,6 +303,7 @@ mod tests {
                 renew_interval: Duration::from_millis(100),
                 ..WorkerConfig::default()
             },
+            batching: Default::default(),
         };
         let queue = adapters.consume[0].clone();
         (dir, worker, queue, records, adapters)

@@ -6,6 +6,7 @@ use super::{LlmError, LlmRequest, LlmResponse, StoreError};
 use crate::domain::batch::{BatchPhase, BatchRecord};
 use async_trait::async_trait;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// A batch to submit: its key (kept in the provider batch's metadata, so a lost submission can be
 /// found again) and its requests by id.
@@ -94,4 +95,56 @@ pub trait BatchStore: Send + Sync {
     async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError>;
     /// Deletes the record and those of its markers that still name it.
     async fn close_batch(&self, record: &BatchRecord) -> Result<(), StoreError>;
+}
+
+/// A provider's batch endpoint and the records of its batches: what a worker hands calls to at
+/// tier `batch` (`crate::commits::batches`, `crate::tasks::batches`) and a collector reads them back
+/// from (`crate::commits::collect`, `crate::tasks::collect`).
+#[derive(Clone)]
+pub struct Batching {
+    /// The lane's route's batch endpoint.
+    pub api: Arc<dyn BatchApi>,
+    /// The records.
+    pub store: Arc<dyn BatchStore>,
+    /// The provider's batch queue limit: most prompt tokens the unended batches may hold
+    /// (`LANES_BATCH_QUEUE_TOKENS`; OpenAI's per-model "batch queue limit"). Calls past it are made
+    /// now, at flex: a batch never waits on a full queue, and never spends the synchronous budget.
+    pub queue_tokens: Option<u64>,
+    /// The deployment its batch keys are scoped to (its table), so two deployments sharing a
+    /// provider account never adopt each other's batches.
+    pub scope: String,
+}
+
+impl Batching {
+    /// The prompt tokens the provider's batch queue has room for: its limit less what the unended
+    /// batches hold; none when the records cannot be read (no batch is made blind).
+    pub async fn queue_room(&self) -> u64 {
+        let Some(limit) = self.queue_tokens else { return u64::MAX };
+        match self.store.open_batches(1000).await {
+            Ok(open) => limit.saturating_sub(open.iter().map(BatchRecord::tokens).sum()),
+            Err(e) => {
+                tracing::warn!(error = %e, "batch records unavailable; calling now");
+                0
+            }
+        }
+    }
+
+    /// The id of the batch carrying the record's key, made now if none does. The record just
+    /// written is what keeps a key from being submitted twice (only its own collector closes it);
+    /// the lookup is a second guard, so one that cannot answer (Anthropic's, while a batch of as
+    /// many requests runs) does not stop the submission.
+    pub async fn find_or_submit(
+        &self,
+        record: &BatchRecord,
+        submission: &BatchSubmission,
+    ) -> Result<String, SubmitError> {
+        match self.api.find(&record.key, record.created_at_ms, record.requests()).await {
+            Ok(Some(id)) => Ok(id),
+            Ok(None) => self.api.submit(submission).await,
+            Err(e) => {
+                tracing::warn!(error = %e, key = %record.key, "batch lookup unanswered; submitting under the new record");
+                self.api.submit(submission).await
+            }
+        }
+    }
 }

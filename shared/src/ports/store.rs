@@ -31,7 +31,7 @@ pub enum PutOutcome {
     Exists(Box<TaskRecord>),
 }
 
-pub use crate::domain::lifecycle::{Completion, EnqueueMark, UNSENT};
+pub use crate::domain::lifecycle::{Command, Completion, EnqueueMark, UNSENT};
 
 /// Result of a claim.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,8 +40,21 @@ pub enum ClaimOutcome {
     Claimed(Box<TaskRecord>),
     /// Not claimable (terminal); the current record.
     Terminal(Box<TaskRecord>),
+    /// Not claimable: a provider batch owns the run (`PROCESSING`, parked); the current record.
+    Parked(Box<TaskRecord>),
     /// No record (never written, deleted, or expired).
     Missing,
+}
+
+impl ClaimOutcome {
+    /// What a claim the store refused on the live record `live` came to.
+    pub fn refused(live: TaskRecord) -> Self {
+        if live.waiting().is_some() {
+            ClaimOutcome::Parked(Box::new(live))
+        } else {
+            ClaimOutcome::Terminal(Box::new(live))
+        }
+    }
 }
 
 /// Result of the fenced final write.
@@ -89,7 +102,7 @@ pub trait TaskStore: Send + Sync {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<bool, StoreError>;
-    /// Claims the task: `PENDING|PROCESSING -> PROCESSING`, fence + 1; the TTL becomes
+    /// Claims the task: `PENDING|PROCESSING -> PROCESSING` unless parked, fence + 1; the TTL becomes
     /// `ttl_secs` from now. Attempts are not claims: see [`TaskStore::note_attempt`].
     async fn claim(&self, task_id: &TaskId, now_ms: u64, ttl_secs: u64) -> Result<ClaimOutcome, StoreError>;
     /// Counts one failed provider attempt of the claim holding `fence` and keeps its reason; the new
@@ -126,6 +139,19 @@ pub trait TaskStore: Send + Sync {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<FinishOutcome, StoreError>;
+    /// Hands the claim holding `fence` to a provider batch ([`Command::Park`]): `PROCESSING`,
+    /// unparked, fence kept, TTL `ttl_secs` from now. False when the fence moved on or it is parked.
+    async fn park(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        parked: crate::domain::Parked,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError>;
+    /// Gives a parked run back ([`Command::Unpark`]) so a delivery can claim it: false when the
+    /// fence moved on or it is not parked.
+    async fn unpark(&self, task_id: &TaskId, fence: u64, now_ms: u64) -> Result<bool, StoreError>;
     /// Deletes at most `max` records whose TTL has passed; how many it deleted. DynamoDB's own TTL
     /// sweep does this (nothing to do there); the embedded twin does it when asked.
     async fn sweep_expired(&self, _now_ms: u64, _max: usize) -> Result<usize, StoreError> {

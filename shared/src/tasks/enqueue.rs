@@ -75,29 +75,36 @@ impl Ingress {
         record: &TaskRecord,
         new: bool,
     ) -> Result<crate::domain::MessageId, crate::ports::QueueError> {
-        let message =
-            TaskMessage { task_id: record.task_id.clone(), lane: record.lane, kind: record.request.kind };
-        let body =
-            serde_json::to_string(&message).map_err(|e| crate::ports::QueueError::Rejected(e.to_string()))?;
-        let mut attributes = BTreeMap::from([
-            ("lane".to_owned(), record.lane.as_str().to_owned()),
-            ("kind".to_owned(), record.request.kind.as_str().to_owned()),
-            ("enqueued_at_ms".to_owned(), self.clock.now_ms().to_string()),
-            (
-                GROUP_ATTRIBUTE.to_owned(),
-                task_group(record.request.tenant.as_ref(), &record.request.project_id),
-            ),
-        ]);
-        if !record.request.priority.is_normal() {
-            attributes.insert(PRIORITY_ATTRIBUTE.to_owned(), record.request.priority.as_str().to_owned());
-        }
-        if let Some(header) = crate::trace::current() {
-            attributes.insert(crate::trace::TRACE_HEADER.to_owned(), header);
-        }
+        let (body, attributes) = message(record, self.clock.now_ms())?;
         let sent = self.queues[record.lane.index()].send(&body, attributes).await?;
         if new {
             self.count_waiting(record).await;
         }
         Ok(sent)
     }
+}
+
+/// The message of `record`'s run, sent at `now_ms`: its body and attributes (lane, kind, fairness
+/// group and priority, the trace).
+pub(crate) fn message(
+    record: &TaskRecord,
+    now_ms: u64,
+) -> Result<(String, BTreeMap<String, String>), crate::ports::QueueError> {
+    let message =
+        TaskMessage { task_id: record.task_id.clone(), lane: record.lane, kind: record.request.kind };
+    let body =
+        serde_json::to_string(&message).map_err(|e| crate::ports::QueueError::Rejected(e.to_string()))?;
+    let mut attributes = BTreeMap::from([
+        ("lane".to_owned(), record.lane.as_str().to_owned()),
+        ("kind".to_owned(), record.request.kind.as_str().to_owned()),
+        ("enqueued_at_ms".to_owned(), now_ms.to_string()),
+        (GROUP_ATTRIBUTE.to_owned(), task_group(record.request.tenant.as_ref(), &record.request.project_id)),
+    ]);
+    if !record.request.priority.is_normal() {
+        attributes.insert(PRIORITY_ATTRIBUTE.to_owned(), record.request.priority.as_str().to_owned());
+    }
+    if let Some(header) = crate::trace::current() {
+        attributes.insert(crate::trace::TRACE_HEADER.to_owned(), header);
+    }
+    Ok((body, attributes))
 }

@@ -166,7 +166,7 @@ impl Worker {
 
     /// `completion` as the record keeps it: a completed result's large text put in the results
     /// store first ([`crate::tasks::large_results::offload`]), tried as often as the final write.
-    async fn kept(
+    pub(super) async fn kept(
         &self,
         record: &TaskRecord,
         completion: Completion,
@@ -262,7 +262,7 @@ impl Worker {
 
     /// Gives back the ended task's hold on the day's budgets: the day then counts what its calls
     /// used.
-    async fn release(&self, done: &TaskRecord) {
+    pub(super) async fn release(&self, done: &TaskRecord) {
         super::hold::give_back(&*self.cache, &self.config.quota, &self.metrics, done).await;
     }
 

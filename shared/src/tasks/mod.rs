@@ -8,8 +8,10 @@
 //! ([`crate::domain::request`], [`crate::domain::task`], [`crate::domain::lifecycle`]).
 
 pub mod answers;
+pub mod batches;
 pub mod cache;
 mod cap;
+pub mod collect;
 pub mod enqueue;
 mod finish;
 mod hold;

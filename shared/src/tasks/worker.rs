@@ -19,8 +19,8 @@ use crate::lease::{self, CancelProbe, Heartbeat, Leased, LeasedQueue, Watch};
 pub use crate::lease::{Outcome, full_jitter_backoff};
 use crate::metrics::{Latency, Metrics};
 use crate::ports::{
-    Acquire, Cache, ClaimOutcome, Completion, LeaseLock, LlmClient, LlmError, LlmRequest, QueueConsume,
-    ReceivedMessage, TaskStore,
+    Acquire, Cache, ClaimOutcome, Completion, LeaseLock, LlmClient, LlmError, QueueConsume, ReceivedMessage,
+    TaskStore,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +46,10 @@ pub struct Worker {
     pub config: WorkerConfig,
     /// Where results too large for a record are kept ([`crate::tasks::large_results`]).
     pub objects: Option<Arc<dyn crate::ports::ResultObjects>>,
+    /// The synthesis lane's provider batches, for the tasks that opt in with `params.deadline_s`
+    /// ([`crate::tasks::batches`]); `None` where its route has no batch endpoint (they are then
+    /// called at flex).
+    pub batching: Option<crate::ports::Batching>,
 }
 
 /// Tries of the fenced final write before its answer is given up (about 2.5 s in all).
@@ -258,12 +262,11 @@ impl Worker {
         let (lost, cancelled) = (lease.lost.clone(), CancellationToken::new());
         let watch = Watch { id: task.task_id.clone(), fence: record.fence, cancelled: cancelled.clone() };
         let _renewed = batch.heartbeat().join(Leased { watch: Some(watch), ..lease });
-        let waited = Duration::from_millis(now.saturating_sub(record.created_at_ms));
-        let request =
-            LlmRequest { lane: task.lane, ..LlmRequest::for_task(&record.request, policy.max_tokens) }
-                .at_tier((policy.tier, policy.deadline), waited);
         let run = Run { queue, message, task, record: &record, completed };
-        let estimate = crate::llm::estimate_tokens(&request);
+        let (request, estimate) = match self.request_or_park(run, now).await {
+            Ok(call) => call,
+            Err(outcome) => return outcome,
+        };
         let (_place, share) = match self.take_turn(run, &group, estimate, now).await {
             Ok(turn) => turn,
             Err(outcome) => return outcome,
@@ -318,6 +321,13 @@ impl Worker {
             Ok(ClaimOutcome::Claimed(r)) => Ok(r),
             // A duplicate delivery, or a task cancelled while it waited: nothing left to do.
             Ok(ClaimOutcome::Terminal(_)) => Err(lease::ack(&**queue, message).await),
+            // A provider batch owns the run ([`crate::tasks::batches`]).
+            Ok(ClaimOutcome::Parked(r)) => {
+                let completed = std::sync::atomic::AtomicBool::new(false);
+                Err(self
+                    .parked_delivery(Run { queue, message, task, record: &r, completed: &completed })
+                    .await)
+            }
             Ok(ClaimOutcome::Missing) => {
                 // A record outlives its message (TTL >= retention), so this is a message whose send
                 // ingress undid, or a record deleted by hand. Never silent.
@@ -396,7 +406,7 @@ mod tests {
     use crate::embedded::{
         EmbeddedDb, EmbeddedQueue, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryLock, QueueSettings,
     };
-    use crate::ports::{CancelOutcome, FinishOutcome, LlmResponse, PutOutcome, QueueSend};
+    use crate::ports::{CancelOutcome, FinishOutcome, LlmRequest, LlmResponse, PutOutcome, QueueSend};
     use crate::tasks::cache::{HINT_TTL, cache_key, cancel_key};
     use async_trait::async_trait;
     use serde_json::json;
@@ -482,6 +492,7 @@ mod tests {
             metrics: Metrics::new(),
             clock,
             config,
+            batching: Default::default(),
         };
         Rig { _dir: dir, worker, queue, store, lock, llm, task_id: record.task_id }
     }
@@ -724,6 +735,24 @@ mod tests {
             ttl: u64,
         ) -> Result<bool, crate::ports::StoreError> {
             self.inner.fail_unfinished(id, why, before, now, ttl).await
+        }
+        async fn park(
+            &self,
+            id: &crate::domain::TaskId,
+            fence: u64,
+            parked: crate::domain::Parked,
+            now: u64,
+            ttl: u64,
+        ) -> Result<bool, crate::ports::StoreError> {
+            self.inner.park(id, fence, parked, now, ttl).await
+        }
+        async fn unpark(
+            &self,
+            id: &crate::domain::TaskId,
+            fence: u64,
+            now: u64,
+        ) -> Result<bool, crate::ports::StoreError> {
+            self.inner.unpark(id, fence, now).await
         }
         async fn finish(
             &self,

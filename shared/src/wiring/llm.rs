@@ -1,6 +1,6 @@
 //! The model side of a process, built once from the environment: every lane's routes behind the
 //! fallback and the retry policy ([`llm_from_env`]), each route's client behind its limiter, the
-//! providers' keys, and the commits lane's batch endpoint ([`batching`]).
+//! providers' keys, and the commits lane's batch endpoints ([`batching`], [`lane_batching`]).
 
 use super::Adapters;
 use crate::clock::SharedClock;
@@ -98,25 +98,39 @@ fn llm_timeout() -> Result<Duration, ConfigError> {
 }
 
 /// The commits lane's provider batches, when its tier is `batch` (`LANES_TIER_COMMITS`) and its
-/// first route has a batch endpoint (`crate::llm::route::Route::batch`): OpenAI's Batch API,
-/// Anthropic's Message Batches, or the offline model's twin, which ends a batch `LANES_BATCH_TURNAROUND_MS` (default 5000) after
-/// submission and answers it with `llm`; `LANES_BATCH_QUEUE_TOKENS` caps the prompt tokens its
-/// unended batches hold (the provider's batch queue limit). `None` otherwise: the lane's calls
-/// asked at `batch` are then made at flex.
+/// first route has a batch endpoint ([`lane_batching`]). `None` otherwise: the lane's calls asked at
+/// `batch` are then made at flex.
 pub fn batching(
     store: Arc<dyn crate::ports::BatchStore>,
     llm: Arc<dyn crate::ports::LlmClient>,
     setting: crate::domain::tier::TierSetting,
-) -> Result<Option<crate::commits::batches::Batching>, ConfigError> {
-    use crate::llm::route::Provider;
+) -> Result<Option<crate::ports::Batching>, ConfigError> {
     if setting != crate::domain::tier::TierSetting::Batch {
         return Ok(None);
     }
-    let routes = crate::llm::route::routes_from_env()?;
-    let Some(route) = routes[Lane::Commits.index()].first().filter(|r| r.batch) else {
+    let batching = lane_batching(Lane::Commits, store, llm)?;
+    if batching.is_none() {
         tracing::warn!(
             "LANES_TIER_COMMITS=batch, but the commits lane's first route has no batch endpoint: flex"
         );
+    }
+    Ok(batching)
+}
+
+/// `lane`'s provider batches, when its first route has a batch endpoint
+/// (`crate::llm::route::Route::batch`): OpenAI's Batch API, Anthropic's Message Batches, or the
+/// offline model's twin, which ends a batch `LANES_BATCH_TURNAROUND_MS` (default 5000) after
+/// submission and answers it with `llm`. `LANES_BATCH_QUEUE_TOKENS` caps the prompt tokens the
+/// unended batches hold (the provider's batch queue limit). The synthesis lane's are for the tasks
+/// that opt in with `params.deadline_s` (`crate::tasks::batches`).
+pub fn lane_batching(
+    lane: Lane,
+    store: Arc<dyn crate::ports::BatchStore>,
+    llm: Arc<dyn crate::ports::LlmClient>,
+) -> Result<Option<crate::ports::Batching>, ConfigError> {
+    use crate::llm::route::Provider;
+    let routes = crate::llm::route::routes_from_env()?;
+    let Some(route) = routes[lane.index()].first().filter(|r| r.batch) else {
         return Ok(None);
     };
     let api: Arc<dyn crate::ports::BatchApi> = match route.provider {
@@ -146,7 +160,7 @@ pub fn batching(
     let queue_tokens = crate::config::env_number("LANES_BATCH_QUEUE_TOKENS", 1, u64::MAX)?;
     // Two deployments sharing a provider account never adopt each other's batches.
     let scope = crate::config::optional_env("LANES_TABLE").unwrap_or_else(|| "local".into());
-    Ok(Some(crate::commits::batches::Batching { api, store, queue_tokens, scope }))
+    Ok(Some(crate::ports::Batching { api, store, queue_tokens, scope }))
 }
 
 /// One route's client behind its limiter.

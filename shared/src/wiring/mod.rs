@@ -19,7 +19,7 @@ use crate::embedded::{
 use crate::ports::{Cache, LeaseLock, QueueConsume, QueueSend, SummaryStore, TaskStore};
 mod llm;
 
-pub use llm::{batching, llm_from_env};
+pub use llm::{batching, lane_batching, llm_from_env};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,6 +90,7 @@ impl Adapters {
             clock,
             config,
             objects: self.objects.clone(),
+            batching: None,
         }
     }
 

@@ -98,10 +98,11 @@ impl BatchStore for DynamoBatches {
         // Markers first: a marker without its record counts for nothing, a record without its
         // markers would let a duplicate delivery be batched again.
         let markers = record
-            .commits()
-            .map(|c| {
+            .markers()
+            .into_iter()
+            .map(|key| {
                 let item = HashMap::from([
-                    ("pk".to_owned(), s(marker_pk(&c.commit.key()))),
+                    ("pk".to_owned(), s(marker_pk(&key))),
                     ("batch".to_owned(), s(record.key.clone())),
                     ("expires_at".to_owned(), n(expires(record))),
                 ]);
@@ -176,7 +177,7 @@ impl BatchStore for DynamoBatches {
         // the later one): one conditional delete each, as `BatchWriteItem` takes no condition. A
         // marker left by a failure here names a closed batch, which counts for nothing; TTL
         // deletes it.
-        let keys: Vec<String> = record.commits().map(|c| marker_pk(&c.commit.key())).collect();
+        let keys: Vec<String> = record.markers().iter().map(|key| marker_pk(key)).collect();
         stream::iter(keys)
             .map(|pk| async move {
                 let out = self

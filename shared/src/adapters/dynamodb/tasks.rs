@@ -60,6 +60,10 @@ fn record(item: &Item) -> Result<TaskRecord, StoreError> {
             _ => None,
         },
         expires_at: get_n(item, "expires_at")?.unwrap_or(u64::MAX / 2000),
+        parked: match item.get("parked") {
+            Some(AttributeValue::S(p)) => Some(serde_json::from_str(p).map_err(corrupt)?),
+            _ => None,
+        },
     })
 }
 
@@ -155,7 +159,8 @@ fn replacement(rec: &TaskRecord, req_name: &str, req_value: AttributeValue, now_
         .map(str::to_owned),
     );
     write.remove.extend(
-        ["started_at_ms", "finished_at_ms", "#res", "result_z", "#err", remove_req].map(str::to_owned),
+        ["started_at_ms", "finished_at_ms", "#res", "result_z", "#err", "parked", remove_req]
+            .map(str::to_owned),
     );
     write.value(":zero", n(0));
     write.value(":nonce", s(&rec.nonce));
@@ -266,11 +271,7 @@ impl TaskStore for DynamoStore {
             Ok(item) => Ok(ClaimOutcome::Claimed(Box::new(record(&item)?))),
             Err(Some(old)) => {
                 let rec = record(&old)?;
-                Ok(if rec.is_expired(now_ms) {
-                    ClaimOutcome::Missing
-                } else {
-                    ClaimOutcome::Terminal(Box::new(rec))
-                })
+                Ok(if rec.is_expired(now_ms) { ClaimOutcome::Missing } else { ClaimOutcome::refused(rec) })
             }
             Err(None) => Ok(ClaimOutcome::Missing),
         }
@@ -356,6 +357,27 @@ impl TaskStore for DynamoStore {
             }
             Err(None) => CancelOutcome::Missing,
         })
+    }
+
+    async fn park(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        parked: crate::domain::Parked,
+        now_ms: u64,
+        ttl_secs: u64,
+    ) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(&parked).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut write = Write::of(&Command::Park { fence, parked }, now_ms, ttl_secs);
+        write.set.push("parked = :parked".into());
+        write.value(":parked", s(json));
+        Ok(self.write(task_id, write).await?.is_ok())
+    }
+
+    async fn unpark(&self, task_id: &TaskId, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
+        let mut write = Write::of(&Command::Unpark { fence }, now_ms, 0);
+        write.remove.push("parked".into());
+        Ok(self.write(task_id, write).await?.is_ok())
     }
 
     async fn fail_unfinished(

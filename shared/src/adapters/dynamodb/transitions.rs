@@ -53,6 +53,8 @@ impl Write {
                     Guard::Fence => "fence = :fence",
                     Guard::EnqueuedAt => "enqueued_at_ms = :from",
                     Guard::CreatedBefore => "created_at_ms <= :sent",
+                    Guard::Unparked => "attribute_not_exists(parked)",
+                    Guard::Parked => "attribute_exists(parked)",
                 }
                 .to_owned(),
             );
