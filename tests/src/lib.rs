@@ -82,16 +82,26 @@ pub async fn submit(url: &str, kind: &str, prompt: &str) -> String {
 
 /// Polls `GET /v1/tasks/{id}` until its status is `want`; returns the task.
 pub async fn wait_status(url: &str, id: &str, want: &str, within: Duration) -> serde_json::Value {
+    wait_for(url, id, |v| v["status"] == want, within).await
+}
+
+/// Polls the task until its view satisfies `done`, and returns that view.
+pub async fn wait_for(
+    url: &str,
+    id: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+    within: Duration,
+) -> serde_json::Value {
     let deadline = Instant::now() + within;
     loop {
         let v: serde_json::Value = match reqwest::get(format!("{url}/v1/tasks/{id}")).await {
             Ok(r) => r.json().await.unwrap_or_default(),
             Err(e) => panic!("get {id}: {e}"),
         };
-        if v["status"] == want {
+        if done(&v) {
             return v;
         }
-        assert!(Instant::now() < deadline, "task {id} never reached {want}: {v}");
+        assert!(Instant::now() < deadline, "task {id} never got there: {v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -3,7 +3,7 @@
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use lanes_tests::{Backend, Stack, post_task, wait_status};
+use lanes_tests::{Backend, Stack, post_task, wait_for, wait_status};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -81,6 +81,20 @@ async fn submit_dedupe_complete_and_replay(backend: Backend) -> Stack {
     let (s4, _, v4) = post_task(&server.url, &other_kind.to_string()).await;
     assert_eq!((s4, v4["lane"].as_str()), (StatusCode::ACCEPTED, Some("synthesis")));
     assert_ne!(v4["task_id"], id.as_str());
+
+    // A synthesis task that can wait an hour goes into the offline model's provider batch: it
+    // reads PROCESSING at tier batch with its deadline until the collector writes its answer.
+    let batched = json!({"project_id":"p1","kind":"scaffold","prompt":"a CLI that counts lines",
+        "target_files":["src/main.rs"],"params":{"deadline_s":3600}});
+    let (sb, _, vb) = post_task(&server.url, &batched.to_string()).await;
+    assert_eq!(sb, StatusCode::ACCEPTED, "{vb}");
+    let bid = vb["task_id"].as_str().unwrap().to_owned();
+    let waiting = wait_for(&server.url, &bid, |v| v["tier"] == "batch", Duration::from_secs(10)).await;
+    assert_eq!(waiting["status"], "PROCESSING");
+    let due = waiting["created_at_ms"].as_u64().unwrap() + 3_600_000;
+    assert_eq!(waiting["expected_by_ms"].as_u64(), Some(due));
+    let done = wait_status(&server.url, &bid, "COMPLETED", Duration::from_secs(30)).await;
+    assert_eq!((done["result"]["tier"].as_str(), done.get("tier")), (Some("batch"), None));
     stack
 }
 
