@@ -25,6 +25,9 @@ pub struct ControllerFunction {
     pub sweep: Option<DlqSweep>,
     /// The commits lane's provider batches' collector, when its tier is `batch`.
     pub collector: Option<crate::commits::collect::Collector>,
+    /// The synthesis tasks' provider batches' collector, when the lane's route has a batch
+    /// endpoint.
+    pub tasks: Option<crate::tasks::collect::TaskCollector>,
 }
 
 /// A task lane, its DLQ, and its queue (to relay to).
@@ -110,11 +113,13 @@ impl ControllerFunction {
                 s.lock = Some(Arc::new(crate::adapters::redis::RedisLock::new(conn, &redis.prefix)));
             }
         }
-        let collector = match crate::config::optional_env("LANES_TABLE") {
-            Some(table) => collector(&aws, &table, &urls[Lane::Commits.index()]).await?,
-            None => None,
+        let (collector, tasks) = match crate::config::optional_env("LANES_TABLE") {
+            Some(table) => {
+                (collector(&aws, &table, &urls[Lane::Commits.index()]).await?, task_collector().await?)
+            }
+            None => (None, None),
         };
-        Ok(Self { controller, sweep, collector })
+        Ok(Self { controller, sweep, collector, tasks })
     }
 
     /// One scheduled tick: the decisions, logged and emitted as metrics.
@@ -178,6 +183,11 @@ impl ControllerFunction {
             tracing::info!(?collected, "provider batches collected");
             collector.metrics.flush_emf(&metrics_namespace());
         }
+        if let Some(tasks) = &self.tasks {
+            let collected = tasks.tick().await;
+            tracing::info!(?collected, "synthesis tasks' provider batches collected");
+            tasks.worker.metrics.flush_emf(&metrics_namespace());
+        }
         decisions
     }
 }
@@ -210,6 +220,29 @@ async fn collector(
         metrics: Metrics::new(),
         cache_ttl: crate::commits::CommitsConfig::default().cache_ttl,
     }))
+}
+
+/// The controller's collector of the synthesis tasks' provider batches, whenever the lane's route
+/// has a batch endpoint: the task worker's store, cache (the day's holds are given back there) and
+/// results bucket, the runs given back sent to the synthesis queue.
+async fn task_collector() -> Result<Option<crate::tasks::collect::TaskCollector>, ColdStartError> {
+    let offline = crate::llm::OfflineProvider::new(|_| Duration::ZERO)
+        .answering_batches(crate::commits::prompt::offline_answer);
+    let llm: Arc<dyn crate::ports::LlmClient> = Arc::new(offline);
+    let adapters = adapters_from_env("controller", &[]).await?;
+    let Some(batching) =
+        crate::wiring::lane_batching(Lane::Synthesis, adapters.batches.clone(), llm.clone())?
+    else {
+        return Ok(None);
+    };
+    let mut config = WorkerConfig::default().lanes_from_env()?;
+    config.quota = crate::quota::priced_by_routes(config.quota)?;
+    let worker = crate::tasks::worker::Worker {
+        batching: Some(batching.clone()),
+        ..adapters.task_worker(llm, Metrics::new(), Arc::new(SystemClock), config)
+    };
+    let send = adapters.send[Lane::Synthesis.index()].clone();
+    Ok(Some(crate::tasks::collect::TaskCollector { worker, batching, send }))
 }
 
 /// What the worker function builds once per container.
