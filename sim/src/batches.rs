@@ -1,10 +1,13 @@
 //! Provider batches in a history (some histories put the commits lane at tier `batch`): the
 //! batch records behind the store's faults, the provider's batch endpoint (the offline twin, run by
 //! a model that counts each commit it answers as a paid call) behind faults of its own, and the
-//! controller's collector. What it adds to the checks: a commit's delivery may be acked while a
-//! batch's record owns it (I5), and every commit of an accepted push still ends summarized, in at
-//! most one paid call, or in the DLQ (I6), whatever crashes and lost answers fall between a
-//! submission and its record.
+//! controller's collectors. The same histories batch the synthesis tasks that opt in with
+//! `params.deadline_s`. What it adds to the checks: a commit's delivery, or a parked task's, may be
+//! acked while a batch's record owns it (I5); every commit of an accepted push still ends
+//! summarized, in at most one paid call, or in the DLQ (I6); every accepted task still ends (I1),
+//! its batch's answer written unless the run was cancelled or given back (I9), in at most one paid
+//! call a run, plus one where a run was given back with its batch still answering (I2), whatever
+//! crashes and lost answers fall between a submission and its record.
 
 use crate::faults::*;
 use crate::history::World;
@@ -108,6 +111,12 @@ impl LlmClient for BatchModel {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         let ids: Vec<String> =
             request.prompt.lines().filter_map(|l| l.strip_prefix("=== commit ")).map(str::to_owned).collect();
+        if ids.is_empty() {
+            // A synthesis task's run: paid whether its batch still owns it or gave it back.
+            let task = self.chaos.prompts.get(&request.prompt).cloned().unwrap_or_default();
+            self.chaos.oracle(|o| o.batch_spent(&task));
+            self.chaos.trace(|| format!("batch model answers task {}", short(&task)));
+        }
         self.chaos.oracle(|o| ids.iter().for_each(|id| o.spent(id)));
         self.chaos.trace(|| format!("batch model answers {} commits", ids.len()));
         let text = lanes_core::commits::prompt::offline_answer(&request.prompt);
@@ -136,11 +145,19 @@ impl World {
     }
 }
 
-/// One tick of the controller's collector, in a history with batches.
+/// One tick of the controller's collectors (the commits' and the synthesis tasks'), in a history
+/// with batches.
 pub(crate) async fn collect(world: &World, ctx: &Ctx) {
     let Some(collector) = world.commits_worker(ctx).collector() else { return };
     let r = collector.tick().await;
     if r.open > 0 {
         world.chaos.trace(|| format!("collect: {r:?}"));
+    }
+    let Some(batching) = world.batching(ctx) else { return };
+    let send = world.queue(ctx, lanes_core::domain::Lane::Synthesis);
+    let tasks = lanes_core::tasks::collect::TaskCollector { worker: world.worker(ctx), batching, send };
+    let r = tasks.tick().await;
+    if r.open > 0 {
+        world.chaos.trace(|| format!("collect tasks: {r:?}"));
     }
 }

@@ -607,6 +607,9 @@ impl TaskStore for FaultyStore {
         if let Ok(done) = &r {
             let done = *done;
             self.ctx.note(|| format!("unpark {} fence {fence} -> {done}", short(task_id)));
+            if done {
+                self.ctx.chaos.oracle(|o| o.given_back(task_id, fence));
+            }
         }
         self.ctx.post(d, "unpark", task_id, r).await
     }
@@ -838,7 +841,17 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
     let Some(task) = task_of_body(&body) else { return };
     let sent_at_ms = sent_at_ms.saturating_sub(EPOCH_MS);
     let record = chaos.truth.get(&task, chaos.clock.now_ms()).await.ok().flatten();
-    chaos.oracle(|o| o.acked(&task, record.as_ref(), sent_at_ms));
+    // A parked run is owned by its batch's record while the record and its marker exist.
+    let batched = match (&chaos.batches, record.as_ref().and_then(|r| r.waiting())) {
+        (Some(b), Some(parked)) => {
+            let marker = lanes_core::domain::batch::task_marker(&task);
+            b.batched(std::slice::from_ref(&marker))
+                .await
+                .is_ok_and(|k| k.get(&marker) == Some(&parked.batch))
+        }
+        _ => false,
+    };
+    chaos.oracle(|o| o.acked(&task, record.as_ref(), sent_at_ms, batched));
 }
 
 // ---------------------------------------------------------------- lock

@@ -184,7 +184,7 @@ impl World {
         Arc::new(FaultyStore { inner: self.chaos.truth.clone(), ctx: ctx.clone() })
     }
 
-    fn worker(&self, ctx: &Ctx) -> Worker {
+    pub(crate) fn worker(&self, ctx: &Ctx) -> Worker {
         Worker {
             objects: None,
             store: self.store(ctx),
@@ -194,7 +194,8 @@ impl World {
             metrics: self.metrics.clone(),
             clock: ctx.proc.clock.clone(),
             config: self.worker_config,
-            batching: None,
+            // Synthesis tasks that opt in with `deadline_s` go to the history's provider batches.
+            batching: self.batching(ctx),
         }
     }
 
@@ -293,6 +294,18 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
         port.p_slow = knobs.random_range(0.0..0.3);
         port.slow_ms = knobs.random_range(100..10_000);
         Duration::from_millis(knobs.random_range(5_000..180_000))
+    });
+    // A provider that takes hours in a quarter of them (drawn last, so earlier seeds' histories
+    // stay as they were): every batch would miss its deadline, so each is cancelled and its work
+    // given back before it. The commits lane's deadline is then an hour, like the tasks', so that
+    // happens inside the calm phase.
+    let batch_turnaround = batch_turnaround.map(|quick| {
+        if knobs.random::<f64>() < 0.25 {
+            worker_config.lanes[Lane::Commits.index()].deadline = Some(Duration::from_secs(3600));
+            Duration::from_millis(knobs.random_range(7_200_000..28_800_000))
+        } else {
+            quick
+        }
     });
     if batch_turnaround.is_some() {
         worker_config.lanes[Lane::Commits.index()].tier = lanes_core::domain::tier::TierSetting::Batch;

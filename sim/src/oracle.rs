@@ -10,7 +10,8 @@
 //! - **I3.** At most one terminal write per run; a task its client cancelled stays `CANCELLED`
 //!   unless the client submits it again (a redrive is not a submission).
 //! - **I4.** The cache never answers `COMPLETED` for a task the store does not hold completed.
-//! - **I5.** No delivery is acked while the run it carries is unsettled.
+//! - **I5.** No delivery is acked while the run it carries is unsettled, unless a provider batch's
+//!   record owns it (a synthesis task parked in a batch).
 //! - **I7.** A duplicate of an accepted task answers that task (same id, 202 or 200), whatever the
 //!   quotas and the cache.
 //! - **I8.** Ingress sends a run's message once, and again only after winning a re-send claim: at
@@ -77,6 +78,12 @@ struct Book {
     pushed_commit: bool,
     /// Deliveries a crash used up while a process held them (I5, second half).
     crashed_holding: u32,
+    /// Calls a provider batch made for the current run.
+    batch_spent: u32,
+    /// Times the current run was given back by its batch.
+    given_back_run: u32,
+    /// Fences whose parked run its batch gave back (to be called again at flex or sync).
+    given_back: std::collections::BTreeSet<u64>,
 }
 
 /// The book of one history.
@@ -163,6 +170,8 @@ impl Oracle {
         b.run_since_ms = now_ms;
         b.sends_allowed += 1;
         b.justified_before_run = b.justified;
+        b.batch_spent = 0;
+        b.given_back_run = 0;
         if !admin {
             b.cancelled_by_client = false;
         }
@@ -208,6 +217,29 @@ impl Oracle {
     /// A model call of `task` ended as spend (answered, or dropped).
     pub fn spent(&mut self, task: &str) {
         self.book(task).spend += 1;
+    }
+
+    /// A provider batch's model answered `task`'s parked run (paid at the batch's price). A run
+    /// given back (no batch was made, or one would miss the deadline) is called again: its batch
+    /// answering it after that give-back, or before, is the one extra call the design pays for the
+    /// deadline (I2).
+    pub fn batch_spent(&mut self, task: &str) {
+        let b = self.book(task);
+        b.spend += 1;
+        b.batch_spent += 1;
+        if b.given_back_run > 0 {
+            self.justify(task, "a provider batch answered a run it had given back");
+        }
+    }
+
+    /// The batch owning `task`'s run of `fence` gave it back (I2, I9).
+    pub fn given_back(&mut self, task: &str, fence: u64) {
+        let b = self.book(task);
+        b.given_back.insert(fence);
+        b.given_back_run += 1;
+        if b.batch_spent > 0 {
+            self.justify(task, "a run its provider batch had answered was given back");
+        }
     }
 
     /// The simulation broke a run of `task` beyond what the design survives.
@@ -362,8 +394,10 @@ impl Oracle {
         // A broken claim since this run's own may have taken over a run that was still live: the
         // fence then refuses the older answer, as designed (only the lock keeps runs single).
         let taken_over = b.run_of_fence.range(fence + 1..).any(|(_, (_, broken))| *broken);
-        if b.cancelled_fence > fence || b.justified > since || taken_over {
-            return; // its client cancelled this run, or the simulation broke it or its taker
+        if b.cancelled_fence > fence || b.justified > since || taken_over || b.given_back.contains(&fence) {
+            // Its client cancelled this run, the simulation broke it or its taker, or its batch
+            // gave it back before the deadline and a later claim answered it.
+            return;
         }
         let detail = match current {
             Some(r) => format!(
@@ -377,13 +411,15 @@ impl Oracle {
     }
 
     /// A delivery of `task`, sent at `sent_at_ms` (true time since the epoch), is being acked while
-    /// the store holds `record` (I5). A message sent before the current run began carries an
-    /// earlier run, which may be acked.
-    pub fn acked(&mut self, task: &str, record: Option<&TaskRecord>, sent_at_ms: u64) {
+    /// the store holds `record` (I5), and `batched` says whether a provider batch's record owns the
+    /// run (it is parked, and the record with its marker exists). A message sent before the
+    /// current run began carries an earlier run, which may be acked.
+    pub fn acked(&mut self, task: &str, record: Option<&TaskRecord>, sent_at_ms: u64, batched: bool) {
         self.exercise("I5");
         let since = self.tasks.get(task).map_or(0, |b| b.run_since_ms);
         if let Some(r) = record
             && !r.status.is_terminal()
+            && !batched
             && since <= sent_at_ms
         {
             self.violate("I5", task, format!("acked while the record is {:?}", r.status));
