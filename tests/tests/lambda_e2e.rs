@@ -262,3 +262,81 @@ async fn commits_worker_batches_and_the_controller_collects_under_cargo_lambda_w
     assert!(page.items.iter().all(|s| s.tier == lanes_core::domain::tier::Tier::Batch), "{page:?}");
     assert_eq!(batches.answered().len(), 2);
 }
+
+/// A synthesis task that opts in with `params.deadline_s`, in the real binaries: `ingress` accepts
+/// it, the synthesis `worker` parks it in a provider batch (the emulator of OpenAI's Files and
+/// Batch APIs) and acks its message, the task reads `PROCESSING` at tier `batch`; the
+/// `controller`'s scheduled tick reads the ended batch and writes the answer with the parked
+/// claim's fenced final write, at tier `batch`.
+#[tokio::test]
+async fn a_synthesis_task_batched_by_the_worker_is_finished_by_the_controller_under_cargo_lambda_watch() {
+    use lanes_tests::mock_batches::{BatchTiming, MockBatches};
+    let moto = MotoServer::start();
+    let redis = RedisServer::start();
+    let settings = moto.aws_settings();
+    let urls =
+        create_aws_resources(&settings, "tbatch", "lanes-tbatch", QueueSettings::default()).await.unwrap();
+    let timing = BatchTiming {
+        validating: std::time::Duration::from_millis(100),
+        per_request: std::time::Duration::from_millis(10),
+        ..Default::default()
+    };
+    let batches =
+        MockBatches::start(std::sync::Arc::new(lanes_core::clock::SystemClock), timing).await.unwrap();
+    let mut env = moto.env();
+    env.extend(lanes_tests::stack_env("lanes-tbatch", &urls));
+    env.extend(
+        [
+            ("REDIS_URL", redis.url()),
+            ("LANES_LANE", "synthesis".to_owned()),
+            ("LANES_LLM_ROUTES_SYNTHESIS", format!("openai:gpt-4o-mini+batch@{}", batches.url)),
+            ("OPENAI_API_KEY", "k".to_owned()),
+            ("LANES_MAPPING_INTERACTIVE", "00000000-0000-0000-0000-000000000001".to_owned()),
+            ("LANES_MAPPING_SYNTHESIS", "00000000-0000-0000-0000-000000000002".to_owned()),
+            ("LANES_MAPPING_COMMITS", "00000000-0000-0000-0000-000000000003".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let watch = LambdaWatch::start(&env);
+    let mut event: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace_root().join("events/api-post-task.json")).unwrap(),
+    )
+    .unwrap();
+    event["body"] = json!({"project_id": "p1", "kind": "scaffold", "prompt": "a CLI that counts lines",
+        "target_files": ["src/main.rs"], "params": {"deadline_s": 7200}})
+    .to_string()
+    .into();
+    let accepted = watch.invoke("ingress", &event).await;
+    assert_eq!(accepted["statusCode"], 202, "{accepted}");
+    let body: Value = serde_json::from_str(accepted["body"].as_str().unwrap()).unwrap();
+    let id = lanes_core::domain::TaskId::parse(body["task_id"].as_str().unwrap()).unwrap();
+
+    let config = sdk_config(&settings).await;
+    let queue = SqsQueue::connect(aws_sdk_sqs::Client::new(&config), &urls[1]).await.unwrap();
+    let received =
+        lanes_core::lease::receive_batch(&queue, 10, std::time::Duration::from_secs(60)).await.unwrap();
+    assert_eq!(received.len(), 1);
+    let arn = "arn:aws:sqs:us-east-1:123456789012:lanes-synthesis";
+    let answer = watch.invoke("worker", &lanes_tests::lambda_emulator::sqs_event(&received, arn)).await;
+    assert_eq!(answer["batchItemFailures"].as_array().map(Vec::len), Some(0), "acked: {answer}");
+    assert_eq!(batches.batches(), 1);
+    let store = DynamoStore::new(aws_sdk_dynamodb::Client::new(&config), "lanes-tbatch");
+    let now = lanes_core::clock::Clock::now_ms(&lanes_core::clock::SystemClock);
+    let parked = store.get(&id, now).await.unwrap().unwrap().view();
+    assert_eq!(
+        (parked.status, parked.tier),
+        (TaskStatus::Processing, Some(lanes_core::domain::tier::Tier::Batch))
+    );
+
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let tick = json!({"version": "0", "id": "t", "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-12-05T00:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});
+    watch.invoke("controller", &tick).await;
+    let now = lanes_core::clock::Clock::now_ms(&lanes_core::clock::SystemClock);
+    let done = store.get(&id, now).await.unwrap().unwrap();
+    assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
+    let result = done.result.unwrap();
+    assert_eq!((result.tier, done.fence), (lanes_core::domain::tier::Tier::Batch, 1));
+    assert!(result.cost_usd.is_some_and(|c| c > 0.0), "{:?}", result.cost_usd);
+}

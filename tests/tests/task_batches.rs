@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 const MIN: u64 = 60_000;
+/// A claimed record's life, as the worker's (longer than any deadline).
+const TTL: u64 = 15 * 86_400;
 
 /// A batch store whose first `fail` updates fail (a crash between submission and record).
 struct Forgetful {
@@ -243,12 +245,12 @@ async fn a_crash_after_the_park_carries_on_under_the_same_fence() {
     let id = r.submit(2 * 3600).await;
     // A worker claimed the run and parked it, then died before writing the batch record.
     let now = r.clock.now_ms();
-    let ClaimOutcome::Claimed(claimed) = r.adapters.store.claim(&id, now, 3600).await.unwrap() else {
+    let ClaimOutcome::Claimed(claimed) = r.adapters.store.claim(&id, now, TTL).await.unwrap() else {
         panic!()
     };
     let key = task_batch_key("test", &id, claimed.fence);
     let parked = Parked { batch: key.clone(), due_ms: r.start + 2 * 3600 * 1000 };
-    assert!(r.adapters.store.park(&id, claimed.fence, parked, now, 3600).await.unwrap());
+    assert!(r.adapters.store.park(&id, claimed.fence, parked, now, TTL).await.unwrap());
     // Its message comes back: the claim finds the run parked, no record owning it, and carries on.
     r.clock.advance_ms(MIN);
     assert_eq!(r.drain().await, [Outcome::Acked]);
@@ -277,4 +279,35 @@ async fn a_crash_between_submission_and_record_never_submits_twice() {
         assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
         assert_eq!(r.chat.usage().served, 0);
     }
+}
+
+#[tokio::test]
+async fn a_parked_run_is_not_taken_for_an_earlier_runs_batch_still_open() {
+    let r = rig(false, BatchTiming { per_request: Duration::from_secs(3600), ..Default::default() }, 0).await;
+    let id = r.submit(2 * 3600).await;
+    assert_eq!(r.drain().await, [Outcome::Acked]);
+    // Cancelled and submitted again: the first run's batch record is open until the next tick.
+    r.adapters.store.cancel(&id, r.clock.now_ms(), 3600).await.unwrap();
+    let again = r.record(&id).await;
+    let resubmitted = TaskRecord::pending(id.clone(), again.request.clone(), r.clock.now_ms(), 30 * 86_400);
+    r.adapters.store.put_pending(&resubmitted, r.clock.now_ms()).await.unwrap();
+    // The new run is claimed and parked, and its worker dies before writing its record.
+    let now = r.clock.now_ms();
+    let ClaimOutcome::Claimed(claimed) = r.adapters.store.claim(&id, now, TTL).await.unwrap() else {
+        panic!()
+    };
+    let key = task_batch_key("test", &id, claimed.fence);
+    let parked = Parked { batch: key.clone(), due_ms: now + 2 * 3600 * 1000 };
+    assert!(r.adapters.store.park(&id, claimed.fence, parked, now, TTL).await.unwrap());
+    // Its message comes back: the task's marker still names the first run's batch, which does
+    // not own this run, so the delivery writes this run's record and submits it.
+    r.resend(&id).await;
+    assert_eq!(r.drain().await, [Outcome::Acked]);
+    assert_eq!(r.batches.batches(), 2);
+    let collected = r.at(2 * MIN).await;
+    assert_eq!((collected.cancelled, collected.ended), (1, 1), "the first run's batch: {collected:?}");
+    r.batches.set_timing(BatchTiming::default());
+    let done = r.at(90 * MIN).await;
+    assert_eq!(done.written, 1, "{done:?}");
+    assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
 }

@@ -300,7 +300,11 @@ impl WorkerFunction {
             _ => None,
         };
         let running = crate::running::RunningWork::new(adapters.cache.clone(), Arc::new(SystemClock));
-        let worker = adapters.task_worker(llm, metrics, Arc::new(SystemClock), config);
+        let mut worker = adapters.task_worker(llm.clone(), metrics, Arc::new(SystemClock), config);
+        if lane == Lane::Synthesis {
+            // Its tasks that opt in with `params.deadline_s` go to the route's provider batches.
+            worker.batching = crate::wiring::lane_batching(lane, adapters.batches.clone(), llm)?;
+        }
         let queue = adapters.consume[lane.index()].clone();
         Ok(Self { worker, queue, concurrency: concurrency.max(1), commits, lane, running })
     }

@@ -12,14 +12,17 @@
 //!
 //! The key is derived from the task and the claim's fence, which a parked run keeps, so every
 //! delivery of that run finds the same record. What can go wrong, and what happens:
-//! - the park or the record cannot be written: the run is given back and the call made now, at flex;
+//! - the park's outcome is unknown (the store failed): the delivery comes back, and finds the run
+//!   parked or claims it anew;
+//! - the record cannot be written: the run is given back and the call made now, at flex;
 //! - the provider refuses the batch (it made none): the record is deleted, the run given back, and
 //!   the call made now;
 //! - the submission's outcome is unknown, or its id cannot be recorded: the message comes back, its
 //!   claim finds the run parked and the record there, and acks; the collector later adopts the batch
 //!   it finds under the key, or gives the run back;
 //! - a crash after the park, before the record: the message comes back, finds the run parked and no
-//!   record, and carries on from step 2 under the same fence.
+//!   record naming it (an earlier run's may still be open), and carries on from step 2 under the
+//!   same fence.
 
 use super::worker::{Run, Worker};
 use crate::domain::batch::{BatchPhase, BatchRecord, BatchedTask, SUBMIT_LIMIT, task_batch_key, task_marker};
@@ -74,10 +77,9 @@ impl Worker {
             Ok(true) => self.submit_parked(batching, run, request, tokens).await,
             // The fence moved on: another claim, or the client's cancellation, has the record.
             Ok(false) => Parking::Done(Outcome::LeaseLost),
-            Err(e) => {
-                warn!(error = %e, "run not parked; calling now");
-                Parking::CallNow
-            }
+            // The park may have taken effect with its answer lost: calling now could pay for a run
+            // a batch is about to carry. The delivery comes back and finds out which it was.
+            Err(e) => Parking::Done(self.store_down(run, &e.to_string()).await),
         }
     }
 
@@ -94,8 +96,12 @@ impl Worker {
                 Err(e) => self.store_down(run, &e.to_string()).await,
             };
         };
-        match batching.store.batched(&[task_marker(&record.task_id)]).await {
-            Ok(found) if !found.is_empty() => {
+        let marker = task_marker(&record.task_id);
+        let parked_in = record.waiting().map(|p| p.batch.as_str());
+        match batching.store.batched(std::slice::from_ref(&marker)).await {
+            // A marker naming another batch is an earlier run's, whose record its collector has
+            // not closed yet: this run's record is still to be written.
+            Ok(found) if found.get(&marker).map(String::as_str) == parked_in => {
                 self.metrics.duplicates_total.with_label_values(&["task_batched"]).inc();
                 lease::ack(&**queue, message).await
             }
