@@ -16,9 +16,9 @@
 //! the whole group is abandoned and every job in it gets an error (all of them retryable).
 
 use redb::{Database, WriteTransaction};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use tokio::sync::oneshot;
 
 /// Jobs taken into one transaction at most: bounds the latency a very long queue of writes adds.
@@ -63,29 +63,9 @@ pub enum DbOpenError {
 /// A handle to the embedded database file (`<data dir>/lanes.redb`).
 #[derive(Clone)]
 pub struct EmbeddedDb {
-    /// Shared by every read and write group; held alone only by a compaction.
-    db: Arc<RwLock<Database>>,
+    pub(crate) db: Arc<Database>,
     writer: Arc<Writer>,
-    /// The file and its size after the last compaction (`None` in memory).
-    file: Option<Arc<(PathBuf, Mutex<u64>)>>,
 }
-
-/// What a compaction did ([`EmbeddedDb::compact_if_grown`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Compaction {
-    /// The file's size before, bytes.
-    pub before: u64,
-    /// After, bytes.
-    pub after: u64,
-    /// How long the database was held for it.
-    pub took: std::time::Duration,
-}
-
-/// A file smaller than this is never compacted: the space it could give back is not worth a pause.
-const COMPACT_FLOOR: u64 = 64 * 1024 * 1024;
-
-/// Compacted once the file is this many times its size after the last compaction.
-const COMPACT_GROWTH: f64 = 1.5;
 
 /// The writer thread and its channel. Dropped with the last handle: the channel closes, the thread
 /// finishes what it holds and is joined, so the file is closed when the last handle is gone (a
@@ -139,13 +119,12 @@ impl EmbeddedDb {
         std::fs::create_dir_all(data_dir)
             .map_err(|source| DbOpenError::DataDir { path: data_dir.display().to_string(), source })?;
         let path = data_dir.join("lanes.redb");
-        let db = Arc::new(RwLock::new(
+        let db = Arc::new(
             Database::builder()
                 .set_cache_size(CACHE_BYTES)
                 .create(&path)
                 .map_err(|source| DbOpenError::Open { path: path.display().to_string(), source })?,
-        ));
-        let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+        );
         let (jobs, rx) = mpsc::channel();
         let (thread_db, commits) = (db.clone(), Arc::new(std::sync::atomic::AtomicU64::new(0)));
         let counted = commits.clone();
@@ -156,7 +135,6 @@ impl EmbeddedDb {
         Ok(Self {
             db,
             writer: Arc::new(Writer { jobs: Some(jobs), inline: false, thread: Some(thread), commits }),
-            file: Some(Arc::new((path, Mutex::new(size)))),
         })
     }
 
@@ -174,7 +152,7 @@ impl EmbeddedDb {
             thread: None,
             commits: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         };
-        Ok(Self { db: Arc::new(RwLock::new(db)), writer: Arc::new(writer), file: None })
+        Ok(Self { db: Arc::new(db), writer: Arc::new(writer) })
     }
 
     /// Transactions committed so far by this handle's writer (each one a flush to disk).
@@ -220,8 +198,7 @@ impl EmbeddedDb {
             Ran { ok, wrote, done }
         });
         if self.writer.inline {
-            let db = self.db.read().unwrap_or_else(PoisonError::into_inner);
-            write_groups_of(&db, vec![job], &self.writer.commits);
+            write_groups_of(&self.db, vec![job], &self.writer.commits);
         } else if let Some(jobs) = &self.writer.jobs {
             let _ = jobs.send(job); // refused only when the writer is gone: the job, and its sender, drop
         }
@@ -255,54 +232,17 @@ impl EmbeddedDb {
     {
         let db = self.db.clone();
         if self.writer.inline {
-            return f(&db.read().unwrap_or_else(PoisonError::into_inner));
+            return f(&db);
         }
-        match tokio::task::spawn_blocking(move || f(&db.read().unwrap_or_else(PoisonError::into_inner))).await
-        {
+        match tokio::task::spawn_blocking(move || f(&db)).await {
             Ok(r) => r,
             Err(e) => Err(E::from(format!("embedded db task failed: {e}"))),
         }
     }
 }
 
-impl EmbeddedDb {
-    /// Gives the file's free space back once it has grown to [`COMPACT_GROWTH`] times its size
-    /// after the last compaction (and past [`COMPACT_FLOOR`]). redb reuses freed pages but never
-    /// shrinks its file, so under steady churn (records written and swept at the same rate) the
-    /// file settles at several times the live data. Compaction needs the database alone: reads and
-    /// write groups wait for it (they take the lock it holds), so it runs from the expiry sweep,
-    /// not on a request. The live data being bounded, the size after one is the live data's, and
-    /// the next comes only after as much again has been freed.
-    pub async fn compact_if_grown(&self) -> Result<Option<Compaction>, String> {
-        self.compact_past(COMPACT_FLOOR, COMPACT_GROWTH).await
-    }
-
-    /// [`Self::compact_if_grown`] with its thresholds.
-    async fn compact_past(&self, floor: u64, growth: f64) -> Result<Option<Compaction>, String> {
-        let (Some(file), false) = (self.file.clone(), self.writer.inline) else { return Ok(None) };
-        let db = self.db.clone();
-        let run = move || -> Result<Option<Compaction>, String> {
-            let (path, last) = &*file;
-            let before = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
-            let mut last = last.lock().unwrap_or_else(PoisonError::into_inner);
-            if before < floor || (before as f64) < growth * (*last).max(1) as f64 {
-                return Ok(None);
-            }
-            let started = std::time::Instant::now();
-            let mut alone = db.write().unwrap_or_else(PoisonError::into_inner);
-            while alone.compact().map_err(|e| format!("embedded db: compaction failed: {e}"))? {}
-            drop(alone);
-            let after = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
-            *last = after;
-            Ok(Some(Compaction { before, after, took: started.elapsed() }))
-        };
-        tokio::task::spawn_blocking(run).await.map_err(|e| format!("embedded db task failed: {e}"))?
-    }
-}
-
-/// The writer thread: one transaction per group of waiting jobs, until every handle is gone. Each
-/// group holds the database shared (a compaction holds it alone).
-fn write_groups(db: &RwLock<Database>, rx: &mpsc::Receiver<Job>, commits: &std::sync::atomic::AtomicU64) {
+/// The writer thread: one transaction per group of waiting jobs, until every handle is gone.
+fn write_groups(db: &Database, rx: &mpsc::Receiver<Job>, commits: &std::sync::atomic::AtomicU64) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -311,7 +251,7 @@ fn write_groups(db: &RwLock<Database>, rx: &mpsc::Receiver<Job>, commits: &std::
                 Err(_) => break,
             }
         }
-        write_groups_of(&db.read().unwrap_or_else(PoisonError::into_inner), group, commits);
+        write_groups_of(db, group, commits);
     }
 }
 
@@ -376,7 +316,6 @@ mod tests {
     use redb::{ReadableDatabase, TableDefinition};
 
     const T: TableDefinition<&str, u64> = TableDefinition::new("t");
-    const B: TableDefinition<&str, &str> = TableDefinition::new("b");
 
     fn insert(key: String, value: u64) -> impl FnOnce(&WriteTransaction) -> Result<(), String> + Send {
         move |txn| {
@@ -460,47 +399,5 @@ mod tests {
         assert_eq!((read(&db, "before").await, read(&db, "after").await), (None, None));
         db.write(insert("later".into(), 4)).await.unwrap();
         assert_eq!(read(&db, "later").await, Some(4));
-    }
-
-    /// A file swollen by writes since deleted gives its space back, keeps what is live, and takes
-    /// reads and writes after; one that has not grown since is left alone.
-    #[tokio::test]
-    async fn a_grown_file_is_compacted_and_keeps_its_live_data() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = EmbeddedDb::open(dir.path()).unwrap();
-        let blob = "x".repeat(64 * 1024);
-        for i in 0..160u32 {
-            let (key, value) = (format!("k{i}"), blob.clone());
-            db.write(move |txn| {
-                let mut t = txn.open_table(B).map_err(|e| e.to_string())?;
-                t.insert(key.as_str(), value.as_str()).map_err(|e| e.to_string())?;
-                Ok::<_, String>(())
-            })
-            .await
-            .unwrap();
-        }
-        db.write(|txn| {
-            let mut t = txn.open_table(B).map_err(|e| e.to_string())?;
-            for i in 1..160u32 {
-                t.remove(format!("k{i}").as_str()).map_err(|e| e.to_string())?;
-            }
-            Ok::<_, String>(())
-        })
-        .await
-        .unwrap();
-        let c = db.compact_past(1024 * 1024, 1.5).await.unwrap().unwrap();
-        assert!(c.after * 3 < c.before, "{c:?}");
-        assert_eq!(db.compact_past(1024 * 1024, 1.5).await.unwrap(), None, "not grown since");
-        db.write(insert("after".into(), 7)).await.unwrap();
-        assert_eq!(read(&db, "after").await, Some(7));
-        let kept = db
-            .run(|d| {
-                let txn = d.begin_read().map_err(|e| e.to_string())?;
-                let t = txn.open_table(B).map_err(|e| e.to_string())?;
-                Ok::<_, String>(t.get("k0").map_err(|e| e.to_string())?.map(|v| v.value().len()))
-            })
-            .await
-            .unwrap();
-        assert_eq!(kept, Some(blob.len()));
     }
 }

@@ -310,28 +310,10 @@ impl TaskStore for EmbeddedStore {
             self.indexed.store(true, Ordering::Relaxed);
         }
         let keys = self.db.run(move |db| find_expired(db, now_ms, max)).await?;
-        let gone = if keys.is_empty() {
-            0
-        } else {
-            self.db
-                .submit_maybe(move |txn| delete_expired(txn, &keys, now_ms).map(|n| (n, n > 0)))
-                .wait()
-                .await?
-        };
-        // Caught up: the file's free space may be given back (see `EmbeddedDb::compact_if_grown`).
-        if gone < max {
-            match self.db.compact_if_grown().await {
-                Ok(Some(c)) => tracing::info!(
-                    before = c.before,
-                    after = c.after,
-                    took_ms = c.took.as_millis() as u64,
-                    "embedded db compacted"
-                ),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, "embedded db not compacted; the next sweep tries again"),
-            }
+        if keys.is_empty() {
+            return Ok(0);
         }
-        Ok(gone)
+        self.db.submit_maybe(move |txn| delete_expired(txn, &keys, now_ms).map(|n| (n, n > 0))).wait().await
     }
 
     async fn fail_unfinished(
