@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of ten
-lifecycle defects that the current code fixes (six of the task flow, four of the commits flow;
+"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of twelve
+lifecycle defects that the current code fixes (eight of the task flow, four of the commits flow;
 docs/ARCHITECTURE.md, Lifecycle simulation), builds
 `lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
 bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
@@ -105,6 +105,16 @@ REVERTS = {
                     self.store.fail_unfinished(&task.task_id, &reason, sent_before, now, ttl).await
                 }"""),
         ("shared/src/dlq.rs", "if let Some(lock) = self.lock {", "if let Some(lock) = self.lock.filter(|_| false) {"),
+    ]),
+    "parked-marker": ("a parked run's delivery is acked on any batch marker of its task, an earlier run's too", [
+        ("shared/src/tasks/batches.rs",
+         "Ok(found) if found.get(&marker).map(String::as_str) == parked_in => {",
+         "Ok(found) if !found.is_empty() || parked_in.is_none() => {"),
+    ]),
+    "park-unknown": ("a park whose answer is lost is taken as not made, and the run called now", [
+        ("shared/src/tasks/batches.rs",
+         "Err(e) => Parking::Done(self.store_down(run, &e.to_string()).await),",
+         "Err(_) => Parking::CallNow,"),
     ]),
 }
 
