@@ -6,9 +6,8 @@
 //!
 //! What can go wrong, and what happens:
 //! - the record cannot be written: nothing was submitted; the calls are made now, synchronously;
-//! - the provider refuses the batch (a 4xx: it made none): the calls are made now, and the record
-//!   deleted once they are over (until then it owns the commits, so a duplicate acked as pending
-//!   meanwhile always has an owner);
+//! - the provider refuses the batch (a 4xx: it made none): the record is deleted and the calls are
+//!   made now;
 //! - the submission's outcome is unknown (a timeout, a 5xx) or its id cannot be recorded: the
 //!   record stays `Submitting` and owns the commits; their messages come back, are found batched
 //!   and acked; the collector later adopts the batch it finds under the key, or sends them on.
@@ -72,16 +71,14 @@ impl CommitsWorker {
     }
 
     /// Submits the bins the lane would call at `batch` as one provider batch; returns the bins to
-    /// call now (the others, and these too where no batch could be made), and the record of a
-    /// batch the provider did not make, to be closed once those calls are over
-    /// ([`Self::close_unmade`]).
+    /// call now (the others, and these too where no batch could be made).
     pub(super) async fn submit_batches(
         &self,
         groups: &mut [Group],
         pending: &[Pending],
         bins: Vec<Vec<usize>>,
-    ) -> (Vec<Vec<usize>>, Option<BatchRecord>) {
-        let Some(batching) = &self.batching else { return (bins, None) };
+    ) -> Vec<Vec<usize>> {
+        let Some(batching) = &self.batching else { return bins };
         let (mut batched, mut now): (Vec<Vec<usize>>, Vec<Vec<usize>>) = (Vec::new(), Vec::new());
         let (mut carried, mut room) = (0, batching.queue_room().await);
         for bin in bins {
@@ -98,12 +95,11 @@ impl CommitsWorker {
             }
         }
         if batched.is_empty() {
-            return (now, None);
+            return now;
         }
         let (record, submission) = self.batch_of(groups, pending, &batched);
         let commits: Vec<usize> = batched.iter().flatten().map(|&i| pending[i].group).collect();
-        let mut unmade = None;
-        match self.submit(batching, record, &submission, &mut unmade).await {
+        match self.submit(batching, record, &submission).await {
             Some(end) => {
                 for g in commits {
                     groups[g].outcome = Some(match end {
@@ -117,7 +113,7 @@ impl CommitsWorker {
             }
             None => now.extend(batched),
         }
-        (now, unmade)
+        now
     }
 
     /// The record and the submission of `bins`.
@@ -175,14 +171,13 @@ impl CommitsWorker {
     }
 
     /// Records, looks up, submits and records again. `None` when no batch was made and the calls
-    /// are to be made now (a record the provider refused is left in `unmade`); `Ok` when the batch owns the commits and their messages may be acked;
+    /// are to be made now; `Ok` when the batch owns the commits and their messages may be acked;
     /// `Err` (why) when its record owns them but the batch is not known to be made.
     async fn submit(
         &self,
         batching: &Batching,
         mut record: BatchRecord,
         submission: &BatchSubmission,
-        unmade: &mut Option<BatchRecord>,
     ) -> Option<Result<(), &'static str>> {
         match batching.store.create_batch(&record).await {
             Ok(true) => {}
@@ -201,10 +196,7 @@ impl CommitsWorker {
             Ok(Err(SubmitError::NotMade(e))) => {
                 warn!(error = %e, "batch not made; calling now");
                 crate::metrics::llm_route_event(Lane::Commits, batching.api.route(), "batch_refused");
-                // Its record keeps owning the commits until their calls are over, so a duplicate
-                // acked as pending meanwhile always has an owner: this record, or the summary.
-                *unmade = Some(record);
-                return None;
+                return self.forget(batching, &record).await;
             }
             Ok(Err(SubmitError::Unknown(e))) => {
                 warn!(error = %e, key = %record.key, "batch submission unanswered; its record owns the commits");
@@ -229,14 +221,15 @@ impl CommitsWorker {
         }
     }
 
-    /// Deletes the record of a batch the provider did not make, once its commits' calls are over
-    /// (answered and written, or put off: their own deliveries come back). One that cannot be
-    /// deleted is looked up by its collector, which finds no batch and sends on what is not
-    /// summarized.
-    pub(super) async fn close_unmade(&self, record: Option<BatchRecord>) {
-        let (Some(batching), Some(record)) = (&self.batching, record) else { return };
-        if let Err(e) = batching.store.close_batch(&record).await {
-            warn!(error = %e, key = %record.key, "unmade batch's record not deleted; its collector settles it");
+    /// Deletes the record of a batch that was not made; the calls are made now (`None`), or, if
+    /// the record stays, left to it.
+    async fn forget(&self, batching: &Batching, record: &BatchRecord) -> Option<Result<(), &'static str>> {
+        match batching.store.close_batch(record).await {
+            Ok(()) => None,
+            Err(e) => {
+                warn!(error = %e, "batch record not deleted; its collector sends the commits on");
+                Some(Err("batch not made"))
+            }
         }
     }
 }

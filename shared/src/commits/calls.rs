@@ -35,7 +35,7 @@ impl CommitsWorker {
             return;
         }
         let bins = self.bins(groups, &pending);
-        let (bins, unmade) = self.submit_batches(groups, &pending, bins).await;
+        let bins = self.submit_batches(groups, &pending, bins).await;
         let slots = Arc::new(tokio::sync::Semaphore::new(self.config.llm_concurrency.max(1)));
         let read: &[Group] = groups;
         let calls = join_all(bins.iter().map(|bin| {
@@ -98,7 +98,6 @@ impl CommitsWorker {
             }
             groups[g].outcome = Some(end);
         }
-        self.close_unmade(unmade).await;
     }
 
     /// The pending commits (indexes into `pending`) packed into calls. One call carries the commits
