@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of twelve
-lifecycle defects that the current code fixes (eight of the task flow, four of the commits flow;
+"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of eleven
+lifecycle defects that the current code fixes (seven of the task flow, four of the commits flow;
 docs/ARCHITECTURE.md, Lifecycle simulation), builds
 `lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
 bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
@@ -110,11 +110,6 @@ REVERTS = {
         ("shared/src/tasks/batches.rs",
          "Ok(found) if found.get(&marker).map(String::as_str) == parked_in => {",
          "Ok(found) if !found.is_empty() || parked_in.is_none() => {"),
-    ]),
-    "park-unknown": ("a park whose answer is lost is taken as not made, and the run called now", [
-        ("shared/src/tasks/batches.rs",
-         "Err(e) => Parking::Done(self.store_down(run, &e.to_string()).await),",
-         "Err(_) => Parking::CallNow,"),
     ]),
 }
 
