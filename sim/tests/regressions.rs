@@ -76,10 +76,9 @@ fn seeds_that_once_failed_replay_clean() {
     }
 }
 
-/// Seeds that found a defect in the histories with the tenants' knobs (and so provider batches),
-/// replayed with them: the seed, the busy phase's length, the finding. A change to how the knobs
-/// are drawn changes these histories, so a failure here after such a change wants a look at the
-/// trace, not a new seed.
+/// Seeds that found a defect in histories with the tenants' knobs on (some of which run provider
+/// batches; docs/ARCHITECTURE.md, Lifecycle simulation), replayed so: the seed, the busy phase's
+/// length, the finding. Drawing the knobs differently gives these seeds other histories.
 const WITH_KNOBS: &[(u64, u64, &str)] =
     &[(1_000_884, 240, "a parked task's delivery was acked on an earlier run's batch marker: left parked")];
 

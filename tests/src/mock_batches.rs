@@ -22,6 +22,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use lanes_core::clock::SharedClock;
+use lanes_core::domain::batch::{BatchPhase, BatchRecord};
+use lanes_core::ports::StoreError;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -554,5 +556,38 @@ mod anthropic {
         }
         b.cancel_ms = Some(now);
         Json(view(b, now, (&timing, fail.as_deref()), &mut st.files, &mut st.answered)).into_response()
+    }
+}
+
+/// A batch store that fails to record a batch's provider id the first `fail` times (a crash
+/// between submission and record, as the worker sees it).
+pub struct Forgetful {
+    /// The store it forgets in front of.
+    pub inner: Arc<dyn lanes_core::ports::BatchStore>,
+    /// Updates still to fail.
+    pub fail: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl lanes_core::ports::BatchStore for Forgetful {
+    async fn create_batch(&self, r: &BatchRecord) -> Result<bool, StoreError> {
+        self.inner.create_batch(r).await
+    }
+    async fn update_batch(&self, r: &BatchRecord, expect: BatchPhase) -> Result<bool, StoreError> {
+        use std::sync::atomic::Ordering;
+        if self.fail.load(Ordering::SeqCst) > 0 {
+            self.fail.fetch_sub(1, Ordering::SeqCst);
+            return Err(StoreError::Unavailable("the worker died here".into()));
+        }
+        self.inner.update_batch(r, expect).await
+    }
+    async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError> {
+        self.inner.open_batches(limit).await
+    }
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
+        self.inner.batched(keys).await
+    }
+    async fn close_batch(&self, r: &BatchRecord) -> Result<(), StoreError> {
+        self.inner.close_batch(r).await
     }
 }

@@ -14,22 +14,19 @@ use lanes_core::commits::batches::Batching;
 use lanes_core::commits::collect::{Collected, Collector};
 use lanes_core::commits::worker::{BatchReport, CommitsWorker};
 use lanes_core::config::{LanePolicy, WorkerConfig};
-use lanes_core::domain::batch::{BatchPhase, BatchRecord};
 use lanes_core::domain::commit::{CommitMessage, CommitsMessage, Provider};
 use lanes_core::domain::tier::{Tier, TierSetting};
 use lanes_core::domain::{Lane, RepoId, Sha};
 use lanes_core::llm::{AnthropicBatches, AnthropicClient, OpenAiBatches, OpenAiClient};
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::{
-    BatchApi, BatchStatus, BatchStore, BatchSubmission, DiffError, DiffSource, LlmError, StoreError,
-    SubmitError,
+    BatchApi, BatchStatus, BatchStore, BatchSubmission, DiffError, DiffSource, LlmError, SubmitError,
 };
 use lanes_core::wiring::Adapters;
-use lanes_tests::mock_batches::{BatchTiming, MockBatches};
+use lanes_tests::mock_batches::{BatchTiming, Forgetful, MockBatches};
 use lanes_tests::mock_llm::MockLlm;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 const HOUR: u64 = 3_600_000;
@@ -44,36 +41,6 @@ impl DiffSource for Diffs {
             "diff --git a/src/lib.rs b/src/lib.rs\n--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1 +1 @@\n-old\n+fn f_{}() {{}}\n",
             c.sha
         ))
-    }
-}
-
-/// A store that fails to record a batch's provider id the first `fail` times (a crash between
-/// submission and record, as the worker sees it).
-struct Forgetful {
-    inner: Arc<dyn BatchStore>,
-    fail: AtomicU32,
-}
-
-#[async_trait]
-impl BatchStore for Forgetful {
-    async fn create_batch(&self, r: &BatchRecord) -> Result<bool, StoreError> {
-        self.inner.create_batch(r).await
-    }
-    async fn update_batch(&self, r: &BatchRecord, expect: BatchPhase) -> Result<bool, StoreError> {
-        if self.fail.load(Ordering::SeqCst) > 0 {
-            self.fail.fetch_sub(1, Ordering::SeqCst);
-            return Err(StoreError::Unavailable("the worker died here".into()));
-        }
-        self.inner.update_batch(r, expect).await
-    }
-    async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError> {
-        self.inner.open_batches(limit).await
-    }
-    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
-        self.inner.batched(keys).await
-    }
-    async fn close_batch(&self, r: &BatchRecord) -> Result<(), StoreError> {
-        self.inner.close_batch(r).await
     }
 }
 

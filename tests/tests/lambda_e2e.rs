@@ -223,14 +223,11 @@ async fn commits_worker_batches_and_the_controller_collects_under_cargo_lambda_w
             ("LANES_LLM_ROUTES_COMMITS", format!("openai:gpt-4o-mini+batch@{}", batches.url)),
             ("OPENAI_API_KEY", "k".to_owned()),
             ("LANES_GITHUB_API_URL", github),
-            // The controller's mappings: none exist in moto, so each lane is skipped and said so.
-            ("LANES_MAPPING_INTERACTIVE", "00000000-0000-0000-0000-000000000001".to_owned()),
-            ("LANES_MAPPING_SYNTHESIS", "00000000-0000-0000-0000-000000000002".to_owned()),
-            ("LANES_MAPPING_COMMITS", "00000000-0000-0000-0000-000000000003".to_owned()),
             ("RUST_LOG", "info".to_owned()),
         ]
         .map(|(k, v)| (k.to_owned(), v)),
     );
+    env.extend(controller_mappings());
     let watch = LambdaWatch::start(&env);
     let shas = ["3f786850e387550fdab836ed7e6dc881de23001b", "89e6c98d92887913cadf06b2adb97f26cde4849b"];
     let config = sdk_config(&settings).await;
@@ -249,9 +246,7 @@ async fn commits_worker_batches_and_the_controller_collects_under_cargo_lambda_w
     assert_eq!(answer["batchItemFailures"].as_array().map(Vec::len), Some(0), "acked: {answer}");
     assert_eq!(batches.batches(), 1);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let tick = json!({"version": "0", "id": "t", "detail-type": "Scheduled Event", "source": "aws.events",
-        "account": "123456789012", "time": "2026-12-05T00:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});
-    watch.invoke("controller", &tick).await;
+    watch.invoke("controller", &scheduled_tick()).await;
     let summaries = lanes_core::adapters::dynamodb::DynamoSummaries::new(
         aws_sdk_dynamodb::Client::new(&config),
         "lanes-batch",
@@ -291,13 +286,11 @@ async fn a_synthesis_task_batched_by_the_worker_is_finished_by_the_controller_un
             ("LANES_LANE", "synthesis".to_owned()),
             ("LANES_LLM_ROUTES_SYNTHESIS", format!("openai:gpt-4o-mini+batch@{}", batches.url)),
             ("OPENAI_API_KEY", "k".to_owned()),
-            ("LANES_MAPPING_INTERACTIVE", "00000000-0000-0000-0000-000000000001".to_owned()),
-            ("LANES_MAPPING_SYNTHESIS", "00000000-0000-0000-0000-000000000002".to_owned()),
-            ("LANES_MAPPING_COMMITS", "00000000-0000-0000-0000-000000000003".to_owned()),
             ("RUST_LOG", "info".to_owned()),
         ]
         .map(|(k, v)| (k.to_owned(), v)),
     );
+    env.extend(controller_mappings());
     let watch = LambdaWatch::start(&env);
     let mut event: Value = serde_json::from_str(
         &std::fs::read_to_string(workspace_root().join("events/api-post-task.json")).unwrap(),
@@ -330,13 +323,28 @@ async fn a_synthesis_task_batched_by_the_worker_is_finished_by_the_controller_un
     );
 
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let tick = json!({"version": "0", "id": "t", "detail-type": "Scheduled Event", "source": "aws.events",
-        "account": "123456789012", "time": "2026-12-05T00:00:00Z", "region": "us-east-1", "resources": [], "detail": {}});
-    watch.invoke("controller", &tick).await;
+    watch.invoke("controller", &scheduled_tick()).await;
     let now = lanes_core::clock::Clock::now_ms(&lanes_core::clock::SystemClock);
     let done = store.get(&id, now).await.unwrap().unwrap();
     assert_eq!(done.status, TaskStatus::Completed, "{done:?}");
     let result = done.result.unwrap();
     assert_eq!((result.tier, done.fence), (lanes_core::domain::tier::Tier::Batch, 1));
     assert!(result.cost_usd.is_some_and(|c| c > 0.0), "{:?}", result.cost_usd);
+}
+
+/// The controller's mappings: none exist in moto, so each lane is skipped and said so.
+fn controller_mappings() -> Vec<(String, String)> {
+    ["INTERACTIVE", "SYNTHESIS", "COMMITS"]
+        .iter()
+        .enumerate()
+        .map(|(i, lane)| {
+            (format!("LANES_MAPPING_{lane}"), format!("00000000-0000-0000-0000-00000000000{}", i + 1))
+        })
+        .collect()
+}
+
+/// The EventBridge event of the controller's one-minute schedule.
+fn scheduled_tick() -> Value {
+    json!({"version": "0", "id": "t", "detail-type": "Scheduled Event", "source": "aws.events",
+        "account": "123456789012", "time": "2026-12-05T00:00:00Z", "region": "us-east-1", "resources": [], "detail": {}})
 }

@@ -9,57 +9,26 @@
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use async_trait::async_trait;
 use lanes_core::clock::{Clock, ManualClock, SharedClock};
-use lanes_core::domain::batch::{BatchPhase, BatchRecord, task_batch_key};
+use lanes_core::domain::batch::{BatchPhase, task_batch_key};
 use lanes_core::domain::tier::Tier;
 use lanes_core::domain::{Lane, Parked, TaskId, TaskMessage, TaskRecord, TaskRequest, TaskStatus};
 use lanes_core::lease::Outcome;
 use lanes_core::llm::{AnthropicBatches, AnthropicClient, OpenAiBatches, OpenAiClient};
 use lanes_core::metrics::Metrics;
-use lanes_core::ports::{BatchApi, BatchStore, Batching, ClaimOutcome, StoreError};
+use lanes_core::ports::{BatchApi, BatchStore, Batching, ClaimOutcome};
 use lanes_core::tasks::collect::TaskCollector;
 use lanes_core::tasks::worker::Worker;
 use lanes_core::wiring::Adapters;
-use lanes_tests::mock_batches::{BatchTiming, MockBatches};
+use lanes_tests::mock_batches::{BatchTiming, Forgetful, MockBatches};
 use lanes_tests::mock_llm::MockLlm;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 const MIN: u64 = 60_000;
 /// A claimed record's life, as the worker's (longer than any deadline).
 const TTL: u64 = 15 * 86_400;
-
-/// A batch store whose first `fail` updates fail (a crash between submission and record).
-struct Forgetful {
-    inner: Arc<dyn BatchStore>,
-    fail: AtomicU32,
-}
-
-#[async_trait]
-impl BatchStore for Forgetful {
-    async fn create_batch(&self, r: &BatchRecord) -> Result<bool, StoreError> {
-        self.inner.create_batch(r).await
-    }
-    async fn update_batch(&self, r: &BatchRecord, expect: BatchPhase) -> Result<bool, StoreError> {
-        if self.fail.load(Ordering::SeqCst) > 0 {
-            self.fail.fetch_sub(1, Ordering::SeqCst);
-            return Err(StoreError::Unavailable("the worker died here".into()));
-        }
-        self.inner.update_batch(r, expect).await
-    }
-    async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError> {
-        self.inner.open_batches(limit).await
-    }
-    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
-        self.inner.batched(keys).await
-    }
-    async fn close_batch(&self, r: &BatchRecord) -> Result<(), StoreError> {
-        self.inner.close_batch(r).await
-    }
-}
 
 struct Rig {
     _dir: tempfile::TempDir,
