@@ -12,7 +12,7 @@
 use crate::faults::*;
 use crate::history::World;
 use async_trait::async_trait;
-use lanes_core::domain::batch::{BatchPhase, BatchRecord};
+use lanes_core::domain::batch::{BatchPhase, BatchRecord, Carrier};
 use lanes_core::embedded::EmbeddedBatches;
 use lanes_core::llm::OfflineBatches;
 use lanes_core::ports::*;
@@ -44,7 +44,7 @@ impl BatchStore for FaultyBatches {
         let out = self.inner.open_batches(limit).await;
         self.ctx.post(d, "batch.open", "", out).await
     }
-    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, Carrier>, StoreError> {
         let d = self.ctx.pre::<StoreError>(Port::Store, "batch.batched", "").await?;
         let out = self.inner.batched(keys).await;
         self.ctx.post(d, "batch.batched", "", out).await

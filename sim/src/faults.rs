@@ -829,10 +829,9 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
         // Owned by a batch other than the one that sent this delivery on.
         let from = c.escalated.as_ref().and_then(|e| e.from.clone());
         let batched = match &chaos.batches {
-            Some(b) => b
-                .batched(&[c.key()])
-                .await
-                .is_ok_and(|k| k.values().any(|batch| Some(batch) != from.as_ref())),
+            Some(b) => {
+                b.batched(&[c.key()]).await.is_ok_and(|k| k.values().any(|c| Some(&c.batch) != from.as_ref()))
+            }
             None => false,
         };
         chaos.oracle(|o| o.commit_acked(&c.sha, summarized, batched));
@@ -847,7 +846,7 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
             let marker = lanes_core::domain::batch::task_marker(&task);
             b.batched(std::slice::from_ref(&marker))
                 .await
-                .is_ok_and(|k| k.get(&marker) == Some(&parked.batch))
+                .is_ok_and(|k| k.get(&marker).is_some_and(|c| c.batch == parked.batch))
         }
         _ => false,
     };

@@ -659,16 +659,19 @@ pub async fn batch_store(s: &dyn lanes_core::ports::BatchStore) {
     let batched = s.batched(&asked).await.unwrap();
     assert_eq!(batched.len(), 3, "{batched:?}");
     assert_eq!(
-        (batched[&key(&a)].as_str(), batched[&key(&c)].as_str()),
+        (batched[&key(&a)].batch.as_str(), batched[&key(&c)].batch.as_str()),
         (first.key.as_str(), second.key.as_str())
     );
+    // Each with its record's phase and creation: a duplicate is acked on it only once it owns.
+    assert_eq!((batched[&key(&a)].phase, batched[&key(&a)].created_at_ms), (BatchPhase::Open, 2_000));
+    assert_eq!((batched[&key(&c)].phase, batched[&key(&c)].created_at_ms), (BatchPhase::Submitting, 1_000));
     // A third record carries `a` again (sent on by the first's collector, batched anew): closing
     // the first leaves the third's marker of it.
     let third = record(3_000, &[&a]);
     assert!(s.create_batch(&third).await.unwrap());
     s.close_batch(&open).await.unwrap();
     let batched = s.batched(&asked).await.unwrap();
-    let mut left: Vec<(String, String)> = batched.into_iter().collect();
+    let mut left: Vec<(String, String)> = batched.into_iter().map(|(k, c)| (k, c.batch)).collect();
     left.sort();
     assert_eq!(
         left,
@@ -696,7 +699,8 @@ pub async fn batch_store(s: &dyn lanes_core::ports::BatchStore) {
     assert!(s.create_batch(&parked).await.unwrap());
     assert_eq!(s.open_batches(10).await.unwrap(), std::slice::from_ref(&parked));
     let marker = lanes_core::domain::batch::task_marker(&id);
-    assert_eq!(s.batched(std::slice::from_ref(&marker)).await.unwrap().get(&marker), Some(&key));
+    let found = s.batched(std::slice::from_ref(&marker)).await.unwrap();
+    assert_eq!(found.get(&marker).map(|c| c.batch.as_str()), Some(key.as_str()));
     s.close_batch(&parked).await.unwrap();
     assert!(s.batched(&[marker]).await.unwrap().is_empty());
 }

@@ -584,7 +584,10 @@ impl lanes_core::ports::BatchStore for Forgetful {
     async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError> {
         self.inner.open_batches(limit).await
     }
-    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
+    async fn batched(
+        &self,
+        keys: &[String],
+    ) -> Result<HashMap<String, lanes_core::domain::batch::Carrier>, StoreError> {
         self.inner.batched(keys).await
     }
     async fn close_batch(&self, r: &BatchRecord) -> Result<(), StoreError> {

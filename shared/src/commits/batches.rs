@@ -14,6 +14,9 @@
 //!
 //! A commit already carried by an unclosed batch is acked as pending, never packed again
 //! ([`CommitsWorker::answer_batched`]), unless the collector sent it back (it carries its floor).
+//! While the batch's record is still `Submitting` inside its grace, its worker may yet delete it
+//! (a refused batch) and call now on its own deliveries: a duplicate waits until the record owns
+//! the commit ([`crate::domain::batch::Carrier::owns`]).
 
 pub use super::Batching;
 use super::worker::{CommitsWorker, Group, GroupEnd, Pending};
@@ -51,13 +54,22 @@ impl CommitsWorker {
         let keys: Vec<String> = open.iter().map(|&g| groups[g].commit.key()).collect();
         match batching.store.batched(&keys).await {
             Ok(found) => {
+                let now = self.clock.now_ms();
                 for &g in &open {
                     let commit = &groups[g].commit;
                     let from = commit.escalated.as_ref().and_then(|e| e.from.as_deref());
-                    if found.get(&commit.key()).is_some_and(|batch| Some(batch.as_str()) != from) {
+                    let Some(carrier) = found.get(&commit.key()).filter(|c| Some(c.batch.as_str()) != from)
+                    else {
+                        continue;
+                    };
+                    groups[g].outcome = Some(if carrier.owns(now) {
                         self.metrics.duplicates_total.with_label_values(&["commit_batched"]).inc();
-                        groups[g].outcome = Some(GroupEnd::Batched);
-                    }
+                        GroupEnd::Batched
+                    } else {
+                        // Its worker may still delete the record and call now: asked again later.
+                        let after = crate::lease::full_jitter_backoff(&self.lease, groups[g].receives);
+                        GroupEnd::Wait { after, reason: "batch still submitting".into() }
+                    });
                 }
             }
             Err(e) => {

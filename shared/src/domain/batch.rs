@@ -139,6 +139,28 @@ impl BatchRecord {
     }
 }
 
+/// The unclosed record that carries a commit or a parked run, as a marker lookup finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carrier {
+    /// The record's key.
+    pub batch: String,
+    /// Its phase.
+    pub phase: BatchPhase,
+    /// When its worker wrote it (Unix ms).
+    pub created_at_ms: u64,
+}
+
+impl Carrier {
+    /// Whether the record owns what it carries now, so that a duplicate delivery may be acked on
+    /// it. A record still `Submitting` inside [`SUBMIT_GRACE`] may be its worker's, still deciding:
+    /// a batch the provider refuses is deleted and its calls made now, on that worker's own
+    /// deliveries. A duplicate acked meanwhile would be left with no owner, so it waits instead.
+    pub fn owns(&self, now_ms: u64) -> bool {
+        self.phase != BatchPhase::Submitting
+            || now_ms.saturating_sub(self.created_at_ms) >= SUBMIT_GRACE.as_millis() as u64
+    }
+}
+
 /// The marker key of a parked task run: its batch record is found by it
 /// ([`crate::ports::BatchStore::batched`]).
 pub fn task_marker(task_id: &TaskId) -> String {
@@ -299,5 +321,15 @@ mod tests {
         // Even past its deadline: what happened to it must be known before anything is escalated.
         let late = BatchRecord { deadline_ms: 0, ..r };
         assert_eq!(step(&late, 2_000), Step::Wait);
+    }
+
+    #[test]
+    fn a_submitting_record_owns_its_commits_only_once_its_worker_is_past_deciding() {
+        let at = |phase, created_at_ms| Carrier { batch: "k".into(), phase, created_at_ms };
+        let grace = SUBMIT_GRACE.as_millis() as u64;
+        assert!(!at(BatchPhase::Submitting, 1_000).owns(1_000 + grace - 1));
+        assert!(at(BatchPhase::Submitting, 1_000).owns(1_000 + grace));
+        assert!(at(BatchPhase::Open, 1_000).owns(1_000));
+        assert!(at(BatchPhase::Cancelling, 1_000).owns(1_000));
     }
 }

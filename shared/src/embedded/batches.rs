@@ -3,7 +3,7 @@
 //! adapter's semantics (a commit is batched while its marker and its record both exist).
 
 use super::db::EmbeddedDb;
-use crate::domain::batch::{BatchPhase, BatchRecord};
+use crate::domain::batch::{BatchPhase, BatchRecord, Carrier};
 use crate::ports::{BatchStore, StoreError};
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -98,7 +98,7 @@ impl BatchStore for EmbeddedBatches {
             .await
     }
 
-    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, Carrier>, StoreError> {
         let keys = keys.to_vec();
         self.db
             .run(move |db| {
@@ -113,8 +113,12 @@ impl BatchStore for EmbeddedBatches {
                 for k in keys {
                     let Some(batch) = m.get(k.as_str()).map_err(unavailable)? else { continue };
                     let batch = batch.value().to_owned();
-                    if t.get(batch.as_str()).map_err(unavailable)?.is_some() {
-                        out.insert(k, batch);
+                    if let Some(record) = t.get(batch.as_str()).map_err(unavailable)? {
+                        let record = decode(record.value())?;
+                        out.insert(
+                            k,
+                            Carrier { batch, phase: record.phase, created_at_ms: record.created_at_ms },
+                        );
                     }
                 }
                 Ok(out)

@@ -3,7 +3,7 @@
 //! from submission to collection ([`crate::domain::batch`]).
 
 use super::{LlmError, LlmRequest, LlmResponse, StoreError};
-use crate::domain::batch::{BatchPhase, BatchRecord};
+use crate::domain::batch::{BatchPhase, BatchRecord, Carrier};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -90,9 +90,11 @@ pub trait BatchStore: Send + Sync {
     async fn update_batch(&self, record: &BatchRecord, expect: BatchPhase) -> Result<bool, StoreError>;
     /// At most `limit` unclosed records, oldest first.
     async fn open_batches(&self, limit: usize) -> Result<Vec<BatchRecord>, StoreError>;
-    /// Which of the commit keys (`repo_id:sha`) an unclosed record carries, each with that
-    /// record's key.
-    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError>;
+    /// Which of the commit keys (`repo_id:sha`, or a parked run's [`task_marker`]) an unclosed
+    /// record carries, each with that record.
+    ///
+    /// [`task_marker`]: crate::domain::batch::task_marker
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, Carrier>, StoreError>;
     /// Deletes the record and those of its markers that still name it.
     async fn close_batch(&self, record: &BatchRecord) -> Result<(), StoreError>;
 }

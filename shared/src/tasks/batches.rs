@@ -101,9 +101,15 @@ impl Worker {
         match batching.store.batched(std::slice::from_ref(&marker)).await {
             // A marker naming another batch is an earlier run's, whose record its collector has
             // not closed yet: this run's record is still to be written.
-            Ok(found) if found.get(&marker).map(String::as_str) == parked_in => {
-                self.metrics.duplicates_total.with_label_values(&["task_batched"]).inc();
-                lease::ack(&**queue, message).await
+            Ok(found) if found.get(&marker).map(|c| c.batch.as_str()) == parked_in => {
+                if found.get(&marker).is_some_and(|c| c.owns(self.clock.now_ms())) {
+                    self.metrics.duplicates_total.with_label_values(&["task_batched"]).inc();
+                    lease::ack(&**queue, message).await
+                } else {
+                    // Its worker may still give the run back and call now: asked again later.
+                    let after = lease::full_jitter_backoff(&self.config, message.receive_count);
+                    lease::retry_later(&**queue, message, after, "batch still submitting", lane).await
+                }
             }
             Ok(_) => {
                 let policy = self.config.lane(task.lane);

@@ -6,7 +6,7 @@
 
 use super::schema::{REPO_PK, REPO_SK};
 use super::{Item, batch_get, conditional, get_s, n, query_index, s, unavailable};
-use crate::domain::batch::{BatchPhase, BatchRecord};
+use crate::domain::batch::{BatchPhase, BatchRecord, Carrier};
 use crate::ports::{BatchStore, StoreError};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -88,6 +88,22 @@ fn record_of(item: &Item) -> Result<BatchRecord, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("batch record: {e}")))
 }
 
+/// The key, phase and creation of a record, from its attributes (its JSON is not decoded).
+fn carrier_of(item: &Item) -> Result<Carrier, StoreError> {
+    let batch = get_s(item, "pk")?.trim_start_matches("batch#").to_owned();
+    let phase = match get_s(item, "phase")? {
+        "submitting" => BatchPhase::Submitting,
+        "open" => BatchPhase::Open,
+        "cancelling" => BatchPhase::Cancelling,
+        other => return Err(StoreError::Corrupt(format!("batch phase {other:?}"))),
+    };
+    let created_at_ms = get_s(item, REPO_SK)?
+        .split_once('#')
+        .and_then(|(ms, _)| ms.parse().ok())
+        .ok_or_else(|| StoreError::Corrupt("batch record without its creation".into()))?;
+    Ok(Carrier { batch, phase, created_at_ms })
+}
+
 fn marker_pk(commit_key: &str) -> String {
     format!("batched#{commit_key}")
 }
@@ -144,7 +160,7 @@ impl BatchStore for DynamoBatches {
         items.iter().map(record_of).collect()
     }
 
-    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, String>, StoreError> {
+    async fn batched(&self, keys: &[String]) -> Result<HashMap<String, Carrier>, StoreError> {
         let unique: HashSet<&String> = keys.iter().collect();
         let wanted = unique.iter().map(|k| HashMap::from([("pk".to_owned(), s(marker_pk(k)))])).collect();
         let markers = batch_get(&self.client, &self.table, wanted).await?;
@@ -157,9 +173,9 @@ impl BatchStore for DynamoBatches {
             by_batch.keys().map(|b| HashMap::from([("pk".to_owned(), s(format!("batch#{b}")))])).collect();
         let mut out = HashMap::new();
         for r in batch_get(&self.client, &self.table, records).await? {
-            let key = get_s(&r, "pk")?.trim_start_matches("batch#").to_owned();
-            for commit in by_batch.remove(&key).unwrap_or_default() {
-                out.insert(commit, key.clone());
+            let carrier = carrier_of(&r)?;
+            for commit in by_batch.remove(&carrier.batch).unwrap_or_default() {
+                out.insert(commit, carrier.clone());
             }
         }
         Ok(out)
