@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of eleven
-lifecycle defects that the current code fixes (seven of the task flow, four of the commits flow;
-docs/ARCHITECTURE.md, Lifecycle simulation), builds
+"""Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of
+thirteen lifecycle defects that the current code fixes (of the task flow, the commits flow and the
+provider batches of both; docs/ARCHITECTURE.md, Lifecycle simulation), builds
 `lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
 bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
 scripts/bench-report.py renders.
@@ -108,8 +108,18 @@ REVERTS = {
     ]),
     "parked-marker": ("a parked run's delivery is acked on any batch marker of its task, an earlier run's too", [
         ("shared/src/tasks/batches.rs",
-         "Ok(found) if found.get(&marker).map(String::as_str) == parked_in => {",
+         "Ok(found) if found.get(&marker).map(|c| c.batch.as_str()) == parked_in => {",
          "Ok(found) if !found.is_empty() || parked_in.is_none() => {"),
+    ]),
+    "park-unknown": ("a park whose answer is lost is taken as not made, and the run called now", [
+        ("shared/src/tasks/batches.rs",
+         "Err(e) => Parking::Done(self.store_down(run, &e.to_string()).await),",
+         "Err(_) => Parking::CallNow,"),
+    ]),
+    "submitting-owner": ("a duplicate is acked on a batch record still submitting, which its worker may delete", [
+        ("shared/src/domain/batch.rs",
+         "self.phase != BatchPhase::Submitting\n",
+         "true || self.phase != BatchPhase::Submitting\n"),
     ]),
 }
 

@@ -826,12 +826,14 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
         // record owns the commit (the oracle also takes one its collector has sent on).
         let found = chaos.summaries.get_summaries(&[(c.repo_id.clone(), c.sha.clone())]).await;
         let summarized = found.is_ok_and(|v| !v.is_empty());
-        // Owned by a batch other than the one that sent this delivery on.
+        // Owned by an unclosed record (other than the one that sent this delivery on) that carries
+        // it: the records are the truth, the markers only their index.
         let from = c.escalated.as_ref().and_then(|e| e.from.clone());
         let batched = match &chaos.batches {
-            Some(b) => {
-                b.batched(&[c.key()]).await.is_ok_and(|k| k.values().any(|c| Some(&c.batch) != from.as_ref()))
-            }
+            Some(b) => b.open_batches(usize::MAX).await.is_ok_and(|open| {
+                open.iter()
+                    .any(|r| Some(&r.key) != from.as_ref() && r.commits().any(|x| x.commit.key() == c.key()))
+            }),
             None => false,
         };
         chaos.oracle(|o| o.commit_acked(&c.sha, summarized, batched));

@@ -80,7 +80,7 @@ pub trait BatchApi: Send + Sync {
 }
 
 /// The durable batch records (DynamoDB in AWS, the redb file locally). A commit is *batched* while
-/// an unclosed record carries it: its marker and its record both exist.
+/// an unclosed record carries it; its marker is the index a duplicate finds the record by.
 #[async_trait]
 pub trait BatchStore: Send + Sync {
     /// Writes the record (and a marker per commit, first) unless one with its key exists: whether
