@@ -1,4 +1,6 @@
-//! `lanes submit` and `lanes status`: thin HTTP clients of a running server.
+//! `lanes submit` and `lanes status`: thin HTTP clients of a running server. `lanes submit
+//! --follow` then follows the task's event stream: its text on stdout as it arrives, its states on
+//! stderr, and the task's view at the end.
 
 use crate::CliError;
 use clap::Args;
@@ -21,6 +23,9 @@ pub struct SubmitArgs {
     /// Target files (repeatable).
     #[arg(long = "file")]
     files: Vec<String>,
+    /// Print the answer as it is written (`GET /v1/tasks/{id}/events`), then the task.
+    #[arg(long)]
+    follow: bool,
 }
 
 /// `lanes status`'s arguments.
@@ -43,8 +48,53 @@ pub async fn submit(args: SubmitArgs) -> Result<(), CliError> {
         .json(&body)
         .send()
         .await
-        .map_err(|source| CliError::Unreachable { url, source })?;
-    print_response(resp).await
+        .map_err(|source| CliError::Unreachable { url: url.clone(), source })?;
+    if !args.follow || !resp.status().is_success() {
+        return print_response(resp).await;
+    }
+    let view: serde_json::Value =
+        resp.json().await.map_err(|source| CliError::Unreachable { url: url.clone(), source })?;
+    let id = view["task_id"].as_str().unwrap_or_default();
+    follow(&url, id).await
+}
+
+/// Follows a task's events to its end: `delta` text to stdout, `status` to stderr, the final
+/// view to stdout (`error` is an error).
+async fn follow(url: &str, id: &str) -> Result<(), CliError> {
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    use std::io::Write;
+    let unreachable = |source| CliError::Unreachable { url: url.to_owned(), source };
+    let resp = reqwest::get(format!("{url}/v1/tasks/{id}/events")).await.map_err(unreachable)?;
+    if !resp.status().is_success() {
+        return print_response(resp).await;
+    }
+    let mut events = resp.bytes_stream().eventsource();
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| CliError::Usage(format!("the event stream broke: {e}")))?;
+        let data: serde_json::Value = serde_json::from_str(&event.data).unwrap_or_default();
+        match event.event.as_str() {
+            "delta" => {
+                print!("{}", data["text"].as_str().unwrap_or_default());
+                let _ = std::io::stdout().flush();
+            }
+            "status" => eprintln!(
+                "[{}] {}",
+                data["state"].as_str().unwrap_or("?"),
+                data["reason"].as_str().unwrap_or("")
+            ),
+            "result" => {
+                println!("\n{}", event.data);
+                return Ok(());
+            }
+            "error" => {
+                println!("\n{}", event.data);
+                return Err(CliError::Usage(format!("task {id} did not complete")));
+            }
+            _ => {}
+        }
+    }
+    Err(CliError::Usage(format!("the event stream of {id} ended before the task; run `lanes status {id}`")))
 }
 
 /// Prints a task.

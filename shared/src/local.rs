@@ -273,9 +273,11 @@ impl Local {
             clock,
             config: IngressConfig { tenancy: opts.tenancy.is_on(), ..opts.ingress },
             objects: adapters.objects.clone(),
+            events: Some(adapters.events.clone()),
         };
+        let events = crate::tasks::events::router(ingress.clone());
         let tasks = crate::tasks::tenant::with_header(
-            router(ingress).merge(crate::openapi::routes()).merge(read),
+            router(ingress).merge(events).merge(crate::openapi::routes()).merge(read),
             &opts.tenancy,
         );
         let m = metrics.clone();
@@ -432,6 +434,7 @@ fn task_worker(
     opts: &DevOptions,
 ) -> (crate::tasks::worker::Worker, Option<crate::tasks::collect::TaskCollector>) {
     let mut worker = adapters.task_worker(llm.clone(), metrics.clone(), clock.clone(), opts.worker);
+    worker.events = Some(adapters.events.clone());
     worker.batching = crate::wiring::lane_batching(Lane::Synthesis, adapters.batches.clone(), llm.clone())
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "no provider batches for synthesis tasks");

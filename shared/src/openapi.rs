@@ -28,6 +28,7 @@ pub fn routes() -> axum::Router {
         crate::tasks::ingress::post_task,
         crate::tasks::ingress::get_task,
         crate::tasks::ingress::cancel_task,
+        crate::tasks::events::task_events,
         crate::tasks::ingress::healthz,
         crate::commits::api::get_summary,
         crate::commits::api::list,

@@ -575,6 +575,7 @@ mod tests {
         let provider = Arc::new(OfflineProvider::new(|_| Duration::from_millis(60)));
         let worker = Worker {
             objects: None,
+            events: None,
             store: Arc::new(store),
             lock: Arc::new(MemoryLock::new(clock.clone())),
             cache: Arc::new(MemoryCache::new(clock.clone())),

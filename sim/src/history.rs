@@ -187,6 +187,7 @@ impl World {
     pub(crate) fn worker(&self, ctx: &Ctx) -> Worker {
         Worker {
             objects: None,
+            events: None,
             store: self.store(ctx),
             lock: Arc::new(FaultyLock { ctx: ctx.clone() }),
             cache: Arc::new(FaultyCache { ctx: ctx.clone() }),
@@ -203,6 +204,7 @@ impl World {
         let queues = Lane::ALL.map(|l| self.queue(ctx, l) as Arc<dyn QueueSend>);
         lanes_core::tasks::ingress::router(lanes_core::tasks::ingress::Ingress {
             objects: None,
+            events: None,
             store: self.store(ctx),
             cache: Arc::new(FaultyCache { ctx: ctx.clone() }),
             queues,

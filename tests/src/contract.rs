@@ -704,3 +704,44 @@ pub async fn batch_store(s: &dyn lanes_core::ports::BatchStore) {
     s.close_batch(&parked).await.unwrap();
     assert!(s.batched(&[marker]).await.unwrap().is_empty());
 }
+
+/// A task's event stream: appended in order with increasing ids, read from the start or after an
+/// id, a page at a time, each task's apart; a reader waiting for the next event is answered by the
+/// append, and one with nothing to read answers after its wait.
+pub async fn event_log(log: &dyn lanes_core::ports::EventLog) {
+    use lanes_core::domain::events::RunEvent;
+    // Ids of this run only: a server shared by runs keeps streams for an hour.
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let task = TaskId::parse(&format!("{:064x}", nanos * 2)).unwrap();
+    let other = TaskId::parse(&format!("{:064x}", nanos * 2 + 1)).unwrap();
+    let started = std::time::Instant::now();
+    assert!(log.read(&task, None, 10, Duration::from_millis(300)).await.unwrap().is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(250), "waited for an event");
+    let run = |text: &str| RunEvent::Delta { run: 1, text: text.into() };
+    let first = log.append(&task, &[RunEvent::Running { run: 1 }, run("a")]).await.unwrap();
+    let last = log.append(&task, &[run("b"), run("c")]).await.unwrap();
+    assert!(last > first);
+    log.append(&other, &[run("elsewhere")]).await.unwrap();
+    let all = log.read(&task, None, 10, Duration::ZERO).await.unwrap();
+    let events: Vec<&RunEvent> = all.iter().map(|(_, e)| e).collect();
+    assert_eq!(events, [&RunEvent::Running { run: 1 }, &run("a"), &run("b"), &run("c")]);
+    assert!(all.windows(2).all(|w| w[0].0 < w[1].0), "ids increase: {all:?}");
+    assert_eq!((all[1].0, all[3].0), (first, last), "append answers its last event's id");
+    let after = log.read(&task, Some(first), 10, Duration::ZERO).await.unwrap();
+    assert_eq!(after.iter().map(|(_, e)| e).collect::<Vec<_>>(), [&run("b"), &run("c")]);
+    assert_eq!(log.read(&task, None, 2, Duration::ZERO).await.unwrap().len(), 2, "a page");
+    assert!(log.read(&task, Some(last), 10, Duration::ZERO).await.unwrap().is_empty());
+    // A waiting reader gets the next append well before its wait ends.
+    let reader = async {
+        let started = std::time::Instant::now();
+        let got = log.read(&task, Some(last), 10, Duration::from_secs(10)).await.unwrap();
+        (got, started.elapsed())
+    };
+    let writer = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        log.append(&task, &[run("d")]).await.unwrap()
+    };
+    let ((got, took), id) = tokio::join!(reader, writer);
+    assert_eq!(got, [(id, run("d"))]);
+    assert!(took < Duration::from_secs(2), "woken by the append, not its wait: {took:?}");
+}

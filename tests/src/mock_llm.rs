@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use futures::StreamExt;
 use serde_json::{Value, json};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,9 @@ pub enum Scripted {
     Answer(String),
     /// OpenAI's refusal of a flex call for want of capacity: `429 Resource Unavailable`.
     FlexUnavailable,
+    /// A streamed answer with this text, cut (the connection closed, no `[DONE]`) after this many
+    /// of its chunks; asked without `stream`, a 500.
+    StreamCut(String, usize),
 }
 
 /// What the mock saw of one request.
@@ -371,7 +375,11 @@ async fn record_and_script(
     headers: HeaderMap,
     body: Value,
 ) -> Option<Response> {
-    state.seen.lock().unwrap_or_else(|e| e.into_inner()).push(Seen { path: path.into(), headers, body });
+    state.seen.lock().unwrap_or_else(|e| e.into_inner()).push(Seen {
+        path: path.into(),
+        headers,
+        body: body.clone(),
+    });
     let next = state.script.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
     match next {
         None => None,
@@ -381,14 +389,23 @@ async fn record_and_script(
         }
         Some(Scripted::Answer(text)) => {
             let completion = tokens(&text);
-            Some(
-                Json(json!({
-                    "id": "chatcmpl-mock", "object": "chat.completion", "model": "scripted",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": completion + 10}
-                }))
-                .into_response(),
-            )
+            let answer = json!({
+                "id": "chatcmpl-mock", "object": "chat.completion", "model": "scripted",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": completion + 10}
+            });
+            Some(chat_response(&body, answer, None))
+        }
+        Some(Scripted::StreamCut(text, after)) if body["stream"] == true => {
+            let answer = json!({
+                "id": "chatcmpl-mock", "object": "chat.completion", "model": "scripted",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+            });
+            Some(chat_response(&body, answer, Some(after)))
+        }
+        Some(Scripted::StreamCut(..)) => {
+            Some((StatusCode::INTERNAL_SERVER_ERROR, "not streamed").into_response())
         }
         Some(Scripted::FlexUnavailable) => Some(flex_unavailable()),
         Some(Scripted::Status(code, hdrs)) => {
@@ -435,6 +452,47 @@ fn throttled(wait: Duration, hint: Hint) -> Response {
 
 fn tokens(s: &str) -> u64 {
     s.len().div_ceil(4) as u64
+}
+
+/// A chat completion as the request asked for it: the JSON answer, or with `stream: true` the
+/// documented `chat.completion.chunk` events (the text a few words a chunk, 10 ms apart, the
+/// `finish_reason` in the last, a usage chunk with empty `choices` when `stream_options.include_usage`,
+/// then `[DONE]`); `cut_after` closes the stream after that many chunks instead.
+fn chat_response(request: &Value, answer: Value, cut_after: Option<usize>) -> Response {
+    if request["stream"] != true {
+        return Json(answer).into_response();
+    }
+    let base = json!({"id": answer["id"], "object": "chat.completion.chunk", "model": answer["model"],
+        "service_tier": answer["service_tier"]});
+    let chunk = |delta: Value, finish: Value| {
+        let mut c = base.clone();
+        c["choices"] = json!([{"index": 0, "delta": delta, "finish_reason": finish}]);
+        c
+    };
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned();
+    let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    for piece in words.chunks(3) {
+        chunks.push(chunk(json!({"content": piece.concat()}), Value::Null));
+    }
+    chunks.push(chunk(json!({}), answer["choices"][0]["finish_reason"].clone()));
+    if request["stream_options"]["include_usage"] == true {
+        let mut usage = base.clone();
+        usage["choices"] = json!([]);
+        usage["usage"] = answer["usage"].clone();
+        chunks.push(usage);
+    }
+    let mut lines: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    match cut_after {
+        Some(n) => lines.truncate(n),
+        None => lines.push("data: [DONE]\n\n".into()),
+    }
+    let events = futures::stream::iter(lines).then(|l| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, std::convert::Infallible>(l)
+    });
+    ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(events))
+        .into_response()
 }
 
 async fn openai(
@@ -493,7 +551,7 @@ async fn openai(
         *answered.entry(sha.to_owned()).or_default() += 1;
     }
     drop(answered);
-    let mut resp = Json(json!({
+    let answer = json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
         "model": body["model"],
@@ -502,8 +560,8 @@ async fn openai(
                   "total_tokens": tokens(&prompt) + completion},
         // The tier that served the call, as OpenAI names it in every answer.
         "service_tier": body["service_tier"].as_str().filter(|t| matches!(*t, "flex" | "priority")).unwrap_or("default")
-    }))
-    .into_response();
+    });
+    let mut resp = chat_response(&body, answer, None);
     if let Some((limits, left)) = left
         && limits.headers
     {

@@ -84,6 +84,7 @@ async fn queue_sqs() {
 async fn lease_lock_and_cache_in_process() {
     contract::lease_lock(&MemoryLock::new(Arc::new(SystemClock))).await;
     contract::cache(&MemoryCache::new(Arc::new(SystemClock))).await;
+    contract::event_log(&lanes_core::embedded::MemoryEvents::new(Arc::new(SystemClock))).await;
 }
 
 #[tokio::test]
@@ -110,7 +111,8 @@ async fn lock_and_cache_contracts_in(redis: RedisServer, cluster: bool) {
     let settings = redis.settings(cluster);
     let conn = connect(&settings).await.unwrap();
     contract::lease_lock(&RedisLock::new(conn.clone(), "lanes:")).await;
-    contract::cache(&RedisCache::new(conn, "lanes:")).await;
+    contract::cache(&RedisCache::new(conn.clone(), "lanes:")).await;
+    contract::event_log(&lanes_core::adapters::redis::events::RedisEvents::new(conn, "lanes:")).await;
 }
 
 #[tokio::test]

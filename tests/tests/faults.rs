@@ -175,6 +175,7 @@ async fn an_undecodable_message_goes_to_the_dlq_and_the_rest_of_the_batch_succee
     let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
     let worker = Worker {
         objects: None,
+        events: None,
         store: Arc::new(store.clone()),
         lock: Arc::new(MemoryLock::new(clock.clone())),
         cache: Arc::new(MemoryCache::new(clock.clone())),
@@ -226,6 +227,7 @@ async fn sqs_unreachable_at_ingress_is_503_and_leaves_the_record_marked_unsent()
     let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
     let app = router(Ingress {
         objects: None,
+        events: None,
         store: Arc::new(store.clone()),
         cache: Arc::new(MemoryCache::new(clock.clone())),
         queues: [sender.clone(), sender.clone(), sender],

@@ -64,6 +64,7 @@ async fn a_lambda_batch_of_ten_tasks_starts_and_renews_its_leases_together_and_d
     // Each task runs 1.2 s, under a 1.5 s lease renewed every 0.5 s.
     let worker = Worker {
         objects: None,
+        events: None,
         store: adapters.store.clone(),
         lock: adapters.lock.clone(),
         cache: adapters.cache.clone(),

@@ -80,6 +80,7 @@ async fn rig(config: IngressConfig) -> Rig {
     let clock: SharedClock = Arc::new(SystemClock);
     let app = router(Ingress {
         objects: None,
+        events: None,
         store: Arc::new(store.clone()),
         cache: cache.clone(),
         queues: [sender.clone(), sender.clone(), sender],
@@ -92,6 +93,7 @@ async fn rig(config: IngressConfig) -> Rig {
     tokio::spawn(async move { axum::serve(listener, app).await });
     let worker = Worker {
         objects: None,
+        events: None,
         store: Arc::new(store.clone()),
         lock: Arc::new(RedisLock::new(conn, "lanes:")),
         cache: cache.clone(),

@@ -623,3 +623,64 @@ async fn under_a_429_and_500_storm_every_call_finishes_with_bounded_jittered_att
     }
     assert_eq!(mock.seen().len(), 40, "each failure retried once, no extra requests");
 }
+
+/// What a stream gave: its pieces since the last restart, and the restarts.
+#[derive(Default)]
+struct Collect {
+    pieces: std::sync::Mutex<Vec<String>>,
+    restarts: std::sync::Mutex<Vec<String>>,
+}
+
+impl lanes_core::ports::DeltaSink for Collect {
+    fn delta(&self, text: &str) {
+        self.pieces.lock().unwrap().push(text.to_owned());
+    }
+    fn restart(&self, reason: &str) {
+        self.pieces.lock().unwrap().clear();
+        self.restarts.lock().unwrap().push(reason.to_owned());
+    }
+}
+
+/// `stream: true` in OpenAI's documented chunk shape: the pieces make the answer, the usage comes
+/// from the last chunk (`stream_options.include_usage`), and the request asked for both.
+#[tokio::test]
+async fn openai_streams_pieces_and_reads_the_usage_from_the_last_chunk() {
+    let mock = MockLlm::start().await.unwrap();
+    let text = "one two three four five six seven eight nine ten eleven twelve";
+    mock.script([Scripted::Answer(text.into())]);
+    let client = OpenAiClient::new(&format!("{}/v1", mock.url), "gpt-test", None, Duration::from_secs(5));
+    let sink = Collect::default();
+    let r = client.stream(&request(), &sink).await.unwrap();
+    assert_eq!(r.text, text);
+    let pieces = sink.pieces.lock().unwrap().clone();
+    assert!(pieces.len() >= 4, "{pieces:?}");
+    assert_eq!(pieces.concat(), text);
+    assert_eq!((r.usage.prompt, r.usage.completion), (10, 16), "usage from the last chunk");
+    let seen = &mock.seen()[0].body;
+    assert_eq!(
+        (seen["stream"].as_bool(), seen["stream_options"]["include_usage"].as_bool()),
+        (Some(true), Some(true))
+    );
+}
+
+/// A stream cut before its `[DONE]` is never taken as the answer: the retry layer calls again and
+/// tells the sink the text restarts, so the pieces after the restart are the whole answer.
+#[tokio::test]
+async fn a_cut_stream_is_retried_and_its_text_restarts() {
+    let mock = MockLlm::start().await.unwrap();
+    mock.script([Scripted::StreamCut("half of an answer that never ends".into(), 3)]);
+    let client = OpenAiClient::new(&format!("{}/v1", mock.url), "gpt-test", None, Duration::from_secs(5));
+    let bare = Collect::default();
+    let e = client.stream(&request(), &bare).await.unwrap_err();
+    assert!(matches!(e, LlmError::Retryable { .. }), "{e:?}");
+    assert!(!bare.pieces.lock().unwrap().is_empty(), "it had begun");
+
+    mock.script([Scripted::StreamCut("half of an answer that never ends".into(), 3)]);
+    let retrying = Retrying::new(client, fast());
+    let sink = Collect::default();
+    let r = retrying.stream(&request(), &sink).await.unwrap();
+    assert_eq!(r.text, "mock answer");
+    assert_eq!(sink.pieces.lock().unwrap().concat(), "mock answer", "only the second call's text");
+    assert_eq!(sink.restarts.lock().unwrap().len(), 1);
+    assert!(!sink.restarts.lock().unwrap()[0].contains("never ends"), "no provider text in the reason");
+}

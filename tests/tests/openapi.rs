@@ -10,8 +10,12 @@ use lanes_tests::{Backend, Stack, venv_bin, workspace_root};
 /// `(path, method)` of every route the public routers declare (`.route("/p", get(..).delete(..))`).
 fn declared_routes() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for file in ["shared/src/tasks/ingress.rs", "shared/src/commits/api.rs", "shared/src/commits/webhook.rs"]
-    {
+    for file in [
+        "shared/src/tasks/ingress.rs",
+        "shared/src/tasks/events.rs",
+        "shared/src/commits/api.rs",
+        "shared/src/commits/webhook.rs",
+    ] {
         let src = std::fs::read_to_string(workspace_root().join(file)).unwrap();
         let src = src.split("#[cfg(test)]").next().unwrap();
         for part in src.split(".route(").skip(1) {

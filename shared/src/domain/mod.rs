@@ -6,6 +6,7 @@
 pub mod batch;
 pub mod commit;
 pub mod concurrency;
+pub mod events;
 pub mod failure;
 pub mod fairness;
 pub mod ids;

@@ -5,6 +5,7 @@
 mod batches;
 mod cache;
 mod db;
+mod events;
 mod expiring;
 mod lock;
 mod mappings;
@@ -16,6 +17,7 @@ mod summaries;
 pub use batches::EmbeddedBatches;
 pub use cache::MemoryCache;
 pub use db::{DbOpenError, EmbeddedDb};
+pub use events::MemoryEvents;
 pub use lock::MemoryLock;
 #[cfg(test)]
 pub(crate) use lock::ScriptedLock;

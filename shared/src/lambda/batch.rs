@@ -292,6 +292,7 @@ mod tests {
             .collect();
         let worker = Worker {
             objects: None,
+            events: None,
             store: adapters.store.clone(),
             lock: adapters.lock.clone(),
             cache: adapters.cache.clone(),

@@ -169,7 +169,7 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
     let mut config = IngressConfig { tenancy: tenancy.is_on(), ..IngressConfig::from_env()? };
     // A new task holds USD at its lane's dearest route, priced as the workers price it.
     config.quota = crate::quota::priced_by_routes(config.quota)?;
-    let tasks = router(Ingress {
+    let ingress = Ingress {
         store: adapters.store,
         cache: adapters.cache,
         queues: adapters.send,
@@ -177,7 +177,10 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
         clock: Arc::new(SystemClock),
         config,
         objects: adapters.objects,
-    });
+        // The HTTP API buffers a Lambda's answer: the event stream answers 501 here.
+        events: None,
+    };
+    let tasks = router(ingress.clone()).merge(crate::tasks::events::router(ingress));
     let tasks = crate::problem::framework_rejections(tasks.merge(crate::openapi::routes()).merge(read));
     Ok(with_emf(super::deadline::with_deadline(with_trace(with_tenancy(tasks, tenancy))), metrics))
 }
@@ -345,6 +348,7 @@ mod tests {
         let all = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
         let tasks = router(Ingress {
             objects: None,
+            events: None,
             store: Arc::new(EmbeddedStore::new(db)),
             cache: Arc::new(MemoryCache::new(clock.clone())),
             queues: Lane::ALL

@@ -90,7 +90,49 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
         &self,
         request: &crate::ports::LlmRequest,
     ) -> Result<crate::ports::LlmResponse, crate::ports::LlmError> {
+        self.paced(request, None).await
+    }
+    async fn stream(
+        &self,
+        request: &crate::ports::LlmRequest,
+        sink: &dyn crate::ports::DeltaSink,
+    ) -> Result<crate::ports::LlmResponse, crate::ports::LlmError> {
+        self.paced(request, Some(sink)).await
+    }
+}
+
+impl<C: crate::ports::LlmClient> Limited<C> {
+    /// The call once the limiter admits it (streamed to `sink` when there is one), settled with
+    /// what it used.
+    async fn paced(
+        &self,
+        request: &crate::ports::LlmRequest,
+        sink: Option<&dyn crate::ports::DeltaSink>,
+    ) -> Result<crate::ports::LlmResponse, crate::ports::LlmError> {
         let estimate = estimate_tokens(request);
+        let charged = self.admit(request, estimate).await?;
+        use std::sync::atomic::Ordering::Relaxed;
+        self.in_flight[0].fetch_add(1, Relaxed);
+        self.in_flight[1].fetch_add(estimate, Relaxed);
+        let result = match sink {
+            Some(sink) => self.inner.stream(request, sink).await,
+            None => self.inner.complete(request).await,
+        };
+        self.in_flight[0].fetch_sub(1, Relaxed);
+        self.in_flight[1].fetch_sub(estimate, Relaxed);
+        if charged {
+            self.settle(request, estimate, &result).await;
+        }
+        result
+    }
+
+    /// Waits for the limiter's grant of the call (or a share of a cooldown), at most `max_wait`:
+    /// whether the call was charged (not when the limiter could not be reached).
+    async fn admit(
+        &self,
+        request: &crate::ports::LlmRequest,
+        estimate: u64,
+    ) -> Result<bool, crate::ports::LlmError> {
         let deadline = tokio::time::Instant::now() + self.max_wait;
         let mut charged = true;
         loop {
@@ -141,16 +183,7 @@ impl<C: crate::ports::LlmClient> crate::ports::LlmClient for Limited<C> {
                 }
             }
         }
-        use std::sync::atomic::Ordering::Relaxed;
-        self.in_flight[0].fetch_add(1, Relaxed);
-        self.in_flight[1].fetch_add(estimate, Relaxed);
-        let result = self.inner.complete(request).await;
-        self.in_flight[0].fetch_sub(1, Relaxed);
-        self.in_flight[1].fetch_sub(estimate, Relaxed);
-        if charged {
-            self.settle(request, estimate, &result).await;
-        }
-        result
+        Ok(charged)
     }
 }
 

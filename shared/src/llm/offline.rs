@@ -2,7 +2,7 @@
 //! heuristic that says in its output that it is not an LLM, so the whole pipeline runs offline.
 
 use crate::domain::{Lane, TokenUsage, sha256_hex};
-use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::ports::{DeltaSink, LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -51,6 +51,9 @@ fn approx_tokens(s: &str) -> u64 {
     s.len().div_ceil(4) as u64
 }
 
+/// Pieces an offline answer is streamed in.
+const STREAM_PIECES: usize = 8;
+
 #[async_trait]
 impl LlmClient for OfflineProvider {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
@@ -59,6 +62,46 @@ impl LlmClient for OfflineProvider {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        Ok(self.answer(request))
+    }
+
+    /// The same answer, its words given in [`STREAM_PIECES`] pieces spread over the lane's latency.
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        self.calls[request.lane.index()].fetch_add(1, Ordering::SeqCst);
+        let answer = self.answer(request);
+        let pieces = pieces(&answer.text, STREAM_PIECES);
+        let pause = self.latency[request.lane.index()] / pieces.len().max(1) as u32;
+        for piece in pieces {
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            sink.delta(piece);
+        }
+        Ok(answer)
+    }
+}
+
+/// `text` cut into at most `n` pieces at word boundaries (each piece keeps its trailing space), so
+/// the pieces joined are the text.
+fn pieces(text: &str, n: usize) -> Vec<&str> {
+    // Where each word ends, its space included: the last word has none.
+    let words: Vec<usize> = text.match_indices(' ').map(|(i, _)| i + 1).collect();
+    let per = (words.len() + 1).div_ceil(n.max(1)).max(1);
+    let mut cuts: Vec<usize> = words.iter().copied().skip(per - 1).step_by(per).collect();
+    cuts.retain(|&c| c < text.len());
+    let mut out = Vec::with_capacity(cuts.len() + 1);
+    let mut from = 0;
+    for c in cuts {
+        out.push(&text[from..c]);
+        from = c;
+    }
+    out.push(&text[from..]);
+    out
+}
+
+impl OfflineProvider {
+    /// The deterministic answer to `request`.
+    fn answer(&self, request: &LlmRequest) -> LlmResponse {
         if request.kind == crate::domain::Kind::CommitSummary
             && let Some(answer) = self.batch_answer
         {
@@ -67,7 +110,7 @@ impl LlmClient for OfflineProvider {
             let usage =
                 TokenUsage { prompt: approx_tokens(&request.prompt), completion: approx_tokens(&text) };
             let truncated = usage.completion > u64::from(request.max_tokens);
-            return Ok(LlmResponse {
+            return LlmResponse {
                 text,
                 model: OFFLINE_MODEL.to_owned(),
                 usage,
@@ -75,7 +118,7 @@ impl LlmClient for OfflineProvider {
                 limits: Default::default(),
                 tier: request.tier,
                 route: Default::default(),
-            });
+            };
         }
         let digest = sha256_hex(request.prompt.as_bytes());
         let files = if request.target_files.is_empty() {
@@ -99,7 +142,7 @@ impl LlmClient for OfflineProvider {
             completion: approx_tokens(&text),
         };
         let truncated = usage.completion > u64::from(request.max_tokens);
-        Ok(LlmResponse {
+        LlmResponse {
             text,
             model: OFFLINE_MODEL.to_owned(),
             usage,
@@ -107,7 +150,7 @@ impl LlmClient for OfflineProvider {
             limits: Default::default(),
             tier: request.tier,
             route: Default::default(),
-        })
+        }
     }
 }
 
@@ -134,5 +177,50 @@ mod tests {
         assert!(a.text.contains("NOT an LLM") && a.model.contains("not an LLM"));
         assert!(a.usage.prompt > 0 && a.usage.completion > 0);
         assert_eq!((p.calls(), p.calls_for(Lane::Interactive), p.calls_for(Lane::Synthesis)), (2, 2, 0));
+    }
+
+    /// Collects what a stream gives.
+    #[derive(Default)]
+    struct Collect(std::sync::Mutex<Vec<String>>);
+    impl DeltaSink for Collect {
+        fn delta(&self, text: &str) {
+            self.0.lock().unwrap().push(text.to_owned());
+        }
+        fn restart(&self, _: &str) {
+            self.0.lock().unwrap().clear();
+        }
+    }
+
+    #[tokio::test]
+    async fn streams_the_same_answer_in_pieces_over_its_latency() {
+        let p = OfflineProvider::new(|_| Duration::from_millis(80));
+        let req = LlmRequest {
+            lane: Lane::Interactive,
+            kind: Kind::Explain,
+            prompt: "what does main do?".into(),
+            target_files: vec![],
+            max_tokens: 100,
+            params: Default::default(),
+            tier: Default::default(),
+        };
+        let sink = Collect::default();
+        let started = tokio::time::Instant::now();
+        let answer = p.stream(&req, &sink).await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(80), "spread over the latency");
+        let got = sink.0.lock().unwrap().clone();
+        assert_eq!(got.concat(), answer.text);
+        assert!((2..=STREAM_PIECES).contains(&got.len()), "{got:?}");
+        assert_eq!(answer, p.complete(&req).await.unwrap());
+    }
+
+    #[test]
+    fn pieces_join_back_into_the_text() {
+        for text in ["", "one", "a b", "a b c d e f g h i j k l", "trailing space ", "  two  spaces  "] {
+            for n in 1..10 {
+                let p = pieces(text, n);
+                assert_eq!(p.concat(), text, "{text:?} in {n}");
+                assert!(p.len() <= n.max(1), "{text:?} in {n}: {p:?}");
+            }
+        }
     }
 }

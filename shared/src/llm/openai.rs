@@ -1,12 +1,16 @@
 //! OpenAI-compatible chat completions (`POST {base}/chat/completions`): OpenAI, vLLM, Ollama, LiteLLM.
 //! Usage is read from every response; throttles and server errors carry the provider's reset hint.
+//! With `stream: true` the text goes to the caller as it arrives; a stream is complete only at its
+//! `[DONE]`.
 
 use super::retry::{is_retryable_status, rate_limits, retry_hint};
 use crate::domain::TokenUsage;
 use crate::domain::tier::Tier;
-use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::ports::{DeltaSink, LlmClient, LlmError, LlmRequest, LlmResponse};
 use crate::secret::Secret;
 use async_trait::async_trait;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::StreamExt;
 use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
 
@@ -211,11 +215,30 @@ fn tier_refusal(tier: Tier, e: LlmError) -> LlmError {
 #[async_trait]
 impl LlmClient for OpenAiClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let body = self.chat_body(request);
-        let tier = request.tier;
+        let resp = self.post_chat(&self.chat_body(request), request.tier).await?;
+        let limits = rate_limits(resp.headers(), SystemTime::now());
+        let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
+        chat_answer(&v, &self.model, limits)
+    }
+
+    /// `stream: true` with `stream_options.include_usage`: the usage arrives in the last chunk.
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        let mut body = self.chat_body(request);
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let resp = self.post_chat(&body, request.tier).await?;
+        let limits = rate_limits(resp.headers(), SystemTime::now());
+        let v = read_chat_stream(resp, sink, self.timeout.min(STALL_LIMIT)).await?;
+        chat_answer(&v, &self.model, limits)
+    }
+}
+
+impl OpenAiClient {
+    /// Posts a chat-completions body: the answer, once its status says it is one.
+    async fn post_chat(&self, body: &Value, tier: Tier) -> Result<reqwest::Response, LlmError> {
         let url = format!("{}/chat/completions", self.base_url);
         let resp = crate::http::send(self.api_key.as_ref(), |http, key| {
-            let req = http.post(&url).timeout(self.timeout).json(&body);
+            let req = http.post(&url).timeout(self.timeout).json(body);
             match key {
                 Some(key) => req.bearer_auth(key),
                 None => req,
@@ -227,9 +250,97 @@ impl LlmClient for OpenAiClient {
             let e = status_error("provider", resp).await;
             return Err(if tier == Tier::Sync { e } else { tier_refusal(tier, e) });
         }
-        let limits = rate_limits(resp.headers(), SystemTime::now());
-        let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
-        chat_answer(&v, &self.model, limits)
+        Ok(resp)
+    }
+}
+
+// ---------------------------------------------------------------- streaming
+
+// A streamed chat completion (`stream: true`) is read as server-sent events: each chunk's text goes
+// to the sink as it arrives, and the chunks fold into the answer a call without streaming returns,
+// so one parser ([`chat_answer`]) reads both. A stream is complete only at its `[DONE]`: one that
+// ends before it, stalls, or carries an error is retried, never taken as the whole answer.
+
+/// Longest silence between two events before the stream is taken as stalled.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
+
+fn cut(why: impl Into<String>) -> LlmError {
+    LlmError::Retryable { message: why.into(), retry_after: None }
+}
+
+/// Reads the stream to its `[DONE]`: the answer as a non-streamed call's JSON.
+async fn read_chat_stream(
+    resp: reqwest::Response,
+    sink: &dyn DeltaSink,
+    stall: Duration,
+) -> Result<Value, LlmError> {
+    let mut events = resp.bytes_stream().eventsource();
+    let mut answer = Answer::default();
+    loop {
+        let event = match tokio::time::timeout(stall, events.next()).await {
+            Err(_) => return Err(cut(format!("the provider's stream stalled for {} s", stall.as_secs()))),
+            Ok(None) => return Err(cut("the provider's stream ended before its [DONE]")),
+            Ok(Some(Err(EventStreamError::Transport(e)))) => return Err(transport_error(&e)),
+            Ok(Some(Err(e))) => {
+                return Err(cut(format!("the provider's stream is not server-sent events: {e}")));
+            }
+            Ok(Some(Ok(event))) => event,
+        };
+        if event.data.trim() == "[DONE]" {
+            return Ok(answer.into_json());
+        }
+        let chunk: Value =
+            serde_json::from_str(&event.data).map_err(|_| cut("a stream event that is not JSON"))?;
+        if let Some(message) = chunk["error"]["message"].as_str() {
+            let message: String = message.chars().take(300).collect();
+            return Err(cut(format!("the provider's stream failed: {message}")));
+        }
+        answer.add(&chunk, sink)?;
+    }
+}
+
+/// What the chunks said so far.
+#[derive(Default)]
+struct Answer {
+    text: String,
+    finish: Value,
+    model: Value,
+    usage: Value,
+    tier: Value,
+}
+
+impl Answer {
+    fn add(&mut self, chunk: &Value, sink: &dyn DeltaSink) -> Result<(), LlmError> {
+        let choice = &chunk["choices"][0];
+        if let Some(piece) = choice["delta"]["content"].as_str().filter(|p| !p.is_empty()) {
+            if self.text.len() + piece.len() > MAX_ANSWER_BYTES {
+                return Err(LlmError::Permanent(format!(
+                    "the provider's answer is over {MAX_ANSWER_BYTES} bytes"
+                )));
+            }
+            self.text.push_str(piece);
+            sink.delta(piece);
+        }
+        for (field, value) in [
+            (&mut self.finish, &choice["finish_reason"]),
+            (&mut self.model, &chunk["model"]),
+            (&mut self.usage, &chunk["usage"]),
+            (&mut self.tier, &chunk["service_tier"]),
+        ] {
+            if !value.is_null() {
+                *field = value.clone();
+            }
+        }
+        Ok(())
+    }
+
+    fn into_json(self) -> Value {
+        json!({
+            "choices": [{"message": {"content": self.text}, "finish_reason": self.finish}],
+            "model": self.model,
+            "usage": self.usage,
+            "service_tier": self.tier,
+        })
     }
 }
 

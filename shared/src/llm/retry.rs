@@ -3,7 +3,7 @@
 //! `retry-after-ms`, `x-ratelimit-reset-*`, `anthropic-ratelimit-*-reset`), for a bounded number of
 //! attempts. Dropping the future (the lease's cancellation) aborts the request in flight.
 
-use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::ports::{DeltaSink, LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use reqwest::header::HeaderMap;
 use std::time::{Duration, SystemTime};
@@ -173,9 +173,28 @@ impl<C> Retrying<C> {
 #[async_trait]
 impl<C: LlmClient> LlmClient for Retrying<C> {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        self.with_retries(request, None).await
+    }
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        self.with_retries(request, Some(sink)).await
+    }
+}
+
+impl<C: LlmClient> Retrying<C> {
+    /// The call, streamed to `sink` when there is one, made again after a retryable failure while
+    /// attempts are left; a stream cut part-way is told to restart before the next attempt.
+    async fn with_retries(
+        &self,
+        request: &LlmRequest,
+        sink: Option<&dyn DeltaSink>,
+    ) -> Result<LlmResponse, LlmError> {
         let mut attempt = 1;
         loop {
-            match self.inner.complete(request).await {
+            let answer = match sink {
+                Some(sink) => self.inner.stream(request, sink).await,
+                None => self.inner.complete(request).await,
+            };
+            match answer {
                 Err(e @ (LlmError::Retryable { .. } | LlmError::Throttled { .. }))
                     if attempt < self.policy.max_attempts =>
                 {
@@ -186,6 +205,9 @@ impl<C: LlmClient> LlmClient for Retrying<C> {
                     }
                     let wait = self.policy.backoff(attempt).max(hint);
                     tracing::warn!(attempt, wait_ms = wait.as_millis() as u64, error = %e, "provider failed; retrying");
+                    if let Some(sink) = sink {
+                        sink.restart(e.client_reason());
+                    }
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }

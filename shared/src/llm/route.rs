@@ -26,7 +26,7 @@ use crate::config::ConfigError;
 use crate::domain::Lane;
 use crate::domain::tier::Tier;
 use crate::ports::RateLimiter;
-use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::ports::{DeltaSink, LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -246,20 +246,41 @@ impl RouteClient {
     /// tier (flex without capacity now, or a model without the tier, which stops the route asking)
     /// is made again at `sync` at once, through the limiter again: neither a failure nor an attempt
     /// of the task.
-    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let answer = self.call_at_tier(request).await?;
+    async fn complete(
+        &self,
+        request: &LlmRequest,
+        sink: Option<&dyn DeltaSink>,
+    ) -> Result<LlmResponse, LlmError> {
+        let answer = self.call_at_tier(request, sink).await?;
         Ok(LlmResponse { route: self.name.clone(), ..answer })
     }
 
-    async fn call_at_tier(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+    /// One call of the route's client, streamed to `sink` when there is one.
+    async fn call(
+        &self,
+        request: &LlmRequest,
+        sink: Option<&dyn DeltaSink>,
+    ) -> Result<LlmResponse, LlmError> {
+        match sink {
+            Some(sink) => self.client.stream(request, sink).await,
+            None => self.client.complete(request).await,
+        }
+    }
+
+    async fn call_at_tier(
+        &self,
+        request: &LlmRequest,
+        sink: Option<&dyn DeltaSink>,
+    ) -> Result<LlmResponse, LlmError> {
         let sync = || LlmRequest { tier: Tier::Sync, ..request.clone() };
         if request.tier == Tier::Sync {
-            return self.client.complete(request).await;
+            return self.call(request, sink).await;
         }
         if !self.tiers.load(Ordering::Relaxed) {
-            return self.client.complete(&sync()).await;
+            return self.call(&sync(), sink).await;
         }
-        match self.client.complete(request).await {
+        // A refusal comes before any text: the call at sync needs no restart.
+        match self.call(request, sink).await {
             Err(LlmError::TierRefused { message, unsupported }) => {
                 let why = format!(
                     "{}_{}",
@@ -271,7 +292,7 @@ impl RouteClient {
                 if unsupported {
                     self.tiers.store(false, Ordering::Relaxed);
                 }
-                self.client.complete(&sync()).await
+                self.call(&sync(), sink).await
             }
             other => other,
         }
@@ -299,6 +320,21 @@ fn fell_back(lane: Lane, from: &str, why: &str) {
 #[async_trait]
 impl LlmClient for Fallback {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        self.through_routes(request, None).await
+    }
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        self.through_routes(request, Some(sink)).await
+    }
+}
+
+impl Fallback {
+    /// The call on each of the lane's routes in turn until one answers or fails for good; a stream
+    /// the failed route began is told to restart before the next route's.
+    async fn through_routes(
+        &self,
+        request: &LlmRequest,
+        sink: Option<&dyn DeltaSink>,
+    ) -> Result<LlmResponse, LlmError> {
         let routes = &self.lanes[request.lane.index()];
         let Some((last, earlier)) = routes.split_last() else {
             return Err(LlmError::Permanent(format!("no LLM route for the {} lane", request.lane)));
@@ -310,7 +346,7 @@ impl LlmClient for Fallback {
                 fell_back(request.lane, &route.name, "cooldown");
                 continue;
             }
-            match route.complete(request).await {
+            match route.complete(request, sink).await {
                 Err(
                     e @ (LlmError::Retryable { .. }
                     | LlmError::Throttled { .. }
@@ -319,11 +355,14 @@ impl LlmClient for Fallback {
                     let why = if matches!(e, LlmError::Throttled { .. }) { "throttled" } else { "retryable" };
                     tracing::debug!(error = %e, "route failed");
                     fell_back(request.lane, &route.name, why);
+                    if let Some(sink) = sink {
+                        sink.restart("falling back to the next route");
+                    }
                 }
                 other => return other,
             }
         }
-        last.complete(request).await
+        last.complete(request, sink).await
     }
 }
 

@@ -5,11 +5,13 @@
 //! mapping control are tested each on its own.
 
 mod batches;
+mod events;
 mod objects;
 mod queue;
 mod store;
 
 pub use batches::*;
+pub use events::*;
 pub use objects::*;
 pub use queue::*;
 pub use store::*;
@@ -168,6 +170,16 @@ impl LlmError {
             LlmError::Permanent(_) | LlmError::TierRefused { .. } => None,
         }
     }
+
+    /// What a client may be told of it (a stream's restart): its kind, never the provider's text.
+    pub fn client_reason(&self) -> &'static str {
+        match self {
+            LlmError::Retryable { .. } => "the provider failed; calling again",
+            LlmError::Throttled { .. } => "the provider is rate limiting; calling again",
+            LlmError::Permanent(_) => "the provider refused the call",
+            LlmError::TierRefused { .. } => "the service tier was refused; calling at the standard tier",
+        }
+    }
 }
 
 pub use crate::domain::model_call::{LlmRequest, LlmResponse, ProviderLimits};
@@ -215,17 +227,39 @@ pub trait RateLimiter: Send + Sync {
     fn limits(&self) -> LimiterConfig;
 }
 
+/// Where a streamed call's text goes as it arrives (the worker's publisher of the run's events).
+pub trait DeltaSink: Send + Sync {
+    /// The next text of the answer.
+    fn delta(&self, text: &str);
+    /// What was given so far is void: the call starts again (`reason`, fit for the client: no
+    /// provider's text), on this route or the next.
+    fn restart(&self, reason: &str);
+}
+
 /// A model provider.
 #[async_trait]
 pub trait LlmClient: Send + Sync {
     /// Runs one completion. Dropping the future aborts the request.
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError>;
+
+    /// Runs one completion, giving `sink` its text as it arrives where the provider streams, and
+    /// returns the whole answer as [`LlmClient::complete`] does (its usage included). A layer that
+    /// calls again after a failure tells `sink` to restart first. By default the whole text is
+    /// given once answered.
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        let answer = self.complete(request).await?;
+        sink.delta(&answer.text);
+        Ok(answer)
+    }
 }
 
 #[async_trait]
 impl<T: LlmClient + ?Sized> LlmClient for std::sync::Arc<T> {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         (**self).complete(request).await
+    }
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        (**self).stream(request, sink).await
     }
 }
 

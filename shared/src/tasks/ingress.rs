@@ -46,6 +46,9 @@ pub struct Ingress {
     /// Where results too large for a record are kept ([`crate::tasks::large_results`]); `None`
     /// where the deployment has no results store.
     pub objects: Option<Arc<dyn crate::ports::ResultObjects>>,
+    /// The tasks' event streams (`GET /v1/tasks/{id}/events`, [`crate::tasks::events`]); `None`
+    /// where the deployment keeps none (it answers 501).
+    pub events: Option<Arc<dyn crate::ports::EventLog>>,
 }
 
 /// The task API router.
@@ -115,7 +118,7 @@ pub(crate) async fn post_task(
 }
 
 /// The caller's tenant with tenancy on (`401` without one), `None` with it off.
-fn caller(ing: &Ingress, tenant: Option<Extension<Tenant>>) -> Result<Option<Tenant>, NoTenant> {
+pub(super) fn caller(ing: &Ingress, tenant: Option<Extension<Tenant>>) -> Result<Option<Tenant>, NoTenant> {
     match (ing.config.tenancy, tenant) {
         (false, _) => Ok(None),
         (true, Some(Extension(t))) => Ok(Some(t)),
@@ -349,7 +352,11 @@ impl Ingress {
 }
 
 /// The record of `id` if `caller` may see it (another tenant's task reads as missing).
-async fn read(ing: &Ingress, caller: &Option<Tenant>, id: &TaskId) -> Result<Option<TaskRecord>, Response> {
+pub(super) async fn read(
+    ing: &Ingress,
+    caller: &Option<Tenant>,
+    id: &TaskId,
+) -> Result<Option<TaskRecord>, Response> {
     ing.store
         .get(id, ing.clock.now_ms())
         .await
@@ -516,6 +523,7 @@ mod tests {
         let cache = Arc::new(MemoryCache::new(clock.clone()));
         let ingress = Ingress {
             objects: None,
+            events: None,
             store: Arc::new(store.clone()),
             cache,
             queues,

@@ -50,6 +50,8 @@ pub struct Worker {
     /// ([`crate::tasks::batches`]); `None` where its route has no batch endpoint (they are then
     /// called at flex).
     pub batching: Option<crate::ports::Batching>,
+    /// Where its runs' events go as they run ([`crate::tasks::stream`]); `None` streams nothing.
+    pub events: Option<Arc<dyn crate::ports::EventLog>>,
 }
 
 /// Tries of the fenced final write before its answer is given up (about 2.5 s in all).
@@ -278,12 +280,7 @@ impl Worker {
                 return outcome;
             }
         };
-        let call = tokio::select! {
-            biased;
-            _ = lost.cancelled() => Call::LeaseLost,
-            _ = cancelled.cancelled() => Call::Cancelled,
-            r = self.llm.complete(&request) => Call::Answered(Box::new(r)),
-        };
+        let call = self.call(&record, &request, &lost, &cancelled).await;
         // An answer in hand is written even if the lease was lost meanwhile: the fenced write
         // decides whether this run still owns the record. A dropped call keeps its reservation: the
         // provider may have billed it.
@@ -493,6 +490,7 @@ mod tests {
             clock,
             config,
             batching: Default::default(),
+            events: None,
         };
         Rig { _dir: dir, worker, queue, store, lock, llm, task_id: record.task_id }
     }

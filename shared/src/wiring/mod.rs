@@ -70,6 +70,8 @@ pub struct Adapters {
     pub redis_prefix: String,
     /// Where results too large for a record are kept (files locally, S3 on AWS when configured).
     pub objects: Option<Arc<dyn crate::ports::ResultObjects>>,
+    /// The tasks' event streams (in process locally, Redis Streams on AWS).
+    pub events: Arc<dyn crate::ports::EventLog>,
 }
 
 impl Adapters {
@@ -91,6 +93,7 @@ impl Adapters {
             config,
             objects: self.objects.clone(),
             batching: None,
+            events: None,
         }
     }
 
@@ -164,6 +167,7 @@ pub async fn embedded(
         summaries: Arc::new(summaries),
         batches: Arc::new(batches),
         lock: Arc::new(MemoryLock::new(clock.clone())),
+        events: Arc::new(crate::embedded::MemoryEvents::new(clock.clone())),
         cache: Arc::new(MemoryCache::new(clock)),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
         consume: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
@@ -254,6 +258,10 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
         batches: Arc::new(aws.batches(&config.table)),
         lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
         cache: Arc::new(RedisCache::new(conn.clone(), &config.redis.prefix)),
+        events: Arc::new(crate::adapters::redis::events::RedisEvents::new(
+            conn.clone(),
+            &config.redis.prefix,
+        )),
         send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
         dlq: queues.clone().map(|q| q.dead_letter_queue().map(|d| Arc::new(d) as Arc<dyn QueueConsume>)),
         consume: queues.map(|q| Arc::new(q) as Arc<dyn QueueConsume>),

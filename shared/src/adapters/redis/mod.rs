@@ -8,6 +8,7 @@
 //! the configured prefix.
 
 pub mod env;
+pub mod events;
 
 use crate::ports::{Acquire, Cache, CacheError, Charge, LeaseLock, LockError, ShareAsk, Verdict};
 use async_trait::async_trait;

@@ -1,0 +1,159 @@
+//! A run's event stream, as the worker writes it (`crate::domain::events`): `running` when the
+//! call starts, its text as the provider gives it, `restarting` when a retry or the next route
+//! voids what was said, and `stopped` when the run ends without an answer here. The record's
+//! fenced final write stays the answer; `GET /v1/tasks/{id}/events` ends the stream with it.
+//!
+//! The provider's client hands text to [`RunStream`] without waiting (a send on a channel); one
+//! publisher task a run appends to the [`EventLog`], merging the text that arrived while its last
+//! append was under way, so a fast stream costs an append per round trip, not per token. An append
+//! that fails leaves a gap the reader could not see: the next one first says `restarting` and gives
+//! the run's text so far again, so a reader never shows a missing character.
+
+use super::worker::{Call, Worker};
+use crate::domain::events::RunEvent;
+use crate::domain::{TaskId, TaskRecord};
+use crate::metrics::Metrics;
+use crate::ports::{DeltaSink, EventLog, LlmRequest};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Longest a finished run waits for its last events to be appended before its final write: the
+/// stream is a view, and the record's answer must not wait on an outage of it.
+const CLOSE_LIMIT: Duration = Duration::from_secs(2);
+
+impl Worker {
+    /// The run's provider call, streamed to the task's events where the worker keeps them; ended
+    /// early by a lost lease or its client's cancel.
+    pub(super) async fn call(
+        &self,
+        record: &TaskRecord,
+        request: &LlmRequest,
+        lost: &CancellationToken,
+        cancelled: &CancellationToken,
+    ) -> Call {
+        let Some(events) = &self.events else {
+            return tokio::select! {
+                biased;
+                _ = lost.cancelled() => Call::LeaseLost,
+                _ = cancelled.cancelled() => Call::Cancelled,
+                r = self.llm.complete(request) => Call::Answered(Box::new(r)),
+            };
+        };
+        let stream =
+            RunStream::start(events.clone(), record.task_id.clone(), record.fence, self.metrics.clone());
+        let call = tokio::select! {
+            biased;
+            _ = lost.cancelled() => Call::LeaseLost,
+            _ = cancelled.cancelled() => Call::Cancelled,
+            r = self.llm.stream(request, &stream) => Call::Answered(Box::new(r)),
+        };
+        match &call {
+            Call::LeaseLost => stream.stop("the run's lease was lost; another worker takes the task over"),
+            Call::Cancelled => stream.stop("cancelled by its client"),
+            Call::Answered(answer) => {
+                if let Err(e) = answer.as_ref() {
+                    stream.stop(e.client_reason());
+                }
+            }
+        }
+        stream.close().await;
+        call
+    }
+}
+
+/// The writing end of one run's stream.
+pub struct RunStream {
+    tx: mpsc::UnboundedSender<RunEvent>,
+    publisher: tokio::task::JoinHandle<()>,
+    run: u64,
+    /// Whether text was given since the last restart (a restart with nothing to void is not told).
+    spoke: AtomicBool,
+}
+
+impl RunStream {
+    /// Starts the stream of `task`'s run `run` (its claim's fence) with a `running` event.
+    pub fn start(events: Arc<dyn EventLog>, task: TaskId, run: u64, metrics: Metrics) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(RunEvent::Running { run });
+        let publisher = tokio::spawn(publish(events, task, rx, metrics));
+        Self { tx, publisher, run, spoke: AtomicBool::new(false) }
+    }
+
+    /// Ends the run's stream without an answer (`reason`, fit for the client).
+    pub fn stop(&self, reason: &str) {
+        let _ = self.tx.send(RunEvent::Stopped { run: self.run, reason: reason.to_owned() });
+    }
+
+    /// Waits (at most [`CLOSE_LIMIT`]) for what was given to be appended.
+    pub async fn close(self) {
+        let Self { tx, publisher, .. } = self;
+        drop(tx);
+        if tokio::time::timeout(CLOSE_LIMIT, publisher).await.is_err() {
+            tracing::warn!("the run's last events were not appended in time; its readers get the answer");
+        }
+    }
+}
+
+impl DeltaSink for RunStream {
+    fn delta(&self, text: &str) {
+        self.spoke.store(true, Ordering::Relaxed);
+        let _ = self.tx.send(RunEvent::Delta { run: self.run, text: text.to_owned() });
+    }
+
+    fn restart(&self, reason: &str) {
+        if self.spoke.swap(false, Ordering::Relaxed) {
+            let _ = self.tx.send(RunEvent::Restart { run: self.run, reason: reason.to_owned() });
+        }
+    }
+}
+
+/// Appends what the run gives, in order, a batch per round trip.
+async fn publish(
+    events: Arc<dyn EventLog>,
+    task: TaskId,
+    mut rx: mpsc::UnboundedReceiver<RunEvent>,
+    metrics: Metrics,
+) {
+    // The text since the last restart, to give again after a failed append.
+    let (mut said, mut gap) = (String::new(), false);
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(next) = rx.try_recv() {
+            if let Some(last) = batch.last_mut()
+                && let Some(unmerged) = last.merge(next)
+            {
+                batch.push(unmerged);
+            }
+        }
+        for e in &batch {
+            match e {
+                RunEvent::Delta { text, .. } => said.push_str(text),
+                RunEvent::Restart { .. } => said.clear(),
+                _ => {}
+            }
+        }
+        if gap {
+            let run = batch[0].run();
+            let reason = "the stream missed some text; it starts again".to_owned();
+            let mut healed = vec![RunEvent::Restart { run, reason }];
+            if !said.is_empty() {
+                healed.push(RunEvent::Delta { run, text: said.clone() });
+            }
+            healed.extend(
+                batch.into_iter().filter(|e| !matches!(e, RunEvent::Delta { .. } | RunEvent::Restart { .. })),
+            );
+            batch = healed;
+        }
+        match events.append(&task, &batch).await {
+            Ok(_) => gap = false,
+            Err(e) => {
+                tracing::warn!(error = %e, "run events not appended; the stream is healed at the next append");
+                metrics.degraded_operations_total.with_label_values(&["events"]).inc();
+                gap = true;
+            }
+        }
+    }
+}
