@@ -117,15 +117,16 @@ impl fmt::Display for EventId {
 
 /// Why a `Last-Event-ID` is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("an event id is two decimal numbers joined by '-', as in 1733400000000-0")]
+#[error("an event id is two decimal numbers of 1 to 19 digits joined by '-', as in 1733400000000-0")]
 pub struct BadEventId;
 
 impl FromStr for EventId {
     type Err = BadEventId;
     fn from_str(s: &str) -> Result<Self, BadEventId> {
-        let (ms, seq) = s.trim().split_once('-').ok_or(BadEventId)?;
+        let (ms, seq) = s.split_once('-').ok_or(BadEventId)?;
         let number = |p: &str| {
-            if p.is_empty() || p.len() > 20 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            // 19 digits always fit a u64, so the form alone says whether an id is valid.
+            if p.is_empty() || p.len() > 19 || !p.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(BadEventId);
             }
             p.parse().map_err(|_| BadEventId)
@@ -154,7 +155,7 @@ mod tests {
         let id = EventId { ms: 1_733_400_000_000, seq: 7 };
         assert_eq!(id.to_string().parse::<EventId>(), Ok(id));
         assert!(EventId { ms: 1, seq: 9 } < EventId { ms: 2, seq: 0 });
-        for bad in ["", "1", "1-", "-1", "a-1", "1-2-3", "+1-2", "1-99999999999999999999999"] {
+        for bad in ["", "1", "1-", "-1", "a-1", "1-2-3", "+1-2", " 1-2", "1-99999999999999999999", "1-2\n"] {
             assert_eq!(bad.parse::<EventId>(), Err(BadEventId), "{bad:?}");
         }
     }

@@ -55,7 +55,7 @@ pub fn router(ingress: Ingress) -> Router {
     tag = "tasks",
     params(
         ("id" = String, Path, description = "The task id (64 lowercase hex characters)", pattern = "^[0-9a-f]{64}$"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id this stream gave: two decimal numbers joined by '-')", pattern = "^[0-9]{1,20}-[0-9]{1,20}$"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id this stream gave: two decimal numbers joined by '-')", pattern = "^[0-9]{1,19}-[0-9]{1,19}$"),
     ),
     responses(
         (status = 200, description = "Server-sent events. `status`: `{\"state\": \"queued\" | \"running\" | \"restarting\" | \"stopped\", \"run\", \"reason\"}` (`restarting`: the run's text so far is void); `delta`: `{\"run\", \"text\"}`; the last is `result` (a completed task's view) or `error` (a failed or cancelled task's view). Each run is a segment, named by `run`.", body = String, content_type = "text/event-stream"),
