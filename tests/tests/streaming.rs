@@ -25,12 +25,14 @@ struct Got {
 
 /// The task's events until its `result` or `error` (or the server ends the stream).
 async fn follow(url: &str, id: &str, last: Option<&str>) -> Vec<Got> {
-    let mut req = reqwest::Client::new().get(format!("{url}/v1/tasks/{id}/events"));
+    // One client for every reader: a client's set-up (its TLS roots) costs milliseconds.
+    static CLIENT: std::sync::LazyLock<reqwest::Client> = std::sync::LazyLock::new(reqwest::Client::new);
+    let mut req = CLIENT.get(format!("{url}/v1/tasks/{id}/events"));
     if let Some(last) = last {
         req = req.header("Last-Event-ID", last);
     }
     let resp = req.send().await.unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.status(), 200, "{url}/v1/tasks/{id}/events");
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut events = resp.bytes_stream().eventsource();
     let mut out = Vec::new();
@@ -163,4 +165,34 @@ async fn bad_requests_are_named_problems() {
     assert_eq!(status, 404);
     let (status, _) = get(format!("{url}/v1/tasks/nope/events"), None).await;
     assert_eq!(status, 400);
+}
+
+/// Five hundred clients following one task each get the whole answer, the same text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_clients_follow_one_task() {
+    let stack = Stack::start(Backend::Embedded, &["--interactive-latency-ms", "2000"]).await;
+    let url = stack.server.url.clone();
+    let started = Instant::now();
+    let id = submit(&url, "explain", "one task, many readers").await;
+    let readers = (0..500).map(|_| {
+        let (url, id) = (url.clone(), id.clone());
+        tokio::spawn(async move { follow(&url, &id, None).await })
+    });
+    let all = futures::future::join_all(readers).await;
+    let mut streamed = 0;
+    let mut texts = std::collections::BTreeSet::new();
+    for r in all {
+        let events = r.unwrap();
+        let last = events.last().unwrap();
+        assert_eq!(last.name, "result");
+        let text = last.data["result"]["text"].as_str().unwrap().to_owned();
+        // A reader that connected after the end got the result alone.
+        if events.iter().any(|e| e.name == "delta") {
+            assert_eq!(said(&events), text);
+            streamed += 1;
+        }
+        texts.insert(text);
+    }
+    assert_eq!(texts.len(), 1, "one answer for every reader");
+    assert!(streamed >= 250, "most readers saw the text as it came: {streamed} in {:?}", started.elapsed());
 }
