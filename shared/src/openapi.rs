@@ -41,6 +41,7 @@ pub fn routes() -> axum::Router {
         crate::domain::request::ModelParams,
         crate::domain::fairness::Priority,
         crate::domain::TaskView,
+        crate::tasks::events::StreamEvent,
         crate::domain::TaskStatus,
         crate::domain::TaskResult,
         crate::domain::Lane,

@@ -55,10 +55,10 @@ pub fn router(ingress: Ingress) -> Router {
     tag = "tasks",
     params(
         ("id" = String, Path, description = "The task id (64 lowercase hex characters)", pattern = "^[0-9a-f]{64}$"),
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id this stream gave: two decimal numbers joined by '-')", pattern = "^[0-9]{1,19}-[0-9]{1,19}$"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Resume after this event (an id this stream gave: two decimal numbers joined by '-')", pattern = "^[0-9]{1,19}-[0-9]{1,19}$"),
     ),
     responses(
-        (status = 200, description = "Server-sent events. `status`: `{\"state\": \"queued\" | \"running\" | \"restarting\" | \"stopped\", \"run\", \"reason\"}` (`restarting`: the run's text so far is void); `delta`: `{\"run\", \"text\"}`; the last is `result` (a completed task's view) or `error` (a failed or cancelled task's view). Each run is a segment, named by `run`.", body = String, content_type = "text/event-stream"),
+        (status = 200, body = StreamEvent, description = "Server-sent events. `status`: `{\"state\": \"queued\" | \"running\" | \"restarting\" | \"stopped\", \"run\", \"reason\"}` (`restarting`: the run's text so far is void); `delta`: `{\"run\", \"text\"}`; the last is `result` (a completed task's view) or `error` (a failed or cancelled task's view). Each run is a segment, named by `run`.", content_type = "text/event-stream"),
         (status = 400, description = "Invalid id, query or `Last-Event-ID`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No authenticated tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such task (for this tenant)", body = Problem, content_type = "application/problem+json"),
@@ -107,6 +107,31 @@ pub(crate) async fn task_events(
         Some((Ok::<_, Infallible>(event), f))
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// One server-sent event of the stream, by its fields: what the OpenAPI document says of each event,
+/// and what every event is built from.
+#[derive(utoipa::ToSchema)]
+pub(crate) struct StreamEvent {
+    /// `status`, `delta`, `result` or `error`.
+    #[schema(pattern = "^(status|delta|result|error)$")]
+    event: &'static str,
+    /// The event's JSON document, as text.
+    data: String,
+    /// Its place in the stream, to resume after with `Last-Event-ID`; absent on the reader's own
+    /// `queued` and `reconnect` and on the final event.
+    #[schema(pattern = "^[0-9]{1,19}-[0-9]{1,19}$")]
+    id: Option<String>,
+}
+
+impl StreamEvent {
+    fn sse(self) -> Event {
+        let event = Event::default().event(self.event).data(self.data);
+        match self.id {
+            Some(id) => event.id(id),
+            None => event,
+        }
+    }
 }
 
 /// The `Last-Event-ID` header, if any: a malformed one is a 400 naming it.
@@ -254,19 +279,22 @@ impl Follow {
         let name = if record.status == TaskStatus::Completed { "result" } else { "error" };
         let view = match crate::tasks::large_results::resolve(self.ing.objects.as_deref(), record).await {
             Ok(record) => record.view(),
-            Err(_) => return Some(Event::default().event("error").data(r#"{"status":"unreadable"}"#)),
+            Err(_) => {
+                let data = r#"{"status":"unreadable"}"#.to_owned();
+                return Some(StreamEvent { event: "error", data, id: None }.sse());
+            }
         };
-        let json = serde_json::to_string(&view).unwrap_or_else(|_| "{}".into());
-        Some(Event::default().event(name).data(json))
+        let data = serde_json::to_string(&view).unwrap_or_else(|_| "{}".into());
+        Some(StreamEvent { event: name, data, id: None }.sse())
     }
 }
 
 /// The SSE event of one run event.
 fn event(id: EventId, e: &RunEvent) -> Event {
-    Event::default().id(id.to_string()).event(e.sse_name()).data(e.sse_data().to_string())
+    StreamEvent { event: e.sse_name(), data: e.sse_data().to_string(), id: Some(id.to_string()) }.sse()
 }
 
 /// A status the reader says (no id: it is not in the log).
 fn status(state: &str) -> Event {
-    Event::default().event("status").data(serde_json::json!({"state": state}).to_string())
+    StreamEvent { event: "status", data: serde_json::json!({"state": state}).to_string(), id: None }.sse()
 }
