@@ -55,7 +55,7 @@ pub fn router(ingress: Ingress) -> Router {
     tag = "tasks",
     params(
         ("id" = String, Path, description = "The task id (64 lowercase hex characters)", pattern = "^[0-9a-f]{64}$"),
-        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Resume after this event (an id this stream gave: two decimal numbers joined by '-')", pattern = "^[0-9]{1,19}-[0-9]{1,19}$"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Resume after this event (an id this stream gave: two decimal numbers joined by '-'); empty, from the start", pattern = "^([0-9]{1,19}-[0-9]{1,19})?$"),
     ),
     responses(
         (status = 200, body = StreamEvent, description = "Server-sent events. `status`: `{\"state\": \"queued\" | \"running\" | \"restarting\" | \"stopped\", \"run\", \"reason\"}` (`restarting`: the run's text so far is void); `delta`: `{\"run\", \"text\"}`; the last is `result` (a completed task's view) or `error` (a failed or cancelled task's view). Each run is a segment, named by `run`.", content_type = "text/event-stream"),
@@ -134,9 +134,10 @@ impl StreamEvent {
     }
 }
 
-/// The `Last-Event-ID` header, if any: a malformed one is a 400 naming it.
+/// The `Last-Event-ID` header, if any: a malformed one is a 400 naming it. An empty one is none,
+/// as an `EventSource` whose stream gave no id yet would send it.
 fn last_event_id(headers: &HeaderMap) -> Result<Option<EventId>, Box<Problem>> {
-    let Some(value) = headers.get("last-event-id") else { return Ok(None) };
+    let Some(value) = headers.get("last-event-id").filter(|v| !v.is_empty()) else { return Ok(None) };
     let parsed = value.to_str().ok().map(|v| v.parse::<EventId>());
     match parsed {
         Some(Ok(id)) => Ok(Some(id)),
