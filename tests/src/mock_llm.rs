@@ -487,6 +487,11 @@ fn chat_response(request: &Value, answer: Value, cut_after: Option<usize>) -> Re
         Some(n) => lines.truncate(n),
         None => lines.push("data: [DONE]\n\n".into()),
     }
+    sse_body(lines)
+}
+
+/// Server-sent events, one `lines` entry 10 ms after another.
+fn sse_body(lines: Vec<String>) -> Response {
     let events = futures::stream::iter(lines).then(|l| async move {
         tokio::time::sleep(Duration::from_millis(10)).await;
         Ok::<_, std::convert::Infallible>(l)
@@ -594,7 +599,7 @@ async fn anthropic(
     }
     let content: Vec<Value> =
         text.split_inclusive(' ').map(|part| json!({"type": "text", "text": part})).collect();
-    Json(json!({
+    let message = json!({
         "id": "msg_mock",
         "type": "message",
         "role": "assistant",
@@ -603,8 +608,46 @@ async fn anthropic(
         "stop_reason": stop,
         "usage": {"input_tokens": tokens(&prompt), "output_tokens": completion,
                   "service_tier": if state.anthropic_priority.load(std::sync::atomic::Ordering::Relaxed) { "priority" } else { "standard" }}
-    }))
-    .into_response()
+    });
+    if body["stream"] == true {
+        return message_stream(&message);
+    }
+    Json(message).into_response()
+}
+
+/// A Message as the Messages API streams it: `message_start` (the input usage), a text block of
+/// `content_block_delta`s with a `ping` among them, `message_delta` (the stop reason and output
+/// usage), then `message_stop`.
+fn message_stream(message: &Value) -> Response {
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut start = message.clone();
+    start["content"] = json!([]);
+    start["stop_reason"] = Value::Null;
+    start["usage"]["output_tokens"] = json!(1);
+    let mut lines = vec![
+        event("message_start", json!({"type": "message_start", "message": start})),
+        event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        event("ping", json!({"type": "ping"})),
+    ];
+    for block in message["content"].as_array().into_iter().flatten() {
+        lines.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": block["text"]}}),
+        ));
+    }
+    lines.push(event("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+    lines.push(event(
+        "message_delta",
+        json!({"type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": null},
+        "usage": {"output_tokens": message["usage"]["output_tokens"]}}),
+    ));
+    lines.push(event("message_stop", json!({"type": "message_stop"})));
+    sse_body(lines)
 }
 
 /// An answer cut to `cap` completion tokens (one word a token here), with the stop reason a provider

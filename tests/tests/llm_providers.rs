@@ -684,3 +684,17 @@ async fn a_cut_stream_is_retried_and_its_text_restarts() {
     assert_eq!(sink.restarts.lock().unwrap().len(), 1);
     assert!(!sink.restarts.lock().unwrap()[0].contains("never ends"), "no provider text in the reason");
 }
+
+/// The Messages API's documented stream: text from the `content_block_delta`s, the input usage from
+/// `message_start` and the output usage and stop reason from `message_delta`.
+#[tokio::test]
+async fn anthropic_streams_text_deltas_and_reads_the_usage_from_its_events() {
+    let mock = MockLlm::start().await.unwrap();
+    let client = AnthropicClient::new(&mock.url, "claude-test", "key".into(), Duration::from_secs(5));
+    let sink = Collect::default();
+    let r = client.stream(&request(), &sink).await.unwrap();
+    let whole = client.complete(&request()).await.unwrap();
+    assert_eq!(r, whole, "the same answer as without streaming");
+    assert_eq!(sink.pieces.lock().unwrap().clone(), ["mock ", "answer"]);
+    assert_eq!(mock.seen()[0].body["stream"], true);
+}

@@ -1,9 +1,11 @@
 //! Anthropic Messages (`POST {base}/v1/messages`, `anthropic-version: 2023-06-01`). Usage is read
 //! from every response; 429/529 carry the `anthropic-ratelimit-*-reset` or `retry-after` hint.
+//! Streamed (`stream: true`), the text goes to the caller as it arrives, complete only at
+//! `message_stop`.
 
-use super::openai::{MAX_ANSWER_BYTES, json_capped, send_error, status_error};
+use super::openai::{MAX_ANSWER_BYTES, STALL_LIMIT, SseEvents, cut, json_capped, send_error, status_error};
 use crate::domain::TokenUsage;
-use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::ports::{DeltaSink, LlmClient, LlmError, LlmRequest, LlmResponse};
 use crate::secret::Secret;
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -58,23 +60,75 @@ impl AnthropicClient {
 #[async_trait]
 impl LlmClient for AnthropicClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let body = self.messages_body(request);
+        let resp = self.post(&self.messages_body(request)).await?;
+        let limits = super::retry::rate_limits(resp.headers(), std::time::SystemTime::now());
+        let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
+        message_answer(&v, &self.model, limits)
+    }
+
+    /// `stream: true`: the text from each `content_block_delta`, the usage from `message_start`
+    /// and `message_delta`, complete only at `message_stop`.
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        let mut body = self.messages_body(request);
+        body["stream"] = json!(true);
+        let resp = self.post(&body).await?;
+        let limits = super::retry::rate_limits(resp.headers(), std::time::SystemTime::now());
+        let mut events = SseEvents::new(resp, self.timeout.min(STALL_LIMIT));
+        let mut message = json!({"content": [{"type": "text", "text": ""}], "usage": {}});
+        let mut text = String::new();
+        loop {
+            let event = events.next("message_stop").await?;
+            let data: Value =
+                serde_json::from_str(&event.data).map_err(|_| cut("a stream event that is not JSON"))?;
+            match data["type"].as_str().unwrap_or_default() {
+                "message_start" => {
+                    message = json!({"content": [], "model": data["message"]["model"], "usage": data["message"]["usage"]})
+                }
+                "content_block_delta" if data["delta"]["type"] == "text_delta" => {
+                    let piece = data["delta"]["text"].as_str().unwrap_or_default();
+                    if text.len() + piece.len() > MAX_ANSWER_BYTES {
+                        return Err(LlmError::Permanent(format!(
+                            "the provider's answer is over {MAX_ANSWER_BYTES} bytes"
+                        )));
+                    }
+                    text.push_str(piece);
+                    sink.delta(piece);
+                }
+                "message_delta" => {
+                    message["stop_reason"] = data["delta"]["stop_reason"].clone();
+                    message["usage"]["output_tokens"] = data["usage"]["output_tokens"].clone();
+                }
+                "message_stop" => break,
+                "error" => {
+                    let kind: String =
+                        data["error"]["type"].as_str().unwrap_or("error").chars().take(60).collect();
+                    return Err(cut(format!("the provider's stream failed: {kind}")));
+                }
+                _ => {}
+            }
+        }
+        message["content"] = json!([{"type": "text", "text": text}]);
+        message_answer(&message, &self.model, limits)
+    }
+}
+
+impl AnthropicClient {
+    /// Posts a Messages body: the answer, once its status says it is one.
+    async fn post(&self, body: &Value) -> Result<reqwest::Response, LlmError> {
         let url = format!("{}/v1/messages", self.base_url);
         let resp = crate::http::send(Some(&self.api_key), |http, key| {
             http.post(&url)
                 .timeout(self.timeout)
                 .header("x-api-key", key.unwrap_or_default())
                 .header("anthropic-version", "2023-06-01")
-                .json(&body)
+                .json(body)
         })
         .await
         .map_err(send_error)?;
         if !resp.status().is_success() {
             return Err(status_error("provider", resp).await);
         }
-        let limits = super::retry::rate_limits(resp.headers(), std::time::SystemTime::now());
-        let v: Value = json_capped(resp, MAX_ANSWER_BYTES).await?;
-        message_answer(&v, &self.model, limits)
+        Ok(resp)
     }
 }
 

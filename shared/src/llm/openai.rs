@@ -262,10 +262,40 @@ impl OpenAiClient {
 // ends before it, stalls, or carries an error is retried, never taken as the whole answer.
 
 /// Longest silence between two events before the stream is taken as stalled.
-const STALL_LIMIT: Duration = Duration::from_secs(30);
+pub(super) const STALL_LIMIT: Duration = Duration::from_secs(30);
 
-fn cut(why: impl Into<String>) -> LlmError {
+/// A stream that cannot be the whole answer: worth calling again.
+pub(super) fn cut(why: impl Into<String>) -> LlmError {
     LlmError::Retryable { message: why.into(), retry_after: None }
+}
+
+/// The answer's server-sent events, each at most `stall` after the one before.
+pub(super) struct SseEvents {
+    events: std::pin::Pin<
+        Box<
+            dyn futures::Stream<Item = Result<eventsource_stream::Event, EventStreamError<reqwest::Error>>>
+                + Send,
+        >,
+    >,
+    stall: Duration,
+}
+
+impl SseEvents {
+    pub(super) fn new(resp: reqwest::Response, stall: Duration) -> Self {
+        Self { events: Box::pin(resp.bytes_stream().eventsource()), stall }
+    }
+
+    /// The next event; an error when the stream ends (`end` names the marker it lacked), stalls or
+    /// breaks.
+    pub(super) async fn next(&mut self, end: &str) -> Result<eventsource_stream::Event, LlmError> {
+        match tokio::time::timeout(self.stall, self.events.next()).await {
+            Err(_) => Err(cut(format!("the provider's stream stalled for {} s", self.stall.as_secs()))),
+            Ok(None) => Err(cut(format!("the provider's stream ended before its {end}"))),
+            Ok(Some(Err(EventStreamError::Transport(e)))) => Err(transport_error(&e)),
+            Ok(Some(Err(e))) => Err(cut(format!("the provider's stream is not server-sent events: {e}"))),
+            Ok(Some(Ok(event))) => Ok(event),
+        }
+    }
 }
 
 /// Reads the stream to its `[DONE]`: the answer as a non-streamed call's JSON.
@@ -274,18 +304,10 @@ async fn read_chat_stream(
     sink: &dyn DeltaSink,
     stall: Duration,
 ) -> Result<Value, LlmError> {
-    let mut events = resp.bytes_stream().eventsource();
+    let mut events = SseEvents::new(resp, stall);
     let mut answer = Answer::default();
     loop {
-        let event = match tokio::time::timeout(stall, events.next()).await {
-            Err(_) => return Err(cut(format!("the provider's stream stalled for {} s", stall.as_secs()))),
-            Ok(None) => return Err(cut("the provider's stream ended before its [DONE]")),
-            Ok(Some(Err(EventStreamError::Transport(e)))) => return Err(transport_error(&e)),
-            Ok(Some(Err(e))) => {
-                return Err(cut(format!("the provider's stream is not server-sent events: {e}")));
-            }
-            Ok(Some(Ok(event))) => event,
-        };
+        let event = events.next("[DONE]").await?;
         if event.data.trim() == "[DONE]" {
             return Ok(answer.into_json());
         }
