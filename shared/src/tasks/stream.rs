@@ -157,3 +157,86 @@ async fn publish(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::domain::events::EventId;
+    use crate::embedded::MemoryEvents;
+    use crate::ports::CacheError;
+    use async_trait::async_trait;
+    use std::sync::atomic::AtomicU32;
+
+    /// The in-process log, failing its second append.
+    struct FailsOnce {
+        inner: MemoryEvents,
+        appends: AtomicU32,
+    }
+
+    #[async_trait]
+    impl EventLog for FailsOnce {
+        async fn append(&self, task: &TaskId, events: &[RunEvent]) -> Result<EventId, CacheError> {
+            if self.appends.fetch_add(1, Ordering::SeqCst) == 1 {
+                return Err(CacheError::Unavailable("injected".into()));
+            }
+            self.inner.append(task, events).await
+        }
+        async fn read(
+            &self,
+            task: &TaskId,
+            after: Option<EventId>,
+            limit: usize,
+            wait: Duration,
+        ) -> Result<Vec<(EventId, RunEvent)>, CacheError> {
+            self.inner.read(task, after, limit, wait).await
+        }
+    }
+
+    /// What a client shows from the events: the text of the last segment, restarts applied.
+    fn shown(events: &[(EventId, RunEvent)]) -> String {
+        let mut text = String::new();
+        for (_, e) in events {
+            match e {
+                RunEvent::Delta { text: t, .. } => text.push_str(t),
+                RunEvent::Restart { .. } | RunEvent::Running { .. } => text.clear(),
+                RunEvent::Stopped { .. } => {}
+            }
+        }
+        text
+    }
+
+    #[tokio::test]
+    async fn a_failed_append_is_healed_by_the_next_so_no_character_is_lost() {
+        let log = Arc::new(FailsOnce {
+            inner: MemoryEvents::new(Arc::new(SystemClock)),
+            appends: AtomicU32::new(0),
+        });
+        let task = TaskId::parse(&"a".repeat(64)).unwrap_or_else(|e| panic!("{e}"));
+        let stream = RunStream::start(log.clone(), task.clone(), 1, Metrics::new());
+        for piece in ["one ", "two ", "three"] {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            stream.delta(piece);
+        }
+        stream.close().await;
+        let events = log.read(&task, None, 100, Duration::ZERO).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(shown(&events), "one two three", "{events:?}");
+        assert!(events.iter().any(|(_, e)| matches!(e, RunEvent::Restart { .. })), "the gap was said");
+    }
+
+    #[tokio::test]
+    async fn a_restart_is_said_only_after_text() {
+        let log = Arc::new(MemoryEvents::new(Arc::new(SystemClock)));
+        let task = TaskId::parse(&"b".repeat(64)).unwrap_or_else(|e| panic!("{e}"));
+        let stream = RunStream::start(log.clone(), task.clone(), 2, Metrics::new());
+        stream.restart("nothing to void");
+        stream.delta("half");
+        stream.restart("the provider failed; calling again");
+        stream.delta("whole");
+        stream.close().await;
+        let events = log.read(&task, None, 100, Duration::ZERO).await.unwrap_or_else(|e| panic!("{e}"));
+        let restarts = events.iter().filter(|(_, e)| matches!(e, RunEvent::Restart { .. })).count();
+        assert_eq!((restarts, shown(&events)), (1, "whole".to_owned()));
+        assert_eq!(events[0].1, RunEvent::Running { run: 2 });
+    }
+}
