@@ -196,3 +196,38 @@ async fn five_hundred_clients_follow_one_task() {
     assert_eq!(texts.len(), 1, "one answer for every reader");
     assert!(streamed >= 250, "most readers saw the text as it came: {streamed} in {:?}", started.elapsed());
 }
+
+/// A run killed mid-stream (`kill -9`) is taken over after its lease: a client that reconnects with
+/// its `Last-Event-ID` sees the new run's segment (`running` with the next `run`), whose text makes
+/// the result. On Redis, where the stream outlives the process.
+#[tokio::test]
+async fn a_takeover_after_a_crash_starts_a_new_segment() {
+    let flags = ["--interactive-latency-ms", "4000", "--lease-ttl-ms", "1500"];
+    let mut stack = Stack::start(Backend::Aws, &flags).await;
+    let url = stack.server.url.clone();
+    let id = submit(&url, "explain", "an answer cut by a crash").await;
+    // Read up to the first piece of text, and keep its id.
+    let resp = reqwest::get(format!("{url}/v1/tasks/{id}/events")).await.unwrap();
+    let mut events = resp.bytes_stream().eventsource();
+    let mut last = String::new();
+    while let Some(e) = events.next().await {
+        let e = e.unwrap();
+        if e.event == "delta" {
+            last = e.id;
+            break;
+        }
+    }
+    assert!(!last.is_empty(), "a first piece came");
+    drop(events);
+    stack.server.restart().await;
+    let rest = follow(&url, &id, Some(&last)).await;
+    let end = rest.last().unwrap();
+    assert_eq!(end.name, "result");
+    let runs: Vec<u64> = rest
+        .iter()
+        .filter(|e| e.data["state"] == "running")
+        .map(|e| e.data["run"].as_u64().unwrap())
+        .collect();
+    assert_eq!(runs, [2], "the takeover is a new segment");
+    assert_eq!(said(&rest), end.data["result"]["text"].as_str().unwrap());
+}
