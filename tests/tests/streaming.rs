@@ -231,3 +231,29 @@ async fn a_takeover_after_a_crash_starts_a_new_segment() {
     assert_eq!(runs, [2], "the takeover is a new segment");
     assert_eq!(said(&rest), end.data["result"]["text"].as_str().unwrap());
 }
+
+/// Five hundred tasks streamed at once, a client following each: every one ends with its result,
+/// and the text each client was given is its task's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_tasks_stream_at_once() {
+    let stack =
+        Stack::start(Backend::Embedded, &["--interactive-latency-ms", "1000", "--capacity", "128"]).await;
+    let url = stack.server.url.clone();
+    let mut readers = Vec::new();
+    for i in 0..500 {
+        let id = submit(&url, "explain", &format!("task number {i}")).await;
+        let url = url.clone();
+        readers.push(tokio::spawn(async move { follow(&url, &id, None).await }));
+    }
+    let mut streamed = 0;
+    for r in futures::future::join_all(readers).await {
+        let events = r.unwrap();
+        let last = events.last().unwrap();
+        assert_eq!(last.name, "result");
+        if events.iter().any(|e| e.name == "delta") {
+            assert_eq!(said(&events), last.data["result"]["text"].as_str().unwrap());
+            streamed += 1;
+        }
+    }
+    assert!(streamed >= 250, "most tasks were followed as they ran: {streamed}");
+}
