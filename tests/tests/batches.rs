@@ -341,13 +341,18 @@ async fn a_crash_between_submission_and_record_never_submits_twice_on(anthropic:
     let first = r.drain().await;
     assert_eq!((first.batched, first.llm_calls), (0, 0), "not acked: the id was not recorded");
     assert_eq!(r.batches.batches(), 1);
-    // The messages come back: their record owns them, so they are acked as pending.
+    // The messages come back inside the grace: a worker could still delete the record, so they
+    // wait, once, for its end.
     r.clock.advance_ms(10 * MIN);
     let again = r.drain().await;
-    assert_eq!((again.batched, again.llm_calls), (12, 0));
-    assert_eq!(r.batches.batches(), 1, "no second submission");
-    // Once no worker can still be submitting, the collector finds the batch by its key.
+    assert_eq!((again.batched, again.llm_calls), (0, 0));
     assert_eq!(r.at(14 * MIN).await.adopted, 0, "still within the grace");
+    // Past it the record owns them: they are acked as pending, and nothing is submitted again.
+    r.clock.advance_ms(MIN + 1);
+    let later = r.drain().await;
+    assert_eq!((later.batched, later.llm_calls), (12, 0));
+    assert_eq!(r.batches.batches(), 1, "no second submission");
+    // The collector finds the batch by its key.
     assert_eq!(r.at(16 * MIN).await.adopted, 1);
     assert_eq!(r.at(40 * MIN).await.written, 12);
     r.all_summarized_once(&commits).await;
@@ -460,6 +465,8 @@ async fn a_submission_lost_before_the_provider_made_it_is_found_missing_and_sent
         "owned by the record, not acked"
     );
     r.clock.advance_ms(10 * MIN);
+    assert_eq!(r.drain().await.batched, 0, "back inside the grace: they wait for its end");
+    r.clock.advance_ms(5 * MIN);
     assert_eq!(r.drain().await.batched, 12, "back, and found batched");
     // Past the grace: the provider made none, so the commits go on, their deadline kept.
     let looked = r.at(16 * MIN).await;

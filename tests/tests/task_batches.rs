@@ -238,11 +238,16 @@ async fn a_crash_between_submission_and_record_never_submits_twice() {
         let first = r.drain().await;
         assert!(matches!(first[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{first:?}");
         assert_eq!(r.batches.batches(), 1);
-        // The message comes back: its record owns the run, so it is acked unrun.
+        // The message comes back inside the grace: a worker could still give the run back, so it
+        // waits for the grace's end.
         r.clock.advance_ms(10 * MIN);
+        let waited = r.drain().await;
+        assert!(matches!(waited[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{waited:?}");
+        assert_eq!(r.at(14 * MIN).await.adopted, 0, "still within the grace");
+        // Past it the record owns the run: acked unrun, nothing submitted again.
+        r.clock.advance_ms(MIN + 1);
         assert_eq!(r.drain().await, [Outcome::Acked]);
         assert_eq!(r.batches.batches(), 1, "no second submission");
-        assert_eq!(r.at(14 * MIN).await.adopted, 0, "still within the grace");
         assert_eq!(r.at(16 * MIN).await.adopted, 1);
         assert_eq!(r.at(40 * MIN).await.written, 1);
         assert_eq!(r.record(&id).await.status, TaskStatus::Completed);

@@ -66,8 +66,9 @@ impl CommitsWorker {
                         self.metrics.duplicates_total.with_label_values(&["commit_batched"]).inc();
                         GroupEnd::Batched
                     } else {
-                        // Its worker may still delete the record and call now: asked again later.
-                        let after = crate::lease::full_jitter_backoff(&self.lease, groups[g].receives);
+                        // Its worker may still delete the record and call now: asked again once
+                        // the record owns the commit, or no worker can still be submitting.
+                        let after = carrier.owned_in(now).max(self.lease.backoff_base);
                         GroupEnd::Wait { after, reason: "batch still submitting".into() }
                     });
                 }

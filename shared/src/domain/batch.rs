@@ -156,8 +156,17 @@ impl Carrier {
     /// a batch the provider refuses is deleted and its calls made now, on that worker's own
     /// deliveries. A duplicate acked meanwhile would be left with no owner, so it waits instead.
     pub fn owns(&self, now_ms: u64) -> bool {
-        self.phase != BatchPhase::Submitting
-            || now_ms.saturating_sub(self.created_at_ms) >= SUBMIT_GRACE.as_millis() as u64
+        self.owned_in(now_ms).is_zero()
+    }
+
+    /// How long until the record owns what it carries (zero once it does): a duplicate waits this
+    /// long once, rather than coming back every few seconds of the grace.
+    pub fn owned_in(&self, now_ms: u64) -> Duration {
+        if self.phase != BatchPhase::Submitting {
+            return Duration::ZERO;
+        }
+        let age = Duration::from_millis(now_ms.saturating_sub(self.created_at_ms));
+        SUBMIT_GRACE.saturating_sub(age)
     }
 }
 
@@ -331,5 +340,9 @@ mod tests {
         assert!(at(BatchPhase::Submitting, 1_000).owns(1_000 + grace));
         assert!(at(BatchPhase::Open, 1_000).owns(1_000));
         assert!(at(BatchPhase::Cancelling, 1_000).owns(1_000));
+        assert_eq!(
+            at(BatchPhase::Submitting, 1_000).owned_in(1_000 + grace - 60_000),
+            Duration::from_secs(60)
+        );
     }
 }

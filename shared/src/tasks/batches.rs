@@ -102,12 +102,15 @@ impl Worker {
             // A marker naming another batch is an earlier run's, whose record its collector has
             // not closed yet: this run's record is still to be written.
             Ok(found) if found.get(&marker).map(|c| c.batch.as_str()) == parked_in => {
-                if found.get(&marker).is_some_and(|c| c.owns(self.clock.now_ms())) {
+                let owned_in =
+                    found.get(&marker).map(|c| c.owned_in(self.clock.now_ms())).unwrap_or_default();
+                if owned_in.is_zero() {
                     self.metrics.duplicates_total.with_label_values(&["task_batched"]).inc();
                     lease::ack(&**queue, message).await
                 } else {
-                    // Its worker may still give the run back and call now: asked again later.
-                    let after = lease::full_jitter_backoff(&self.config, message.receive_count);
+                    // Its worker may still give the run back and call now: asked again once no
+                    // worker can still be submitting.
+                    let after = owned_in.max(self.config.backoff_base);
                     lease::retry_later(&**queue, message, after, "batch still submitting", lane).await
                 }
             }
