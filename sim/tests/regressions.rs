@@ -76,15 +76,17 @@ fn seeds_that_once_failed_replay_clean() {
     }
 }
 
-/// Seeds that found a defect in histories with the tenants' knobs on (some of which run provider
-/// batches; docs/ARCHITECTURE.md, Lifecycle simulation), replayed so: the seed, the busy phase's
-/// length, the finding. Drawing the knobs differently gives these seeds other histories.
+/// Seeds that found a defect (of the code, or of the oracle) in histories with the tenants' knobs
+/// on, some of which run provider batches (docs/ARCHITECTURE.md describes them under "Lifecycle
+/// simulation"), replayed so: the seed, the busy phase's length, the finding. Drawing the knobs
+/// differently gives these seeds other histories.
 const WITH_KNOBS: &[(u64, u64, &str)] = &[
     (1_000_884, 240, "a parked task's delivery was acked on an earlier run's batch marker: left parked"),
     (
         130_301_786,
         300,
-        "a commit acked on its batch whose marker another worker's refused batch took and closed",
+        "the oracle took a marker for a commit's owner: another worker's refused batch took the \
+         marker and closed it while the batch acked on still carried the commit",
     ),
 ];
 

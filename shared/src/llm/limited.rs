@@ -114,10 +114,7 @@ impl<C: crate::ports::LlmClient> Limited<C> {
         use std::sync::atomic::Ordering::Relaxed;
         self.in_flight[0].fetch_add(1, Relaxed);
         self.in_flight[1].fetch_add(estimate, Relaxed);
-        let result = match sink {
-            Some(sink) => self.inner.stream(request, sink).await,
-            None => self.inner.complete(request).await,
-        };
+        let result = self.inner.call(request, sink).await;
         self.in_flight[0].fetch_sub(1, Relaxed);
         self.in_flight[1].fetch_sub(estimate, Relaxed);
         if charged {

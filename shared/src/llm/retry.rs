@@ -190,11 +190,7 @@ impl<C: LlmClient> Retrying<C> {
     ) -> Result<LlmResponse, LlmError> {
         let mut attempt = 1;
         loop {
-            let answer = match sink {
-                Some(sink) => self.inner.stream(request, sink).await,
-                None => self.inner.complete(request).await,
-            };
-            match answer {
+            match self.inner.call(request, sink).await {
                 Err(e @ (LlmError::Retryable { .. } | LlmError::Throttled { .. }))
                     if attempt < self.policy.max_attempts =>
                 {

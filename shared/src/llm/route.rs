@@ -255,18 +255,6 @@ impl RouteClient {
         Ok(LlmResponse { route: self.name.clone(), ..answer })
     }
 
-    /// One call of the route's client, streamed to `sink` when there is one.
-    async fn call(
-        &self,
-        request: &LlmRequest,
-        sink: Option<&dyn DeltaSink>,
-    ) -> Result<LlmResponse, LlmError> {
-        match sink {
-            Some(sink) => self.client.stream(request, sink).await,
-            None => self.client.complete(request).await,
-        }
-    }
-
     async fn call_at_tier(
         &self,
         request: &LlmRequest,
@@ -274,13 +262,13 @@ impl RouteClient {
     ) -> Result<LlmResponse, LlmError> {
         let sync = || LlmRequest { tier: Tier::Sync, ..request.clone() };
         if request.tier == Tier::Sync {
-            return self.call(request, sink).await;
+            return self.client.call(request, sink).await;
         }
         if !self.tiers.load(Ordering::Relaxed) {
-            return self.call(&sync(), sink).await;
+            return self.client.call(&sync(), sink).await;
         }
         // A refusal comes before any text: the call at sync needs no restart.
-        match self.call(request, sink).await {
+        match self.client.call(request, sink).await {
             Err(LlmError::TierRefused { message, unsupported }) => {
                 let why = format!(
                     "{}_{}",
@@ -292,7 +280,7 @@ impl RouteClient {
                 if unsupported {
                     self.tiers.store(false, Ordering::Relaxed);
                 }
-                self.call(&sync(), sink).await
+                self.client.call(&sync(), sink).await
             }
             other => other,
         }

@@ -251,6 +251,19 @@ pub trait LlmClient: Send + Sync {
         sink.delta(&answer.text);
         Ok(answer)
     }
+
+    /// [`LlmClient::stream`] to `sink` when there is one, else [`LlmClient::complete`]: what a layer
+    /// that passes either on calls.
+    async fn call(
+        &self,
+        request: &LlmRequest,
+        sink: Option<&dyn DeltaSink>,
+    ) -> Result<LlmResponse, LlmError> {
+        match sink {
+            Some(sink) => self.stream(request, sink).await,
+            None => self.complete(request).await,
+        }
+    }
 }
 
 #[async_trait]

@@ -34,22 +34,17 @@ impl Worker {
         lost: &CancellationToken,
         cancelled: &CancellationToken,
     ) -> Call {
-        let Some(events) = &self.events else {
-            return tokio::select! {
-                biased;
-                _ = lost.cancelled() => Call::LeaseLost,
-                _ = cancelled.cancelled() => Call::Cancelled,
-                r = self.llm.complete(request) => Call::Answered(Box::new(r)),
-            };
-        };
-        let stream =
-            RunStream::start(events.clone(), record.task_id.clone(), record.fence, self.metrics.clone());
+        let stream = self.events.as_ref().map(|events| {
+            RunStream::start(events.clone(), record.task_id.clone(), record.fence, self.metrics.clone())
+        });
+        let sink = stream.as_ref().map(|s| s as &dyn DeltaSink);
         let call = tokio::select! {
             biased;
             _ = lost.cancelled() => Call::LeaseLost,
             _ = cancelled.cancelled() => Call::Cancelled,
-            r = self.llm.stream(request, &stream) => Call::Answered(Box::new(r)),
+            r = self.llm.call(request, sink) => Call::Answered(Box::new(r)),
         };
+        let Some(stream) = stream else { return call };
         match &call {
             Call::LeaseLost => stream.stop("the run's lease was lost; another worker takes the task over"),
             Call::Cancelled => stream.stop("cancelled by its client"),
