@@ -275,7 +275,7 @@ impl Local {
             objects: adapters.objects.clone(),
             events: Some(adapters.events.clone()),
         };
-        let events = crate::tasks::events::router(ingress.clone());
+        let events = crate::tasks::events::router(ingress.clone(), crate::tasks::events::Delivery::Streamed);
         let tasks = crate::tasks::tenant::with_header(
             router(ingress).merge(events).merge(crate::openapi::routes()).merge(read),
             &opts.tenancy,

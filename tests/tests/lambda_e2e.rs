@@ -348,3 +348,121 @@ fn scheduled_tick() -> Value {
     json!({"version": "0", "id": "t", "detail-type": "Scheduled Event", "source": "aws.events",
         "account": "123456789012", "time": "2026-12-05T00:00:00Z", "region": "us-east-1", "resources": [], "detail": {}})
 }
+
+/// A task's events from the real `ingress` binary both ways it is deployed: streamed as it runs
+/// through the function URL path (`LANES_INGRESS_RESPONSE=stream`, `lambda_http`'s streaming
+/// response, under `cargo lambda watch`'s function URL emulation), and in buffered parts through
+/// the HTTP API event, resumed with `Last-Event-ID`. The `worker` binary writes the run's events to
+/// Redis Streams as the offline model's pieces come.
+#[tokio::test]
+async fn a_task_streams_through_the_ingress_binarys_function_url_under_cargo_lambda_watch() {
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    let moto = MotoServer::start();
+    let redis = RedisServer::start();
+    let settings = moto.aws_settings();
+    let urls =
+        create_aws_resources(&settings, "streams", "lanes-streams", QueueSettings::default()).await.unwrap();
+    let mut env = moto.env();
+    env.extend(lanes_tests::stack_env("lanes-streams", &urls));
+    env.extend(
+        [
+            ("REDIS_URL", redis.url()),
+            ("LANES_LANE", "interactive".to_owned()),
+            // The offline model's answer comes in pieces over two seconds.
+            ("LANES_OFFLINE_LATENCY_MS", "2000".to_owned()),
+            ("RUST_LOG", "info".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let api = LambdaWatch::start(&env);
+    let post: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace_root().join("events/api-post-task.json")).unwrap(),
+    )
+    .unwrap();
+    let accepted = api.invoke("ingress", &post).await;
+    assert_eq!(accepted["statusCode"], 202, "{accepted}");
+    let id = serde_json::from_str::<Value>(accepted["body"].as_str().unwrap()).unwrap()["task_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The streamed route, behind a function URL: no authorizer here, so tenancy is off.
+    env.extend(
+        [("LANES_INGRESS_RESPONSE", "stream"), ("LANES_TENANCY", "off")]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let stream = LambdaWatch::start(&env);
+    let url =
+        |task: &str| format!("http://127.0.0.1:{}/lambda-url/ingress/v1/tasks/{task}/events", stream.port);
+    let client = reqwest::Client::new();
+    // The first request builds the function; an unknown task is a 404 there as in the API.
+    let unknown =
+        client.get(url(&"0".repeat(64))).timeout(std::time::Duration::from_secs(300)).send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
+    // Streamed, the headers come at once; a buffered answer would hold them until the task ends.
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(30), client.get(url(&id)).send())
+        .await
+        .expect("the stream's headers come before the task runs")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let reader = tokio::spawn(async move {
+        let mut events = resp.bytes_stream().eventsource();
+        let mut got = Vec::new();
+        while let Some(e) = events.next().await {
+            let e = e.unwrap();
+            let end = e.event == "result" || e.event == "error";
+            got.push((
+                e.event,
+                e.id,
+                serde_json::from_str::<Value>(&e.data).unwrap(),
+                std::time::Instant::now(),
+            ));
+            if end {
+                break;
+            }
+        }
+        got
+    });
+
+    let config = sdk_config(&settings).await;
+    let queue = SqsQueue::connect(aws_sdk_sqs::Client::new(&config), &urls[0]).await.unwrap();
+    let received = queue.receive(10).await.unwrap();
+    let arn = "arn:aws:sqs:us-east-1:123456789012:lanes-interactive";
+    let answer = api.invoke("worker", &lanes_tests::lambda_emulator::sqs_event(&received, arn)).await;
+    assert_eq!(answer["batchItemFailures"], json!([]), "{answer}");
+    let got = tokio::time::timeout(std::time::Duration::from_secs(60), reader).await.unwrap().unwrap();
+    let names: Vec<&str> = got.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(names.first(), Some(&"status"), "{names:?}");
+    let (last, deltas): (_, Vec<_>) = (got.last().unwrap(), got.iter().filter(|e| e.0 == "delta").collect());
+    assert_eq!(last.0, "result", "{names:?}");
+    let text: String = deltas.iter().map(|d| d.2["text"].as_str().unwrap()).collect();
+    assert_eq!(text, last.2["result"]["text"].as_str().unwrap(), "the deltas make the result");
+    assert!(deltas.len() >= 4, "in pieces: {names:?}");
+    // Streamed, not buffered: the first text came well before the end.
+    assert!(last.3.duration_since(deltas[0].3) >= std::time::Duration::from_millis(800), "{names:?}");
+
+    // The HTTP API's route, buffered: after the second piece, the rest and the result.
+    let mut get: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace_root().join("events/api-get-task.json")).unwrap(),
+    )
+    .unwrap();
+    let path = format!("/v1/tasks/{id}/events");
+    get["rawPath"] = path.clone().into();
+    get["requestContext"]["http"]["path"] = path.into();
+    get["pathParameters"]["proxy"] = format!("tasks/{id}/events").into();
+    get["headers"]["last-event-id"] = deltas[1].1.clone().into();
+    let part = api.invoke("ingress", &get).await;
+    assert_eq!(part["statusCode"], 200, "{part}");
+    let body = part["body"].as_str().unwrap();
+    let rest: String = body
+        .split("\n\n")
+        .filter(|b| b.contains("event: delta") || b.contains("event:delta"))
+        .filter_map(|b| b.lines().find_map(|l| l.strip_prefix("data:")))
+        .map(|d| serde_json::from_str::<Value>(d.trim()).unwrap()["text"].as_str().unwrap().to_owned())
+        .collect();
+    let first_two: String = deltas[..2].iter().map(|d| d.2["text"].as_str().unwrap()).collect();
+    assert_eq!(first_two + &rest, text, "{body}");
+    assert!(body.contains("event: result") || body.contains("event:result"), "{body}");
+}

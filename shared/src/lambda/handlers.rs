@@ -301,6 +301,8 @@ impl WorkerFunction {
         };
         let running = crate::running::RunningWork::new(adapters.cache.clone(), Arc::new(SystemClock));
         let mut worker = adapters.task_worker(llm.clone(), metrics, Arc::new(SystemClock), config);
+        // Each run's events go to the cache's streams, where the ingress function's readers follow them.
+        worker.events = Some(adapters.events.clone());
         if lane == Lane::Synthesis {
             // Its tasks that opt in with `params.deadline_s` go to the route's provider batches.
             worker.batching = crate::wiring::lane_batching(lane, adapters.batches.clone(), llm)?;

@@ -10,6 +10,7 @@ use crate::config::IngressConfig;
 use crate::config::{ConfigError, require_env};
 use crate::domain::Lane;
 use crate::metrics::Metrics;
+use crate::tasks::events::Delivery;
 use crate::tasks::ingress::{Ingress, router};
 use crate::tasks::tenant::{Tenancy, Tenant};
 use crate::wiring::{Adapters, AwsBackendConfig};
@@ -155,15 +156,36 @@ pub(super) async fn adapters_from_env(function: &str, consume: &[Lane]) -> Resul
     }
 }
 
-/// The ingress function's router, from the environment (`LANES_BACKEND`, then the backend's variables).
-pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
+/// What an ingress function serves, from `LANES_INGRESS_RESPONSE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngressMode {
+    /// `buffered` (the default), behind API Gateway's HTTP API, which returns a Lambda's answer
+    /// whole: the whole task API, the event stream in buffered parts.
+    Api,
+    /// `stream`, behind a function URL in `RESPONSE_STREAM` mode: the event stream alone, written
+    /// as it comes (docs/ARCHITECTURE.md, Streaming answers).
+    Stream,
+}
+
+impl IngressMode {
+    /// Reads `LANES_INGRESS_RESPONSE`: `buffered` or `stream`.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match crate::config::optional_env("LANES_INGRESS_RESPONSE").as_deref() {
+            None | Some("buffered") => Ok(Self::Api),
+            Some("stream") => Ok(Self::Stream),
+            Some(other) => Err(ConfigError::Invalid {
+                name: "LANES_INGRESS_RESPONSE",
+                reason: format!("`{other}`; expected buffered or stream"),
+            }),
+        }
+    }
+}
+
+/// The ingress function's router in `mode`, from the environment (`LANES_BACKEND`, then the
+/// backend's variables).
+pub async fn ingress_from_env(mode: IngressMode) -> Result<axum::Router, ColdStartError> {
     let adapters = adapters_from_env("ingress", &[]).await?;
     let tenancy = tenancy_from_env()?;
-    let read = api::router(SummariesApi {
-        summaries: adapters.summaries.clone(),
-        cache: adapters.cache.clone(),
-        readers: crate::wiring::summary_readers(tenancy.is_on())?,
-    });
     let metrics = Metrics::new();
     metrics.enable_emf();
     let mut config = IngressConfig { tenancy: tenancy.is_on(), ..IngressConfig::from_env()? };
@@ -171,17 +193,27 @@ pub async fn ingress_from_env() -> Result<axum::Router, ColdStartError> {
     config.quota = crate::quota::priced_by_routes(config.quota)?;
     let ingress = Ingress {
         store: adapters.store,
-        cache: adapters.cache,
+        cache: adapters.cache.clone(),
         queues: adapters.send,
         metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
         config,
         objects: adapters.objects,
-        // The HTTP API buffers a Lambda's answer: the event stream answers 501 here.
-        events: None,
+        events: Some(adapters.events),
     };
-    let tasks = router(ingress.clone()).merge(crate::tasks::events::router(ingress));
-    let tasks = crate::problem::framework_rejections(tasks.merge(crate::openapi::routes()).merge(read));
+    let tasks = match mode {
+        IngressMode::Stream => crate::tasks::events::router(ingress, Delivery::Streamed),
+        IngressMode::Api => {
+            let read = api::router(SummariesApi {
+                summaries: adapters.summaries,
+                cache: adapters.cache,
+                readers: crate::wiring::summary_readers(tenancy.is_on())?,
+            });
+            let events = crate::tasks::events::router(ingress.clone(), Delivery::Buffered);
+            router(ingress).merge(events).merge(crate::openapi::routes()).merge(read)
+        }
+    };
+    let tasks = crate::problem::framework_rejections(tasks);
     Ok(with_emf(super::deadline::with_deadline(with_trace(with_tenancy(tasks, tenancy))), metrics))
 }
 
@@ -397,6 +429,68 @@ mod tests {
             call(event("GET", &path, serde_json::Value::Null)).await.status(),
             axum::http::StatusCode::UNAUTHORIZED
         );
+    }
+
+    /// A function URL's IAM caller (`events/function-url-task-events.json`, the documented payload)
+    /// is the tenant the task API's IAM authorizer names: the streamed route serves that tenant's
+    /// task, and answers another role's call `404` as `GET` does.
+    #[tokio::test]
+    async fn the_function_urls_iam_caller_is_the_task_apis_tenant() {
+        use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryEvents};
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let all = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
+        let ingress = Ingress {
+            objects: None,
+            events: Some(Arc::new(MemoryEvents::new(clock.clone()))),
+            store: Arc::new(EmbeddedStore::new(db)),
+            cache: Arc::new(MemoryCache::new(clock.clone())),
+            queues: Lane::ALL
+                .map(|l| Arc::new(all.queue(l.as_str(), "dlq")) as Arc<dyn crate::ports::QueueSend>),
+            metrics: Metrics::new(),
+            clock,
+            config: IngressConfig { tenancy: true, ..Default::default() },
+        };
+        let tenancy = Tenancy::Authorizer { claim: "sub".into(), iam_session: false };
+        let api = with_tenancy(router(ingress.clone()), tenancy.clone());
+        let stream = with_tenancy(crate::tasks::events::router(ingress, Delivery::Streamed), tenancy);
+        let request = |e: serde_json::Value| {
+            let req: lambda_http::request::LambdaRequest = serde_json::from_value(e).unwrap();
+            let (parts, body) = lambda_http::Request::from(req).into_parts();
+            axum::extract::Request::from_parts(parts, axum::body::Body::from(body.to_vec()))
+        };
+        // The task, posted through the HTTP API by another session of the same role.
+        let mut post: serde_json::Value =
+            serde_json::from_str(include_str!("../../../events/api-post-task.json")).unwrap();
+        post["requestContext"]["authorizer"] = serde_json::json!({"iam": {"accessKey": "ASIA",
+            "accountId": "123456789012", "callerId": "AROA:other", "principalOrgId": null,
+            "userArn": "arn:aws:sts::123456789012:assumed-role/ci/other-session", "userId": "AROA:other"}});
+        let accepted = api.oneshot(request(post)).await.unwrap();
+        assert_eq!(accepted.status(), axum::http::StatusCode::ACCEPTED);
+        let bytes = http_body_util::BodyExt::collect(accepted.into_body()).await.unwrap().to_bytes();
+        let id = serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()["task_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let events = |user_arn: &str| {
+            let mut e: serde_json::Value =
+                serde_json::from_str(include_str!("../../../events/function-url-task-events.json")).unwrap();
+            let path = format!("/v1/tasks/{id}/events");
+            e["rawPath"] = path.clone().into();
+            e["requestContext"]["http"]["path"] = path.into();
+            e["requestContext"]["authorizer"]["iam"]["userArn"] = user_arn.into();
+            request(e)
+        };
+        let own =
+            stream.clone().oneshot(events("arn:aws:sts::123456789012:assumed-role/ci/ci-session")).await;
+        let own = own.unwrap();
+        assert_eq!(own.status(), axum::http::StatusCode::OK);
+        assert_eq!(own.headers()["content-type"], "text/event-stream");
+        let other =
+            stream.oneshot(events("arn:aws:sts::123456789012:assumed-role/intruder/s")).await.unwrap();
+        assert_eq!(other.status(), axum::http::StatusCode::NOT_FOUND);
     }
 
     #[test]

@@ -13,10 +13,19 @@
 //! after each quiet wait looks at the finished-record hint the worker's final write leaves (the
 //! store every few seconds, in case the hint was lost): the `result` follows the last text by at
 //! most that quarter second.
+//!
+//! How a response carries the events is its [`Delivery`]: streamed as they come where what is in
+//! front passes a body on as it is written (`lanes dev`, a function URL in `RESPONSE_STREAM` mode),
+//! or in short buffered responses where it returns a response whole (API Gateway's HTTP API). A
+//! buffered response ends soon after its first event with `status: reconnect` and `retry: 0`, and
+//! the client's reconnect with `Last-Event-ID` takes the next part: the same events, in parts. Either
+//! way a response ends before its invocation's deadline ([`AnswerBy`]) with that same `reconnect`,
+//! never with a cut the client cannot tell from the end.
 
 use super::answers::{invalid_id, not_found};
 use super::cache::cache_key;
 use super::ingress::{Ingress, caller, read};
+use super::poll::{AnswerBy, LONG_POLL_MARGIN};
 use super::tenant::Tenant;
 use crate::domain::events::{EventId, RunEvent};
 use crate::domain::{TaskId, TaskRecord, TaskStatus};
@@ -41,10 +50,32 @@ const STORE_EVERY: Duration = Duration::from_secs(5);
 const MAX_FOLLOW: Duration = Duration::from_secs(15 * 60);
 /// Most events read from the log at once.
 const PAGE: usize = 256;
+/// Longest a buffered response waits for its first event (a long-poll's wait).
+const BUFFERED_WAIT: Duration = Duration::from_secs(20);
+/// How long a buffered response gathers events after its first, before it ends.
+const BUFFERED_LINGER: Duration = Duration::from_millis(1_000);
+
+/// How a response carries the events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Written as they come, on one response for up to fifteen minutes.
+    Streamed,
+    /// For a front that returns a response whole: each response holds what comes within twenty
+    /// seconds, ends a second after its first event, and the client reconnects for the rest.
+    Buffered,
+}
+
+/// The event stream's state: the task API's, and how responses carry the events.
+struct EventsApi {
+    ing: Ingress,
+    delivery: Delivery,
+}
 
 /// The route of the event stream.
-pub fn router(ingress: Ingress) -> Router {
-    Router::new().route("/v1/tasks/{id}/events", get(task_events)).with_state(Arc::new(ingress))
+pub fn router(ingress: Ingress, delivery: Delivery) -> Router {
+    Router::new()
+        .route("/v1/tasks/{id}/events", get(task_events))
+        .with_state(Arc::new(EventsApi { ing: ingress, delivery }))
 }
 
 /// A task's events, as `text/event-stream`: `status` and `delta` events as its runs go, then one
@@ -66,14 +97,16 @@ pub fn router(ingress: Ingress) -> Router {
         (status = 503, description = "Store unavailable; retry", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub(crate) async fn task_events(
-    State(ing): State<Arc<Ingress>>,
+async fn task_events(
+    State(api): State<Arc<EventsApi>>,
     tenant: Option<Extension<Tenant>>,
+    answer_by: Option<Extension<AnswerBy>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let caller = match caller(&ing, tenant) {
+    let ing = &api.ing;
+    let caller = match caller(ing, tenant) {
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
@@ -96,12 +129,13 @@ pub(crate) async fn task_events(
         )
         .into_response();
     };
-    let record = match read(&ing, &caller, &id).await {
+    let record = match read(ing, &caller, &id).await {
         Ok(Some(record)) => record,
         Ok(None) => return not_found(),
         Err(resp) => return resp,
     };
-    let follow = Follow::new(ing, caller, events, record, after);
+    let limit = follow_limit(api.delivery, answer_by.map(|Extension(by)| by), ing.clock.now_ms());
+    let follow = Follow::new(api.clone(), caller, events, record, after, limit);
     let stream = futures::stream::unfold(follow, |mut f| async move {
         let event = f.next().await?;
         Some((Ok::<_, Infallible>(event), f))
@@ -134,6 +168,21 @@ impl StreamEvent {
     }
 }
 
+/// How long one response follows the task: the delivery's whole time, cut to end a margin before
+/// the invocation must have answered.
+fn follow_limit(delivery: Delivery, answer_by: Option<AnswerBy>, now_ms: u64) -> Duration {
+    let whole = match delivery {
+        Delivery::Streamed => MAX_FOLLOW,
+        Delivery::Buffered => BUFFERED_WAIT,
+    };
+    match answer_by {
+        None => whole,
+        Some(AnswerBy(by)) => {
+            whole.min(Duration::from_millis(by.saturating_sub(now_ms)).saturating_sub(LONG_POLL_MARGIN))
+        }
+    }
+}
+
 /// The `Last-Event-ID` header, if any: a malformed one is a 400 naming it. An empty one is none,
 /// as an `EventSource` whose stream gave no id yet would send it.
 fn last_event_id(headers: &HeaderMap) -> Result<Option<EventId>, Box<Problem>> {
@@ -158,7 +207,7 @@ fn bad_header(reason: String) -> Problem {
 
 /// One reader's place in a task's stream.
 struct Follow {
-    ing: Arc<Ingress>,
+    api: Arc<EventsApi>,
     caller: Option<Tenant>,
     events: Arc<dyn EventLog>,
     record: TaskRecord,
@@ -174,15 +223,16 @@ struct Follow {
 
 impl Follow {
     fn new(
-        ing: Arc<Ingress>,
+        api: Arc<EventsApi>,
         caller: Option<Tenant>,
         events: Arc<dyn EventLog>,
         record: TaskRecord,
         after: Option<EventId>,
+        limit: Duration,
     ) -> Self {
         let now = tokio::time::Instant::now();
         let mut f = Self {
-            ing,
+            api,
             caller,
             events,
             record,
@@ -190,7 +240,7 @@ impl Follow {
             ready: VecDeque::new(),
             done: false,
             ended: false,
-            until: now + MAX_FOLLOW,
+            until: now + limit,
             store_read: now,
         };
         // A task that ended answers at once; one no run has started says it is queued.
@@ -215,11 +265,18 @@ impl Follow {
                 self.ended = true;
                 return self.end().await;
             }
-            if tokio::time::Instant::now() >= self.until {
+            let now = tokio::time::Instant::now();
+            if now >= self.until {
                 (self.done, self.ended) = (true, true);
-                return Some(status("reconnect"));
+                return Some(status("reconnect").retry(Duration::ZERO));
             }
-            if !self.read_events(QUIET).await {
+            let wait = QUIET.min(self.until - now);
+            if self.read_events(wait).await {
+                if self.api.delivery == Delivery::Buffered {
+                    // A buffered response's first events end it soon: they reach the client only then.
+                    self.until = self.until.min(tokio::time::Instant::now() + BUFFERED_LINGER);
+                }
+            } else {
                 self.look_for_the_end().await;
                 if self.record.status.is_terminal() {
                     // What the runs wrote before the final write comes first.
@@ -254,7 +311,8 @@ impl Follow {
     /// [`STORE_EVERY`].
     async fn look_for_the_end(&mut self) {
         let id = &self.record.task_id;
-        let hinted = match self.ing.cache.get(&cache_key(id)).await {
+        let ing = &self.api.ing;
+        let hinted = match ing.cache.get(&cache_key(id)).await {
             Ok(Some(json)) => serde_json::from_str::<TaskRecord>(&json)
                 .is_ok_and(|r| r.status.is_terminal() && r.created_at_ms == self.record.created_at_ms),
             _ => false,
@@ -263,7 +321,7 @@ impl Follow {
             return;
         }
         self.store_read = tokio::time::Instant::now();
-        match read(&self.ing, &self.caller, id).await {
+        match read(ing, &self.caller, id).await {
             Ok(Some(record)) => self.record = record,
             // Gone (expired, or its tenant's no longer): the stream ends with what it has.
             Ok(None) => self.done = true,
@@ -278,7 +336,7 @@ impl Follow {
         }
         let record = self.record.clone();
         let name = if record.status == TaskStatus::Completed { "result" } else { "error" };
-        let view = match crate::tasks::large_results::resolve(self.ing.objects.as_deref(), record).await {
+        let view = match crate::tasks::large_results::resolve(self.api.ing.objects.as_deref(), record).await {
             Ok(record) => record.view(),
             Err(_) => {
                 let data = r#"{"status":"unreadable"}"#.to_owned();
@@ -298,4 +356,123 @@ fn event(id: EventId, e: &RunEvent) -> Event {
 /// A status the reader says (no id: it is not in the log).
 fn status(state: &str) -> Event {
     StreamEvent { event: "status", data: serde_json::json!({"state": state}).to_string(), id: None }.sse()
+}
+
+#[cfg(test)]
+mod tests {
+    // Test helpers panic on failure by design: a failed unwrap is a failed test.
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::clock::{Clock, SharedClock, SystemClock};
+    use crate::config::IngressConfig;
+    use crate::domain::{Lane, TaskRequest};
+    use crate::embedded::{
+        EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryEvents, QueueSettings,
+    };
+    use crate::metrics::Metrics;
+    use crate::ports::{QueueSend, TaskStore};
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    /// One response's events, as `(name, id, data, retry)` from its whole body.
+    async fn part(router: &Router, uri: &str, last: Option<&str>) -> Vec<(String, String, String, String)> {
+        let mut req = Request::builder().uri(uri);
+        if let Some(last) = last {
+            req = req.header("last-event-id", last);
+        }
+        let resp = router.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        let field = |block: &str, name: &str| {
+            let prefix = format!("{name}:");
+            let lines = block.lines().filter_map(|l| l.strip_prefix(&prefix).map(str::trim_start));
+            lines.collect::<Vec<_>>().join("\n")
+        };
+        text.split("\n\n")
+            .filter(|b| b.lines().any(|l| l.starts_with("event:")))
+            .map(|b| (field(b, "event"), field(b, "id"), field(b, "data"), field(b, "retry")))
+            .collect()
+    }
+
+    /// Buffered, the events come in parts that each end soon after their first event with
+    /// `reconnect` and `retry: 0`; reconnecting with the last id each part gave misses and repeats
+    /// nothing, and the last part ends with the task.
+    #[tokio::test]
+    async fn buffered_parts_resume_where_the_last_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock: SharedClock = Arc::new(SystemClock);
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let store = EmbeddedStore::new(db.clone());
+        let queues = EmbeddedQueues::open(db, clock.clone(), QueueSettings::default()).await.unwrap();
+        let queues = Lane::ALL.map(|l| Arc::new(queues.queue(l.as_str(), "dlq")) as Arc<dyn QueueSend>);
+        let events = Arc::new(MemoryEvents::new(clock.clone()));
+        let ingress = Ingress {
+            store: Arc::new(store.clone()),
+            cache: Arc::new(MemoryCache::new(clock.clone())),
+            queues,
+            metrics: Metrics::new(),
+            clock: clock.clone(),
+            config: IngressConfig::default(),
+            objects: None,
+            events: Some(events.clone()),
+        };
+        let request = TaskRequest::from_value(serde_json::json!(
+            {"project_id": "p", "kind": "explain", "prompt": "parts", "target_files": []}))
+        .unwrap();
+        let record = TaskRecord::pending(request.task_id(None), request, clock.now_ms(), 3600);
+        let id = record.task_id.clone();
+        store.put_pending(&record, clock.now_ms()).await.unwrap();
+        let router = router(ingress, Delivery::Buffered);
+        // Eight pieces over 2.8 s, then a cancel: longer than one part's second, so there are parts.
+        let writer = tokio::spawn({
+            let (events, store, id) = (events.clone(), store.clone(), id.clone());
+            async move {
+                events.append(&id, &[RunEvent::Running { run: 1 }]).await.unwrap();
+                for i in 0..8 {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    events.append(&id, &[RunEvent::Delta { run: 1, text: format!("<{i}>") }]).await.unwrap();
+                }
+                store.cancel(&id, SystemClock.now_ms(), 3600).await.unwrap();
+            }
+        });
+        let uri = format!("/v1/tasks/{id}/events");
+        let (mut text, mut last, mut parts) = (String::new(), None::<String>, 0);
+        loop {
+            let got = part(&router, &uri, last.as_deref()).await;
+            parts += 1;
+            assert!(parts < 20, "the parts end");
+            let (end, _, _, retry) = got.last().unwrap().clone();
+            for (name, id, data, _) in &got {
+                if name == "delta" {
+                    let data: serde_json::Value = serde_json::from_str(data).unwrap();
+                    text.push_str(data["text"].as_str().unwrap());
+                }
+                if !id.is_empty() {
+                    last = Some(id.clone());
+                }
+            }
+            if end == "error" {
+                break;
+            }
+            assert_eq!((end.as_str(), retry.as_str()), ("status", "0"), "{got:?}");
+        }
+        writer.await.unwrap();
+        assert_eq!(text, (0..8).map(|i| format!("<{i}>")).collect::<String>());
+        assert!(parts >= 3, "in parts: {parts}");
+    }
+
+    /// A response ends a margin before the invocation must answer, and never later than its
+    /// delivery's whole time.
+    #[test]
+    fn a_response_ends_before_the_invocation_must_answer() {
+        let now = 1_000_000;
+        assert_eq!(follow_limit(Delivery::Buffered, None, now), BUFFERED_WAIT);
+        assert_eq!(follow_limit(Delivery::Streamed, None, now), MAX_FOLLOW);
+        let by = Some(AnswerBy(now + 300_000));
+        assert_eq!(follow_limit(Delivery::Streamed, by, now), Duration::from_millis(298_000));
+        assert_eq!(follow_limit(Delivery::Buffered, by, now), BUFFERED_WAIT);
+        assert_eq!(follow_limit(Delivery::Buffered, Some(AnswerBy(now + 1_000)), now), Duration::ZERO);
+    }
 }
