@@ -471,6 +471,7 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
         "scheduled-controller.json",
         "api-post-task.json",
         "api-get-task.json",
+        "function-url-task-events.json",
         "webhook-github-push.json",
         "webhook-gitlab-push.json",
         "env.json",
@@ -489,6 +490,12 @@ fn every_sample_event_decodes_as_its_function_takes_it() {
         assert_eq!(req.method().as_str(), method, "{file}");
         assert!(req.uri().path().starts_with("/v1/tasks"), "{file}");
     }
+    // The streamed route's function URL event: a GET of a task's events, by an IAM caller.
+    let req: lambda_http::request::LambdaRequest =
+        serde_json::from_str(&read("function-url-task-events.json")).unwrap();
+    let req: lambda_http::Request = req.into();
+    assert_eq!(req.method().as_str(), "GET");
+    assert!(req.uri().path().starts_with("/v1/tasks/") && req.uri().path().ends_with("/events"));
     for (file, secret) in [
         ("webhook-github-push.json", "lanes-local-webhook-secret"),
         ("webhook-gitlab-push.json", "lanes-local-gitlab-token"),
