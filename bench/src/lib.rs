@@ -13,6 +13,8 @@
 //! - [`recovery`]: takeover after a SIGKILLed worker, with the lease vs a static visibility.
 //! - [`throughput`]: ingress and end-to-end rates, latency and memory of `lanes dev`.
 //! - [`soak`]: `lanes dev` under a long stream with expiring records: rate, memory, file size.
+//! - [`stream`]: the event stream against a provider streaming at a fixed rate: time per piece of
+//!   text from the provider to the client, and memory per subscriber.
 //! - [`coldstart`]: the Lambda functions' init duration and zip size against a hello-world function.
 //! - [`cost`]: a repository's commits at each service tier policy: cost, flex refusals, deadlines.
 
@@ -27,6 +29,7 @@ pub mod limiter;
 pub mod provider;
 pub mod recovery;
 pub mod soak;
+pub mod stream;
 pub mod throughput;
 pub mod token_fairness;
 

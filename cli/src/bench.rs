@@ -33,6 +33,24 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Streaming: `lanes dev` calling the provider emulator, which streams each answer at a fixed
+    /// rate and stamps every chunk: per piece of text, the time from the provider to a client
+    /// following `GET /v1/tasks/{id}/events`, one task alone and many at once, on the in-process log
+    /// and on Redis Streams; then the server's memory with 1, 100 and 500 clients on one answer.
+    Stream {
+        /// Chunks per answer.
+        #[arg(long, default_value_t = 100)]
+        chunks: usize,
+        /// Ms between the provider's chunks.
+        #[arg(long, default_value_t = 20)]
+        interval_ms: u64,
+        /// Tasks streaming at once in the loaded run.
+        #[arg(long, default_value_t = 100)]
+        many: usize,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Throughput: concurrent clients submitting interactive tasks to `lanes dev` (offline model, no
     /// latency) on embedded defaults and on Redis + moto: ingress and end-to-end rates, latency, memory.
     Throughput {
@@ -214,6 +232,9 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         }
         BenchCommand::Throughput { tasks, clients, capacity, backend, json } => {
             show(b::throughput::throughput_report(tasks, clients, capacity, backend.as_deref()).await, json)
+        }
+        BenchCommand::Stream { chunks, interval_ms, many, json } => {
+            show(b::stream::stream_report(chunks, interval_ms, many).await, json)
         }
         BenchCommand::Coldstart { starts, json } => show(b::coldstart::coldstart_report(starts).await, json),
         BenchCommand::Hol { slots, seconds, scale_ms, json } => {

@@ -132,6 +132,28 @@ struct MockState {
     /// Anthropic answers as an organisation with Priority Tier capacity: `usage.service_tier` says
     /// `priority` (else `standard`).
     anthropic_priority: std::sync::atomic::AtomicBool,
+    /// Streamed chat completions at a fixed rate ([`MockLlm::pace`]).
+    pace: Mutex<Option<Pace>>,
+}
+
+/// A fixed-rate stream: every streamed chat completion is `chunks` chunks, one each `interval`.
+/// Each chunk's text is `@<µs>;` (the Unix time in microseconds at which the emulator wrote it) then
+/// `pad` bytes, so a client that reads the text knows when each piece left the provider.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Chunks of text per answer.
+    pub chunks: usize,
+    /// Time between chunks.
+    pub interval: Duration,
+    /// Filler bytes per chunk, after the stamp.
+    pub pad: usize,
+}
+
+impl Pace {
+    /// The send times (Unix µs) of the chunks complete in `text`, a paced answer's prefix.
+    pub fn stamps(text: &str) -> Vec<u64> {
+        text.split('@').skip(1).filter_map(|c| c.split_once(';')?.0.parse().ok()).collect()
+    }
 }
 
 /// How the emulator serves flex calls: one in `refuse_every` is refused for capacity (`429 Resource
@@ -319,6 +341,11 @@ impl MockLlm {
         *self.state.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Streams every chat completion asked with `stream: true` at `pace` from now on.
+    pub fn pace(&self, pace: Pace) {
+        *self.state.pace.lock().unwrap_or_else(|e| e.into_inner()) = Some(pace);
+    }
+
     /// Queues scripted answers.
     pub fn script(&self, answers: impl IntoIterator<Item = Scripted>) {
         self.state.script.lock().unwrap_or_else(|e| e.into_inner()).extend(answers);
@@ -490,6 +517,45 @@ fn chat_response(request: &Value, answer: Value, cut_after: Option<usize>) -> Re
     sse_body(lines)
 }
 
+/// A chat completion streamed at `pace`, each chunk stamped as it is written: OpenAI's documented
+/// chunks, the usage chunk when asked, then `[DONE]`.
+fn paced_stream(pace: Pace, include_usage: bool) -> Response {
+    let base = json!({"id": "chatcmpl-paced", "object": "chat.completion.chunk", "model": "paced"});
+    let chunk = move |delta: Value, finish: Value| {
+        let mut c = base.clone();
+        c["choices"] = json!([{"index": 0, "delta": delta, "finish_reason": finish}]);
+        format!("data: {c}\n\n")
+    };
+    let pad = "x".repeat(pace.pad);
+    let chunk_text = chunk.clone();
+    let text = futures::stream::iter(0..pace.chunks).then(move |_| {
+        let (chunk, pad) = (chunk_text.clone(), pad.clone());
+        async move {
+            tokio::time::sleep(pace.interval).await;
+            let micros = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros())
+                .unwrap_or(0);
+            Ok::<_, std::convert::Infallible>(chunk(
+                json!({"content": format!("@{micros};{pad}")}),
+                Value::Null,
+            ))
+        }
+    });
+    let completion = (pace.chunks * (pace.pad + 18)).div_ceil(4);
+    let mut tail = vec![chunk(json!({}), json!("stop"))];
+    if include_usage {
+        let usage = json!({"id": "chatcmpl-paced", "object": "chat.completion.chunk", "model": "paced", "choices": [],
+            "usage": {"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": completion + 10}});
+        tail.push(format!("data: {usage}\n\n"));
+    }
+    tail.push("data: [DONE]\n\n".into());
+    let first = futures::stream::iter([Ok(chunk(json!({"role": "assistant", "content": ""}), Value::Null))]);
+    let events = first.chain(text).chain(futures::stream::iter(tail.into_iter().map(Ok)));
+    ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(events))
+        .into_response()
+}
+
 /// Server-sent events, one `lines` entry 10 ms after another.
 fn sse_body(lines: Vec<String>) -> Response {
     let events = futures::stream::iter(lines).then(|l| async move {
@@ -507,6 +573,10 @@ async fn openai(
 ) -> Response {
     if let Some(r) = record_and_script(&state, "/v1/chat/completions", headers, body.clone()).await {
         return r;
+    }
+    let pace = *state.pace.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pace) = pace.filter(|_| body["stream"] == true) {
+        return paced_stream(pace, body["stream_options"]["include_usage"] == true);
     }
     let flex = body["service_tier"] == "flex";
     let model = body["model"].as_str().unwrap_or_default().to_owned();
