@@ -62,6 +62,7 @@ bench: build test-deps
 	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 3000 --json > bench/throughput.json
 	$(LANES_RELEASE_BIN) bench soak --json > bench/soak.json
+	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench stream --json > bench/stream.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench functions --tasks 3000 --json > bench/functions.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench coldstart --json > bench/coldstart.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json

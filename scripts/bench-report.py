@@ -202,6 +202,34 @@ def main():
                 f"- data file {so['file_bytes'] / 1048576:.1f} MiB against {so['live_bytes'] / 1048576:.1f} MiB live "
                 f"(a compacted copy) = {so['file_over_live']:.2f}x (goal <= 2): {met(so['file_over_live'] <= 2)}",
                 f"- peak RSS {so['peak_rss_mib']:.0f} MiB; tasks unfinished at the end: {so['unfinished']}", ""]
+    st = load(d, "stream")
+    if st:
+        out += ["## Streaming answers", "", f"`{st['command']}`", "",
+                f"`lanes dev` calls the provider emulator, which streams every answer as {st['chunks']} chunks of "
+                f"{st['chunk_bytes']} bytes, {st['interval_ms']} ms apart, each stamped with the time it wrote it. A "
+                "client follows each task over `GET /v1/tasks/{id}/events`; per piece of text, the time from the "
+                "provider writing it to the client reading it (the worker's read, the append to the log, the "
+                "reader's wake-up, the SSE write).", "",
+                "| log | tasks at once | deltas made the result | deltas per task | per piece p50 / p99 / max | "
+                "provider's first chunk p50 / p99 | first delta p50 / p99 | gap p99 (provider's) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['backend']} | {r['tasks']} | {r['complete']} of {r['tasks']} | {r['deltas_per_task']:.1f} | "
+                f"{r['overhead_ms'][0]:.1f} / {r['overhead_ms'][1]:.1f} / {r['overhead_ms'][2]:.1f} ms | "
+                f"{r['provider_first_ms'][0]:.0f} / {r['provider_first_ms'][1]:.0f} ms | "
+                f"{r['first_delta_ms'][0]:.0f} / {r['first_delta_ms'][1]:.0f} ms | "
+                f"{r['client_gap_p99_ms']:.1f} ({r['provider_gap_p99_ms']:.1f}) ms |" for r in st["runs"]]
+        worst = max(r["overhead_ms"][1] for r in st["runs"])
+        out += ["", f"- per-piece p99 on every run: worst {worst:.1f} ms (goal <= {st['goal_overhead_ms']:.0f} ms): "
+                f"{met(worst <= st['goal_overhead_ms'])}", "",
+                "The server's resident memory with clients following one answer (embedded log), read halfway "
+                "through it, for an answer and for one four times as long over the same 8 s:", "",
+                "| answer | subscribers | resident | deltas made the result |", "|---:|---:|---:|---:|"]
+        out += [f"| {m['answer_kib']:.0f} KiB | {p['subscribers']} | {p['rss_mib']:.1f} MiB | {p['complete']} of {p['subscribers']} |"
+                for m in st["memory"] for p in m["points"]]
+        per = ", ".join(f"{m['per_subscriber_kib']:.1f} KiB with the {m['answer_kib']:.0f} KiB answer" for m in st["memory"])
+        out += ["", f"- an extra subscriber costs {per}: the four-times answer's subscriber costs "
+                f"{st['longer_answer_ratio']:.2f}x (goal <= {st['goal_longer_answer_ratio']:.2f}x, flat in what it reads): "
+                f"{met(st['longer_answer_ratio'] <= st['goal_longer_answer_ratio'])}", ""]
     fn = load(d, "functions")
     if fn:
         out += ["## Lambda functions' memory", "", f"`{fn['command']}`", "",

@@ -30,6 +30,9 @@ pub enum Scripted {
     /// A streamed answer with this text, cut (the connection closed, no `[DONE]`) after this many
     /// of its chunks; asked without `stream`, a 500.
     StreamCut(String, usize),
+    /// A streamed answer with this text that stops after this many of its chunks and stays open,
+    /// silent, for this long before it closes (no `[DONE]`); asked without `stream`, a 500.
+    StreamStall(String, usize, Duration),
 }
 
 /// What the mock saw of one request.
@@ -429,9 +432,17 @@ async fn record_and_script(
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
             });
-            Some(chat_response(&body, answer, Some(after)))
+            Some(chat_response(&body, answer, Some((after, Duration::ZERO))))
         }
-        Some(Scripted::StreamCut(..)) => {
+        Some(Scripted::StreamStall(text, after, hold)) if body["stream"] == true => {
+            let answer = json!({
+                "id": "chatcmpl-mock", "object": "chat.completion", "model": "scripted",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+            });
+            Some(chat_response(&body, answer, Some((after, hold))))
+        }
+        Some(Scripted::StreamCut(..) | Scripted::StreamStall(..)) => {
             Some((StatusCode::INTERNAL_SERVER_ERROR, "not streamed").into_response())
         }
         Some(Scripted::FlexUnavailable) => Some(flex_unavailable()),
@@ -484,8 +495,9 @@ fn tokens(s: &str) -> u64 {
 /// A chat completion as the request asked for it: the JSON answer, or with `stream: true` the
 /// documented `chat.completion.chunk` events (the text a few words a chunk, 10 ms apart, the
 /// `finish_reason` in the last, a usage chunk with empty `choices` when `stream_options.include_usage`,
-/// then `[DONE]`); `cut_after` closes the stream after that many chunks instead.
-fn chat_response(request: &Value, answer: Value, cut_after: Option<usize>) -> Response {
+/// then `[DONE]`); `cut_after` ends the stream after that many chunks instead, silent for the given
+/// time before it closes.
+fn chat_response(request: &Value, answer: Value, cut_after: Option<(usize, Duration)>) -> Response {
     if request["stream"] != true {
         return Json(answer).into_response();
     }
@@ -510,11 +522,17 @@ fn chat_response(request: &Value, answer: Value, cut_after: Option<usize>) -> Re
         chunks.push(usage);
     }
     let mut lines: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
-    match cut_after {
-        Some(n) => lines.truncate(n),
-        None => lines.push("data: [DONE]\n\n".into()),
-    }
-    sse_body(lines)
+    let hold = match cut_after {
+        Some((n, hold)) => {
+            lines.truncate(n);
+            hold
+        }
+        None => {
+            lines.push("data: [DONE]\n\n".into());
+            Duration::ZERO
+        }
+    };
+    sse_body(lines, hold)
 }
 
 /// A chat completion streamed at `pace`, each chunk stamped as it is written: OpenAI's documented
@@ -556,12 +574,18 @@ fn paced_stream(pace: Pace, include_usage: bool) -> Response {
         .into_response()
 }
 
-/// Server-sent events, one `lines` entry 10 ms after another.
-fn sse_body(lines: Vec<String>) -> Response {
+/// Server-sent events, one `lines` entry 10 ms after another,
+/// then `hold` of silence before the body ends.
+fn sse_body(lines: Vec<String>, hold: Duration) -> Response {
     let events = futures::stream::iter(lines).then(|l| async move {
         tokio::time::sleep(Duration::from_millis(10)).await;
         Ok::<_, std::convert::Infallible>(l)
     });
+    let silence = futures::stream::once(async move {
+        tokio::time::sleep(hold).await;
+        Ok::<_, std::convert::Infallible>(String::new())
+    });
+    let events = events.chain(silence);
     ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(events))
         .into_response()
 }
@@ -717,7 +741,7 @@ fn message_stream(message: &Value) -> Response {
         "usage": {"output_tokens": message["usage"]["output_tokens"]}}),
     ));
     lines.push(event("message_stop", json!({"type": "message_stop"})));
-    sse_body(lines)
+    sse_body(lines, Duration::ZERO)
 }
 
 /// An answer cut to `cap` completion tokens (one word a token here), with the stop reason a provider

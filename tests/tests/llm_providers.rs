@@ -685,6 +685,49 @@ async fn a_cut_stream_is_retried_and_its_text_restarts() {
     assert!(!sink.restarts.lock().unwrap()[0].contains("never ends"), "no provider text in the reason");
 }
 
+/// A stream that stops mid-answer and stays open is a stall, not an end: past the client's stall
+/// limit (its timeout, at most 30 s) the call fails as retryable, long before the provider would
+/// close it, and the retry layer calls again with the text restarted.
+#[tokio::test]
+async fn a_stalled_stream_fails_at_the_stall_limit_and_is_retried() {
+    let mock = MockLlm::start().await.unwrap();
+    let stall = || Scripted::StreamStall("an answer that stops and waits".into(), 3, Duration::from_secs(20));
+    mock.script([stall()]);
+    let client = OpenAiClient::new(&format!("{}/v1", mock.url), "gpt-test", None, Duration::from_millis(800));
+    let bare = Collect::default();
+    let started = std::time::Instant::now();
+    let e = client.stream(&request(), &bare).await.unwrap_err();
+    assert!(matches!(e, LlmError::Retryable { .. }), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "ended at the stall limit, not the provider's close"
+    );
+    assert!(!bare.pieces.lock().unwrap().is_empty(), "it had begun");
+
+    mock.script([stall()]);
+    let sink = Collect::default();
+    let r = Retrying::new(client, fast()).stream(&request(), &sink).await.unwrap();
+    assert_eq!(r.text, "mock answer");
+    assert_eq!(sink.pieces.lock().unwrap().concat(), "mock answer", "only the second call's text");
+    assert_eq!(sink.restarts.lock().unwrap().len(), 1);
+}
+
+/// A 429 before the first byte of a stream is a wait: the sink hears the retry's reason before any
+/// text (the worker's stream says `retrying`, nothing being void), and the retry's stream is the
+/// whole answer.
+#[tokio::test]
+async fn a_429_before_the_first_byte_is_retried_without_a_restart() {
+    let mock = MockLlm::start().await.unwrap();
+    mock.script([Scripted::Status(429, vec![("retry-after-ms", "30".into())])]);
+    let client = OpenAiClient::new(&format!("{}/v1", mock.url), "gpt-test", None, Duration::from_secs(5));
+    let sink = Collect::default();
+    let r = Retrying::new(client, fast()).stream(&request(), &sink).await.unwrap();
+    assert_eq!(r.text, "mock answer");
+    assert_eq!(sink.pieces.lock().unwrap().concat(), "mock answer");
+    assert_eq!(sink.restarts.lock().unwrap().clone(), ["the provider is rate limiting; calling again"]);
+    assert_eq!(mock.seen().len(), 2, "the 429, then the answer");
+}
+
 /// The Messages API's documented stream: text from the `content_block_delta`s, the input usage from
 /// `message_start` and the output usage and stop reason from `message_delta`.
 #[tokio::test]

@@ -44,6 +44,14 @@ pub enum RunEvent {
         /// Why.
         reason: String,
     },
+    /// The run's call failed before any text, and is made again (a 429 or a 5xx before the first
+    /// byte, the next route): nothing is void.
+    Retrying {
+        /// The run.
+        run: u64,
+        /// Why.
+        reason: String,
+    },
     /// The run ended without an answer here: it is retried later, or its lease or its client's
     /// cancel stopped it. The final `result` or `error` comes from the record.
     Stopped {
@@ -61,6 +69,7 @@ impl RunEvent {
             Self::Running { run }
             | Self::Delta { run, .. }
             | Self::Restart { run, .. }
+            | Self::Retrying { run, .. }
             | Self::Stopped { run, .. } => *run,
         }
     }
@@ -80,6 +89,9 @@ impl RunEvent {
             Self::Delta { run, text } => serde_json::json!({"run": run, "text": text}),
             Self::Restart { run, reason } => {
                 serde_json::json!({"state": "restarting", "run": run, "reason": reason})
+            }
+            Self::Retrying { run, reason } => {
+                serde_json::json!({"state": "retrying", "run": run, "reason": reason})
             }
             Self::Stopped { run, reason } => {
                 serde_json::json!({"state": "stopped", "run": run, "reason": reason})

@@ -57,13 +57,9 @@ impl MemoryEvents {
         let streams =
             self.streams.lock().map_err(|_| CacheError::Unavailable("event log poisoned".into()))?;
         let Some((stream, _)) = streams.live(task.as_str(), now) else { return Ok(Vec::new()) };
-        Ok(stream
-            .events
-            .iter()
-            .filter(|(id, _)| after.is_none_or(|a| *id > a))
-            .take(limit)
-            .cloned()
-            .collect())
+        // Ids only grow along a stream: the first one after `after` is found by bisection.
+        let from = after.map_or(0, |a| stream.events.partition_point(|(id, _)| *id <= a));
+        Ok(stream.events.range(from..).take(limit).cloned().collect())
     }
 }
 

@@ -1,7 +1,7 @@
 //! `GET /v1/tasks/{id}/events`: a task's runs as server-sent events, scoped by tenant as `GET` is.
 //!
 //! The events are the runs' (`crate::tasks::stream` writes them): `status` (`queued` before any
-//! run, then each run's `running`, `restarting` and `stopped`, with its reason) and `delta` with
+//! run, then each run's `running`, `retrying`, `restarting` and `stopped`, with its reason) and `delta` with
 //! the text as it arrives, each with the id of its place in the stream. The stream ends with one
 //! event from the record, never from the runs: `result` (the task's view, as `GET` answers it) or
 //! `error` (a failed or cancelled task's view). A client that connects after the end gets that
@@ -48,8 +48,9 @@ const QUIET: Duration = Duration::from_millis(250);
 const STORE_EVERY: Duration = Duration::from_secs(5);
 /// Longest one connection follows a task; the client reconnects with `Last-Event-ID`.
 const MAX_FOLLOW: Duration = Duration::from_secs(15 * 60);
-/// Most events read from the log at once.
-const PAGE: usize = 256;
+/// Most events read from the log at once: what one reader holds before its client takes it, so a
+/// slow client costs at most this many events of memory, however long the stream.
+const PAGE: usize = 16;
 /// Longest a buffered response waits for its first event (a long-poll's wait).
 const BUFFERED_WAIT: Duration = Duration::from_secs(20);
 /// How long a buffered response gathers events after its first, before it ends.
@@ -89,7 +90,7 @@ pub fn router(ingress: Ingress, delivery: Delivery) -> Router {
         ("Last-Event-ID" = Option<String>, Header, nullable = false, description = "Resume after this event (an id this stream gave: two decimal numbers joined by '-'); empty, from the start", pattern = "^([0-9]{1,19}-[0-9]{1,19})?$"),
     ),
     responses(
-        (status = 200, body = StreamEvent, description = "Server-sent events. `status`: `{\"state\": \"queued\" | \"running\" | \"restarting\" | \"stopped\", \"run\", \"reason\"}` (`restarting`: the run's text so far is void); `delta`: `{\"run\", \"text\"}`; the last is `result` (a completed task's view) or `error` (a failed or cancelled task's view). Each run is a segment, named by `run`.", content_type = "text/event-stream"),
+        (status = 200, body = StreamEvent, description = "Server-sent events. `status`: `{\"state\": \"queued\" | \"running\" | \"retrying\" | \"restarting\" | \"stopped\" | \"reconnect\", \"run\", \"reason\"}` (`retrying`: the call is made again before any text; `restarting`: the run's text so far is void; `reconnect`: this response ends, resume with `Last-Event-ID`); `delta`: `{\"run\", \"text\"}`; the last is `result` (a completed task's view) or `error` (a failed or cancelled task's view). Each run is a segment, named by `run`.", content_type = "text/event-stream"),
         (status = 400, description = "Invalid id, query or `Last-Event-ID`", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No authenticated tenant (tenancy on)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such task (for this tenant)", body = Problem, content_type = "application/problem+json"),

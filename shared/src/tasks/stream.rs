@@ -1,6 +1,7 @@
 //! A run's event stream, as the worker writes it (`crate::domain::events`): `running` when the
-//! call starts, its text as the provider gives it, `restarting` when a retry or the next route
-//! voids what was said, and `stopped` when the run ends without an answer here. The record's
+//! call starts, its text as the provider gives it, `retrying` when the call is made again before
+//! any text, `restarting` when a retry or the next route voids what was said, and `stopped` when
+//! the run ends without an answer here. The record's
 //! fenced final write stays the answer; `GET /v1/tasks/{id}/events` ends the stream with it.
 //!
 //! The provider's client hands text to [`RunStream`] without waiting (a send on a channel); one
@@ -64,7 +65,7 @@ pub struct RunStream {
     tx: mpsc::UnboundedSender<RunEvent>,
     publisher: tokio::task::JoinHandle<()>,
     run: u64,
-    /// Whether text was given since the last restart (a restart with nothing to void is not told).
+    /// Whether text was given since the last restart (a restart with nothing to void is a retry).
     spoke: AtomicBool,
 }
 
@@ -99,9 +100,12 @@ impl DeltaSink for RunStream {
     }
 
     fn restart(&self, reason: &str) {
-        if self.spoke.swap(false, Ordering::Relaxed) {
-            let _ = self.tx.send(RunEvent::Restart { run: self.run, reason: reason.to_owned() });
-        }
+        let (run, reason) = (self.run, reason.to_owned());
+        let event = match self.spoke.swap(false, Ordering::Relaxed) {
+            true => RunEvent::Restart { run, reason },
+            false => RunEvent::Retrying { run, reason },
+        };
+        let _ = self.tx.send(event);
     }
 }
 
@@ -195,7 +199,7 @@ mod tests {
             match e {
                 RunEvent::Delta { text: t, .. } => text.push_str(t),
                 RunEvent::Restart { .. } | RunEvent::Running { .. } => text.clear(),
-                RunEvent::Stopped { .. } => {}
+                RunEvent::Stopped { .. } | RunEvent::Retrying { .. } => {}
             }
         }
         text
@@ -220,7 +224,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_restart_is_said_only_after_text() {
+    async fn a_restart_is_said_only_after_text_and_a_retry_before_it() {
         let log = Arc::new(MemoryEvents::new(Arc::new(SystemClock)));
         let task = TaskId::parse(&"b".repeat(64)).unwrap_or_else(|e| panic!("{e}"));
         let stream = RunStream::start(log.clone(), task.clone(), 2, Metrics::new());
@@ -233,5 +237,6 @@ mod tests {
         let restarts = events.iter().filter(|(_, e)| matches!(e, RunEvent::Restart { .. })).count();
         assert_eq!((restarts, shown(&events)), (1, "whole".to_owned()));
         assert_eq!(events[0].1, RunEvent::Running { run: 2 });
+        assert_eq!(events[1].1, RunEvent::Retrying { run: 2, reason: "nothing to void".into() });
     }
 }
