@@ -137,6 +137,9 @@ struct MockState {
     anthropic_priority: std::sync::atomic::AtomicBool,
     /// Streamed chat completions at a fixed rate ([`MockLlm::pace`]).
     pace: Mutex<Option<Pace>>,
+    /// The cut of the last `StreamCut` used by a request without `stream` in its body (Bedrock's
+    /// ConverseStream says it streams by its path).
+    last_cut: Mutex<Option<usize>>,
 }
 
 /// A fixed-rate stream: every streamed chat completion is `chunks` chunks, one each `interval`.
@@ -322,6 +325,7 @@ impl MockLlm {
             .route("/v1/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
             .route("/model/{model}/converse", post(converse))
+            .route("/model/{model}/converse-stream", post(converse_stream))
             .with_state(state.clone());
         let listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
@@ -442,7 +446,11 @@ async fn record_and_script(
             });
             Some(chat_response(&body, answer, Some((after, hold))))
         }
-        Some(Scripted::StreamCut(..) | Scripted::StreamStall(..)) => {
+        Some(Scripted::StreamCut(_, after)) => {
+            *state.last_cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(after);
+            Some((StatusCode::INTERNAL_SERVER_ERROR, "not streamed").into_response())
+        }
+        Some(Scripted::StreamStall(..)) => {
             Some((StatusCode::INTERNAL_SERVER_ERROR, "not streamed").into_response())
         }
         Some(Scripted::FlexUnavailable) => Some(flex_unavailable()),
@@ -772,19 +780,7 @@ async fn converse(
         return (StatusCode::FORBIDDEN, Json(json!({"message": "missing signature"}))).into_response();
     }
     if let Some(r) = record_and_script(&state, "/converse", headers, body.clone()).await {
-        // Bedrock names the error in a header; the SDK maps it to the operation's error variant.
-        let (mut parts, b) = r.into_parts();
-        let kind = match parts.status.as_u16() {
-            429 => "ThrottlingException",
-            400 => "ValidationException",
-            403 => "AccessDeniedException",
-            503 => "ServiceUnavailableException",
-            _ => "InternalServerException",
-        };
-        if let Ok(v) = kind.parse() {
-            parts.headers.insert("x-amzn-errortype", v);
-        }
-        return Response::from_parts(parts, b);
+        return bedrock_error(r);
     }
     let mut recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
     // Converse names the tier that served the call when one was asked for.
@@ -792,4 +788,89 @@ async fn converse(
         recorded["serviceTier"] = json!({"type": tier});
     }
     Json(recorded).into_response()
+}
+
+/// A scripted error as Bedrock answers it: the error's name in a header, which the SDK maps to the
+/// operation's error variant.
+fn bedrock_error(r: Response) -> Response {
+    let (mut parts, b) = r.into_parts();
+    let kind = match parts.status.as_u16() {
+        429 => "ThrottlingException",
+        400 => "ValidationException",
+        403 => "AccessDeniedException",
+        503 => "ServiceUnavailableException",
+        _ => "InternalServerException",
+    };
+    if let Ok(v) = kind.parse() {
+        parts.headers.insert("x-amzn-errortype", v);
+    }
+    Response::from_parts(parts, b)
+}
+
+/// One event of a ConverseStream answer, framed as the AWS event stream encoding frames it
+/// (`application/vnd.amazon.eventstream`: prelude, headers, payload, CRCs) with the headers the
+/// service sets: `:message-type` `event`, `:event-type` its name, `:content-type` JSON.
+fn converse_event(event_type: &str, payload: &Value) -> bytes::Bytes {
+    use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
+    let header =
+        |name: &str, value: &str| Header::new(name.to_owned(), HeaderValue::String(value.to_owned().into()));
+    let message = Message::new(payload.to_string().into_bytes())
+        .add_header(header(":message-type", "event"))
+        .add_header(header(":event-type", event_type))
+        .add_header(header(":content-type", "application/json"));
+    let mut frame = Vec::new();
+    aws_smithy_eventstream::frame::write_message_to(&message, &mut frame)
+        .unwrap_or_else(|e| panic!("event stream frame: {e}"));
+    frame.into()
+}
+
+/// ConverseStream: the recorded Converse answer's text as `contentBlockDelta` events a word or two
+/// at a time, 10 ms apart, between `messageStart` and `contentBlockStop`, `messageStop` (its stop
+/// reason) and `metadata` (its usage, and the tier when one was asked). A scripted `StreamCut` ends
+/// the body after that many events, with no `messageStop`.
+async fn converse_stream(
+    State(state): State<Arc<MockState>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if headers.get("authorization").is_none() {
+        return (StatusCode::FORBIDDEN, Json(json!({"message": "missing signature"}))).into_response();
+    }
+    let cut = matches!(
+        state.script.lock().unwrap_or_else(|e| e.into_inner()).front(),
+        Some(Scripted::StreamCut(..))
+    );
+    let cut_after = match record_and_script(&state, "/converse-stream", headers, body.clone()).await {
+        // The scripted cut answers a 500 to a request without `stream`; this one streams.
+        Some(_) if cut => state.last_cut.lock().unwrap_or_else(|e| e.into_inner()).take(),
+        Some(r) => return bedrock_error(r),
+        None => None,
+    };
+    let recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
+    let text = recorded["output"]["message"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    let mut events = vec![converse_event("messageStart", &json!({"role": "assistant"}))];
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    for piece in words.chunks(2) {
+        let delta = json!({"contentBlockIndex": 0, "delta": {"text": piece.concat()}});
+        events.push(converse_event("contentBlockDelta", &delta));
+    }
+    events.push(converse_event("contentBlockStop", &json!({"contentBlockIndex": 0})));
+    events.push(converse_event("messageStop", &json!({"stopReason": recorded["stopReason"]})));
+    let mut metadata = json!({"usage": recorded["usage"], "metrics": recorded["metrics"]});
+    if let Some(tier) = body["serviceTier"]["type"].as_str() {
+        metadata["serviceTier"] = json!({"type": tier});
+    }
+    events.push(converse_event("metadata", &metadata));
+    if let Some(n) = cut_after {
+        events.truncate(n);
+    }
+    let frames = futures::stream::iter(events).then(|f| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, std::convert::Infallible>(f)
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/vnd.amazon.eventstream")],
+        axum::body::Body::from_stream(frames),
+    )
+        .into_response()
 }

@@ -515,6 +515,50 @@ mod bedrock_and_secrets {
         assert!(matches!(c.complete(&flex).await, Err(LlmError::Throttled { .. })));
     }
 
+    /// ConverseStream, framed in the AWS event stream encoding as Bedrock sends it: the text
+    /// deltas come to the sink as they arrive and make the answer Converse gives, with its usage,
+    /// stop reason and tier from the stream's `messageStop` and `metadata` events.
+    #[tokio::test]
+    async fn converse_stream_gives_text_deltas_and_the_same_answer_as_converse() {
+        use lanes_core::domain::tier::Tier;
+        let mock = MockLlm::start().await.unwrap();
+        let c = client(&mock).await;
+        let sink = Collect::default();
+        let flex = LlmRequest { tier: Tier::Flex, ..request() };
+        let streamed = c.stream(&flex, &sink).await.unwrap();
+        let whole = c.complete(&flex).await.unwrap();
+        assert_eq!(streamed, whole, "the same answer as without streaming");
+        let pieces = sink.pieces.lock().unwrap().clone();
+        assert!(pieces.len() >= 4, "{pieces:?}");
+        assert_eq!(pieces.concat(), whole.text);
+        assert_eq!((streamed.usage.prompt, streamed.usage.completion, streamed.tier), (41, 15, Tier::Flex));
+        let seen = mock.seen();
+        assert_eq!(seen[0].path, "/converse-stream");
+        assert!(seen[0].headers["authorization"].to_str().unwrap().starts_with("AWS4-HMAC-SHA256"));
+        assert_eq!(seen[0].body["serviceTier"]["type"], "flex");
+    }
+
+    /// A ConverseStream cut before its `messageStop` is no answer: a retryable failure, and the
+    /// retry layer calls again with the text restarted. A throttle before the stream is a throttle.
+    #[tokio::test]
+    async fn a_cut_converse_stream_is_retried_and_a_throttle_is_a_throttle() {
+        let mock = MockLlm::start().await.unwrap();
+        let c = client(&mock).await;
+        mock.script([Scripted::StreamCut(String::new(), 4)]);
+        let bare = Collect::default();
+        let e = c.stream(&request(), &bare).await.unwrap_err();
+        assert!(matches!(e, LlmError::Retryable { .. }), "{e:?}");
+        assert!(!bare.pieces.lock().unwrap().is_empty(), "it had begun");
+        mock.script([Scripted::Status(429, vec![])]);
+        assert!(matches!(c.stream(&request(), &bare).await, Err(LlmError::Throttled { .. })));
+
+        mock.script([Scripted::StreamCut(String::new(), 4)]);
+        let sink = Collect::default();
+        let r = Retrying::new(c, fast()).stream(&request(), &sink).await.unwrap();
+        assert_eq!(sink.pieces.lock().unwrap().concat(), r.text, "only the second call's text");
+        assert_eq!(sink.restarts.lock().unwrap().len(), 1);
+    }
+
     #[tokio::test]
     async fn bedrock_errors_carry_retry_intent_and_are_retried_once_by_us() {
         let mock = MockLlm::start().await.unwrap();

@@ -1,18 +1,23 @@
-//! AWS Bedrock Converse (`aws-sdk-bedrockruntime`). Throttling, unavailability, model timeouts and
-//! not-ready models are retryable; validation, access and missing models are permanent. Usage is read
-//! from every response.
+//! AWS Bedrock Converse and ConverseStream (`aws-sdk-bedrockruntime`). Throttling, unavailability,
+//! model timeouts, not-ready models and a stream's model error are retryable; validation, access and
+//! missing models are permanent. Usage is read from every response: a stream's from its `metadata`
+//! event. A stream is an answer only once it has said `messageStop`; an end before it, or 30 s of
+//! silence, is a retryable failure, as a cut OpenAI or Anthropic stream is.
 
 use crate::domain::TokenUsage;
 use crate::domain::tier::Tier;
-use crate::ports::{LlmClient, LlmError, LlmRequest, LlmResponse};
+use crate::ports::{DeltaSink, LlmClient, LlmError, LlmRequest, LlmResponse};
 use async_trait::async_trait;
 use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_bedrockruntime::operation::converse::ConverseError;
 use aws_sdk_bedrockruntime::types::{
-    ContentBlock, ConversationRole, ConverseOutput, InferenceConfiguration, Message, ServiceTier,
-    ServiceTierType, SystemContentBlock,
+    ContentBlock, ContentBlockDelta, ConversationRole, ConverseOutput, ConverseStreamOutput,
+    InferenceConfiguration, Message, ServiceTier, ServiceTierType, StopReason, SystemContentBlock,
 };
+use std::time::Duration;
+
+/// Longest silence inside a stream before it counts as stalled.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// A Converse client for one model.
 #[derive(Debug, Clone)]
@@ -40,19 +45,25 @@ impl BedrockClient {
     }
 }
 
-fn map_error(e: SdkError<ConverseError>) -> LlmError {
+/// An SDK error of Converse or ConverseStream, by the error code the service named.
+fn map_error<E, R>(e: SdkError<E, R>) -> LlmError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
     let message = format!("bedrock: {}: {}", e.code().unwrap_or("error"), e.message().unwrap_or_default());
-    match e.as_service_error() {
-        Some(ConverseError::ThrottlingException(_)) => LlmError::Throttled { message, retry_after: None },
-        Some(
-            ConverseError::ServiceUnavailableException(_)
-            | ConverseError::InternalServerException(_)
-            | ConverseError::ModelNotReadyException(_)
-            | ConverseError::ModelTimeoutException(_),
-        ) => LlmError::Retryable { message, retry_after: None },
-        Some(_) => LlmError::Permanent(message),
+    if e.as_service_error().is_none() {
         // Timeouts, dispatch and response failures: the request may succeed later.
-        None => LlmError::Retryable { message: format!("bedrock: {e}"), retry_after: None },
+        return LlmError::Retryable { message: format!("bedrock: {e}"), retry_after: None };
+    }
+    match e.code().unwrap_or_default() {
+        "ThrottlingException" => LlmError::Throttled { message, retry_after: None },
+        "ServiceUnavailableException"
+        | "InternalServerException"
+        | "ModelNotReadyException"
+        | "ModelTimeoutException"
+        | "ModelStreamErrorException" => LlmError::Retryable { message, retry_after: None },
+        _ => LlmError::Permanent(message),
     }
 }
 
@@ -61,20 +72,76 @@ fn map_error(e: SdkError<ConverseError>) -> LlmError {
 /// flex, a failure a retry would answer (the service unavailable to flex, a model timeout, a cut
 /// connection) is flex's spare capacity failing, answered at sync too; a priority call is retried
 /// as it is. A throttle stays a throttle (the account's quota, which `sync` shares).
-fn tier_refusal(tier: Tier, e: SdkError<ConverseError>) -> LlmError {
+fn tier_refusal<E, R>(tier: Tier, e: SdkError<E, R>) -> LlmError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
     let said = format!("{} {}", e.code().unwrap_or_default(), e.message().unwrap_or_default());
-    let message = format!("bedrock: {said}");
-    match e.as_service_error() {
-        Some(ConverseError::ValidationException(_)) => {
-            let unsupported = ["tier", tier.as_str()].iter().any(|w| said.to_ascii_lowercase().contains(w));
-            LlmError::TierRefused { message, unsupported }
+    if e.as_service_error().is_some() && e.code() == Some("ValidationException") {
+        let unsupported = ["tier", tier.as_str()].iter().any(|w| said.to_ascii_lowercase().contains(w));
+        return LlmError::TierRefused { message: format!("bedrock: {said}"), unsupported };
+    }
+    match map_error(e) {
+        LlmError::Retryable { message, .. } if tier == Tier::Flex => {
+            LlmError::TierRefused { message, unsupported: false }
         }
-        _ => match map_error(e) {
-            LlmError::Retryable { message, .. } if tier == Tier::Flex => {
-                LlmError::TierRefused { message, unsupported: false }
-            }
-            other => other,
-        },
+        other => other,
+    }
+}
+
+/// The failure of a call asked at `tier`.
+fn call_error<E, R>(tier: Tier, e: SdkError<E, R>) -> LlmError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug,
+{
+    if tier == Tier::Sync { map_error(e) } else { tier_refusal(tier, e) }
+}
+
+/// The parts of a request Converse and ConverseStream share: the user's message, the inference
+/// settings and the service tier.
+fn request_parts(
+    request: &LlmRequest,
+) -> Result<(Message, InferenceConfiguration, Option<ServiceTier>), LlmError> {
+    let message = Message::builder()
+        .role(ConversationRole::User)
+        .content(ContentBlock::Text(request.user_message()))
+        .build()
+        .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
+    let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
+    let tier = match request.tier {
+        // Bedrock's batch inference is a job over S3, not a tier of Converse: a synchronous call
+        // asked at `batch` is made at the list price.
+        Tier::Sync | Tier::Batch => None,
+        Tier::Flex => Some(ServiceTierType::Flex),
+        Tier::Priority => Some(ServiceTierType::Priority),
+    };
+    let tier = tier
+        .map(|t| ServiceTier::builder().r#type(t).build())
+        .transpose()
+        .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
+    Ok((message, inference_config(request, max_tokens), tier))
+}
+
+/// The tier that served a call, as the answer names it.
+fn served_tier(tier: Option<&ServiceTier>) -> Tier {
+    match tier.map(|t| t.r#type()) {
+        Some(ServiceTierType::Flex) => Tier::Flex,
+        Some(ServiceTierType::Priority) => Tier::Priority,
+        _ => Tier::Sync,
+    }
+}
+
+/// Whether the model stopped at a cap rather than at its answer's end.
+fn truncated(stop: &StopReason) -> bool {
+    matches!(stop, StopReason::MaxTokens | StopReason::ModelContextWindowExceeded)
+}
+
+fn usage_of(usage: Option<&aws_sdk_bedrockruntime::types::TokenUsage>) -> TokenUsage {
+    TokenUsage {
+        prompt: usage.map_or(0, |u| u.input_tokens().max(0) as u64),
+        completion: usage.map_or(0, |u| u.output_tokens().max(0) as u64),
     }
 }
 
@@ -92,36 +159,18 @@ fn inference_config(request: &LlmRequest, max_tokens: i32) -> InferenceConfigura
 #[async_trait]
 impl LlmClient for BedrockClient {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let message = Message::builder()
-            .role(ConversationRole::User)
-            .content(ContentBlock::Text(request.user_message()))
-            .build()
-            .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
-        let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
-        let tier = match request.tier {
-            // Bedrock's batch inference is a job over S3, not a tier of Converse: a synchronous
-            // call asked at `batch` is made at the list price.
-            Tier::Sync | Tier::Batch => None,
-            Tier::Flex => Some(ServiceTierType::Flex),
-            Tier::Priority => Some(ServiceTierType::Priority),
-        };
+        let (message, inference, tier) = request_parts(request)?;
         let out = self
             .client
             .converse()
             .model_id(&self.model_id)
             .system(SystemContentBlock::Text(request.kind.system_prompt().to_owned()))
             .messages(message)
-            .inference_config(inference_config(request, max_tokens))
-            .set_service_tier(
-                tier.map(|t| ServiceTier::builder().r#type(t).build())
-                    .transpose()
-                    .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?,
-            )
+            .inference_config(inference)
+            .set_service_tier(tier)
             .send()
             .await
-            .map_err(
-                |e| if request.tier == Tier::Sync { map_error(e) } else { tier_refusal(request.tier, e) },
-            )?;
+            .map_err(|e| call_error(request.tier, e))?;
         let text: String = match out.output() {
             Some(ConverseOutput::Message(m)) => m
                 .content()
@@ -139,25 +188,66 @@ impl LlmClient for BedrockClient {
                 retry_after: None,
             });
         }
-        let usage = out.usage();
         Ok(LlmResponse {
             limits: Default::default(),
-            truncated: matches!(
-                out.stop_reason(),
-                aws_sdk_bedrockruntime::types::StopReason::MaxTokens
-                    | aws_sdk_bedrockruntime::types::StopReason::ModelContextWindowExceeded
-            ),
+            truncated: truncated(out.stop_reason()),
             text,
             model: self.model_id.clone(),
-            usage: TokenUsage {
-                prompt: usage.map_or(0, |u| u.input_tokens().max(0) as u64),
-                completion: usage.map_or(0, |u| u.output_tokens().max(0) as u64),
-            },
-            tier: match out.service_tier().map(|t| t.r#type()) {
-                Some(ServiceTierType::Flex) => Tier::Flex,
-                Some(ServiceTierType::Priority) => Tier::Priority,
-                _ => Tier::Sync,
-            },
+            usage: usage_of(out.usage()),
+            tier: served_tier(out.service_tier()),
+            route: Default::default(),
+        })
+    }
+
+    /// ConverseStream: each text delta goes to `sink` as it comes; the usage and the tier come in
+    /// the `metadata` event, the stop reason in `messageStop`, without which it is no answer.
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        let (message, inference, tier) = request_parts(request)?;
+        let out = self
+            .client
+            .converse_stream()
+            .model_id(&self.model_id)
+            .system(SystemContentBlock::Text(request.kind.system_prompt().to_owned()))
+            .messages(message)
+            .inference_config(inference)
+            .set_service_tier(tier)
+            .send()
+            .await
+            .map_err(|e| call_error(request.tier, e))?;
+        let mut events = out.stream;
+        let (mut text, mut stop, mut usage, mut served) =
+            (String::new(), None, TokenUsage::default(), Tier::Sync);
+        loop {
+            let next = tokio::time::timeout(STALL_LIMIT, events.recv()).await.map_err(|_| {
+                LlmError::Retryable { message: "bedrock: the stream stalled".into(), retry_after: None }
+            })?;
+            match next.map_err(map_error)? {
+                None => break,
+                Some(ConverseStreamOutput::ContentBlockDelta(d)) => {
+                    if let Some(ContentBlockDelta::Text(t)) = d.delta() {
+                        sink.delta(t);
+                        text.push_str(t);
+                    }
+                }
+                Some(ConverseStreamOutput::MessageStop(m)) => stop = Some(m.stop_reason().clone()),
+                Some(ConverseStreamOutput::Metadata(m)) => {
+                    usage = usage_of(m.usage());
+                    served = served_tier(m.service_tier());
+                }
+                Some(_) => {}
+            }
+        }
+        let Some(stop) = stop.filter(|_| !text.is_empty()) else {
+            let message = "bedrock: the stream ended before its answer did".into();
+            return Err(LlmError::Retryable { message, retry_after: None });
+        };
+        Ok(LlmResponse {
+            limits: Default::default(),
+            truncated: truncated(&stop),
+            text,
+            model: self.model_id.clone(),
+            usage,
+            tier: served,
             route: Default::default(),
         })
     }
