@@ -368,19 +368,17 @@ mod tests {
         assert_eq!(remaining_time(600_000, now), Duration::from_secs(600));
     }
 
-    /// API Gateway HTTP API events (payload 2.0, the documented shape) through lambda_http's own
-    /// conversion: the JWT claim, else the IAM principal, is the tenant; a header cannot forge one.
-    #[tokio::test]
-    async fn the_tenant_is_the_authorizers_caller() {
-        use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache};
-        use tower::ServiceExt;
-        let dir = tempfile::tempdir().unwrap();
+    /// A task API with tenancy on, over the embedded backend in `dir`, with an in-process event log
+    /// when `events`.
+    async fn tenant_ingress(dir: &std::path::Path, events: bool) -> Ingress {
+        use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryEvents};
         let clock: SharedClock = Arc::new(SystemClock);
-        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let db = EmbeddedDb::open(dir).unwrap();
         let all = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
-        let tasks = router(Ingress {
+        Ingress {
             objects: None,
-            events: None,
+            events: events
+                .then(|| Arc::new(MemoryEvents::new(clock.clone())) as Arc<dyn crate::ports::EventLog>),
             store: Arc::new(EmbeddedStore::new(db)),
             cache: Arc::new(MemoryCache::new(clock.clone())),
             queues: Lane::ALL
@@ -388,7 +386,16 @@ mod tests {
             metrics: Metrics::new(),
             clock,
             config: IngressConfig { tenancy: true, ..Default::default() },
-        });
+        }
+    }
+
+    /// API Gateway HTTP API events (payload 2.0, the documented shape) through lambda_http's own
+    /// conversion: the JWT claim, else the IAM principal, is the tenant; a header cannot forge one.
+    #[tokio::test]
+    async fn the_tenant_is_the_authorizers_caller() {
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = router(tenant_ingress(dir.path(), false).await);
         let app = with_tenancy(tasks, Tenancy::Authorizer { claim: "sub".into(), iam_session: false });
         let event = |method: &str, path: &str, authorizer: serde_json::Value| {
             let mut e: serde_json::Value =
@@ -436,23 +443,9 @@ mod tests {
     /// task, and answers another role's call `404` as `GET` does.
     #[tokio::test]
     async fn the_function_urls_iam_caller_is_the_task_apis_tenant() {
-        use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, MemoryCache, MemoryEvents};
         use tower::ServiceExt;
         let dir = tempfile::tempdir().unwrap();
-        let clock: SharedClock = Arc::new(SystemClock);
-        let db = EmbeddedDb::open(dir.path()).unwrap();
-        let all = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
-        let ingress = Ingress {
-            objects: None,
-            events: Some(Arc::new(MemoryEvents::new(clock.clone()))),
-            store: Arc::new(EmbeddedStore::new(db)),
-            cache: Arc::new(MemoryCache::new(clock.clone())),
-            queues: Lane::ALL
-                .map(|l| Arc::new(all.queue(l.as_str(), "dlq")) as Arc<dyn crate::ports::QueueSend>),
-            metrics: Metrics::new(),
-            clock,
-            config: IngressConfig { tenancy: true, ..Default::default() },
-        };
+        let ingress = tenant_ingress(dir.path(), true).await;
         let tenancy = Tenancy::Authorizer { claim: "sub".into(), iam_session: false };
         let api = with_tenancy(router(ingress.clone()), tenancy.clone());
         let stream = with_tenancy(crate::tasks::events::router(ingress, Delivery::Streamed), tenancy);
