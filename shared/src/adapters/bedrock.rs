@@ -156,18 +156,24 @@ fn inference_config(request: &LlmRequest, max_tokens: i32) -> InferenceConfigura
         .build()
 }
 
-#[async_trait]
-impl LlmClient for BedrockClient {
-    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
-        let (message, inference, tier) = request_parts(request)?;
-        let out = self
-            .client
-            .converse()
-            .model_id(&self.model_id)
-            .system(SystemContentBlock::Text(request.kind.system_prompt().to_owned()))
+/// `builder` (Converse's or ConverseStream's: distinct types with the same setters) with the
+/// request's model, system prompt, message, inference settings and tier.
+macro_rules! asked {
+    ($client:expr, $request:expr, $builder:expr) => {{
+        let (message, inference, tier) = request_parts($request)?;
+        $builder
+            .model_id(&$client.model_id)
+            .system(SystemContentBlock::Text($request.kind.system_prompt().to_owned()))
             .messages(message)
             .inference_config(inference)
             .set_service_tier(tier)
+    }};
+}
+
+#[async_trait]
+impl LlmClient for BedrockClient {
+    async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        let out = asked!(self, request, self.client.converse())
             .send()
             .await
             .map_err(|e| call_error(request.tier, e))?;
@@ -202,15 +208,7 @@ impl LlmClient for BedrockClient {
     /// ConverseStream: each text delta goes to `sink` as it comes; the usage and the tier come in
     /// the `metadata` event, the stop reason in `messageStop`, without which it is no answer.
     async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
-        let (message, inference, tier) = request_parts(request)?;
-        let out = self
-            .client
-            .converse_stream()
-            .model_id(&self.model_id)
-            .system(SystemContentBlock::Text(request.kind.system_prompt().to_owned()))
-            .messages(message)
-            .inference_config(inference)
-            .set_service_tier(tier)
+        let out = asked!(self, request, self.client.converse_stream())
             .send()
             .await
             .map_err(|e| call_error(request.tier, e))?;
