@@ -25,7 +25,7 @@
 use super::answers::{invalid_id, not_found};
 use super::cache::cache_key;
 use super::ingress::{Ingress, caller, read};
-use super::poll::{AnswerBy, LONG_POLL_MARGIN};
+use super::poll::{AnswerBy, wait_within};
 use super::tenant::Tenant;
 use crate::domain::events::{EventId, RunEvent};
 use crate::domain::{TaskId, TaskRecord, TaskStatus};
@@ -169,19 +169,14 @@ impl StreamEvent {
     }
 }
 
-/// How long one response follows the task: the delivery's whole time, cut to end a margin before
-/// the invocation must have answered.
+/// How long one response follows the task: the delivery's whole time, cut as a long-poll's wait is
+/// to end a margin before the invocation must have answered.
 fn follow_limit(delivery: Delivery, answer_by: Option<AnswerBy>, now_ms: u64) -> Duration {
     let whole = match delivery {
         Delivery::Streamed => MAX_FOLLOW,
         Delivery::Buffered => BUFFERED_WAIT,
     };
-    match answer_by {
-        None => whole,
-        Some(AnswerBy(by)) => {
-            whole.min(Duration::from_millis(by.saturating_sub(now_ms)).saturating_sub(LONG_POLL_MARGIN))
-        }
-    }
+    wait_within(whole.as_secs(), answer_by, now_ms)
 }
 
 /// The `Last-Event-ID` header, if any: a malformed one is a 400 naming it. An empty one is none,
