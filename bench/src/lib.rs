@@ -134,6 +134,7 @@ impl lanes_core::ports::LlmClient for SleepLlm {
             usage: usage_in(&request.prompt),
             tier: Default::default(),
             route: Default::default(),
+            continued: 0,
         })
     }
 }

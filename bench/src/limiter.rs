@@ -46,6 +46,7 @@ pub fn mixed_request(lane: Lane, i: usize) -> LlmRequest {
         max_tokens: 16,
         params: Default::default(),
         tier: Default::default(),
+        prefix: None,
     }
 }
 

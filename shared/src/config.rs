@@ -58,11 +58,14 @@ pub struct LanePolicy {
     pub tier: TierSetting,
     /// How long after it was enqueued its work may finish, for [`TierSetting::Auto`].
     pub deadline: Option<Duration>,
+    /// How often a run saves its text so far, so a takeover continues it
+    /// ([`crate::tasks::checkpoint`]); `None` saves nothing.
+    pub checkpoint_every: Option<Duration>,
 }
 
 impl LanePolicy {
     /// The documented defaults: interactive 5 attempts / 1 h / 1,024 tokens / `sync`; synthesis 5
-    /// attempts / 24 h / 16,384 tokens / `sync`; commits 5 attempts / 7 days (its calls size their
+    /// attempts / 24 h / 16,384 tokens / `sync`, its text saved every 5 s; commits 5 attempts / 7 days (its calls size their
     /// own token cap) / `auto` with a 6 h deadline.
     pub const fn default_for(lane: Lane) -> Self {
         match lane {
@@ -72,6 +75,7 @@ impl LanePolicy {
                 max_tokens: 1024,
                 tier: TierSetting::Sync,
                 deadline: None,
+                checkpoint_every: None,
             },
             Lane::Synthesis => Self {
                 attempt_budget: 5,
@@ -79,6 +83,7 @@ impl LanePolicy {
                 max_tokens: 16_384,
                 tier: TierSetting::Sync,
                 deadline: None,
+                checkpoint_every: Some(Duration::from_secs(5)),
             },
             Lane::Commits => Self {
                 attempt_budget: 5,
@@ -86,6 +91,7 @@ impl LanePolicy {
                 max_tokens: 4096,
                 tier: TierSetting::Auto,
                 deadline: Some(Duration::from_secs(6 * 3600)),
+                checkpoint_every: None,
             },
         }
     }
@@ -142,7 +148,8 @@ impl WorkerConfig {
     }
 
     /// Each lane's tier and deadline from `LANES_TIER_<LANE>` (`sync`, `flex`, `auto` or `priority`) and
-    /// `LANES_DEADLINE_SECS_<LANE>` (0 for none), where set.
+    /// `LANES_DEADLINE_SECS_<LANE>` (0 for none), and how often a synthesis run saves its text from
+    /// `LANES_CHECKPOINT_SECS` (0 for never), where set.
     fn tiers_from_env(mut self) -> Result<Self, ConfigError> {
         const DEADLINES: [&str; 3] = [
             "LANES_DEADLINE_SECS_INTERACTIVE",
@@ -157,6 +164,9 @@ impl WorkerConfig {
             if let Some(n) = env_number(deadline, 0, 14 * 24 * 3600)? {
                 policy.deadline = (n > 0).then(|| Duration::from_secs(n));
             }
+        }
+        if let Some(n) = env_number("LANES_CHECKPOINT_SECS", 0, 3600)? {
+            self.lanes[Lane::Synthesis.index()].checkpoint_every = (n > 0).then(|| Duration::from_secs(n));
         }
         Ok(self)
     }

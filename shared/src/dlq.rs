@@ -555,6 +555,7 @@ mod tests {
             truncated: false,
             cost_usd: None,
             tier: Default::default(),
+            tokens_saved: 0,
         };
         store.finish(&ids[0], c.fence, Completion::Completed(done), clock.now_ms(), 3600).await.unwrap();
         store.claim(&ids[1], clock.now_ms(), 3600).await.unwrap();

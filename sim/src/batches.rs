@@ -128,6 +128,7 @@ impl LlmClient for BatchModel {
             limits: Default::default(),
             tier: request.tier,
             route: Default::default(),
+            continued: 0,
         })
     }
 }

@@ -613,6 +613,21 @@ impl TaskStore for FaultyStore {
         }
         self.ctx.post(d, "unpark", task_id, r).await
     }
+    async fn checkpoint(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        text: &str,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let d = self.ctx.pre::<StoreError>(Port::Store, "checkpoint", task_id).await?;
+        let r = self.inner.checkpoint(task_id, fence, text, now_ms).await;
+        if let Ok(done) = &r {
+            let (done, chars) = (*done, text.chars().count());
+            self.ctx.note(|| format!("checkpoint {} fence {fence} {chars} chars -> {done}", short(task_id)));
+        }
+        self.ctx.post(d, "checkpoint", task_id, r).await
+    }
     async fn finish(
         &self,
         task_id: &TaskId,
@@ -1148,6 +1163,7 @@ impl LlmClient for SimLlm {
             limits: ProviderLimits::default(),
             tier: request.tier,
             route: Default::default(),
+            continued: 0,
         })
     }
 }

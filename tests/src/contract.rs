@@ -31,6 +31,7 @@ fn result() -> TaskResult {
         truncated: true,
         cost_usd: Some(0.25),
         tier: Default::default(),
+        tokens_saved: 0,
     }
 }
 
@@ -183,9 +184,11 @@ async fn arrange(store: &dyn TaskStore, name: &str, prior: Prior, now: u64) -> O
         Prior::Is(TaskStatus::Pending) => store.get(&id, at).await.unwrap(),
         Prior::Expired => Some(claimed(store.claim(&id, at, ttl).await.unwrap())),
         Prior::Is(TaskStatus::Processing) => {
-            // A failed attempt first, so the record carries a reason a final write must clear.
+            // A failed attempt and a saved text first, so the record carries a reason and a
+            // partial answer that a final write must clear and a takeover's claim must keep.
             let c = claimed(store.claim(&id, at, ttl).await.unwrap());
             assert_eq!(store.note_attempt(&id, c.fence, "503", at).await.unwrap(), Some(1));
+            assert!(store.checkpoint(&id, c.fence, "the answer so f", at).await.unwrap(), "{name}");
             store.get(&id, at).await.unwrap()
         }
         Prior::Parked => {
@@ -232,6 +235,7 @@ fn command(
         // `Unparked`, every other prior `Parked`.
         Event::Park => Command::Park { fence, parked: parked() },
         Event::Unpark => Command::Unpark { fence },
+        Event::Checkpoint => Command::Checkpoint { fence, text: "the answer so far".into() },
     }
 }
 
@@ -253,6 +257,7 @@ async fn carry_out(store: &dyn TaskStore, id: &TaskId, command: Command, now: u6
         }
         Command::Park { fence, parked } => store.park(id, fence, parked, now, ttl).await.unwrap(),
         Command::Unpark { fence } => store.unpark(id, fence, now).await.unwrap(),
+        Command::Checkpoint { fence, text } => store.checkpoint(id, fence, &text, now).await.unwrap(),
     }
 }
 
@@ -284,6 +289,34 @@ pub async fn task_transitions(store: &dyn TaskStore, now: u64) {
         }
     }
     assert!(tried >= 8 * TRANSITIONS.len());
+}
+
+/// A run's saved text: kept whole at any size the worker saves (compressed past 32 KiB on
+/// DynamoDB), replaced by the next save whatever its size, handed to a takeover's claim with the
+/// fence of the run that saved it, refused to a run whose fence moved on, and gone with the final
+/// write.
+pub async fn task_checkpoints(store: &dyn TaskStore, now: u64) {
+    let rec = record("checkpoints", now);
+    let id = rec.task_id.clone();
+    assert_eq!(store.put_pending(&rec, now).await.unwrap(), PutOutcome::Created);
+    let first = claimed(store.claim(&id, now, 3600).await.unwrap());
+    let long: String = (0..6000).map(|i| format!("w{i} é ")).collect();
+    assert!(long.len() > 48 * 1024);
+    assert!(store.checkpoint(&id, first.fence, &long, now).await.unwrap());
+    let saved = store.get(&id, now).await.unwrap().unwrap().partial.unwrap();
+    assert_eq!((saved.text == long, saved.run), (true, first.fence), "the long text, whole");
+    assert!(store.checkpoint(&id, first.fence, "short", now).await.unwrap());
+    let saved = store.get(&id, now).await.unwrap().unwrap().partial.unwrap();
+    assert_eq!(saved.text, "short", "a shorter save replaces a compressed one");
+    let second = claimed(store.claim(&id, now, 3600).await.unwrap());
+    let kept = second.partial.clone().unwrap();
+    assert_eq!((kept.text.as_str(), kept.run < second.fence), ("short", true), "the takeover reads it");
+    assert!(!store.checkpoint(&id, first.fence, "stale", now).await.unwrap(), "the lost run's save");
+    assert!(store.checkpoint(&id, second.fence, "short and more", now).await.unwrap());
+    let done = store.finish(&id, second.fence, Completion::Completed(result()), now, 3600).await.unwrap();
+    assert!(matches!(done, FinishOutcome::Written(ref r) if r.partial.is_none()), "{done:?}");
+    assert_eq!(store.get(&id, now).await.unwrap().unwrap().partial, None);
+    assert!(!store.checkpoint(&id, second.fence, "after the end", now).await.unwrap());
 }
 
 /// A requeue puts a fresh copy of a delivery (receive count 1, after its delay) in place of it,

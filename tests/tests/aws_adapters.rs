@@ -38,6 +38,7 @@ fn result(text: String) -> TaskResult {
         truncated: false,
         cost_usd: None,
         tier: Default::default(),
+        tokens_saved: 0,
     }
 }
 

@@ -194,6 +194,7 @@ async fn the_move_task_redrive_resets_records_then_starts_one_move() {
                 truncated: false,
                 cost_usd: None,
                 tier: Default::default(),
+                tokens_saved: 0,
             })
         } else {
             end

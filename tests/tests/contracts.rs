@@ -22,6 +22,7 @@ async fn task_store_embedded() {
     let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
     contract::task_store(&store, now_ms()).await;
     contract::task_transitions(&store, now_ms()).await;
+    contract::task_checkpoints(&store, now_ms()).await;
 }
 
 #[tokio::test]
@@ -32,6 +33,7 @@ async fn task_store_dynamodb() {
     let store = DynamoStore::new(client, "contract");
     contract::task_store(&store, now_ms()).await;
     contract::task_transitions(&store, now_ms()).await;
+    contract::task_checkpoints(&store, now_ms()).await;
 }
 
 #[tokio::test]

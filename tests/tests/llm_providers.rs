@@ -19,6 +19,7 @@ fn request() -> LlmRequest {
         max_tokens: 64,
         params: Default::default(),
         tier: Default::default(),
+        prefix: None,
     }
 }
 

@@ -202,6 +202,7 @@ impl LlmClient for BedrockClient {
             usage: usage_of(out.usage()),
             tier: served_tier(out.service_tier()),
             route: Default::default(),
+            continued: 0,
         })
     }
 
@@ -247,6 +248,7 @@ impl LlmClient for BedrockClient {
             usage,
             tier: served,
             route: Default::default(),
+            continued: 0,
         })
     }
 }

@@ -241,6 +241,7 @@ impl CommitsWorker {
             target_files: Vec::new(),
             max_tokens: 200 + COMPLETION_TOKENS_PER_COMMIT * items.len() as u32,
             params: Default::default(),
+            prefix: None,
         }
     }
 

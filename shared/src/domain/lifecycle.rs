@@ -3,8 +3,8 @@
 //!
 //! A row says which records an event applies to (the statuses of a live record, or none at all),
 //! which guards must hold (the caller's fence, the `enqueued_at_ms` it read, the message's send
-//! time), the status it leaves, whether the fence moves on, which time it stamps and how long the
-//! record lives after it. Both stores derive their writes from the rows: the embedded store runs
+//! time), the status it leaves, whether the fence moves on, which time it stamps, how long the
+//! record lives after it, and whether the run's saved text is kept, written or removed. Both stores derive their writes from the rows: the embedded store runs
 //! [`apply`] inside one write transaction, and the DynamoDB adapter renders each row's condition and
 //! update expressions from the same row. The contract suite walks the table against each store, so
 //! a transition written in one place and not the other fails a test. What an event writes besides
@@ -46,6 +46,8 @@ pub enum Event {
     /// The batch's collector gives the run back (no batch was made, or it will miss the deadline),
     /// so a delivery of its message can claim it again.
     Unpark,
+    /// The run saves its text so far ([`super::task::Partial`]).
+    Checkpoint,
 }
 
 /// A condition on the stored record beyond its status.
@@ -100,6 +102,17 @@ pub enum Fence {
     Bump,
 }
 
+/// What a transition does to the saved partial text ([`super::task::Partial`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Kept: a takeover's claim continues from it.
+    Keep,
+    /// Written: the run's text so far.
+    Save,
+    /// Removed: the run it belongs to has ended, or a new run starts afresh.
+    Clear,
+}
+
 /// One row of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition {
@@ -119,12 +132,14 @@ pub struct Transition {
     pub stamp: Stamp,
     /// The record's life after it.
     pub expiry: Expiry,
+    /// The saved partial text.
+    pub progress: Progress,
 }
 
 use TaskStatus::{Cancelled, Completed, Failed, Pending, Processing};
 
 /// Every transition of a task record. `Completed` is final: no row leaves it.
-pub const TRANSITIONS: [Transition; 10] = [
+pub const TRANSITIONS: [Transition; 11] = [
     Transition {
         event: Event::Submit,
         from: &[Failed, Cancelled],
@@ -134,6 +149,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Keep,
         stamp: Stamp::Nothing,
         expiry: Expiry::Submitted,
+        progress: Progress::Clear,
     },
     Transition {
         event: Event::MarkEnqueued,
@@ -144,6 +160,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Keep,
         stamp: Stamp::Enqueued,
         expiry: Expiry::FromNow,
+        progress: Progress::Keep,
     },
     Transition {
         event: Event::Claim,
@@ -154,6 +171,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Bump,
         stamp: Stamp::Started,
         expiry: Expiry::FromNow,
+        progress: Progress::Keep,
     },
     Transition {
         event: Event::NoteAttempt,
@@ -164,6 +182,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Keep,
         stamp: Stamp::Nothing,
         expiry: Expiry::Keep,
+        progress: Progress::Keep,
     },
     Transition {
         event: Event::Complete,
@@ -174,6 +193,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Keep,
         stamp: Stamp::Finished,
         expiry: Expiry::FromNow,
+        progress: Progress::Clear,
     },
     Transition {
         event: Event::Fail,
@@ -184,6 +204,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Keep,
         stamp: Stamp::Finished,
         expiry: Expiry::FromNow,
+        progress: Progress::Clear,
     },
     Transition {
         event: Event::Cancel,
@@ -194,6 +215,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Bump,
         stamp: Stamp::Finished,
         expiry: Expiry::FromNow,
+        progress: Progress::Clear,
     },
     Transition {
         event: Event::FailUnfinished,
@@ -204,6 +226,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Bump,
         stamp: Stamp::Finished,
         expiry: Expiry::FromNow,
+        progress: Progress::Clear,
     },
     // The record lives on from the park for the caller's TTL (a claim's, which outlives any
     // deadline a task may ask for), so it outlives the batch.
@@ -216,6 +239,7 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Keep,
         stamp: Stamp::Nothing,
         expiry: Expiry::FromNow,
+        progress: Progress::Keep,
     },
     Transition {
         event: Event::Unpark,
@@ -226,6 +250,19 @@ pub const TRANSITIONS: [Transition; 10] = [
         fence: Fence::Keep,
         stamp: Stamp::Nothing,
         expiry: Expiry::Keep,
+        progress: Progress::Keep,
+    },
+    // A run that was handed to a provider batch saves nothing: the batch answers whole.
+    Transition {
+        event: Event::Checkpoint,
+        from: &[Processing],
+        or_absent: false,
+        guards: &[Guard::Fence, Guard::Unparked],
+        to: None,
+        fence: Fence::Keep,
+        stamp: Stamp::Nothing,
+        expiry: Expiry::Keep,
+        progress: Progress::Save,
     },
 ];
 
@@ -310,6 +347,13 @@ pub enum Command {
         /// The parked claim's fence.
         fence: u64,
     },
+    /// The claim holding `fence` saves its text so far.
+    Checkpoint {
+        /// The claim's fence.
+        fence: u64,
+        /// The text.
+        text: String,
+    },
 }
 
 impl Command {
@@ -326,6 +370,7 @@ impl Command {
             Command::FailUnfinished { .. } => Event::FailUnfinished,
             Command::Park { .. } => Event::Park,
             Command::Unpark { .. } => Event::Unpark,
+            Command::Checkpoint { .. } => Event::Checkpoint,
         }
     }
 
@@ -336,7 +381,8 @@ impl Command {
             Command::NoteAttempt { fence, .. }
             | Command::Finish { fence, .. }
             | Command::Park { fence, .. }
-            | Command::Unpark { fence } => Some(*fence),
+            | Command::Unpark { fence }
+            | Command::Checkpoint { fence, .. } => Some(*fence),
             _ => None,
         }
     }
@@ -402,6 +448,9 @@ pub fn apply(
         Expiry::Keep | Expiry::Submitted => {}
         Expiry::FromNow => next.expires_at = now_ms / 1000 + ttl_secs,
     }
+    if row.progress == Progress::Clear {
+        next.partial = None;
+    }
     content(command, &mut next);
     Some(next)
 }
@@ -423,6 +472,7 @@ fn content(command: Command, r: &mut TaskRecord) {
         }
         Command::Park { parked, .. } => r.parked = Some(parked),
         Command::Unpark { .. } => r.parked = None,
+        Command::Checkpoint { fence, text } => r.partial = Some(super::task::Partial { text, run: fence }),
         Command::Submit(_) | Command::MarkEnqueued(_) | Command::Claim | Command::Cancel => {}
     }
 }
@@ -455,9 +505,19 @@ mod tests {
     #[test]
     fn every_event_has_one_row() {
         use Event::*;
-        for e in
-            [Submit, MarkEnqueued, Claim, NoteAttempt, Complete, Fail, Cancel, FailUnfinished, Park, Unpark]
-        {
+        for e in [
+            Submit,
+            MarkEnqueued,
+            Claim,
+            NoteAttempt,
+            Complete,
+            Fail,
+            Cancel,
+            FailUnfinished,
+            Park,
+            Unpark,
+            Checkpoint,
+        ] {
             assert_eq!(TRANSITIONS.iter().filter(|t| t.event == e).count(), 1, "{e:?}");
             assert_eq!(transition(e).event, e);
         }

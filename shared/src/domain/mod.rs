@@ -21,7 +21,7 @@ pub mod token_share;
 
 pub use ids::{IdError, MessageId, RepoId, Sha, TaskId, Tenant};
 pub use request::{MAX_BODY_BYTES, ModelParams, TaskRequest};
-pub use task::{Parked, TaskMessage, TaskRecord, TaskResult, TaskStatus, TaskView};
+pub use task::{Parked, Partial, TaskMessage, TaskRecord, TaskResult, TaskStatus, TaskView};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

@@ -22,6 +22,18 @@ pub struct LlmRequest {
     pub params: ModelParams,
     /// The tier asked for ([`super::tier::choose`]); a route that does not offer it calls at `sync`.
     pub tier: Tier,
+    /// The answer's start, given by an earlier run of the task that was lost: a provider that
+    /// continues a prefix is asked for the rest only ([`crate::llm::continuation`]).
+    pub prefix: Option<Prefix>,
+}
+
+/// An answer's start to continue from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prefix {
+    /// The text.
+    pub text: String,
+    /// Its completion tokens, as counted when it was read back.
+    pub tokens: u32,
 }
 
 impl LlmRequest {
@@ -37,7 +49,24 @@ impl LlmRequest {
             max_tokens: params.max_tokens.map_or(cap, |m| m.min(cap)),
             params,
             tier: Tier::Sync,
+            prefix: None,
         }
+    }
+
+    /// What a provider that continues a prefix is sent: the prefix without its trailing whitespace
+    /// (Anthropic refuses an assistant turn that ends in it, and a model continues a word better
+    /// than a space), and the completion cap left after it. `None` when there is no prefix, or
+    /// nothing of it or of the cap is left.
+    pub fn continuation(&self) -> Option<(&str, u32)> {
+        let prefix = self.prefix.as_ref()?;
+        let text = prefix.text.trim_end();
+        let left = self.max_tokens.checked_sub(prefix.tokens).filter(|l| *l > 0)?;
+        (!text.is_empty()).then_some((text, left))
+    }
+
+    /// The same call for the whole answer.
+    pub fn whole(&self) -> Self {
+        Self { prefix: None, ..self.clone() }
     }
 
     /// The same call at the tier for work that has waited `waited`: a task's own `deadline_s` makes
@@ -96,6 +125,9 @@ pub struct LlmResponse {
     /// The route that answered (`provider:model`), set by the routes; empty for a call made without
     /// them.
     pub route: String,
+    /// Completion tokens of the request's prefix that the text continues (it starts with that
+    /// prefix, not paid for again); 0 when the answer was made whole.
+    pub continued: u64,
 }
 
 #[cfg(test)]
@@ -112,6 +144,7 @@ mod tests {
             max_tokens: 8,
             params: ModelParams::from_value(&params),
             tier: Tier::Sync,
+            prefix: None,
         };
         let sync_lane = (TierSetting::Sync, None);
         let minutes = |m: u64| Duration::from_secs(m * 60);

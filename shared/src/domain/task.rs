@@ -64,6 +64,14 @@ pub struct TaskResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(ignore)]
     pub text_ref: Option<String>,
+    /// Completion tokens not paid for again: the text an earlier run of the task had given, saved
+    /// before that run was lost, which this answer continues (0 for an answer made whole).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tokens_saved: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The durable record of one task (one DynamoDB item / one embedded row).
@@ -103,6 +111,19 @@ pub struct TaskRecord {
     /// takes it until the batch answers, or gives it back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parked: Option<Parked>,
+    /// The text the run (or a run before it, lost since) had given when it last saved it under its
+    /// fence: a takeover continues from it instead of paying for it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<Partial>,
+}
+
+/// A run's text so far, saved under its fence ([`crate::tasks::checkpoint`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partial {
+    /// The answer's text so far.
+    pub text: String,
+    /// The fence of the run that gave it.
+    pub run: u64,
 }
 
 /// A run handed to a provider batch ([`crate::tasks::batches`]): the record of the batch that owns
@@ -136,6 +157,7 @@ impl TaskRecord {
             error: None,
             expires_at: now_ms / 1000 + ttl_secs,
             parked: None,
+            partial: None,
         }
     }
 

@@ -266,6 +266,17 @@ impl TaskStore for EmbeddedStore {
         Ok(self.transition(task_id, Command::Unpark { fence }, now_ms, 0).await?.is_ok())
     }
 
+    async fn checkpoint(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        text: &str,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let command = Command::Checkpoint { fence, text: text.to_owned() };
+        Ok(self.transition(task_id, command, now_ms, 0).await?.is_ok())
+    }
+
     async fn finish(
         &self,
         task_id: &TaskId,
@@ -357,6 +368,7 @@ mod tests {
             truncated: false,
             cost_usd: None,
             tier: Default::default(),
+            tokens_saved: 0,
         }
     }
 

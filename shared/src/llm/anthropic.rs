@@ -41,6 +41,14 @@ impl AnthropicClient {
             "system": request.kind.system_prompt(),
             "messages": [{"role": "user", "content": request.user_message()}],
         });
+        // A continued answer: the saved text is the assistant turn's start (prefill), and the cap
+        // is what is left of it.
+        if let Some((prefix, left)) = request.continuation() {
+            if let Some(messages) = body["messages"].as_array_mut() {
+                messages.push(json!({"role": "assistant", "content": prefix}));
+            }
+            body["max_tokens"] = json!(left);
+        }
         // The Messages API has no seed.
         let p = &request.params;
         if let Some(t) = p.temperature {
@@ -164,5 +172,6 @@ pub(super) fn message_answer(
             _ => crate::domain::tier::Tier::Sync,
         },
         route: Default::default(),
+        continued: 0,
     })
 }

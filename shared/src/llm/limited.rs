@@ -358,6 +358,7 @@ mod tests {
             max_tokens: 10,
             params: Default::default(),
             tier: Default::default(),
+            prefix: None,
         };
         // Four from its own share. The idle background lends its refill (none here), never its burst:
         // that stays for its own first call.

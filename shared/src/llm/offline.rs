@@ -58,11 +58,12 @@ const STREAM_PIECES: usize = 8;
 impl LlmClient for OfflineProvider {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
         self.calls[request.lane.index()].fetch_add(1, Ordering::SeqCst);
-        let latency = self.latency[request.lane.index()];
+        let answer = self.answer(request);
+        let latency = self.latency_of(request, &answer);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        Ok(self.answer(request))
+        Ok(answer)
     }
 
     /// The same answer, its words given in [`STREAM_PIECES`] pieces spread over the lane's latency.
@@ -70,7 +71,7 @@ impl LlmClient for OfflineProvider {
         self.calls[request.lane.index()].fetch_add(1, Ordering::SeqCst);
         let answer = self.answer(request);
         let pieces = pieces(&answer.text, STREAM_PIECES);
-        let pause = self.latency[request.lane.index()] / pieces.len().max(1) as u32;
+        let pause = self.latency_of(request, &answer) / pieces.len().max(1) as u32;
         for piece in pieces {
             if !pause.is_zero() {
                 tokio::time::sleep(pause).await;
@@ -100,8 +101,38 @@ fn pieces(text: &str, n: usize) -> Vec<&str> {
 }
 
 impl OfflineProvider {
-    /// The deterministic answer to `request`.
+    /// The lane's latency, for the share of the whole answer that `answer` generates (a continued
+    /// answer takes less).
+    fn latency_of(&self, request: &LlmRequest, answer: &LlmResponse) -> Duration {
+        let latency = self.latency[request.lane.index()];
+        match request.continuation() {
+            None => latency,
+            Some((prefix, _)) => {
+                let rest = answer.text.len() as f64;
+                latency.mul_f64(rest / (rest + prefix.len() as f64).max(1.0))
+            }
+        }
+    }
+
+    /// The deterministic answer to `request`, continued from its prefix where it has one: the rest
+    /// of its own answer when the prefix is that answer's start (a run of its own taken over), else
+    /// its answer after the prefix. The prefix counts as prompt, as the providers bill it.
     fn answer(&self, request: &LlmRequest) -> LlmResponse {
+        let whole = self.whole_answer(request);
+        let Some((prefix, _)) = request.continuation() else { return whole };
+        let rest = match whole.text.strip_prefix(prefix) {
+            Some(rest) => rest.to_owned(),
+            None => format!(" {}", whole.text),
+        };
+        let usage = TokenUsage {
+            prompt: whole.usage.prompt + approx_tokens(prefix),
+            completion: approx_tokens(&rest),
+        };
+        LlmResponse { text: rest, usage, ..whole }
+    }
+
+    /// The deterministic whole answer to `request`.
+    fn whole_answer(&self, request: &LlmRequest) -> LlmResponse {
         if request.kind == crate::domain::Kind::CommitSummary
             && let Some(answer) = self.batch_answer
         {
@@ -118,6 +149,7 @@ impl OfflineProvider {
                 limits: Default::default(),
                 tier: request.tier,
                 route: Default::default(),
+                continued: 0,
             };
         }
         let digest = sha256_hex(request.prompt.as_bytes());
@@ -150,6 +182,7 @@ impl OfflineProvider {
             limits: Default::default(),
             tier: request.tier,
             route: Default::default(),
+            continued: 0,
         }
     }
 }
@@ -170,6 +203,7 @@ mod tests {
             max_tokens: 100,
             params: Default::default(),
             tier: Default::default(),
+            prefix: None,
         };
         let a = p.complete(&req).await.unwrap();
         let b = p.complete(&req).await.unwrap();
@@ -202,6 +236,7 @@ mod tests {
             max_tokens: 100,
             params: Default::default(),
             tier: Default::default(),
+            prefix: None,
         };
         let sink = Collect::default();
         let started = tokio::time::Instant::now();

@@ -54,6 +54,17 @@ impl OpenAiClient {
         // servers (vLLM, Ollama, LiteLLM) still expect it.
         let cap = if self.is_openai() { "max_completion_tokens" } else { "max_tokens" };
         body[cap] = json!(request.max_tokens);
+        // A continued answer (only for a server configured to continue one): the saved text is a
+        // final assistant message that the server continues rather than answers (vLLM's and
+        // SGLang's `continue_final_message`, without a new generation prompt).
+        if let Some((prefix, left)) = request.continuation() {
+            if let Some(messages) = body["messages"].as_array_mut() {
+                messages.push(json!({"role": "assistant", "content": prefix}));
+            }
+            body["continue_final_message"] = json!(true);
+            body["add_generation_prompt"] = json!(false);
+            body[cap] = json!(left);
+        }
         let p = &request.params;
         if let Some(t) = p.temperature {
             body["temperature"] = json!(t);
@@ -105,6 +116,7 @@ pub(super) fn chat_answer(
             _ => Tier::Sync,
         },
         route: Default::default(),
+        continued: 0,
     })
 }
 
@@ -429,6 +441,7 @@ mod tests {
             max_tokens: 8,
             params: Default::default(),
             tier: Default::default(),
+            prefix: None,
         };
         let refused = client.complete(&request).await;
         // Not before the key may be read again: a sooner retry would send the same refused key.

@@ -432,6 +432,7 @@ mod tests {
                 limits: Default::default(),
                 tier: Default::default(),
                 route: Default::default(),
+                continued: 0,
             })
         }
     }
@@ -445,6 +446,7 @@ mod tests {
             max_tokens: 10,
             params: Default::default(),
             tier: Default::default(),
+            prefix: None,
         }
     }
 

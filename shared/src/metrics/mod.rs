@@ -152,8 +152,12 @@ pub struct Metrics {
     pub task_run_seconds: HistogramVec,
     /// Provider calls by lane and status (`ok`, `throttled`, `retryable`, `permanent`).
     pub llm_requests_total: IntCounterVec,
-    /// Tokens by lane and type (`prompt`, `completion`).
+    /// Tokens by lane and type (`prompt`, `completion`, and `saved`: completion tokens a takeover
+    /// continued from a lost run's saved text instead of paying for them again).
     pub llm_tokens_total: IntCounterVec,
+    /// Saves of a run's text so far, by lane and outcome (`saved`, `refused`: the run's fence
+    /// moved on, `failed`: the store did not answer).
+    pub checkpoints_total: IntCounterVec,
     /// Duplicate submissions answered without new work, by stage (`cache`, `store`).
     pub duplicates_total: IntCounterVec,
     /// Heartbeat renewals, by lane.
@@ -267,6 +271,11 @@ impl Metrics {
             task_run_seconds: r.histogram("lanes_task_run_seconds", "Claim to completion"),
             llm_requests_total: r.counter("lanes_llm_requests_total", "LLM provider calls", LANE_STATUS),
             llm_tokens_total: r.counter("lanes_llm_tokens_total", "LLM tokens", &["lane", "type"]),
+            checkpoints_total: r.counter(
+                "lanes_checkpoints_total",
+                "Saves of a run's text so far",
+                &["lane", "outcome"],
+            ),
             webhook_deliveries_total: r.counter(
                 "lanes_webhook_deliveries_total",
                 "Webhook deliveries by host and result",

@@ -152,6 +152,16 @@ pub trait TaskStore: Send + Sync {
     /// Gives a parked run back ([`Command::Unpark`]) so a delivery can claim it: false when the
     /// fence moved on or it is not parked.
     async fn unpark(&self, task_id: &TaskId, fence: u64, now_ms: u64) -> Result<bool, StoreError>;
+    /// Saves the text so far of the run holding `fence` ([`Command::Checkpoint`]): `PROCESSING`,
+    /// unparked, the fence unchanged. False when the fence moved on (the run is no longer the
+    /// task's) or the run ended.
+    async fn checkpoint(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        text: &str,
+        now_ms: u64,
+    ) -> Result<bool, StoreError>;
     /// Deletes at most `max` records whose TTL has passed; how many it deleted. DynamoDB's own TTL
     /// sweep does this (nothing to do there); the embedded twin does it when asked.
     async fn sweep_expired(&self, _now_ms: u64, _max: usize) -> Result<usize, StoreError> {

@@ -49,6 +49,7 @@ impl Worker {
         self.metrics.llm_requests_total.with_label_values(&[lane, "ok"]).inc();
         self.metrics.llm_tokens_total.with_label_values(&[lane, "prompt"]).inc_by(resp.usage.prompt);
         self.metrics.llm_tokens_total.with_label_values(&[lane, "completion"]).inc_by(resp.usage.completion);
+        self.metrics.llm_tokens_total.with_label_values(&[lane, "saved"]).inc_by(resp.continued);
         let used = resp.usage.prompt + resp.usage.completion;
         let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage, resp.tier);
         if let Some(r) = reservation {
@@ -66,6 +67,7 @@ impl Worker {
             truncated: resp.truncated,
             cost_usd,
             tier: resp.tier,
+            tokens_saved: resp.continued,
         }
     }
 

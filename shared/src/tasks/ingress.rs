@@ -836,6 +836,7 @@ mod tests {
             truncated: false,
             cost_usd: None,
             tier: Default::default(),
+            tokens_saved: 0,
         };
         r.store.finish(id, c.fence, crate::ports::Completion::Completed(result), now, 3600).await.unwrap();
         let (s4, _, b4) = post(&r, BODY, None).await;

@@ -71,6 +71,7 @@ mod tests {
             cost_usd: None,
             text_ref: None,
             tier: Default::default(),
+            tokens_saved: 0,
         }
     }
 

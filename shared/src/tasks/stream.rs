@@ -10,6 +10,7 @@
 //! that fails leaves a gap the reader could not see: the next one first says `restarting` and gives
 //! the run's text so far again, so a reader never shows a missing character.
 
+use super::checkpoint::{Both, Checkpoints, Saving};
 use super::worker::{Call, Worker};
 use crate::domain::events::RunEvent;
 use crate::domain::{TaskId, TaskRecord};
@@ -26,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 const CLOSE_LIMIT: Duration = Duration::from_secs(2);
 
 impl Worker {
-    /// The run's provider call, streamed to the task's events where the worker keeps them; ended
-    /// early by a lost lease or its client's cancel.
+    /// The run's provider call, streamed to the task's events where the worker keeps them and its
+    /// text saved where its lane saves it; ended early by a lost lease or its client's cancel.
     pub(super) async fn call(
         &self,
         record: &TaskRecord,
@@ -38,13 +39,21 @@ impl Worker {
         let stream = self.events.as_ref().map(|events| {
             RunStream::start(events.clone(), record.task_id.clone(), record.fence, self.metrics.clone())
         });
-        let sink = stream.as_ref().map(|s| s as &dyn DeltaSink);
+        let saving = self.config.lane(record.lane).checkpoint_every.map(|every| {
+            let (store, clock, metrics) = (self.store.clone(), self.clock.clone(), self.metrics.clone());
+            let (task, fence, lane) = (record.task_id.clone(), record.fence, record.lane.as_str());
+            Checkpoints::start(Saving { store, clock, metrics, task, fence, lane }, every)
+        });
+        let both = Both(stream.as_ref().map(|s| s as &dyn DeltaSink), saving.as_ref().map(|s| s as _));
+        let sink = both.any().then_some(&both as &dyn DeltaSink);
         let call = tokio::select! {
             biased;
             _ = lost.cancelled() => Call::LeaseLost,
             _ = cancelled.cancelled() => Call::Cancelled,
             r = self.llm.call(request, sink) => Call::Answered(Box::new(r)),
         };
+        // The run's end ends its saving: the final write removes what it saved.
+        drop(saving);
         let Some(stream) = stream else { return call };
         match &call {
             Call::LeaseLost => stream.stop("the run's lease was lost; another worker takes the task over"),

@@ -265,10 +265,12 @@ impl Worker {
         let watch = Watch { id: task.task_id.clone(), fence: record.fence, cancelled: cancelled.clone() };
         let _renewed = batch.heartbeat().join(Leased { watch: Some(watch), ..lease });
         let run = Run { queue, message, task, record: &record, completed };
-        let (request, estimate) = match self.request_or_park(run, now).await {
+        let (mut request, estimate) = match self.request_or_park(run, now).await {
             Ok(call) => call,
             Err(outcome) => return outcome,
         };
+        // A run taken over continues what the lost one saved, where its provider can.
+        request.prefix = crate::tasks::checkpoint::resumed_from(&record);
         let (_place, share) = match self.take_turn(run, &group, estimate, now).await {
             Ok(turn) => turn,
             Err(outcome) => return outcome,
@@ -438,6 +440,7 @@ mod tests {
                 limits: Default::default(),
                 tier: Default::default(),
                 route: Default::default(),
+                continued: 0,
             })
         }
     }
@@ -751,6 +754,15 @@ mod tests {
             now: u64,
         ) -> Result<bool, crate::ports::StoreError> {
             self.inner.unpark(id, fence, now).await
+        }
+        async fn checkpoint(
+            &self,
+            id: &crate::domain::TaskId,
+            fence: u64,
+            text: &str,
+            now: u64,
+        ) -> Result<bool, crate::ports::StoreError> {
+            self.inner.checkpoint(id, fence, text, now).await
         }
         async fn finish(
             &self,

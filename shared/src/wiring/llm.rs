@@ -163,7 +163,29 @@ pub fn lane_batching(
     Ok(Some(crate::ports::Batching { api, store, queue_tokens, scope }))
 }
 
-/// One route's client behind its limiter.
+/// Whether `provider`'s client is asked to continue a lost run's answer ([`crate::llm::continuation`]):
+/// the offline model and Anthropic (prefill) are; an OpenAI-compatible server only with
+/// `LANES_OPENAI_CONTINUE_PREFIX=on` (one that continues a final assistant message, as vLLM does:
+/// OpenAI's own API answers it as a new turn); Bedrock is not.
+fn continues(provider: crate::llm::route::Provider) -> Result<bool, ConfigError> {
+    use crate::llm::route::Provider;
+    Ok(match provider {
+        Provider::Offline | Provider::Anthropic => true,
+        Provider::Bedrock => false,
+        Provider::OpenAi => match crate::config::optional_env("LANES_OPENAI_CONTINUE_PREFIX").as_deref() {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "LANES_OPENAI_CONTINUE_PREFIX",
+                    reason: format!("`{other}`; expected on or off"),
+                });
+            }
+        },
+    })
+}
+
+/// One route's client, continuing answers where it can, behind its limiter.
 async fn route_client(
     adapters: &Adapters,
     clock: &SharedClock,
@@ -196,6 +218,7 @@ async fn route_client(
             Arc::new(crate::adapters::bedrock::BedrockClient::new(&sdk, &route.model))
         }
     };
+    let client = Arc::new(crate::llm::Continuing::new(client, continues(route.provider)?)) as _;
     let name = route.name();
     let limiter = adapters.limiter(route, clock.clone())?;
     let client = match &limiter {

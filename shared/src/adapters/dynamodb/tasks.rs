@@ -64,6 +64,10 @@ fn record(item: &Item) -> Result<TaskRecord, StoreError> {
             Some(AttributeValue::S(p)) => Some(serde_json::from_str(p).map_err(corrupt)?),
             _ => None,
         },
+        partial: match read_text(item, "partial")? {
+            Some(json) => Some(serde_json::from_str(&json).map_err(corrupt)?),
+            None => None,
+        },
     })
 }
 
@@ -377,6 +381,25 @@ impl TaskStore for DynamoStore {
     async fn unpark(&self, task_id: &TaskId, fence: u64, now_ms: u64) -> Result<bool, StoreError> {
         let mut write = Write::of(&Command::Unpark { fence }, now_ms, 0);
         write.remove.push("parked".into());
+        Ok(self.write(task_id, write).await?.is_ok())
+    }
+
+    async fn checkpoint(
+        &self,
+        task_id: &TaskId,
+        fence: u64,
+        text: &str,
+        now_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let partial = crate::domain::Partial { text: text.to_owned(), run: fence };
+        let json = serde_json::to_string(&partial).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let (name, value, _) = text_attr("partial", &json)?;
+        let mut write = Write::of(&Command::Checkpoint { fence, text: text.to_owned() }, now_ms, 0);
+        // One of the two names holds it: the other goes (a checkpoint may outgrow compression's line).
+        let other = if name == "partial" { "partial_z" } else { "partial" };
+        write.set.push(format!("{name} = :partial"));
+        write.remove.push(other.to_owned());
+        write.value(":partial", value);
         Ok(self.write(task_id, write).await?.is_ok())
     }
 

@@ -7,7 +7,7 @@
 
 use super::{n, s};
 use crate::domain::TaskStatus;
-use crate::domain::lifecycle::{Command, Expiry, Fence, Guard, Stamp, transition};
+use crate::domain::lifecycle::{Command, Expiry, Fence, Guard, Progress, Stamp, transition};
 use aws_sdk_dynamodb::types::AttributeValue;
 use std::collections::BTreeSet;
 
@@ -89,6 +89,9 @@ impl Write {
             }
             (Expiry::Submitted, _) => {}
         }
+        if row.progress == Progress::Clear {
+            w.remove.extend(["partial", "partial_z"].map(str::to_owned));
+        }
         for st in row.from {
             w.value(&status_value(*st), s(st.as_str()));
         }
@@ -160,7 +163,10 @@ mod tests {
             condition,
             "attribute_exists(pk) AND expires_at > :now_s AND (#st = :processing) AND fence = :fence"
         );
-        assert_eq!(expression, "SET #st = :to, finished_at_ms = :now, expires_at = :exp, #err = :err");
+        assert_eq!(
+            expression,
+            "SET #st = :to, finished_at_ms = :now, expires_at = :exp, #err = :err REMOVE partial, partial_z"
+        );
         let keys: Vec<&str> = values.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, [":to", ":exp", ":processing", ":now_s", ":now", ":fence", ":err"]);
         assert_eq!(names, [("#st", "status"), ("#err", "error")]);
