@@ -135,6 +135,8 @@ struct MockState {
     /// Anthropic answers as an organisation with Priority Tier capacity: `usage.service_tier` says
     /// `priority` (else `standard`).
     anthropic_priority: std::sync::atomic::AtomicBool,
+    /// A model that takes no prefill ([`MockLlm::refuse_prefill`]).
+    no_prefill: std::sync::atomic::AtomicBool,
     /// Streamed chat completions at a fixed rate ([`MockLlm::pace`]).
     pace: Mutex<Option<Pace>>,
     /// The cut of the last `StreamCut` used by a request without `stream` in its body (Bedrock's
@@ -386,6 +388,12 @@ impl MockLlm {
         self.state.anthropic_priority.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Answers as a model that takes no prefill: a Messages request whose conversation ends with an
+    /// assistant turn is refused with a 400, as Anthropic's newest models refuse it.
+    pub fn refuse_prefill(&self, on: bool) {
+        self.state.no_prefill.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Each commit summarized in an answer, by sha, with the number of answers that carried it.
     pub fn answered_commits(&self) -> std::collections::HashMap<String, u32> {
         self.state.answered_commits.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -498,6 +506,38 @@ fn throttled(wait: Duration, hint: Hint) -> Response {
 
 fn tokens(s: &str) -> u64 {
     s.len().div_ceil(4) as u64
+}
+
+/// The answer's start a request asks to be continued: its last message's text when that message is
+/// the assistant's (Anthropic's prefill; for a chat completion, only with `continue_final_message`,
+/// as vLLM takes it).
+fn prefill(body: &Value) -> Option<String> {
+    let last = body["messages"].as_array()?.last()?;
+    (last["role"] == "assistant").then(|| last["content"].as_str().unwrap_or_default().to_owned())
+}
+
+/// The mock's answer ("mock answer", a token a word), continued after `prefix` as a model would:
+/// the rest of it where the prefix is its start, else the whole of it after a space.
+fn continued(prefix: Option<&str>) -> (String, u64) {
+    let text = match prefix {
+        None => "mock answer".to_owned(),
+        Some(p) => "mock answer".strip_prefix(p).map_or_else(|| " mock answer".to_owned(), str::to_owned),
+    };
+    let words = text.split_whitespace().count() as u64;
+    (text, words)
+}
+
+/// Anthropic's 400 for a prefill the model refuses, or for one ending in whitespace.
+fn prefill_refused(state: &MockState, prefix: &str) -> Option<Response> {
+    let message = if state.no_prefill.load(std::sync::atomic::Ordering::Relaxed) {
+        "This model does not support assistant message prefill. The conversation must end with a user message."
+    } else if prefix.trim_end() != prefix {
+        "messages: final assistant content cannot end with trailing whitespace"
+    } else {
+        return None;
+    };
+    let error = json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}});
+    Some((StatusCode::BAD_REQUEST, Json(error)).into_response())
 }
 
 /// A chat completion as the request asked for it: the JSON answer, or with `stream: true` the
@@ -642,7 +682,7 @@ async fn openai(
         let n = tokens(&a);
         (a, n)
     } else {
-        ("mock answer".to_owned(), 2)
+        continued(prefill(&body).filter(|_| body["continue_final_message"] == true).as_deref())
     };
     // A model stops at its cap and says so, as the API documents (`finish_reason: "length"`).
     let cap = body["max_completion_tokens"].as_u64().or(body["max_tokens"].as_u64()).unwrap_or(u64::MAX);
@@ -689,13 +729,20 @@ async fn anthropic(
     if let Some(r) = record_and_script(&state, "/v1/messages", headers, body.clone()).await {
         return r;
     }
+    let prefix = prefill(&body);
+    if let Some(refused) = prefix.as_deref().and_then(|p| prefill_refused(&state, p)) {
+        return refused;
+    }
+    // A prefill is billed as input.
     let prompt = format!(
-        "{}{}",
+        "{}{}{}",
         body["system"].as_str().unwrap_or(""),
-        body["messages"][0]["content"].as_str().unwrap_or("")
+        body["messages"][0]["content"].as_str().unwrap_or(""),
+        prefix.as_deref().unwrap_or("")
     );
     let cap = body["max_tokens"].as_u64().unwrap_or(u64::MAX);
-    let (text, completion, stop) = cut_at("mock answer".to_owned(), 2, cap, "end_turn", "max_tokens");
+    let (text, words) = continued(prefix.as_deref());
+    let (text, completion, stop) = cut_at(text, words, cap, "end_turn", "max_tokens");
     if let Err(wait) = state.charge(tokens(&prompt) + completion) {
         return throttled(wait, state.hint());
     }

@@ -786,3 +786,64 @@ async fn anthropic_streams_text_deltas_and_reads_the_usage_from_its_events() {
     assert_eq!(sink.pieces.lock().unwrap().clone(), ["mock ", "answer"]);
     assert_eq!(mock.seen()[0].body["stream"], true);
 }
+
+/// A lost run's saved text, as a takeover sends it: "mock " (a space at its end, as text cut
+/// mid-stream often is) of 1 token.
+fn continuing() -> LlmRequest {
+    let prefix = lanes_core::domain::model_call::Prefix { text: "mock ".into(), tokens: 1 };
+    LlmRequest { lane: Lane::Synthesis, kind: Kind::Scaffold, prefix: Some(prefix), ..request() }
+}
+
+/// Anthropic continues a prefix as prefill: the assistant turn ends the conversation without its
+/// trailing space (which the API refuses), the cap is what is left, the stream gives the prefix
+/// and then the rest, and only the rest is billed as completion.
+#[tokio::test]
+async fn anthropic_continues_a_saved_prefix_as_prefill_and_bills_only_the_rest() {
+    let mock = MockLlm::start().await.unwrap();
+    let client = AnthropicClient::new(&mock.url, "claude-test", "key".into(), Duration::from_secs(5));
+    let client = lanes_core::llm::Continuing::new(std::sync::Arc::new(client), true);
+    let sink = Collect::default();
+    let r = client.stream(&continuing(), &sink).await.unwrap();
+    assert_eq!((r.text.as_str(), r.continued, r.usage.completion), ("mock answer", 1, 1));
+    assert_eq!(sink.pieces.lock().unwrap().concat(), "mock answer");
+    let body = &mock.seen()[0].body;
+    assert_eq!(body["messages"][1], serde_json::json!({"role": "assistant", "content": "mock"}));
+    assert_eq!(body["max_tokens"], 63);
+}
+
+/// A model that takes no prefill refuses the continued call with a 400: it is made again whole,
+/// once, the sink told to restart, and the route is not asked to continue again.
+#[tokio::test]
+async fn a_model_that_refuses_prefill_answers_whole_and_is_not_asked_again() {
+    let mock = MockLlm::start().await.unwrap();
+    mock.refuse_prefill(true);
+    let client = AnthropicClient::new(&mock.url, "claude-test", "key".into(), Duration::from_secs(5));
+    let client = lanes_core::llm::Continuing::new(std::sync::Arc::new(client), true);
+    let sink = Collect::default();
+    let r = client.stream(&continuing(), &sink).await.unwrap();
+    assert_eq!((r.text.as_str(), r.continued, r.usage.completion), ("mock answer", 0, 2));
+    assert_eq!(sink.pieces.lock().unwrap().concat(), "mock answer");
+    assert_eq!(sink.restarts.lock().unwrap().len(), 1);
+    client.complete(&continuing()).await.unwrap();
+    let continued: Vec<usize> =
+        mock.seen().iter().map(|s| s.body["messages"].as_array().unwrap().len()).collect();
+    assert_eq!(continued, [2, 1, 1], "continued once, then whole");
+}
+
+/// An OpenAI-compatible server configured to continue (vLLM's `continue_final_message`): the saved
+/// text is a final assistant message, continued rather than answered.
+#[tokio::test]
+async fn an_openai_compatible_server_continues_a_final_assistant_message() {
+    let mock = MockLlm::start().await.unwrap();
+    let chat = OpenAiClient::new(&format!("{}/v1", mock.url), "qwen", None, Duration::from_secs(5));
+    let client = lanes_core::llm::Continuing::new(std::sync::Arc::new(chat), true);
+    let r = client.complete(&continuing()).await.unwrap();
+    assert_eq!((r.text.as_str(), r.continued, r.usage.completion), ("mock answer", 1, 1));
+    let body = &mock.seen()[0].body;
+    assert_eq!(body["messages"][2], serde_json::json!({"role": "assistant", "content": "mock"}));
+    assert_eq!(
+        (body["continue_final_message"].clone(), body["add_generation_prompt"].clone()),
+        (true.into(), false.into())
+    );
+    assert_eq!(body["max_tokens"], 63);
+}

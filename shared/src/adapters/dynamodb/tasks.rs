@@ -396,8 +396,9 @@ impl TaskStore for DynamoStore {
         let (name, value, _) = text_attr("partial", &json)?;
         let mut write = Write::of(&Command::Checkpoint { fence, text: text.to_owned() }, now_ms, 0);
         // One of the two names holds it: the other goes (a checkpoint may outgrow compression's line).
-        let other = if name == "partial" { "partial_z" } else { "partial" };
-        write.set.push(format!("{name} = :partial"));
+        // `partial` is a reserved word: it goes by its alias.
+        let (set, other) = if name == "partial" { ("#par", "partial_z") } else { ("partial_z", "#par") };
+        write.set.push(format!("{set} = :partial"));
         write.remove.push(other.to_owned());
         write.value(":partial", value);
         Ok(self.write(task_id, write).await?.is_ok())

@@ -29,8 +29,8 @@ pub(super) struct Write {
 pub(super) type Bindings = (String, String, Vec<(String, AttributeValue)>, Vec<(&'static str, &'static str)>);
 
 /// Every attribute name the task writes alias (reserved words in DynamoDB).
-const NAMES: [(&str, &str); 4] =
-    [("#st", "status"), ("#res", "result"), ("#err", "error"), ("#req", "request")];
+const NAMES: [(&str, &str); 5] =
+    [("#st", "status"), ("#res", "result"), ("#err", "error"), ("#req", "request"), ("#par", "partial")];
 
 fn status_value(status: TaskStatus) -> String {
     format!(":{}", status.as_str().to_ascii_lowercase())
@@ -90,7 +90,7 @@ impl Write {
             (Expiry::Submitted, _) => {}
         }
         if row.progress == Progress::Clear {
-            w.remove.extend(["partial", "partial_z"].map(str::to_owned));
+            w.remove.extend(["#par", "partial_z"].map(str::to_owned));
         }
         for st in row.from {
             w.value(&status_value(*st), s(st.as_str()));
@@ -165,11 +165,11 @@ mod tests {
         );
         assert_eq!(
             expression,
-            "SET #st = :to, finished_at_ms = :now, expires_at = :exp, #err = :err REMOVE partial, partial_z"
+            "SET #st = :to, finished_at_ms = :now, expires_at = :exp, #err = :err REMOVE #par, partial_z"
         );
         let keys: Vec<&str> = values.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, [":to", ":exp", ":processing", ":now_s", ":now", ":fence", ":err"]);
-        assert_eq!(names, [("#st", "status"), ("#err", "error")]);
+        assert_eq!(names, [("#st", "status"), ("#err", "error"), ("#par", "partial")]);
     }
 
     #[test]
