@@ -97,6 +97,10 @@ fn print_table(s: &lanes_sim::Summary, command: &str) {
         dist.join(", "),
         s.justified_extra_calls
     );
+    println!(
+        "answers continued from a lost run's saved text: {} ({} completion tokens not paid for again)",
+        s.continued_answers, s.tokens_saved
+    );
     for f in &s.failures {
         for v in &f.violations {
             println!("\nseed {} broke {} on task {}: {}", f.seed, v.invariant, v.task, v.detail);

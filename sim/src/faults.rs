@@ -1089,6 +1089,33 @@ impl Drop for Spend {
 #[async_trait]
 impl LlmClient for SimLlm {
     async fn complete(&self, request: &LlmRequest) -> Result<LlmResponse, LlmError> {
+        self.call(request, None).await
+    }
+
+    async fn stream(&self, request: &LlmRequest, sink: &dyn DeltaSink) -> Result<LlmResponse, LlmError> {
+        self.call(request, Some(sink)).await
+    }
+}
+
+/// A task's whole answer from the simulated model: long enough that a run lost mid-way has said
+/// part of it (I10 holds every completed answer to it).
+pub fn sim_answer(task: &str) -> String {
+    format!("answer to {}:{}", short(task), (0..24).map(|i| format!(" part{i}")).collect::<String>())
+}
+
+/// Pieces a streamed answer comes in.
+const PIECES: usize = 6;
+
+impl SimLlm {
+    /// One call, its text to `sink` as it comes when there is one. A task's answer continues the
+    /// request's prefix: the rest of the answer where the prefix is its start, else the whole answer
+    /// after it (which I10 catches). A streamed call that fails as retryable is cut after a third
+    /// of its text.
+    async fn call(
+        &self,
+        request: &LlmRequest,
+        sink: Option<&dyn DeltaSink>,
+    ) -> Result<LlmResponse, LlmError> {
         // A crashed process makes no call (its calls never return, as at every other port).
         self.ctx.proc.alive().await;
         let chaos = &self.ctx.chaos;
@@ -1131,9 +1158,21 @@ impl LlmClient for SimLlm {
             plan.p_throttle + plan.p_retryable,
             plan.p_throttle + plan.p_retryable + plan.p_permanent,
         );
+        let text = if commits {
+            lanes_core::commits::prompt::offline_answer(&request.prompt)
+        } else {
+            let whole = sim_answer(&task);
+            match request.continuation() {
+                None => whole,
+                Some((prefix, _)) => {
+                    whole.strip_prefix(prefix).map_or_else(|| format!(" {whole}"), str::to_owned)
+                }
+            }
+        };
         if roll < p3 {
             spend.refused = true;
-            self.ctx.proc.sleep(latency / 4).await;
+            let cut = sink.filter(|_| (p1..p2).contains(&roll));
+            self.speak(&text, latency / 4, cut, PIECES / 3).await;
             ids.iter().for_each(|id| self.ctx.release_hand(id));
             self.ctx.note(|| format!("llm.call {} refused", short(&task)));
             return Err(if roll < p1 {
@@ -1147,14 +1186,9 @@ impl LlmClient for SimLlm {
                 LlmError::Permanent("400 the model refused the request".into())
             });
         }
-        self.ctx.proc.sleep(latency).await;
+        self.speak(&text, latency, sink, PIECES).await;
         self.ctx.note(|| format!("llm.call {} answered", short(&task)));
         let prompt = (request.prompt.len() / 4) as u64 + 20;
-        let text = if commits {
-            lanes_core::commits::prompt::offline_answer(&request.prompt)
-        } else {
-            format!("answer to {}", short(&task))
-        };
         Ok(LlmResponse {
             text,
             model: "sim-model".into(),
@@ -1166,12 +1200,28 @@ impl LlmClient for SimLlm {
             continued: 0,
         })
     }
+
+    /// The first `said` of `text`'s [`PIECES`] pieces to `sink` over `latency` (the whole of it
+    /// taken, whatever is said); without a sink, the wait alone.
+    async fn speak(&self, text: &str, latency: u64, sink: Option<&dyn DeltaSink>, said: usize) {
+        let Some(sink) = sink else { return self.ctx.proc.sleep(latency).await };
+        let chars: Vec<char> = text.chars().collect();
+        let per = chars.len().div_ceil(PIECES).max(1);
+        for (i, piece) in chars.chunks(per).enumerate() {
+            self.ctx.proc.sleep(latency / PIECES as u64).await;
+            if i < said {
+                sink.delta(&piece.iter().collect::<String>());
+            }
+        }
+    }
 }
 
 /// The simulated provider behind one route that offers flex, as the deployed stack wires it: a
 /// refused flex call is asked again at sync there.
 pub fn sim_llm(ctx: &Ctx) -> Arc<dyn LlmClient> {
     use lanes_core::llm::route::{Fallback, RouteClient};
-    let route = || RouteClient::new("sim:model".into(), Arc::new(SimLlm { ctx: ctx.clone() }), None, true);
+    // Continuing where it can, as every deployed route does.
+    let model = || Arc::new(lanes_core::llm::Continuing::new(Arc::new(SimLlm { ctx: ctx.clone() }), true));
+    let route = || RouteClient::new("sim:model".into(), model(), None, true);
     Arc::new(Fallback::new([vec![route()], vec![route()], vec![route()]]))
 }

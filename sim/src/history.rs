@@ -80,6 +80,8 @@ pub struct HistoryReport {
     pub calls_per_run: Vec<u32>,
     /// Extra calls the simulation's breaks justify.
     pub justified_extra: u32,
+    /// Completed answers that continued a lost run's saved text, and the tokens they saved.
+    pub continued: (u32, u64),
     /// Simulated time it took (s).
     pub simulated_secs: u64,
     /// A digest of its trace: the same seed gives the same digest.
@@ -404,6 +406,7 @@ async fn finish(seed: u64, world: &World, start: tokio::time::Instant, full_trac
             runs: o.runs(),
             calls_per_run,
             justified_extra: o.justified_extra(),
+            continued: o.continued,
             simulated_secs: start.elapsed().as_secs(),
             digest,
             trace: full_trace.then(|| o.lines()),

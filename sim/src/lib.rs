@@ -47,6 +47,10 @@ pub struct Summary {
     pub calls_per_run: BTreeMap<u32, u64>,
     /// Model calls beyond one per run that the simulation's breaks justify.
     pub justified_extra_calls: u64,
+    /// Completed answers that continued a lost run's saved text.
+    pub continued_answers: u64,
+    /// Completion tokens those answers did not pay for again.
+    pub tokens_saved: u64,
     /// Runs of tasks in all.
     pub runs: u64,
     /// The first failing history of each invariant, with its violations.
@@ -182,6 +186,8 @@ fn summarize(first_seed: u64, reports: &[HistoryReport], elapsed: f64) -> Summar
         exercised,
         calls_per_run,
         justified_extra_calls: reports.iter().map(|r| u64::from(r.justified_extra)).sum(),
+        continued_answers: reports.iter().map(|r| u64::from(r.continued.0)).sum(),
+        tokens_saved: reports.iter().map(|r| r.continued.1).sum(),
         runs: reports.iter().map(|r| u64::from(r.runs)).sum(),
         failures: first_failures(reports),
         failing_seeds: reports

@@ -20,6 +20,9 @@
 //! - **I9.** A paid answer is written: a completed final write is refused only by the client's
 //!   cancellation, in a run the simulation broke (as in I2), or after a broken claim took the run
 //!   over: one made without the lock (the lock service failing) or on a key a failover lost.
+//! - **I10.** Every `COMPLETED` answer is the model's whole answer to its task, however many runs
+//!   it took: a run lost after saving its text is continued by the next from that text, and nothing
+//!   is lost, said twice, or left over from a voided attempt or from another run's save.
 //!
 //! - **I6.** Every commit of a push the webhook accepted is summarized, in at most one paid call
 //!   (the same justified extras as I2), or sits in the commits DLQ for a reason that is not a wait.
@@ -34,7 +37,7 @@ use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
 /// The invariants, by name.
-pub const INVARIANTS: [&str; 10] = ["I1", "I2", "I3", "I4", "I5", "I5b", "I6", "I7", "I8", "I9"];
+pub const INVARIANTS: [&str; 11] = ["I1", "I2", "I3", "I4", "I5", "I5b", "I6", "I7", "I8", "I9", "I10"];
 
 /// One broken invariant.
 #[derive(Debug, Clone, Serialize)]
@@ -103,6 +106,9 @@ pub struct Oracle {
     pub skew_ms: u64,
     /// Commits a provider batch's collector sent on to the queue.
     sent_on: std::collections::BTreeSet<String>,
+    /// Completed answers that continued a lost run's saved text, and the tokens they did not pay
+    /// for again.
+    pub continued: (u32, u64),
     digest: u64,
 }
 
@@ -494,6 +500,9 @@ impl Oracle {
                     _ => {}
                 }
             }
+            if let Some(r) = last.as_ref().filter(|r| r.status == TaskStatus::Completed) {
+                self.whole_answer(&task, r);
+            }
             if b.runs > 0 {
                 self.exercise("I2");
                 per_run.push(b.spend.div_ceil(b.runs.max(1)));
@@ -527,6 +536,24 @@ impl Oracle {
             }
         }
         per_run
+    }
+
+    /// I10 on a completed record: its text is the sync model's answer to the task, or the batch
+    /// model's to its prompt.
+    fn whole_answer(&mut self, task: &str, r: &TaskRecord) {
+        let Some(result) = &r.result else { return };
+        self.exercise("I10");
+        let whole = crate::faults::sim_answer(task);
+        if result.text != whole
+            && result.text != lanes_core::commits::prompt::offline_answer(&r.request.prompt)
+        {
+            let detail = format!("completed with {:?}; the model's answer is {whole:?}", result.text);
+            self.violate("I10", task, detail);
+        }
+        if result.tokens_saved > 0 {
+            self.continued.0 += 1;
+            self.continued.1 += result.tokens_saved;
+        }
     }
 
     /// Model calls beyond one per run (one per commit: a commit's summary is its only answer) that

@@ -8,8 +8,9 @@
 //! request bodies and every layer above sees a whole answer:
 //!
 //! - a client that cannot continue is asked for the whole answer (the prefix dropped);
-//! - one that can gets the prefix; its sink is given the prefix first, then the rest as it comes,
-//!   and the answer's text is the two, with [`LlmResponse::continued`] set to the prefix's tokens;
+//! - one that can gets the prefix; its sink is given the prefix with the first of the rest, then
+//!   the rest as it comes, and the answer's text is the two, with [`LlmResponse::continued`] set to
+//!   the prefix's tokens;
 //! - a continued call that the provider refuses as a request (a model that takes no prefill answers
 //!   400) is made again whole, the sink told to restart; when that whole call is answered, the
 //!   route is not asked to continue again in this process.
@@ -41,11 +42,12 @@ impl Continuing {
         let Some((prefix, _)) = continued else {
             return self.inner.call(&request.whole(), sink).await;
         };
-        if let Some(sink) = sink {
-            sink.delta(prefix);
-        }
-        match self.inner.call(request, sink).await {
+        let prefixed = sink.map(|sink| Prefixed { sink, prefix, said: AtomicBool::new(false) });
+        match self.inner.call(request, prefixed.as_ref().map(|p| p as &dyn DeltaSink)).await {
             Ok(mut answer) => {
+                if let Some(p) = prefixed.as_ref().filter(|p| !p.said.load(Ordering::Relaxed)) {
+                    p.sink.delta(prefix);
+                }
                 answer.text.insert_str(0, prefix);
                 answer.continued = request.prefix.as_ref().map_or(0, |p| u64::from(p.tokens));
                 Ok(answer)
@@ -61,6 +63,30 @@ impl Continuing {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// The caller's sink for a continued call: the prefix goes first, with the call's first text, not
+/// before it. A layer that calls again when no text went out (a refused tier, a 429 before the
+/// first byte) tells the sink nothing, so a prefix given up front would be given twice.
+struct Prefixed<'a> {
+    sink: &'a dyn DeltaSink,
+    prefix: &'a str,
+    /// Whether the prefix went out since the last restart.
+    said: AtomicBool,
+}
+
+impl DeltaSink for Prefixed<'_> {
+    fn delta(&self, text: &str) {
+        if !self.said.swap(true, Ordering::Relaxed) {
+            self.sink.delta(self.prefix);
+        }
+        self.sink.delta(text);
+    }
+
+    fn restart(&self, reason: &str) {
+        self.said.store(false, Ordering::Relaxed);
+        self.sink.restart(reason);
     }
 }
 
@@ -87,6 +113,8 @@ mod tests {
     struct Model {
         refuses: bool,
         sent: Mutex<Vec<Option<String>>>,
+        /// Fails its next call before any text (a refused tier, a 429 before the first byte).
+        fails: std::sync::atomic::AtomicBool,
     }
 
     #[async_trait]
@@ -96,6 +124,9 @@ mod tests {
             self.sent.lock().unwrap_or_else(|e| e.into_inner()).push(prefix.clone());
             if self.refuses && prefix.is_some() {
                 return Err(LlmError::Permanent("400: prefill is not supported".into()));
+            }
+            if self.fails.swap(false, Ordering::Relaxed) {
+                return Err(LlmError::TierRefused { message: "no flex capacity".into(), unsupported: false });
             }
             let text = if prefix.is_some() { " world" } else { "hello world" };
             Ok(LlmResponse {
@@ -136,7 +167,7 @@ mod tests {
     }
 
     fn model(refuses: bool) -> Arc<Model> {
-        Arc::new(Model { refuses, sent: Mutex::new(vec![]) })
+        Arc::new(Model { refuses, sent: Mutex::new(vec![]), fails: AtomicBool::new(false) })
     }
 
     #[tokio::test]
@@ -148,6 +179,20 @@ mod tests {
         assert_eq!((answer.text.as_str(), answer.continued), ("hello world", 1));
         assert_eq!(*shown.0.lock().unwrap_or_else(|e| e.into_inner()), "hello world");
         assert_eq!(*inner.sent.lock().unwrap_or_else(|e| e.into_inner()), [Some("hello".to_owned())]);
+    }
+
+    /// A layer above that calls again after a failure before any text tells the sink nothing: the
+    /// prefix must not have gone out with the failed call.
+    #[tokio::test]
+    async fn a_call_made_again_before_any_text_gives_the_prefix_once() {
+        let inner = model(false);
+        inner.fails.store(true, Ordering::Relaxed);
+        let client = Continuing::new(inner.clone(), true);
+        let shown = Shown::default();
+        assert!(client.stream(&request("hello"), &shown).await.is_err());
+        let answer = client.stream(&request("hello"), &shown).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer.text, "hello world");
+        assert_eq!(*shown.0.lock().unwrap_or_else(|e| e.into_inner()), "hello world");
     }
 
     #[tokio::test]
