@@ -36,4 +36,5 @@ fn two_thousand_histories_break_no_invariant() {
         assert!(*n > 0, "{invariant} was never exercised");
     }
     assert!(summary.faults_per_history > 10.0, "{summary:?}");
+    assert!(summary.continued_answers > 0, "no takeover continued a saved answer: {summary:?}");
 }
