@@ -214,6 +214,7 @@ const LANE: &[&str] = &["lane"];
 const LANE_STATUS: &[&str] = &["lane", "status"];
 const LANE_REASON: &[&str] = &["lane", "reason"];
 const LANE_WHY: &[&str] = &["lane", "why"];
+const LANE_OUTCOME: &[&str] = &["lane", "outcome"];
 
 /// Makes each series and registers it. A name or label set that the registry refuses is a
 /// programming error (they are all constants here), so it panics with the name at start-up.
@@ -274,7 +275,7 @@ impl Metrics {
             checkpoints_total: r.counter(
                 "lanes_checkpoints_total",
                 "Saves of a run's text so far",
-                &["lane", "outcome"],
+                LANE_OUTCOME,
             ),
             webhook_deliveries_total: r.counter(
                 "lanes_webhook_deliveries_total",
