@@ -272,11 +272,7 @@ impl Metrics {
             task_run_seconds: r.histogram("lanes_task_run_seconds", "Claim to completion"),
             llm_requests_total: r.counter("lanes_llm_requests_total", "LLM provider calls", LANE_STATUS),
             llm_tokens_total: r.counter("lanes_llm_tokens_total", "LLM tokens", &["lane", "type"]),
-            checkpoints_total: r.counter(
-                "lanes_checkpoints_total",
-                "Saves of a run's text so far",
-                LANE_OUTCOME,
-            ),
+            checkpoints_total: r.counter("lanes_checkpoints_total", "Saves of run text", LANE_OUTCOME),
             webhook_deliveries_total: r.counter(
                 "lanes_webhook_deliveries_total",
                 "Webhook deliveries by host and result",
