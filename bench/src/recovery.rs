@@ -1,6 +1,7 @@
 //! `lanes bench recovery`: a synthesis task on SQS (moto) and Redis with two `lanes dev` workers; the
 //! one running it is SIGKILLed and the other takes it over: time to takeover with the 15 s lease and
-//! with a static 120 s visibility.
+//! with a static 120 s visibility; then, killed two thirds of the way through its answer, what the
+//! takeover pays for with the run's text saved every 10 s and without.
 
 use lanes_tests::DevServer;
 use serde::Serialize;
@@ -20,6 +21,23 @@ pub struct RecoveryRun {
     pub bound_workload_s: f64,
 }
 
+/// A task killed late in its answer, with its text saved or not.
+#[derive(Debug, Clone, Serialize)]
+pub struct LateKill {
+    /// Workload seconds between the run's saves; `None` saves nothing.
+    pub save_every_s: Option<f64>,
+    /// Workload seconds into the run at which its worker was killed.
+    pub killed_at_s: f64,
+    /// Kill to answer, workload seconds.
+    pub answer_after_kill_s: f64,
+    /// Completion tokens the takeover paid for (the result's usage).
+    pub paid_tokens: u64,
+    /// Completion tokens it did not pay for again (the result's `tokens_saved`).
+    pub saved_tokens: u64,
+    /// Completion tokens of the whole answer, as the offline model counts them.
+    pub whole_tokens: u64,
+}
+
 /// What `lanes bench recovery` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecoveryReport {
@@ -29,6 +47,8 @@ pub struct RecoveryReport {
     pub scale_ms: u64,
     /// Lease and static runs.
     pub runs: Vec<RecoveryRun>,
+    /// Late kills, saved and not.
+    pub late_kills: Vec<LateKill>,
 }
 
 /// A synthesis task of 90 workload seconds on SQS (moto) and Redis, two `lanes dev` workers; the one
@@ -97,7 +117,79 @@ pub async fn recovery_report(scale_ms: u64) -> Result<RecoveryReport, String> {
             bound_workload_s: bound_s,
         });
     }
-    Ok(RecoveryReport { command: format!("lanes bench recovery --scale-ms {scale_ms}"), scale_ms, runs })
+    let mut late_kills = Vec::new();
+    for save_every_s in [Some(10.0), None] {
+        late_kills.push(late_kill(&client, scale_ms, save_every_s).await?);
+    }
+    Ok(RecoveryReport {
+        command: format!("lanes bench recovery --scale-ms {scale_ms}"),
+        scale_ms,
+        runs,
+        late_kills,
+    })
+}
+
+/// The offline model's 90 s answer, its worker SIGKILLed 60 s in (two thirds of its text said) and
+/// taken over by a second worker, with the run's text saved every `save_every_s` or never.
+async fn late_kill(
+    client: &reqwest::Client,
+    scale_ms: u64,
+    save_every_s: Option<f64>,
+) -> Result<LateKill, String> {
+    let scaled = |s: f64| (s * scale_ms as f64).round() as u64;
+    let Some((_moto, _redis, env)) = crate::aws_services() else {
+        return Err("recovery needs moto_server and redis-server (make test-deps)".into());
+    };
+    let (latency, killed_at_s) = (scaled(90.0).to_string(), 60.0);
+    let (every, lease) = (save_every_s.map_or(0, scaled).to_string(), scaled(15.0).to_string());
+    let args = ["--backend", "aws", "--create", "--capacity", "2", "--synthesis-latency-ms", &latency];
+    let args: Vec<&str> =
+        args.into_iter().chain(["--checkpoint-ms", &every, "--lease-ttl-ms", &lease]).collect();
+    let dirs = [crate::temp_dir().map_err(|e| e.to_string())?, crate::temp_dir().map_err(|e| e.to_string())?];
+    let first = DevServer::start_with_env(&dirs[0], &args, env.clone()).await;
+    let id = crate::submit_task(client, &first.url, "refactor", "recover me late").await?;
+    let until = Instant::now() + Duration::from_secs(60);
+    while crate::status(client, &first.url, &id).await.as_deref() != Some("PROCESSING") {
+        if Instant::now() > until {
+            return Err("the task never started".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let running_since = Instant::now();
+    let second = DevServer::start_with_env(&dirs[1], &args, env.clone()).await;
+    tokio::time::sleep_until((running_since + Duration::from_millis(scaled(killed_at_s))).into()).await;
+    drop(first);
+    let killed = Instant::now();
+    let until = Instant::now() + Duration::from_secs(600);
+    let task = loop {
+        let v: serde_json::Value = match client.get(format!("{}/v1/tasks/{id}", second.url)).send().await {
+            Ok(resp) => resp.json().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        };
+        if v["status"] == "COMPLETED" {
+            break v;
+        }
+        if Instant::now() > until {
+            return Err("the task was never taken over".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let answer_after_kill_s = killed.elapsed().as_secs_f64() * 1000.0 / scale_ms as f64;
+    drop(second);
+    for d in &dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let result = &task["result"];
+    let text = result["text"].as_str().unwrap_or_default();
+    Ok(LateKill {
+        save_every_s,
+        killed_at_s,
+        answer_after_kill_s,
+        paid_tokens: result["tokens"]["completion"].as_u64().unwrap_or(0),
+        saved_tokens: result["tokens_saved"].as_u64().unwrap_or(0),
+        // The offline model's own count: four bytes a token.
+        whole_tokens: text.len().div_ceil(4) as u64,
+    })
 }
 
 impl std::fmt::Display for RecoveryReport {
@@ -109,6 +201,20 @@ impl std::fmt::Display for RecoveryReport {
                 f,
                 "{:<26} {:>12.0} {:>18.1} s {:>12.0} s",
                 run.config, run.takeover_ms, run.takeover_workload_s, run.bound_workload_s
+            )?;
+        }
+        writeln!(f, "Killed late: what the takeover pays for")?;
+        writeln!(
+            f,
+            "{:<18} {:>10} {:>18} {:>6} {:>7} {:>7}",
+            "saves", "killed at", "answer after kill", "paid", "saved", "whole"
+        )?;
+        for k in &self.late_kills {
+            let saves = k.save_every_s.map_or("never".to_owned(), |s| format!("every {s:.0} s"));
+            writeln!(
+                f,
+                "{:<18} {:>8.0} s {:>16.1} s {:>6} {:>7} {:>7}",
+                saves, k.killed_at_s, k.answer_after_kill_s, k.paid_tokens, k.saved_tokens, k.whole_tokens
             )?;
         }
         Ok(())

@@ -29,6 +29,10 @@ pub struct DevArgs {
     /// Lease TTL in ms (visibility and lock); the heartbeat renews at a third of it.
     #[arg(long, default_value_t = 15_000)]
     lease_ttl_ms: u64,
+    /// How often a synthesis run saves its text for a takeover to continue, in ms (0 for never);
+    /// default `LANES_CHECKPOINT_SECS`, else 5 s.
+    #[arg(long)]
+    checkpoint_ms: Option<u64>,
     /// `embedded` (a file in the data dir) or `aws` (SQS, DynamoDB, Redis; endpoint from
     /// AWS_ENDPOINT_URL, Redis from REDIS_URL).
     #[arg(long, default_value = "embedded", value_parser = ["embedded", "aws"])]
@@ -76,6 +80,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
         interactive_latency_ms,
         synthesis_latency_ms,
         lease_ttl_ms,
+        checkpoint_ms,
         backend,
         create,
         max_receive_count,
@@ -103,6 +108,10 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     opts.offline_latency[0] = Duration::from_millis(interactive_latency_ms);
     opts.offline_latency[1] = Duration::from_millis(synthesis_latency_ms);
     opts.worker = opts.worker.with_lease(Duration::from_millis(lease_ttl_ms)).lanes_from_env()?;
+    if let Some(ms) = checkpoint_ms {
+        opts.worker.lanes[lanes_core::domain::Lane::Synthesis.index()].checkpoint_every =
+            (ms > 0).then(|| Duration::from_millis(ms));
+    }
     opts.worker.quota = lanes_core::quota::priced_by_routes(opts.worker.quota)?;
     opts.ingress = lanes_core::config::IngressConfig::from_env()?;
     opts.ingress.quota = opts.worker.quota;
