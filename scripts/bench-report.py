@@ -138,6 +138,25 @@ def main():
                 "workload s) and the other worker's poll adds a little more: up to 10 workload seconds of the "
                 "figure are rounding that a real 15 s lease does not have. The static 120 s visibility leaves the "
                 "task stuck for the expected ~115 s.", "", "![recovery](recovery.png)", ""]
+        late = rc.get("late_kills") or []
+        saved = [k for k in late if k["save_every_s"]]
+        unsaved = [k for k in late if not k["save_every_s"]]
+        if saved and unsaved:
+            s, u = saved[0], unsaved[0]
+            out += ["### Killed late: what the takeover pays for", "",
+                    f"The same two workers; the one running a 90 s answer is SIGKILLed {s['killed_at_s']:.0f} s in "
+                    "(two thirds of its text said), with the run's text saved every "
+                    f"{s['save_every_s']:.0f} s and never. The takeover continues the saved text. `tokens_saved` counts "
+                    "the saved text with the o200k tokenizer; the offline model counts four bytes a token.", "",
+                    "| saves | answer after the kill | completion tokens paid by the takeover | not paid again (`tokens_saved`) | whole answer |",
+                    "|---|---:|---:|---:|---:|"]
+            out += [f"| {'every %.0f s' % k['save_every_s'] if k['save_every_s'] else 'never'} | "
+                    f"{k['answer_after_kill_s']:.1f} s | {k['paid_tokens']} | {k['saved_tokens']} | {k['whole_tokens']} |"
+                    for k in late]
+            share = s["paid_tokens"] / max(u["paid_tokens"], 1)
+            out += ["", f"- the takeover with saves pays {100 * share:.0f}% of what it pays without "
+                    f"(goal <= 60%: killed two thirds in, saves every ninth of the answer): {'met' if share <= 0.6 else '**not met**'}",
+                    f"- the answer comes {u['answer_after_kill_s'] - s['answer_after_kill_s']:.1f} workload s sooner", ""]
     tp = load(d, "throughput")
     if tp:
         runs = tp["runs"]
