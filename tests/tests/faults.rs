@@ -1,5 +1,5 @@
 //! Fault tests of the task flow on its production adapters (moto for SQS and DynamoDB, a real
-//! redis-server): a worker killed mid-task, an LLM slower than the queue's visibility, Redis lost and
+//! redis-server): a worker killed mid-task (and late in its answer, continued from its saved text), an LLM slower than the queue's visibility, Redis lost and
 //! back, a poison message in a batch, and SQS unreachable at ingress (the record kept, unsent).
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
@@ -46,6 +46,40 @@ async fn worker_killed_mid_task_comes_back_within_the_lease_and_completes_once()
     assert!(rec.result.is_some());
     assert_eq!(peer.metric("lanes_stale_writes_rejected_total{lane=\"synthesis\"}").await, 0.0);
     assert_eq!(peer.metric("lanes_llm_requests_total{lane=\"synthesis\",status=\"ok\"}").await, 1.0);
+}
+
+/// A worker killed two thirds of the way through a synthesis answer, its text saved every 200 ms in
+/// DynamoDB (moto): the peer that takes the task over continues the saved text rather than paying
+/// for it again, and the answer is the model's whole one.
+#[tokio::test]
+async fn a_worker_killed_late_is_continued_from_its_saved_text_by_its_peer() {
+    let flags = ["--synthesis-latency-ms", "3000", "--lease-ttl-ms", "2000", "--checkpoint-ms", "200"];
+    let mut stack = Stack::start(Backend::Aws, &flags).await;
+    let id = submit(&stack.server.url, "refactor", "split main late").await;
+    wait_status(&stack.server.url, &id, "PROCESSING", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    stack.server.kill9();
+    let task_id = id.parse().unwrap();
+    let saved = stack.dynamo().await.get(&task_id, now_ms()).await.unwrap().unwrap();
+    let partial = saved.partial.clone().expect("the run saved its text before the kill");
+    assert_eq!((partial.run, saved.fence), (1, 1), "saved under the killed run's fence");
+    let peer = stack.start_peer(&flags).await;
+    wait_status(&peer.url, &id, "COMPLETED", Duration::from_secs(20)).await;
+    let rec = stack.dynamo().await.get(&task_id, now_ms()).await.unwrap().unwrap();
+    let result = rec.result.clone().unwrap();
+    let whole = OfflineProvider::new(|_| Duration::ZERO);
+    let whole = lanes_core::ports::LlmClient::complete(
+        &whole,
+        &lanes_core::ports::LlmRequest::for_task(&rec.request, 16_384),
+    )
+    .await
+    .unwrap();
+    assert_eq!(result.text, whole.text, "the saved text and the rest, nothing lost or doubled");
+    assert!(result.text.starts_with(partial.text.trim_end()));
+    assert!(result.tokens_saved > 0 && result.tokens.completion < whole.usage.completion, "{result:?}");
+    assert_eq!(rec.partial, None, "the final write removed the saved text");
+    let saved_metric = "lanes_llm_tokens_total{lane=\"synthesis\",type=\"saved\"}";
+    assert_eq!(peer.metric(saved_metric).await, result.tokens_saved as f64);
 }
 
 #[tokio::test]
