@@ -829,12 +829,30 @@ async fn converse(
     if let Some(r) = record_and_script(&state, "/converse", headers, body.clone()).await {
         return bedrock_error(r);
     }
-    let mut recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
+    let mut recorded = converse_answer(&body);
     // Converse names the tier that served the call when one was asked for.
     if let Some(tier) = body["serviceTier"]["type"].as_str() {
         recorded["serviceTier"] = json!({"type": tier});
     }
     Json(recorded).into_response()
+}
+
+/// The recorded Converse answer, continued where the conversation ends with an assistant turn
+/// (prefill): the rest of its text after that turn's, a token a word fewer for each word given.
+fn converse_answer(body: &Value) -> Value {
+    let mut recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
+    let last = body["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or(Value::Null);
+    if last["role"] == "assistant" {
+        let prefix = last["content"][0]["text"].as_str().unwrap_or_default();
+        let text =
+            recorded["output"]["message"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+        let rest = text.strip_prefix(prefix).map_or_else(|| format!(" {text}"), str::to_owned);
+        let given = prefix.split_whitespace().count() as u64;
+        let output = recorded["usage"]["outputTokens"].as_u64().unwrap_or(0).saturating_sub(given);
+        recorded["output"]["message"]["content"][0]["text"] = json!(rest);
+        recorded["usage"]["outputTokens"] = json!(output);
+    }
+    recorded
 }
 
 /// A scripted error as Bedrock answers it: the error's name in a header, which the SDK maps to the
@@ -893,7 +911,7 @@ async fn converse_stream(
         Some(r) => return bedrock_error(r),
         None => None,
     };
-    let recorded: Value = serde_json::from_str(RECORDED_CONVERSE).unwrap_or(Value::Null);
+    let recorded = converse_answer(&body);
     let text = recorded["output"]["message"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
     let mut events = vec![converse_event("messageStart", &json!({"role": "assistant"}))];
     let words: Vec<&str> = text.split_inclusive(' ').collect();

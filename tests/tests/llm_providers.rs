@@ -539,6 +539,33 @@ mod bedrock_and_secrets {
         assert_eq!(seen[0].body["serviceTier"]["type"], "flex");
     }
 
+    /// Converse and ConverseStream continue a saved prefix as prefill: the assistant turn ends the
+    /// conversation without its trailing space, the cap is what is left, and both give the whole
+    /// answer, billed for the rest only.
+    #[tokio::test]
+    async fn converse_continues_a_saved_prefix_as_prefill_streamed_or_not() {
+        let mock = MockLlm::start().await.unwrap();
+        let c = lanes_core::llm::Continuing::new(std::sync::Arc::new(client(&mock).await), true);
+        let prefix = lanes_core::domain::model_call::Prefix { text: "main parses the ".into(), tokens: 3 };
+        let continued = LlmRequest { prefix: Some(prefix), ..request() };
+        let whole = "main parses the command line, reads the config and starts the HTTP server.";
+        let sink = Collect::default();
+        let streamed = c.stream(&continued, &sink).await.unwrap();
+        let answered = c.complete(&continued).await.unwrap();
+        for r in [&streamed, &answered] {
+            assert_eq!((r.text.as_str(), r.continued, r.usage.completion), (whole, 3, 12));
+        }
+        assert_eq!(sink.pieces.lock().unwrap().concat(), whole);
+        for seen in mock.seen() {
+            let turn = &seen.body["messages"][1];
+            assert_eq!(
+                (turn["role"].as_str(), turn["content"][0]["text"].as_str()),
+                (Some("assistant"), Some("main parses the"))
+            );
+            assert_eq!(seen.body["inferenceConfig"]["maxTokens"], 61);
+        }
+    }
+
     /// A ConverseStream cut before its `messageStop` is no answer: a retryable failure, and the
     /// retry layer calls again with the text restarted. A throttle before the stream is a throttle.
     #[tokio::test]

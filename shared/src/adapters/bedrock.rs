@@ -103,13 +103,23 @@ where
 /// settings and the service tier.
 fn request_parts(
     request: &LlmRequest,
-) -> Result<(Message, InferenceConfiguration, Option<ServiceTier>), LlmError> {
-    let message = Message::builder()
-        .role(ConversationRole::User)
-        .content(ContentBlock::Text(request.user_message()))
-        .build()
-        .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
-    let max_tokens = i32::try_from(request.max_tokens).unwrap_or(i32::MAX);
+) -> Result<(Vec<Message>, InferenceConfiguration, Option<ServiceTier>), LlmError> {
+    let message = |role, text| {
+        Message::builder()
+            .role(role)
+            .content(ContentBlock::Text(text))
+            .build()
+            .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))
+    };
+    let mut messages = vec![message(ConversationRole::User, request.user_message())?];
+    let mut cap = request.max_tokens;
+    // A continued answer: the saved text is the assistant turn's start (prefill, which Claude
+    // models on Bedrock take), and the cap is what is left of it.
+    if let Some((prefix, left)) = request.continuation() {
+        messages.push(message(ConversationRole::Assistant, prefix.to_owned())?);
+        cap = left;
+    }
+    let max_tokens = i32::try_from(cap).unwrap_or(i32::MAX);
     let tier = match request.tier {
         // Bedrock's batch inference is a job over S3, not a tier of Converse: a synchronous call
         // asked at `batch` is made at the list price.
@@ -121,7 +131,7 @@ fn request_parts(
         .map(|t| ServiceTier::builder().r#type(t).build())
         .transpose()
         .map_err(|e| LlmError::Permanent(format!("bedrock request: {e}")))?;
-    Ok((message, inference_config(request, max_tokens), tier))
+    Ok((messages, inference_config(request, max_tokens), tier))
 }
 
 /// The tier that served a call, as the answer names it.
@@ -160,11 +170,11 @@ fn inference_config(request: &LlmRequest, max_tokens: i32) -> InferenceConfigura
 /// request's model, system prompt, message, inference settings and tier.
 macro_rules! asked {
     ($client:expr, $request:expr, $builder:expr) => {{
-        let (message, inference, tier) = request_parts($request)?;
+        let (messages, inference, tier) = request_parts($request)?;
         $builder
             .model_id(&$client.model_id)
             .system(SystemContentBlock::Text($request.kind.system_prompt().to_owned()))
-            .messages(message)
+            .set_messages(Some(messages))
             .inference_config(inference)
             .set_service_tier(tier)
     }};

@@ -164,14 +164,13 @@ pub fn lane_batching(
 }
 
 /// Whether `provider`'s client is asked to continue a lost run's answer ([`crate::llm::continuation`]):
-/// the offline model and Anthropic (prefill) are; an OpenAI-compatible server only with
-/// `LANES_OPENAI_CONTINUE_PREFIX=on` (one that continues a final assistant message, as vLLM does:
-/// OpenAI's own API answers it as a new turn); Bedrock is not.
+/// the offline model, Anthropic and Bedrock (prefill; a model that refuses it is asked for the whole
+/// answer) are; an OpenAI-compatible server only with `LANES_OPENAI_CONTINUE_PREFIX=on` (one that
+/// continues a final assistant message, as vLLM does: OpenAI's own API answers it as a new turn).
 fn continues(provider: crate::llm::route::Provider) -> Result<bool, ConfigError> {
     use crate::llm::route::Provider;
     Ok(match provider {
-        Provider::Offline | Provider::Anthropic => true,
-        Provider::Bedrock => false,
+        Provider::Offline | Provider::Anthropic | Provider::Bedrock => true,
         Provider::OpenAi => match crate::config::optional_env("LANES_OPENAI_CONTINUE_PREFIX").as_deref() {
             None | Some("off") => false,
             Some("on") => true,
