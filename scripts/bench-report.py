@@ -136,7 +136,9 @@ def main():
                 "workers on SQS (moto) and Redis; the one running the task is SIGKILLed. SQS counts visibility in "
                 "whole seconds and the adapter rounds up, so at this scale the 1.5 s lease becomes 2 s (20 "
                 "workload s) and the other worker's poll adds a little more: up to 10 workload seconds of the "
-                "figure are rounding that a real 15 s lease does not have. The static 120 s visibility leaves the "
+                "figure are rounding that a real 15 s lease does not have. The other worker long-polls, and moto "
+                "looks again only once a second for a message whose visibility ran out (`wait_for_messages(1)`; "
+                "SQS answers as soon as one is visible): up to 10 workload seconds more. The static 120 s visibility leaves the "
                 "task stuck for the expected ~115 s.", "", "![recovery](recovery.png)", ""]
         late = rc.get("late_kills") or []
         saved = [k for k in late if k["save_every_s"]]
