@@ -242,6 +242,52 @@ mod tests {
         assert!(!store.checkpoint(&record.task_id, saved.run, "late", clock.now_ms()).await.unwrap_or(true));
     }
 
+    /// The saver writes at most [`MAX_SAVED_BYTES`] of a long run's text (its start), and stops at
+    /// the first save the record refuses (another claim moved the fence on).
+    #[tokio::test]
+    async fn a_save_holds_the_texts_first_64_kib_and_stops_once_refused() {
+        let clock = ManualClock::new(1_000_000);
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap_or_else(|e| panic!("{e}")));
+        let body = serde_json::json!({"project_id":"p","kind":"scaffold","prompt":"long","target_files":[]});
+        let request = TaskRequest::from_value(body).unwrap_or_else(|e| panic!("{e:?}"));
+        let record = TaskRecord::pending(request.task_id(None), request, clock.now_ms(), 3600);
+        store.put_pending(&record, clock.now_ms()).await.unwrap_or_else(|e| panic!("{e}"));
+        let claimed = match store.claim(&record.task_id, clock.now_ms(), 3600).await {
+            Ok(crate::ports::ClaimOutcome::Claimed(r)) => r,
+            other => panic!("{other:?}"),
+        };
+        let (metrics, task, fence) = (Metrics::new(), record.task_id.clone(), claimed.fence);
+        let saving = Saving {
+            store: Arc::new(store.clone()),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+            task,
+            fence,
+            lane: "synthesis",
+        };
+        let run = Checkpoints::start(saving, Duration::from_millis(20));
+        let text: String = (0..20_000).map(|i| format!("{i} ")).collect();
+        assert!(text.len() > 100 * 1024);
+        for piece in text.as_bytes().chunks(1000) {
+            run.delta(std::str::from_utf8(piece).unwrap_or_else(|e| panic!("{e}")));
+        }
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let saved = store.get(&record.task_id, clock.now_ms()).await.unwrap_or_else(|e| panic!("{e}"));
+        let saved = saved.and_then(|r| r.partial).unwrap_or_else(|| panic!("nothing saved"));
+        assert_eq!((saved.text.len(), saved.run), (MAX_SAVED_BYTES, fence));
+        assert!(text.starts_with(&saved.text));
+        let saves =
+            |outcome: &str| metrics.checkpoints_total.with_label_values(&["synthesis", outcome]).get();
+        assert_eq!(saves("saved"), 1, "an unchanged text is not saved again");
+        // Another claim takes the run over: this run's next save is refused, and it saves no more.
+        store.claim(&record.task_id, clock.now_ms(), 3600).await.unwrap_or_else(|e| panic!("{e}"));
+        run.restart("the text starts again");
+        run.delta("another text");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!((saves("saved"), saves("refused")), (1, 1));
+    }
+
     #[test]
     fn a_cut_never_splits_a_character() {
         assert_eq!(cut_at("héllo", 2), "h");
