@@ -516,13 +516,18 @@ fn prefill(body: &Value) -> Option<String> {
     (last["role"] == "assistant").then(|| last["content"].as_str().unwrap_or_default().to_owned())
 }
 
-/// The mock's answer ("mock answer", a token a word), continued after `prefix` as a model would:
-/// the rest of it where the prefix is its start, else the whole of it after a space.
+/// `answer` continued after `prefix` as a model would: the rest of it where the prefix is its
+/// start, else the whole of it after a space.
+fn continue_after(answer: &str, prefix: Option<&str>) -> String {
+    match prefix {
+        None => answer.to_owned(),
+        Some(p) => answer.strip_prefix(p).map_or_else(|| format!(" {answer}"), str::to_owned),
+    }
+}
+
+/// The mock's answer ("mock answer", a token a word), continued after `prefix`.
 fn continued(prefix: Option<&str>) -> (String, u64) {
-    let text = match prefix {
-        None => "mock answer".to_owned(),
-        Some(p) => "mock answer".strip_prefix(p).map_or_else(|| " mock answer".to_owned(), str::to_owned),
-    };
+    let text = continue_after("mock answer", prefix);
     let words = text.split_whitespace().count() as u64;
     (text, words)
 }
@@ -844,9 +849,8 @@ fn converse_answer(body: &Value) -> Value {
     let last = body["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or(Value::Null);
     if last["role"] == "assistant" {
         let prefix = last["content"][0]["text"].as_str().unwrap_or_default();
-        let text =
-            recorded["output"]["message"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
-        let rest = text.strip_prefix(prefix).map_or_else(|| format!(" {text}"), str::to_owned);
+        let text = recorded["output"]["message"]["content"][0]["text"].as_str().unwrap_or_default();
+        let rest = continue_after(text, Some(prefix));
         let given = prefix.split_whitespace().count() as u64;
         let output = recorded["usage"]["outputTokens"].as_u64().unwrap_or(0).saturating_sub(given);
         recorded["output"]["message"]["content"][0]["text"] = json!(rest);

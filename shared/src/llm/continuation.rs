@@ -40,7 +40,11 @@ impl Continuing {
     ) -> Result<LlmResponse, LlmError> {
         let continued = request.continuation().filter(|_| self.continues.load(Ordering::Relaxed));
         let Some((prefix, _)) = continued else {
-            return self.inner.call(&request.whole(), sink).await;
+            // Almost every call has no prefix: passed on as it is, not copied.
+            return match request.prefix {
+                None => self.inner.call(request, sink).await,
+                Some(_) => self.inner.call(&request.whole(), sink).await,
+            };
         };
         let prefixed = sink.map(|sink| Prefixed { sink, prefix, said: AtomicBool::new(false) });
         match self.inner.call(request, prefixed.as_ref().map(|p| p as &dyn DeltaSink)).await {

@@ -119,7 +119,7 @@ impl OfflineProvider {
     /// its answer after the prefix. The prefix counts as prompt, as the providers bill it.
     fn answer(&self, request: &LlmRequest) -> LlmResponse {
         let whole = self.whole_answer(request);
-        let Some((prefix, _)) = request.continuation() else { return whole };
+        let Some((prefix, left)) = request.continuation() else { return whole };
         let rest = match whole.text.strip_prefix(prefix) {
             Some(rest) => rest.to_owned(),
             None => format!(" {}", whole.text),
@@ -128,7 +128,9 @@ impl OfflineProvider {
             prompt: whole.usage.prompt + approx_tokens(prefix),
             completion: approx_tokens(&rest),
         };
-        LlmResponse { text: rest, usage, ..whole }
+        // Cut by what is left of the cap, as the continued call's own `max_tokens` is.
+        let truncated = usage.completion > u64::from(left);
+        LlmResponse { text: rest, usage, truncated, ..whole }
     }
 
     /// The deterministic whole answer to `request`.
