@@ -1,16 +1,17 @@
 //! `lanes bench fairness`: four tenants on one lane through the real pool, embedded queues and
 //! store. Three send steadily; the fourth has flooded 2,000 interactive and 50 synthesis tasks at
 //! once, queued when the pool starts.
-//! Each tenant's wait (submission to claim), alone and under the flood, in FIFO order and in the
-//! fair order, with the goals computed from the figures.
+//! Each tenant's wait (submission to claim) and latency, alone and under the flood, in FIFO order,
+//! in the fair queue's order alone and with the token shares (the default), with the goals computed
+//! from the figures, and the least wait any order could have given without preempting a task or
+//! holding a slot idle ([`floor_wait`]).
 
 use lanes_core::clock::{SharedClock, SystemClock};
-use lanes_core::domain::fairness::{GROUP_ATTRIBUTE, task_group};
-use lanes_core::domain::{Lane, TaskId, TaskMessage, TaskRecord, TaskRequest, Tenant};
+use lanes_core::config::WorkerConfig;
+use lanes_core::domain::{Lane, TaskId, TaskRequest, Tenant};
 use lanes_core::embedded::{DeliveryOrder, QueueSettings};
-use lanes_core::ports::{QueueConsume, QueueSend};
+use lanes_core::ports::QueueConsume;
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,13 +24,44 @@ pub struct TenantWaits {
     pub tasks: usize,
     /// Interactive wait, submission to claim, p50 and p99, ms.
     pub wait_ms: [f64; 2],
+    /// Interactive latency, submission to answer, p50 and p99, ms.
+    pub latency_ms: [f64; 2],
+    /// Under the flood, for a steady tenant, the p99 of the least wait any order could have given
+    /// these tasks without preempting a running task or holding a slot idle: nothing when a slot was
+    /// free on arrival, otherwise until the next interactive task of the run finished
+    /// ([`floor_wait`]); and the p99 of that wait plus each task's own service time, ms.
+    pub floor_ms: Option<[f64; 2]>,
+}
+
+/// How a run orders the lane's tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    /// Oldest first, no token shares: a lane without fairness.
+    Fifo,
+    /// The fair queue's order alone (token shares off).
+    FairOrder,
+    /// The fair queue's order and the token shares: what `lanes dev` and the workers run by default.
+    FairTokens,
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Fifo => "fifo",
+            Policy::FairOrder => "fair",
+            Policy::FairTokens => "fair+tokens",
+        }
+    }
 }
 
 /// One run: an order, with or without the flood.
 #[derive(Debug, Clone, Serialize)]
 pub struct FairnessRun {
-    /// `fifo` or `fair`.
+    /// `fifo`, `fair` (the fair queue's order, token shares off) or `fair+tokens` (the default:
+    /// the order and the token shares).
     pub order: String,
+    /// Tasks put off for fairness (token shares), all tenants.
+    pub put_offs: u64,
     /// Whether the flooding tenant sent its burst.
     pub flood: bool,
     /// Per tenant.
@@ -48,13 +80,24 @@ pub struct FairnessReport {
     pub slots: usize,
     /// Real ms per workload second.
     pub scale_ms: u64,
-    /// FIFO alone, FIFO under the flood, fair alone, fair under the flood.
+    /// Alone and under the flood: FIFO, the fair order alone, the fair order with token shares.
     pub runs: Vec<FairnessRun>,
-    /// The worst steady tenant's interactive p99 under the flood over its p99 alone, in the fair
-    /// order (goal <= 1.5).
+    /// The worst steady tenant's interactive wait p99 under the flood over its p99 alone, with the
+    /// fair order and token shares (goal <= 1.5).
     pub fair_flood_over_alone: f64,
+    /// The same with the fair order alone (token shares off).
+    pub order_only_flood_over_alone: f64,
     /// The same in FIFO order, for comparison.
     pub fifo_flood_over_alone: f64,
+    /// The worst steady tenant's least possible wait p99 under the flood (its `floor_wait_p99_ms`)
+    /// over its wait p99 alone: what the ratio would be in the best order that neither preempts nor
+    /// holds a slot idle.
+    pub fair_floor_over_alone: f64,
+    /// The worst steady tenant's interactive latency p99 (submission to answer) under the flood over
+    /// alone, with the fair order and token shares.
+    pub fair_latency_flood_over_alone: f64,
+    /// The same for the latency floor (the floor's wait plus each task's service time).
+    pub fair_latency_floor_over_alone: f64,
     /// The flooding tenant's share of the capacity the others leave, in the fair order (goal >= 0.95).
     pub fair_flood_share_of_leftover: f64,
     /// Two tenants with backlogs, one's tasks ten times larger in tokens: counted in tasks, then in
@@ -72,20 +115,21 @@ const STEADY: usize = 3;
 const FLOOD_INTERACTIVE: usize = 2_000;
 const FLOOD_SYNTHESIS: usize = 50;
 
-/// Runs the four runs: `slots` workers, 1 workload second = `scale_ms` real ms, steady tenants
+/// Runs the six runs: `slots` workers, 1 workload second = `scale_ms` real ms, steady tenants
 /// sending for `seconds` of real time at about 30% of the slots between them.
 pub async fn fairness_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<FairnessReport, String> {
     let mut runs = Vec::new();
-    for order in [DeliveryOrder::Fifo, DeliveryOrder::Fair] {
+    for policy in [Policy::Fifo, Policy::FairOrder, Policy::FairTokens] {
         for flood in [false, true] {
-            runs.push(one_run(order, flood, slots, seconds, scale_ms).await?);
+            runs.push(one_run(policy, flood, slots, seconds, scale_ms).await?);
         }
     }
-    let ratio = |alone: &FairnessRun, flooded: &FairnessRun| {
+    let worst = |alone: &FairnessRun, flooded: &FairnessRun, figure: &dyn Fn(&TenantWaits, bool) -> f64| {
         (0..STEADY)
-            .map(|t| flooded.tenants[t].wait_ms[1] / alone.tenants[t].wait_ms[1].max(1e-3))
+            .map(|t| figure(&flooded.tenants[t], true) / figure(&alone.tenants[t], false).max(1e-3))
             .fold(0.0, f64::max)
     };
+    let ratio = |alone: &FairnessRun, flooded: &FairnessRun| worst(alone, flooded, &|t, _| t.wait_ms[1]);
     let token_runs = crate::token_fairness::token_runs(slots, TOKEN_BACKLOG, scale_ms).await?;
     // The worst of the runs with the shares on, in either cache.
     let token_share_off_equal = token_runs
@@ -101,8 +145,16 @@ pub async fn fairness_report(slots: usize, seconds: f64, scale_ms: u64) -> Resul
         slots,
         scale_ms,
         fifo_flood_over_alone: ratio(&runs[0], &runs[1]),
-        fair_flood_over_alone: ratio(&runs[2], &runs[3]),
-        fair_flood_share_of_leftover: runs[3].flood_share_of_leftover.unwrap_or(0.0),
+        order_only_flood_over_alone: ratio(&runs[2], &runs[3]),
+        fair_flood_over_alone: ratio(&runs[4], &runs[5]),
+        fair_floor_over_alone: worst(&runs[4], &runs[5], &|t, flooded| {
+            if flooded { t.floor_ms.map_or(0.0, |f| f[0]) } else { t.wait_ms[1] }
+        }),
+        fair_latency_floor_over_alone: worst(&runs[4], &runs[5], &|t, flooded| {
+            if flooded { t.floor_ms.map_or(0.0, |f| f[1]) } else { t.latency_ms[1] }
+        }),
+        fair_latency_flood_over_alone: worst(&runs[4], &runs[5], &|t, _| t.latency_ms[1]),
+        fair_flood_share_of_leftover: runs[5].flood_share_of_leftover.unwrap_or(0.0),
         runs,
     })
 }
@@ -144,7 +196,7 @@ fn tenant_name(t: usize) -> String {
 }
 
 async fn one_run(
-    order: DeliveryOrder,
+    policy: Policy,
     flood: bool,
     slots: usize,
     seconds: f64,
@@ -153,15 +205,16 @@ async fn one_run(
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let dir = crate::temp_dir().map_err(|e| err(&e))?;
     let clock: SharedClock = Arc::new(SystemClock);
+    let order = if policy == Policy::Fifo { DeliveryOrder::Fifo } else { DeliveryOrder::Fair };
     let settings = QueueSettings { order, ..Default::default() };
     let (adapters, queues) =
         lanes_core::wiring::embedded(&dir, settings, clock.clone()).await.map_err(|e| err(&e))?;
-    let worker = adapters.task_worker(
-        Arc::new(crate::SleepLlm),
-        lanes_core::metrics::Metrics::new(),
-        clock.clone(),
-        Default::default(),
-    );
+    let mut config = WorkerConfig::default();
+    config.quota.share.on = policy == Policy::FairTokens;
+    config.quota.share.settings = crate::token_fairness::scaled_share(scale_ms);
+    let metrics = lanes_core::metrics::Metrics::new();
+    let worker =
+        adapters.task_worker(Arc::new(crate::SleepLlm), metrics.clone(), clock.clone(), config);
     let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> = [Lane::Interactive, Lane::Synthesis]
         .iter()
         .map(|&l| (l, adapters.consume[l.index()].clone()))
@@ -177,13 +230,18 @@ async fn one_run(
     let spawn = |set: &mut tokio::task::JoinSet<Result<(TaskId, usize, bool), String>>,
                  (i, (at, tenant, synthesis, ms)): (usize, (f64, usize, bool, u64)),
                  from: Option<Instant>| {
-        let (store, send, clock, who) =
-            (adapters.store.clone(), adapters.send.clone(), clock.clone(), tenants[tenant].clone());
+        let (adapters, config, clock, who) =
+            (adapters.clone(), config, clock.clone(), tenants[tenant].clone());
         set.spawn(async move {
             if let Some(from) = from {
                 tokio::time::sleep_until((from + Duration::from_micros((at * 1000.0) as u64)).into()).await;
             }
-            let id = submit(&*store, &send, &clock, who, i, synthesis, ms).await?;
+            let kind = if synthesis { "refactor" } else { "explain" };
+            let mut req = TaskRequest::from_value(serde_json::json!({"project_id": "fair", "kind": kind,
+                "prompt": format!("ms={ms} task {i}"), "target_files": []}))
+            .map_err(|e| format!("{e:?}"))?;
+            req.tenant = Some(who);
+            let id = crate::token_fairness::submit(&*adapters.store, &adapters, &config, req, &clock).await?;
             Ok((id, tenant, synthesis))
         });
     };
@@ -217,51 +275,53 @@ async fn one_run(
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(summarize(order, flood, slots, &records))
+    let put_offs = [Lane::Interactive, Lane::Synthesis]
+        .iter()
+        .map(|l| metrics.waits_total.with_label_values(&[l.as_str(), "fairness"]).get())
+        .sum();
+    Ok(summarize(policy, flood, slots, put_offs, &records))
 }
 
-/// Stores and sends one task of `tenant` whose model call takes `ms`.
-async fn submit(
-    store: &dyn lanes_core::ports::TaskStore,
-    send: &[Arc<dyn QueueSend>; 3],
-    clock: &SharedClock,
-    tenant: Tenant,
-    i: usize,
-    synthesis: bool,
-    ms: u64,
-) -> Result<TaskId, String> {
-    let err = |e: &dyn std::fmt::Display| e.to_string();
-    let kind = if synthesis { "refactor" } else { "explain" };
-    let mut req = TaskRequest::from_value(serde_json::json!({"project_id": "fair", "kind": kind,
-        "prompt": format!("ms={ms} task {i}"), "target_files": []}))
-    .map_err(|e| format!("{e:?}"))?;
-    req.tenant = Some(tenant);
-    let rec = TaskRecord::pending(req.task_id(None), req, clock.now_ms(), 3_600);
-    store.put_pending(&rec, clock.now_ms()).await.map_err(|e| err(&e))?;
-    let msg = TaskMessage { task_id: rec.task_id.clone(), lane: rec.lane, kind: rec.request.kind };
-    let attributes =
-        BTreeMap::from([(GROUP_ATTRIBUTE.to_owned(), task_group(rec.request.tenant.as_ref(), "fair"))]);
-    let body = serde_json::to_string(&msg).map_err(|e| err(&e))?;
-    send[rec.lane.index()].send(&body, attributes).await.map_err(|e| err(&e))?;
-    Ok(rec.task_id)
+/// The least wait of an interactive task submitted at `at` under any order that neither preempts
+/// a running task nor holds a slot idle, given the run's own timeline: none if fewer than `slots`
+/// tasks were running then, otherwise until the next interactive task finished. Each arrival is
+/// given the first slot to free up as if no other waiting task took it, so the figure is a floor.
+fn floor_wait(records: &[(usize, bool, u64, u64, u64)], slots: usize, at: u64) -> f64 {
+    let running = records.iter().filter(|r| r.3 <= at && at < r.4).count();
+    if running < slots {
+        return 0.0;
+    }
+    records.iter().filter(|r| !r.1 && r.4 > at).map(|r| (r.4 - at) as f64).fold(f64::INFINITY, f64::min)
 }
 
 /// The run's figures from `(tenant, synthesis, created, started, finished)` of every finished task.
 fn summarize(
-    order: DeliveryOrder,
+    policy: Policy,
     flood: bool,
     slots: usize,
+    put_offs: u64,
     records: &[(usize, bool, u64, u64, u64)],
 ) -> FairnessRun {
     let tenants = (0..=STEADY)
         .filter(|&t| flood || t < STEADY)
         .map(|t| {
-            let mut waits: Vec<f64> =
-                records.iter().filter(|r| r.0 == t && !r.1).map(|r| r.3.saturating_sub(r.2) as f64).collect();
+            let mine: Vec<_> = records.iter().filter(|r| r.0 == t && !r.1).collect();
+            let mut waits: Vec<f64> = mine.iter().map(|r| r.3.saturating_sub(r.2) as f64).collect();
+            let mut latencies: Vec<f64> = mine.iter().map(|r| r.4.saturating_sub(r.2) as f64).collect();
+            let mut floors: Vec<f64> = mine.iter().map(|r| floor_wait(records, slots, r.2)).collect();
+            let mut floor_latencies: Vec<f64> =
+                mine.iter().zip(&floors).map(|(r, w)| w + r.4.saturating_sub(r.3) as f64).collect();
             TenantWaits {
                 tenant: tenant_name(t),
                 tasks: waits.len(),
                 wait_ms: [crate::percentile(&mut waits, 50.0), crate::percentile(&mut waits, 99.0)],
+                latency_ms: [
+                    crate::percentile(&mut latencies, 50.0),
+                    crate::percentile(&mut latencies, 99.0),
+                ],
+                floor_ms: (flood && t < STEADY).then(|| {
+                    [crate::percentile(&mut floors, 99.0), crate::percentile(&mut floor_latencies, 99.0)]
+                }),
             }
         })
         .collect();
@@ -281,12 +341,7 @@ fn summarize(
         let leftover = slots as f64 * to.saturating_sub(from) as f64 - busy(&|t| t < STEADY);
         busy(&|t| t == STEADY) / leftover.max(1.0)
     });
-    FairnessRun {
-        order: if order == DeliveryOrder::Fair { "fair".into() } else { "fifo".into() },
-        flood,
-        tenants,
-        flood_share_of_leftover,
-    }
+    FairnessRun { order: policy.name().into(), put_offs, flood, tenants, flood_share_of_leftover }
 }
 
 impl std::fmt::Display for FairnessReport {
@@ -294,25 +349,40 @@ impl std::fmt::Display for FairnessReport {
         writeln!(f, "Fairness, {} slots, 1 s = {} ms ({})", self.slots, self.scale_ms, self.command)?;
         writeln!(
             f,
-            "{:<6} {:<6} {:<10} {:>6} {:>14} {:>14}",
-            "order", "flood", "tenant", "tasks", "wait p50", "wait p99"
+            "{:<11} {:<6} {:<10} {:>6} {:>14} {:>14} {:>14} {:>9}",
+            "order", "flood", "tenant", "tasks", "wait p50", "wait p99", "latency p99", "put-offs"
         )?;
         for run in &self.runs {
             for t in &run.tenants {
                 writeln!(
                     f,
-                    "{:<6} {:<6} {:<10} {:>6} {:>11.1} ms {:>11.1} ms",
-                    run.order, run.flood, t.tenant, t.tasks, t.wait_ms[0], t.wait_ms[1]
+                    "{:<11} {:<6} {:<10} {:>6} {:>11.1} ms {:>11.1} ms {:>11.1} ms {:>9}",
+                    run.order,
+                    run.flood,
+                    t.tenant,
+                    t.tasks,
+                    t.wait_ms[0],
+                    t.wait_ms[1],
+                    t.latency_ms[1],
+                    run.put_offs
                 )?;
             }
         }
         let verdict = |ok: bool| if ok { "met" } else { "not met" };
         writeln!(
             f,
-            "steady tenants' worst interactive p99 under the flood / alone: fair {:.2} (goal <= 1.5: {}), FIFO {:.2}",
+            "steady tenants' worst interactive wait p99 under the flood / alone: fair+tokens {:.2} (goal <= 1.5: {}), fair order alone {:.2}, FIFO {:.2}",
             self.fair_flood_over_alone,
             verdict(self.fair_flood_over_alone <= 1.5),
+            self.order_only_flood_over_alone,
             self.fifo_flood_over_alone
+        )?;
+        writeln!(
+            f,
+            "  the least any order could give without preempting or idling a slot: {:.2}; latency p99 under the flood / alone: {:.2} (floor {:.2})",
+            self.fair_floor_over_alone,
+            self.fair_latency_flood_over_alone,
+            self.fair_latency_floor_over_alone
         )?;
         writeln!(
             f,

@@ -91,12 +91,7 @@ async fn one_run(
     }
     let mut config = WorkerConfig::default();
     config.quota.share.on = on;
-    // The policy's windows at the workload's scale: a 30-second window, forgotten after 15.
-    config.quota.share.settings = ShareSettings {
-        window_ms: 30 * scale_ms,
-        forget_ms: 15 * scale_ms,
-        put_off_ms: (scale_ms / 4).max(1),
-    };
+    config.quota.share.settings = scaled_share(scale_ms);
     let metrics = lanes_core::metrics::Metrics::new();
     let worker = adapters.task_worker(Arc::new(crate::SleepLlm), metrics.clone(), clock.clone(), config);
     let mut ids: Vec<(TaskId, usize)> = Vec::new();
@@ -166,8 +161,20 @@ fn request(tenant: &str, i: usize, scale_ms: u64, tokens: u64) -> Result<TaskReq
     Ok(req)
 }
 
-/// Stores and sends one task, and counts it as waiting as ingress does.
-async fn submit(
+/// The token shares' windows at a workload's scale (1 workload second = `scale_ms` real ms): a
+/// 30-second window, forgotten after 15, a put-off and a patience of a quarter second.
+pub(crate) fn scaled_share(scale_ms: u64) -> ShareSettings {
+    let quarter = (scale_ms / 4).max(1);
+    ShareSettings {
+        window_ms: 30 * scale_ms,
+        forget_ms: 15 * scale_ms,
+        put_off_ms: quarter,
+        patience_ms: quarter,
+    }
+}
+
+/// Stores and sends one task, and counts it as waiting as ingress does (with the shares on).
+pub(crate) async fn submit(
     store: &dyn TaskStore,
     adapters: &lanes_core::wiring::Adapters,
     config: &WorkerConfig,

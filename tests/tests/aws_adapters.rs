@@ -784,7 +784,8 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
 
 /// The token-share step is one algorithm in two places: the Redis script and the embedded cache.
 /// 4,000 seeded steps of five groups (uneven weights and estimates, submissions, starts and
-/// corrections, time jumps past the forget and window limits) get the same verdict from both, at
+/// corrections, time jumps past the forget and window limits, gaps either side of the patience)
+/// get the same verdict from both, at
 /// every step; and the sequence does put tasks off, so the comparison is not of two constant answers.
 #[tokio::test]
 async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
@@ -792,7 +793,7 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
     let redis = RedisServer::start();
     let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
     let local = lanes_core::embedded::MemoryCache::new(std::sync::Arc::new(lanes_core::clock::SystemClock));
-    let settings = ShareSettings { window_ms: 5_000, forget_ms: 2_000, put_off_ms: 100 };
+    let settings = ShareSettings { window_ms: 5_000, forget_ms: 2_000, put_off_ms: 100, patience_ms: 60 };
     let mut seed: u64 = 0x5eed;
     let mut next = |n: u64| {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
@@ -820,6 +821,32 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
         put_off += usize::from(a == Verdict::PutOff);
     }
     assert!(put_off > 100, "only {put_off} put-offs: the sequence barely tests the policy");
+}
+
+/// An entry stored in the six-number form (no `since`) reads in the script as it does in Rust: a
+/// group waiting since the epoch, which competes at once, so a group over its share is put off.
+#[tokio::test]
+async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
+    use lanes_core::domain::token_share::{GroupUse, ShareSettings, Step};
+    let redis = RedisServer::start();
+    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let settings = ShareSettings { patience_ms: 60_000, ..Default::default() };
+    let now = 1_796_000_000_000u64;
+    let ask = |group: &str, step| ShareAsk { group: group.into(), weight: 1, step, now_ms: now, settings };
+    remote.share("fair:{interactive}", &ask("big", Step::Decide { estimate: 10_000 })).await.unwrap();
+    let old = format!("0 0 {} 2 {now} 1", now / settings.window_ms);
+    assert_eq!(GroupUse::decode(&old).map(|u| u.since_ms), Some(0));
+    let _: () = redis::cmd("HSET")
+        .arg("lanes:fair:{interactive}")
+        .arg("old")
+        .arg(&old)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let verdict =
+        remote.share("fair:{interactive}", &ask("big", Step::Decide { estimate: 10_000 })).await.unwrap();
+    assert_eq!(verdict, Verdict::PutOff, "the six-number entry competes in spite of a minute's patience");
 }
 
 /// A result over the record's limit (here 640 KB that does not compress, which fails its task

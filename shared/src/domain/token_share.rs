@@ -12,9 +12,13 @@
 //!   ([`Step::Submit`]), and a start takes it off. A count nobody touched for
 //!   [`ShareSettings::forget_ms`] is forgotten (a task cancelled before it started never starts);
 //! - **the policy** ([`Step::Decide`]): a group over its weighted share of the tokens of the groups
-//!   competing now (itself and every other group with tasks waiting) is put off, as a wait and never
-//!   an attempt, while another group waits. With no other group waiting every task starts at once, so
-//!   capacity nobody else asks for is never held back.
+//!   competing now (itself and every other group whose tasks have waited at least
+//!   [`ShareSettings::patience_ms`]) is put off, as a wait and never an attempt. With no other group
+//!   waiting every task starts at once, so capacity nobody else asks for is never held back.
+//! - **contention, not arrival, makes a group compete.** A task submitted a moment ago is normally
+//!   picked up by a free slot at once; putting another group off for it would cost that task a whole
+//!   put-off and gain nobody anything. Only a group whose waiting began `patience_ms` ago, which the
+//!   lane has not found a slot for, competes: then the lane is full and the order matters.
 //!
 //! Everything is whole numbers (tokens, ms, weights up to [`MAX_WEIGHT`]), so the script's doubles
 //! and this code agree exactly while the products stay below 2^53 (tokens per window below about
@@ -34,11 +38,13 @@ pub struct ShareSettings {
     pub forget_ms: u64,
     /// How long a put-off task waits before it is offered again.
     pub put_off_ms: u64,
+    /// How long a group's tasks must have waited before it competes (see the module's header).
+    pub patience_ms: u64,
 }
 
 impl Default for ShareSettings {
     fn default() -> Self {
-        Self { window_ms: 60_000, forget_ms: 30_000, put_off_ms: 1_000 }
+        Self { window_ms: 60_000, forget_ms: 30_000, put_off_ms: 1_000, patience_ms: 250 }
     }
 }
 
@@ -81,22 +87,29 @@ pub struct GroupUse {
     pub seen_ms: u64,
     /// The group's weight.
     pub weight: u64,
+    /// When its waiting began: the submission that found nothing of the group waiting (Unix ms).
+    pub since_ms: u64,
 }
 
 impl GroupUse {
-    /// `current previous window queued seen_ms weight`, the stored form.
+    /// `current previous window queued seen_ms weight since_ms`, the stored form.
     pub fn encode(&self) -> String {
         format!(
-            "{} {} {} {} {} {}",
-            self.current, self.previous, self.window, self.queued, self.seen_ms, self.weight
+            "{} {} {} {} {} {} {}",
+            self.current, self.previous, self.window, self.queued, self.seen_ms, self.weight, self.since_ms
         )
     }
 
-    /// The stored form read back; `None` for anything else.
+    /// The stored form read back; `None` for anything else. An entry without `since_ms` (six
+    /// numbers) reads as waiting since the epoch, so it competes as soon as it has work waiting.
     pub fn decode(s: &str) -> Option<Self> {
         let v: Vec<u64> = s.split(' ').map(|p| p.parse().ok()).collect::<Option<_>>()?;
-        let [current, previous, window, queued, seen_ms, weight] = v[..] else { return None };
-        Some(Self { current, previous, window, queued, seen_ms, weight })
+        let (current, previous, window, queued, seen_ms, weight, since_ms) = match v[..] {
+            [c, p, w, q, s, wt] => (c, p, w, q, s, wt, 0),
+            [c, p, w, q, s, wt, since] => (c, p, w, q, s, wt, since),
+            _ => return None,
+        };
+        Some(Self { current, previous, window, queued, seen_ms, weight, since_ms })
     }
 
     /// This use at window `w`: moved on by whole windows (one back keeps its tokens as `previous`).
@@ -111,6 +124,11 @@ impl GroupUse {
     /// Tasks waiting, unless the count was left untouched for `forget_ms`.
     fn waiting(&self, now_ms: u64, s: &ShareSettings) -> u64 {
         if now_ms.saturating_sub(self.seen_ms) > s.forget_ms { 0 } else { self.queued }
+    }
+
+    /// Whether the group competes for the lane: it has tasks waiting, and has for `patience_ms`.
+    fn competes(&self, now_ms: u64, s: &ShareSettings) -> bool {
+        self.waiting(now_ms, s) > 0 && now_ms.saturating_sub(self.since_ms) >= s.patience_ms
     }
 }
 
@@ -193,6 +211,9 @@ pub fn step(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk) -> Change {
     mine.weight = ask.weight.clamp(1, MAX_WEIGHT);
     let verdict = match ask.step {
         Step::Submit => {
+            if mine.queued == 0 {
+                mine.since_ms = now;
+            }
             mine.queued += 1;
             mine.seen_ms = now;
             Verdict::Go
@@ -216,12 +237,12 @@ pub fn step(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk) -> Change {
 }
 
 /// Whether `mine` holds more than its weighted share of the tokens of the groups competing now:
-/// itself and every other group with tasks waiting. Never with no other group waiting, nor for a
-/// group with no tokens in the window (its first task always starts).
+/// itself and every other group that [`GroupUse::competes`]. Never with no other group competing,
+/// nor for a group with no tokens in the window (its first task always starts).
 fn over_share(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk, mine: &GroupUse) -> bool {
     let (now, s) = (ask.now_ms, &ask.settings);
     let others: Vec<&GroupUse> =
-        state.iter().filter(|(g, u)| **g != ask.group && u.waiting(now, s) > 0).map(|(_, u)| u).collect();
+        state.iter().filter(|(g, u)| **g != ask.group && u.competes(now, s)).map(|(_, u)| u).collect();
     let used = recent(mine, now, s.window_ms);
     if others.is_empty() || used == 0 {
         return false;
@@ -275,8 +296,9 @@ impl Weights {
 mod tests {
     use super::*;
 
+    /// No patience: every waiting group competes at once, so the tests below read the share alone.
     fn settings() -> ShareSettings {
-        ShareSettings { window_ms: 10_000, forget_ms: 5_000, put_off_ms: 100 }
+        ShareSettings { window_ms: 10_000, forget_ms: 5_000, put_off_ms: 100, patience_ms: 0 }
     }
 
     /// Applies `ask` as a store would: the asking group's entry written, the dropped ones removed.
@@ -367,6 +389,40 @@ mod tests {
         );
         apply(&mut st, "big", 1, Step::Submit, 30_000);
         assert!(!st.contains_key("ghost"), "two windows idle and nothing waiting");
+    }
+
+    #[test]
+    fn a_group_competes_only_once_its_waiting_has_lasted_the_patience() {
+        let patient = ShareSettings { patience_ms: 50, ..settings() };
+        let mut st = BTreeMap::new();
+        let ask = |st: &mut BTreeMap<String, GroupUse>, group: &str, step_: Step, now_ms: u64| {
+            let c = step(
+                st,
+                &ShareAsk { group: group.into(), weight: 1, step: step_, now_ms, settings: patient },
+            );
+            st.insert(group.into(), c.mine);
+            c.verdict
+        };
+        let big = Step::Decide { estimate: 10_000 };
+        ask(&mut st, "big", Step::Submit, 0);
+        ask(&mut st, "big", big, 1);
+        ask(&mut st, "small", Step::Submit, 100);
+        ask(&mut st, "small", Step::Submit, 130);
+        ask(&mut st, "big", Step::Submit, 131);
+        assert_eq!(
+            ask(&mut st, "big", big, 140),
+            Verdict::Go,
+            "small has waited 40 ms: a free slot takes it"
+        );
+        assert_eq!(ask(&mut st, "big", big, 150), Verdict::PutOff, "its waiting began 50 ms ago");
+        assert_eq!(st["small"].since_ms, 100, "a second submission keeps when the waiting began");
+        ask(&mut st, "small", Step::Decide { estimate: 1 }, 151);
+        ask(&mut st, "small", Step::Decide { estimate: 1 }, 152);
+        ask(&mut st, "small", Step::Submit, 400);
+        assert_eq!(st["small"].since_ms, 400, "waiting again after none waited begins anew");
+        assert_eq!(ask(&mut st, "big", big, 420), Verdict::Go);
+        let old = GroupUse::decode("1 2 3 4 5 6").unwrap();
+        assert_eq!((old.queued, old.since_ms), (4, 0), "an entry written without since_ms competes at once");
     }
 
     #[test]

@@ -967,6 +967,8 @@ mod tests {
         use crate::domain::token_share::{ShareAsk, Step};
         let mut config = fast();
         config.quota.share.settings.put_off_ms = 10;
+        // The other tenant's task competes from its submission (it has waited long enough).
+        config.quota.share.settings.patience_ms = 0;
         let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), config).await;
         let key = crate::tasks::share::share_key(Lane::Interactive);
         let ask = |group: &str, step| ShareAsk {

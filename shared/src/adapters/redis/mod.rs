@@ -458,6 +458,7 @@ impl Cache for RedisCache {
             .arg(s.window_ms.max(1))
             .arg(s.forget_ms)
             .arg(crate::domain::token_share::state_ttl_ms(s))
+            .arg(s.patience_ms)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(|e| CacheError::Unavailable(e.to_string()))?;
