@@ -213,8 +213,7 @@ async fn one_run(
     config.quota.share.on = policy == Policy::FairTokens;
     config.quota.share.settings = crate::token_fairness::scaled_share(scale_ms);
     let metrics = lanes_core::metrics::Metrics::new();
-    let worker =
-        adapters.task_worker(Arc::new(crate::SleepLlm), metrics.clone(), clock.clone(), config);
+    let worker = adapters.task_worker(Arc::new(crate::SleepLlm), metrics.clone(), clock.clone(), config);
     let consumers: Vec<(Lane, Arc<dyn QueueConsume>)> = [Lane::Interactive, Lane::Synthesis]
         .iter()
         .map(|&l| (l, adapters.consume[l.index()].clone()))
