@@ -413,3 +413,27 @@ impl std::fmt::Display for FairnessReport {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records are `(tenant, synthesis, created, started, finished)`.
+    #[test]
+    fn the_floor_is_nothing_with_a_slot_free_and_the_next_finish_with_none() {
+        let records = [
+            (STEADY, false, 0, 0, 100),
+            (STEADY, false, 0, 10, 60),
+            (STEADY, true, 0, 0, 1_000), // a synthesis task holds a slot but frees none for interactive
+            (0, false, 5, 40, 80),
+        ];
+        assert_eq!(floor_wait(&records, 4, 5), 0.0, "four slots, three busy at 5: one is free");
+        assert_eq!(floor_wait(&records, 3, 20), 40.0, "three busy at 20: the interactive one ending at 60");
+        assert_eq!(floor_wait(&records, 3, 65), 15.0, "the next interactive end after 65 is 80");
+        assert_eq!(
+            floor_wait(&records, 1, 5),
+            55.0,
+            "one slot: the first interactive end, not the earliest start"
+        );
+    }
+}
