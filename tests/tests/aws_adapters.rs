@@ -785,8 +785,8 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
 /// The token-share step is one algorithm in two places: the Redis script and the embedded cache.
 /// 4,000 seeded steps of five groups (uneven weights and estimates, submissions, starts and
 /// corrections, time jumps past the forget and window limits, gaps either side of the patience)
-/// get the same verdict from both, at
-/// every step; and the sequence does put tasks off, so the comparison is not of two constant answers.
+/// get the same verdict from both, at every step; and the sequence does put tasks off, so the
+/// comparison is not of two constant answers.
 #[tokio::test]
 async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
     use lanes_core::domain::token_share::{ShareSettings, Step};
