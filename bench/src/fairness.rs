@@ -89,8 +89,8 @@ pub struct FairnessReport {
     pub order_only_flood_over_alone: f64,
     /// The same in FIFO order, for comparison.
     pub fifo_flood_over_alone: f64,
-    /// The worst steady tenant's least possible wait p99 under the flood (its `floor_wait_p99_ms`)
-    /// over its wait p99 alone: what the ratio would be in the best order that neither preempts nor
+    /// The worst steady tenant's least possible wait p99 under the flood (the first of its
+    /// `floor_ms`) over its wait p99 alone: what the ratio would be in the best order that neither preempts nor
     /// holds a slot idle.
     pub fair_floor_over_alone: f64,
     /// The worst steady tenant's interactive latency p99 (submission to answer) under the flood over
@@ -98,7 +98,8 @@ pub struct FairnessReport {
     pub fair_latency_flood_over_alone: f64,
     /// The same for the latency floor (the floor's wait plus each task's service time).
     pub fair_latency_floor_over_alone: f64,
-    /// The flooding tenant's share of the capacity the others leave, in the fair order (goal >= 0.95).
+    /// The flooding tenant's share of the capacity the others leave, with the fair order and token
+    /// shares (goal >= 0.95).
     pub fair_flood_share_of_leftover: f64,
     /// Two tenants with backlogs, one's tasks ten times larger in tokens: counted in tasks, then in
     /// tokens ([`crate::token_fairness`]).
@@ -385,7 +386,7 @@ impl std::fmt::Display for FairnessReport {
         )?;
         writeln!(
             f,
-            "the flooding tenant's share of the capacity the others leave, fair: {:.2} (goal >= 0.95: {})",
+            "the flooding tenant's share of the capacity the others leave, fair+tokens: {:.2} (goal >= 0.95: {})",
             self.fair_flood_share_of_leftover,
             verdict(self.fair_flood_share_of_leftover >= 0.95)
         )?;

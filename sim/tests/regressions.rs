@@ -77,8 +77,8 @@ fn seeds_that_once_failed_replay_clean() {
 }
 
 /// Seeds that found a defect (of the code, or of the oracle) in histories with the tenants' knobs
-/// on, some of which run provider batches: the seed, the busy phase's length, the finding. Knobs
-/// drawn differently would give each seed another history.
+/// on, some of which run provider batches. Each entry holds a seed with its busy phase's length
+/// and what it found; knobs drawn differently would give each seed another history.
 /// The histories are described in docs/ARCHITECTURE.md, Lifecycle simulation.
 const WITH_KNOBS: &[(u64, u64, &str)] = &[
     (1_000_884, 240, "a parked task's delivery was acked on an earlier run's batch marker: left parked"),
