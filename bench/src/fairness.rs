@@ -8,7 +8,7 @@
 
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::config::WorkerConfig;
-use lanes_core::domain::{Lane, TaskId, TaskRequest, Tenant};
+use lanes_core::domain::{Lane, TaskId, Tenant};
 use lanes_core::embedded::{DeliveryOrder, QueueSettings};
 use lanes_core::ports::QueueConsume;
 use serde::Serialize;
@@ -113,6 +113,8 @@ pub struct FairnessReport {
 const TOKEN_BACKLOG: usize = 300;
 
 const STEADY: usize = 3;
+/// Every task's size in tokens (estimate and usage alike): the shares then follow slot time.
+const TASK_TOKENS: u64 = 1_000;
 const FLOOD_INTERACTIVE: usize = 2_000;
 const FLOOD_SYNTHESIS: usize = 50;
 
@@ -237,10 +239,11 @@ async fn one_run(
                 tokio::time::sleep_until((from + Duration::from_micros((at * 1000.0) as u64)).into()).await;
             }
             let kind = if synthesis { "refactor" } else { "explain" };
-            let mut req = TaskRequest::from_value(serde_json::json!({"project_id": "fair", "kind": kind,
-                "prompt": format!("ms={ms} task {i}"), "target_files": []}))
-            .map_err(|e| format!("{e:?}"))?;
-            req.tenant = Some(who);
+            // Every task reports the usage its estimate foresaw, as a real call's roughly does:
+            // a run that reports next to nothing would leave only the estimates of running tasks
+            // in the token shares, and a steady tenant's two running tasks would count for more
+            // than the flood's whole window.
+            let req = crate::token_fairness::sized_request(who.as_str(), "fair", kind, i, ms, TASK_TOKENS)?;
             let id = crate::token_fairness::submit(&*adapters.store, &adapters, &config, req, &clock).await?;
             Ok((id, tenant, synthesis))
         });

@@ -108,7 +108,7 @@ async fn aws_stack() -> Result<(AwsServices, [String; 3]), String> {
 
 /// The usage a [`SleepLlm`] prompt asks to report: `tokens=<n>` anywhere in it (half prompt, half
 /// completion), else one of each.
-fn usage_in(prompt: &str) -> lanes_core::domain::TokenUsage {
+pub(crate) fn usage_in(prompt: &str) -> lanes_core::domain::TokenUsage {
     let n: u64 = prompt.split(' ').find_map(|w| w.strip_prefix("tokens=")?.parse().ok()).unwrap_or(2);
     lanes_core::domain::TokenUsage { prompt: n / 2, completion: n - n / 2 }
 }

@@ -148,13 +148,28 @@ fn summarize(on: bool, cache: &str, started: &[(u64, usize, u64)], put_offs: u64
 }
 
 fn request(tenant: &str, i: usize, scale_ms: u64, tokens: u64) -> Result<TaskRequest, String> {
+    sized_request(tenant, "tokens", "explain", i, scale_ms, tokens)
+}
+
+/// Task `i` of `tenant` in `project`, of `kind`, that runs `ms` and is `tokens` in size: its
+/// estimate (prompt / 4 + 200 + `max_tokens`) is `tokens` (at least 202), and so is the usage the
+/// bench's model reports for it ([`crate::SleepLlm`]).
+pub(crate) fn sized_request(
+    tenant: &str,
+    project: &str,
+    kind: &str,
+    i: usize,
+    ms: u64,
+    tokens: u64,
+) -> Result<TaskRequest, String> {
     // After the estimate's fixed 200: up to half as the completion cap (within the interactive
     // lane's 1,024), the rest in the prompt (4 bytes a token).
+    let tokens = tokens.max(202);
     let cap = ((tokens - 200) / 2).min(1_000);
-    let head = format!("ms={scale_ms} tokens={tokens} task {i} ");
+    let head = format!("ms={ms} tokens={tokens} task {i} ");
     let prompt_bytes = ((tokens - 200 - cap) * 4) as usize;
     let prompt = format!("{head}{}", "x".repeat(prompt_bytes.saturating_sub(head.len())));
-    let mut req = TaskRequest::from_value(serde_json::json!({"project_id": "tokens", "kind": "explain",
+    let mut req = TaskRequest::from_value(serde_json::json!({"project_id": project, "kind": kind,
         "prompt": prompt, "target_files": [], "params": {"max_tokens": cap}}))
     .map_err(|e| format!("{e:?}"))?;
     req.tenant = Some(Tenant::parse(tenant).map_err(|e| e.to_string())?);
@@ -196,4 +211,26 @@ pub(crate) async fn submit(
         adapters.cache.share(&share_key(rec.lane), &ask).await.map_err(|e| err(&e))?;
     }
     Ok(rec.task_id)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// What a sized task is charged before its call and what the bench's model reports after it
+    /// agree (within the few tokens the kind's instructions add), for every size the benches use
+    /// and both lanes' kinds.
+    #[test]
+    fn a_sized_task_reports_the_tokens_its_estimate_foresaw() {
+        for (kind, tokens) in [("explain", 300), ("explain", 1_000), ("explain", 3_000), ("refactor", 1_000)]
+        {
+            let req = sized_request("t", "p", kind, 7, 40, tokens).unwrap();
+            let estimate =
+                lanes_core::llm::estimate_tokens(&lanes_core::ports::LlmRequest::for_task(&req, 1_024));
+            let usage = crate::usage_in(&req.prompt);
+            assert_eq!(usage.prompt + usage.completion, tokens, "{kind} {tokens}");
+            assert!(estimate.abs_diff(tokens) * 20 <= tokens, "{kind} {tokens}: estimate {estimate}");
+        }
+    }
 }
