@@ -8,8 +8,9 @@
 //!   `MessageGroupId`, which on a standard queue makes it a fair queue.
 //! - **Order.** SQS's fair queues deliver a group that holds more messages in flight than the others
 //!   after the quiet ones. The embedded queue's twin of that is [`fair_order`]: round-robin across
-//!   groups, the group with the fewest messages in flight first, oldest message first inside a
-//!   group. A group with a backlog of thousands cannot starve one with a single message.
+//!   groups, the group with the fewest messages in flight first, among equals the one delivered to
+//!   least recently, oldest message first inside a group. A group with a backlog of thousands
+//!   cannot starve one with a single message.
 //! - **Priority.** A task may ask for `high` or `low` [`Priority`]: a time offset in that order
 //!   ([`PRIORITY_OFFSET_MS`]), carried as the [`PRIORITY_ATTRIBUTE`] of its message. A `high`
 //!   task is ordered as if sent that much earlier, so it passes its own group's older `normal`
@@ -130,39 +131,59 @@ pub struct Ready<'a> {
 /// A message's place inside its group: its [`Ready::order_at`], then its sequence number.
 pub type Place = (u64, u64);
 
+/// What a group brings to the fair order besides its head: its messages out (in flight) and the
+/// turn at which it was last delivered to (0: never, or not since it was last quiet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// Messages in flight.
+    pub out: usize,
+    /// The queue's delivery counter at the group's last delivery.
+    pub last_turn: u64,
+}
+
 /// The fair order taken one message at a time, over groups whose ready messages are kept sorted
 /// elsewhere (a queue's index): repeatedly the head of the group with the fewest messages out (in
-/// flight before this receive, plus those this receive already took), ties to the earliest head.
-/// Each turn costs the log of the number of groups, not the backlog.
+/// flight before this receive, plus those this receive already took), ties to the group delivered
+/// to least recently, then to the earliest head. Ties go round-robin rather than to the earliest
+/// head because a backlog's head is always the oldest: a tenant whose burst holds as many in flight
+/// as a flooding tenant would otherwise lose every tie to it. Each turn costs the log of the number
+/// of groups, not the backlog.
 #[derive(Debug)]
 pub struct FairTurns<G> {
-    /// Min-heap on (messages out, head's place, group).
-    heap: BinaryHeap<Reverse<(usize, Place, G)>>,
+    /// Min-heap on (messages out, last turn, head's place, group).
+    heap: BinaryHeap<Reverse<(usize, u64, Place, G)>>,
+    /// The turn the next delivery of this walk is stamped with: after every group's last.
+    turn: u64,
 }
 
 impl<G: Ord + Clone> FairTurns<G> {
-    /// Starts from each group with a ready message: the group, its messages out, its head.
-    pub fn new(heads: impl IntoIterator<Item = (G, usize, Place)>) -> Self {
-        Self { heap: heads.into_iter().map(|(g, out, head)| Reverse((out, head, g))).collect() }
+    /// Starts from each group with a ready message: the group, its standing, its head.
+    pub fn new(heads: impl IntoIterator<Item = (G, Standing, Place)>) -> Self {
+        let heap: BinaryHeap<_> =
+            heads.into_iter().map(|(g, s, head)| Reverse((s.out, s.last_turn, head, g))).collect();
+        let turn = heap.iter().map(|Reverse((_, last, _, _))| *last).max().unwrap_or(0) + 1;
+        Self { heap, turn }
     }
 
     /// The next message to deliver, with its group. `after` gives the group's ready message that
     /// follows the one just taken, if any.
     pub fn next(&mut self, after: impl FnOnce(&G, Place) -> Option<Place>) -> Option<(G, Place)> {
-        let Reverse((out, head, group)) = self.heap.pop()?;
+        let Reverse((out, _, head, group)) = self.heap.pop()?;
         if let Some(next) = after(&group, head) {
-            self.heap.push(Reverse((out + 1, next, group.clone())));
+            self.heap.push(Reverse((out + 1, self.turn, next, group.clone())));
         }
+        self.turn += 1;
         Some((group, head))
     }
 }
 
 /// The order in which to deliver `ready` (visible messages, in any order), as [`FairTurns`] takes
-/// it. Inside a group, earliest [`Ready::order_at`] first, then sending order. Messages without a
-/// group (`""`) are one group of their own.
+/// it, given each group's [`Standing`] (absent: none out, never delivered to). Inside a group,
+/// earliest [`Ready::order_at`] first, then sending order. Messages without a group (`""`) are one
+/// group of their own.
 pub fn fair_order<'a>(
     ready: impl IntoIterator<Item = Ready<'a>>,
-    in_flight: &HashMap<&str, usize>,
+    standing: &HashMap<&str, Standing>,
 ) -> Vec<u64> {
     let mut by_group: BTreeMap<&str, Vec<Place>> = BTreeMap::new();
     for r in ready {
@@ -172,7 +193,9 @@ pub fn fair_order<'a>(
         q.sort_unstable();
     }
     let mut turns = FairTurns::new(
-        by_group.iter().filter_map(|(g, q)| Some((*g, in_flight.get(g).copied().unwrap_or(0), *q.first()?))),
+        by_group
+            .iter()
+            .filter_map(|(g, q)| Some((*g, standing.get(g).copied().unwrap_or_default(), *q.first()?))),
     );
     let mut out = Vec::with_capacity(by_group.values().map(Vec::len).sum());
     while let Some((_, (_, seq))) = turns.next(|g, head| {
@@ -245,8 +268,25 @@ mod tests {
     #[test]
     fn a_group_with_messages_in_flight_waits_behind_the_quiet_ones() {
         let ready = [(1, "busy"), (2, "busy"), (3, "quiet")];
-        let in_flight = HashMap::from([("busy", 5)]);
-        assert_eq!(fair_order(at(ready), &in_flight), [3, 1, 2]);
+        let standing = HashMap::from([("busy", Standing { out: 5, last_turn: 0 })]);
+        assert_eq!(fair_order(at(ready), &standing), [3, 1, 2]);
+    }
+
+    #[test]
+    fn ties_go_to_the_group_delivered_to_least_recently_not_to_the_oldest_head() {
+        // The flood's backlog heads every tie by age; both groups hold two in flight, and the
+        // flood was delivered to last, so the burst's message goes first, then they alternate.
+        let ready = [(1, "flood"), (2, "flood"), (3, "flood"), (50, "burst"), (51, "burst")];
+        let standing = HashMap::from([
+            ("flood", Standing { out: 2, last_turn: 9 }),
+            ("burst", Standing { out: 2, last_turn: 7 }),
+        ]);
+        assert_eq!(fair_order(at(ready), &standing), [50, 1, 51, 2, 3]);
+        // Never delivered to (0) goes before both; equal turns fall back to the earliest head.
+        let ready = [(1, "flood"), (60, "new")];
+        let standing = HashMap::from([("flood", Standing { out: 0, last_turn: 4 })]);
+        assert_eq!(fair_order(at(ready), &standing), [60, 1]);
+        assert_eq!(fair_order(at([(2, "b"), (1, "a")]), &HashMap::new()), [1, 2]);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! the index cannot drift from the messages.
 
 use super::{DeliveryOrder, Entry};
-use crate::domain::fairness::{FairTurns, Place};
+use crate::domain::fairness::{FairTurns, Place, Standing};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::Arc;
@@ -28,6 +28,10 @@ pub(super) struct Messages {
     /// (visible at, seq).
     hidden: BTreeSet<(u64, u64)>,
     in_flight: HashMap<Arc<str>, usize>,
+    /// Each group's last delivery, by the delivery counter `turn`: the fair order's tie-break.
+    /// Kept for groups with a message (forgotten for one that has none).
+    last_turn: HashMap<Arc<str>, u64>,
+    turn: u64,
     /// (first sent at, seq): the oldest message's age without a scan.
     sent: BTreeSet<(u64, u64)>,
     /// The time of the last refresh: what "visible" means for the index.
@@ -53,6 +57,8 @@ impl Messages {
             ready_len: 0,
             hidden: BTreeSet::new(),
             in_flight: HashMap::new(),
+            last_turn: HashMap::new(),
+            turn: 0,
             sent: BTreeSet::new(),
             now: 0,
             everyone: Arc::from(""),
@@ -125,9 +131,33 @@ impl Messages {
     /// The delivery order from `now`, to be taken one message at a time with [`Self::next_turn`].
     pub(super) fn turns(&mut self, now: u64) -> FairTurns<Arc<str>> {
         self.refresh(now);
-        FairTurns::new(self.ready.iter().filter_map(|(group, places)| {
-            Some((group.clone(), self.in_flight.get(group).copied().unwrap_or(0), *places.first()?))
-        }))
+        FairTurns::new(
+            self.ready
+                .iter()
+                .filter_map(|(group, places)| Some((group.clone(), self.standing(group), *places.first()?))),
+        )
+    }
+
+    /// `group`'s messages in flight and its last delivery.
+    fn standing(&self, group: &str) -> Standing {
+        Standing {
+            out: self.in_flight.get(group).copied().unwrap_or(0),
+            last_turn: self.last_turn.get(group).copied().unwrap_or(0),
+        }
+    }
+
+    /// Records that message `seq` was just delivered: its group goes behind the groups delivered to
+    /// less recently among those with as many in flight. Groups with no message left are forgotten
+    /// now and then, so the record stays as small as the groups present.
+    pub(super) fn delivered(&mut self, seq: u64) {
+        let Some(entry) = self.entries.get(&seq) else { return };
+        let (group, _) = self.place(entry);
+        self.turn += 1;
+        self.last_turn.insert(group, self.turn);
+        if self.last_turn.len() > 2 * (self.ready.len() + self.in_flight.len()) + 64 {
+            let (ready, in_flight) = (&self.ready, &self.in_flight);
+            self.last_turn.retain(|g, _| ready.contains_key(g) || in_flight.contains_key(g));
+        }
     }
 
     /// The next message in `turns`' order. The caller may change or remove it before asking for
@@ -193,7 +223,7 @@ mod tests {
     use super::super::StoredMessage;
     use super::*;
     use crate::domain::MessageId;
-    use crate::domain::fairness::{GROUP_ATTRIBUTE, PRIORITY_ATTRIBUTE, Ready, fair_order};
+    use crate::domain::fairness::{GROUP_ATTRIBUTE, PRIORITY_ATTRIBUTE, Ready, Standing, fair_order};
     use rand::rngs::StdRng;
     use rand::{RngExt, SeedableRng};
 
@@ -227,16 +257,19 @@ mod tests {
                 DeliveryOrder::Fifo => Ready { seq: e.stored.seq, order_at: 0, group: "" },
             })
             .collect();
-        let mut in_flight: HashMap<&str, usize> = HashMap::new();
+        let mut standing: HashMap<&str, Standing> = HashMap::new();
         for e in m.values().filter(|e| e.visible_at_ms > now && e.receipt.is_some()) {
-            *in_flight.entry(&e.group).or_default() += 1;
+            standing.entry(&e.group).or_default().out += 1;
+        }
+        for (group, last) in &m.last_turn {
+            standing.entry(group).or_default().last_turn = *last;
         }
         let counts = Counts {
             visible: ready.len(),
             in_flight: m.values().filter(|e| e.visible_at_ms > now).count(),
             oldest_sent_at: m.values().map(|e| e.stored.sent_at_ms).min(),
         };
-        (fair_order(ready, &in_flight), counts)
+        (fair_order(ready, &standing), counts)
     }
 
     fn indexed(m: &mut Messages, now: u64) -> (Vec<u64>, Counts) {
@@ -272,6 +305,7 @@ mod tests {
                             e.receipt = Some(format!("r{step}"));
                             e.visible_at_ms = now + lease;
                         });
+                        m.delivered(seq);
                     }
                     (3, Some(seq)) => {
                         m.update(seq, |e| e.visible_at_ms = now);

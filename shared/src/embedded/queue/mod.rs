@@ -318,6 +318,7 @@ impl QueueConsume for EmbeddedQueue {
                 continue;
             };
             let (op, message, old) = leased?;
+            q.delivered(seq);
             ops.push(op);
             out.push(message);
             if let Some(old) = old {
@@ -512,6 +513,25 @@ mod tests {
                 assert_eq!(second, ["b2", "a3", "a4"], "the group with fewer in flight goes first");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_tie_goes_to_the_group_delivered_to_least_recently_not_to_the_older_backlog() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = open(dir.path(), ManualClock::new(1_000)).await;
+        let group = |g: &str| BTreeMap::from([(GROUP_ATTRIBUTE.to_owned(), g.to_owned())]);
+        for i in 0..10 {
+            q.send(&format!("a{i}"), group("a")).await.unwrap();
+        }
+        q.send("b0", group("b")).await.unwrap();
+        q.send("b1", group("b")).await.unwrap();
+        // a's first task runs and ends: neither group has anything in flight, and a's head is older.
+        let first = q.receive(1).await.unwrap().remove(0);
+        assert_eq!(first.body, "a0");
+        q.delete(&first.receipt).await.unwrap();
+        let bodies = |m: Vec<ReceivedMessage>| m.into_iter().map(|m| m.body).collect::<Vec<_>>();
+        assert_eq!(bodies(q.receive(1).await.unwrap()), ["b0"], "b has waited since a's turn");
+        assert_eq!(bodies(q.receive(2).await.unwrap()), ["a1", "b1"]);
     }
 
     #[tokio::test]
