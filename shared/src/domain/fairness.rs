@@ -132,7 +132,7 @@ pub struct Ready<'a> {
 pub type Place = (u64, u64);
 
 /// What a group brings to the fair order besides its head: its messages out (in flight) and the
-/// turn at which it was last delivered to (0: never, or not since it was last quiet).
+/// turn at which it was last delivered to (0: never, or forgotten while it had no message).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Standing {
     /// Messages in flight.

@@ -29,7 +29,7 @@ pub(super) struct Messages {
     hidden: BTreeSet<(u64, u64)>,
     in_flight: HashMap<Arc<str>, usize>,
     /// Each group's last delivery, by the delivery counter `turn`: the fair order's tie-break.
-    /// Kept for groups with a message (forgotten for one that has none).
+    /// A group with no message left is forgotten once the record outgrows the groups present.
     last_turn: HashMap<Arc<str>, u64>,
     turn: u64,
     /// (first sent at, seq): the oldest message's age without a scan.
@@ -147,8 +147,8 @@ impl Messages {
     }
 
     /// Records that message `seq` was just delivered: its group goes behind the groups delivered to
-    /// less recently among those with as many in flight. Groups with no message left are forgotten
-    /// now and then, so the record stays as small as the groups present.
+    /// less recently among those with as many in flight. Once the record is more than twice the
+    /// groups present (and 64), the groups with no message left are forgotten, so it stays bounded.
     pub(super) fn delivered(&mut self, seq: u64) {
         let Some(entry) = self.entries.get(&seq) else { return };
         let (group, _) = self.place(entry);
