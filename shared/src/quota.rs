@@ -76,9 +76,15 @@ fn micros(per_mtok: u64, tokens: u64) -> u64 {
     (u128::from(per_mtok) * u128::from(tokens)).div_ceil(1_000_000).min(u128::from(u64::MAX)) as u64
 }
 
-/// What a call used: its tokens, and its cost when its model's price is known (else the estimate's
-/// USD stands).
+/// What an answered call used: its tokens, and its cost when its model's price is known (else the
+/// estimate's USD stands). An answer whose usage says zero tokens reported none (every answer reads
+/// its prompt): a proxy that leaves usage out, a stream whose server ignores `include_usage`. It
+/// is charged as reserved, since settling it at zero would hand the whole reservation back and
+/// leave every budget unenforced behind such a provider.
 pub fn used(tokens: u64, cost_usd: Option<f64>, reserved: Cost) -> Cost {
+    if tokens == 0 {
+        return reserved;
+    }
     let usd_micros = cost_usd.map_or(reserved.usd_micros, |usd| (usd * 1e6).ceil().max(0.0) as u64);
     Cost { tokens, usd_micros }
 }
@@ -266,6 +272,14 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::domain::quota::Limits;
+
+    #[test]
+    fn an_answer_that_reports_no_usage_is_charged_as_reserved() {
+        let reserved = Cost { tokens: 1_500, usd_micros: 300 };
+        assert_eq!(used(0, Some(0.0), reserved), reserved, "unknown usage is not free");
+        assert_eq!(used(400, Some(0.0001), reserved), Cost { tokens: 400, usd_micros: 100 });
+        assert_eq!(used(400, None, reserved), Cost { tokens: 400, usd_micros: 300 });
+    }
     use crate::embedded::MemoryCache;
     use std::sync::Arc;
 

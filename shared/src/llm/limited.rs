@@ -298,8 +298,11 @@ impl<C> Limited<C> {
                         tracing::warn!(error = %e, "limiter cooldown failed");
                     }
                 }
-                self.log_served(r.usage.prompt + r.usage.completion);
-                Some(r.usage.prompt + r.usage.completion)
+                let used = r.usage.prompt + r.usage.completion;
+                self.log_served(used);
+                // An answer reporting no usage at all (every answer reads its prompt) keeps its
+                // charge: a proxy that leaves usage out would otherwise be paced as if free.
+                (used > 0).then_some(used)
             }
             Err(LlmError::Throttled { retry_after, .. }) => {
                 if retry_after.is_none() {
@@ -373,6 +376,48 @@ mod tests {
         assert!(started.elapsed() < Duration::from_millis(100), "no wait past max_wait");
         assert!(after > Duration::from_secs(5), "the hint is the real wait: {after:?}");
         assert_eq!(provider.calls(), 4, "the provider never saw the throttled call");
+    }
+
+    /// The offline model with its usage left out, as some proxies answer.
+    struct NoUsage(OfflineProvider);
+
+    #[async_trait]
+    impl LlmClient for NoUsage {
+        async fn complete(&self, request: &LlmRequest) -> Result<crate::ports::LlmResponse, LlmError> {
+            let mut r = self.0.complete(request).await?;
+            r.usage = Default::default();
+            Ok(r)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_usage_keeps_its_charge_and_one_with_usage_is_reconciled() {
+        let request = LlmRequest {
+            lane: Lane::Interactive,
+            kind: Kind::Explain,
+            prompt: "x".into(),
+            target_files: vec![],
+            max_tokens: 10,
+            params: Default::default(),
+            tier: Default::default(),
+            prefix: None,
+        };
+        // Interactive holds 70% of 760 tokens, with no refill: two estimates (211 each), not three.
+        let config = LimiterConfig { burst: 1.0, ..LimiterConfig::new(1_000.0, 760.0) };
+        let offline = || OfflineProvider::new(|_| Duration::ZERO);
+        let limiter = || Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
+        let reported = Limited::new(offline(), limiter(), Duration::from_millis(50));
+        let unreported = Limited::new(NoUsage(offline()), limiter(), Duration::from_millis(50));
+        for _ in 0..3 {
+            reported.complete(&request).await.expect("reconciled to what the answers used");
+        }
+        for _ in 0..2 {
+            unreported.complete(&request).await.unwrap();
+        }
+        assert!(
+            matches!(unreported.complete(&request).await, Err(LlmError::Throttled { .. })),
+            "two unreported answers keep their estimates, so a third does not fit"
+        );
     }
 
     #[test]

@@ -292,7 +292,10 @@ impl Worker {
         };
         match answer {
             Ok(resp) => {
-                let used = resp.usage.prompt + resp.usage.completion;
+                // No usage reported (zero: every answer reads its prompt) keeps the estimate, as
+                // the budgets do ([`crate::quota::used`]).
+                let used =
+                    Some(resp.usage.prompt + resp.usage.completion).filter(|&u| u > 0).unwrap_or(estimate);
                 self.metrics.tenants.used(lane, &group, used);
                 self.settle_share(share.as_ref(), &record.request, used).await;
                 let result = self.answered(lane, resp, reservation.as_ref()).await;
@@ -421,6 +424,8 @@ mod tests {
         calls: AtomicU64,
         truncated: bool,
         seen: Mutex<Vec<LlmRequest>>,
+        /// Answers with no usage, as a proxy that leaves it out does.
+        no_usage: bool,
     }
 
     #[async_trait]
@@ -435,7 +440,11 @@ mod tests {
             Ok(LlmResponse {
                 text: format!("answer to {}", request.prompt),
                 model: "gpt-4o-mini-2024-07-18".into(),
-                usage: TokenUsage { prompt: 1000, completion: 100 },
+                usage: if self.no_usage {
+                    TokenUsage::default()
+                } else {
+                    TokenUsage { prompt: 1000, completion: 100 }
+                },
                 truncated: self.truncated,
                 limits: Default::default(),
                 tier: Default::default(),
@@ -958,6 +967,24 @@ mod tests {
             r.count(&r.worker.metrics.waits_total, &["interactive", "throttled"]),
             2 * MAX_RECEIVES as u64
         );
+    }
+
+    /// An answer that reports no usage is counted at its estimate, not at zero: its tenant's share
+    /// and token count keep what the call may have cost.
+    #[tokio::test]
+    async fn an_answer_without_usage_counts_its_estimate() {
+        let tokens = |no_usage: bool| async move {
+            let llm = ScriptedLlm { no_usage, ..Default::default() };
+            let r = rig(Arc::new(SystemClock), llm, fast()).await;
+            let m = r.receive().await;
+            assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+            let rendered = r.worker.metrics.render();
+            let line = rendered.lines().find(|l| l.starts_with("lanes_tenant_tokens_total{")).unwrap();
+            line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+        };
+        assert_eq!(tokens(false).await, 1_100, "the usage reported");
+        let estimate = tokens(true).await;
+        assert!(estimate > 200, "the estimate stands: {estimate}");
     }
 
     /// A tenant over its share of the lane's tokens while another tenant's task waits is put off
