@@ -272,6 +272,8 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::domain::quota::Limits;
+    use crate::embedded::MemoryCache;
+    use std::sync::Arc;
 
     #[test]
     fn an_answer_that_reports_no_usage_is_charged_as_reserved() {
@@ -280,8 +282,6 @@ mod tests {
         assert_eq!(used(400, Some(0.0001), reserved), Cost { tokens: 400, usd_micros: 100 });
         assert_eq!(used(400, None, reserved), Cost { tokens: 400, usd_micros: 300 });
     }
-    use crate::embedded::MemoryCache;
-    use std::sync::Arc;
 
     // 2026-11-30 23:00:30 UTC.
     const NOW: u64 = 1_796_079_630_000;
