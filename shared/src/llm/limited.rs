@@ -345,15 +345,9 @@ mod tests {
     use crate::ports::{LlmClient, LlmError, LlmRequest};
     use std::sync::Arc;
 
-    #[tokio::test]
-    async fn calls_within_budget_pass_and_the_rest_are_handed_back_with_the_wait() {
-        // 6 rpm with a whole window as the burst (and so no refill): interactive holds 4.2 requests,
-        // background 1.8.
-        let config = LimiterConfig { burst: 1.0, ..LimiterConfig::new(6.0, 1_000_000.0) };
-        let limiter = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
-        let provider = Arc::new(OfflineProvider::new(|_| Duration::ZERO));
-        let client = Limited::new(provider.clone(), limiter, Duration::from_millis(200));
-        let request = LlmRequest {
+    /// An interactive call of one prompt byte and a 10-token cap: an estimate of 211 tokens.
+    fn small_request() -> LlmRequest {
+        LlmRequest {
             lane: Lane::Interactive,
             kind: Kind::Explain,
             prompt: "x".into(),
@@ -362,7 +356,18 @@ mod tests {
             params: Default::default(),
             tier: Default::default(),
             prefix: None,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_within_budget_pass_and_the_rest_are_handed_back_with_the_wait() {
+        // 6 rpm with a whole window as the burst (and so no refill): interactive holds 4.2 requests,
+        // background 1.8.
+        let config = LimiterConfig { burst: 1.0, ..LimiterConfig::new(6.0, 1_000_000.0) };
+        let limiter = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
+        let provider = Arc::new(OfflineProvider::new(|_| Duration::ZERO));
+        let client = Limited::new(provider.clone(), limiter, Duration::from_millis(200));
+        let request = small_request();
         // Four from its own share. The idle background lends its refill (none here), never its burst:
         // that stays for its own first call.
         for _ in 0..4 {
@@ -392,16 +397,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_without_usage_keeps_its_charge_and_one_with_usage_is_reconciled() {
-        let request = LlmRequest {
-            lane: Lane::Interactive,
-            kind: Kind::Explain,
-            prompt: "x".into(),
-            target_files: vec![],
-            max_tokens: 10,
-            params: Default::default(),
-            tier: Default::default(),
-            prefix: None,
-        };
+        let request = small_request();
         // Interactive holds 70% of 760 tokens, with no refill: two estimates (211 each), not three.
         let config = LimiterConfig { burst: 1.0, ..LimiterConfig::new(1_000.0, 760.0) };
         let offline = || OfflineProvider::new(|_| Duration::ZERO);
