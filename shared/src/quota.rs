@@ -77,14 +77,13 @@ fn micros(per_mtok: u64, tokens: u64) -> u64 {
 }
 
 /// What an answered call used: its tokens, and its cost when its model's price is known (else the
-/// estimate's USD stands). An answer whose usage says zero tokens reported none (every answer reads
-/// its prompt): a proxy that leaves usage out, a stream whose server ignores `include_usage`. It
-/// is charged as reserved, since settling it at zero would hand the whole reservation back and
-/// leave every budget unenforced behind such a provider.
-pub fn used(tokens: u64, cost_usd: Option<f64>, reserved: Cost) -> Cost {
-    if tokens == 0 {
+/// estimate's USD stands). An answer that reported no usage ([`crate::domain::TokenUsage::reported`]
+/// is `None`) is charged as reserved, since settling it at zero would hand the whole reservation
+/// back and leave every budget unenforced behind such a provider.
+pub fn used(tokens: Option<u64>, cost_usd: Option<f64>, reserved: Cost) -> Cost {
+    let Some(tokens) = tokens else {
         return reserved;
-    }
+    };
     let usd_micros = cost_usd.map_or(reserved.usd_micros, |usd| (usd * 1e6).ceil().max(0.0) as u64);
     Cost { tokens, usd_micros }
 }
@@ -278,9 +277,10 @@ mod tests {
     #[test]
     fn an_answer_that_reports_no_usage_is_charged_as_reserved() {
         let reserved = Cost { tokens: 1_500, usd_micros: 300 };
-        assert_eq!(used(0, Some(0.0), reserved), reserved, "unknown usage is not free");
-        assert_eq!(used(400, Some(0.0001), reserved), Cost { tokens: 400, usd_micros: 100 });
-        assert_eq!(used(400, None, reserved), Cost { tokens: 400, usd_micros: 300 });
+        let unreported = crate::domain::TokenUsage::default().reported();
+        assert_eq!(used(unreported, Some(0.0), reserved), reserved, "unknown usage is not free");
+        assert_eq!(used(Some(400), Some(0.0001), reserved), Cost { tokens: 400, usd_micros: 100 });
+        assert_eq!(used(Some(400), None, reserved), Cost { tokens: 400, usd_micros: 300 });
     }
 
     // 2026-11-30 23:00:30 UTC.
@@ -404,8 +404,8 @@ mod tests {
     #[test]
     fn usage_is_priced_or_keeps_the_estimate() {
         let reserved = Cost { tokens: 100, usd_micros: 50 };
-        assert_eq!(used(30, Some(0.000_012_3), reserved), Cost { tokens: 30, usd_micros: 13 });
-        assert_eq!(used(30, None, reserved), Cost { tokens: 30, usd_micros: 50 });
+        assert_eq!(used(Some(30), Some(0.000_012_3), reserved), Cost { tokens: 30, usd_micros: 13 });
+        assert_eq!(used(Some(30), None, reserved), Cost { tokens: 30, usd_micros: 50 });
         assert_eq!(micros(15_000_000, 1), 15, "$15 per million is 15 micro-dollars a token");
         assert_eq!(micros(1, 1), 1, "rounded up");
     }

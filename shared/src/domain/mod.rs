@@ -217,6 +217,16 @@ pub struct TokenUsage {
     pub completion: u64,
 }
 
+impl TokenUsage {
+    /// The tokens the provider reported, or `None` when it reported none. Every answer reads its
+    /// prompt, so a total of zero means usage was left out (a proxy that drops it, a stream whose
+    /// server ignores `include_usage`), not a free call: each place that charges for an answer
+    /// (the budgets, the limiter, the token share) keeps its estimate then.
+    pub fn reported(&self) -> Option<u64> {
+        Some(self.prompt.saturating_add(self.completion)).filter(|&total| total > 0)
+    }
+}
+
 /// Hex-encoded sha256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

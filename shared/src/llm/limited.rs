@@ -298,11 +298,10 @@ impl<C> Limited<C> {
                         tracing::warn!(error = %e, "limiter cooldown failed");
                     }
                 }
-                let used = r.usage.prompt + r.usage.completion;
-                self.log_served(used);
-                // An answer reporting no usage at all (every answer reads its prompt) keeps its
-                // charge: a proxy that leaves usage out would otherwise be paced as if free.
-                (used > 0).then_some(used)
+                self.log_served(r.usage.prompt + r.usage.completion);
+                // An answer reporting no usage keeps its charge: a proxy that leaves usage out
+                // would otherwise be paced as if free.
+                r.usage.reported()
             }
             Err(LlmError::Throttled { retry_after, .. }) => {
                 if retry_after.is_none() {

@@ -50,10 +50,9 @@ impl Worker {
         self.metrics.llm_tokens_total.with_label_values(&[lane, "prompt"]).inc_by(resp.usage.prompt);
         self.metrics.llm_tokens_total.with_label_values(&[lane, "completion"]).inc_by(resp.usage.completion);
         self.metrics.llm_tokens_total.with_label_values(&[lane, "saved"]).inc_by(resp.continued);
-        let used = resp.usage.prompt + resp.usage.completion;
         let cost_usd = crate::llm::price::prices().cost(&resp.model, resp.usage, resp.tier);
         if let Some(r) = reservation {
-            self.settle(Some(r), crate::quota::used(used, cost_usd, r.cost())).await;
+            self.settle(Some(r), crate::quota::used(resp.usage.reported(), cost_usd, r.cost())).await;
         }
         self.metrics
             .llm_cost_usd_total

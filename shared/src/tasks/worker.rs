@@ -292,10 +292,8 @@ impl Worker {
         };
         match answer {
             Ok(resp) => {
-                // No usage reported (zero: every answer reads its prompt) keeps the estimate, as
-                // the budgets do ([`crate::quota::used`]).
-                let used =
-                    Some(resp.usage.prompt + resp.usage.completion).filter(|&u| u > 0).unwrap_or(estimate);
+                // No usage reported keeps the estimate, as the budgets do.
+                let used = resp.usage.reported().unwrap_or(estimate);
                 self.metrics.tenants.used(lane, &group, used);
                 self.settle_share(share.as_ref(), &record.request, used).await;
                 let result = self.answered(lane, resp, reservation.as_ref()).await;
