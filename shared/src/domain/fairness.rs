@@ -17,8 +17,8 @@
 //!   ones and heads its group sooner; it never takes a turn from another group (the round-robin
 //!   still counts messages out first), so a tenant cannot buy its way past the others with it.
 
+use crate::domain::hashed_tag;
 use crate::domain::ids::{Provider, Tenant};
-use crate::domain::sha256_hex;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -94,8 +94,8 @@ pub const MAX_GROUP_LEN: usize = 128;
 /// and always within SQS's alphabet and length.
 pub fn task_group(tenant: Option<&Tenant>, project_id: &str) -> String {
     match tenant {
-        Some(t) => format!("t-{}", &sha256_hex(t.as_bytes())[..32]),
-        None => format!("p-{}", &sha256_hex(project_id.as_bytes())[..32]),
+        Some(t) => hashed_tag("t-", t.as_bytes()),
+        None => hashed_tag("p-", project_id.as_bytes()),
     }
 }
 
@@ -108,7 +108,7 @@ pub fn commit_group(provider: Provider, repo: &str) -> String {
         Provider::Github | Provider::Gitlab => repo.split('/').next().unwrap_or(""),
     };
     let key = format!("{provider}:{}", owner.to_ascii_lowercase());
-    format!("o-{}", &sha256_hex(key.as_bytes())[..32])
+    hashed_tag("o-", key.as_bytes())
 }
 
 /// Whether `group` can be sent as an SQS `MessageGroupId`: 1 to 128 characters of letters, digits

@@ -13,7 +13,7 @@
 //! most one call: a counter at zero always takes its first charge, or a call estimated above the
 //! whole budget could never run.
 
-use super::{RepoId, Tenant, sha256_hex};
+use super::{RepoId, Tenant, hashed_tag};
 use std::time::Duration;
 
 /// One minute, in milliseconds.
@@ -97,10 +97,10 @@ impl Scopes {
     /// `project_id`, hashed so no subject or project name reaches the cache's keys.
     pub fn of(tenant: Option<&Tenant>, project_id: &str) -> Self {
         let tag = match tenant {
-            Some(t) => format!("t-{}", &sha256_hex(t.as_bytes())[..32]),
+            Some(t) => hashed_tag("t-", t.as_bytes()),
             None => "t-".to_owned(),
         };
-        Self { project: format!("p-{}", &sha256_hex(project_id.as_bytes())[..32]), tag }
+        Self { project: hashed_tag("p-", project_id.as_bytes()), tag }
     }
 
     fn key(&self, project: bool, what: &str, window: u64) -> String {
@@ -127,7 +127,7 @@ impl Scopes {
     /// The keys of the hold of the submission `nonce` (random per submission, so a duplicate's
     /// hold never meets the accepted task's).
     pub fn hold_keys(&self, nonce: &str) -> HoldKeys {
-        let id = &sha256_hex(nonce.as_bytes())[..32];
+        let id = hashed_tag("", nonce.as_bytes());
         let key = |what: &str| format!("quota:{{{}}}:hold:{id}:{what}", self.tag);
         HoldKeys { tokens: key("tokens"), usd: key("usd"), released: key("released") }
     }
@@ -251,7 +251,7 @@ pub fn corrections(reservation: &[Planned], reserved: Cost, used: Cost) -> Vec<C
 /// own hash tag. [`give_back`] undoes it for a commit that was not summarized.
 pub fn repo_commit(repo: &RepoId, limit: u64, now_ms: u64) -> (Charge, Duration) {
     let (day, day_left) = window(now_ms, DAY_MS);
-    let tag = &sha256_hex(repo.as_str().as_bytes())[..32];
+    let tag = hashed_tag("", repo.as_str().as_bytes());
     let charge = Charge {
         key: format!("quota:{{r-{tag}}}:day-commits:{day}"),
         amount: 1,

@@ -61,7 +61,10 @@ impl EmbeddedStore {
         // serialize) is this call's answer alone; only a failed write fails the group.
         self.db
             .submit_maybe(move |txn| -> Result<(Result<T, StoreError>, bool), StoreError> {
-                let current = match read(txn, &id) {
+                // One handle for the read and the write: every open looks the table up again in
+                // the transaction's table tree, on the writer thread every write waits for.
+                let mut table = txn.open_table(TASKS).map_err(unavailable)?;
+                let current = match read(&table, &id) {
                     Ok(c) => c,
                     Err(e) => return Ok((Err(e), false)),
                 };
@@ -72,7 +75,6 @@ impl EmbeddedStore {
                     Ok(b) => b,
                     Err(e) => return Ok((Err(unavailable(e)), false)),
                 };
-                let mut table = txn.open_table(TASKS).map_err(unavailable)?;
                 table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
                 if was_expiring_at != Some(record.expires_at) {
                     let mut expiry = txn.open_table(EXPIRY).map_err(unavailable)?;
@@ -178,8 +180,10 @@ fn index_unindexed(txn: &WriteTransaction) -> Result<bool, StoreError> {
     Ok(true)
 }
 
-fn read(txn: &WriteTransaction, id: &str) -> Result<Option<TaskRecord>, StoreError> {
-    let table = txn.open_table(TASKS).map_err(unavailable)?;
+fn read(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    id: &str,
+) -> Result<Option<TaskRecord>, StoreError> {
     let Some(v) = table.get(id).map_err(unavailable)? else { return Ok(None) };
     serde_json::from_slice(v.value()).map(Some).map_err(|e| StoreError::Corrupt(format!("task {id}: {e}")))
 }
