@@ -264,26 +264,22 @@ def main():
                 f"{met(worst <= st['goal_overhead_ms'])}", "",
                 "The server's resident memory with clients following one answer (embedded log), read halfway "
                 "through it, for an answer (400 chunks of 256 bytes, 20 ms apart) and one four times as long at the "
-                "same pace; with glibc's allocator as it comes, then with one arena (`MALLOC_ARENA_MAX=1`):", "",
-                "| arenas | answer | subscribers | resident | deltas made the result |", "|---|---:|---:|---:|---:|"]
-        out += [f"| {m.get('arenas', 'default')} | {m['answer_kib']:.0f} KiB | {p['subscribers']} | {p['rss_mib']:.1f} MiB | "
+                "same pace:", "",
+                "| answer | subscribers | resident | deltas made the result |", "|---:|---:|---:|---:|"]
+        out += [f"| {m['answer_kib']:.0f} KiB | {p['subscribers']} | {p['rss_mib']:.1f} MiB | "
                 f"{p['complete']} of {p['subscribers']} |" for m in st["memory"] for p in m["points"]]
-        per = "; ".join(f"{m['per_subscriber_kib']:.1f} KiB ({m.get('arenas', 'default')} arenas, {m['answer_kib']:.0f} KiB answer)"
-                        for m in st["memory"])
+        per = "; ".join(f"{m['per_subscriber_kib']:.1f} KiB ({m['answer_kib']:.0f} KiB answer)" for m in st["memory"])
         out += ["", f"- an extra subscriber costs: {per}",
-                f"- with one arena, a subscriber of the four-times answer costs {st['longer_answer_ratio']:.2f}x one of the "
+                f"- a subscriber of the four-times answer costs {st['longer_answer_ratio']:.2f}x one of the "
                 f"first (goal <= {st['goal_longer_answer_ratio']:.2f}x, flat in what it reads): "
-                f"{met(st['longer_answer_ratio'] <= st['goal_longer_answer_ratio'])}; with the default arenas "
-                f"{st.get('longer_answer_ratio_default_arenas', st['longer_answer_ratio']):.2f}x", "",
+                f"{met(st['longer_answer_ratio'] <= st['goal_longer_answer_ratio'])}", "",
                 "Reading it: a reader holds at most 16 events its client has not taken (a page of the log), and a "
                 "slow client's socket stops its reader rather than the server buffering for it, so the text is kept "
-                "once, in the log. glibc's per-thread arenas keep freed pages for reuse, so over the long answer's "
-                "32 s they hold more whoever allocated. " + (
-                    "With one arena the per-subscriber cost stays within the goal for both answers: the difference "
-                    "with the default arenas is the allocator's, not the readers'."
+                "once, in the log. " + (
+                    "So an extra subscriber costs about the same whatever the length of the answer it reads."
                     if st['longer_answer_ratio'] <= st['goal_longer_answer_ratio'] else
-                    "Even with one arena the per-subscriber cost grows with the answer: something a reader holds "
-                    "grows with what it reads, and is not found yet."), ""]
+                    "Yet the per-subscriber cost grows with the answer: something a reader holds grows with what it "
+                    "reads, and is not found yet."), ""]
     fn = load(d, "functions")
     if fn:
         out += ["## Lambda functions' memory", "", f"`{fn['command']}`", "",

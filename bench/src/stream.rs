@@ -14,11 +14,9 @@
 //!
 //! Memory: the server's resident set with 1, 100 and 500 clients following one answer, for an answer
 //! of 100 KiB (400 chunks of 256 bytes, 20 ms apart) and one four times as long at the same pace,
-//! with glibc's allocator as it comes and with one arena (`MALLOC_ARENA_MAX=1`). Per-thread arenas
-//! keep freed pages for reuse, so the longer a run the more they hold whoever allocated; with one,
-//! what remains is what the readers hold. The goal is judged there. Goal, flat in the subscribers: an extra
-//! subscriber costs its connection and no more, the same whatever the length of the text it reads
-//! (at most 25% more for the four-times answer), so no reader holds a copy of the stream.
+//! on the process's own allocator (jemalloc). Goal, flat in the subscribers: an extra subscriber
+//! costs its connection and no more, the same whatever the length of the text it reads (at most 25%
+//! more for the four-times answer), so no reader holds a copy of the stream.
 
 use crate::percentile;
 use eventsource_stream::Eventsource;
@@ -84,15 +82,12 @@ pub struct StreamReport {
     pub chunk_bytes: usize,
     /// The runs, by backend and load.
     pub runs: Vec<StreamRun>,
-    /// The memory runs (embedded backend): an answer, then one four times as long, with the
-    /// allocator's default arenas, then with one.
+    /// The memory runs (embedded backend): an answer, then one four times as long.
     pub memory: Vec<MemoryRun>,
     /// The p99 goal per piece, ms.
     pub goal_overhead_ms: f64,
-    /// The longer answer's cost per subscriber over the shorter's, with one arena (the goal's).
+    /// The longer answer's cost per subscriber over the shorter's.
     pub longer_answer_ratio: f64,
-    /// The same with the default arenas.
-    pub longer_answer_ratio_default_arenas: f64,
     /// The goal on that ratio.
     pub goal_longer_answer_ratio: f64,
 }
@@ -100,8 +95,6 @@ pub struct StreamReport {
 /// The server's memory with ever more clients following one answer.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryRun {
-    /// `default` or `one` (glibc's `MALLOC_ARENA_MAX=1`).
-    pub arenas: String,
     /// The answer's size, KiB.
     pub answer_kib: f64,
     /// By subscribers.
@@ -256,11 +249,9 @@ async fn server(mock: &MockLlm, extra: &[&str], env: &[(String, String)]) -> Res
 }
 
 /// The server's memory with 1, 100 and 500 clients following one answer paced `long` each time.
-async fn memory(mock: &MockLlm, long: Pace, one_arena: bool) -> Result<MemoryRun, String> {
+async fn memory(mock: &MockLlm, long: Pace) -> Result<MemoryRun, String> {
     mock.pace(long);
-    let env: Vec<(String, String)> =
-        if one_arena { vec![("MALLOC_ARENA_MAX".into(), "1".into())] } else { Vec::new() };
-    let dev = server(mock, &[], &env).await?;
+    let dev = server(mock, &[], &[]).await?;
     let pid = dev.pid().ok_or("lanes dev is not running")?;
     let client = reqwest::Client::new();
     let mut points = Vec::new();
@@ -280,8 +271,7 @@ async fn memory(mock: &MockLlm, long: Pace, one_arena: bool) -> Result<MemoryRun
     let per_subscriber_kib =
         (last.rss_mib - first.rss_mib) * 1024.0 / (last.subscribers - first.subscribers).max(1) as f64;
     let answer_kib = (long.chunks * (long.pad + 18)) as f64 / 1024.0;
-    let arenas = if one_arena { "one" } else { "default" }.to_owned();
-    Ok(MemoryRun { arenas, answer_kib, points, per_subscriber_kib })
+    Ok(MemoryRun { answer_kib, points, per_subscriber_kib })
 }
 
 /// `lanes bench stream`: `chunks` chunks `interval_ms` apart per answer; one task alone and `many`
@@ -305,15 +295,11 @@ pub async fn stream_report(chunks: usize, interval_ms: u64, many: usize) -> Resu
     }
     // Chunks of 256 bytes 20 ms apart: 400 (100 KiB, 8 s), then 1,600 (400 KiB, 32 s).
     let mut memory_runs = Vec::new();
-    for one_arena in [false, true] {
-        for (chunks, every) in [(400, 20), (1600, 20)] {
-            let long = Pace { chunks, interval: Duration::from_millis(every), pad: 256 - 18 };
-            memory_runs.push(memory(&mock, long, one_arena).await?);
-        }
+    for (chunks, every) in [(400, 20), (1600, 20)] {
+        let long = Pace { chunks, interval: Duration::from_millis(every), pad: 256 - 18 };
+        memory_runs.push(memory(&mock, long).await?);
     }
-    let ratio = |a: &MemoryRun, b: &MemoryRun| b.per_subscriber_kib / a.per_subscriber_kib.max(f64::EPSILON);
-    let default_ratio = ratio(&memory_runs[0], &memory_runs[1]);
-    let one_ratio = ratio(&memory_runs[2], &memory_runs[3]);
+    let ratio = memory_runs[1].per_subscriber_kib / memory_runs[0].per_subscriber_kib.max(f64::EPSILON);
     Ok(StreamReport {
         command: format!("lanes bench stream --chunks {chunks} --interval-ms {interval_ms} --many {many}"),
         chunks,
@@ -322,8 +308,7 @@ pub async fn stream_report(chunks: usize, interval_ms: u64, many: usize) -> Resu
         runs,
         memory: memory_runs,
         goal_overhead_ms: GOAL_OVERHEAD_MS,
-        longer_answer_ratio: one_ratio,
-        longer_answer_ratio_default_arenas: default_ratio,
+        longer_answer_ratio: ratio,
         goal_longer_answer_ratio: GOAL_LONGER_ANSWER_RATIO,
     })
 }
@@ -374,8 +359,8 @@ impl std::fmt::Display for StreamReport {
         for m in &self.memory {
             writeln!(
                 f,
-                "\nmemory, one answer of {:.0} KiB followed by many clients (embedded, {} arenas):",
-                m.answer_kib, m.arenas
+                "\nmemory, one answer of {:.0} KiB followed by many clients (embedded):",
+                m.answer_kib
             )?;
             for p in &m.points {
                 writeln!(
@@ -388,12 +373,10 @@ impl std::fmt::Display for StreamReport {
         }
         writeln!(
             f,
-            "goal: with one arena, a subscriber of the four-times answer costs <= {:.2}x one of the \
-             first: {:.2}x ({}); with the default arenas {:.2}x",
+            "goal: a subscriber of the four-times answer costs <= {:.2}x one of the first: {:.2}x ({})",
             self.goal_longer_answer_ratio,
             self.longer_answer_ratio,
             met(self.longer_answer_ratio <= self.goal_longer_answer_ratio),
-            self.longer_answer_ratio_default_arenas
         )
     }
 }

@@ -1,6 +1,7 @@
 //! `lanes`: the command-line entry point, one module per subcommand (dev, submit/status, summarize,
 //! dlq, bench, sim), each failing with [`CliError`].
 
+mod allocator;
 mod bench;
 mod dev;
 mod dlq;
@@ -9,9 +10,8 @@ mod sim;
 mod summarize;
 mod tasks;
 
-pub use error::CliError;
-
 use clap::{Parser, Subcommand};
+pub use error::CliError;
 use std::process::ExitCode;
 
 #[derive(Parser)]
