@@ -6,7 +6,9 @@
 //! `malloc_consolidate`. jemalloc serves the same pattern for less CPU, and the server's memory
 //! with hundreds of stream readers stays where glibc's was with one arena (mimalloc, also tried,
 //! held three to four times as much there).
-//! `lanes bench throughput` and `lanes bench stream` measure both.
+//! `lanes bench throughput` and `lanes bench stream` measure both. jemalloc does not build for
+//! MSVC, so a Windows build keeps the system allocator.
 
+#[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
