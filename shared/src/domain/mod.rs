@@ -234,17 +234,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// `prefix` followed by the first 32 hex digits (128 bits) of `bytes`' sha256: the short, opaque
 /// name of an identity (a tenant, a project, a repository owner) in queue groups and cache keys, so
-/// the identity itself never reaches them. Built in one allocation: a task names its groups several
-/// times on its way.
+/// the identity itself never reaches them.
 pub fn hashed_tag(prefix: &str, bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut hex = [0u8; 32];
-    // 16 bytes always fit 32 hex digits.
-    let _ = hex::encode_to_slice(&digest[..16], &mut hex);
-    let mut tag = String::with_capacity(prefix.len() + hex.len());
-    tag.push_str(prefix);
-    tag.extend(hex.iter().map(|&b| char::from(b)));
-    tag
+    format!("{prefix}{}", hex::encode(&Sha256::digest(bytes)[..16]))
 }
 
 #[cfg(test)]
