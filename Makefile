@@ -52,9 +52,14 @@ LANES_BIN = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/lanes
 # Throughput and fairness are measured on the release code (with symbols, for `perf record`), not
 # the debug build.
 LANES_RELEASE_BIN = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/profiling/lanes
+# A real LiteLLM proxy for the provider bench, in a venv of its own (its pins must not move moto's).
+LITELLM_VENV = $(VENV)-litellm
 bench: build test-deps
 	@$(VENV)/bin/python -c 'import matplotlib' 2>/dev/null || $(VENV)/bin/pip install -q --disable-pip-version-check 'matplotlib>=3.8,<4' \
 	  || { echo "make: could not install matplotlib into $(VENV)" >&2; exit 1; }
+	@[ -x $(LITELLM_VENV)/bin/litellm ] || { { [ -x $(LITELLM_VENV)/bin/python ] || python3 -m venv $(LITELLM_VENV); } \
+	  && $(LITELLM_VENV)/bin/pip install -q --disable-pip-version-check 'litellm[proxy]>=1.108,<2'; } \
+	  || { echo "make: could not install the LiteLLM proxy into $(LITELLM_VENV) (is the package index reachable?)" >&2; exit 1; }
 	mkdir -p bench
 	$(CARGO) build --locked --profile profiling -p lanes-cli -p lanes-ingress -p lanes-worker
 	$(LANES_RELEASE_BIN) bench hol --json > bench/hol.json
@@ -66,7 +71,7 @@ bench: build test-deps
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench functions --tasks 3000 --json > bench/functions.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench coldstart --json > bench/coldstart.json
 	$(LANES_BIN) bench limiter --json > bench/limiter.json
-	$(LANES_BIN) bench provider --json > bench/provider.json
+	$(LANES_BIN) bench provider --litellm $(LITELLM_VENV)/bin/litellm --json > bench/provider.json
 	$(LANES_BIN) bench batching --json > bench/batching.json
 	$(LANES_BIN) bench cost --commits 1000 --json > bench/cost.json
 	$(LANES_BIN) bench duplicates --json > bench/duplicates.json

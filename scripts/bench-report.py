@@ -464,8 +464,24 @@ def main():
             out += ["", f"- >= 95% of the limit alone, the whole run with the limits configured and from the end of the "
                     f"first window once learned: {met(all(used(r) >= 0.95 for r in alone))}",
                     f"- 0 x 429 and every call answered: {met(all(r['throttled'] == 0 and r['unanswered'] == 0 for r in alone))}", ""]
+            proxied = pv.get("litellm", [])
+            if proxied:
+                p0 = proxied[0]
+                out += [f"The same {p0['tasks']} tasks against a real LiteLLM proxy ({pv.get('litellm_version', 'version unknown')}) "
+                        f"allowing {p0['requests_per_window']:.0f} requests a minute (its `enforce_model_rate_limits` check: "
+                        "calendar minutes, a 429 with `retry-after: 60` past the limit, the limit and what is left of it in "
+                        "every answer's headers but not when the minute ends), in real time.", "",
+                        "| limits | time to finish | time the limit allows | of the limit | after the first minute | 429s | unanswered |",
+                        "|---|---:|---:|---:|---:|---:|---:|"]
+                out += [f"| {r['limits']} | {r['seconds']:.1f} s | {r['limit_seconds']:.0f} s | {100 * r['of_limit']:.1f}% | "
+                        f"{100 * r['after_first_window']:.1f}% | {r['throttled']} | {r['unanswered']} |" for r in proxied]
+                out += ["", f"- >= 95% of the limit, the whole run with the limit configured and from the end of the first "
+                        f"minute once learned: {met(all(used(r) >= 0.95 for r in proxied))}",
+                        f"- 0 x 429 and every call answered: "
+                        f"{met(all(r['throttled'] == 0 and r['unanswered'] == 0 for r in proxied))}", ""]
         out += [
-                "Reading it: the pacing admits a 5% burst and refills 95% of each window, so about 95% of the "
+                f"Reading it: the pacing admits a {100 * pv.get('burst', 0.05):.0f}% burst and refills the other "
+                f"{100 * (1 - pv.get('burst', 0.05)):.0f}% of each window, so about {100 * (1 - pv.get('burst', 0.05)):.0f}% of the "
                 "limit is the design's use under saturation. Each 429 pauses every worker for the provider's hint "
                 "(up to the rest of a one-second window here). Before the first answer the limits are unknown and "
                 "the first calls are unpaced; that answer's remaining budget (less the calls in flight) lines the "

@@ -7,6 +7,7 @@
 //! - [`limiter`]: the RPM/TPM limiter against the provider emulator: 429s, throughput, the 70/30 split.
 //! - [`provider`]: the limiter against providers that count by token bucket, fixed or sliding
 //!   window, with limits configured, learned from headers, or unknown: 429s, use of the limit.
+//! - [`litellm`]: the provider bench's interactive-alone runs against a real LiteLLM proxy.
 //! - [`batching`]: commit micro-batching vs one call per commit: calls, tokens, 429s.
 //! - [`duplicates`]: repeated deliveries with a renewed lease vs a static visibility: LLM calls.
 //! - [`hol`]: head-of-line blocking under FIFO, a static split and 70/30 with borrowing.
@@ -26,6 +27,7 @@ pub mod fairness;
 pub mod functions;
 pub mod hol;
 pub mod limiter;
+pub mod litellm;
 pub mod provider;
 pub mod recovery;
 pub mod soak;

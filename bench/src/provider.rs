@@ -58,10 +58,20 @@ pub struct ProviderReport {
     pub tpm: f64,
     /// Seconds of load per run.
     pub seconds: f64,
+    /// The share of each window's limit the limiter holds as its burst: under saturation the rest
+    /// is what it admits.
+    pub burst: f64,
     /// One run per discipline and knowledge.
     pub runs: Vec<ProviderRun>,
     /// Interactive tasks alone at a low request limit, per knowledge of the limits.
     pub alone: Vec<AloneRun>,
+    /// The same against a real LiteLLM proxy at 30 requests a minute ([`crate::litellm`]), when
+    /// the bench was given one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub litellm: Vec<AloneRun>,
+    /// That proxy's version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub litellm_version: Option<String>,
 }
 
 /// Interactive tasks alone against a fixed-window provider.
@@ -109,8 +119,15 @@ pub const ALONE_RPW: f64 = 30.0;
 /// The provider's window in the interactive-alone runs.
 pub const ALONE_WINDOW: Duration = Duration::from_secs(5);
 
-/// Runs every discipline with the limits configured and learned, and the slow-start provider.
-pub async fn provider_report(rpm: f64, tpm: f64, seconds: f64) -> Result<ProviderReport, String> {
+/// Runs every discipline with the limits configured and learned, and the slow-start provider; then
+/// the interactive-alone runs, against the emulator and, given its `litellm` command, a real LiteLLM
+/// proxy.
+pub async fn provider_report(
+    rpm: f64,
+    tpm: f64,
+    seconds: f64,
+    litellm: Option<&std::path::Path>,
+) -> Result<ProviderReport, String> {
     let mut runs = Vec::new();
     let disciplines = [
         (Discipline::TokenBucket, "token bucket"),
@@ -145,13 +162,23 @@ pub async fn provider_report(rpm: f64, tpm: f64, seconds: f64) -> Result<Provide
     for known in [true, false] {
         alone.push(interactive_alone(known, ALONE_TASKS, ALONE_RPW, ALONE_WINDOW).await?);
     }
+    let mut proxied = Vec::new();
+    if let Some(bin) = litellm {
+        for known in [true, false] {
+            proxied.push(crate::litellm::alone(bin, known).await?);
+        }
+    }
+    let proxy = litellm.map_or(String::new(), |p| format!(" --litellm {}", p.display()));
     Ok(ProviderReport {
-        command: format!("lanes bench provider --rpm {rpm} --tpm {tpm} --seconds {seconds}"),
+        command: format!("lanes bench provider --rpm {rpm} --tpm {tpm} --seconds {seconds}{proxy}"),
         rpm,
         tpm,
         seconds,
+        burst: LimiterConfig::new(rpm, tpm).burst,
         runs,
         alone,
+        litellm: proxied,
+        litellm_version: litellm.and_then(crate::litellm::version),
     })
 }
 
@@ -163,7 +190,6 @@ pub async fn interactive_alone(
     rpw: f64,
     window: Duration,
 ) -> Result<AloneRun, String> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let limits = MockLimits {
         rpm: rpw,
         tpm: 1e9,
@@ -175,8 +201,28 @@ pub async fn interactive_alone(
     let mock = MockLlm::start_limited(limits).await.map_err(|e| e.to_string())?;
     let provider = OpenAiClient::new(&format!("{}/v1", mock.url), "bench", None, Duration::from_secs(5));
     let policy = RetryPolicy { max_hint: Duration::from_secs(2), ..RetryPolicy::default() };
-    let limited = Limited::new(provider, in_process(&limits, known), Duration::from_secs(10));
-    let client: Arc<dyn LlmClient> = Arc::new(Retrying::new(limited, policy));
+    let config = limiter_config(&limits, known);
+    let answered = drive_alone(provider, config, policy, tasks, Duration::from_secs(10)).await?;
+    Ok(AloneRun::of(known, tasks, rpw, window, &answered, mock.usage().throttled))
+}
+
+/// Each call's outcome (answered or not) and when it ended, seconds from the first call.
+pub type Answered = Vec<(bool, f64)>;
+
+/// `tasks` interactive calls from six workers through the real client stack (retries by `policy`
+/// over the limiter, configured by `config`, over `provider`); a call waits for budget up to
+/// `max_wait` before it is put off (and counted unanswered).
+pub async fn drive_alone(
+    provider: OpenAiClient,
+    config: LimiterConfig,
+    policy: RetryPolicy,
+    tasks: usize,
+    max_wait: Duration,
+) -> Result<Answered, String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let limiter: Arc<dyn RateLimiter> = Arc::new(MemoryLimiter::new(config, Arc::new(SystemClock)));
+    let client: Arc<dyn LlmClient> =
+        Arc::new(Retrying::new(Limited::new(provider, limiter, max_wait), policy));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut handles = Vec::new();
@@ -198,25 +244,40 @@ pub async fn interactive_alone(
     for h in handles {
         answered.extend(h.await.map_err(|e| e.to_string())?);
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let unanswered = answered.iter().filter(|(ok, _)| !ok).count() as u64;
-    let limit_seconds = tasks as f64 / rpw * window.as_secs_f64();
-    // Once the first window is over, the limits are known in every case: the pace from then on.
-    let w = window.as_secs_f64();
-    let later = answered.iter().filter(|(ok, at)| *ok && *at >= w).count() as f64;
-    let after_first_window = (later / rpw * w) / (seconds - w).max(1e-9);
-    Ok(AloneRun {
-        limits: if known { "configured" } else { "learned from headers" }.into(),
-        tasks,
-        requests_per_window: rpw,
-        window_secs: window.as_secs_f64(),
-        seconds,
-        limit_seconds,
-        of_limit: limit_seconds / seconds,
-        after_first_window,
-        throttled: mock.usage().throttled,
-        unanswered,
-    })
+    Ok(answered)
+}
+
+impl AloneRun {
+    /// The figures of one run: `answered` (from [`drive_alone`]) against a provider allowing `rpw`
+    /// requests a `window`, which answered `throttled` calls 429.
+    pub fn of(
+        known: bool,
+        tasks: usize,
+        rpw: f64,
+        window: Duration,
+        answered: &Answered,
+        throttled: u64,
+    ) -> Self {
+        let seconds = answered.iter().map(|(_, at)| *at).fold(0.0, f64::max);
+        let unanswered = answered.iter().filter(|(ok, _)| !ok).count() as u64;
+        let limit_seconds = tasks as f64 / rpw * window.as_secs_f64();
+        // Once the first window is over, the limits are known in every case: the pace from then on.
+        let w = window.as_secs_f64();
+        let later = answered.iter().filter(|(ok, at)| *ok && *at >= w).count() as f64;
+        let after_first_window = (later / rpw * w) / (seconds - w).max(1e-9);
+        AloneRun {
+            limits: if known { "configured" } else { "learned from headers" }.into(),
+            tasks,
+            requests_per_window: rpw,
+            window_secs: w,
+            seconds,
+            limit_seconds,
+            of_limit: limit_seconds / seconds,
+            after_first_window,
+            throttled,
+            unanswered,
+        }
+    }
 }
 
 /// The limiter config for an emulator with `limits`: its caps when `known`, else none (learned). The
@@ -337,24 +398,33 @@ impl std::fmt::Display for ProviderReport {
             "Goals: <= 1% 429s with the limits configured, <= 5% learned; >= 95% of the limit; 0 failed; interactive >= 70%."
         )?;
         writeln!(f, "Interactive alone, fixed window:")?;
-        for r in &self.alone {
-            let met =
-                if r.used() >= 0.95 && r.throttled == 0 && r.unanswered == 0 { "met" } else { "NOT met" };
-            writeln!(
-                f,
-                "  {:<22} {} tasks at {} per {} s: {:.2} s against {:.2} s the limit allows ({:.1}% of the limit, {:.1}% after the first window), {} x 429, {} unanswered: >= 95% (whole run configured, after the first window learned) and 0 x 429 {met}",
-                r.limits,
-                r.tasks,
-                r.requests_per_window,
-                r.window_secs,
-                r.seconds,
-                r.limit_seconds,
-                r.of_limit * 100.0,
-                r.after_first_window * 100.0,
-                r.throttled,
-                r.unanswered
-            )?;
+        write_alone(f, &self.alone)?;
+        if !self.litellm.is_empty() {
+            let version = self.litellm_version.as_deref().unwrap_or("version unknown");
+            writeln!(f, "Interactive alone, a real LiteLLM proxy ({version}), calendar minutes:")?;
+            write_alone(f, &self.litellm)?;
         }
         Ok(())
     }
+}
+
+fn write_alone(f: &mut std::fmt::Formatter<'_>, runs: &[AloneRun]) -> std::fmt::Result {
+    for r in runs {
+        let met = if r.used() >= 0.95 && r.throttled == 0 && r.unanswered == 0 { "met" } else { "NOT met" };
+        writeln!(
+            f,
+            "  {:<22} {} tasks at {} per {} s: {:.2} s against {:.2} s the limit allows ({:.1}% of the limit, {:.1}% after the first window), {} x 429, {} unanswered: >= 95% (whole run configured, after the first window learned) and 0 x 429 {met}",
+            r.limits,
+            r.tasks,
+            r.requests_per_window,
+            r.window_secs,
+            r.seconds,
+            r.limit_seconds,
+            r.of_limit * 100.0,
+            r.after_first_window * 100.0,
+            r.throttled,
+            r.unanswered
+        )?;
+    }
+    Ok(())
 }

@@ -202,6 +202,10 @@ pub enum BenchCommand {
         /// Seconds of load per run: ten one-second windows stand for a provider's ten minutes.
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// A LiteLLM proxy's `litellm` command: the interactive-alone runs are also made against a
+        /// real proxy at 30 requests a minute (about five minutes).
+        #[arg(long)]
+        litellm: Option<std::path::PathBuf>,
         /// One JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -257,8 +261,8 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Soak { tasks, clients, record_ttl_secs, sweep_secs, capacity, json } => {
             show(b::soak::soak_report(tasks, clients, record_ttl_secs, sweep_secs, capacity).await, json)
         }
-        BenchCommand::Provider { rpm, tpm, seconds, json } => {
-            show(b::provider::provider_report(rpm, tpm, seconds).await, json)
+        BenchCommand::Provider { rpm, tpm, seconds, litellm, json } => {
+            show(b::provider::provider_report(rpm, tpm, seconds, litellm.as_deref()).await, json)
         }
         BenchCommand::Cost { repo, commits, flex_latency_ms, json } => {
             show(b::cost::cost_report(&repo, commits, flex_latency_ms).await, json)

@@ -154,8 +154,10 @@ pub fn decide(
 /// to a call of `class`: both buckets together hold at most the remaining budget less what they
 /// refill before the reset, so the rest of that window admits no more than is left, the calls made
 /// before the limits were known (unpaced) included. That debt is `class`'s, whose calls ran unpaced;
-/// the other class starts full, so if it is idle it lends its refill at once ([`refill`]). Once per start of the buckets: later, a token-bucket provider's `reset-*` (time to
-/// full) would make this stall a busy deployment for nothing. Never below minus a window's share.
+/// the other class starts full, so if it is idle it lends its refill at once ([`refill`]). Without
+/// a reset the window is taken as just begun (the most the rest of it can last). Once per start of
+/// the buckets: later, a token-bucket provider's `reset-*` (time to full) would make this stall a
+/// busy deployment for nothing. Never below minus a window's share.
 pub fn align(
     config: &LimiterConfig,
     state: &mut BucketState,
@@ -170,9 +172,12 @@ pub fn align(
     state.aligned = true;
     let (shares, rates, caps) = (config.shares(), config.rates(), config.caps());
     for dim in 0..2 {
-        let (Some(left), Some(reset)) = (limits.remaining[dim], limits.reset[dim]) else { continue };
+        let Some(left) = limits.remaining[dim] else { continue };
+        // A provider that says what is left but not when its window ends (LiteLLM's proxy) may have
+        // just begun one: what is left must then last a whole window.
+        let reset = limits.reset[dim].map_or(config.window_ms, |r| r.as_millis() as f64);
         let (own, other) = (dim * 2 + class as usize, dim * 2 + 1 - class as usize);
-        let ceiling = left - (rates[own] + rates[other]) * reset.as_millis() as f64;
+        let ceiling = left - (rates[own] + rates[other]) * reset;
         let levels = &mut state.levels;
         // The other class starts full (it may be idle, and then lends from now on), unless the debt
         // is more than `class` can hold above its floor.
@@ -487,6 +492,25 @@ mod tests {
             Class::Interactive,
         );
         assert_eq!(s, before);
+    }
+
+    #[test]
+    fn without_a_reset_what_is_left_lasts_a_whole_window() {
+        // A proxy allowing 30 requests a minute says 24 are left, and not when its minute ends.
+        let cfg = LimiterConfig::new(30.0, 1e9);
+        let mut s = BucketState::full(&cfg, 0);
+        let said = ProviderLimits { remaining: [Some(24.0), None], ..Default::default() };
+        align(&cfg, &mut s, 0, &said, Class::Interactive);
+        // Interactive alone for the next minute (the background idle, lending its refill): its
+        // minute may have just begun, so no more than the 24 go, and not many fewer.
+        let (mut now, mut admitted) = (0u64, 0);
+        while now < 60_000 {
+            match decide(&cfg, &mut s, now, Class::Interactive, 1, 0) {
+                Decision::Granted => admitted += 1,
+                Decision::Wait(d) | Decision::Reserved(d) => now += d.as_millis().max(1) as u64,
+            }
+        }
+        assert!((22..=24).contains(&admitted), "{admitted} admitted in the minute");
     }
 
     #[test]

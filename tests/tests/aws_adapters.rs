@@ -405,6 +405,39 @@ async fn limiter_parity_on(redis: RedisServer) {
     }
 }
 
+/// A provider that says what is left of its window but not when it ends (LiteLLM's proxy): the
+/// script and the in-process limiter both take the window as just begun, decision for decision.
+#[tokio::test]
+async fn an_alignment_without_a_reset_matches_the_in_process_one() {
+    use lanes_core::adapters::redis::limiter::RedisLimiter;
+    use lanes_core::clock::{Clock, ManualClock};
+    use lanes_core::domain::Lane;
+    use lanes_core::limiter::{Decision, LimiterConfig, MemoryLimiter, ProviderLimits, RateLimiter};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(1_000_000);
+    let config = LimiterConfig::new(30.0, 1e9);
+    let shared =
+        RedisLimiter::new(redis_conn(&redis, false).await, "lanes:", "litellm:bench", config, clock.clone());
+    let local = MemoryLimiter::new(config, clock.clone());
+    let said = ProviderLimits { remaining: [Some(24.0), None], ..Default::default() };
+    shared.align(Lane::Interactive, &said).await.unwrap();
+    local.align(Lane::Interactive, &said).await.unwrap();
+    let (started, mut granted) = (clock.now_ms(), 0);
+    while clock.now_ms() < started + 60_000 {
+        let a = shared.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap();
+        let b = local.try_acquire(Lane::Interactive, 1, Duration::ZERO).await.unwrap();
+        match (a, b) {
+            (Decision::Granted, Decision::Granted) => granted += 1,
+            (Decision::Wait(x), Decision::Wait(y)) => {
+                assert!(x.abs_diff(y) <= Duration::from_millis(1), "{x:?} vs {y:?}");
+                clock.advance_ms(x.as_millis().max(1) as u64);
+            }
+            other => panic!("redis and in-process disagree after {granted} granted: {other:?}"),
+        }
+    }
+    assert!((22..=24).contains(&granted), "{granted} granted in the minute after 24 were said to be left");
+}
+
 #[tokio::test]
 async fn a_cooldown_is_shared_by_every_limiter_on_the_same_redis() {
     use lanes_core::adapters::redis::limiter::RedisLimiter;

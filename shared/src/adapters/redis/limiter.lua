@@ -58,9 +58,12 @@ if op == 'align' then
     -- Both buckets together hold at most what is left less their refill before the reset; the debt
     -- is the answered call's class's, and the other starts full unless the debt passes that floor.
     for d = 1, 2 do
-      if left[d] < 1e18 and resets[d] < 1e18 then
+      if left[d] < 1e18 then
+        -- No reset said: the window may have just begun, so what is left must last a whole one.
+        local reset = resets[d]
+        if reset >= 1e18 then reset = window end
         local own, other = (d - 1) * 2 + 1 + class, (d - 1) * 2 + 2 - class
-        local ceiling = left[d] - (rates[own] + rates[other]) * resets[d]
+        local ceiling = left[d] - (rates[own] + rates[other]) * reset
         levels[other] = math.max(math.min(caps[other], ceiling + shares[own]), -shares[other])
         levels[own] = math.max(math.min(levels[own], ceiling - math.max(levels[other], 0)), -shares[own])
       end
