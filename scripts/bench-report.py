@@ -470,7 +470,11 @@ def main():
                 out += [f"The same {p0['tasks']} tasks against a real LiteLLM proxy ({pv.get('litellm_version', 'version unknown')}) "
                         f"allowing {p0['requests_per_window']:.0f} requests a minute (its `enforce_model_rate_limits` check: "
                         "calendar minutes, a 429 with `retry-after: 60` past the limit, the limit and what is left of it in "
-                        "every answer's headers but not when the minute ends), in real time.", "",
+                        "every answer's headers but not when the minute ends), in real time. Each run starts a second into "
+                        "the proxy's minute: the worst moment for the calls made before the limit is known, as nearly all of "
+                        "that minute is still to come. With the limit learned, the first answer says what is left but not "
+                        "when the minute ends, so the limiter takes the minute as just begun: what is left must last a "
+                        "whole minute.", "",
                         "| limits | time to finish | time the limit allows | of the limit | after the first minute | 429s | unanswered |",
                         "|---|---:|---:|---:|---:|---:|---:|"]
                 out += [f"| {r['limits']} | {r['seconds']:.1f} s | {r['limit_seconds']:.0f} s | {100 * r['of_limit']:.1f}% | "

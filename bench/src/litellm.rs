@@ -96,6 +96,12 @@ impl Proxy {
     }
 }
 
+/// The time from `now` to the next whole minute of the clock (the proxy keys its counts by it).
+fn until_next_minute(now: std::time::SystemTime) -> Duration {
+    let since = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Duration::from_secs(60) - Duration::from_nanos((since.as_nanos() % 60_000_000_000) as u64)
+}
+
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -115,9 +121,13 @@ pub fn version(bin: &Path) -> Option<String> {
 /// proxy (`bin`) allowing [`RPM`] requests a minute, with the limit configured (`known`) or learned
 /// from its headers. Retries follow the production policy (the proxy's 60 s hint is waited out);
 /// a call waits for budget up to two minutes, so none is put off.
+///
+/// The calls start a second into one of the proxy's minutes: the worst moment for calls made before
+/// the limit is known, since nearly all of that minute is still to come.
 pub async fn alone(bin: &Path, known: bool) -> Result<AloneRun, String> {
     let upstream = MockLlm::start().await.map_err(|e| e.to_string())?;
     let proxy = Proxy::start(bin, &format!("{}/v1", upstream.url), RPM).await?;
+    tokio::time::sleep(until_next_minute(std::time::SystemTime::now()) + Duration::from_secs(1)).await;
     let url = format!("http://127.0.0.1:{}/v1", proxy.port);
     let provider = OpenAiClient::new(&url, "bench", Some(Secret::fixed(MASTER_KEY)), Duration::from_secs(30));
     let caps = if known { LimiterConfig::new(RPM, 1e9) } else { LimiterConfig::unknown() };

@@ -101,6 +101,37 @@ pub struct AloneRun {
 }
 
 impl AloneRun {
+    /// The figures of one run: `answered` (from [`drive_alone`]) against a provider allowing `rpw`
+    /// requests a `window`, which answered `throttled` calls 429.
+    pub fn of(
+        known: bool,
+        tasks: usize,
+        rpw: f64,
+        window: Duration,
+        answered: &Answered,
+        throttled: u64,
+    ) -> Self {
+        let seconds = answered.iter().map(|(_, at)| *at).fold(0.0, f64::max);
+        let unanswered = answered.iter().filter(|(ok, _)| !ok).count() as u64;
+        let limit_seconds = tasks as f64 / rpw * window.as_secs_f64();
+        // Once the first window is over, the limits are known in every case: the pace from then on.
+        let w = window.as_secs_f64();
+        let later = answered.iter().filter(|(ok, at)| *ok && *at >= w).count() as f64;
+        let after_first_window = (later / rpw * w) / (seconds - w).max(1e-9);
+        AloneRun {
+            limits: if known { "configured" } else { "learned from headers" }.into(),
+            tasks,
+            requests_per_window: rpw,
+            window_secs: w,
+            seconds,
+            limit_seconds,
+            of_limit: limit_seconds / seconds,
+            after_first_window,
+            throttled,
+            unanswered,
+        }
+    }
+
     /// The share of the limit its goal counts: the whole run with the limits configured; from the end
     /// of the first window once they are learned (the first answer cannot tell which calls in flight
     /// the provider already counted, so the first window is paced as if it counted none), to a tenth
@@ -245,39 +276,6 @@ pub async fn drive_alone(
         answered.extend(h.await.map_err(|e| e.to_string())?);
     }
     Ok(answered)
-}
-
-impl AloneRun {
-    /// The figures of one run: `answered` (from [`drive_alone`]) against a provider allowing `rpw`
-    /// requests a `window`, which answered `throttled` calls 429.
-    pub fn of(
-        known: bool,
-        tasks: usize,
-        rpw: f64,
-        window: Duration,
-        answered: &Answered,
-        throttled: u64,
-    ) -> Self {
-        let seconds = answered.iter().map(|(_, at)| *at).fold(0.0, f64::max);
-        let unanswered = answered.iter().filter(|(ok, _)| !ok).count() as u64;
-        let limit_seconds = tasks as f64 / rpw * window.as_secs_f64();
-        // Once the first window is over, the limits are known in every case: the pace from then on.
-        let w = window.as_secs_f64();
-        let later = answered.iter().filter(|(ok, at)| *ok && *at >= w).count() as f64;
-        let after_first_window = (later / rpw * w) / (seconds - w).max(1e-9);
-        AloneRun {
-            limits: if known { "configured" } else { "learned from headers" }.into(),
-            tasks,
-            requests_per_window: rpw,
-            window_secs: w,
-            seconds,
-            limit_seconds,
-            of_limit: limit_seconds / seconds,
-            after_first_window,
-            throttled,
-            unanswered,
-        }
-    }
 }
 
 /// The limiter config for an emulator with `limits`: its caps when `known`, else none (learned). The
