@@ -203,7 +203,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
         /// A LiteLLM proxy's `litellm` command: the interactive-alone runs are also made against a
-        /// real proxy at 30 requests a minute (about five minutes).
+        /// real proxy at 30 requests a minute (five to seven minutes: each run starts a second into
+        /// the proxy's next minute).
         #[arg(long)]
         litellm: Option<std::path::PathBuf>,
         /// One JSON object instead of a table.

@@ -44,8 +44,9 @@ pub struct LimiterConfig {
 /// and admits only its refill, the rest of the limit, so the burst is the part of each window that
 /// goes unused: 5% keeps 95% in use. A smaller burst would use more, but a request larger than half
 /// a bucket is admitted into debt, and a window can then see up to that request's tokens past the
-/// limit: at 2%, requests of a few hundred tokens against 20,000 a second drew 429s from a
-/// sliding-window provider (`lanes bench provider`), and half its limit went unused in the pauses.
+/// limit: at 2%, requests of a few hundred tokens against 20,000 a second draw 429s from a
+/// sliding-window provider, and about two fifths of its limit go unused in the pauses that follow
+/// (`lanes bench provider`).
 pub const DEFAULT_BURST: f64 = 0.05;
 
 /// A limit to stand for "not known yet": large enough never to pace, finite so the Lua script and
