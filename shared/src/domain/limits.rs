@@ -42,11 +42,10 @@ pub struct LimiterConfig {
 
 /// The share of a window's limit each bucket holds as its burst. Under saturation a bucket is empty
 /// and admits only its refill, the rest of the limit, so the burst is the part of each window that
-/// goes unused: 5% keeps 95% in use. A smaller burst would use more, but a request larger than half
-/// a bucket is admitted into debt, and a window can then see up to that request's tokens past the
-/// limit: at 2%, requests of a few hundred tokens against 20,000 a second draw 429s from a
-/// sliding-window provider, and about two fifths of its limit go unused in the pauses that follow
-/// (`lanes bench provider`).
+/// goes unused: 5% keeps 95% in use. A smaller burst would use more, but the burst is also the
+/// margin between what the limiter admits and what a provider counts: at 2%, a sliding-window
+/// provider answers 429s and about two fifths of its limit go unused in the pauses that follow,
+/// whether a large request waits for half its bucket or for all of it (`lanes bench provider`).
 pub const DEFAULT_BURST: f64 = 0.05;
 
 /// A limit to stand for "not known yet": large enough never to pace, finite so the Lua script and
