@@ -61,7 +61,8 @@ impl Proxy {
         let child = Command::new(bin)
             .args(["--config", &config.to_string_lossy(), "--host", "127.0.0.1", "--port", &port.to_string()])
             .env("LITELLM_MASTER_KEY", MASTER_KEY)
-            .env("LITELLM_TELEMETRY", "False")
+            // Loopback only: the model price list from the package, not fetched from GitHub.
+            .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
