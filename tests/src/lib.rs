@@ -404,6 +404,10 @@ impl RedisServer {
                 "--cluster-config-file".to_owned(),
             ]);
             args.push(dir.path().join("nodes.conf").display().to_string());
+            // The cluster bus listens 10,000 above the port unless told otherwise, and redis-server
+            // refuses to start when that is past 65535 (a free port above 55535, about one in five
+            // of the ephemeral range): its own free port instead.
+            args.extend(["--cluster-port".to_owned(), free_port().to_string()]);
         }
         let mut child = Command::new("redis-server")
             .args(&args)
