@@ -483,9 +483,10 @@ def main():
                         f"minute once learned: {met(all(used(r) >= 0.95 for r in proxied))}",
                         f"- 0 x 429 and every call answered: "
                         f"{met(all(r['throttled'] == 0 and r['unanswered'] == 0 for r in proxied))}", ""]
+        burst = pv.get("burst", 0.05)
         out += [
-                f"Reading it: the pacing admits a {100 * pv.get('burst', 0.05):.0f}% burst and refills the other "
-                f"{100 * (1 - pv.get('burst', 0.05)):.0f}% of each window, so about {100 * (1 - pv.get('burst', 0.05)):.0f}% of the "
+                f"Reading it: the pacing admits a {100 * burst:.0f}% burst and refills the other "
+                f"{100 * (1 - burst):.0f}% of each window, so about {100 * (1 - burst):.0f}% of the "
                 "limit is the design's use under saturation. Each 429 pauses every worker for the provider's hint "
                 "(up to the rest of a one-second window here). Before the first answer the limits are unknown and "
                 "the first calls are unpaced; that answer's remaining budget (less the calls in flight) lines the "
