@@ -1,6 +1,6 @@
-//! Embedded durable task store: one redb table of JSON records. Every write is a row of the
-//! transition table carried out by [`lifecycle::apply`] inside one write transaction, so it is
-//! atomic and the same row the DynamoDB adapter renders as its condition.
+//! Embedded durable task store: JSON records in the redb file, laid out as [`records`] says. Every
+//! write is a row of the transition table carried out by [`lifecycle::apply`] inside one write
+//! transaction, so it is atomic and the same row the DynamoDB adapter renders as its condition.
 
 use super::db::EmbeddedDb;
 use crate::domain::lifecycle::{self, Command};
@@ -13,7 +13,9 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-const TASKS: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
+mod records;
+
+use records::Records;
 
 /// Every record's key by its expiry (`expires_at`, Unix seconds), kept in the same transaction as
 /// the record, so the TTL sweep reads only what has expired rather than the whole table.
@@ -37,15 +39,19 @@ fn unavailable(e: impl std::fmt::Display) -> StoreError {
 #[derive(Debug, Clone)]
 pub struct EmbeddedStore {
     db: EmbeddedDb,
-    /// Whether this process has seen the expiry index cover every record ([`index_unindexed`]),
-    /// so later sweeps skip the check and its turn in the write queue.
-    indexed: Arc<AtomicBool>,
+    /// Whether this process has seen the expiry index cover every record ([`index_unindexed`])
+    /// and no record left in the legacy layout, so later sweeps skip the check and its turn in
+    /// the write queue.
+    upgraded: Arc<AtomicBool>,
+    /// Whether the file may still hold records in the legacy layout ([`records`]).
+    legacy: Arc<AtomicBool>,
 }
 
 impl EmbeddedStore {
     /// A store in `db`.
     pub fn new(db: EmbeddedDb) -> Self {
-        Self { db, indexed: Arc::new(AtomicBool::new(false)) }
+        let legacy = records::has_legacy(&db.db);
+        Self { db, upgraded: Arc::new(AtomicBool::new(false)), legacy: Arc::new(AtomicBool::new(legacy)) }
     }
 
     /// Runs `f` on the stored record, expired or not (DynamoDB keeps an expired item until its TTL
@@ -56,15 +62,17 @@ impl EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(Option<TaskRecord>) -> (Option<TaskRecord>, T) + Send + 'static,
     {
-        let id = task_id.to_owned();
+        let (id, legacy) = (task_id.to_owned(), self.legacy.load(Ordering::Relaxed));
         // A refusal made before anything is written (an unreadable record, a record that will not
         // serialize) is this call's answer alone; only a failed write fails the group.
         self.db
             .submit_maybe(move |txn| -> Result<(Result<T, StoreError>, bool), StoreError> {
                 // One handle for the read and the write: every open looks the table up again in
                 // the transaction's table tree, on the writer thread every write waits for.
-                let mut table = txn.open_table(TASKS).map_err(unavailable)?;
-                let current = match read(&table, &id) {
+                let mut table = Records::open(txn, legacy)?;
+                let stored = table.get(&id)?;
+                let place = stored.as_ref().map(|s| s.place);
+                let current = match stored.map(|s| parse(&id, &s.bytes)).transpose() {
                     Ok(c) => c,
                     Err(e) => return Ok((Err(e), false)),
                 };
@@ -75,7 +83,7 @@ impl EmbeddedStore {
                     Ok(b) => b,
                     Err(e) => return Ok((Err(unavailable(e)), false)),
                 };
-                table.insert(id.as_str(), bytes.as_slice()).map_err(unavailable)?;
+                table.put(&id, record.created_at_ms, &bytes, place)?;
                 if was_expiring_at != Some(record.expires_at) {
                     let mut expiry = txn.open_table(EXPIRY).map_err(unavailable)?;
                     if let Some(at) = was_expiring_at {
@@ -94,16 +102,10 @@ impl EmbeddedStore {
         self.db
             .run(move |db| {
                 let txn = db.begin_read().map_err(unavailable)?;
-                let table = match txn.open_table(TASKS) {
-                    Ok(t) => t,
-                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                    Err(e) => return Err(unavailable(e)),
-                };
                 let mut out = Vec::new();
-                for entry in table.iter().map_err(unavailable)? {
-                    let (_, v) = entry.map_err(unavailable)?;
+                for bytes in records::read_all(&txn)? {
                     let record: TaskRecord =
-                        serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                        serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     if !record.is_expired(now_ms) {
                         out.push(record);
                     }
@@ -144,17 +146,23 @@ fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<(u64
 
 /// Deletes those of `found` still expired at `now_ms`: one may have been written again since it
 /// was found, and its index entry then moved with it.
-fn delete_expired(txn: &WriteTransaction, found: &[(u64, String)], now_ms: u64) -> Result<usize, StoreError> {
-    let mut table = txn.open_table(TASKS).map_err(unavailable)?;
+fn delete_expired(
+    txn: &WriteTransaction,
+    found: &[(u64, String)],
+    now_ms: u64,
+    legacy: bool,
+) -> Result<usize, StoreError> {
+    let mut table = Records::open(txn, legacy)?;
     let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
     let mut gone = 0;
     for (at, id) in found {
         if index.remove((*at, id.as_str())).map_err(unavailable)?.is_none() {
             continue;
         }
-        let still = table.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| expired(v.value(), now_ms));
-        if still {
-            table.remove(id.as_str()).map_err(unavailable)?;
+        if let Some(stored) = table.get(id)?
+            && expired(&stored.bytes, now_ms)
+        {
+            table.remove_at(id, stored.place)?;
             gone += 1;
         }
     }
@@ -163,29 +171,43 @@ fn delete_expired(txn: &WriteTransaction, found: &[(u64, String)], now_ms: u64) 
 
 /// Indexes every record by its expiry, once per file: one written before the index existed has
 /// records it does not cover. Returns whether it had to.
-fn index_unindexed(txn: &WriteTransaction) -> Result<bool, StoreError> {
+fn index_unindexed(txn: &WriteTransaction, legacy: bool) -> Result<bool, StoreError> {
     let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
     if index.get(INDEXED).map_err(unavailable)?.is_some() {
         return Ok(false);
     }
-    let table = txn.open_table(TASKS).map_err(unavailable)?;
-    for entry in table.iter().map_err(unavailable)? {
-        let (k, v) = entry.map_err(unavailable)?;
+    Records::open(txn, legacy)?.each(|id, bytes| {
         // An unreadable record is left out, for an operator to look at.
-        if let Ok(e) = serde_json::from_slice::<Expiry>(v.value()) {
-            index.insert((e.expires_at, k.value()), ()).map_err(unavailable)?;
+        if let Ok(e) = serde_json::from_slice::<Expiry>(bytes) {
+            index.insert((e.expires_at, id), ()).map_err(unavailable)?;
         }
-    }
+        Ok(())
+    })?;
     index.insert(INDEXED, ()).map_err(unavailable)?;
     Ok(true)
 }
 
-fn read(
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-    id: &str,
-) -> Result<Option<TaskRecord>, StoreError> {
-    let Some(v) = table.get(id).map_err(unavailable)? else { return Ok(None) };
-    serde_json::from_slice(v.value()).map(Some).map_err(|e| StoreError::Corrupt(format!("task {id}: {e}")))
+/// The one-time work of a file written by an older layout: the expiry index completed, then the
+/// legacy records moved. Returns whether it wrote anything.
+fn upgrade(txn: &WriteTransaction, legacy: bool) -> Result<bool, StoreError> {
+    let indexed = index_unindexed(txn, legacy)?;
+    if legacy {
+        records::move_legacy(txn, created_at)?;
+    }
+    Ok(indexed || legacy)
+}
+
+/// The one field the legacy move reads of a record.
+fn created_at(bytes: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Created {
+        created_at_ms: u64,
+    }
+    serde_json::from_slice::<Created>(bytes).ok().map(|c| c.created_at_ms)
+}
+
+fn parse(id: &str, bytes: &[u8]) -> Result<TaskRecord, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("task {id}: {e}")))
 }
 
 impl EmbeddedStore {
@@ -220,18 +242,12 @@ impl TaskStore for EmbeddedStore {
     }
 
     async fn get(&self, task_id: &TaskId, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
-        let id = task_id.to_owned();
+        let (id, legacy) = (task_id.to_owned(), self.legacy.load(Ordering::Relaxed));
         self.db
             .run(move |db| {
                 let txn = db.begin_read().map_err(unavailable)?;
-                let table = match txn.open_table(TASKS) {
-                    Ok(t) => t,
-                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-                    Err(e) => return Err(unavailable(e)),
-                };
-                let Some(v) = table.get(id.as_str()).map_err(unavailable)? else { return Ok(None) };
-                let record: TaskRecord = serde_json::from_slice(v.value())
-                    .map_err(|e| StoreError::Corrupt(format!("task {id}: {e}")))?;
+                let Some(bytes) = records::read(&txn, &id, legacy)? else { return Ok(None) };
+                let record = parse(&id, &bytes)?;
                 Ok((!record.is_expired(now_ms)).then_some(record))
             })
             .await
@@ -320,15 +336,21 @@ impl TaskStore for EmbeddedStore {
     }
 
     async fn sweep_expired(&self, now_ms: u64, max: usize) -> Result<usize, StoreError> {
-        if !self.indexed.load(Ordering::Relaxed) {
-            self.db.submit_maybe(move |txn| index_unindexed(txn).map(|wrote| ((), wrote))).wait().await?;
-            self.indexed.store(true, Ordering::Relaxed);
+        if !self.upgraded.load(Ordering::Relaxed) {
+            let legacy = self.legacy.load(Ordering::Relaxed);
+            self.db.submit_maybe(move |txn| upgrade(txn, legacy).map(|wrote| ((), wrote))).wait().await?;
+            // Committed: every record is in the new layout now.
+            self.legacy.store(false, Ordering::Relaxed);
+            self.upgraded.store(true, Ordering::Relaxed);
         }
         let keys = self.db.run(move |db| find_expired(db, now_ms, max)).await?;
         if keys.is_empty() {
             return Ok(0);
         }
-        self.db.submit_maybe(move |txn| delete_expired(txn, &keys, now_ms).map(|n| (n, n > 0))).wait().await
+        let legacy = self.legacy.load(Ordering::Relaxed);
+        let delete =
+            move |txn: &WriteTransaction| delete_expired(txn, &keys, now_ms, legacy).map(|n| (n, n > 0));
+        self.db.submit_maybe(delete).wait().await
     }
 
     async fn fail_unfinished(
@@ -473,7 +495,7 @@ mod tests {
         assert_eq!(keys, vec![(old.expires_at, old.task_id.to_string())]);
         let again = TaskRecord::pending(old.task_id.clone(), old.request.clone(), two_hours, 3600);
         store.put_pending(&again, two_hours).await.unwrap();
-        let deleted = store.db.write(move |txn| delete_expired(txn, &keys, two_hours)).await.unwrap();
+        let deleted = store.db.write(move |txn| delete_expired(txn, &keys, two_hours, false)).await.unwrap();
         assert_eq!(deleted, 0);
         assert!(store.get(&old.task_id, two_hours).await.unwrap().is_some());
         // Its index entry moved with it: the record goes once its new expiry has passed.
@@ -496,6 +518,75 @@ mod tests {
         store.db.write(|txn| txn.delete_table(EXPIRY).map(|_| ()).map_err(unavailable)).await.unwrap();
         let two_hours = 2 * 3600 * 1000;
         assert_eq!(store.sweep_expired(two_hours, 10).await.unwrap(), 3);
+        assert!(store.all(0).await.unwrap().is_empty());
+    }
+
+    /// A replacement (a failed record submitted again) moves to its own place in the layout:
+    /// one record and one locator for the id, never a stale copy beside it.
+    #[tokio::test]
+    async fn a_replacement_moves_to_its_own_place_and_leaves_nothing_behind() {
+        let store = EmbeddedStore::new(EmbeddedDb::in_memory().unwrap());
+        let first = record(1_000);
+        let id = first.task_id.clone();
+        store.put_pending(&first, 1_000).await.unwrap();
+        let ClaimOutcome::Claimed(c) = store.claim(&id, 2_000, 3600).await.unwrap() else { panic!() };
+        store.finish(&id, c.fence, Completion::Failed("bad".into()), 3_000, 3600).await.unwrap();
+        store.put_pending(&record(9_000), 9_000).await.unwrap();
+        let counted =
+            store.db.run(|db| records::count(&db.begin_read().map_err(unavailable)?)).await.unwrap();
+        assert_eq!(counted, (1, 1), "(records, locators)");
+        let back = store.get(&id, 9_000).await.unwrap().unwrap();
+        assert_eq!((back.created_at_ms, back.status, back.fence), (9_000, TaskStatus::Pending, 1));
+    }
+
+    /// A file written with records keyed by id: they are read where they are, one written moves,
+    /// and the first sweep moves the rest and drops the old table; nothing is lost on the way.
+    #[tokio::test]
+    async fn a_file_of_the_legacy_layout_is_read_then_moved_by_the_first_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let old: Vec<TaskRecord> = (0..3)
+            .map(|i| {
+                let req = TaskRequest::from_value(
+                    json!({"project_id":"p","kind":"explain","prompt":format!("x{i}"),"target_files":[]}),
+                )
+                .unwrap();
+                TaskRecord::pending(req.task_id(None), req, 1_000 + i, 3600)
+            })
+            .collect();
+        let rows = old.clone();
+        db.write(move |txn| {
+            let mut legacy =
+                txn.open_table(TableDefinition::<&str, &[u8]>::new("tasks")).map_err(unavailable)?;
+            let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
+            for r in &rows {
+                let bytes = serde_json::to_vec(r).map_err(unavailable)?;
+                legacy.insert(r.task_id.as_str(), bytes.as_slice()).map_err(unavailable)?;
+                index.insert((r.expires_at, r.task_id.as_str()), ()).map_err(unavailable)?;
+            }
+            index.insert(INDEXED, ()).map_err(unavailable).map(|_| ())
+        })
+        .await
+        .unwrap();
+        let store = EmbeddedStore::new(db.clone());
+        for r in &old {
+            assert_eq!(store.get(&r.task_id, 5_000).await.unwrap().as_ref(), Some(r));
+        }
+        let ClaimOutcome::Claimed(claimed) = store.claim(&old[0].task_id, 5_000, 3600).await.unwrap() else {
+            panic!("a legacy record is claimed where it is")
+        };
+        assert_eq!(store.get(&old[0].task_id, 5_000).await.unwrap(), Some(*claimed));
+        assert_eq!(store.sweep_expired(5_000, 10).await.unwrap(), 0);
+        assert!(!records::has_legacy(&db.db), "the old table is dropped");
+        assert_eq!(store.all(5_000).await.unwrap().len(), 3);
+        for r in &old[1..] {
+            assert_eq!(store.get(&r.task_id, 5_000).await.unwrap().as_ref(), Some(r));
+        }
+        let counted =
+            store.db.run(|db| records::count(&db.begin_read().map_err(unavailable)?)).await.unwrap();
+        assert_eq!(counted, (3, 3));
+        // Moved records expire and are swept like any other.
+        assert_eq!(store.sweep_expired(2 * 3600 * 1000, 10).await.unwrap(), 3);
         assert!(store.all(0).await.unwrap().is_empty());
     }
 }
