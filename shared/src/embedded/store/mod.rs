@@ -17,13 +17,25 @@ mod records;
 
 use records::Records;
 
-/// Every record's key by its expiry (`expires_at`, Unix seconds), kept in the same transaction as
-/// the record, so the TTL sweep reads only what has expired rather than the whole table.
-const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("task_expiry");
+/// Every record by its expiry (`expires_at`, Unix seconds), then where it is (`created_at_ms`, id),
+/// kept in the same transaction as the record, so the TTL sweep reads only what has expired rather
+/// than the whole table. Within one second of expiry, entries are in the order their records were
+/// created, so the entries one group commit moves (a claim's, a finish's) share leaves, as the
+/// records do ([`records`]).
+const EXPIRY: TableDefinition<(u64, u64, &str), ()> = TableDefinition::new("task_expiry_by_created");
+
+/// The index of a file written before [`EXPIRY`]: by expiry and id. Dropped by the first sweep,
+/// which builds [`EXPIRY`].
+const OLD_EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("task_expiry");
 
 /// The key in [`EXPIRY`] saying its entries cover every record: absent in a file written before
 /// the index existed, whose records the first sweep then indexes.
-const INDEXED: (u64, &str) = (u64::MAX, "indexed");
+const INDEXED: (u64, u64, &str) = (u64::MAX, u64::MAX, "indexed");
+
+/// A record's key in [`EXPIRY`], without its id.
+fn expiry_of(record: &TaskRecord) -> (u64, u64) {
+    (record.expires_at, record.created_at_ms)
+}
 
 impl From<String> for StoreError {
     fn from(s: String) -> Self {
@@ -76,7 +88,7 @@ impl EmbeddedStore {
                     Ok(c) => c,
                     Err(e) => return Ok((Err(e), false)),
                 };
-                let was_expiring_at = current.as_ref().map(|r| r.expires_at);
+                let was_expiring_at = current.as_ref().map(expiry_of);
                 let (write, answer) = f(current);
                 let Some(record) = write else { return Ok((Ok(answer), false)) };
                 let bytes = match serde_json::to_vec(&record) {
@@ -84,12 +96,13 @@ impl EmbeddedStore {
                     Err(e) => return Ok((Err(unavailable(e)), false)),
                 };
                 table.put(&id, record.created_at_ms, &bytes, place)?;
-                if was_expiring_at != Some(record.expires_at) {
+                let expiring_at = expiry_of(&record);
+                if was_expiring_at != Some(expiring_at) {
                     let mut expiry = txn.open_table(EXPIRY).map_err(unavailable)?;
-                    if let Some(at) = was_expiring_at {
-                        expiry.remove((at, id.as_str())).map_err(unavailable)?;
+                    if let Some((at, created)) = was_expiring_at {
+                        expiry.remove((at, created, id.as_str())).map_err(unavailable)?;
                     }
-                    expiry.insert((record.expires_at, id.as_str()), ()).map_err(unavailable)?;
+                    expiry.insert((expiring_at.0, expiring_at.1, id.as_str()), ()).map_err(unavailable)?;
                 }
                 Ok((Ok(answer), true))
             })
@@ -116,19 +129,23 @@ impl EmbeddedStore {
     }
 }
 
-/// The one field a sweep reads of a record.
+/// The fields a sweep reads of a record.
 #[derive(serde::Deserialize)]
 struct Expiry {
     expires_at: u64,
+    created_at_ms: u64,
 }
 
 fn expired(value: &[u8], now_ms: u64) -> bool {
     serde_json::from_slice::<Expiry>(value).is_ok_and(|e| e.expires_at.saturating_mul(1000) <= now_ms)
 }
 
+/// A record's entry in [`EXPIRY`]: its expiry, its creation, its id.
+type ExpiryKey = (u64, u64, String);
+
 /// At most `max` records whose TTL has passed at `now_ms`, by expiry and key, read from the expiry
 /// index in a read transaction (writers go on meanwhile: redb's readers see a snapshot).
-fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<(u64, String)>, StoreError> {
+fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<ExpiryKey>, StoreError> {
     let txn = db.begin_read().map_err(unavailable)?;
     let index = match txn.open_table(EXPIRY) {
         Ok(t) => t,
@@ -136,10 +153,12 @@ fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<(u64
         Err(e) => return Err(unavailable(e)),
     };
     let mut gone = Vec::new();
-    for entry in index.range((0, "")..=(now_ms / 1000, "\u{10FFFF}")).map_err(unavailable)?.take(max) {
+    for entry in
+        index.range((0, 0, "")..=(now_ms / 1000, u64::MAX, "\u{10FFFF}")).map_err(unavailable)?.take(max)
+    {
         let (k, _) = entry.map_err(unavailable)?;
-        let (at, id) = k.value();
-        gone.push((at, id.to_owned()));
+        let (at, created, id) = k.value();
+        gone.push((at, created, id.to_owned()));
     }
     Ok(gone)
 }
@@ -148,15 +167,15 @@ fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Result<Vec<(u64
 /// was found, and its index entry then moved with it.
 fn delete_expired(
     txn: &WriteTransaction,
-    found: &[(u64, String)],
+    found: &[ExpiryKey],
     now_ms: u64,
     legacy: bool,
 ) -> Result<usize, StoreError> {
     let mut table = Records::open(txn, legacy)?;
     let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
     let mut gone = 0;
-    for (at, id) in found {
-        if index.remove((*at, id.as_str())).map_err(unavailable)?.is_none() {
+    for (at, created, id) in found {
+        if index.remove((*at, *created, id.as_str())).map_err(unavailable)?.is_none() {
             continue;
         }
         if let Some(stored) = table.get(id)?
@@ -179,7 +198,7 @@ fn index_unindexed(txn: &WriteTransaction, legacy: bool) -> Result<bool, StoreEr
     Records::open(txn, legacy)?.each(|id, bytes| {
         // An unreadable record is left out, for an operator to look at.
         if let Ok(e) = serde_json::from_slice::<Expiry>(bytes) {
-            index.insert((e.expires_at, id), ()).map_err(unavailable)?;
+            index.insert((e.expires_at, e.created_at_ms, id), ()).map_err(unavailable)?;
         }
         Ok(())
     })?;
@@ -187,23 +206,20 @@ fn index_unindexed(txn: &WriteTransaction, legacy: bool) -> Result<bool, StoreEr
     Ok(true)
 }
 
-/// The one-time work of a file written by an older layout: the expiry index completed, then the
-/// legacy records moved. Returns whether it wrote anything.
+/// The one-time work of a file written by an older layout: the expiry index completed (and the
+/// older index dropped), then the legacy records moved. Returns whether it wrote anything.
 fn upgrade(txn: &WriteTransaction, legacy: bool) -> Result<bool, StoreError> {
     let indexed = index_unindexed(txn, legacy)?;
+    let dropped = txn.delete_table(OLD_EXPIRY).map_err(unavailable)?;
     if legacy {
         records::move_legacy(txn, created_at)?;
     }
-    Ok(indexed || legacy)
+    Ok(indexed || dropped || legacy)
 }
 
 /// The one field the legacy move reads of a record.
 fn created_at(bytes: &[u8]) -> Option<u64> {
-    #[derive(serde::Deserialize)]
-    struct Created {
-        created_at_ms: u64,
-    }
-    serde_json::from_slice::<Created>(bytes).ok().map(|c| c.created_at_ms)
+    serde_json::from_slice::<Expiry>(bytes).ok().map(|e| e.created_at_ms)
 }
 
 fn parse(id: &str, bytes: &[u8]) -> Result<TaskRecord, StoreError> {
@@ -492,7 +508,7 @@ mod tests {
         store.put_pending(&old, 0).await.unwrap();
         let two_hours = 2 * 3600 * 1000;
         let keys = store.db.run(move |db| find_expired(db, two_hours, 10)).await.unwrap();
-        assert_eq!(keys, vec![(old.expires_at, old.task_id.to_string())]);
+        assert_eq!(keys, vec![(old.expires_at, old.created_at_ms, old.task_id.to_string())]);
         let again = TaskRecord::pending(old.task_id.clone(), old.request.clone(), two_hours, 3600);
         store.put_pending(&again, two_hours).await.unwrap();
         let deleted = store.db.write(move |txn| delete_expired(txn, &keys, two_hours, false)).await.unwrap();
@@ -539,8 +555,9 @@ mod tests {
         assert_eq!((back.created_at_ms, back.status, back.fence), (9_000, TaskStatus::Pending, 1));
     }
 
-    /// A file written with records keyed by id: they are read where they are, one written moves,
-    /// and the first sweep moves the rest and drops the old table; nothing is lost on the way.
+    /// A file written with records keyed by id and indexed by expiry and id: they are read where
+    /// they are, one written moves, and the first sweep moves the rest, indexes them anew and drops
+    /// the old tables; nothing is lost on the way.
     #[tokio::test]
     async fn a_file_of_the_legacy_layout_is_read_then_moved_by_the_first_sweep() {
         let dir = tempfile::tempdir().unwrap();
@@ -558,13 +575,13 @@ mod tests {
         db.write(move |txn| {
             let mut legacy =
                 txn.open_table(TableDefinition::<&str, &[u8]>::new("tasks")).map_err(unavailable)?;
-            let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
+            let mut index = txn.open_table(OLD_EXPIRY).map_err(unavailable)?;
             for r in &rows {
                 let bytes = serde_json::to_vec(r).map_err(unavailable)?;
                 legacy.insert(r.task_id.as_str(), bytes.as_slice()).map_err(unavailable)?;
                 index.insert((r.expires_at, r.task_id.as_str()), ()).map_err(unavailable)?;
             }
-            index.insert(INDEXED, ()).map_err(unavailable).map(|_| ())
+            index.insert((u64::MAX, "indexed"), ()).map_err(unavailable).map(|_| ())
         })
         .await
         .unwrap();
@@ -578,6 +595,14 @@ mod tests {
         assert_eq!(store.get(&old[0].task_id, 5_000).await.unwrap(), Some(*claimed));
         assert_eq!(store.sweep_expired(5_000, 10).await.unwrap(), 0);
         assert!(!records::has_legacy(&db.db), "the old table is dropped");
+        let old_index = store
+            .db
+            .run(|db| {
+                Ok::<_, StoreError>(db.begin_read().map_err(unavailable)?.open_table(OLD_EXPIRY).is_ok())
+            })
+            .await
+            .unwrap();
+        assert!(!old_index, "so is the old index");
         assert_eq!(store.all(5_000).await.unwrap().len(), 3);
         for r in &old[1..] {
             assert_eq!(store.get(&r.task_id, 5_000).await.unwrap().as_ref(), Some(r));
