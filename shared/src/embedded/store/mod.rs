@@ -397,6 +397,15 @@ mod tests {
         TaskRecord::pending(req.task_id(None), req, now, 3600)
     }
 
+    /// The `i`th of several distinct records, submitted at `now` and kept `ttl_secs`.
+    fn numbered(i: usize, now: u64, ttl_secs: u64) -> TaskRecord {
+        let req = TaskRequest::from_value(
+            json!({"project_id":"p","kind":"explain","prompt":format!("x{i}"),"target_files":[]}),
+        )
+        .unwrap();
+        TaskRecord::pending(req.task_id(None), req, now, ttl_secs)
+    }
+
     fn mark(fence: u64, from_ms: u64, to_ms: u64) -> EnqueueMark {
         EnqueueMark { fence, from_ms, to_ms }
     }
@@ -483,13 +492,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
         for i in 0..5 {
-            let req = TaskRequest::from_value(
-                json!({"project_id":"p","kind":"explain","prompt":format!("x{i}"),"target_files":[]}),
-            )
-            .unwrap();
             // Three expire after an hour, two after a day.
             let ttl = if i < 3 { 3600 } else { 86_400 };
-            store.put_pending(&TaskRecord::pending(req.task_id(None), req, 0, ttl), 0).await.unwrap();
+            store.put_pending(&numbered(i, 0, ttl), 0).await.unwrap();
         }
         let two_hours = 2 * 3600 * 1000;
         assert_eq!(store.sweep_expired(two_hours, 2).await.unwrap(), 2, "bounded");
@@ -525,11 +530,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::new(EmbeddedDb::open(dir.path()).unwrap());
         for i in 0..3 {
-            let req = TaskRequest::from_value(
-                json!({"project_id":"p","kind":"explain","prompt":format!("x{i}"),"target_files":[]}),
-            )
-            .unwrap();
-            store.put_pending(&TaskRecord::pending(req.task_id(None), req, 0, 3600), 0).await.unwrap();
+            store.put_pending(&numbered(i, 0, 3600), 0).await.unwrap();
         }
         store.db.write(|txn| txn.delete_table(EXPIRY).map(|_| ()).map_err(unavailable)).await.unwrap();
         let two_hours = 2 * 3600 * 1000;
@@ -562,15 +563,7 @@ mod tests {
     async fn a_file_of_the_legacy_layout_is_read_then_moved_by_the_first_sweep() {
         let dir = tempfile::tempdir().unwrap();
         let db = EmbeddedDb::open(dir.path()).unwrap();
-        let old: Vec<TaskRecord> = (0..3)
-            .map(|i| {
-                let req = TaskRequest::from_value(
-                    json!({"project_id":"p","kind":"explain","prompt":format!("x{i}"),"target_files":[]}),
-                )
-                .unwrap();
-                TaskRecord::pending(req.task_id(None), req, 1_000 + i, 3600)
-            })
-            .collect();
+        let old: Vec<TaskRecord> = (0..3).map(|i| numbered(i, 1_000 + i as u64, 3600)).collect();
         let rows = old.clone();
         db.write(move |txn| {
             let mut legacy =

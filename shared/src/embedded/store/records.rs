@@ -18,6 +18,7 @@
 //! They are read there, and each moves to the new layout when it is next written; the first sweep
 //! moves the rest and drops the table.
 
+use super::unavailable;
 use crate::ports::StoreError;
 use redb::{ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction};
 
@@ -27,10 +28,6 @@ const RECORDS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("task_
 const CREATED: TableDefinition<&str, u64> = TableDefinition::new("task_created");
 /// The layout of a file written before this one: records by id.
 const LEGACY: TableDefinition<&str, &[u8]> = TableDefinition::new("tasks");
-
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
 
 /// Where a record was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
