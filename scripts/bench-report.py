@@ -238,19 +238,36 @@ def main():
                 f"{so.get('capacity', 16)} worker slots. The backlog is the interactive queue's messages waiting or in "
                 "flight at the end of each tenth (the server's `/metrics`): a bounded backlog means the workers keep "
                 "up, so tasks/s is the rate at which tasks finish, not only at which they are accepted.", "",
-                "| tenth | tasks/s | RSS | backlog |", "|---:|---:|---:|---:|"]
-        out += [f"| {k + 1} | {t['tasks_per_s']:.0f} | {t['rss_mib']:.0f} MiB | {t.get('backlog', '')} |"
+                "| tenth | tasks/s | RSS | backlog | data file |", "|---:|---:|---:|---:|---:|"]
+        out += [f"| {k + 1} | {t['tasks_per_s']:.0f} | {t['rss_mib']:.0f} MiB | {t.get('backlog', '')} | "
+                + (f"{t['file_mib']:.1f} MiB |" if "file_mib" in t else " |")
                 for k, t in enumerate(so["tenths"])]
         if "warmup_tasks" in so:
             out += ["", f"The tenths start after a warm-up of {so['warmup_tasks']:,} tasks "
                     f"({so['warmup_tasks_per_s']:.0f} tasks/s) that lasts the records' TTL and two sweeps, so they "
                     "measure a data file at its steady size, where as many records expire as are written, not one "
-                    "growing from empty."]
+                    "growing from empty"
+                    + (f" (the file was {so['warmup_file_mib']:.1f} MiB at its end)." if "warmup_file_mib" in so else ".")]
         out += ["",
                 f"- last tenth / first = {so['last_over_first']:.2f} (goal >= 0.90): {met(so['last_over_first'] >= 0.9)}",
                 f"- data file {so['file_bytes'] / 1048576:.1f} MiB against {so['live_bytes'] / 1048576:.1f} MiB live "
                 f"(a compacted copy) = {so['file_over_live']:.2f}x (goal <= 2): {met(so['file_over_live'] <= 2)}",
                 f"- peak RSS {so['peak_rss_mib']:.0f} MiB; tasks unfinished at the end: {so['unfinished']}", ""]
+        if "in_use_bytes" in so:
+            tenths = [t["file_mib"] for t in so["tenths"]]
+            grew = max(tenths) - so["warmup_file_mib"]
+            out += [f"Reading it: at the end {so['in_use_bytes'] / 1048576:.1f} MiB of the file's pages were in use "
+                    f"(redb's allocated pages), against {so['live_bytes'] / 1048576:.1f} MiB in the compacted copy: "
+                    "what is kept is what is live. redb keeps a file of up to 4 GiB as one region and grows it by "
+                    "doubling whenever a write finds no free page; it gives space back only once the upper half of "
+                    "the file is free, half of that free tail at a time. So the file's size follows the most pages "
+                    "ever in use at once (up to twice that), not the live data at the end: "
+                    + (f"it grew by {grew:.1f} MiB after the warm-up. " if grew > 0 else "it did not grow after the warm-up. ")
+                    + "The live data at the end is below that peak: records kept "
+                    f"{so['record_ttl_secs']} s and swept every {so['sweep_secs']} s hold between "
+                    f"{so['record_ttl_secs']} and {so['record_ttl_secs'] + so['sweep_secs']} s of tasks, and the rate "
+                    "changes over the run. So whether the file is over twice the live data depends on where that "
+                    "peak falls against the doubling steps: a peak just over a step doubles the file.", ""]
     st = load(d, "stream")
     if st:
         out += ["## Streaming answers", "", f"`{st['command']}`", "",

@@ -1,8 +1,9 @@
 //! `lanes bench soak`: `lanes dev` on embedded defaults (offline model, no latency) under a long
 //! stream of interactive tasks whose records expire after `--record-ttl-secs`, with the expiry sweep
 //! running every few seconds: whether the cost stays flat as the work grows. Reported: tasks/s per
-//! tenth of the run (the first against the last), the server's resident memory per tenth, and the
-//! data file's size at the end against the live data in it (the file compacted).
+//! tenth of the run (the first against the last), the server's resident memory and data file per
+//! tenth, and the data file's size at the end against the pages in use in it and the live data in it
+//! (the file compacted).
 
 use lanes_tests::DevServer;
 use serde::Serialize;
@@ -20,6 +21,8 @@ pub struct SoakTenth {
     /// Interactive messages queued or in flight at the end of this tenth (the server's
     /// `lanes_queue_depth` plus `lanes_queue_in_flight`): whether the workers keep up.
     pub backlog: u64,
+    /// The data file's size at the end of this tenth, MiB: whether it still grows.
+    pub file_mib: f64,
 }
 
 /// What `lanes bench soak` reports.
@@ -43,12 +46,17 @@ pub struct SoakReport {
     pub warmup_tasks: usize,
     /// `POST /v1/tasks` answered per second during the warm-up.
     pub warmup_tasks_per_s: f64,
+    /// The data file's size at the end of the warm-up, MiB.
+    pub warmup_file_mib: f64,
     /// Each tenth of the run, in order.
     pub tenths: Vec<SoakTenth>,
     /// The last tenth's rate over the first's.
     pub last_over_first: f64,
     /// The data file's size at the end, bytes.
     pub file_bytes: u64,
+    /// The pages in use in the file at the end (redb's allocated pages), bytes: the file less its
+    /// free pages.
+    pub in_use_bytes: u64,
     /// The same file compacted (only what is live in it), bytes.
     pub live_bytes: u64,
     /// `file_bytes / live_bytes`.
@@ -86,26 +94,13 @@ pub async fn soak_report(
     let done = Arc::new(AtomicUsize::new(0));
     // Unbounded through the warm-up; then `tasks` more.
     let limit = Arc::new(AtomicUsize::new(usize::MAX));
-    let mut handles = Vec::new();
-    for _ in 0..clients {
-        let (client, url) = (client.clone(), server.url.clone());
-        let (next, done, limit) = (next.clone(), done.clone(), limit.clone());
-        handles.push(tokio::spawn(async move {
-            let mut last = String::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= limit.load(Ordering::Relaxed) {
-                    break;
-                }
-                last = crate::submit_task(&client, &url, "explain", &format!("soak task {i}")).await?;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, String>(last)
-        }));
-    }
+    let handles = spawn_clients(clients, &client, &server.url, [&next, &done, &limit]);
     let warmup = Duration::from_secs(ttl_secs + 2 * sweep_secs);
     tokio::time::sleep(warmup).await;
     let warmup_tasks = done.load(Ordering::Relaxed);
+    let file = dir.join("lanes.redb");
+    let file_mib = || std::fs::metadata(&file).map_or(0.0, |m| m.len() as f64 / 1048576.0);
+    let warmup_file_mib = file_mib();
     let start = next.load(Ordering::Relaxed);
     limit.store(start + tasks, Ordering::Relaxed);
     // A tenth ends when a tenth more tasks were answered: its rate, and the server's memory then.
@@ -120,27 +115,17 @@ pub async fn soak_report(
         let rss = server.rss_kib().unwrap_or(0) as f64 / 1024.0;
         let tasks_per_s = (tasks / 10) as f64 / at.elapsed().as_secs_f64();
         let backlog = backlog(&client, &server.url).await.unwrap_or(0);
-        tenths.push(SoakTenth { tasks_per_s, rss_mib: rss, backlog });
+        tenths.push(SoakTenth { tasks_per_s, rss_mib: rss, backlog, file_mib: file_mib() });
         at = Instant::now();
     }
     let mut lasts = Vec::new();
     for h in handles {
         lasts.push(h.await.map_err(|e| e.to_string())??);
     }
-    let until = Instant::now() + Duration::from_secs(120);
-    let mut unfinished = lasts.len();
-    while unfinished > 0 && Instant::now() < until {
-        unfinished = 0;
-        for id in &lasts {
-            if !matches!(crate::status(&client, &server.url, id).await.as_deref(), Some("COMPLETED") | None) {
-                unfinished += 1;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let unfinished = unfinished(&client, &server.url, &lasts).await;
     let peak_rss_mib = server.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
     server.kill9();
-    let (file_bytes, live_bytes) = sizes(&dir.join("lanes.redb"))?;
+    let (file_bytes, in_use_bytes, live_bytes) = sizes(&file)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(SoakReport {
         command: format!(
@@ -153,9 +138,11 @@ pub async fn soak_report(
         capacity,
         warmup_tasks,
         warmup_tasks_per_s: warmup_tasks as f64 / warmup.as_secs_f64(),
+        warmup_file_mib,
         last_over_first: tenths[9].tasks_per_s / tenths[0].tasks_per_s.max(1e-9),
         tenths,
         file_bytes,
+        in_use_bytes,
         live_bytes,
         file_over_live: file_bytes as f64 / live_bytes.max(1) as f64,
         peak_rss_mib,
@@ -163,16 +150,65 @@ pub async fn soak_report(
     })
 }
 
-/// The data file's size, and the size of a compacted copy of it (what is live in it).
-fn sizes(path: &std::path::Path) -> Result<(u64, u64), String> {
+/// `clients` clients, each submitting the next task (the `next` counter) until `limit` is reached,
+/// counting the answered ones in `done`; each answers the id of its last task.
+fn spawn_clients(
+    clients: usize,
+    client: &reqwest::Client,
+    url: &str,
+    [next, done, limit]: [&Arc<AtomicUsize>; 3],
+) -> Vec<tokio::task::JoinHandle<Result<String, String>>> {
+    let mut handles = Vec::new();
+    for _ in 0..clients {
+        let (client, url) = (client.clone(), url.to_owned());
+        let (next, done, limit) = (next.clone(), done.clone(), limit.clone());
+        handles.push(tokio::spawn(async move {
+            let mut last = String::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= limit.load(Ordering::Relaxed) {
+                    break;
+                }
+                last = crate::submit_task(&client, &url, "explain", &format!("soak task {i}")).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, String>(last)
+        }));
+    }
+    handles
+}
+
+/// Of each client's last task, those not completed (nor expired) within two minutes.
+async fn unfinished(client: &reqwest::Client, url: &str, lasts: &[String]) -> usize {
+    let until = Instant::now() + Duration::from_secs(120);
+    let mut unfinished = lasts.len();
+    while unfinished > 0 && Instant::now() < until {
+        unfinished = 0;
+        for id in lasts {
+            if !matches!(crate::status(client, url, id).await.as_deref(), Some("COMPLETED") | None) {
+                unfinished += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    unfinished
+}
+
+/// The data file's size, the pages in use in it, and the size of a compacted copy of it (what is
+/// live in it). The pages are counted on the copy, once redb has repaired it (the server was killed).
+fn sizes(path: &std::path::Path) -> Result<(u64, u64, u64), String> {
     let file_bytes = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
     let copy = path.with_extension("compacted");
     std::fs::copy(path, &copy).map_err(|e| e.to_string())?;
     let mut db = redb::Database::open(&copy).map_err(|e| e.to_string())?;
+    let txn = db.begin_write().map_err(|e| e.to_string())?;
+    let stats = txn.stats().map_err(|e| e.to_string())?;
+    let in_use_bytes = stats.allocated_pages() * stats.page_size() as u64;
+    txn.abort().map_err(|e| e.to_string())?;
     while db.compact().map_err(|e| e.to_string())? {}
     drop(db);
     let live_bytes = std::fs::metadata(&copy).map_err(|e| e.to_string())?.len();
-    Ok((file_bytes, live_bytes))
+    Ok((file_bytes, in_use_bytes, live_bytes))
 }
 
 /// The interactive lane's messages queued and in flight, from the server's `/metrics`.
@@ -194,17 +230,19 @@ impl std::fmt::Display for SoakReport {
         )?;
         writeln!(
             f,
-            "  warm-up: {} tasks at {:.0} tasks/s, until the first records had expired and been swept",
-            self.warmup_tasks, self.warmup_tasks_per_s
+            "  warm-up: {} tasks at {:.0} tasks/s, until the first records had expired and been swept; \
+             data file {:.1} MiB",
+            self.warmup_tasks, self.warmup_tasks_per_s, self.warmup_file_mib
         )?;
         for (k, t) in self.tenths.iter().enumerate() {
             writeln!(
                 f,
-                "  tenth {:>2}: {:>8.0} tasks/s, RSS {:>6.1} MiB, backlog {:>7}",
+                "  tenth {:>2}: {:>8.0} tasks/s, RSS {:>6.1} MiB, backlog {:>7}, data file {:>6.1} MiB",
                 k + 1,
                 t.tasks_per_s,
                 t.rss_mib,
-                t.backlog
+                t.backlog,
+                t.file_mib
             )?;
         }
         let flat = if self.last_over_first >= 0.9 { "met" } else { "NOT met" };
@@ -212,8 +250,9 @@ impl std::fmt::Display for SoakReport {
         writeln!(f, "last tenth / first: {:.2} (goal >= 0.90): {flat}", self.last_over_first)?;
         writeln!(
             f,
-            "data file {:.1} MiB, live data {:.1} MiB: {:.2}x (goal <= 2): {small}",
+            "data file {:.1} MiB, in use {:.1} MiB, live data {:.1} MiB: {:.2}x (goal <= 2): {small}",
             self.file_bytes as f64 / 1048576.0,
+            self.in_use_bytes as f64 / 1048576.0,
             self.live_bytes as f64 / 1048576.0,
             self.file_over_live
         )?;

@@ -252,6 +252,36 @@ impl Drop for DevServer {
     }
 }
 
+/// Runs `git` in `dir` as a fixed test identity, and answers its output; panics if it fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=Lanes Test", "-c", "user.email=test@lanes.invalid"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run git: {e}"));
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A fresh repository under `dir` with `n` commits, each adding a module of `lines` lines. The same
+/// arguments always make the same diffs, so what a run over them costs does not change with this
+/// repository's own history.
+pub fn repository_of_modules(dir: &Path, n: usize, lines: usize) -> PathBuf {
+    let repo = dir.join("repo");
+    std::fs::create_dir(&repo).unwrap_or_else(|e| panic!("create {}: {e}", repo.display()));
+    git(&repo, &["init", "-q", "-b", "main"]);
+    for i in 0..n {
+        let src: String = (0..lines).map(|l| format!("fn f{i}_{l}() -> u32 {{ {l} }}\n")).collect();
+        let path = repo.join(format!("m{i}.rs"));
+        std::fs::write(&path, src).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-qm", &format!("Add module {i}")]);
+    }
+    repo
+}
+
 /// The workspace root (parent of `tests/`).
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_owned).unwrap_or_default()

@@ -6,37 +6,11 @@
 #![allow(clippy::unwrap_used)]
 
 use lanes_core::commits::webhook::github_signature;
-use lanes_tests::{DevServer, Fetches, fake_github, workspace_bin};
+use lanes_tests::{DevServer, Fetches, fake_github, git, repository_of_modules, workspace_bin};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=Lanes Test", "-c", "user.email=test@lanes.invalid"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A fresh repository under `dir` with `n` commits, each adding a small module.
-fn repository_of_modules(dir: &Path, n: usize) -> std::path::PathBuf {
-    let repo = dir.join("repo");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    for i in 0..n {
-        let src: String = (0..20).map(|l| format!("fn f{i}_{l}() -> u32 {{ {l} }}\n")).collect();
-        std::fs::write(repo.join(format!("m{i}.rs")), src).unwrap();
-        git(&repo, &["add", "."]);
-        git(&repo, &["commit", "-qm", &format!("Add module {i}")]);
-    }
-    repo
-}
 
 fn summarize(repo: &Path, data: &Path) -> Value {
     let out = Command::new(workspace_bin("lanes"))
@@ -55,7 +29,7 @@ fn summarize(repo: &Path, data: &Path) -> Value {
 #[test]
 fn lanes_summarize_twice_over_a_real_repository() {
     let dir = tempfile::tempdir().unwrap();
-    let repo = repository_of_modules(dir.path(), 6);
+    let repo = repository_of_modules(dir.path(), 6, 20);
     // A commit that only rewrites a 5 MB lockfile, and one with a huge source diff.
     let lock: String = (0..80_000)
         .map(|i| format!("[[package]]\nname = \"crate-{i}\"\nchecksum = \"{i:064x}\"\n"))
@@ -111,7 +85,7 @@ fn lanes_summarize_twice_over_a_real_repository() {
 async fn lanes_summarize_at_flex_costs_half_of_sync_through_a_flex_route() {
     let mock = lanes_tests::mock_llm::MockLlm::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let repo = repository_of_modules(dir.path(), 4);
+    let repo = repository_of_modules(dir.path(), 4, 20);
     let route = format!("openai:gpt-4o-mini+tiers@{}/v1", mock.url);
     let run = |tier: &str, data: &str| {
         Command::new(workspace_bin("lanes"))
@@ -169,7 +143,7 @@ async fn lanes_summarize_at_batch_runs_the_batch_path_and_costs_half() {
     let batches =
         MockBatches::start(std::sync::Arc::new(lanes_core::clock::SystemClock), timing).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let repo = repository_of_modules(dir.path(), 4);
+    let repo = repository_of_modules(dir.path(), 4, 20);
     let out = Command::new(workspace_bin("lanes"))
         .args(["summarize", "--json", "--last", "4", "--tier", "batch", "--deadline", "1h", "--repo"])
         .arg(&repo)
