@@ -204,7 +204,11 @@ def main():
                     f"- at {goal:,} tasks/s the server alone would use {need:.1f} of the {tp['cores']} cores "
                     f"({emb['server_cpu_ms_per_task']:.3f} ms of CPU per task) and write "
                     f"{goal * emb['disk_kib_per_task'] / 1024:.0f} MiB/s ({emb['disk_kib_per_task']:.1f} KiB per task), "
-                    "before the clients' CPU",
+                    "before the clients' CPU"
+                    + (f" ({emb['client_cpu_ms_per_task']:.3f} ms per task: "
+                       f"{emb['client_cpu_ms_per_task'] * emb['ingress_per_s'] / 1000:.2f} of a core at the rate "
+                       "measured, the bench's own `/proc` counters while its clients submit)"
+                       if "client_cpu_ms_per_task" in emb else ""),
                     "",
                     "Reading it: every durable write of the embedded backend goes through one writer thread, which "
                     "runs the writes waiting in one redb transaction and commits them with one flush (group commit), "

@@ -33,6 +33,9 @@ pub struct ThroughputRun {
     /// What the server caused to be written to storage over the same span (`write_bytes` of
     /// `/proc/<pid>/io`), per task, KiB.
     pub disk_kib_per_task: f64,
+    /// The bench's own CPU time while its clients submit (HTTP, JSON), per task, ms: what the load
+    /// takes of the cores the server shares.
+    pub client_cpu_ms_per_task: f64,
 }
 
 /// What `lanes bench throughput` reports.
@@ -113,6 +116,7 @@ async fn throughput_run(
     let started = Instant::now();
     let started_ms = lanes_tests::now_ms();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let client_cpu_ms = cpu_ms(Some(std::process::id()));
     let mut handles = Vec::new();
     for _ in 0..clients {
         let (client, url, next) = (client.clone(), server.url.clone(), next.clone());
@@ -135,6 +139,7 @@ async fn throughput_run(
         submitted.extend(h.await.map_err(|e| e.to_string())??);
     }
     let ingress_s = started.elapsed().as_secs_f64();
+    let client_cpu_ms = cpu_ms(Some(std::process::id())).zip(client_cpu_ms).map_or(0.0, |(b, a)| b - a);
     let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
     // The last submissions are the last to run: wait for those first (a light load on the server
     // while it works), then read every task once for its timestamps.
@@ -187,6 +192,7 @@ async fn throughput_run(
         peak_rss_mib: peak,
         server_cpu_ms_per_task: cpu_ms / tasks.max(1) as f64,
         disk_kib_per_task: written as f64 / 1024.0 / tasks.max(1) as f64,
+        client_cpu_ms_per_task: client_cpu_ms / tasks.max(1) as f64,
     })
 }
 
@@ -230,7 +236,7 @@ impl std::fmt::Display for ThroughputReport {
         writeln!(f, "Throughput, {} clients ({})", self.clients, self.command)?;
         writeln!(
             f,
-            "{:<14} {:>7} {:>11} {:>22} {:>9} {:>22} {:>10} {:>10} {:>10}",
+            "{:<14} {:>7} {:>11} {:>22} {:>9} {:>22} {:>10} {:>10} {:>10} {:>12}",
             "backend",
             "tasks",
             "ingress/s",
@@ -239,12 +245,13 @@ impl std::fmt::Display for ThroughputReport {
             "task p50/p99 ms",
             "peak MiB",
             "CPU ms/t",
-            "disk KiB/t"
+            "disk KiB/t",
+            "client ms/t"
         )?;
         for run in &self.runs {
             writeln!(
                 f,
-                "{:<14} {:>7} {:>11.0} {:>14.1} / {:>5.1} {:>9.0} {:>14.0} / {:>5.0} {:>10.1} {:>10.3} {:>10.1}",
+                "{:<14} {:>7} {:>11.0} {:>14.1} / {:>5.1} {:>9.0} {:>14.0} / {:>5.0} {:>10.1} {:>10.3} {:>10.1} {:>12.3}",
                 run.backend,
                 run.tasks,
                 run.ingress_per_s,
@@ -255,7 +262,8 @@ impl std::fmt::Display for ThroughputReport {
                 run.task_latency_ms[1],
                 run.peak_rss_mib,
                 run.server_cpu_ms_per_task,
-                run.disk_kib_per_task
+                run.disk_kib_per_task,
+                run.client_cpu_ms_per_task
             )?;
         }
         Ok(())
