@@ -1,6 +1,7 @@
 //! The benchmarks' own checks (their figures are reported by `lanes bench`, not asserted as timings):
 //! micro-batching makes far fewer LLM calls than one call per commit, spends fewer prompt tokens, and
-//! draws no 429 from a rate-limited provider behind the limiter.
+//! draws no 429 from a rate-limited provider behind the limiter; the cost bench's tiers; and the
+//! throughput and soak benches read the counters their reports are made of.
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -86,4 +87,28 @@ async fn the_functions_bench_completes_every_task_through_the_real_binaries() {
         "90 interactive tasks in batches of at most 10, each tenth apart: {r:?}"
     );
     assert!(r.functions.iter().all(|f| f.rss_mib.iter().all(|&m| m > 1.0)), "{r:?}");
+}
+
+/// The throughput bench on the embedded backend: every task is counted as completed, and the
+/// server's CPU, its writes to disk and the bench's own CPU are read (a counter it cannot read
+/// comes out as 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_throughput_bench_counts_the_servers_cost_and_its_own() {
+    let r = lanes_bench::throughput::throughput_report(1000, 8, 16, Some("embedded")).await.unwrap();
+    let [run] = &r.runs[..] else { panic!("one run: {r:?}") };
+    assert_eq!((run.backend.as_str(), run.latency_samples), ("embedded", 1000), "{run:?}");
+    assert!(run.server_cpu_ms_per_task > 0.0 && run.client_cpu_ms_per_task > 0.0, "{run:?}");
+    assert!(run.disk_kib_per_task > 0.0, "{run:?}");
+}
+
+/// A short soak (records kept 1 s, swept every second): every task finishes, the data file is
+/// sampled at the warm-up's end and every tenth, and the pages in use at the end are counted and
+/// fit in the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_soak_bench_samples_the_file_and_counts_its_pages_in_use() {
+    let r = lanes_bench::soak::soak_report(2000, 4, 1, 1, 16).await.unwrap();
+    assert_eq!((r.unfinished, r.tenths.len()), (0, 10), "{r:?}");
+    assert!(r.warmup_file_mib > 0.0 && r.tenths.iter().all(|t| t.file_mib > 0.0), "{r:?}");
+    assert!(r.in_use_bytes > 0 && r.in_use_bytes <= r.file_bytes, "{r:?}");
+    assert!(r.live_bytes > 0 && r.live_bytes <= r.file_bytes, "{r:?}");
 }
