@@ -116,7 +116,7 @@ async fn throughput_run(
     let started = Instant::now();
     let started_ms = lanes_tests::now_ms();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let client_cpu_ms = cpu_ms(Some(std::process::id()));
+    let client_cpu_before = cpu_ms(Some(std::process::id()));
     let mut handles = Vec::new();
     for _ in 0..clients {
         let (client, url, next) = (client.clone(), server.url.clone(), next.clone());
@@ -139,7 +139,8 @@ async fn throughput_run(
         submitted.extend(h.await.map_err(|e| e.to_string())??);
     }
     let ingress_s = started.elapsed().as_secs_f64();
-    let client_cpu_ms = cpu_ms(Some(std::process::id())).zip(client_cpu_ms).map_or(0.0, |(b, a)| b - a);
+    let client_cpu_ms =
+        cpu_ms(Some(std::process::id())).zip(client_cpu_before).map_or(0.0, |(after, before)| after - before);
     let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
     // The last submissions are the last to run: wait for those first (a light load on the server
     // while it works), then read every task once for its timestamps.

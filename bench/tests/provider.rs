@@ -45,8 +45,8 @@ async fn no_discipline_or_hint_style_fails_a_call_and_429s_stay_rare() {
         eprintln!("{r:?}");
         assert_eq!(r.failed, 0, "throttling is never a failure: {r:?}");
         let bound = if known { 0.01 } else { 0.05 };
-        // At least one 429 is rare: a saturated run makes about 100 requests, so 1% of 99 would
-        // forbid any, and whether the run made 99 requests or 100 decided the test.
+        // One 429 is always allowed: a saturated run makes about 100 requests, so 1% of 99 would
+        // forbid any, and whether the run made 99 requests or 100 would decide the test.
         let allowed = (bound * r.requests as f64).max(1.0);
         assert!(r.throttled as f64 <= allowed, "429s {:.3} over {bound}: {r:?}", r.throttled_share);
         assert!(r.interactive_share >= 0.6, "interactive keeps its reservation: {r:?}");
