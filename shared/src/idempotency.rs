@@ -7,8 +7,9 @@
 //!   1. the hot cache, where only a `COMPLETED` record answers ([`from_cache`]);
 //!   2. (the project's daily budget, over which only a duplicate of a live task is answered:
 //!      [`from_record`] on a read of the store);
-//!   3. one conditional put of `PENDING`, which hands back the live record on conflict
-//!      ([`from_put`]).
+//!   3. one conditional put of `PENDING` (with the send, [`crate::ports::Admission`]), which hands
+//!      back the live record on conflict: the store replaces failed and cancelled records, so that
+//!      record is live, and [`judge`] answers it.
 //!
 //!   Every duplicate is judged by one rule ([`judge`]): the same key with another payload is a
 //!   conflict; otherwise the live record answers, as its status says.
@@ -22,7 +23,6 @@ use crate::domain::commit::Provider;
 use crate::domain::lifecycle;
 use crate::domain::request::{MAX_IDEMPOTENCY_KEY_LEN, TaskRequest};
 use crate::domain::{FieldError, TaskId, TaskRecord, TaskStatus, sha256_hex};
-use crate::ports::PutOutcome;
 use serde_json::{Map, Value};
 
 pub use crate::domain::commit::commit_key;
@@ -93,15 +93,6 @@ pub enum Duplicate {
     Running(Box<TaskRecord>),
 }
 
-/// What the conditional put of a new submission's `PENDING` record came to.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Submission {
-    /// The record is new: it is this submission's to send.
-    New,
-    /// A live record holds the key.
-    Duplicate(Duplicate),
-}
-
 /// The one rule for a duplicate of `existing`, whose payload hash the submission's is compared with.
 pub fn judge(existing: TaskRecord, payload_hash: &str) -> Duplicate {
     if existing.payload_hash != payload_hash {
@@ -129,15 +120,6 @@ pub fn from_cache(cached: Option<&str>, payload_hash: &str) -> Option<Duplicate>
 /// it).
 pub fn from_record(stored: Option<TaskRecord>, payload_hash: &str) -> Option<Duplicate> {
     stored.filter(|r| !lifecycle::is_resubmittable(r.status)).map(|r| judge(r, payload_hash))
-}
-
-/// Step 3: the conditional put's outcome. The store replaces failed and cancelled records, so the
-/// record it hands back is live.
-pub fn from_put(outcome: PutOutcome, payload_hash: &str) -> Submission {
-    match outcome {
-        PutOutcome::Created => Submission::New,
-        PutOutcome::Exists(existing) => Submission::Duplicate(judge(*existing, payload_hash)),
-    }
 }
 
 /// Most characters of a host's delivery id that are kept as a key; a longer one is no key (and its
@@ -262,12 +244,9 @@ mod tests {
     }
 
     #[test]
-    fn a_put_is_new_or_a_judged_duplicate() {
-        assert_eq!(from_put(PutOutcome::Created, "a"), Submission::New);
-        let taken = PutOutcome::Exists(Box::new(record(TaskStatus::Pending, "a")));
-        assert!(matches!(from_put(taken, "a"), Submission::Duplicate(Duplicate::Queued(_))));
-        let other = PutOutcome::Exists(Box::new(record(TaskStatus::Pending, "a")));
-        assert_eq!(from_put(other, "b"), Submission::Duplicate(Duplicate::Conflict));
+    fn a_live_record_with_the_same_payload_is_a_duplicate_and_with_another_a_conflict() {
+        assert!(matches!(judge(record(TaskStatus::Pending, "a"), "a"), Duplicate::Queued(_)));
+        assert_eq!(judge(record(TaskStatus::Pending, "a"), "b"), Duplicate::Conflict);
     }
 
     #[test]

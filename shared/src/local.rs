@@ -269,6 +269,7 @@ impl Local {
             store: adapters.store.clone(),
             cache: adapters.cache.clone(),
             queues: adapters.send.clone(),
+            admission: adapters.admission.clone(),
             metrics: metrics.clone(),
             clock,
             config: IngressConfig { tenancy: opts.tenancy.is_on(), ..opts.ingress },

@@ -204,10 +204,14 @@ impl World {
 
     fn ingress(&self, ctx: &Ctx) -> axum::Router {
         let queues = Lane::ALL.map(|l| self.queue(ctx, l) as Arc<dyn QueueSend>);
+        let store = self.store(ctx);
+        // Two requests, as on AWS: the simulation searches the interleavings between them.
+        let admission = Arc::new(lanes_core::ports::PutThenSend::new(store.clone(), queues.clone()));
         lanes_core::tasks::ingress::router(lanes_core::tasks::ingress::Ingress {
             objects: None,
             events: None,
-            store: self.store(ctx),
+            admission,
+            store,
             cache: Arc::new(FaultyCache { ctx: ctx.clone() }),
             queues,
             metrics: self.metrics.clone(),

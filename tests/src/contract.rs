@@ -10,8 +10,9 @@ use lanes_core::domain::fairness::GROUP_ATTRIBUTE;
 use lanes_core::domain::lifecycle::{self, Command, Event, Guard, TRANSITIONS};
 use lanes_core::domain::{RepoId, Sha, TaskId, TaskRecord, TaskRequest, TaskResult, TaskStatus};
 use lanes_core::ports::{
-    Acquire, Cache, CancelOutcome, Charge, ClaimOutcome, Completion, DEAD_LETTER_REASON, EnqueueMark,
-    FinishOutcome, LeaseLock, PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore, WriteOnce,
+    Acquire, Admission, Admitted, Cache, CancelOutcome, Charge, ClaimOutcome, Completion, DEAD_LETTER_REASON,
+    EnqueueMark, FinishOutcome, LeaseLock, PutOutcome, QueueConsume, QueueSend, SummaryStore, TaskStore,
+    WriteOnce,
 };
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -777,4 +778,35 @@ pub async fn event_log(log: &dyn lanes_core::ports::EventLog) {
     let ((got, took), id) = tokio::join!(reader, writer);
     assert_eq!(got, [(id, run("d"))]);
     assert!(took < Duration::from_secs(2), "woken by the append, not its wait: {took:?}");
+}
+
+/// A new task's put and send: a created record is `PENDING` with exactly one message, the one
+/// given, under the id the admission answered; a duplicate is handed the live record and sends
+/// nothing.
+pub async fn admission(admission: &dyn Admission, store: &dyn TaskStore, queue: &dyn QueueConsume, now: u64) {
+    let first = record("admit me", now);
+    let attributes = BTreeMap::from([
+        ("lane".to_owned(), "interactive".to_owned()),
+        (GROUP_ATTRIBUTE.to_owned(), "t-0123456789abcdef".to_owned()),
+    ]);
+    let message =
+        |run: &str| (format!("{{\"task_id\":\"{}\",\"run\":\"{run}\"}}", first.task_id), attributes.clone());
+    let Admitted::Sent(id) = admission.admit(&first, now, message("first")).await.unwrap() else {
+        panic!("a new record is created and sent")
+    };
+    let stored = store.get(&first.task_id, now).await.unwrap().unwrap_or_else(|| panic!("stored"));
+    assert_eq!((stored.status, stored.nonce.as_str()), (TaskStatus::Pending, first.nonce.as_str()));
+    let got = queue.receive_for(10, Some(Duration::from_secs(30))).await.unwrap();
+    assert_eq!(got.len(), 1, "one message");
+    assert_eq!((&got[0].message_id, got[0].body.as_str()), (&id, message("first").0.as_str()));
+    assert_eq!(got[0].attributes.get(GROUP_ATTRIBUTE).map(String::as_str), Some("t-0123456789abcdef"));
+
+    let again = record("admit me", now);
+    assert_ne!(again.nonce, first.nonce);
+    match admission.admit(&again, now, message("again")).await.unwrap() {
+        Admitted::Exists(live) => assert_eq!(live.nonce, first.nonce, "the live record is the first"),
+        other => panic!("a duplicate is handed the live record, got {other:?}"),
+    }
+    assert!(queue.receive_for(10, Some(Duration::from_secs(30))).await.unwrap().is_empty(), "nothing sent");
+    queue.delete(&got[0].receipt).await.unwrap();
 }

@@ -10,8 +10,10 @@ use lanes_core::adapters::sdk_config;
 use lanes_core::adapters::sqs::{SqsQueue, create_queue_with_dlq};
 use lanes_core::clock::SystemClock;
 use lanes_core::embedded::{
-    EmbeddedDb, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, MemoryCache, MemoryLock, QueueSettings,
+    EmbeddedAdmission, EmbeddedDb, EmbeddedQueues, EmbeddedStore, EmbeddedSummaries, MemoryCache, MemoryLock,
+    QueueSettings,
 };
+use lanes_core::ports::{Admission, PutThenSend, QueueSend};
 use lanes_tests::{MotoServer, RedisServer, contract, now_ms};
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,4 +161,38 @@ async fn result_objects_on_moto_s3() {
     aws.create_bucket("lanes-results").await.unwrap();
     aws.create_bucket("lanes-results").await.unwrap(); // idempotent
     contract::result_objects(&aws.result_objects("lanes-results")).await;
+}
+
+/// The embedded admission (one write) and the two-request one it stands in for, on the same store
+/// and queues.
+#[tokio::test]
+async fn admission_embedded() {
+    for one_write in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        let store = EmbeddedStore::new(db.clone());
+        let queues = EmbeddedQueues::open(db, Arc::new(SystemClock), QueueSettings::default()).await.unwrap();
+        let lanes = ["interactive", "synthesis", "commits"].map(|l| queues.queue(l, &format!("{l}-dlq")));
+        let admission: Arc<dyn Admission> = if one_write {
+            Arc::new(EmbeddedAdmission::new(store.clone(), lanes.clone()))
+        } else {
+            let send = lanes.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>);
+            Arc::new(PutThenSend::new(Arc::new(store.clone()), send))
+        };
+        contract::admission(&*admission, &store, &lanes[0], now_ms()).await;
+    }
+}
+
+#[tokio::test]
+async fn admission_dynamodb_and_sqs() {
+    let moto = MotoServer::start();
+    let config = sdk_config(&moto.aws_settings()).await;
+    let dynamo = aws_sdk_dynamodb::Client::new(&config);
+    DynamoStore::create_table(&dynamo, "contract").await.unwrap();
+    let store = Arc::new(DynamoStore::new(dynamo, "contract"));
+    let sqs = aws_sdk_sqs::Client::new(&config);
+    let url = create_queue_with_dlq(&sqs, "contract", Duration::from_secs(900), 10).await.unwrap();
+    let queue = Arc::new(SqsQueue::connect(sqs, &url).await.unwrap());
+    let send = [(); 3].map(|()| queue.clone() as Arc<dyn QueueSend>);
+    contract::admission(&PutThenSend::new(store.clone(), send), &*store, &*queue, now_ms()).await;
 }

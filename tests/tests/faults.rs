@@ -17,7 +17,7 @@ use lanes_core::lambda::handle_batch;
 use lanes_core::llm::OfflineProvider;
 use lanes_core::metrics::Metrics;
 use lanes_core::ports::DEAD_LETTER_REASON;
-use lanes_core::ports::{QueueConsume, QueueSend, TaskStore};
+use lanes_core::ports::{PutThenSend, QueueConsume, QueueSend, TaskStore};
 use lanes_core::tasks::ingress::{Ingress, router};
 use lanes_core::tasks::worker::Worker;
 use lanes_tests::{Backend, DevServer, MotoServer, Stack, now_ms, submit, wait_status};
@@ -264,6 +264,10 @@ async fn sqs_unreachable_at_ingress_is_503_and_leaves_the_record_marked_unsent()
         events: None,
         store: Arc::new(store.clone()),
         cache: Arc::new(MemoryCache::new(clock.clone())),
+        admission: Arc::new(PutThenSend::new(
+            Arc::new(store.clone()),
+            [sender.clone(), sender.clone(), sender.clone()],
+        )),
         queues: [sender.clone(), sender.clone(), sender],
         metrics: Metrics::new(),
         clock,

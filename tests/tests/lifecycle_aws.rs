@@ -15,7 +15,7 @@ use lanes_core::config::{IngressConfig, WorkerConfig};
 use lanes_core::domain::{TaskRequest, TaskStatus};
 use lanes_core::llm::OfflineProvider;
 use lanes_core::metrics::Metrics;
-use lanes_core::ports::{Cache, QueueConsume, QueueSend, TaskStore, UNSENT};
+use lanes_core::ports::{Cache, PutThenSend, QueueConsume, QueueSend, TaskStore, UNSENT};
 use lanes_core::tasks::ingress::{Ingress, router};
 use lanes_core::tasks::worker::{Outcome, Worker};
 use lanes_tests::{MotoServer, RedisServer, now_ms};
@@ -83,6 +83,10 @@ async fn rig(config: IngressConfig) -> Rig {
         events: None,
         store: Arc::new(store.clone()),
         cache: cache.clone(),
+        admission: Arc::new(PutThenSend::new(
+            Arc::new(store.clone()),
+            [sender.clone(), sender.clone(), sender.clone()],
+        )),
         queues: [sender.clone(), sender.clone(), sender],
         metrics: Metrics::new(),
         clock: clock.clone(),

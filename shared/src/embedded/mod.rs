@@ -2,6 +2,7 @@
 //! mappings. The queue and the stores live in one redb file under the data dir, so accepted work
 //! survives a `kill -9`; large results are files beside it; lock, cache and mappings are in-process.
 
+mod admission;
 mod batches;
 mod cache;
 mod db;
@@ -14,6 +15,7 @@ mod queue;
 mod store;
 mod summaries;
 
+pub use admission::EmbeddedAdmission;
 pub use batches::EmbeddedBatches;
 pub use cache::MemoryCache;
 pub use db::{DbOpenError, EmbeddedDb};

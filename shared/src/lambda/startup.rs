@@ -195,6 +195,7 @@ pub async fn ingress_from_env(mode: IngressMode) -> Result<axum::Router, ColdSta
         store: adapters.store,
         cache: adapters.cache.clone(),
         queues: adapters.send,
+        admission: adapters.admission,
         metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
         config,
@@ -375,14 +376,16 @@ mod tests {
         let clock: SharedClock = Arc::new(SystemClock);
         let db = EmbeddedDb::open(dir).unwrap();
         let all = EmbeddedQueues::open(db.clone(), clock.clone(), Default::default()).await.unwrap();
+        let store = EmbeddedStore::new(db);
+        let queues = Lane::ALL.map(|l| all.queue(l.as_str(), "dlq"));
         Ingress {
             objects: None,
             events: events
                 .then(|| Arc::new(MemoryEvents::new(clock.clone())) as Arc<dyn crate::ports::EventLog>),
-            store: Arc::new(EmbeddedStore::new(db)),
+            admission: Arc::new(crate::embedded::EmbeddedAdmission::new(store.clone(), queues.clone())),
+            store: Arc::new(store),
             cache: Arc::new(MemoryCache::new(clock.clone())),
-            queues: Lane::ALL
-                .map(|l| Arc::new(all.queue(l.as_str(), "dlq")) as Arc<dyn crate::ports::QueueSend>),
+            queues: queues.map(|q| Arc::new(q) as Arc<dyn crate::ports::QueueSend>),
             metrics: Metrics::new(),
             clock,
             config: IngressConfig { tenancy: true, ..Default::default() },

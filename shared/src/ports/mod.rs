@@ -4,12 +4,14 @@
 //! implementations are run side by side on `redis-server`; the model clients, diff sources and
 //! mapping control are tested each on its own.
 
+mod admission;
 mod batches;
 mod events;
 mod objects;
 mod queue;
 mod store;
 
+pub use admission::*;
 pub use batches::*;
 pub use events::*;
 pub use objects::*;

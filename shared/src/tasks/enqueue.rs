@@ -1,11 +1,12 @@
-//! How a task's message gets to its lane: the send (a new task also counted as waiting in its
-//! group, [`crate::tasks::share`]), the mark of a record whose send failed, and the re-send of an
-//! unsent or orphaned `PENDING` record, claimed in the store first so that one reader sends it.
+//! How a task's message gets to its lane: a new task's put and send (it is then counted as waiting
+//! in its group, [`crate::tasks::share`]), the mark of a record whose send failed, and the re-send
+//! of an unsent or orphaned `PENDING` record, claimed in the store first so that one reader sends
+//! it.
 
 use super::ingress::Ingress;
 use crate::domain::fairness::{GROUP_ATTRIBUTE, PRIORITY_ATTRIBUTE, task_group};
 use crate::domain::{TaskId, TaskMessage, TaskRecord, TaskStatus};
-use crate::ports::{EnqueueMark, UNSENT};
+use crate::ports::{Admitted, EnqueueMark, StoreError, UNSENT};
 use std::collections::BTreeMap;
 use tracing::warn;
 
@@ -34,7 +35,7 @@ impl Ingress {
         if !self.mark(&record.task_id, claim, now).await {
             return; // another reader re-sends it, or it changed
         }
-        match self.send(record, false).await {
+        match self.resend(record).await {
             Ok(_) => self.metrics.resends_total.with_label_values(&[record.lane.as_str()]).inc(),
             Err(e) => {
                 warn!(error = %e, "re-send of a PENDING task failed; it stays marked unsent");
@@ -69,18 +70,24 @@ impl Ingress {
         }
     }
 
-    /// Sends `record`'s message; a `new` task (not a re-send) is counted as waiting in its group.
-    pub(super) async fn send(
-        &self,
-        record: &TaskRecord,
-        new: bool,
-    ) -> Result<crate::domain::MessageId, crate::ports::QueueError> {
-        let (body, attributes) = message(record, self.clock.now_ms())?;
-        let sent = self.queues[record.lane.index()].send(&body, attributes).await?;
-        if new {
+    /// Puts a new task's record and sends its message ([`crate::ports::Admission`]); a sent one is
+    /// counted as waiting in its group. A message that will not encode is refused before the put.
+    pub(super) async fn admit(&self, record: &TaskRecord, now: u64) -> Result<Admitted, StoreError> {
+        let message = message(record, self.clock.now_ms()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let admitted = self.admission.admit(record, now, message).await?;
+        if matches!(admitted, Admitted::Sent(_)) {
             self.count_waiting(record).await;
         }
-        Ok(sent)
+        Ok(admitted)
+    }
+
+    /// Sends `record`'s message again.
+    async fn resend(
+        &self,
+        record: &TaskRecord,
+    ) -> Result<crate::domain::MessageId, crate::ports::QueueError> {
+        let (body, attributes) = message(record, self.clock.now_ms())?;
+        self.queues[record.lane.index()].send(&body, attributes).await
     }
 }
 

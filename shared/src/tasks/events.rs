@@ -407,6 +407,7 @@ mod tests {
         let ingress = Ingress {
             store: Arc::new(store.clone()),
             cache: Arc::new(MemoryCache::new(clock.clone())),
+            admission: Arc::new(crate::ports::PutThenSend::new(Arc::new(store.clone()), queues.clone())),
             queues,
             metrics: Metrics::new(),
             clock: clock.clone(),

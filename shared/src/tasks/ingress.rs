@@ -8,8 +8,9 @@
 use crate::clock::SharedClock;
 use crate::config::IngressConfig;
 use crate::domain::{MAX_BODY_BYTES, TaskId, TaskRecord, TaskRequest, TaskStatus, TaskView};
-use crate::idempotency::{self, Duplicate, Submission, validate_idempotency_key};
+use crate::idempotency::{self, Duplicate, validate_idempotency_key};
 use crate::metrics::Metrics;
+use crate::ports::Admitted;
 use crate::ports::{Cache, CancelOutcome, QueueSend, TaskStore};
 use crate::problem::Problem;
 use crate::tasks::answers::{
@@ -37,6 +38,9 @@ pub struct Ingress {
     pub cache: Arc<dyn Cache>,
     /// One sender per lane, indexed by [`Lane::index`].
     pub queues: [Arc<dyn QueueSend>; 3],
+    /// A new task's put and send: [`crate::ports::PutThenSend`] on these `store` and `queues`, or
+    /// the backend's own, which makes the two one write.
+    pub admission: Arc<dyn crate::ports::Admission>,
     /// Metrics.
     pub metrics: Metrics,
     /// Time.
@@ -210,30 +214,28 @@ async fn accept(
         };
     }
 
-    // 3. Conditional put of PENDING; a duplicate gets the existing record back in the same request
-    // (and gives back the hold this submission took).
-    let put = match ing.store.put_pending(&record, now).await {
-        Ok(put) => put,
+    // 3. Conditional put of PENDING and, when it creates the record, the send; a duplicate gets the
+    // existing record back in the same request (and gives back the hold this submission took).
+    let admitted = match ing.admit(&record, now).await {
+        Ok(admitted) => admitted,
         Err(e) => {
             super::hold::give_back(&*ing.cache, &ing.config.quota, &ing.metrics, &record).await;
             return Err(store_problem(&e, retry_after));
         }
     };
-    match idempotency::from_put(put, &payload_hash) {
-        Submission::New => {
-            // 4. New: enqueue. A failed send is not undone: a duplicate may already have been
-            // answered 202 for this record. It is marked unsent instead, so the retry the 503 asks
-            // for, or the next read, sends it at once.
-            if let Err(e) = ing.send(&record, true).await {
-                error!(error = %e, task_id = %record.task_id, "enqueue failed; the record is marked unsent");
-                ing.mark_unsent(&record, now).await;
-                return Err(Problem::unavailable("the task queue is unavailable; retry later", retry_after));
-            }
-            Ok(view_response(StatusCode::ACCEPTED, &record.view()))
+    match admitted {
+        Admitted::Sent(_) => Ok(view_response(StatusCode::ACCEPTED, &record.view())),
+        // 4. A failed send is not undone: a duplicate may already have been answered 202 for this
+        // record. It is marked unsent instead, so the retry the 503 asks for, or the next read,
+        // sends it at once.
+        Admitted::Unsent(e) => {
+            error!(error = %e, task_id = %record.task_id, "enqueue failed; the record is marked unsent");
+            ing.mark_unsent(&record, now).await;
+            Err(Problem::unavailable("the task queue is unavailable; retry later", retry_after))
         }
-        Submission::Duplicate(duplicate) => {
+        Admitted::Exists(live) => {
             super::hold::give_back(&*ing.cache, &ing.config.quota, &ing.metrics, &record).await;
-            answer_duplicate(ing, duplicate, Answered::ByStore, now).await
+            answer_duplicate(ing, idempotency::judge(*live, &payload_hash), Answered::ByStore, now).await
         }
     }
 }
@@ -526,6 +528,7 @@ mod tests {
             events: None,
             store: Arc::new(store.clone()),
             cache,
+            admission: Arc::new(crate::ports::PutThenSend::new(Arc::new(store.clone()), queues.clone())),
             queues,
             metrics: Metrics::new(),
             clock: clock.clone(),

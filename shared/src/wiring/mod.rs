@@ -59,6 +59,8 @@ pub struct Adapters {
     pub cache: Arc<dyn Cache>,
     /// Senders per lane ([`Lane::index`]).
     pub send: [Arc<dyn QueueSend>; 3],
+    /// A new task's put and send: one write on the embedded backend, two requests on AWS.
+    pub admission: Arc<dyn crate::ports::Admission>,
     /// Consumers per lane.
     pub consume: [Arc<dyn QueueConsume>; 3],
     /// Each lane's dead-letter queue, where this backend reads it (embedded: always; AWS: for the
@@ -163,6 +165,7 @@ pub async fn embedded(
     let all = EmbeddedQueues::open(db, clock.clone(), settings).await?;
     let queues = Lane::ALL.map(|l| all.queue(l.as_str(), &format!("{}-dlq", l.as_str())));
     let adapters = Adapters {
+        admission: Arc::new(crate::embedded::EmbeddedAdmission::new(store.clone(), queues.clone())),
         store: Arc::new(store),
         summaries: Arc::new(summaries),
         batches: Arc::new(batches),
@@ -252,8 +255,11 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
         consume.push(q);
     }
     let queues: [SqsQueue; 3] = consume.try_into().map_err(|_| ConfigError::Missing("queues"))?;
+    let store: Arc<dyn TaskStore> = Arc::new(aws.task_store(&config.table));
+    let send = queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>);
     Ok(Adapters {
-        store: Arc::new(aws.task_store(&config.table)),
+        admission: Arc::new(crate::ports::PutThenSend::new(store.clone(), send.clone())),
+        store,
         summaries: Arc::new(aws.summaries(&config.table)),
         batches: Arc::new(aws.batches(&config.table)),
         lock: Arc::new(RedisLock::new(conn.clone(), &config.redis.prefix)),
@@ -262,7 +268,7 @@ pub async fn aws(config: &AwsBackendConfig, consume_lanes: &[Lane]) -> Result<Ad
             conn.clone(),
             &config.redis.prefix,
         )),
-        send: queues.clone().map(|q| Arc::new(q) as Arc<dyn QueueSend>),
+        send,
         dlq: queues.clone().map(|q| q.dead_letter_queue().map(|d| Arc::new(d) as Arc<dyn QueueConsume>)),
         consume: queues.map(|q| Arc::new(q) as Arc<dyn QueueConsume>),
         redis: Some(conn),

@@ -7,8 +7,7 @@ use super::db::{EmbeddedDb, Pending};
 use crate::clock::SharedClock;
 use crate::domain::MessageId;
 use crate::ports::{
-    DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, QueueSend,
-    ReceivedMessage,
+    DEAD_LETTER_REASON, DEAD_LETTER_SOURCE, MoveTask, QueueConsume, QueueDepth, QueueError, ReceivedMessage,
 };
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -22,6 +21,7 @@ mod messages;
 mod move_task;
 mod order;
 mod poll;
+mod send;
 mod settings;
 
 use entry::{Entry, StoredMessage, put_op, received};
@@ -233,46 +233,6 @@ impl EmbeddedQueue {
 }
 
 #[async_trait]
-impl QueueSend for EmbeddedQueue {
-    async fn send(
-        &self,
-        body: &str,
-        mut attributes: BTreeMap<String, String>,
-    ) -> Result<MessageId, QueueError> {
-        let now = self.queues.clock.now_ms();
-        let id = MessageId::fresh();
-        attributes.insert("SentTimestamp".into(), now.to_string());
-        let mut state = self.queues.state.lock().await;
-        let seq = state.next_seq;
-        state.next_seq += 1; // reserved: a failed write leaves a harmless gap
-        let stored = StoredMessage {
-            queue: self.name.clone(),
-            seq,
-            body: body.to_owned(),
-            attributes,
-            sent_at_ms: now,
-            receive_count: 0,
-        };
-        let entry = Entry::new(id.clone(), stored, 0);
-        // Durable first: a send that returns Ok must survive a crash. Nothing can see the entry
-        // before it is in memory, so the lock is not held while the write commits. Waiting and
-        // publishing run in their own task: a caller that gives up (a client hanging up) cannot
-        // leave a durable message missing from memory.
-        let written = self.queues.persist(vec![put_op(&entry)?]);
-        drop(state);
-        let (queues, name) = (self.queues.clone(), self.name.clone());
-        let published = tokio::spawn(async move {
-            written.wait().await?;
-            queues.state.lock().await.queue(&name).insert(entry);
-            queues.shown.notify_waiters();
-            Ok::<_, QueueError>(())
-        });
-        published.await.map_err(|e| unavailable(format!("send task: {e}")))??;
-        Ok(id)
-    }
-}
-
-#[async_trait]
 impl QueueConsume for EmbeddedQueue {
     async fn receive_waiting(
         &self,
@@ -474,6 +434,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::domain::fairness::GROUP_ATTRIBUTE;
+    use crate::ports::QueueSend;
 
     async fn open(dir: &std::path::Path, clock: Arc<ManualClock>) -> EmbeddedQueue {
         let db = EmbeddedDb::open(dir).unwrap();

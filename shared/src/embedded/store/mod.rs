@@ -74,40 +74,70 @@ impl EmbeddedStore {
         T: Send + 'static,
         F: FnOnce(Option<TaskRecord>) -> (Option<TaskRecord>, T) + Send + 'static,
     {
+        self.db.submit_maybe(self.update_job(task_id, f)).wait().await?
+    }
+
+    /// [`Self::update_stored`] as a job of a write transaction, for a caller that writes more in
+    /// the same transaction: it answers `(answer, wrote)`. A refusal made before anything is
+    /// written (an unreadable record, a record that will not serialize) is the answer alone; only
+    /// a failed write is an `Err`, which fails the transaction.
+    fn update_job<T, F>(
+        &self,
+        task_id: &TaskId,
+        f: F,
+    ) -> impl FnOnce(&WriteTransaction) -> Result<(Result<T, StoreError>, bool), StoreError> + Send + 'static
+    where
+        T: Send + 'static,
+        F: FnOnce(Option<TaskRecord>) -> (Option<TaskRecord>, T) + Send + 'static,
+    {
         let (id, legacy) = (task_id.to_owned(), self.legacy.load(Ordering::Relaxed));
-        // A refusal made before anything is written (an unreadable record, a record that will not
-        // serialize) is this call's answer alone; only a failed write fails the group.
-        self.db
-            .submit_maybe(move |txn| -> Result<(Result<T, StoreError>, bool), StoreError> {
-                // One handle for the read and the write: every open looks the table up again in
-                // the transaction's table tree, on the writer thread every write waits for.
-                let mut table = Records::open(txn, legacy)?;
-                let stored = table.get(&id)?;
-                let place = stored.as_ref().map(|s| s.place);
-                let current = match stored.map(|s| parse(&id, &s.bytes)).transpose() {
-                    Ok(c) => c,
-                    Err(e) => return Ok((Err(e), false)),
-                };
-                let was_expiring_at = current.as_ref().map(expiry_of);
-                let (write, answer) = f(current);
-                let Some(record) = write else { return Ok((Ok(answer), false)) };
-                let bytes = match serde_json::to_vec(&record) {
-                    Ok(b) => b,
-                    Err(e) => return Ok((Err(unavailable(e)), false)),
-                };
-                table.put(&id, record.created_at_ms, &bytes, place)?;
-                let expiring_at = expiry_of(&record);
-                if was_expiring_at != Some(expiring_at) {
-                    let mut expiry = txn.open_table(EXPIRY).map_err(unavailable)?;
-                    if let Some((at, created)) = was_expiring_at {
-                        expiry.remove((at, created, id.as_str())).map_err(unavailable)?;
-                    }
-                    expiry.insert((expiring_at.0, expiring_at.1, id.as_str()), ()).map_err(unavailable)?;
+        move |txn| {
+            // One handle for the read and the write: every open looks the table up again in the
+            // transaction's table tree, on the writer thread every write waits for.
+            let mut table = Records::open(txn, legacy)?;
+            let stored = table.get(&id)?;
+            let place = stored.as_ref().map(|s| s.place);
+            let current = match stored.map(|s| parse(&id, &s.bytes)).transpose() {
+                Ok(c) => c,
+                Err(e) => return Ok((Err(e), false)),
+            };
+            let was_expiring_at = current.as_ref().map(expiry_of);
+            let (write, answer) = f(current);
+            let Some(record) = write else { return Ok((Ok(answer), false)) };
+            let bytes = match serde_json::to_vec(&record) {
+                Ok(b) => b,
+                Err(e) => return Ok((Err(unavailable(e)), false)),
+            };
+            table.put(&id, record.created_at_ms, &bytes, place)?;
+            let expiring_at = expiry_of(&record);
+            if was_expiring_at != Some(expiring_at) {
+                let mut expiry = txn.open_table(EXPIRY).map_err(unavailable)?;
+                if let Some((at, created)) = was_expiring_at {
+                    expiry.remove((at, created, id.as_str())).map_err(unavailable)?;
                 }
-                Ok((Ok(answer), true))
-            })
-            .wait()
-            .await?
+                expiry.insert((expiring_at.0, expiring_at.1, id.as_str()), ()).map_err(unavailable)?;
+            }
+            Ok((Ok(answer), true))
+        }
+    }
+
+    /// [`TaskStore::put_pending`] as a job of a write transaction (see [`Self::update_job`]): it
+    /// writes exactly when it creates the record.
+    pub(crate) fn put_pending_job(
+        &self,
+        record: &TaskRecord,
+        now_ms: u64,
+    ) -> impl FnOnce(&WriteTransaction) -> Result<(Result<PutOutcome, StoreError>, bool), StoreError>
+    + Send
+    + 'static {
+        let submit = Command::Submit(Box::new(record.clone()));
+        let job = self.update_job(&record.task_id, move |stored| {
+            match lifecycle::apply(submit, stored.as_ref(), now_ms, 0) {
+                Some(next) => (Some(next), Ok(PutOutcome::Created)),
+                None => (None, refused_submission(stored, now_ms)),
+            }
+        });
+        move |txn| job(txn).map(|(answer, wrote)| (answer.and_then(|a| a), wrote))
     }
 
     /// Every live record (for tests and the local runner's recovery report).
@@ -222,6 +252,14 @@ fn created_at(bytes: &[u8]) -> Option<u64> {
     serde_json::from_slice::<Expiry>(bytes).ok().map(|e| e.created_at_ms)
 }
 
+/// The answer to a submission the transition table refused: the live record it found.
+fn refused_submission(stored: Option<TaskRecord>, now_ms: u64) -> Result<PutOutcome, StoreError> {
+    match stored.filter(|r| !r.is_expired(now_ms)) {
+        Some(live) => Ok(PutOutcome::Exists(Box::new(live))),
+        None => Err(StoreError::Corrupt("a submission was refused where no record lives".into())),
+    }
+}
+
 fn parse(id: &str, bytes: &[u8]) -> Result<TaskRecord, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("task {id}: {e}")))
 }
@@ -249,12 +287,7 @@ impl EmbeddedStore {
 #[async_trait]
 impl TaskStore for EmbeddedStore {
     async fn put_pending(&self, record: &TaskRecord, now_ms: u64) -> Result<PutOutcome, StoreError> {
-        let submit = Command::Submit(Box::new(record.clone()));
-        match self.transition(&record.task_id, submit, now_ms, 0).await? {
-            Ok(_) => Ok(PutOutcome::Created),
-            Err(Some(live)) => Ok(PutOutcome::Exists(Box::new(live))),
-            Err(None) => Err(StoreError::Corrupt("a submission was refused where no record lives".into())),
-        }
+        self.db.submit_maybe(self.put_pending_job(record, now_ms)).wait().await?
     }
 
     async fn get(&self, task_id: &TaskId, now_ms: u64) -> Result<Option<TaskRecord>, StoreError> {
