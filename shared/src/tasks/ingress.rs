@@ -10,8 +10,7 @@ use crate::config::IngressConfig;
 use crate::domain::{MAX_BODY_BYTES, TaskId, TaskRecord, TaskRequest, TaskStatus, TaskView};
 use crate::idempotency::{self, Duplicate, validate_idempotency_key};
 use crate::metrics::Metrics;
-use crate::ports::Admitted;
-use crate::ports::{Cache, CancelOutcome, QueueSend, TaskStore};
+use crate::ports::{Admission, Admitted, Cache, CancelOutcome, QueueSend, TaskStore};
 use crate::problem::Problem;
 use crate::tasks::answers::{
     NoTenant, conflict, invalid_id, not_found, over_budget, store_problem, view_response,
@@ -40,7 +39,7 @@ pub struct Ingress {
     pub queues: [Arc<dyn QueueSend>; 3],
     /// A new task's put and send: [`crate::ports::PutThenSend`] on these `store` and `queues`, or
     /// the backend's own, which makes the two one write.
-    pub admission: Arc<dyn crate::ports::Admission>,
+    pub admission: Arc<dyn Admission>,
     /// Metrics.
     pub metrics: Metrics,
     /// Time.
