@@ -66,21 +66,12 @@ impl EmbeddedStore {
         Self { db, upgraded: Arc::new(AtomicBool::new(false)), legacy: Arc::new(AtomicBool::new(legacy)) }
     }
 
-    /// Runs `f` on the stored record, expired or not (DynamoDB keeps an expired item until its TTL
-    /// sweep, and a replacement keeps its fence), inside one write transaction; `f` returns the
-    /// record to write (or `None` to leave it) and the call's answer.
-    async fn update_stored<T, F>(&self, task_id: &TaskId, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(Option<TaskRecord>) -> (Option<TaskRecord>, T) + Send + 'static,
-    {
-        self.db.submit_maybe(self.update_job(task_id, f)).wait().await?
-    }
-
-    /// [`Self::update_stored`] as a job of a write transaction, for a caller that writes more in
-    /// the same transaction: it answers `(answer, wrote)`. A refusal made before anything is
-    /// written (an unreadable record, a record that will not serialize) is the answer alone; only
-    /// a failed write is an `Err`, which fails the transaction.
+    /// A job of a write transaction that runs `f` on the stored record, expired or not (DynamoDB
+    /// keeps an expired item until its TTL sweep, and a replacement keeps its fence); `f` returns
+    /// the record to write (or `None` to leave it) and the call's answer. The job answers
+    /// `(answer, wrote)`, so a caller may write more in the same transaction. A refusal made before
+    /// anything is written (an unreadable record, a record that will not serialize) is the answer
+    /// alone; only a failed write is an `Err`, which fails the transaction.
     fn update_job<T, F>(
         &self,
         task_id: &TaskId,
@@ -131,13 +122,35 @@ impl EmbeddedStore {
     + Send
     + 'static {
         let submit = Command::Submit(Box::new(record.clone()));
-        let job = self.update_job(&record.task_id, move |stored| {
-            match lifecycle::apply(submit, stored.as_ref(), now_ms, 0) {
-                Some(next) => (Some(next), Ok(PutOutcome::Created)),
-                None => (None, refused_submission(stored, now_ms)),
-            }
+        let job = self.transition_job(&record.task_id, submit, now_ms, 0, |outcome| match outcome {
+            Ok(_) => Ok(PutOutcome::Created),
+            Err(Some(live)) => Ok(PutOutcome::Exists(Box::new(live))),
+            Err(None) => Err(StoreError::Corrupt("a submission was refused where no record lives".into())),
         });
         move |txn| job(txn).map(|(answer, wrote)| (answer.and_then(|a| a), wrote))
+    }
+
+    /// A job that carries `command` out on the record as its row of the transition table says
+    /// ([`Self::update_job`]); `answer` makes the call's answer of the outcome: the record written,
+    /// or the live record (if any) the row refused.
+    fn transition_job<A: Send + 'static>(
+        &self,
+        task_id: &TaskId,
+        command: Command,
+        now_ms: u64,
+        ttl_secs: u64,
+        answer: impl FnOnce(Result<&TaskRecord, Option<TaskRecord>>) -> A + Send + 'static,
+    ) -> impl FnOnce(&WriteTransaction) -> Result<(Result<A, StoreError>, bool), StoreError> + Send + 'static
+    {
+        self.update_job(task_id, move |stored| {
+            match lifecycle::apply(command, stored.as_ref(), now_ms, ttl_secs) {
+                Some(next) => {
+                    let answer = answer(Ok(&next));
+                    (Some(next), answer)
+                }
+                None => (None, answer(Err(stored.filter(|r| !r.is_expired(now_ms))))),
+            }
+        })
     }
 
     /// Every live record (for tests and the local runner's recovery report).
@@ -252,14 +265,6 @@ fn created_at(bytes: &[u8]) -> Option<u64> {
     serde_json::from_slice::<Expiry>(bytes).ok().map(|e| e.created_at_ms)
 }
 
-/// The answer to a submission the transition table refused: the live record it found.
-fn refused_submission(stored: Option<TaskRecord>, now_ms: u64) -> Result<PutOutcome, StoreError> {
-    match stored.filter(|r| !r.is_expired(now_ms)) {
-        Some(live) => Ok(PutOutcome::Exists(Box::new(live))),
-        None => Err(StoreError::Corrupt("a submission was refused where no record lives".into())),
-    }
-}
-
 fn parse(id: &str, bytes: &[u8]) -> Result<TaskRecord, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("task {id}: {e}")))
 }
@@ -274,13 +279,10 @@ impl EmbeddedStore {
         now_ms: u64,
         ttl_secs: u64,
     ) -> Result<Result<TaskRecord, Option<TaskRecord>>, StoreError> {
-        self.update_stored(task_id, move |stored| {
-            match lifecycle::apply(command, stored.as_ref(), now_ms, ttl_secs) {
-                Some(next) => (Some(next.clone()), Ok(next)),
-                None => (None, Err(stored.filter(|r| !r.is_expired(now_ms)))),
-            }
-        })
-        .await
+        // The refused record is the answer's `Err`, as the store's callers read it.
+        #[allow(clippy::result_large_err)]
+        let job = self.transition_job(task_id, command, now_ms, ttl_secs, |outcome| outcome.cloned());
+        self.db.submit_maybe(job).wait().await?
     }
 }
 
