@@ -214,7 +214,9 @@ def main():
                     "runs the writes waiting in one redb transaction and commits them with one flush (group commit), "
                     "so a write costs its share of a flush rather than a flush. A task makes four such writes (its "
                     "record and its message, which are one write, so a POST waits for one flush; the claim; the final "
-                    "write; the message's delete), plus its share of a receive's, and each rewrites "
+                    "write; the message's delete, which a worker does not wait for: it deletes work already durable, "
+                    "and a delete lost to a crash only delivers a finished task again, which is acked as a duplicate), "
+                    "plus its share of a receive's, and each rewrites "
                     "the B-tree pages it touches (copy-on-write): the disk column. The CPU column is the server's own "
                     "(HTTP, JSON, the pool, the writer), measured from its `/proc` counters; the bench's clients share "
                     "the same cores. The last line is what the goal rate would take of this machine at today's cost "
@@ -229,7 +231,7 @@ def main():
                     "about 15%; the before-and-after table compares builds in alternated runs."
                     + (f" Ingress outran the workers in this run ({emb['ingress_per_s']:.0f} against "
                        f"{emb['tasks_per_s']:.0f} a second), so tasks waited in the queue: the task latency column. "
-                       "A worker slot waits for three flushes in a row per task (claim, final write, delete)."
+                       "A worker slot waits for two flushes in a row per task (the claim, the final write)."
                        if emb["ingress_per_s"] > 1.05 * emb["tasks_per_s"] else "")]
         samples = runs[0].get("latency_samples", 0) if runs else 0
         out += ["", f"Release build (`--profile profiling`: the release profile with symbols), offline model with no "

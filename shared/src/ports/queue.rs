@@ -146,7 +146,11 @@ pub trait QueueConsume: Send + Sync {
         }
         out
     }
-    /// Acknowledges (deletes) a delivery.
+    /// Acknowledges (deletes) a delivery: from `Ok` on, no receive hands the message out again
+    /// through this queue. Delivery stays at least once: SQS may deliver a deleted message again,
+    /// and the embedded queue does once after a crash that came before the delete was written
+    /// (it answers without waiting for that write). So a delete is only ever made of work already
+    /// durable, and a consumer takes a delivery of work it finds done as a duplicate.
     async fn delete(&self, receipt: &str) -> Result<(), QueueError>;
     /// Sends a fresh copy of a delivery (receive count 1, visible after `delay`, at most 15 min) and
     /// deletes this one: how a wait on the last delivery avoids the redrive to the DLQ. Waiting is not

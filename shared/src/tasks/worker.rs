@@ -1129,6 +1129,26 @@ mod tests {
         assert_eq!((r.status().await, r.llm.calls.load(Ordering::SeqCst)), (TaskStatus::Cancelled, 0));
     }
 
+    /// The embedded queue answers a delete before it is written, so a crash can bring a finished
+    /// task's message back (as SQS may): the new process, its lock empty, acks it unpaid.
+    #[tokio::test]
+    async fn a_finished_tasks_message_delivered_again_is_acked_without_a_call() {
+        let clock = ManualClock::new(1_000_000);
+        let r = rig(clock.clone(), ScriptedLlm::default(), fast()).await;
+        let m = r.receive().await;
+        let body = m.body.clone();
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        let done = r.record().await;
+        // The message as the file still held it; the restarted process's lock knows nothing.
+        r.queue.send(&body, BTreeMap::new()).await.unwrap();
+        let worker = Worker { lock: Arc::new(MemoryLock::new(clock.clone())), ..r.worker.clone() };
+        let again = r.receive().await;
+        assert_eq!(worker.process(r.queue(), again).await, Outcome::Acked);
+        assert_eq!(r.llm.calls.load(Ordering::SeqCst), 1, "paid once");
+        assert_eq!(r.record().await, done, "the finished record is left as it was");
+        assert_eq!(r.queue.depth().await.unwrap().visible + r.queue.depth().await.unwrap().in_flight, 0);
+    }
+
     #[tokio::test]
     async fn a_running_task_cancelled_by_its_client_drops_the_call_at_the_next_heartbeat() {
         let llm = ScriptedLlm { delay: Duration::from_secs(30), ..Default::default() };

@@ -32,9 +32,6 @@ pub use settings::QueueSettings;
 
 const MESSAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("queue_messages");
 
-/// The visibility of a message whose delete is committing: never visible, whatever asks.
-const DELETING: u64 = u64::MAX;
-
 impl From<String> for QueueError {
     fn from(s: String) -> Self {
         QueueError::Unavailable(s)
@@ -313,13 +310,11 @@ impl QueueConsume for EmbeddedQueue {
         let mut state = self.queues.state.lock().await;
         let (queue, seq) = Self::lookup(&state, receipt)?;
         let q = state.queues.get_mut(&queue).ok_or(QueueError::ReceiptInvalid)?;
-        // A delete in flight keeps it hidden: a renewal racing the ack must not let a receive take
-        // (and write back) a message whose delete is about to commit.
+        // A deleted message is out of memory with its receipt: a renewal racing the ack finds
+        // neither, so it cannot show a message whose delete is committing.
         let shown = q
             .update(seq, |entry| {
-                if entry.visible_at_ms != DELETING {
-                    entry.visible_at_ms = now + timeout.as_millis() as u64;
-                }
+                entry.visible_at_ms = now + timeout.as_millis() as u64;
                 entry.visible_at_ms <= now
             })
             .ok_or(QueueError::ReceiptInvalid)?;
@@ -329,37 +324,34 @@ impl QueueConsume for EmbeddedQueue {
         Ok(())
     }
 
+    /// Settles the delivery without waiting for its write to be durable. Memory forgets the message
+    /// and its receipt at once, so no receive hands it out again while the process runs; should the
+    /// write fail, it comes back when the lease it had runs out. A crash before the commit brings it
+    /// back once, as SQS too may deliver a deleted message again. A delete is always of work
+    /// already durable (the worker awaits its final write before it acks), and workers take a
+    /// delivery of a finished task as a duplicate and ack it. A slot so waits for two flushes a
+    /// task (claim, final write), not three.
     async fn delete(&self, receipt: &str) -> Result<(), QueueError> {
         let mut state = self.queues.state.lock().await;
         let (queue, seq) = Self::lookup(&state, receipt)?;
-        // Hidden for good while the delete commits without the lock, so no receive can take it
-        // (and write it back) even if its lease runs out meanwhile; memory forgets it once the
-        // delete is durable, or shows it again as it was if the delete failed.
-        let hidden = state.queues.get_mut(&queue).and_then(|q| {
-            q.update(seq, |entry| (entry.id.clone(), std::mem::replace(&mut entry.visible_at_ms, DELETING)))
-        });
-        let Some((id, was_visible_at)) = hidden else {
+        let Some(entry) = state.queues.get_mut(&queue).and_then(|q| q.remove(seq)) else {
             return Err(QueueError::ReceiptInvalid);
         };
-        let written = self.queues.persist(vec![Op::Delete(id.to_string())]);
+        state.receipts.remove(receipt);
+        let written = self.queues.persist(vec![Op::Delete(entry.id.to_string())]);
         drop(state);
-        let outcome = written.wait().await;
-        let mut state = self.queues.state.lock().await;
-        match outcome {
-            Ok(()) => {
-                state.receipts.remove(receipt);
-                if let Some(q) = state.queues.get_mut(&queue) {
-                    q.remove(seq);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                if let Some(q) = state.queues.get_mut(&queue) {
-                    q.update(seq, |entry| entry.visible_at_ms = was_visible_at);
-                }
-                Err(e)
-            }
-        }
+        // Only a weak handle: a queue dropped meanwhile (its process closing) has no memory to
+        // put the message back into, and must not keep the file open.
+        let queues = Arc::downgrade(&self.queues);
+        tokio::spawn(async move {
+            let Err(e) = written.wait().await else { return };
+            let Some(queues) = queues.upgrade() else { return };
+            tracing::warn!(error = %e, message_id = %entry.id, "delete not written; the message returns");
+            // As it was: hidden until its lease ends, its receipt spent.
+            queues.state.lock().await.queue(&queue).insert(entry);
+            queues.shown.notify_waiters();
+        });
+        Ok(())
     }
 
     async fn requeue(&self, message: &ReceivedMessage, delay: Duration) -> Result<(), QueueError> {
@@ -595,5 +587,79 @@ mod tests {
         let dlq = q.dead_letter_queue().peek_all().await;
         assert_eq!(dlq.len(), 1);
         assert_eq!(dlq[0].1[DEAD_LETTER_REASON], "undecodable: expected value");
+    }
+
+    /// Holds the writer thread inside a job until the returned sender is dropped or sent to.
+    fn hold_the_writer(q: &EmbeddedQueue) -> std::sync::mpsc::Sender<()> {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let held = q.queues.db.submit(move |_txn| {
+            let _ = wait.recv();
+            Ok::<(), QueueError>(())
+        });
+        drop(held); // its answer is not needed
+        go
+    }
+
+    #[tokio::test]
+    async fn a_delete_is_answered_before_its_write_commits_and_hides_the_message_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(10_000);
+        {
+            let q = open(dir.path(), clock.clone()).await;
+            for body in ["a", "b"] {
+                q.send(body, BTreeMap::new()).await.unwrap();
+            }
+            let got = q.receive(1).await.unwrap();
+            let go = hold_the_writer(&q);
+            // Nothing can commit while the writer is held: a delete that waited would hang here.
+            tokio::time::timeout(Duration::from_secs(30), q.delete(&got[0].receipt))
+                .await
+                .expect("the delete waited for its commit")
+                .unwrap();
+            assert!(q.delete(&got[0].receipt).await.is_err(), "the receipt is spent at once");
+            // A receive writes (and waits for) the receive counts: the writer must go on first.
+            go.send(()).unwrap();
+            clock.advance_ms(3_600_000);
+            let again: Vec<String> = q.receive(10).await.unwrap().into_iter().map(|m| m.body).collect();
+            assert_eq!(again, ["b"], "the deleted message is never handed out again");
+        }
+        // Dropping the last handle lets the writer finish what it holds: the delete is in the file.
+        let q = open(dir.path(), clock.clone()).await;
+        let left: Vec<String> = q.peek_all().await.into_iter().map(|(body, _)| body).collect();
+        assert_eq!(left, ["b"]);
+    }
+
+    #[tokio::test]
+    async fn a_delete_whose_write_fails_returns_the_message_when_its_lease_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(10_000);
+        let q = open(dir.path(), clock.clone()).await;
+        q.send("a", BTreeMap::new()).await.unwrap();
+        let got = q.receive_for(1, Some(Duration::from_millis(500))).await.unwrap();
+        let go = hold_the_writer(&q);
+        tokio::time::timeout(Duration::from_secs(30), q.delete(&got[0].receipt))
+            .await
+            .expect("the delete waited for its commit")
+            .unwrap();
+        // A job after the delete fails: the group that holds both is abandoned.
+        let failing =
+            q.queues.db.submit(|_txn| Err::<(), QueueError>(QueueError::Unavailable("disk".into())));
+        go.send(()).unwrap();
+        assert!(failing.wait().await.is_err());
+        clock.advance_ms(499);
+        assert!(q.receive(1).await.unwrap().is_empty(), "hidden for the rest of its lease");
+        clock.advance_ms(1);
+        let back = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let got = q.receive(1).await.unwrap();
+                if !got.is_empty() {
+                    return got;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the message never came back");
+        assert_eq!((back[0].body.as_str(), back[0].receive_count), ("a", 2));
     }
 }
