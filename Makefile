@@ -65,7 +65,7 @@ bench: build test-deps
 	$(LANES_RELEASE_BIN) bench hol --json > bench/hol.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench fairness --json > bench/fairness.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
-	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 3000 --json > bench/throughput.json
+	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 20000 --aws-tasks 3000 --json > bench/throughput.json
 	$(LANES_RELEASE_BIN) bench soak --json > bench/soak.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench stream --json > bench/stream.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench functions --tasks 3000 --json > bench/functions.json

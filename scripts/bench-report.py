@@ -233,10 +233,10 @@ def main():
                        f"{emb['tasks_per_s']:.0f} a second), so tasks waited in the queue: the task latency column. "
                        "A worker slot waits for two flushes in a row per task (the claim, the final write)."
                        if emb["ingress_per_s"] > 1.05 * emb["tasks_per_s"] else "")]
-        samples = runs[0].get("latency_samples", 0) if runs else 0
+        samples = ", ".join(f"{r.get('latency_samples', 0):,} on {r['backend']}" for r in runs)
         out += ["", f"Release build (`--profile profiling`: the release profile with symbols), offline model with no "
                 f"latency, {tp.get('capacity', 16)} worker slots. Task latency is over every completed task "
-                f"({samples} per backend), from the server's own timestamps (accepted to finished); tasks/s is from the "
+                f"({samples}), from the server's own timestamps (accepted to finished); tasks/s is from the "
                 "first submission to the last completion. Each backend also runs alone with `--backend embedded` or "
                 "`--backend aws`. moto is an emulator, so the Redis + moto row measures the code paths, not AWS's "
                 "speed.", "", "![throughput](throughput.png)", ""]

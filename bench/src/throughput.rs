@@ -58,9 +58,12 @@ pub struct ThroughputReport {
 /// simulated latency): on embedded defaults, then on Redis + moto when `redis-server` and the venv's
 /// `moto_server` are there (`make test-deps` installs both). Ingress rate and latency, end-to-end rate
 /// and latency, peak memory of the server.
-/// `backend`: `embedded` or `aws` alone, both when `None`.
+/// `backend`: `embedded` or `aws` alone, both when `None`. `aws_tasks`: the task count on Redis +
+/// moto, when it differs (moto answers one request at a time, so a run long enough to steady the
+/// embedded figures would take it an hour).
 pub async fn throughput_report(
     tasks: usize,
+    aws_tasks: Option<usize>,
     clients: usize,
     capacity: usize,
     backend: Option<&str>,
@@ -76,7 +79,7 @@ pub async fn throughput_report(
                     "redis + moto",
                     &["--backend", "aws", "--create"],
                     &env,
-                    tasks,
+                    aws_tasks.unwrap_or(tasks),
                     clients,
                     capacity,
                 )
@@ -89,9 +92,10 @@ pub async fn throughput_report(
         }
     }
     let only = backend.map(|b| format!(" --backend {b}")).unwrap_or_default();
+    let aws = aws_tasks.map(|n| format!(" --aws-tasks {n}")).unwrap_or_default();
     Ok(ThroughputReport {
         command: format!(
-            "lanes bench throughput --tasks {tasks} --clients {clients} --capacity {capacity}{only}"
+            "lanes bench throughput --tasks {tasks}{aws} --clients {clients} --capacity {capacity}{only}"
         ),
         clients,
         capacity,

@@ -94,7 +94,7 @@ async fn the_functions_bench_completes_every_task_through_the_real_binaries() {
 /// comes out as 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_throughput_bench_counts_the_servers_cost_and_its_own() {
-    let r = lanes_bench::throughput::throughput_report(1000, 8, 16, Some("embedded")).await.unwrap();
+    let r = lanes_bench::throughput::throughput_report(1000, None, 8, 16, Some("embedded")).await.unwrap();
     let [run] = &r.runs[..] else { panic!("one run: {r:?}") };
     assert_eq!((run.backend.as_str(), run.latency_samples), ("embedded", 1000), "{run:?}");
     assert!(run.server_cpu_ms_per_task > 0.0 && run.client_cpu_ms_per_task > 0.0, "{run:?}");

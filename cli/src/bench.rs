@@ -57,6 +57,10 @@ pub enum BenchCommand {
         /// Tasks per backend.
         #[arg(long, default_value_t = 2000)]
         tasks: usize,
+        /// Tasks on Redis + moto instead (moto answers one request at a time: a run long enough to
+        /// steady the embedded figures would take it an hour).
+        #[arg(long)]
+        aws_tasks: Option<usize>,
         /// Concurrent clients.
         #[arg(long, default_value_t = 32)]
         clients: usize,
@@ -237,8 +241,9 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Functions { tasks, concurrency, json } => {
             show(b::functions::functions_report(tasks, concurrency).await, json)
         }
-        BenchCommand::Throughput { tasks, clients, capacity, backend, json } => {
-            show(b::throughput::throughput_report(tasks, clients, capacity, backend.as_deref()).await, json)
+        BenchCommand::Throughput { tasks, aws_tasks, clients, capacity, backend, json } => {
+            let backend = backend.as_deref();
+            show(b::throughput::throughput_report(tasks, aws_tasks, clients, capacity, backend).await, json)
         }
         BenchCommand::Stream { chunks, interval_ms, many, json } => {
             show(b::stream::stream_report(chunks, interval_ms, many).await, json)
