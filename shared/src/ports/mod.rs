@@ -1,9 +1,10 @@
 //! Ports: the small traits the core talks to, one capability each, with retry intent in their
-//! errors. Task and summary stores, large-result objects, queue, lock and cache each have an embedded twin and an AWS
-//! adapter held to one contract (`tests/src/contract.rs`), and so does admission (a new task's put
-//! and send), whose AWS side is the composition of the store and queue ports ([`PutThenSend`]); the limiter's in-process and Redis
-//! implementations are run side by side on `redis-server`; the model clients, diff sources and
-//! mapping control are tested each on its own.
+//! errors. Task and summary stores, large-result objects, queue, lock and cache each have an
+//! embedded twin and an AWS adapter held to one contract (`tests/src/contract.rs`), and so does
+//! admission (a new task's put and send), whose AWS side is the composition of the store and queue
+//! ports ([`PutThenSend`]); the limiter's in-process and Redis implementations are run side by
+//! side on `redis-server`; the model clients, diff sources and mapping control are tested each on
+//! its own.
 
 mod admission;
 mod batches;

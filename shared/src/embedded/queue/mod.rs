@@ -456,9 +456,9 @@ mod tests {
             q.send("b1", group("b")).await.unwrap();
             // The first receive alternates; then, with three of a's and two of b's in flight, b's new
             // message goes first.
-            let first: Vec<String> = q.receive(5).await.unwrap().into_iter().map(|m| m.body).collect();
+            let first = bodies(q.receive(5).await.unwrap());
             q.send("b2", group("b")).await.unwrap();
-            let second: Vec<String> = q.receive(3).await.unwrap().into_iter().map(|m| m.body).collect();
+            let second = bodies(q.receive(3).await.unwrap());
             let b = first.iter().chain(&second).filter(|m| m.starts_with('b')).count();
             assert_eq!(b, want_b, "{order:?}: {first:?} then {second:?}");
             if order == DeliveryOrder::Fair {
@@ -482,7 +482,6 @@ mod tests {
         let first = q.receive(1).await.unwrap().remove(0);
         assert_eq!(first.body, "a0");
         q.delete(&first.receipt).await.unwrap();
-        let bodies = |m: Vec<ReceivedMessage>| m.into_iter().map(|m| m.body).collect::<Vec<_>>();
         assert_eq!(bodies(q.receive(1).await.unwrap()), ["b0"], "b has waited since a's turn");
         assert_eq!(bodies(q.receive(2).await.unwrap()), ["a1", "b1"]);
     }
@@ -589,6 +588,19 @@ mod tests {
         assert_eq!(dlq[0].1[DEAD_LETTER_REASON], "undecodable: expected value");
     }
 
+    fn bodies(messages: Vec<ReceivedMessage>) -> Vec<String> {
+        messages.into_iter().map(|m| m.body).collect()
+    }
+
+    /// Deletes `receipt`, failing the test if the delete waits for its commit (the writer may be
+    /// held: a delete that waited would hang).
+    async fn delete_unwaited(q: &EmbeddedQueue, receipt: &str) {
+        tokio::time::timeout(Duration::from_secs(30), q.delete(receipt))
+            .await
+            .expect("the delete waited for its commit")
+            .unwrap();
+    }
+
     /// Holds the writer thread inside a job until the returned sender is dropped or sent to.
     /// Returns once the job runs, so its group is formed: every write after it waits, and those
     /// queued meanwhile share the next group.
@@ -616,17 +628,17 @@ mod tests {
             }
             let got = q.receive(1).await.unwrap();
             let go = hold_the_writer(&q);
-            // Nothing can commit while the writer is held: a delete that waited would hang here.
-            tokio::time::timeout(Duration::from_secs(30), q.delete(&got[0].receipt))
-                .await
-                .expect("the delete waited for its commit")
-                .unwrap();
+            // Nothing can commit while the writer is held.
+            delete_unwaited(&q, &got[0].receipt).await;
             assert!(q.delete(&got[0].receipt).await.is_err(), "the receipt is spent at once");
             // A receive writes (and waits for) the receive counts: the writer must go on first.
             go.send(()).unwrap();
             clock.advance_ms(3_600_000);
-            let again: Vec<String> = q.receive(10).await.unwrap().into_iter().map(|m| m.body).collect();
-            assert_eq!(again, ["b"], "the deleted message is never handed out again");
+            assert_eq!(
+                bodies(q.receive(10).await.unwrap()),
+                ["b"],
+                "the deleted message is never handed out again"
+            );
         }
         // Dropping the last handle lets the writer finish what it holds: the delete is in the file.
         let q = open(dir.path(), clock.clone()).await;
@@ -642,10 +654,7 @@ mod tests {
         q.send("a", BTreeMap::new()).await.unwrap();
         let got = q.receive_for(1, Some(Duration::from_millis(500))).await.unwrap();
         let go = hold_the_writer(&q);
-        tokio::time::timeout(Duration::from_secs(30), q.delete(&got[0].receipt))
-            .await
-            .expect("the delete waited for its commit")
-            .unwrap();
+        delete_unwaited(&q, &got[0].receipt).await;
         // A job queued after the delete, in the same group, fails: the group is abandoned.
         let failing =
             q.queues.db.submit(|_txn| Err::<(), QueueError>(QueueError::Unavailable("disk".into())));
