@@ -14,9 +14,12 @@ pub struct ThroughputRun {
     pub backend: String,
     /// Tasks submitted.
     pub tasks: usize,
+    /// The open-loop rate offered, tasks a second; `None` for the closed-loop run (as fast as its
+    /// clients are answered).
+    pub offered_per_s: Option<f64>,
     /// `POST /v1/tasks` answered per second (concurrent clients).
     pub ingress_per_s: f64,
-    /// `POST /v1/tasks` latency p50 and p99, ms.
+    /// `POST /v1/tasks` latency p50 and p99, ms (open loop: from each POST's scheduled time).
     pub ingress_latency_ms: [f64; 2],
     /// Tasks completed per second, first submission to last completion.
     pub tasks_per_s: f64,
@@ -50,9 +53,16 @@ pub struct ThroughputReport {
     /// CPUs the machine offers (`available_parallelism`): the bench's clients and the server share
     /// them.
     pub cores: usize,
-    /// One run per backend.
+    /// One closed-loop run per backend.
     pub runs: Vec<ThroughputRun>,
+    /// Embedded, open loop: tasks offered at each of [`OPEN_LOOP_SHARES`] of the closed-loop run's
+    /// tasks/s, so the latencies are those of a server below its limit rather than of a queue the
+    /// bench's own client count sets.
+    pub open_loop: Vec<ThroughputRun>,
 }
+
+/// The shares of the embedded closed-loop run's tasks/s that the open-loop runs offer.
+pub const OPEN_LOOP_SHARES: [f64; 2] = [0.5, 0.8];
 
 /// `tasks` interactive tasks from `clients` concurrent clients against `lanes dev` (offline model, no
 /// simulated latency): on embedded defaults, then on Redis + moto when `redis-server` and the venv's
@@ -68,9 +78,14 @@ pub async fn throughput_report(
     capacity: usize,
     backend: Option<&str>,
 ) -> Result<ThroughputReport, String> {
-    let mut runs = Vec::new();
+    let (mut runs, mut open_loop) = (Vec::new(), Vec::new());
     if backend != Some("aws") {
-        runs.push(throughput_run("embedded", &[], &[], tasks, clients, capacity).await?);
+        let closed = throughput_run("embedded", &[], &[], tasks, Load::Closed { clients }, capacity).await?;
+        for share in OPEN_LOOP_SHARES {
+            let load = Load::Open { per_s: (share * closed.tasks_per_s).round().max(1.0) };
+            open_loop.push(throughput_run("embedded", &[], &[], tasks, load, capacity).await?);
+        }
+        runs.push(closed);
     }
     if backend != Some("embedded") {
         match crate::aws_services() {
@@ -80,7 +95,7 @@ pub async fn throughput_report(
                     &["--backend", "aws", "--create"],
                     &env,
                     aws_tasks.unwrap_or(tasks),
-                    clients,
+                    Load::Closed { clients },
                     capacity,
                 )
                 .await?,
@@ -101,7 +116,20 @@ pub async fn throughput_report(
         capacity,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         runs,
+        open_loop,
     })
+}
+
+/// How the bench's clients offer their tasks.
+#[derive(Debug, Clone, Copy)]
+enum Load {
+    /// `clients` clients, each submitting its next task as soon as its last is answered: the rate
+    /// is whatever the server sustains, and by Little's law the mean latency is `clients` over it.
+    Closed { clients: usize },
+    /// One submission every `1 / per_s` seconds on a fixed schedule, whatever the answers: the
+    /// latency is measured from each submission's scheduled time, so a server that falls behind is
+    /// charged for the wait it causes (no coordinated omission).
+    Open { per_s: f64 },
 }
 
 async fn throughput_run(
@@ -109,7 +137,7 @@ async fn throughput_run(
     extra: &[&str],
     env: &[(String, String)],
     tasks: usize,
-    clients: usize,
+    load: Load,
     capacity: usize,
 ) -> Result<ThroughputRun, String> {
     let dir = crate::temp_dir().map_err(|e| e.to_string())?;
@@ -119,11 +147,59 @@ async fn throughput_run(
     let client = reqwest::Client::new();
     let started = Instant::now();
     let started_ms = lanes_tests::now_ms();
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let client_cpu_before = cpu_ms(Some(std::process::id()));
+    let submitted = match load {
+        Load::Closed { clients } => submit_closed(&client, &server.url, tasks, clients).await?,
+        Load::Open { per_s } => submit_open(&client, &server.url, tasks, per_s).await?,
+    };
+    let ingress_s = started.elapsed().as_secs_f64();
+    let client_cpu_ms =
+        cpu_ms(Some(std::process::id())).zip(client_cpu_before).map_or(0.0, |(after, before)| after - before);
+    let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
+    let last = match load {
+        Load::Closed { clients } => clients,
+        Load::Open { .. } => 32,
+    };
+    let (done, cpu_ms, written) = await_completions(&client, &server, backend, &submitted, last).await?;
+    let last_ms = done.iter().map(|(_, finished)| *finished).max().unwrap_or(started_ms);
+    let mut task_ms: Vec<f64> = done.iter().map(|(c, f)| f.saturating_sub(*c) as f64).collect();
+    let peak = server.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ThroughputRun {
+        backend: backend.into(),
+        tasks,
+        offered_per_s: match load {
+            Load::Closed { .. } => None,
+            Load::Open { per_s } => Some(per_s),
+        },
+        ingress_per_s: tasks as f64 / ingress_s,
+        ingress_latency_ms: [
+            crate::percentile(&mut ingress_ms, 50.0),
+            crate::percentile(&mut ingress_ms, 99.0),
+        ],
+        // First submission to the last completion, by the server's clock (the same machine's).
+        tasks_per_s: done.len() as f64 / (last_ms.saturating_sub(started_ms).max(1) as f64 / 1000.0),
+        latency_samples: task_ms.len(),
+        task_latency_ms: [crate::percentile(&mut task_ms, 50.0), crate::percentile(&mut task_ms, 99.0)],
+        peak_rss_mib: peak,
+        server_cpu_ms_per_task: cpu_ms / tasks.max(1) as f64,
+        disk_kib_per_task: written as f64 / 1024.0 / tasks.max(1) as f64,
+        client_cpu_ms_per_task: client_cpu_ms / tasks.max(1) as f64,
+    })
+}
+
+/// `tasks` submissions from `clients` closed-loop clients: each task's id and its POST's latency, ms.
+async fn submit_closed(
+    client: &reqwest::Client,
+    url: &str,
+    tasks: usize,
+    clients: usize,
+) -> Result<Vec<(String, f64)>, String> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut handles = Vec::new();
     for _ in 0..clients {
-        let (client, url, next) = (client.clone(), server.url.clone(), next.clone());
+        let (client, url, next) = (client.clone(), url.to_owned(), next.clone());
         handles.push(tokio::spawn(async move {
             let mut out = Vec::new();
             loop {
@@ -142,27 +218,62 @@ async fn throughput_run(
     for h in handles {
         submitted.extend(h.await.map_err(|e| e.to_string())??);
     }
-    let ingress_s = started.elapsed().as_secs_f64();
-    let client_cpu_ms =
-        cpu_ms(Some(std::process::id())).zip(client_cpu_before).map_or(0.0, |(after, before)| after - before);
-    let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
+    Ok(submitted)
+}
+
+/// `tasks` submissions on a fixed schedule of `per_s` a second, each sent at its time whether or not
+/// the earlier ones were answered: each task's id and its POST's latency from its scheduled time, ms.
+async fn submit_open(
+    client: &reqwest::Client,
+    url: &str,
+    tasks: usize,
+    per_s: f64,
+) -> Result<Vec<(String, f64)>, String> {
+    let start = tokio::time::Instant::now();
+    let mut handles = Vec::with_capacity(tasks);
+    for i in 0..tasks {
+        let at = start + Duration::from_secs_f64(i as f64 / per_s);
+        tokio::time::sleep_until(at).await;
+        let (client, url) = (client.clone(), url.to_owned());
+        handles.push(tokio::spawn(async move {
+            let id = crate::submit_task(&client, &url, "explain", &format!("open-loop task {i}")).await?;
+            Ok::<_, String>((id, at.elapsed().as_secs_f64() * 1000.0))
+        }));
+    }
+    let mut submitted = Vec::with_capacity(tasks);
+    for h in handles {
+        submitted.push(h.await.map_err(|e| e.to_string())??);
+    }
+    Ok(submitted)
+}
+
+/// Waits for every submitted task to end (the last `last` submitted first), then reads each once:
+/// the completed ones' (created, finished) timestamps, and the server's CPU ms and bytes written up
+/// to the last completion.
+async fn await_completions(
+    client: &reqwest::Client,
+    server: &DevServer,
+    backend: &str,
+    submitted: &[(String, f64)],
+    last: usize,
+) -> Result<(Vec<(u64, u64)>, f64, u64), String> {
     // The last submissions are the last to run: wait for those first (a light load on the server
     // while it works), then read every task once for its timestamps.
     // Ten minutes: moto, one request at a time, needs about five for 3,000 tasks.
     let until = Instant::now() + Duration::from_secs(600);
-    for (id, _) in submitted.iter().rev().take(clients) {
-        while Instant::now() < until && timestamps(&client, &server.url, id).await.is_none() {
+    for (id, _) in submitted.iter().rev().take(last) {
+        while Instant::now() < until && timestamps(client, &server.url, id).await.is_none() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
     // Before the reads below, which are the bench's and not the work's.
     let (cpu_ms, written) = (cpu_ms(server.pid()).unwrap_or(0.0), written_bytes(server.pid()).unwrap_or(0));
-    let mut done = Vec::with_capacity(tasks);
+    let mut done = Vec::with_capacity(submitted.len());
     let mut pending: Vec<&String> = submitted.iter().map(|(id, _)| id).collect();
     while !pending.is_empty() && Instant::now() < until {
         let mut still = Vec::new();
         for id in pending {
-            match timestamps(&client, &server.url, id).await {
+            match timestamps(client, &server.url, id).await {
                 Some(Ended::Completed(created, finished)) => done.push((created, finished)),
                 Some(Ended::Otherwise) => {} // finished but not completed: not counted
                 None => still.push(id),
@@ -175,30 +286,10 @@ async fn throughput_run(
     }
     if !pending.is_empty() {
         // A rate over the tasks that happened to finish would flatter the backend: no figure.
-        return Err(format!("{backend}: {} of {tasks} tasks not finished within 10 minutes", pending.len()));
+        let n = submitted.len();
+        return Err(format!("{backend}: {} of {n} tasks not finished within 10 minutes", pending.len()));
     }
-    let last_ms = done.iter().map(|(_, finished)| *finished).max().unwrap_or(started_ms);
-    let mut task_ms: Vec<f64> = done.iter().map(|(c, f)| f.saturating_sub(*c) as f64).collect();
-    let peak = server.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(ThroughputRun {
-        backend: backend.into(),
-        tasks,
-        ingress_per_s: tasks as f64 / ingress_s,
-        ingress_latency_ms: [
-            crate::percentile(&mut ingress_ms, 50.0),
-            crate::percentile(&mut ingress_ms, 99.0),
-        ],
-        // First submission to the last completion, by the server's clock (the same machine's).
-        tasks_per_s: done.len() as f64 / (last_ms.saturating_sub(started_ms).max(1) as f64 / 1000.0),
-        latency_samples: task_ms.len(),
-        task_latency_ms: [crate::percentile(&mut task_ms, 50.0), crate::percentile(&mut task_ms, 99.0)],
-        peak_rss_mib: peak,
-        server_cpu_ms_per_task: cpu_ms / tasks.max(1) as f64,
-        disk_kib_per_task: written as f64 / 1024.0 / tasks.max(1) as f64,
-        client_cpu_ms_per_task: client_cpu_ms / tasks.max(1) as f64,
-    })
+    Ok((done, cpu_ms, written))
 }
 
 /// User and system CPU time of process `pid` and all its threads, ms (`/proc/<pid>/stat` counts
@@ -269,6 +360,19 @@ impl std::fmt::Display for ThroughputReport {
                 run.server_cpu_ms_per_task,
                 run.disk_kib_per_task,
                 run.client_cpu_ms_per_task
+            )?;
+        }
+        for run in &self.open_loop {
+            writeln!(
+                f,
+                "embedded, open loop at {:.0} tasks/s: ingress p50/p99 {:.1} / {:.1} ms, tasks/s {:.0}, task p50/p99 {:.0} / {:.0} ms, CPU ms/t {:.3}",
+                run.offered_per_s.unwrap_or(0.0),
+                run.ingress_latency_ms[0],
+                run.ingress_latency_ms[1],
+                run.tasks_per_s,
+                run.task_latency_ms[0],
+                run.task_latency_ms[1],
+                run.server_cpu_ms_per_task
             )?;
         }
         Ok(())
