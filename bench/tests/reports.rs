@@ -100,6 +100,9 @@ async fn the_throughput_bench_counts_the_servers_cost_and_its_own() {
     assert_eq!((run.backend.as_str(), run.latency_samples), ("embedded", 1000), "{run:?}");
     assert!(run.server_cpu_ms_per_task > 0.0 && run.client_cpu_ms_per_task > 0.0, "{run:?}");
     assert!(run.disk_kib_per_task > 0.0, "{run:?}");
+    // Every task's admission, claim and final write went through a group commit.
+    let g = run.group_commits.as_ref().unwrap();
+    assert!(g.per_task > 0.0 && g.per_task * g.writes_per_commit >= 3.0 && g.mean_ms > 0.0, "{g:?}");
     assert_eq!(r.open_loop.len(), lanes_bench::throughput::OPEN_LOOP_SHARES.len(), "{r:?}");
     for (open, share) in r.open_loop.iter().zip(lanes_bench::throughput::OPEN_LOOP_SHARES) {
         let offered = open.offered_per_s.unwrap();
@@ -107,7 +110,10 @@ async fn the_throughput_bench_counts_the_servers_cost_and_its_own() {
         assert_eq!(open.latency_samples, 1000, "{open:?}");
         // The last POST leaves at (n - 1) / rate: the ingress rate is at most the schedule's, and
         // a server below its limit keeps up with it.
-        assert!(open.ingress_per_s <= offered * 1000.0 / 999.0 && open.ingress_per_s > offered / 2.0, "{open:?}");
+        assert!(
+            open.ingress_per_s <= offered * 1000.0 / 999.0 && open.ingress_per_s > offered / 2.0,
+            "{open:?}"
+        );
     }
 }
 

@@ -258,6 +258,7 @@ fn write_groups(db: &Database, rx: &mpsc::Receiver<Job>, commits: &std::sync::at
 /// Runs one group of jobs in one transaction and answers each (see the module's Group commit).
 fn write_groups_of(db: &Database, group: Vec<Job>, commits: &std::sync::atomic::AtomicU64) {
     {
+        let began = std::time::Instant::now();
         let txn = match db.begin_write() {
             Ok(t) => t,
             Err(e) => {
@@ -299,6 +300,7 @@ fn write_groups_of(db: &Database, group: Vec<Job>, commits: &std::sync::atomic::
             let committed = txn.commit().map_err(|e| format!("embedded db: commit failed: {e}"));
             if committed.is_ok() {
                 commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                crate::metrics::group_commit::observe(done.len(), began.elapsed().as_secs_f64());
             }
             committed
         };

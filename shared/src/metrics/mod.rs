@@ -5,6 +5,7 @@
 //! format itself is [`emf`]'s.
 
 pub mod emf;
+pub mod group_commit;
 pub mod tenants;
 
 use emf::emf_group;
@@ -339,11 +340,14 @@ impl Metrics {
 
     /// The process-wide series (recorded where no `Metrics` is at hand) join this registry.
     fn register_process_wide(&self) {
-        let process_wide: [(&str, Box<dyn prometheus::core::Collector>); 4] = [
+        let process_wide: [(&str, Box<dyn prometheus::core::Collector>); 7] = [
             ("lanes_aws_requests_total", Box::new(AWS_REQUESTS.clone())),
             ("lanes_llm_route_events_total", Box::new(LLM_ROUTE_EVENTS.clone())),
             ("lanes_handed_back_total", Box::new(HANDED_BACK.clone())),
             ("lanes_llm_limiter_wait_seconds_total", Box::new(LLM_LIMITER_WAIT.clone())),
+            ("lanes_embedded_group_commits_total", Box::new(group_commit::GROUP_COMMITS.clone())),
+            ("lanes_embedded_group_commit_writes_total", Box::new(group_commit::GROUP_COMMIT_WRITES.clone())),
+            ("lanes_embedded_group_commit_seconds", Box::new(group_commit::GROUP_COMMIT_SECONDS.clone())),
         ];
         for (name, collector) in process_wide {
             if let Err(e) = self.registry.register(collector) {
