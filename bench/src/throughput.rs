@@ -1,6 +1,7 @@
 //! `lanes bench throughput`: concurrent clients submitting interactive tasks to `lanes dev` (offline
 //! model, no latency) on embedded defaults and on Redis + moto: ingress and end-to-end rates, latency,
-//! peak memory.
+//! peak memory, and the embedded file's group commits. On embedded, the same load also comes on a
+//! fixed schedule below the measured limit (open loop), for latencies the client count does not set.
 
 use lanes_tests::DevServer;
 use serde::Serialize;
@@ -114,7 +115,8 @@ pub const OPEN_LOOP_SHARES: [f64; 2] = [0.5, 0.8];
 /// `tasks` interactive tasks from `clients` concurrent clients against `lanes dev` (offline model, no
 /// simulated latency): on embedded defaults, then on Redis + moto when `redis-server` and the venv's
 /// `moto_server` are there (`make test-deps` installs both). Ingress rate and latency, end-to-end rate
-/// and latency, peak memory of the server.
+/// and latency, peak memory of the server. On embedded, then, `tasks` more at each of
+/// [`OPEN_LOOP_SHARES`] of the closed loop's tasks/s, each on a fresh server.
 /// `backend`: `embedded` or `aws` alone, both when `None`. `aws_tasks`: the task count on Redis +
 /// moto, when it differs (moto answers one request at a time, so a run long enough to steady the
 /// embedded figures would take it an hour).
@@ -206,6 +208,8 @@ async fn throughput_run(
     let client_cpu_ms =
         cpu_ms(Some(std::process::id())).zip(client_cpu_before).map_or(0.0, |(after, before)| after - before);
     let mut ingress_ms: Vec<f64> = submitted.iter().map(|(_, ms)| *ms).collect();
+    // The submissions that may still be running: a closed loop's last round, or an open loop's
+    // last few.
     let last = match load {
         Load::Closed { clients } => clients,
         Load::Open { .. } => 32,
