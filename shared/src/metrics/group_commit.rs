@@ -1,8 +1,8 @@
-//! The embedded file's group commits, process-wide because the writer thread that makes them has no
-//! [`super::Metrics`] of its own: how many commits, how many writes they carried, and how long each
-//! group took (its writes run, its pages written and flushed). A write waits for the group under way
-//! and then for its own, so these explain local mode's write latency. Only local mode commits; in Lambda the
-//! series stay at zero, and zero counters are never sent as EMF.
+//! The embedded file's group commits, process-wide because the writer thread that makes them has
+//! no [`super::Metrics`] of its own: how many commits, how many writes they carried, and how long
+//! each group took (its writes run, its pages written and flushed). A write waits for the group
+//! under way and then for its own, so these explain local mode's write latency. Only local mode
+//! commits; in Lambda the series stay at zero, and zero counters are never sent as EMF.
 
 use prometheus::{Histogram, HistogramOpts, IntCounter};
 use std::sync::LazyLock;
