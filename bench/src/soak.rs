@@ -214,11 +214,8 @@ fn sizes(path: &std::path::Path) -> Result<(u64, u64, u64), String> {
 /// The interactive lane's messages queued and in flight, from the server's `/metrics`.
 async fn backlog(client: &reqwest::Client, url: &str) -> Option<u64> {
     let text = client.get(format!("{url}/metrics")).send().await.ok()?.text().await.ok()?;
-    let gauge = |name: &str| {
-        let prefix = format!("{name}{{lane=\"interactive\"}} ");
-        text.lines().find_map(|l| l.strip_prefix(&prefix)?.trim().parse::<u64>().ok())
-    };
-    Some(gauge("lanes_queue_depth")? + gauge("lanes_queue_in_flight")?)
+    let gauge = |name: &str| lanes_tests::sample_value(&text, &format!("{name}{{lane=\"interactive\"}}"));
+    Some((gauge("lanes_queue_depth")? + gauge("lanes_queue_in_flight")?) as u64)
 }
 
 impl std::fmt::Display for SoakReport {

@@ -64,9 +64,7 @@ pub struct GroupCommits {
 impl GroupCommits {
     /// Read from a Prometheus text exposition; `None` when it has no group commits.
     pub fn parse(text: &str, tasks: usize) -> Option<Self> {
-        let value = |name: &str| {
-            text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
-        };
+        let value = |name: &str| lanes_tests::sample_value(text, name);
         let commits = value("lanes_embedded_group_commits_total").filter(|c| *c > 0.0)?;
         let writes = value("lanes_embedded_group_commit_writes_total")?;
         let sum = value("lanes_embedded_group_commit_seconds_sum")?;

@@ -240,10 +240,14 @@ impl DevServer {
             .text()
             .await
             .unwrap_or_default();
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse().ok()))
-            .unwrap_or(0.0)
+        sample_value(&text, sample).unwrap_or(0.0)
     }
+}
+
+/// Value of a Prometheus sample (`name` or `name{labels}`) in a text exposition; `None` when the
+/// text has no such sample.
+pub fn sample_value(text: &str, sample: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.trim().parse().ok()))
 }
 
 impl Drop for DevServer {

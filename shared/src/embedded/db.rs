@@ -353,10 +353,16 @@ mod tests {
         (open, held)
     }
 
+    /// Also: each group commit is counted on the process-wide series `/metrics` shows, with the
+    /// writes it carried and its time. Other tests commit in parallel, so those counts grow by at
+    /// least as much; without the counting they would not grow at all.
     #[tokio::test]
     async fn writes_waiting_together_share_one_commit_and_each_is_answered_after_it() {
+        use crate::metrics::group_commit::{GROUP_COMMIT_SECONDS, GROUP_COMMIT_WRITES, GROUP_COMMITS};
         let dir = tempfile::tempdir().unwrap();
         let db = EmbeddedDb::open(dir.path()).unwrap();
+        let before =
+            (GROUP_COMMITS.get(), GROUP_COMMIT_WRITES.get(), GROUP_COMMIT_SECONDS.get_sample_count());
         let (open, held) = hold_writer(&db);
         let pending: Vec<_> = (0..200u64).map(|i| db.submit(insert(format!("k{i}"), i))).collect();
         drop(open);
@@ -366,35 +372,15 @@ mod tests {
         }
         // The held job's own commit, then one for the 200 that waited behind it.
         assert_eq!(db.commits(), 2);
+        assert!(GROUP_COMMITS.get() >= before.0 + 2 && GROUP_COMMIT_WRITES.get() >= before.1 + 200);
+        assert!(GROUP_COMMIT_SECONDS.get_sample_count() >= before.2 + 2);
+        let text = crate::metrics::Metrics::new().render();
+        assert!(text.contains("lanes_embedded_group_commit_writes_total"), "{text}");
         assert_eq!(read(&db, "k199").await, Some(199));
         // Durable on return: a fresh handle on the file sees them.
         drop(db);
         let db = EmbeddedDb::open(dir.path()).unwrap();
         assert_eq!(read(&db, "k0").await, Some(0));
-    }
-
-    /// Each group commit is counted on the process-wide series `/metrics` shows, with the writes it
-    /// carried and its time. Other tests commit in parallel: the counts grow by at least as much,
-    /// and without the counting they would not grow at all.
-    #[tokio::test]
-    async fn group_commits_are_counted_with_their_writes_and_time() {
-        use crate::metrics::group_commit::{GROUP_COMMIT_SECONDS, GROUP_COMMIT_WRITES, GROUP_COMMITS};
-        let dir = tempfile::tempdir().unwrap();
-        let db = EmbeddedDb::open(dir.path()).unwrap();
-        let before =
-            (GROUP_COMMITS.get(), GROUP_COMMIT_WRITES.get(), GROUP_COMMIT_SECONDS.get_sample_count());
-        let (open, held) = hold_writer(&db);
-        let pending: Vec<_> = (0..50u64).map(|i| db.submit(insert(format!("k{i}"), i))).collect();
-        drop(open);
-        held.wait().await.unwrap();
-        for p in pending {
-            p.wait().await.unwrap();
-        }
-        assert!(GROUP_COMMITS.get() > before.0);
-        assert!(GROUP_COMMIT_WRITES.get() >= before.1 + 50);
-        assert!(GROUP_COMMIT_SECONDS.get_sample_count() > before.2);
-        let text = crate::metrics::Metrics::new().render();
-        assert!(text.contains("lanes_embedded_group_commit_writes_total"), "{text}");
     }
 
     #[tokio::test]
