@@ -6,6 +6,7 @@ mod admission;
 mod batches;
 mod cache;
 mod db;
+mod deliveries;
 mod events;
 mod expiring;
 mod lock;

@@ -1,8 +1,9 @@
-//! Embedded summary store: immutable commit summaries and webhook delivery markers in the same redb
-//! file as the queues, with the DynamoDB adapter's semantics (write once, newest-first pages, delivery
-//! markers that expire).
+//! Embedded summary store: immutable commit summaries in the same redb file as the queues, with
+//! the DynamoDB adapter's semantics (write once, newest-first pages); the webhook's delivery marks
+//! and push counts it answers for are [`super::deliveries`]'s.
 
 use super::db::EmbeddedDb;
+use super::deliveries::{self, PUSHED};
 use crate::domain::commit::CommitSummary;
 use crate::domain::{RepoId, Sha};
 use crate::ports::{StoreError, SummaryPage, SummaryStore, WriteOnce};
@@ -14,10 +15,6 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 const BY_REPO: TableDefinition<&str, &[u8]> = TableDefinition::new("summaries_by_repo");
 /// Key `repo_id:sha` -> `order_key`.
 const BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("summaries");
-/// Delivery id -> expiry (Unix ms).
-const DELIVERIES: TableDefinition<&str, u64> = TableDefinition::new("deliveries");
-/// Commits pushed per repository and UTC day: `<repo_id>#<day>` -> count.
-const PUSHED: TableDefinition<&str, u64> = TableDefinition::new("pushed_per_day");
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
@@ -157,12 +154,7 @@ impl SummaryStore for EmbeddedSummaries {
         // A replay (the delivery still marked) writes nothing.
         self.db
             .submit_maybe(move |txn| {
-                let mut t = txn.open_table(DELIVERIES).map_err(unavailable)?;
-                let live = t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms);
-                if !live {
-                    t.insert(id.as_str(), now_ms + ttl_secs * 1000).map_err(unavailable)?;
-                }
-                Ok((!live, !live))
+                deliveries::mark(txn, &id, now_ms, ttl_secs).map(|marked| (marked, marked))
             })
             .wait()
             .await
@@ -193,62 +185,12 @@ impl SummaryStore for EmbeddedSummaries {
     }
 
     async fn sweep_expired(&self, now_ms: u64, max: usize) -> Result<usize, StoreError> {
-        // A day's count is needed until the day is over (the budget's window); yesterday's is kept
-        // for a clock that lags.
-        let today = now_ms / 86_400_000;
-        self.db
-            .submit_maybe(move |txn| {
-                let mut gone = 0;
-                let mut deliveries = txn.open_table(DELIVERIES).map_err(unavailable)?;
-                let expired: Vec<String> = deliveries
-                    .iter()
-                    .map_err(unavailable)?
-                    .filter_map(Result::ok)
-                    .filter(|(_, v)| v.value() <= now_ms)
-                    .map(|(k, _)| k.value().to_owned())
-                    .take(max)
-                    .collect();
-                for k in &expired {
-                    deliveries.remove(k.as_str()).map_err(unavailable)?;
-                }
-                gone += expired.len();
-                let mut pushed = txn.open_table(PUSHED).map_err(unavailable)?;
-                let past: Vec<String> = pushed
-                    .iter()
-                    .map_err(unavailable)?
-                    .filter_map(Result::ok)
-                    .map(|(k, _)| k.value().to_owned())
-                    .filter(|k| {
-                        k.rsplit('#')
-                            .next()
-                            .and_then(|d| d.parse::<u64>().ok())
-                            .is_some_and(|d| d + 1 < today)
-                    })
-                    .take(max.saturating_sub(gone))
-                    .collect();
-                for k in &past {
-                    pushed.remove(k.as_str()).map_err(unavailable)?;
-                }
-                gone += past.len();
-                Ok((gone, gone > 0))
-            })
-            .wait()
-            .await
+        deliveries::sweep(&self.db, now_ms, max).await
     }
 
     async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError> {
         let id = delivery.to_owned();
-        self.db
-            .run(move |db| {
-                let txn = db.begin_read().map_err(unavailable)?;
-                let t = match txn.open_table(DELIVERIES) {
-                    Ok(t) => t,
-                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
-                    Err(e) => return Err(unavailable(e)),
-                };
-                Ok(t.get(id.as_str()).map_err(unavailable)?.is_some_and(|v| v.value() > now_ms))
-            })
-            .await
+        self.db.run(move |db| deliveries::seen(db, &id, now_ms)).await
     }
 }
 
