@@ -170,7 +170,7 @@ pub(super) fn delete_expired(txn: &WriteTransaction, found: &Expired) -> Result<
 /// One round of the sweep on `db`: indexes an older file's marks first (once), then reads what has
 /// expired and deletes it in one write: how many it deleted.
 pub(super) async fn sweep(db: &EmbeddedDb, now_ms: u64, max: usize) -> Result<usize, StoreError> {
-    if !db.run(|db| indexed(db)).await? {
+    if !db.run(indexed).await? {
         db.submit_maybe(|txn| index_unindexed(txn).map(|wrote| ((), wrote))).wait().await?;
     }
     let found = db.run(move |db| find_expired(db, now_ms, max)).await?;
@@ -234,9 +234,9 @@ mod tests {
         })
         .await
         .unwrap();
-        assert!(!db.run(|db| indexed(db)).await.unwrap());
+        assert!(!db.run(indexed).await.unwrap());
         assert_eq!(sweep(&db, 2 * DAY, 100).await.unwrap(), 2);
-        assert!(db.run(|db| indexed(db)).await.unwrap());
+        assert!(db.run(indexed).await.unwrap());
         assert!(live(&db, "young", 2 * DAY).await && !live(&db, "old-1", 2 * DAY).await);
         let commits = db.commits();
         assert_eq!(sweep(&db, 2 * DAY, 100).await.unwrap(), 0);
