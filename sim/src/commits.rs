@@ -98,14 +98,14 @@ impl SummaryStore for FaultySummaries {
     }
     async fn count_pushed(
         &self,
-        repo_id: &RepoId,
+        scope: &lanes_core::domain::commit::PushScope,
         day: u64,
         commits: i64,
         limit: u64,
     ) -> Result<bool, StoreError> {
-        let key = repo_id.to_string();
+        let key = scope.to_string();
         let d = self.ctx.pre::<StoreError>(Port::Store, "count_pushed", &key).await?;
-        let r = self.inner.count_pushed(repo_id, day, commits, limit).await;
+        let r = self.inner.count_pushed(scope, day, commits, limit).await;
         self.ctx.post(d, "count_pushed", &key, r).await
     }
 }

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use lanes_core::domain::TokenUsage;
-use lanes_core::domain::commit::{CommitSummary, SummarySource};
+use lanes_core::domain::commit::{CommitSummary, PushScope, SummarySource};
 use lanes_core::domain::fairness::GROUP_ATTRIBUTE;
 use lanes_core::domain::lifecycle::{self, Command, Event, Guard, TRANSITIONS};
 use lanes_core::domain::{RepoId, Sha, TaskId, TaskRecord, TaskRequest, TaskResult, TaskStatus};
@@ -610,14 +610,22 @@ pub async fn summary_store(s: &dyn SummaryStore) {
     assert!(!s.delivery_seen("github:d1", 62_000).await.unwrap(), "expired");
     assert!(s.mark_delivery("github:d1", 62_000, 60).await.unwrap(), "expired");
     // Commits pushed per repository and day: all of a push or none, within the limit; give-backs.
-    let repo = RepoId::parse("github:77").unwrap();
+    let scope = |id: &str, repo: &str| PushScope::of(&RepoId::parse(id).unwrap(), repo);
+    let repo = scope("github:77", "octo/app");
     assert!(s.count_pushed(&repo, 20_000, 2, 3).await.unwrap());
     assert!(!s.count_pushed(&repo, 20_000, 2, 3).await.unwrap(), "2 + 2 > 3: none of them");
     assert!(s.count_pushed(&repo, 20_001, 3, 3).await.unwrap(), "a new day");
     assert!(s.count_pushed(&repo, 20_000, -2, u64::MAX).await.unwrap(), "a give-back");
     assert!(s.count_pushed(&repo, 20_000, 3, 3).await.unwrap(), "the room given back is taken");
     assert!(!s.count_pushed(&repo, 20_000, 1, 3).await.unwrap());
-    assert!(!s.count_pushed(&RepoId::parse("github:78").unwrap(), 20_000, 4, 3).await.unwrap(), "over alone");
+    assert!(!s.count_pushed(&scope("github:78", "octo/app"), 20_000, 4, 3).await.unwrap(), "over alone");
+    // The same id signed for another owner (a push pairing this id with its own owner's name) is
+    // counted apart: it neither finds the day full nor fills it.
+    assert!(s.count_pushed(&scope("github:77", "mallory/app"), 20_000, 3, 3).await.unwrap(), "another owner");
+    assert!(
+        !s.count_pushed(&scope("github:77", "OCTO/other"), 20_000, 1, 3).await.unwrap(),
+        "one owner, any case"
+    );
 }
 
 /// The results store: an object reads back byte for byte, a key never written reads as none, and

@@ -3,7 +3,10 @@
 //! repository's daily commit budget (`LANES_REPO_DAILY_COMMITS`) at the door.
 //!
 //! The budget is counted where the webhook can reach it, the store (one conditional update per
-//! push, so parallel deliveries never pass it). A push whose listed commits would take the
+//! push, so parallel deliveries never pass it), per repository id and the owner the push was
+//! signed for ([`PushScope`]): the id is only what the push claims until the commits worker asks
+//! the host, so a push signed for one owner that claims another's repository counts in a day of its
+//! own. A push whose listed commits would take the
 //! repository's day past its budget is answered `429` with `Retry-After` to the next UTC day and
 //! stores nothing: no message, no delivery marker, so the host's redelivery after midnight is
 //! accepted. A push whose commits could not all be sent gives its count back before it answers
@@ -12,7 +15,7 @@
 //! store unreachable the push is refused (`503`), as its replay check is.
 
 use super::webhook::Webhook;
-use crate::domain::commit::CommitsMessage;
+use crate::domain::commit::{CommitsMessage, PushScope};
 use crate::problem::Problem;
 use axum::http::StatusCode;
 use std::collections::BTreeMap;
@@ -22,6 +25,7 @@ const DAY_MS: u64 = 86_400_000;
 
 /// The repository's day and count a push took, to give back if its commits are not all sent.
 struct Taken {
+    scope: PushScope,
     day: u64,
     commits: i64,
 }
@@ -32,7 +36,7 @@ impl Webhook {
         let taken = self.take_budget(push).await?;
         let sent = self.send_all(push).await;
         if let (Err(_), Some(t)) = (&sent, taken)
-            && let Err(e) = self.store.count_pushed(&push.repo_id, t.day, -t.commits, u64::MAX).await
+            && let Err(e) = self.store.count_pushed(&t.scope, t.day, -t.commits, u64::MAX).await
         {
             warn!(error = %e, "a refused push's commits are not given back to its repository's day");
         }
@@ -50,8 +54,9 @@ impl Webhook {
         }
         let now = self.clock.now_ms();
         let day = now / DAY_MS;
-        match self.store.count_pushed(&push.repo_id, day, listed, limit).await {
-            Ok(true) => Ok(Some(Taken { day, commits: listed })),
+        let scope = PushScope::of(&push.repo_id, &push.repo);
+        match self.store.count_pushed(&scope, day, listed, limit).await {
+            Ok(true) => Ok(Some(Taken { scope, day, commits: listed })),
             Ok(false) => {
                 let provider = push.repo_id.provider().as_str();
                 self.metrics.webhook_deliveries_total.with_label_values(&[provider, "over_budget"]).inc();

@@ -766,6 +766,43 @@ mod tests {
         assert_eq!(r.queue.depth().await.unwrap().visible, 5);
     }
 
+    /// The budget counts a repository's pushes by the owner they were signed for: a push signed
+    /// for one owner that claims another repository's id (the forgery the commits worker refuses
+    /// once the host names the id) fills a day of its own, and the repository's own pushes still
+    /// fit in theirs.
+    #[tokio::test]
+    async fn a_push_claiming_another_repositorys_id_does_not_use_up_its_day() {
+        let config = WebhookConfig {
+            github_secret: Some("shared".into()),
+            owner_secrets: Some(r#"{"github": {"victim-org": "victim-own"}}"#.into()),
+            daily_commits: Some(2),
+            ..Default::default()
+        };
+        let r = rig_with(config).await;
+        let push = |name: &str, key: &'static [u8], delivery: &'static str, shas: [&str; 2]| {
+            let shas = shas.map(|c| c.repeat(40));
+            let body =
+                github_push(42, &shas[0], &[(&shas[0], true), (&shas[1], true)]).replace("octo/repo", name);
+            let sig = github_signature(key, body.as_bytes());
+            let r = &r;
+            async move {
+                let h = [
+                    ("x-github-event", "push"),
+                    ("x-github-delivery", delivery),
+                    ("x-hub-signature-256", &sig),
+                ];
+                deliver(r, "/webhooks/github", &h, &body).await.0
+            }
+        };
+        assert_eq!(push("mallory/app", b"shared", "d-1", ["a", "b"]).await, StatusCode::ACCEPTED);
+        assert_eq!(push("mallory/app", b"shared", "d-2", ["c", "d"]).await, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(push("victim-org/app", b"victim-own", "d-3", ["e", "f"]).await, StatusCode::ACCEPTED);
+        assert_eq!(
+            push("Victim-Org/app", b"victim-own", "d-4", ["2", "3"]).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+
     #[tokio::test]
     async fn github_push_ping_replay_and_bad_signatures() {
         let r = rig().await;

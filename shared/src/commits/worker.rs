@@ -853,12 +853,12 @@ mod tests {
         }
         async fn count_pushed(
             &self,
-            repo_id: &RepoId,
+            scope: &crate::domain::commit::PushScope,
             day: u64,
             commits: i64,
             limit: u64,
         ) -> Result<bool, StoreError> {
-            self.inner.count_pushed(repo_id, day, commits, limit).await
+            self.inner.count_pushed(scope, day, commits, limit).await
         }
     }
 
@@ -1071,12 +1071,12 @@ mod tests {
         }
         async fn count_pushed(
             &self,
-            repo_id: &RepoId,
+            scope: &crate::domain::commit::PushScope,
             day: u64,
             commits: i64,
             limit: u64,
         ) -> Result<bool, StoreError> {
-            self.inner.count_pushed(repo_id, day, commits, limit).await
+            self.inner.count_pushed(scope, day, commits, limit).await
         }
     }
 

@@ -156,6 +156,33 @@ pub enum CommitsMessage {
     Commit(CommitMessage),
 }
 
+/// What a repository's daily commit budget at the webhook counts pushes by: the repository's id
+/// and the owner the push was signed for (the owner whose webhook secret verified it), hashed as
+/// its fair-order group. The id alone is what the push claims: a push that pairs another
+/// repository's id with its own owner's name (which the commits worker refuses once the host says
+/// what the id names) is counted apart from that repository's, so it cannot use up its day.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PushScope {
+    /// The repository the push claims.
+    pub repo_id: RepoId,
+    /// [`fairness::commit_group`] of the push's repository name.
+    pub owner: String,
+}
+
+impl PushScope {
+    /// The scope of a push to `repo_id` named `repo` (`owner/name`, or GitLab's
+    /// `path_with_namespace`).
+    pub fn of(repo_id: &RepoId, repo: &str) -> Self {
+        Self { repo_id: repo_id.clone(), owner: fairness::commit_group(repo_id.provider(), repo) }
+    }
+}
+
+impl std::fmt::Display for PushScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.repo_id, self.owner)
+    }
+}
+
 /// `repo_id:sha`.
 pub fn commit_key(repo_id: &RepoId, sha: &Sha) -> String {
     format!("{repo_id}:{sha}")

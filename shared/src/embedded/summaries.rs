@@ -162,12 +162,12 @@ impl SummaryStore for EmbeddedSummaries {
 
     async fn count_pushed(
         &self,
-        repo_id: &RepoId,
+        scope: &crate::domain::commit::PushScope,
         day: u64,
         commits: i64,
         limit: u64,
     ) -> Result<bool, StoreError> {
-        let key = format!("{repo_id}#{day}");
+        let key = format!("{scope}#{day}");
         // The read and the write in one write transaction: atomic as DynamoDB's conditional update.
         self.db
             .submit_maybe(move |txn| {
@@ -205,7 +205,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let store = EmbeddedSummaries::new(EmbeddedDb::open(dir.path()).unwrap_or_else(|e| panic!("{e}")));
         let day = 86_400_000;
-        let repo = RepoId::parse("github:1").unwrap_or_else(|e| panic!("{e:?}"));
+        let repo = crate::domain::commit::PushScope::of(
+            &RepoId::parse("github:1").unwrap_or_else(|e| panic!("{e:?}")),
+            "octo/repo",
+        );
         for (id, ttl) in [("old", 60), ("new", 7 * 86_400)] {
             assert!(store.mark_delivery(id, 10 * day, ttl).await.unwrap_or(false));
         }

@@ -325,12 +325,13 @@ pub trait SummaryStore: Send + Sync {
     async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError>;
     /// Whether a delivery id is recorded (a replay of a delivery whose commits were enqueued).
     async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError>;
-    /// Adds `commits` to the commits pushed to `repo_id` on UTC day `day` (days since the epoch)
-    /// if the day's total stays within `limit`, in one conditional write: whether they were added.
-    /// A negative `commits` (a give-back) is always added. The counter outlives its day by a day.
+    /// Adds `commits` to the commits pushed in `scope` (a repository, by the owner that signed its
+    /// pushes) on UTC day `day` (days since the epoch) if the day's total stays within `limit`, in
+    /// one conditional write: whether they were added. A negative `commits` (a give-back) is always
+    /// added. The counter outlives its day by a day.
     async fn count_pushed(
         &self,
-        repo_id: &RepoId,
+        scope: &crate::domain::commit::PushScope,
         day: u64,
         commits: i64,
         limit: u64,

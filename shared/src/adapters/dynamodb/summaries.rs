@@ -139,7 +139,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
 
     async fn count_pushed(
         &self,
-        repo_id: &RepoId,
+        scope: &crate::domain::commit::PushScope,
         day: u64,
         commits: i64,
         limit: u64,
@@ -150,7 +150,7 @@ impl crate::ports::SummaryStore for DynamoSummaries {
             .client
             .update_item()
             .table_name(&self.table)
-            .key("pk", s(format!("pushed#{repo_id}#{day}")))
+            .key("pk", s(format!("pushed#{scope}#{day}")))
             .update_expression("ADD pushed :n SET expires_at = :exp")
             .expression_attribute_values(":n", AttributeValue::N(commits.to_string()))
             .expression_attribute_values(":exp", n(expires));
