@@ -3,7 +3,9 @@
 //!
 //! A push of generated commits, a force-push of a rebased history or a flood of new branches each
 //! bring new shas, and each new sha costs a diff fetch and its share of a model call. The budget is
-//! a counter per repository id and day, taken in the cache ([`crate::ports::Cache::reserve`], one
+//! a counter per repository id, the owner its push was for, and day (taken before the fetch asks
+//! the host what the id names, so a commit claiming another owner's repository counts apart and
+//! cannot fill that repository's day), taken in the cache ([`crate::ports::Cache::reserve`], one
 //! atomic step, so parallel workers never pass it) for every commit the cache and the store could
 //! not answer, before its diff is fetched. A commit over the budget waits for the next UTC day
 //! (`lanes_waits_total{lane="commits",why="quota"}`): nothing is dropped. A commit that took the
@@ -26,7 +28,7 @@ impl CommitsWorker {
         // A commit a batch's collector sent on took its day's budget when first fetched.
         let open: Vec<usize> = Self::open(groups).filter(|&g| groups[g].commit.escalated.is_none()).collect();
         let charges: Vec<_> =
-            open.iter().map(|&g| repo_commit(&groups[g].commit.repo_id, limit, now)).collect();
+            open.iter().map(|&g| repo_commit(&groups[g].commit.scope(), limit, now)).collect();
         let taken = join_all(charges.iter().map(|(c, _)| self.cache.reserve(std::slice::from_ref(c)))).await;
         for ((&g, (charge, day_left)), taken) in open.iter().zip(charges).zip(taken) {
             match taken {

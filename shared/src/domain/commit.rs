@@ -77,6 +77,11 @@ fn send_attributes(provider: Provider, repo: &str) -> BTreeMap<String, String> {
 }
 
 impl CommitMessage {
+    /// Whose budget the commit is charged to: its repository id, by the owner its push was for.
+    pub fn scope(&self) -> PushScope {
+        PushScope::of(&self.repo_id, &self.repo)
+    }
+
     /// The attributes it is sent with ([`send_attributes`]).
     pub fn send_attributes(&self) -> BTreeMap<String, String> {
         send_attributes(self.provider, &self.repo)

@@ -13,7 +13,8 @@
 //! most one call: a counter at zero always takes its first charge, or a call estimated above the
 //! whole budget could never run.
 
-use super::{RepoId, Tenant, hashed_tag};
+use super::commit::PushScope;
+use super::{Tenant, hashed_tag};
 use std::time::Duration;
 
 /// One minute, in milliseconds.
@@ -247,11 +248,13 @@ pub fn corrections(reservation: &[Planned], reserved: Cost, used: Cost) -> Vec<C
 }
 
 /// A repository's commits summarized on one UTC day: the charge of one more commit (at most
-/// `limit` a day), and how long until the day ends. Keyed by the repository's id, hashed, under its
-/// own hash tag. [`give_back`] undoes it for a commit that was not summarized.
-pub fn repo_commit(repo: &RepoId, limit: u64, now_ms: u64) -> (Charge, Duration) {
+/// `limit` a day), and how long until the day ends. Keyed by the repository's id and the owner its
+/// commits were pushed for ([`PushScope`]: taken before the host has said what the id names, so a
+/// commit that claims another owner's repository is charged apart), hashed, under its own hash
+/// tag. [`give_back`] undoes it for a commit that was not summarized.
+pub fn repo_commit(scope: &PushScope, limit: u64, now_ms: u64) -> (Charge, Duration) {
     let (day, day_left) = window(now_ms, DAY_MS);
-    let tag = hashed_tag("", repo.as_str().as_bytes());
+    let tag = hashed_tag("", scope.to_string().as_bytes());
     let charge = Charge {
         key: format!("quota:{{r-{tag}}}:day-commits:{day}"),
         amount: 1,
@@ -273,6 +276,17 @@ fn clamp(n: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A repository's day is counted per owner its commits were pushed for: a commit claiming
+    /// another owner's repository id is charged apart; the owner's case does not matter.
+    #[test]
+    fn a_repositorys_commit_budget_is_keyed_by_its_id_and_owner() {
+        use crate::domain::commit::PushScope;
+        let id: crate::domain::RepoId = "github:42".parse().unwrap_or_else(|e| panic!("{e:?}"));
+        let key = |repo: &str| repo_commit(&PushScope::of(&id, repo), 10, 0).0.key;
+        assert_eq!(key("victim-org/app"), key("Victim-Org/other"));
+        assert_ne!(key("victim-org/app"), key("mallory/app"));
+    }
 
     fn charge(amount: i64, limit: Option<u64>) -> Charge {
         Charge { key: "k".into(), amount, limit, ttl: Duration::from_secs(1) }
