@@ -540,9 +540,11 @@ def main():
             out += [f"| {r['limits']} | {r['seconds']:.2f} s | {r['limit_seconds']:.2f} s | {100 * r['of_limit']:.1f}% | "
                     f"{100 * r['after_first_window']:.1f}% | {r['throttled']} | {r['unanswered']} |" for r in alone]
             def used(r):
-                return round(r["of_limit"] if r["limits"] == "configured" else r["after_first_window"], 3)
+                # Unrounded: the verdict is the figure's, not its printed digits'.
+                return r["of_limit"] if r["limits"] == "configured" else r["after_first_window"]
             out += ["", f"- >= 95% of the limit alone, the whole run with the limits configured and from the end of the "
-                    f"first window once learned: {met(all(used(r) >= 0.95 for r in alone))}",
+                    f"first window once learned (lowest {100 * min(used(r) for r in alone):.3f}%): "
+                    f"{met(all(used(r) >= 0.95 for r in alone))}",
                     f"- 0 x 429 and every call answered: {met(all(r['throttled'] == 0 and r['unanswered'] == 0 for r in alone))}", ""]
             proxied = pv.get("litellm", [])
             if proxied:

@@ -1,5 +1,7 @@
 //! The limiter's guarantees against the provider emulator, checked as counts (429s, shares), not
-//! timings: the benchmark's building blocks under the acceptance tests.
+//! timings: the benchmark's building blocks under the acceptance tests. How much of the limit the
+//! workers use is a rate, measured by `lanes bench limiter` and checked on a simulated clock by the
+//! limiter's own tests, never here against the wall clock.
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -16,7 +18,7 @@ mod under_provider_limits {
     const TPM: f64 = 40_000.0;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_thousand_mixed_requests_from_eight_workers_get_no_429_and_use_the_budget() {
+    async fn a_thousand_mixed_requests_from_eight_workers_get_no_429() {
         let (mock, client) = limited_setup(RPM, TPM).await.unwrap();
         let started = Instant::now();
         let calls = run_workers(client, &MIXED, 125, started + Duration::from_secs(120)).await.unwrap();
@@ -30,11 +32,10 @@ mod under_provider_limits {
             usage.tokens,
             100.0 * throughput / TPM
         );
-        assert!(throughput >= 0.9 * TPM, "throughput {throughput:.0}/s");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reservations_hold_under_saturation_and_idle_share_is_lent() {
+    async fn reservations_hold_under_saturation_and_a_class_alone_gets_no_429() {
         let (mock, client) = limited_setup(RPM, TPM).await.unwrap();
         let t0 = Instant::now();
         let calls = run_workers(client, &MIXED, usize::MAX, t0 + Duration::from_secs(4)).await.unwrap();
@@ -56,7 +57,6 @@ mod under_provider_limits {
             100.0 * rate / TPM
         );
         assert!(share >= 0.65, "interactive share {share:.3}");
-        assert!(rate >= 0.9 * TPM, "background alone {rate:.0}/s");
         assert_eq!(mock.usage().throttled, 0);
     }
 }
