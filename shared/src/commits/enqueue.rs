@@ -8,7 +8,8 @@
 //! the host, so a push signed for one owner that claims another's repository counts in a day of its
 //! own. A push whose listed commits would take the
 //! repository's day past its budget is answered `429` with `Retry-After` to the next UTC day and
-//! stores nothing: no message, no delivery marker, so the host's redelivery after midnight is
+//! stores nothing (one that lists more commits than a whole day allows is a `413`: no day would
+//! take it): no message, no delivery marker, so the host's redelivery after midnight is
 //! accepted. A push whose commits could not all be sent gives its count back before it answers
 //! `503`, so the host's redelivery is not counted twice. The commits a range expands to are not
 //! known here; the worker counts those against the same budget when it fetches them. With the
@@ -52,6 +53,9 @@ impl Webhook {
         if listed == 0 {
             return Ok(None);
         }
+        if listed as u64 > limit {
+            return Err(self.larger_than_a_day(push, listed, limit));
+        }
         let now = self.clock.now_ms();
         let day = now / DAY_MS;
         let scope = PushScope::of(&push.repo_id, &push.repo);
@@ -75,6 +79,25 @@ impl Webhook {
                 Err(Problem::unavailable("the store is unavailable; redeliver later", 30))
             }
         }
+    }
+
+    /// `413`: the push lists more commits than its repository's whole day allows, so no day would
+    /// ever have room for it; a `429` would send the host back tomorrow to be refused again.
+    fn larger_than_a_day(&self, push: &super::push::Push, listed: i64, limit: u64) -> Problem {
+        let provider = push.repo_id.provider().as_str();
+        self.metrics.webhook_deliveries_total.with_label_values(&[provider, "over_budget"]).inc();
+        let detail = format!(
+            "this push to `{}` ({}) lists {listed} commits, more than the repository's whole daily budget \
+             of {limit} (LANES_REPO_DAILY_COMMITS): no day has room for it",
+            push.repo, push.repo_id
+        );
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "push-over-daily-budget",
+            "Push larger than a day's budget",
+            detail,
+        )
+        .with_field("commits")
     }
 
     /// Sends one message per listed commit, and for an incomplete payload the range the commits

@@ -169,7 +169,9 @@ pub struct WebhookAnswer {
         (status = 400, description = "Unreadable payload", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Bad signature", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large, or a push listing more commits than its repository's whole daily budget (`field` `commits`: it can never fit)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The repository's daily commit budget has no room for the push's commits (`field` `repository`); nothing is stored, redeliver after 00:00 UTC", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds until 00:00 UTC"))),
         (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -194,7 +196,9 @@ pub(crate) async fn github(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Res
         (status = 400, description = "Unreadable payload", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Bad token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large, or a push listing more commits than its repository's whole daily budget (`field` `commits`: it can never fit)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The repository's daily commit budget has no room for the push's commits (`field` `repository`); nothing is stored, redeliver after 00:00 UTC", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds until 00:00 UTC"))),
         (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -224,7 +228,9 @@ pub(crate) async fn gitlab(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Res
         (status = 400, description = "Unreadable payload", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Neither sender's event header, or a bad signature or token", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Repository not in the allowlist", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large, or a push listing more commits than its repository's whole daily budget (`field` `commits`: it can never fit)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The repository's daily commit budget has no room for the push's commits (`field` `repository`); nothing is stored, redeliver after 00:00 UTC", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds until 00:00 UTC"))),
         (status = 503, description = "Store or queue unavailable; redeliver", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -721,7 +727,8 @@ mod tests {
     }
 
     /// A repository's daily commit budget at the door: a push with no room left is a 429 that
-    /// stores nothing (no message, no delivery marker); other repositories are not affected.
+    /// stores nothing (no message, no delivery marker); other repositories are not affected; a
+    /// push larger than a whole day is a 413 that takes none of it.
     #[tokio::test]
     async fn a_push_past_its_repositorys_daily_commits_is_a_429_that_stores_nothing() {
         let config = WebhookConfig {
@@ -764,6 +771,18 @@ mod tests {
         assert_eq!(push(43, "d-3", &["c", "d"]).await.0, StatusCode::ACCEPTED, "another repository's day");
         assert_eq!(push(42, "d-4", &["e"]).await.0, StatusCode::ACCEPTED, "the day's last commit fits");
         assert_eq!(r.queue.depth().await.unwrap().visible, 5);
+        // More commits than a whole day allows: no later day would take it either.
+        let (status, retry, v) = push(44, "d-5", &["1", "2", "3", "4"]).await;
+        assert_eq!((status, retry), (StatusCode::PAYLOAD_TOO_LARGE, None), "{v}");
+        assert_eq!(
+            (v["type"].as_str(), v["field"].as_str()),
+            (Some("/problems/push-over-daily-budget"), Some("commits"))
+        );
+        assert_eq!(
+            push(44, "d-6", &["1", "2", "3"]).await.0,
+            StatusCode::ACCEPTED,
+            "it took none of the day"
+        );
     }
 
     /// The budget counts a repository's pushes by the owner they were signed for: a push signed

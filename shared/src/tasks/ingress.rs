@@ -95,7 +95,7 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
         (status = 413, description = "Body over 256 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not `application/json`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`Idempotency-Key` reused with another payload", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The project's daily token budget is spent", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "The tenant's or the project's daily token or USD budget is spent (`field` is `project_id` for the project's; none for the tenant's, which no field of the request chose)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds until midnight UTC"))),
         (status = 503, description = "Store or queue unavailable; retry", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64))),
