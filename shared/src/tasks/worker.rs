@@ -1020,6 +1020,79 @@ mod tests {
         assert_eq!(r.status().await, TaskStatus::Completed);
     }
 
+    /// The cache beside `inner`'s, whose token-share steps fail as a cache outage does.
+    struct SharesDown(Arc<dyn crate::ports::Cache>);
+
+    #[async_trait::async_trait]
+    impl crate::ports::Cache for SharesDown {
+        async fn get(&self, k: &str) -> Result<Option<String>, crate::ports::CacheError> {
+            self.0.get(k).await
+        }
+        async fn set(&self, k: &str, v: &str, ttl: Duration) -> Result<(), crate::ports::CacheError> {
+            self.0.set(k, v, ttl).await
+        }
+        async fn add(&self, k: &str, by: u64, ttl: Duration) -> Result<u64, crate::ports::CacheError> {
+            self.0.add(k, by, ttl).await
+        }
+        async fn leave(&self, k: &str, m: &str) -> Result<(), crate::ports::CacheError> {
+            self.0.leave(k, m).await
+        }
+        async fn enter_within(
+            &self,
+            k: &str,
+            m: &str,
+            now: u64,
+            until: u64,
+            max: u64,
+        ) -> Result<bool, crate::ports::CacheError> {
+            self.0.enter_within(k, m, now, until, max).await
+        }
+        async fn count_live(&self, k: &str, now: u64) -> Result<u64, crate::ports::CacheError> {
+            self.0.count_live(k, now).await
+        }
+        async fn reserve(
+            &self,
+            c: &[crate::domain::quota::Charge],
+        ) -> Result<Option<usize>, crate::ports::CacheError> {
+            self.0.reserve(c).await
+        }
+        async fn share(
+            &self,
+            _: &str,
+            _: &crate::domain::token_share::ShareAsk,
+        ) -> Result<crate::domain::token_share::Verdict, crate::ports::CacheError> {
+            Err(crate::ports::CacheError::Unavailable("connection refused".into()))
+        }
+    }
+
+    /// With the cache unreachable the token shares are not counted: a task its group's share would
+    /// put off runs (the queue's fair order, by tasks, is what is left), and the outage is counted.
+    #[tokio::test]
+    async fn with_the_cache_down_token_shares_are_not_counted_and_the_task_runs() {
+        use crate::domain::token_share::{ShareAsk, Step};
+        let mut config = fast();
+        config.quota.share.settings.patience_ms = 0;
+        let mut r = rig(Arc::new(SystemClock), ScriptedLlm::default(), config).await;
+        let key = crate::tasks::share::share_key(Lane::Interactive);
+        let ask = |group: &str, step| ShareAsk {
+            group: group.into(),
+            weight: 1,
+            step,
+            now_ms: r.worker.clock.now_ms(),
+            settings: config.quota.share.settings,
+        };
+        // The state the same task is put off by while the cache answers (the test above).
+        let mine = crate::domain::fairness::task_group(None, "p");
+        r.worker.cache.share(&key, &ask(&mine, Step::Decide { estimate: 50_000 })).await.unwrap();
+        r.worker.cache.share(&key, &ask("t-other", Step::Submit)).await.unwrap();
+        r.worker.cache = Arc::new(SharesDown(r.worker.cache.clone()));
+        let m = r.receive().await;
+        assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
+        assert_eq!(r.status().await, TaskStatus::Completed);
+        assert_eq!(r.count(&r.worker.metrics.waits_total, &["interactive", "fairness"]), 0);
+        assert!(r.count(&r.worker.metrics.degraded_operations_total, &["fairness"]) >= 1);
+    }
+
     /// A tenant at its concurrency cap in the lane is put off (a wait, no attempt); a run holds
     /// its place past the place's first end time (renewed), and gives it back when it ends.
     #[tokio::test]
