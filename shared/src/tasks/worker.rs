@@ -985,34 +985,48 @@ mod tests {
         assert!(estimate > 200, "the estimate stands: {estimate}");
     }
 
+    /// One token-share step of `group` in the interactive lane, on the rig's cache (weight 1).
+    async fn share_step(
+        r: &Rig,
+        group: &str,
+        step: crate::domain::token_share::Step,
+    ) -> crate::domain::token_share::Verdict {
+        let ask = crate::domain::token_share::ShareAsk {
+            group: group.into(),
+            weight: 1,
+            step,
+            now_ms: r.worker.clock.now_ms(),
+            settings: r.worker.config.quota.share.settings,
+        };
+        r.worker.cache.share(&crate::tasks::share::share_key(Lane::Interactive), &ask).await.unwrap()
+    }
+
+    /// The lane's shares with the rig's tenant (project `p`) far over its share of the tokens while
+    /// another tenant's task waits.
+    async fn over_its_share(r: &Rig) {
+        let mine = crate::domain::fairness::task_group(None, "p");
+        share_step(r, &mine, crate::domain::token_share::Step::Decide { estimate: 50_000 }).await;
+        share_step(r, "t-other", crate::domain::token_share::Step::Submit).await;
+    }
+
     /// A tenant over its share of the lane's tokens while another tenant's task waits is put off
     /// (a wait: no attempt, nothing failed); once the other has started, it runs.
     #[tokio::test]
     async fn a_group_over_its_token_share_waits_while_another_waits_then_runs() {
-        use crate::domain::token_share::{ShareAsk, Step};
+        use crate::domain::token_share::Step;
         let mut config = fast();
         config.quota.share.settings.put_off_ms = 10;
         // The other tenant's task competes from its submission (it has waited long enough).
         config.quota.share.settings.patience_ms = 0;
         let r = rig(Arc::new(SystemClock), ScriptedLlm::default(), config).await;
-        let key = crate::tasks::share::share_key(Lane::Interactive);
-        let ask = |group: &str, step| ShareAsk {
-            group: group.into(),
-            weight: 1,
-            step,
-            now_ms: r.worker.clock.now_ms(),
-            settings: config.quota.share.settings,
-        };
-        let mine = crate::domain::fairness::task_group(None, "p");
-        r.worker.cache.share(&key, &ask(&mine, Step::Decide { estimate: 50_000 })).await.unwrap();
-        r.worker.cache.share(&key, &ask("t-other", Step::Submit)).await.unwrap();
+        over_its_share(&r).await;
         let m = r.receive().await;
         assert!(matches!(r.worker.process(r.queue(), m).await, Outcome::Retry { .. }));
         assert_eq!(
             (r.record().await.attempts, r.count(&r.worker.metrics.waits_total, &["interactive", "fairness"])),
             (0, 1)
         );
-        let go = r.worker.cache.share(&key, &ask("t-other", Step::Decide { estimate: 100 })).await.unwrap();
+        let go = share_step(&r, "t-other", Step::Decide { estimate: 100 }).await;
         assert_eq!(go, crate::domain::token_share::Verdict::Go);
         tokio::time::sleep(Duration::from_millis(30)).await;
         let m = r.receive().await;
@@ -1069,22 +1083,11 @@ mod tests {
     /// put off runs (the queue's fair order, by tasks, is what is left), and the outage is counted.
     #[tokio::test]
     async fn with_the_cache_down_token_shares_are_not_counted_and_the_task_runs() {
-        use crate::domain::token_share::{ShareAsk, Step};
         let mut config = fast();
         config.quota.share.settings.patience_ms = 0;
         let mut r = rig(Arc::new(SystemClock), ScriptedLlm::default(), config).await;
-        let key = crate::tasks::share::share_key(Lane::Interactive);
-        let ask = |group: &str, step| ShareAsk {
-            group: group.into(),
-            weight: 1,
-            step,
-            now_ms: r.worker.clock.now_ms(),
-            settings: config.quota.share.settings,
-        };
         // The state the same task is put off by while the cache answers (the test above).
-        let mine = crate::domain::fairness::task_group(None, "p");
-        r.worker.cache.share(&key, &ask(&mine, Step::Decide { estimate: 50_000 })).await.unwrap();
-        r.worker.cache.share(&key, &ask("t-other", Step::Submit)).await.unwrap();
+        over_its_share(&r).await;
         r.worker.cache = Arc::new(SharesDown(r.worker.cache.clone()));
         let m = r.receive().await;
         assert_eq!(r.worker.process(r.queue(), m).await, Outcome::Acked);
