@@ -3,10 +3,9 @@
 //! repository's daily commit budget (`LANES_REPO_DAILY_COMMITS`) at the door.
 //!
 //! The budget is counted where the webhook can reach it, the store (one conditional update per
-//! push, so parallel deliveries never pass it), per repository id and the owner the push was
-//! signed for ([`PushScope`]): the id is only what the push claims until the commits worker asks
-//! the host, so a push signed for one owner that claims another's repository counts in a day of its
-//! own. A push whose listed commits would take the
+//! push, so parallel deliveries never pass it), per repository id and owner ([`PushScope`]): the
+//! id is only what the push claims until the commits worker asks the host, so a push signed for
+//! one owner that claims another's repository counts in a day of its own. A push whose listed commits would take the
 //! repository's day past its budget is answered `429` with `Retry-After` to the next UTC day and
 //! stores nothing (one that lists more commits than a whole day allows is a `413`: no day would
 //! take it): no message, no delivery marker, so the host's redelivery after midnight is

@@ -1,5 +1,6 @@
 //! Each repository's daily commit budget (`LANES_REPO_DAILY_COMMITS`): the most commits of one
-//! repository the commits lane fetches and summarizes per UTC day, whoever pushes them.
+//! repository (its id, by the owner its name gives: [`crate::domain::commit::PushScope`]) the
+//! commits lane fetches and summarizes per UTC day, whichever branches bring them.
 //!
 //! A push of generated commits, a force-push of a rebased history or a flood of new branches each
 //! bring new shas, and each new sha costs a diff fetch and its share of a model call. The budget is

@@ -161,11 +161,14 @@ pub enum CommitsMessage {
     Commit(CommitMessage),
 }
 
-/// What a repository's daily commit budget at the webhook counts pushes by: the repository's id
-/// and the owner the push was signed for (the owner whose webhook secret verified it), hashed as
-/// its fair-order group. The id alone is what the push claims: a push that pairs another
+/// What a repository's daily commit budget counts pushes by: the repository's id and the owner its
+/// name gives (the first segment of `owner/name`, GitLab's top-level group), hashed as its
+/// fair-order group. The id alone is only what the push claims: a push that pairs another
 /// repository's id with its own owner's name (which the commits worker refuses once the host says
-/// what the id names) is counted apart from that repository's, so it cannot use up its day.
+/// what the id names) is counted apart from that repository's, so it cannot use up its day. That
+/// holds for every owner with a webhook secret of its own (`LANES_WEBHOOK_OWNER_SECRETS`): only its
+/// secret signs a push in its name. Owners served by the shared secret trust each other: any holder
+/// of that secret can sign a push in their names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PushScope {
     /// The repository the push claims.

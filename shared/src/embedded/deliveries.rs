@@ -7,10 +7,14 @@
 //! Marks are kept by id, and indexed by `(expiry, id)` in the same transaction, so the sweep reads
 //! only what has expired instead of every live mark. Both of the sweep's reads run in a read
 //! transaction, beside the writer thread: only its deletes take a place in a group commit, so a
-//! sweep never holds the writes of the tasks behind a scan. A file written before the index has
-//! marks it does not cover; the first sweep indexes them, once.
+//! sweep never holds the writes of the tasks behind a scan. Until a sentinel entry says the index
+//! covers every mark, the first sweep indexes them all, once: a file written before the index has
+//! marks it does not cover (a new file pays the same one-off scan of its few marks). A file taken
+//! back to a build without the index and forward again is not covered: marks written meanwhile
+//! are never swept.
 //!
-//! Push counts are keyed `<repo_id>#<day>`; the sweep keeps today's and yesterday's (the budget's
+//! Push counts are keyed `<scope>#<day>` ([`crate::domain::commit::PushScope`]: the repository id
+//! and its owner's tag, neither with a `#`); the sweep keeps today's and yesterday's (the budget's
 //! window, and a clock that lags), so the table holds about two days of repositories and is read
 //! whole.
 
@@ -25,7 +29,7 @@ const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("delivery_
 /// The key in [`EXPIRY`] saying its entries cover every mark: absent in a file written before the
 /// index, whose marks the first sweep then indexes. It sorts after every real expiry.
 const INDEXED: (u64, &str) = (u64::MAX, "indexed");
-/// Commits pushed per repository and UTC day: `<repo_id>#<day>` -> count.
+/// Commits pushed per repository and owner and UTC day: `<scope>#<day>` -> count.
 pub(super) const PUSHED: TableDefinition<&str, u64> = TableDefinition::new("pushed_per_day");
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -111,7 +115,8 @@ pub(super) fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Resu
     let mut out = Expired::default();
     match txn.open_table(EXPIRY) {
         Ok(index) => {
-            for entry in index.range((0, "")..=(now_ms, "\u{10FFFF}")).map_err(unavailable)?.take(max) {
+            for entry in index.range((0, "")..(now_ms.saturating_add(1), "")).map_err(unavailable)?.take(max)
+            {
                 let (k, _) = entry.map_err(unavailable)?;
                 let (at, id) = k.value();
                 out.marks.push((at, id.to_owned()));
@@ -141,9 +146,11 @@ pub(super) fn find_expired(db: &redb::Database, now_ms: u64, max: usize) -> Resu
 }
 
 /// Deletes what `found` holds, each mark only if it is still the one found (a delivery marked
-/// again since has a new expiry and a new index entry): how many it deleted.
-pub(super) fn delete_expired(txn: &WriteTransaction, found: &Expired) -> Result<usize, StoreError> {
-    let mut gone = 0;
+/// again since has a new expiry and a new index entry): how many it deleted, and whether it wrote
+/// at all (an index entry whose mark is gone is removed too, and that removal must be committed,
+/// or the next round finds it again).
+pub(super) fn delete_expired(txn: &WriteTransaction, found: &Expired) -> Result<(usize, bool), StoreError> {
+    let (mut gone, mut wrote) = (0, false);
     if !found.marks.is_empty() {
         let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
         let mut marks = txn.open_table(DELIVERIES).map_err(unavailable)?;
@@ -151,6 +158,7 @@ pub(super) fn delete_expired(txn: &WriteTransaction, found: &Expired) -> Result<
             if index.remove((*at, id.as_str())).map_err(unavailable)?.is_none() {
                 continue;
             }
+            wrote = true;
             let current = marks.get(id.as_str()).map_err(unavailable)?.map(|v| v.value());
             if current == Some(*at) {
                 marks.remove(id.as_str()).map_err(unavailable)?;
@@ -164,7 +172,7 @@ pub(super) fn delete_expired(txn: &WriteTransaction, found: &Expired) -> Result<
             gone += usize::from(pushed.remove(key.as_str()).map_err(unavailable)?.is_some());
         }
     }
-    Ok(gone)
+    Ok((gone, wrote || gone > 0))
 }
 
 /// One round of the sweep on `db`: indexes an older file's marks first (once), then reads what has
@@ -177,7 +185,7 @@ pub(super) async fn sweep(db: &EmbeddedDb, now_ms: u64, max: usize) -> Result<us
     if found.is_empty() {
         return Ok(0);
     }
-    db.submit_maybe(move |txn| delete_expired(txn, &found).map(|n| (n, n > 0))).wait().await
+    db.submit_maybe(move |txn| delete_expired(txn, &found)).wait().await
 }
 
 #[cfg(test)]
@@ -217,6 +225,26 @@ mod tests {
         // The renewed mark goes once its own expiry passes; its first entry went with the renewal.
         assert_eq!(sweep(&db, later + 61_000, 10).await.unwrap(), 1);
         assert!(!live(&db, "a", later + 61_000).await);
+    }
+
+    /// An index entry whose mark is gone (a mark deleted by a build without the index) is removed,
+    /// and its removal committed though nothing else was deleted: the next round does not find it.
+    #[tokio::test]
+    async fn an_index_entry_without_its_mark_is_removed_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = EmbeddedDb::open(dir.path()).unwrap();
+        assert!(marked(&db, "kept", DAY, 7 * 86_400).await);
+        db.write(|txn| {
+            let mut index = txn.open_table(EXPIRY).map_err(unavailable)?;
+            index.insert(INDEXED, ()).map_err(unavailable)?;
+            index.insert((DAY, "ghost"), ()).map(|_| ()).map_err(unavailable)
+        })
+        .await
+        .unwrap();
+        assert_eq!(sweep(&db, 2 * DAY, 10).await.unwrap(), 0, "nothing of a mark's to delete");
+        let left = db.run(|db| find_expired(db, 2 * DAY, 10)).await.unwrap();
+        assert!(left.is_empty(), "the ghost entry stays gone: {left:?}");
+        assert!(live(&db, "kept", 2 * DAY).await);
     }
 
     /// A file whose marks were written before the index: the first sweep indexes them (once),
