@@ -492,6 +492,7 @@ mod tests {
     use super::*;
     use crate::clock::SystemClock;
     use crate::domain::TaskRequest;
+    use crate::domain::fairness::GROUP_ATTRIBUTE;
     use crate::embedded::{EmbeddedDb, EmbeddedQueues, EmbeddedStore, QueueSettings};
     use crate::ports::{ClaimOutcome, Completion};
     use serde_json::json;
@@ -508,6 +509,17 @@ mod tests {
         queue: crate::embedded::EmbeddedQueue,
         dlq: crate::embedded::EmbeddedQueue,
         ids: Vec<TaskId>,
+    }
+
+    /// The attributes task `i`'s message is sent with: its lane, its tenant's fairness group, a
+    /// priority.
+    fn sent_attributes(i: usize) -> BTreeMap<String, String> {
+        use crate::domain::fairness::{GROUP_ATTRIBUTE, PRIORITY_ATTRIBUTE};
+        BTreeMap::from([
+            ("lane".to_owned(), "synthesis".to_owned()),
+            (GROUP_ATTRIBUTE.to_owned(), format!("t-tenant{i}")),
+            (PRIORITY_ATTRIBUTE.to_owned(), "low".to_owned()),
+        ])
     }
 
     async fn dead_lettered() -> DeadLettered {
@@ -539,7 +551,7 @@ mod tests {
                 kind: rec.request.kind,
             })
             .unwrap();
-            queue.send(&body, BTreeMap::from([("lane".to_owned(), "synthesis".to_owned())])).await.unwrap();
+            queue.send(&body, sent_attributes(i)).await.unwrap();
             ids.push(rec.task_id);
         }
         queue.send("poison", BTreeMap::new()).await.unwrap();
@@ -601,6 +613,13 @@ mod tests {
         }
         assert_eq!(queue.peek_all().await.len(), 2, "back in their lane");
         assert_eq!(dlq.peek_all().await.len(), 1, "the poison message stays");
+        // Each goes back with its routing (the fair order's group, its priority) and without the
+        // DLQ's own attributes (why it was dead-lettered, from where). The send time is the queue's.
+        let mut back: Vec<BTreeMap<String, String>> =
+            queue.peek_all().await.into_iter().map(|(_, a)| a).collect();
+        back.iter_mut().for_each(|a| drop(a.remove("SentTimestamp")));
+        back.sort_by(|a, b| a.get(GROUP_ATTRIBUTE).cmp(&b.get(GROUP_ATTRIBUTE)));
+        assert_eq!(back, [sent_attributes(1), sent_attributes(2)]);
     }
 
     /// The sweep as the controller runs it, with no lock service.
