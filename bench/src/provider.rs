@@ -134,8 +134,8 @@ impl AloneRun {
 
     /// The share of the limit its goal counts: the whole run with the limits configured; from the end
     /// of the first window once they are learned (the first answer cannot tell which calls in flight
-    /// the provider already counted, so the first window is paced as if it counted none). Unrounded:
-    /// a share a hair under the goal is under it.
+    /// the provider already counted, so the first window is paced as if it counted none).
+    /// Unrounded: a share a hair under the goal is under it.
     pub fn used(&self) -> f64 {
         if self.limits == "configured" { self.of_limit } else { self.after_first_window }
     }

@@ -5,13 +5,13 @@
 //! The budget is counted where the webhook can reach it, the store (one conditional update per
 //! push, so parallel deliveries never pass it), per repository id and owner ([`PushScope`]): the
 //! id is only what the push claims until the commits worker asks the host, so a push signed for
-//! one owner that claims another's repository counts in a day of its own. A push whose listed commits would take the
-//! repository's day past its budget is answered `429` with `Retry-After` to the next UTC day and
-//! stores nothing (one that lists more commits than a whole day allows is a `413`: no day would
-//! take it): no message, no delivery marker, so the host's redelivery after midnight is
-//! accepted. A push whose commits could not all be sent gives its count back before it answers
-//! `503`, so the host's redelivery is not counted twice. The commits a range expands to are not
-//! known here; the worker counts those against the same budget when it fetches them. With the
+//! one owner that claims another's repository counts in a day of its own. A push whose listed
+//! commits would take the repository's day past its budget is answered `429` with `Retry-After` to
+//! the next UTC day and stores nothing (one that lists more commits than a whole day allows is a
+//! `413`: no day would take it): no message, no delivery marker, so the host's redelivery after
+//! midnight is accepted. A push whose commits could not all be sent gives its count back before it
+//! answers `503`, so the host's redelivery is not counted twice. The commits a range expands to are
+//! not known here; the worker counts those against the same budget when it fetches them. With the
 //! store unreachable the push is refused (`503`), as its replay check is.
 
 use super::webhook::Webhook;
