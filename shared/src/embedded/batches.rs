@@ -3,6 +3,7 @@
 //! adapter's semantics (a commit is batched while its marker and its record both exist).
 
 use super::db::EmbeddedDb;
+use super::unavailable;
 use crate::domain::batch::{BatchPhase, BatchRecord, Carrier};
 use crate::ports::{BatchStore, StoreError};
 use async_trait::async_trait;
@@ -13,10 +14,6 @@ use std::collections::HashMap;
 const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
 /// Commit key (`repo_id:sha`) -> the key of the batch carrying it.
 const BATCHED: TableDefinition<&str, &str> = TableDefinition::new("batched_commits");
-
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
 
 fn decode(bytes: &[u8]) -> Result<BatchRecord, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("batch record: {e}")))

@@ -19,6 +19,7 @@
 //! whole.
 
 use super::db::EmbeddedDb;
+use super::unavailable;
 use crate::ports::StoreError;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
@@ -31,10 +32,6 @@ const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("delivery_
 const INDEXED: (u64, &str) = (u64::MAX, "indexed");
 /// Commits pushed per repository and owner and UTC day: `<scope>#<day>` -> count.
 pub(super) const PUSHED: TableDefinition<&str, u64> = TableDefinition::new("pushed_per_day");
-
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
 
 /// Marks `id` until `now_ms + ttl_secs`, unless a live mark has it already (a replay): whether it
 /// marked. An expired mark the sweep has not reached yet is replaced, its index entry with it.

@@ -29,3 +29,8 @@ pub use objects::FileObjects;
 pub use queue::{DeliveryOrder, EmbeddedQueue, EmbeddedQueues, QueueSettings};
 pub use store::EmbeddedStore;
 pub use summaries::EmbeddedSummaries;
+
+/// A redb error as the stores answer it: unavailable (retryable), with the error's text.
+fn unavailable(e: impl std::fmt::Display) -> crate::ports::StoreError {
+    crate::ports::StoreError::Unavailable(e.to_string())
+}

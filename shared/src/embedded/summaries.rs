@@ -4,6 +4,7 @@
 
 use super::db::EmbeddedDb;
 use super::deliveries::{self, PUSHED};
+use super::unavailable;
 use crate::domain::commit::CommitSummary;
 use crate::domain::{RepoId, Sha};
 use crate::ports::{StoreError, SummaryPage, SummaryStore, WriteOnce};
@@ -15,10 +16,6 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 const BY_REPO: TableDefinition<&str, &[u8]> = TableDefinition::new("summaries_by_repo");
 /// Key `repo_id:sha` -> `order_key`.
 const BY_KEY: TableDefinition<&str, &str> = TableDefinition::new("summaries");
-
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
 
 /// The embedded summary store.
 #[derive(Debug, Clone)]

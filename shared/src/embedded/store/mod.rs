@@ -3,6 +3,7 @@
 //! transaction, so it is atomic and the same row the DynamoDB adapter renders as its condition.
 
 use super::db::EmbeddedDb;
+use super::unavailable;
 use crate::domain::lifecycle::{self, Command};
 use crate::domain::{TaskId, TaskRecord};
 use crate::ports::{
@@ -41,10 +42,6 @@ impl From<String> for StoreError {
     fn from(s: String) -> Self {
         StoreError::Unavailable(s)
     }
-}
-
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(e.to_string())
 }
 
 /// The embedded task store.
