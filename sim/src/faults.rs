@@ -1058,6 +1058,11 @@ impl Cache for FaultyCache {
         let r = self.inner().share(key, ask).await;
         self.ctx.post(d, "cache.share", key, r).await
     }
+    async fn share_state(&self, key: &str) -> Result<lanes_core::ports::ShareState, CacheError> {
+        let d = self.ctx.pre::<CacheError>(Port::Cache, "cache.share_state", key).await?;
+        let r = self.inner().share_state(key).await;
+        self.ctx.post(d, "cache.share_state", key, r).await
+    }
 }
 
 // ---------------------------------------------------------------- provider

@@ -818,7 +818,8 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
 /// The token-share step is one algorithm in two places: the Redis script and the embedded cache.
 /// 4,000 seeded steps of five groups (uneven weights and estimates, submissions, starts and
 /// corrections, time jumps past the forget and window limits, gaps either side of the patience)
-/// get the same verdict from both, at every step; and the sequence does put tasks off, so the
+/// get the same verdict from both, at every step, and leave the same state, read back every 100
+/// steps (what the standings are computed from); and the sequence does put tasks off, so the
 /// comparison is not of two constant answers.
 #[tokio::test]
 async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
@@ -852,6 +853,14 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
         );
         assert_eq!(a, b, "step {i}: {ask:?}");
         put_off += usize::from(a == Verdict::PutOff);
+        if i % 100 == 99 {
+            let (a, b) = (
+                remote.share_state("fair:{interactive}").await.unwrap(),
+                local.share_state("fair:{interactive}").await.unwrap(),
+            );
+            assert!(!a.is_empty(), "step {i}: the state read back");
+            assert_eq!(a, b, "step {i}");
+        }
     }
     assert!(put_off > 100, "only {put_off} put-offs: the sequence barely tests the policy");
 }

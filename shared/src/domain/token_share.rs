@@ -252,6 +252,41 @@ fn over_share(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk, mine: &GroupUs
     used as u128 * weights > total * mine.weight as u128
 }
 
+/// One group's standing in its lane: the share of the window's tokens it received, against the
+/// share its weight entitles it to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Standing {
+    /// The group.
+    pub group: String,
+    /// Its tokens over the sliding window, over every group's (0 when nobody used any).
+    pub received: f64,
+    /// Its weight over the weights of the groups active in the window.
+    pub entitled: f64,
+}
+
+/// Every active group's [`Standing`] at `now_ms`: a group is active while it has tokens in the
+/// window or tasks waiting. Entitlement is by weight among the active groups alone, so a group
+/// that goes quiet leaves its share to the others; one that asks for less than it is entitled to
+/// receives less, which is not unfair (the policy puts a group off only while another waits).
+pub fn standings(state: &BTreeMap<String, GroupUse>, now_ms: u64, s: &ShareSettings) -> Vec<Standing> {
+    let active: Vec<(&String, u64, u64)> = state
+        .iter()
+        .map(|(g, u)| (g, u, recent(u, now_ms, s.window_ms)))
+        .filter(|(_, u, used)| *used > 0 || u.waiting(now_ms, s) > 0)
+        .map(|(g, u, used)| (g, used, u.weight.clamp(1, MAX_WEIGHT)))
+        .collect();
+    let tokens: u128 = active.iter().map(|(_, used, _)| *used as u128).sum();
+    let weights: u64 = active.iter().map(|(_, _, w)| w).sum();
+    active
+        .into_iter()
+        .map(|(g, used, w)| Standing {
+            group: g.clone(),
+            received: if tokens == 0 { 0.0 } else { used as f64 / tokens as f64 },
+            entitled: w as f64 / weights as f64,
+        })
+        .collect()
+}
+
 /// Weights per tenant (or project, with tenancy off) from `LANES_TENANT_WEIGHTS`:
 /// `name=weight,name=weight`; a name not listed weighs 1.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -423,6 +458,30 @@ mod tests {
         assert_eq!(ask(&mut st, "big", big, 420), Verdict::Go);
         let old = GroupUse::decode("1 2 3 4 5 6").unwrap();
         assert_eq!((old.queued, old.since_ms), (4, 0), "an entry written without since_ms competes at once");
+    }
+
+    #[test]
+    fn standings_compare_the_tokens_received_with_the_weighted_share_of_the_active_groups() {
+        let mut st = BTreeMap::new();
+        apply(&mut st, "a", 3, Step::Submit, 0);
+        apply(&mut st, "a", 3, Step::Decide { estimate: 1_000 }, 1);
+        apply(&mut st, "b", 1, Step::Submit, 2);
+        apply(&mut st, "b", 1, Step::Decide { estimate: 3_000 }, 3);
+        apply(&mut st, "c", 4, Step::Submit, 4); // waiting, nothing used yet
+        apply(&mut st, "d", 1, Step::Submit, 5);
+        apply(&mut st, "d", 1, Step::Decide { estimate: 1 }, 6);
+        apply(&mut st, "d", 1, Step::Settle { delta: -1 }, 7); // used nothing, waits for nothing
+        let s = standings(&st, 8, &settings());
+        let got: Vec<(&str, f64, f64)> =
+            s.iter().map(|x| (x.group.as_str(), x.received, x.entitled)).collect();
+        assert_eq!(got, vec![("a", 0.25, 3.0 / 8.0), ("b", 0.75, 1.0 / 8.0), ("c", 0.0, 0.5)]);
+        // Half a window after the next one began, half of the tokens still count; once c's
+        // waiting is forgotten it is no longer active.
+        let later = standings(&st, 15_000, &settings());
+        let got: Vec<(&str, f64, f64)> =
+            later.iter().map(|x| (x.group.as_str(), x.received, x.entitled)).collect();
+        assert_eq!(got, vec![("a", 0.25, 0.75), ("b", 0.75, 0.25)]);
+        assert!(standings(&st, 40_000, &settings()).is_empty(), "nothing left in the window");
     }
 
     #[test]

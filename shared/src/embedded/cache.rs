@@ -3,7 +3,7 @@
 use super::expiring::Expiring;
 use crate::clock::SharedClock;
 use crate::domain::quota::{apply, first_refused};
-use crate::ports::{Cache, CacheError, Charge, ShareAsk, Verdict};
+use crate::ports::{Cache, CacheError, Charge, ShareAsk, ShareState, Verdict};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -120,5 +120,14 @@ impl Cache for MemoryCache {
         let text = encode_state(state, &ask.group, &change);
         entries.insert(key, text, now + state_ttl_ms(&ask.settings), now);
         Ok(change.verdict)
+    }
+
+    async fn share_state(&self, key: &str) -> Result<ShareState, CacheError> {
+        let now = self.clock.now_ms();
+        let entries = self.entries()?;
+        Ok(entries
+            .live(key, now)
+            .map(|(v, _)| crate::domain::token_share::decode_state(v))
+            .unwrap_or_default())
     }
 }

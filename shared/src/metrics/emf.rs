@@ -8,7 +8,18 @@ pub const EMF_DIMENSIONS: [&str; 3] = ["lane", "reason", "tenant"];
 /// The gauges EMF reports, each its value at the flush. The pool's queue depth and in-flight
 /// gauges are left out: only `lanes dev` sets them (at zero from the start), and in Lambda the
 /// controller reports `queue_depth` and `queue_in_flight` itself, from the queues.
-pub const EMF_GAUGES: [&str; 1] = ["lanes_queue_oldest_age_seconds"];
+pub const EMF_GAUGES: [&str; 2] = ["lanes_queue_oldest_age_seconds", "lanes_tenant_share_ratio"];
+
+/// A gauge's EMF unit, by its name's ending.
+pub fn emf_gauge_unit(family: &str) -> &'static str {
+    if family.ends_with("_seconds") {
+        "Seconds"
+    } else if family.ends_with("_ratio") {
+        "None"
+    } else {
+        "Count"
+    }
+}
 
 /// The EMF documents of one dimension set: at most 100 metrics per document and 100 values per
 /// metric, as EMF allows.

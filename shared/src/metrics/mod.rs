@@ -413,7 +413,8 @@ impl Metrics {
     /// last call, in `namespace`: per lane (dimension `lane`) or without dimensions. Counter names
     /// drop `lanes_` and `_total` and append their other labels (`llm_tokens_total{type="prompt"}` ->
     /// `llm_tokens_prompt`); a counter reports what it grew by. A gauge of [`EMF_GAUGES`] that was ever
-    /// set reports its value at the call (unit `Seconds` when its name ends so).
+    /// set reports its value at the call (unit `Seconds` or `None` for a name ending in `_seconds`
+    /// or `_ratio`).
     pub fn emf_documents(&self, namespace: &str, now_ms: u64) -> Vec<String> {
         use std::collections::BTreeMap;
         // dimensions (name, value) -> metric -> (unit, values)
@@ -445,7 +446,7 @@ impl Metrics {
                     .collect();
                 if gauge {
                     // A gauge is its value at the flush: a sample, not a delta.
-                    let unit = if family.name().ends_with("_seconds") { "Seconds" } else { "Count" };
+                    let unit = emf::emf_gauge_unit(family.name());
                     groups.entry(dims).or_default().insert(name, (unit, vec![m.get_gauge().get_value()]));
                     continue;
                 }
@@ -574,5 +575,19 @@ mod tests {
         assert_eq!(again.len(), 1, "{again:?}");
         assert_eq!(again[0]["llm_tokens_prompt"], 5.0);
         assert!(again[0].get("task_latency_seconds").is_none());
+        // A tenant's standing: a ratio (unit None) by lane and tenant, the kind in the name.
+        let standing =
+            crate::domain::token_share::Standing { group: "t-abc".into(), received: 0.75, entitled: 0.5 };
+        m.tenants.stood("interactive", &[standing]);
+        let docs: Vec<serde_json::Value> =
+            m.emf_documents("Lanes/test", 2_500).iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+        let share = docs.iter().find(|d| d.get("tenant_share_ratio_received").is_some()).unwrap();
+        assert_eq!(
+            (share["tenant"].as_str(), share["tenant_share_ratio_received"].as_f64()),
+            (Some("t-abc"), Some(0.75))
+        );
+        assert_eq!(share["tenant_share_ratio_entitled"], 0.5);
+        let defs = share["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().unwrap();
+        assert!(defs.iter().all(|d| d["Unit"] == "None"), "{defs:?}");
     }
 }

@@ -1,5 +1,6 @@
 //! Per-tenant series with bounded cardinality: each tenant's wait, its put-offs (fairness, its
-//! concurrency cap) and the tokens it received, for the [`TOP_TENANTS`] heaviest tenants by name
+//! concurrency cap), the tokens it received, and its share of the lane's recent tokens against the
+//! share it is entitled to, for the [`TOP_TENANTS`] heaviest tenants by name
 //! and every other tenant as [`OTHER`]. A tenant is named by its fairness group (`t-` and 32 hex
 //! digits of its sha256, or `p-…` for a project with tenancy off), never by its identity.
 //!
@@ -9,9 +10,10 @@
 //! per-dimension billing grows with the number of tenants.
 
 use super::{LATENCY_BUCKETS, Registrar};
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use crate::domain::token_share::Standing;
+use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// Tenants named in the series at a time.
 pub const TOP_TENANTS: usize = 10;
@@ -24,6 +26,10 @@ const MAX_NAMED_EVER: usize = 3 * TOP_TENANTS;
 
 /// Weights tracked before they are halved (older activity counts half as much after each halving).
 const TRACKED: usize = 64 * TOP_TENANTS;
+
+/// How often a process reports a lane's standings at most: each report reads the lane's whole
+/// state once.
+pub const STANDINGS_EVERY_MS: u64 = 5_000;
 
 /// Events between two halvings of every weight, however few tenants there are: what makes the
 /// weight recent, so yesterday's heavy tenant gives its name up to today's.
@@ -83,16 +89,25 @@ impl TenantLabels {
     }
 }
 
+/// When a lane's standings were last reported, and the tenants they labelled.
+type Shown = (u64, BTreeSet<String>);
+
 /// The per-tenant series.
 #[derive(Clone)]
 pub struct TenantMetrics {
-    labels: std::sync::Arc<TenantLabels>,
+    labels: Arc<TenantLabels>,
+    /// Per lane: when its standings were last reported, and the tenants they labelled.
+    shown: Arc<Mutex<HashMap<String, Shown>>>,
     /// Submission to claim, by lane and tenant.
     pub wait_seconds: HistogramVec,
     /// Runs put off by lane, tenant and reason (`fairness`, `tenant_cap`).
     pub put_offs_total: IntCounterVec,
     /// Tokens its calls used (the share it received), by lane and tenant.
     pub tokens_total: IntCounterVec,
+    /// Its share of the lane's tokens over the window, by lane, tenant and kind (`received`, and
+    /// `entitled`: its weight's share among the lane's active tenants), from the lane's shared
+    /// state; `other` holds the sum of every tenant not named.
+    pub share_ratio: GaugeVec,
 }
 
 impl TenantMetrics {
@@ -102,6 +117,7 @@ impl TenantMetrics {
             .buckets(LATENCY_BUCKETS.to_vec());
         Self {
             labels: Default::default(),
+            shown: Default::default(),
             wait_seconds: r.add("lanes_tenant_wait_seconds", HistogramVec::new(opts, lt)),
             put_offs_total: r.add(
                 "lanes_tenant_put_offs_total",
@@ -114,7 +130,50 @@ impl TenantMetrics {
                 "lanes_tenant_tokens_total",
                 IntCounterVec::new(Opts::new("lanes_tenant_tokens_total", "Tokens used, per tenant"), lt),
             ),
+            share_ratio: r.add(
+                "lanes_tenant_share_ratio",
+                GaugeVec::new(
+                    Opts::new("lanes_tenant_share_ratio", "Share of the lane's recent tokens, per tenant"),
+                    &["lane", "tenant", "kind"],
+                ),
+            ),
         }
+    }
+
+    /// Whether `lane`'s standings are due at `now_ms` (none reported for [`STANDINGS_EVERY_MS`]);
+    /// a `true` counts as reporting them, so two callers at once do not both read the state.
+    pub fn standings_due(&self, lane: &str, now_ms: u64) -> bool {
+        let Ok(mut shown) = self.shown.lock() else { return false };
+        let (last, _) = shown.entry(lane.to_owned()).or_default();
+        if *last != 0 && now_ms.saturating_sub(*last) < STANDINGS_EVERY_MS {
+            return false;
+        }
+        *last = now_ms.max(1);
+        true
+    }
+
+    /// Sets `lane`'s share gauges to `standings` (every active group of the lane): each named
+    /// tenant's own, the rest summed as [`OTHER`]. A tenant labelled last time and not now (quiet,
+    /// or no longer named) loses its series rather than keep a stale share.
+    pub fn stood(&self, lane: &str, standings: &[Standing]) {
+        let mut now: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for s in standings {
+            let e = now.entry(self.labels.label(&s.group, 0.0)).or_default();
+            e.0 += s.received;
+            e.1 += s.entitled;
+        }
+        let Ok(mut shown) = self.shown.lock() else { return };
+        let (_, before) = shown.entry(lane.to_owned()).or_default();
+        for gone in before.iter().filter(|t| !now.contains_key(*t)) {
+            for kind in ["received", "entitled"] {
+                let _ = self.share_ratio.remove_label_values(&[lane, gone, kind]);
+            }
+        }
+        for (tenant, (received, entitled)) in &now {
+            self.share_ratio.with_label_values(&[lane, tenant, "received"]).set(*received);
+            self.share_ratio.with_label_values(&[lane, tenant, "entitled"]).set(*entitled);
+        }
+        *before = now.into_keys().collect();
     }
 
     /// A run of `group` claimed `seconds` after its submission. Returns the label used.
@@ -158,6 +217,46 @@ mod tests {
         }
         assert!(named.len() <= MAX_NAMED_EVER + 1, "{} labels", named.len());
         assert!(named.contains(OTHER));
+    }
+
+    fn share(m: &TenantMetrics, tenant: &str, kind: &str) -> Option<f64> {
+        use prometheus::core::Collector;
+        let families = m.share_ratio.collect();
+        families[0]
+            .get_metric()
+            .iter()
+            // Labels come sorted by name: kind, lane, tenant.
+            .find(|x| x.get_label().iter().map(|l| l.value()).eq([kind, "interactive", tenant]))
+            .map(|x| x.get_gauge().get_value())
+    }
+
+    #[test]
+    fn standings_name_the_heaviest_sum_the_rest_as_other_and_drop_the_quiet() {
+        let r = super::super::Registrar(prometheus::Registry::new());
+        let m = TenantMetrics::new(&r);
+        for i in 0..TOP_TENANTS {
+            m.used("interactive", &format!("t-{i}"), 1_000);
+        }
+        let at = |g: &str, received: f64, entitled: f64| Standing { group: g.into(), received, entitled };
+        m.stood("interactive", &[at("t-0", 0.5, 0.25), at("t-x", 0.25, 0.5), at("t-y", 0.25, 0.25)]);
+        assert_eq!(share(&m, "t-0", "received"), Some(0.5));
+        assert_eq!(share(&m, "t-0", "entitled"), Some(0.25));
+        assert_eq!(share(&m, OTHER, "received"), Some(0.5), "t-x and t-y, unnamed, summed");
+        assert_eq!(share(&m, OTHER, "entitled"), Some(0.75));
+        m.stood("interactive", &[at("t-1", 1.0, 1.0)]);
+        assert_eq!(share(&m, "t-1", "received"), Some(1.0));
+        assert_eq!(share(&m, "t-0", "received"), None, "quiet now: no stale share");
+        assert_eq!(share(&m, OTHER, "entitled"), None);
+    }
+
+    #[test]
+    fn standings_are_due_once_per_interval_per_lane() {
+        let r = super::super::Registrar(prometheus::Registry::new());
+        let m = TenantMetrics::new(&r);
+        assert!(m.standings_due("interactive", 1_000));
+        assert!(!m.standings_due("interactive", 1_000 + STANDINGS_EVERY_MS - 1));
+        assert!(m.standings_due("synthesis", 1_001), "each lane has its own");
+        assert!(m.standings_due("interactive", 1_000 + STANDINGS_EVERY_MS));
     }
 
     #[test]

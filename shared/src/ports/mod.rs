@@ -118,7 +118,14 @@ pub trait Cache: Send + Sync {
     /// One step of a lane's token shares ([`crate::domain::token_share::step`]), atomically, on the
     /// state at `key` (one key, so one cluster slot).
     async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError>;
+    /// Every group's use of the lane at `key`, as [`Self::share`] keeps it (empty when nothing is
+    /// kept); read-only, for the standings the metrics report
+    /// ([`crate::domain::token_share::standings`]).
+    async fn share_state(&self, key: &str) -> Result<ShareState, CacheError>;
 }
+
+/// Each group's stored use of a lane, by group.
+pub type ShareState = std::collections::BTreeMap<String, crate::domain::token_share::GroupUse>;
 
 pub use crate::domain::token_share::{ShareAsk, Verdict};
 

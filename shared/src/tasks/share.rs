@@ -9,6 +9,11 @@
 //! (the provider may have billed it). A task that never starts (cancelled while queued) stays
 //! counted until its group is quiet for [`crate::domain::token_share::ShareSettings::forget_ms`].
 //!
+//! Every few seconds ([`crate::metrics::tenants::STANDINGS_EVERY_MS`]) a worker that has just
+//! decided also reads the lane's whole state and reports each tenant's standing (the share of the
+//! lane's recent tokens it received, against the share its weight entitles it to): the state is the
+//! lane's across every worker, so the figures are the lane's, not one process's view.
+//!
 //! The group is the task's fair-order group (its tenant, hashed; with tenancy off its project), and
 //! its weight the tenant's (or project's) in `LANES_TENANT_WEIGHTS`. With the cache unreachable
 //! nothing is counted and every task starts (counted as degraded): the fair queue's order, by task
@@ -88,7 +93,11 @@ impl Worker {
             return Ok(None);
         }
         let step = Step::Decide { estimate };
-        match self.cache.share(&share_key(lane), &share_ask(quota, request, step, now_ms)).await {
+        let decided = self.cache.share(&share_key(lane), &share_ask(quota, request, step, now_ms)).await;
+        if decided.is_ok() {
+            self.report_standings(lane, now_ms).await;
+        }
+        match decided {
             Ok(Verdict::Go) => Ok(Some(ShareHold { lane, estimate })),
             Ok(Verdict::PutOff) => {
                 let base = quota.share.settings.put_off_ms.max(1);
@@ -98,6 +107,23 @@ impl Worker {
                 degraded(&self.metrics, &e);
                 Ok(None)
             }
+        }
+    }
+
+    /// Reports the lane's standings ([`crate::domain::token_share::standings`]) when they are due.
+    async fn report_standings(&self, lane: Lane, now_ms: u64) {
+        let tenants = &self.metrics.tenants;
+        if !tenants.standings_due(lane.as_str(), now_ms) {
+            return;
+        }
+        match self.cache.share_state(&share_key(lane)).await {
+            Ok(state) => {
+                let settings = &self.config.quota.share.settings;
+                tenants
+                    .stood(lane.as_str(), &crate::domain::token_share::standings(&state, now_ms, settings));
+            }
+            // Only the report is lost; the next one is due in a few seconds.
+            Err(e) => tracing::debug!(error = %e, "token shares unread; standings not reported"),
         }
     }
 

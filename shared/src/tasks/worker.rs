@@ -1026,6 +1026,14 @@ mod tests {
             (r.record().await.attempts, r.count(&r.worker.metrics.waits_total, &["interactive", "fairness"])),
             (0, 1)
         );
+        // The decision reported the lane's standings: all the tokens are the tenant's, and the
+        // waiting tenant entitles each to half.
+        let mine = crate::domain::fairness::task_group(None, "p");
+        let share = |t: &str, kind| {
+            r.worker.metrics.tenants.share_ratio.with_label_values(&["interactive", t, kind]).get()
+        };
+        assert_eq!((share(&mine, "received"), share(&mine, "entitled")), (1.0, 0.5));
+        assert_eq!((share("t-other", "received"), share("t-other", "entitled")), (0.0, 0.5));
         let go = share_step(&r, "t-other", Step::Decide { estimate: 100 }).await;
         assert_eq!(go, crate::domain::token_share::Verdict::Go);
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -1075,6 +1083,9 @@ mod tests {
             _: &str,
             _: &crate::domain::token_share::ShareAsk,
         ) -> Result<crate::domain::token_share::Verdict, crate::ports::CacheError> {
+            Err(crate::ports::CacheError::Unavailable("connection refused".into()))
+        }
+        async fn share_state(&self, _: &str) -> Result<crate::ports::ShareState, crate::ports::CacheError> {
             Err(crate::ports::CacheError::Unavailable("connection refused".into()))
         }
     }

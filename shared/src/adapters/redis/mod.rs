@@ -10,7 +10,7 @@
 pub mod env;
 pub mod events;
 
-use crate::ports::{Acquire, Cache, CacheError, Charge, LeaseLock, LockError, ShareAsk, Verdict};
+use crate::ports::{Acquire, Cache, CacheError, Charge, LeaseLock, LockError, ShareAsk, ShareState, Verdict};
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -463,5 +463,17 @@ impl Cache for RedisCache {
             .await
             .map_err(|e| CacheError::Unavailable(e.to_string()))?;
         Ok(if go == 1 { Verdict::Go } else { Verdict::PutOff })
+    }
+
+    async fn share_state(&self, key: &str) -> Result<ShareState, CacheError> {
+        use crate::domain::token_share::GroupUse;
+        crate::metrics::aws_request("redis", "HGETALL share");
+        let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(format!("{}{key}", self.prefix))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| CacheError::Unavailable(e.to_string()))?;
+        // Entries that do not decode are left out, as the script leaves them out.
+        Ok(fields.into_iter().filter_map(|(g, u)| Some((g, GroupUse::decode(&u)?))).collect())
     }
 }
