@@ -2,6 +2,7 @@
 //! real commits worker against the rate-limited provider emulator, micro-batched and then one call per
 //! commit: LLM calls, tokens, 429s, time.
 
+use crate::goals::{Goal, Unit, write_goals};
 use crate::limiter::limited_setup;
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::Lane;
@@ -73,6 +74,8 @@ pub struct BatchingReport {
     pub tpm: f64,
     /// Micro-batched, then one call per commit.
     pub runs: Vec<BatchingRun>,
+    /// The goal lines, from the runs.
+    pub goals: Vec<Goal>,
 }
 
 /// Summarizes `commits` synthetic commits through the real commits worker (embedded adapters) against
@@ -154,6 +157,14 @@ pub async fn batching_report(commits: usize, rpm: f64, tpm: f64) -> Result<Batch
         commits,
         rpm,
         tpm,
+        goals: runs
+            .first()
+            .map(|micro| {
+                let what = format!("429s, {}", micro.mode);
+                Goal::new("throttled", what, micro.throttled as f64).at_most(0.0).shown(Unit::Count, 0)
+            })
+            .into_iter()
+            .collect(),
         runs,
     })
 }
@@ -179,6 +190,6 @@ impl std::fmt::Display for BatchingReport {
                 run.seconds
             )?;
         }
-        Ok(())
+        write_goals(f, &self.goals)
     }
 }

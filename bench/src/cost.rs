@@ -11,6 +11,7 @@
 //! calls and the refusals, the time from enqueue to summary, the summaries written and any commit
 //! the provider answered twice; the goal lines are computed from these figures.
 
+use crate::goals::{Goal, Unit, write_goals};
 use lanes_core::config::LanePolicy;
 use lanes_core::domain::Lane;
 use lanes_core::domain::tier::TierSetting;
@@ -74,6 +75,8 @@ pub struct CostReport {
     pub flex_latency_ms: u64,
     /// One run per policy.
     pub runs: Vec<CostRun>,
+    /// The goal lines, from the runs.
+    pub goals: Vec<Goal>,
 }
 
 /// How a run's provider batches behave.
@@ -151,7 +154,9 @@ pub async fn cost_report(
         model: MODEL.into(),
         flex_latency_ms,
         runs,
-    })
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 /// The commits lane's route stack against `mock`: retries over the fallback over one OpenAI route
@@ -234,35 +239,34 @@ fn answered_twice(mock: &MockLlm, emulator: Option<&MockBatches>) -> u64 {
 }
 
 impl CostReport {
-    /// The goal lines, from the runs: flex at most 55% of sync's cost, no deadline missed, no commit
-    /// answered twice, and every run writing as many summaries as sync.
-    pub fn goals(&self) -> Vec<String> {
-        let met = |ok: bool| if ok { "met" } else { "NOT met" };
-        let Some(sync) = self.runs.first() else { return vec!["no runs".into()] };
-        let mut lines = Vec::new();
-        for r in &self.runs[1..] {
-            let ratio = if sync.cost_usd > 0.0 { r.cost_usd / sync.cost_usd } else { f64::NAN };
-            lines.push(format!("{}: cost {:.1}% of sync", r.mode, ratio * 100.0));
-        }
-        let flex = self.runs.get(1).map_or(f64::NAN, |r| r.cost_usd / sync.cost_usd);
-        lines.push(format!("flex cost / sync cost = {:.3} (goal <= 0.55): {}", flex, met(flex <= 0.55)));
-        let batch = self
-            .runs
-            .iter()
-            .find(|r| r.mode.starts_with("batch"))
-            .map_or(f64::NAN, |r| r.cost_usd / sync.cost_usd);
-        lines.push(format!("batch cost / sync cost = {:.3} (goal <= 0.55): {}", batch, met(batch <= 0.55)));
+    /// The goal lines, from the runs: flex and batch at most 55% of sync's cost, no deadline
+    /// missed, no commit answered twice, and every run writing as many summaries as sync.
+    fn judged(mut self) -> Self {
+        let Some(sync) = self.runs.first() else { return self };
+        let of_sync = |r: Option<&CostRun>| r.map_or(f64::NAN, |r| r.cost_usd / sync.cost_usd);
+        let flex = of_sync(self.runs.get(1));
+        let batch = of_sync(self.runs.iter().find(|r| r.mode.starts_with("batch")));
         let missed: usize = self.runs.iter().map(|r| r.deadlines_missed).sum();
-        lines.push(format!("deadlines missed: {missed} (goal 0): {}", met(missed == 0)));
         let dup: u64 = self.runs.iter().map(|r| r.duplicates).sum();
-        lines.push(format!("commits answered twice: {dup} (goal 0): {}", met(dup == 0)));
-        let same = self.runs.iter().all(|r| r.summaries == sync.summaries && r.failed == 0);
-        lines.push(format!(
-            "every run writes sync's {} summaries, none failed: {}",
-            sync.summaries,
-            met(same)
-        ));
-        lines
+        let short = self.runs.iter().filter(|r| r.summaries != sync.summaries || r.failed > 0).count();
+        self.goals = vec![
+            Goal::new("flex_over_sync", "flex cost / sync cost", flex).at_most(0.55).shown(Unit::Times, 3),
+            Goal::new("batch_over_sync", "batch cost / sync cost", batch).at_most(0.55).shown(Unit::Times, 3),
+            Goal::new("deadlines_missed", "deadlines missed", missed as f64)
+                .at_most(0.0)
+                .shown(Unit::Count, 0),
+            Goal::new("answered_twice", "commits the provider answered twice", dup as f64)
+                .at_most(0.0)
+                .shown(Unit::Count, 0),
+            Goal::new(
+                "runs_short",
+                format!("runs that did not write sync's {} summaries, or failed one", sync.summaries),
+                short as f64,
+            )
+            .at_most(0.0)
+            .shown(Unit::Count, 0),
+        ];
+        self
     }
 }
 
@@ -310,9 +314,11 @@ impl std::fmt::Display for CostReport {
                 r.cost_usd
             )?;
         }
-        for line in self.goals() {
-            writeln!(f, "- {line}")?;
+        if let Some(sync) = self.runs.first() {
+            for r in &self.runs[1..] {
+                writeln!(f, "{}: cost {:.1}% of sync", r.mode, 100.0 * r.cost_usd / sync.cost_usd)?;
+            }
         }
-        Ok(())
+        write_goals(f, &self.goals)
     }
 }

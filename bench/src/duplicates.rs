@@ -1,6 +1,7 @@
 //! `lanes bench duplicates`: ten deliveries of one task and of one commit to three pollers, with a
 //! model slower than the visibility: LLM calls with the renewed lease vs a static visibility.
 
+use crate::goals::{Goal, Unit, write_goals};
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::{Lane, RepoId};
 use serde::Serialize;
@@ -26,6 +27,9 @@ pub struct DuplicatesRun {
     pub seconds: f64,
 }
 
+/// The configuration with a lease renewed by a heartbeat.
+const LEASED: &str = "lease + heartbeat";
+
 /// What `lanes bench duplicates` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct DuplicatesReport {
@@ -39,6 +43,8 @@ pub struct DuplicatesReport {
     pub pollers: usize,
     /// Task and commit, each with a renewed lease and with a static visibility.
     pub runs: Vec<DuplicatesRun>,
+    /// The goal lines: exactly one LLM call per flow with the renewed lease.
+    pub goals: Vec<Goal>,
 }
 
 /// `deliveries` copies of one task and of one commit, three pollers, a model slower (`llm_ms`) than
@@ -57,7 +63,7 @@ pub async fn duplicates_report(
     let visibility = Duration::from_millis(visibility_ms);
     let mut runs = Vec::new();
     for flow in ["task", "commit"] {
-        for config in ["lease + heartbeat", "static visibility"] {
+        for config in [LEASED, "static visibility"] {
             let dir = crate::temp_dir().map_err(|e| err(&e))?;
             let clock: lanes_core::clock::SharedClock = Arc::new(SystemClock);
             let settings = lanes_core::embedded::QueueSettings {
@@ -72,7 +78,7 @@ pub async fn duplicates_report(
                     .answering_batches(lanes_core::commits::prompt::offline_answer),
             );
             let lease = match config {
-                "lease + heartbeat" => lanes_core::config::WorkerConfig::default().with_lease(visibility),
+                LEASED => lanes_core::config::WorkerConfig::default().with_lease(visibility),
                 // A fixed timeout: nothing renews it while the model runs.
                 _ => lanes_core::config::WorkerConfig {
                     lease_ttl: visibility,
@@ -172,6 +178,17 @@ pub async fn duplicates_report(
         llm_ms,
         visibility_ms,
         pollers,
+        goals: runs
+            .iter()
+            .filter(|r| r.config == LEASED)
+            .map(|r| {
+                let what = format!("LLM calls, {} with the renewed lease", r.flow);
+                Goal::new("calls_leased", what, r.llm_calls as f64)
+                    .at_least(1.0)
+                    .at_most(1.0)
+                    .shown(Unit::Count, 0)
+            })
+            .collect(),
         runs,
     })
 }
@@ -203,6 +220,6 @@ impl std::fmt::Display for DuplicatesReport {
                 run.finished
             )?;
         }
-        Ok(())
+        write_goals(f, &self.goals)
     }
 }

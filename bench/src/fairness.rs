@@ -6,6 +6,7 @@
 //! from the figures, and the least wait any order could have given without preempting a task or
 //! holding a slot idle ([`floor_wait`]).
 
+use crate::goals::{Goal, Unit, write_goals};
 use lanes_core::clock::{SharedClock, SystemClock};
 use lanes_core::config::WorkerConfig;
 use lanes_core::domain::{Lane, TaskId, Tenant};
@@ -105,8 +106,34 @@ pub struct FairnessReport {
     /// tokens ([`crate::token_fairness`]).
     pub token_runs: Vec<crate::token_fairness::TokenRun>,
     /// With token shares on: how far the large tenant's token share is from equal, relative to
-    /// equal (goal <= 0.10), while its task share is not equal.
+    /// equal (the worst run).
     pub token_share_off_equal: f64,
+    /// The same for its task share (the closest run): the shares must not be equal in tasks.
+    pub task_share_off_equal: f64,
+    /// The goal lines, from the figures above.
+    pub goals: Vec<Goal>,
+}
+
+impl FairnessReport {
+    fn judged(mut self) -> Self {
+        let wait = "steady tenants' worst interactive wait p99 under the flood / alone, fair+tokens";
+        let share = "the flooding tenant's share of the capacity the others leave, fair+tokens";
+        let tokens = "token shares on: the large tenant's token share off equal";
+        let tasks = "token shares on: its task share off equal (it takes fewer tasks)";
+        self.goals = vec![
+            Goal::new("flood_over_alone", wait, self.fair_flood_over_alone).at_most(1.5),
+            Goal::new("flood_share_of_leftover", share, self.fair_flood_share_of_leftover)
+                .at_least(0.95)
+                .shown(Unit::Percent, 0),
+            Goal::new("token_share_off_equal", tokens, self.token_share_off_equal)
+                .at_most(0.10)
+                .shown(Unit::Percent, 0),
+            Goal::new("task_share_off_equal", tasks, self.task_share_off_equal)
+                .at_least(0.20)
+                .shown(Unit::Percent, 0),
+        ];
+        self
+    }
 }
 
 /// Tasks per tenant queued for the token runs.
@@ -135,16 +162,17 @@ pub async fn fairness_report(slots: usize, seconds: f64, scale_ms: u64) -> Resul
     let ratio = |alone: &FairnessRun, flooded: &FairnessRun| worst(alone, flooded, &|t, _| t.wait_ms[1]);
     let token_runs = crate::token_fairness::token_runs(slots, TOKEN_BACKLOG, scale_ms).await?;
     // The worst of the runs with the shares on, in either cache.
-    let token_share_off_equal = token_runs
-        .iter()
-        .filter(|r| r.token_fairness)
-        .map(|r| (r.large_token_share - 0.5).abs() / 0.5)
-        .fold(None, |worst: Option<f64>, d| Some(worst.map_or(d, |w| w.max(d))))
-        .unwrap_or(1.0);
+    let on: Vec<_> = token_runs.iter().filter(|r| r.token_fairness).collect();
+    let off_equal = |share: f64| (share - 0.5).abs() / 0.5;
+    let token_share_off_equal =
+        on.iter().map(|r| off_equal(r.large_token_share)).reduce(f64::max).unwrap_or(1.0);
+    let task_share_off_equal =
+        on.iter().map(|r| off_equal(r.large_task_share)).reduce(f64::min).unwrap_or(0.0);
     Ok(FairnessReport {
         command: format!("lanes bench fairness --slots {slots} --seconds {seconds} --scale-ms {scale_ms}"),
         token_runs,
         token_share_off_equal,
+        task_share_off_equal,
         slots,
         scale_ms,
         fifo_flood_over_alone: ratio(&runs[0], &runs[1]),
@@ -159,7 +187,9 @@ pub async fn fairness_report(slots: usize, seconds: f64, scale_ms: u64) -> Resul
         fair_latency_flood_over_alone: worst(&runs[4], &runs[5], &|t, _| t.latency_ms[1]),
         fair_flood_share_of_leftover: runs[5].flood_share_of_leftover.unwrap_or(0.0),
         runs,
-    })
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 /// The arrivals: `(real ms offset, tenant, synthesis, service ms)`, the same for every run.
@@ -371,14 +401,10 @@ impl std::fmt::Display for FairnessReport {
                 )?;
             }
         }
-        let verdict = |ok: bool| if ok { "met" } else { "not met" };
         writeln!(
             f,
-            "steady tenants' worst interactive wait p99 under the flood / alone: fair+tokens {:.2} (goal <= 1.5: {}), fair order alone {:.2}, FIFO {:.2}",
-            self.fair_flood_over_alone,
-            verdict(self.fair_flood_over_alone <= 1.5),
-            self.order_only_flood_over_alone,
-            self.fifo_flood_over_alone
+            "steady tenants' worst interactive wait p99 under the flood / alone: fair+tokens {:.2}, fair order alone {:.2}, FIFO {:.2}",
+            self.fair_flood_over_alone, self.order_only_flood_over_alone, self.fifo_flood_over_alone
         )?;
         writeln!(
             f,
@@ -386,12 +412,6 @@ impl std::fmt::Display for FairnessReport {
             self.fair_floor_over_alone,
             self.fair_latency_flood_over_alone,
             self.fair_latency_floor_over_alone
-        )?;
-        writeln!(
-            f,
-            "the flooding tenant's share of the capacity the others leave, fair+tokens: {:.2} (goal >= 0.95: {})",
-            self.fair_flood_share_of_leftover,
-            verdict(self.fair_flood_share_of_leftover >= 0.95)
         )?;
         writeln!(f, "two backlogged tenants, one's tasks {}x the tokens (same service time):", 10)?;
         for r in &self.token_runs {
@@ -407,14 +427,7 @@ impl std::fmt::Display for FairnessReport {
                 r.put_offs
             )?;
         }
-        let mut on = self.token_runs.iter().filter(|r| r.token_fairness).peekable();
-        let tasks_unequal = on.peek().is_some() && on.all(|r| (r.large_task_share - 0.5).abs() > 0.1);
-        writeln!(
-            f,
-            "token shares off equal by {:.0}% with token fairness (goal <= 10%, task shares unequal: {})",
-            100.0 * self.token_share_off_equal,
-            verdict(self.token_share_off_equal <= 0.10 && tasks_unequal)
-        )
+        write_goals(f, &self.goals)
     }
 }
 

@@ -9,6 +9,7 @@
 //! Reported per function and per tenth: the largest resident set (`VmRSS`) of its environments at
 //! the end of the tenth, and the peak (`VmHWM`) of any of them over the run.
 
+use crate::goals::{Goal, Unit, write_goals};
 use lanes_core::domain::{Lane, TaskStatus};
 use lanes_core::ports::{QueueConsume, TaskStore};
 use lanes_tests::lambda_emulator::{FunctionSpec, LambdaFunction, Outcome, sqs_event};
@@ -52,6 +53,8 @@ pub struct FunctionsReport {
     pub functions: Vec<FunctionMemory>,
     /// Tasks not `COMPLETED` at the end.
     pub unfinished: usize,
+    /// The goal lines, from the figures above.
+    pub goals: Vec<Goal>,
 }
 
 /// The pieces of the run: the services, the functions and the queues their mappings read.
@@ -120,7 +123,9 @@ pub async fn functions_report(tasks: usize, concurrency: usize) -> Result<Functi
         seconds,
         functions,
         unfinished,
-    })
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 /// moto and redis-server with the stack's resources, the functions as the template declares them,
@@ -268,9 +273,16 @@ fn event(name: &str) -> Result<Value, String> {
 }
 
 impl FunctionsReport {
-    /// Whether every function's resident set at the end is within 10% of the first tenth's.
-    pub fn flat(&self) -> bool {
-        self.functions.iter().all(|f| f.last_over_first <= 1.10)
+    fn judged(mut self) -> Self {
+        let worst = self.functions.iter().map(|f| f.last_over_first).fold(f64::NAN, f64::max);
+        let what = "every function's RSS, last tenth / first (flat after warm-up), worst";
+        self.goals = vec![
+            Goal::new("rss_last_over_first", what, worst).at_most(crate::goals::RSS_FLAT),
+            Goal::new("unfinished", "tasks unfinished at the end", self.unfinished as f64)
+                .at_most(0.0)
+                .shown(Unit::Count, 0),
+        ];
+        self
     }
 }
 
@@ -300,11 +312,6 @@ impl std::fmt::Display for FunctionsReport {
                 x.peak_mib
             )?;
         }
-        writeln!(
-            f,
-            "flat after warm-up (last tenth within 10% of the first): {}; unfinished: {}",
-            if self.flat() { "met" } else { "NOT met" },
-            self.unfinished
-        )
+        write_goals(f, &self.goals)
     }
 }

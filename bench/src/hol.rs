@@ -2,6 +2,7 @@
 //! a few long synthesis ones) through the real pool and embedded queues under one FIFO, a static
 //! 50:50 split and 70/30 with borrowing.
 
+use crate::goals::{Goal, Unit, write_goals};
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::Lane;
 use serde::Serialize;
@@ -66,14 +67,31 @@ pub struct HolReport {
     pub tasks: [usize; 2],
     /// One run per policy.
     pub runs: Vec<HolRun>,
-    /// 70/30's interactive p99 latency over its service p99 (target <= 1.2).
+    /// 70/30's interactive p99 latency over its service p99.
     pub interactive_p99_over_service: f64,
-    /// FIFO's interactive p99 latency over 70/30's (target >= 10).
+    /// FIFO's interactive p99 latency over 70/30's.
     pub fifo_over_weighted: f64,
-    /// 70/30's synthesis throughput over FIFO's (target >= 0.95).
+    /// 70/30's synthesis throughput over FIFO's.
     pub synthesis_vs_fifo: f64,
     /// The share of interactive's reservation the 70/30 pool keeps free while interactive has work.
     pub headroom: f64,
+    /// The goal lines, from the figures above.
+    pub goals: Vec<Goal>,
+}
+
+impl HolReport {
+    fn judged(mut self) -> Self {
+        let p99 = "70/30 interactive p99 / its service p99";
+        self.goals = vec![
+            Goal::new("p99_over_service", p99, self.interactive_p99_over_service).at_most(1.2),
+            Goal::new("fifo_over_weighted", "FIFO / 70/30 interactive p99", self.fifo_over_weighted)
+                .at_least(10.0)
+                .shown(Unit::Times, 1),
+            Goal::new("synthesis_vs_fifo", "70/30 synthesis throughput / FIFO's", self.synthesis_vs_fifo)
+                .at_least(0.95),
+        ];
+        self
+    }
 }
 
 /// A mixed workload time-scaled (1 s -> `scale_ms`): a Poisson stream for `seconds` of real time,
@@ -206,7 +224,9 @@ pub async fn hol_report(slots: usize, seconds: f64, scale_ms: u64) -> Result<Hol
         synthesis_vs_fifo: weighted.synthesis_per_s / fifo.synthesis_per_s.max(1e-9),
         headroom: lanes_core::pool::INTERACTIVE_HEADROOM,
         runs,
-    })
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 impl std::fmt::Display for HolReport {
@@ -243,12 +263,6 @@ impl std::fmt::Display for HolReport {
                 run.tail_free_wait_p50_ms
             )?;
         }
-        writeln!(
-            f,
-            "70/30 interactive p99 / its service p99: {:.2} (target <= 1.2); FIFO / 70/30 p99: {:.1} (target >= 10); \
-             70/30 synthesis throughput / FIFO's: {:.2} (target >= 0.95)",
-            self.interactive_p99_over_service, self.fifo_over_weighted, self.synthesis_vs_fifo
-        )?;
-        Ok(())
+        write_goals(f, &self.goals)
     }
 }

@@ -18,6 +18,8 @@
 //!   text from the provider to the client, and memory per subscriber.
 //! - [`coldstart`]: the Lambda functions' init duration and zip size against a hello-world function.
 //! - [`cost`]: a repository's commits at each service tier policy: cost, flex refusals, deadlines.
+//!
+//! Each report carries its goal lines ([`goals`]) in its JSON: the bound, the figure, how to show it.
 
 pub mod batching;
 pub mod coldstart;
@@ -25,6 +27,7 @@ pub mod cost;
 pub mod duplicates;
 pub mod fairness;
 pub mod functions;
+pub mod goals;
 pub mod hol;
 pub mod limiter;
 pub mod litellm;

@@ -10,6 +10,7 @@
 //! learned from its headers: a fixed number of tasks, and the time they take against the time the
 //! limit allows. The background's reservation is idle there and must be lent whole.
 
+use crate::goals::{Goal, Unit, write_goals};
 use crate::limiter::{MIXED, mixed_request};
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::Lane;
@@ -72,6 +73,93 @@ pub struct ProviderReport {
     /// That proxy's version.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub litellm_version: Option<String>,
+    /// The goal lines, from the runs.
+    pub goals: Vec<Goal>,
+}
+
+impl ProviderReport {
+    fn judged(mut self) -> Self {
+        let runs = &self.runs;
+        let figures = |keep: &dyn Fn(&ProviderRun) -> bool, figure: fn(&ProviderRun) -> f64| {
+            runs.iter().filter(|r| keep(r)).map(figure).collect::<Vec<f64>>()
+        };
+        let worst = |v: Vec<f64>| v.into_iter().fold(f64::NAN, f64::max);
+        let lowest = |v: Vec<f64>| v.into_iter().fold(f64::NAN, f64::min);
+        let configured = |r: &ProviderRun| r.limits == "configured";
+        let learned = |r: &ProviderRun| r.limits == "learned from headers";
+        let saturated = |r: &ProviderRun| configured(r) || learned(r);
+        let unknown = |r: &ProviderRun| r.limits.starts_with("unknown");
+        let throttled = |r: &ProviderRun| r.throttled_share;
+        let mut goals = vec![
+            Goal::new(
+                "throttled_configured",
+                "429s with the limits configured, worst",
+                worst(figures(&configured, throttled)),
+            )
+            .at_most(0.01)
+            .shown(Unit::Percent, 2),
+            Goal::new(
+                "throttled_learned",
+                "429s with the limits learned from headers, worst",
+                worst(figures(&learned, throttled)),
+            )
+            .at_most(0.05)
+            .shown(Unit::Percent, 2),
+            Goal::new(
+                "throttled_unknown",
+                "429s with the limits unknown, worst",
+                worst(figures(&unknown, throttled)),
+            )
+            .at_most(0.05)
+            .shown(Unit::Percent, 2),
+            Goal::new("failed", "calls failed", figures(&|_| true, |r| r.failed as f64).iter().sum())
+                .at_most(0.0)
+                .shown(Unit::Count, 0),
+            Goal::new(
+                "of_limit",
+                "tokens served of the limit, configured or learned, lowest",
+                lowest(figures(&saturated, |r| r.tokens_of_limit)),
+            )
+            .at_least(0.95)
+            .shown(Unit::Percent, 1),
+            Goal::new(
+                "interactive_share",
+                "interactive's share under saturation, lowest",
+                lowest(figures(&saturated, |r| r.interactive_share)),
+            )
+            .at_least(0.70)
+            .shown(Unit::Percent, 1),
+        ];
+        let cases = [
+            (["alone_used", "alone_missed"], &self.alone, "the emulator"),
+            (["litellm_used", "litellm_missed"], &self.litellm, "LiteLLM"),
+        ];
+        for ([used_key, missed_key], runs, against) in cases {
+            if runs.is_empty() {
+                continue;
+            }
+            let what = format!(
+                "interactive alone against {against}: of the limit (configured: the whole run; learned: after the first window), lowest"
+            );
+            goals.push(
+                Goal::new(used_key, what, lowest(runs.iter().map(AloneRun::used).collect()))
+                    .at_least(0.95)
+                    .shown(Unit::Percent, 3),
+            );
+            let missed = runs.iter().map(|r| (r.throttled + r.unanswered) as f64).sum();
+            goals.push(
+                Goal::new(
+                    missed_key,
+                    format!("interactive alone against {against}: 429s and calls unanswered"),
+                    missed,
+                )
+                .at_most(0.0)
+                .shown(Unit::Count, 0),
+            );
+        }
+        self.goals = goals;
+        self
+    }
 }
 
 /// Interactive tasks alone against a fixed-window provider.
@@ -209,7 +297,9 @@ pub async fn provider_report(
         alone,
         litellm: proxied,
         litellm_version: litellm.and_then(crate::litellm::version),
-    })
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 /// `tasks` interactive calls from six workers (a pool's interactive slots) against a fixed-window
@@ -390,10 +480,6 @@ impl std::fmt::Display for ProviderReport {
                 r.interactive_share * 100.0
             )?;
         }
-        writeln!(
-            f,
-            "Goals: <= 1% 429s with the limits configured, <= 5% learned; >= 95% of the limit; 0 failed; interactive >= 70%."
-        )?;
         writeln!(f, "Interactive alone, fixed window:")?;
         write_alone(f, &self.alone)?;
         if !self.litellm.is_empty() {
@@ -401,16 +487,15 @@ impl std::fmt::Display for ProviderReport {
             writeln!(f, "Interactive alone, a real LiteLLM proxy ({version}), calendar minutes:")?;
             write_alone(f, &self.litellm)?;
         }
-        Ok(())
+        write_goals(f, &self.goals)
     }
 }
 
 fn write_alone(f: &mut std::fmt::Formatter<'_>, runs: &[AloneRun]) -> std::fmt::Result {
     for r in runs {
-        let met = if r.used() >= 0.95 && r.throttled == 0 && r.unanswered == 0 { "met" } else { "NOT met" };
         writeln!(
             f,
-            "  {:<22} {} tasks at {} per {} s: {:.2} s against {:.2} s the limit allows ({:.1}% of the limit, {:.1}% after the first window), {} x 429, {} unanswered: >= 95% (whole run configured, after the first window learned) and 0 x 429 {met}",
+            "  {:<22} {} tasks at {} per {} s: {:.2} s against {:.2} s the limit allows ({:.1}% of the limit, {:.1}% after the first window), {} x 429, {} unanswered",
             r.limits,
             r.tasks,
             r.requests_per_window,

@@ -3,6 +3,7 @@
 //! with a static 120 s visibility; then, killed two thirds of the way through its answer, what the
 //! takeover pays for with the run's text saved every 10 s and without.
 
+use crate::goals::{Goal, Unit, write_goals};
 use lanes_tests::DevServer;
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -49,6 +50,32 @@ pub struct RecoveryReport {
     pub runs: Vec<RecoveryRun>,
     /// Late kills, saved and not.
     pub late_kills: Vec<LateKill>,
+    /// The goal lines, from the runs.
+    pub goals: Vec<Goal>,
+}
+
+impl RecoveryReport {
+    /// The lease run's takeover within its bound (the lease's TTL plus its renew interval); the
+    /// takeover with saves pays at most 60% of what it pays without (killed two thirds in, saving
+    /// every ninth of the answer).
+    fn judged(mut self) -> Self {
+        if let Some(lease) = self.runs.first() {
+            let what = format!("takeover with the lease, workload s ({})", lease.config);
+            self.goals.push(
+                Goal::new("takeover_s", what, lease.takeover_workload_s)
+                    .at_most(lease.bound_workload_s)
+                    .shown(Unit::Count, 1),
+            );
+        }
+        let saved = self.late_kills.iter().find(|k| k.save_every_s.is_some());
+        let unsaved = self.late_kills.iter().find(|k| k.save_every_s.is_none());
+        if let (Some(s), Some(u)) = (saved, unsaved) {
+            let share = s.paid_tokens as f64 / u.paid_tokens.max(1) as f64;
+            let what = "completion tokens the takeover pays with saves / without";
+            self.goals.push(Goal::new("paid_with_saves", what, share).at_most(0.6).shown(Unit::Percent, 0));
+        }
+        self
+    }
 }
 
 /// A synthesis task of 90 workload seconds on SQS (moto) and Redis, two `lanes dev` workers; the one
@@ -126,7 +153,9 @@ pub async fn recovery_report(scale_ms: u64) -> Result<RecoveryReport, String> {
         scale_ms,
         runs,
         late_kills,
-    })
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 /// The offline model's 90 s answer, its worker SIGKILLed 60 s in (two thirds of its text said) and
@@ -217,6 +246,6 @@ impl std::fmt::Display for RecoveryReport {
                 saves, k.killed_at_s, k.answer_after_kill_s, k.paid_tokens, k.saved_tokens, k.whole_tokens
             )?;
         }
-        Ok(())
+        write_goals(f, &self.goals)
     }
 }

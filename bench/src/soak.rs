@@ -5,6 +5,7 @@
 //! tenth, and the data file's size at the end against the pages in use in it and the live data in it
 //! (the file compacted).
 
+use crate::goals::{Goal, write_goals};
 use lanes_tests::DevServer;
 use serde::Serialize;
 use std::sync::Arc;
@@ -65,6 +66,32 @@ pub struct SoakReport {
     pub peak_rss_mib: f64,
     /// Tasks not completed (or expired) by the end: the workers fell behind.
     pub unfinished: usize,
+    /// RSS in the last tenth over the first, of the tenths where it was read.
+    pub rss_last_over_first: f64,
+    /// The goal lines, from the figures above.
+    pub goals: Vec<Goal>,
+}
+
+impl SoakReport {
+    fn judged(mut self) -> Self {
+        let read: Vec<f64> = self.tenths.iter().map(|t| t.rss_mib).filter(|r| *r > 0.0).collect();
+        self.rss_last_over_first = match (read.first(), read.last()) {
+            (Some(first), Some(last)) => last / first,
+            _ => f64::NAN,
+        };
+        let file = "data file / live data (a compacted copy)";
+        self.goals = vec![
+            Goal::new("last_over_first", "tasks/s, last tenth / first", self.last_over_first).at_least(0.9),
+            Goal::new("file_over_live", file, self.file_over_live).at_most(2.0),
+            Goal::new(
+                "rss_last_over_first",
+                "RSS, last tenth / first (flat after warm-up)",
+                self.rss_last_over_first,
+            )
+            .at_most(crate::goals::RSS_FLAT),
+        ];
+        self
+    }
 }
 
 /// Streams `tasks` interactive tasks from `clients` clients at a `lanes dev` whose records expire
@@ -147,7 +174,10 @@ pub async fn soak_report(
         file_over_live: file_bytes as f64 / live_bytes.max(1) as f64,
         peak_rss_mib,
         unfinished,
-    })
+        rss_last_over_first: f64::NAN,
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 /// `clients` clients, each submitting the next task (the `next` counter) until `limit` is reached,
@@ -242,17 +272,14 @@ impl std::fmt::Display for SoakReport {
                 t.file_mib
             )?;
         }
-        let flat = if self.last_over_first >= 0.9 { "met" } else { "NOT met" };
-        let small = if self.file_over_live <= 2.0 { "met" } else { "NOT met" };
-        writeln!(f, "last tenth / first: {:.2} (goal >= 0.90): {flat}", self.last_over_first)?;
         writeln!(
             f,
-            "data file {:.1} MiB, in use {:.1} MiB, live data {:.1} MiB: {:.2}x (goal <= 2): {small}",
+            "data file {:.1} MiB, in use {:.1} MiB, live data {:.1} MiB",
             self.file_bytes as f64 / 1048576.0,
             self.in_use_bytes as f64 / 1048576.0,
             self.live_bytes as f64 / 1048576.0,
-            self.file_over_live
         )?;
-        writeln!(f, "peak RSS {:.1} MiB; unfinished at the end: {}", self.peak_rss_mib, self.unfinished)
+        writeln!(f, "peak RSS {:.1} MiB; unfinished at the end: {}", self.peak_rss_mib, self.unfinished)?;
+        write_goals(f, &self.goals)
     }
 }

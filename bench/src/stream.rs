@@ -18,6 +18,7 @@
 //! costs its connection and no more, the same whatever the length of the text it reads (at most 25%
 //! more for the four-times answer), so no reader holds a copy of the stream.
 
+use crate::goals::{Goal, Unit, write_goals};
 use crate::percentile;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -84,12 +85,10 @@ pub struct StreamReport {
     pub runs: Vec<StreamRun>,
     /// The memory runs (embedded backend): an answer, then one four times as long.
     pub memory: Vec<MemoryRun>,
-    /// The p99 goal per piece, ms.
-    pub goal_overhead_ms: f64,
     /// The longer answer's cost per subscriber over the shorter's.
     pub longer_answer_ratio: f64,
-    /// The goal on that ratio.
-    pub goal_longer_answer_ratio: f64,
+    /// The goal lines: the worst run's per-piece p99, and that ratio.
+    pub goals: Vec<Goal>,
 }
 
 /// The server's memory with ever more clients following one answer.
@@ -300,16 +299,26 @@ pub async fn stream_report(chunks: usize, interval_ms: u64, many: usize) -> Resu
         memory_runs.push(memory(&mock, long).await?);
     }
     let ratio = memory_runs[1].per_subscriber_kib / memory_runs[0].per_subscriber_kib.max(f64::EPSILON);
+    let worst_overhead = runs.iter().map(|r| r.overhead_ms[1]).fold(f64::NAN, f64::max);
     Ok(StreamReport {
         command: format!("lanes bench stream --chunks {chunks} --interval-ms {interval_ms} --many {many}"),
         chunks,
         interval_ms,
         chunk_bytes: pace.pad + 18,
-        runs,
         memory: memory_runs,
-        goal_overhead_ms: GOAL_OVERHEAD_MS,
         longer_answer_ratio: ratio,
-        goal_longer_answer_ratio: GOAL_LONGER_ANSWER_RATIO,
+        goals: vec![
+            Goal::new("overhead_p99", "per-piece p99, the worst run", worst_overhead)
+                .at_most(GOAL_OVERHEAD_MS)
+                .shown(Unit::Ms, 1),
+            Goal::new(
+                "longer_answer_ratio",
+                "a subscriber of the four-times answer / one of the first",
+                ratio,
+            )
+            .at_most(GOAL_LONGER_ANSWER_RATIO),
+        ],
+        runs,
     })
 }
 
@@ -347,15 +356,6 @@ impl std::fmt::Display for StreamReport {
                 format!("{:.1} ({:.1})", r.client_gap_p99_ms, r.provider_gap_p99_ms),
             )?;
         }
-        let worst = self.runs.iter().map(|r| r.overhead_ms[1]).fold(0.0, f64::max);
-        let met = |ok: bool| if ok { "met" } else { "NOT met" };
-        writeln!(
-            f,
-            "\ngoal: per-piece p99 <= {} ms on every run: worst {:.1} ms ({})",
-            self.goal_overhead_ms,
-            worst,
-            met(worst <= self.goal_overhead_ms)
-        )?;
         for m in &self.memory {
             writeln!(
                 f,
@@ -371,12 +371,6 @@ impl std::fmt::Display for StreamReport {
             }
             writeln!(f, "  an extra subscriber: {:.1} KiB", m.per_subscriber_kib)?;
         }
-        writeln!(
-            f,
-            "goal: a subscriber of the four-times answer costs <= {:.2}x one of the first: {:.2}x ({})",
-            self.goal_longer_answer_ratio,
-            self.longer_answer_ratio,
-            met(self.longer_answer_ratio <= self.goal_longer_answer_ratio),
-        )
+        write_goals(f, &self.goals)
     }
 }

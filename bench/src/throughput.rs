@@ -3,6 +3,7 @@
 //! peak memory, and the embedded file's group commits. On embedded, the same load also comes on a
 //! fixed schedule below the measured limit (open loop), for latencies the client count does not set.
 
+use crate::goals::{Goal, Unit, write_goals};
 use lanes_tests::DevServer;
 use serde::Serialize;
 use std::sync::Arc;
@@ -105,6 +106,45 @@ pub struct ThroughputReport {
     /// tasks/s, so the latencies are those of a server below its limit rather than of a queue the
     /// bench's own client count sets.
     pub open_loop: Vec<ThroughputRun>,
+    /// The goal lines, on the embedded runs (none without them).
+    pub goals: Vec<Goal>,
+}
+
+/// The embedded end-to-end rate the goal asks for, tasks/s.
+pub const GOAL_TASKS_PER_S: f64 = 10_000.0;
+
+/// The ingress p99 the goal allows, ms.
+pub const GOAL_INGRESS_P99_MS: f64 = 5.0;
+
+impl ThroughputReport {
+    fn judged(mut self) -> Self {
+        let Some(emb) = self.runs.iter().find(|r| r.backend == "embedded") else { return self };
+        let cores = self.cores;
+        let mut goals = vec![
+            Goal::new("tasks_per_s", format!("embedded tasks/s on {cores} cores"), emb.tasks_per_s)
+                .at_least(GOAL_TASKS_PER_S)
+                .shown(Unit::PerSecond, 0),
+            Goal::new(
+                "ingress_p99_closed",
+                format!("embedded ingress p99, {} closed-loop clients", self.clients),
+                emb.ingress_latency_ms[1],
+            )
+            .at_most(GOAL_INGRESS_P99_MS)
+            .shown(Unit::Ms, 1),
+        ];
+        goals.extend(self.open_loop.iter().map(|o| {
+            let offered = o.offered_per_s.unwrap_or(0.0);
+            let share = 100.0 * offered / emb.tasks_per_s.max(1e-9);
+            let what = format!(
+                "embedded ingress p99, open loop at {offered:.0} tasks/s ({share:.0}% of the closed loop's)"
+            );
+            Goal::new("ingress_p99_open", what, o.ingress_latency_ms[1])
+                .at_most(GOAL_INGRESS_P99_MS)
+                .shown(Unit::Ms, 1)
+        }));
+        self.goals = goals;
+        self
+    }
 }
 
 /// The shares of the embedded closed-loop run's tasks/s that the open-loop runs offer.
@@ -164,7 +204,9 @@ pub async fn throughput_report(
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         runs,
         open_loop,
-    })
+        goals: Vec::new(),
+    }
+    .judged())
 }
 
 /// How the bench's clients offer their tasks.
@@ -465,7 +507,7 @@ impl std::fmt::Display for ThroughputReport {
                 run.server_cpu_ms_per_task
             )?;
         }
-        Ok(())
+        write_goals(f, &self.goals)
     }
 }
 
