@@ -53,9 +53,12 @@ def show(v, g):
 
 
 def judged(g):
-    """Whether a goal's figure is within its bounds, both read from the JSON (unrounded)."""
+    """Whether a goal's figure is within its bounds, both read from the JSON (unrounded). A figure or
+    a bound written as null (a number the run could not take) is never within."""
     v, hi, lo = g["value"], g.get("at_most"), g.get("at_least")
-    return v is not None and (hi is None or v <= hi) and (lo is None or v >= lo)
+    bounds = [b for b in ("at_most", "at_least") if b in g]
+    return (v is not None and bool(bounds) and all(g[b] is not None for b in bounds)
+            and (hi is None or v <= hi) and (lo is None or v >= lo))
 
 
 def goal_lines(x):
@@ -66,8 +69,8 @@ def goal_lines(x):
     for g in x["goals"]:
         hi, lo = g.get("at_most"), g.get("at_least")
         bound = (f"= {show(hi, g)}" if hi is not None and hi == lo else
-                 f"{show(lo, g)} to {show(hi, g)}" if hi is not None and lo is not None else
-                 f"<= {show(hi, g)}" if hi is not None else f">= {show(lo, g)}")
+                 f"{show(lo, g)} to {show(hi, g)}" if "at_most" in g and "at_least" in g else
+                 f"<= {show(hi, g)}" if "at_most" in g else f">= {show(lo, g)}" if "at_least" in g else "none")
         lines.append(f"- {g['what']}: {show(g['value'], g)} (goal {bound}): {met(judged(g))}")
     return lines
 
@@ -126,6 +129,8 @@ def main():
                 f"{'' if t.get('floor_ms') is None else format(t['floor_ms'][1], '.1f') + ' ms'} | "
                 f"{r['put_offs']} |" for r in fa["runs"] for t in r["tenants"]]
         floor = fa["fair_floor_over_alone"]
+        share_goal = goal(fa, "flood_share_of_leftover")
+        allowed = f"{100 * (1 - share_goal['at_least']):.0f}%" if share_goal else "part"
         wait_goal = goal(fa, "flood_over_alone")
         reach = ("" if wait_goal is None else "; so the wait goal is within reach of some order"
                  if floor <= wait_goal["at_most"] else "; so the wait goal is **out of reach of every order**")
@@ -151,7 +156,7 @@ def main():
                 "(a few ms); under the flood every slot is busy, and the floor column is the wait for the "
                 "first one to free, which no order can shorten without preempting a task or keeping a slot "
                 "idle for tenants who might come. Keeping one interactive slot idle costs the flood about a "
-                "sixth of what the others leave it, against the 5% the share goal allows. So the wait goal "
+                f"sixth of what the others leave it, against the {allowed} the share goal allows. So the wait goal "
                 "measures the time scale (slot turnover against pickup), not the order; the latency ratio "
                 "is what a steady tenant sees. The flood's share counts slot time from claim to finish, so "
                 "each task's receive and claim count against it.", ""]
@@ -199,9 +204,10 @@ def main():
             out += [f"| {'every %.0f s' % k['save_every_s'] if k['save_every_s'] else 'never'} | "
                     f"{k['answer_after_kill_s']:.1f} s | {k['paid_tokens']} | {k['saved_tokens']} | {k['whole_tokens']} |"
                     for k in late]
+            paid = goal(rc, "paid_with_saves")
             out += ["", f"With saves the answer comes {u['answer_after_kill_s'] - s['answer_after_kill_s']:.1f} "
-                    "workload s sooner. Killed two thirds in and saving every ninth of the answer, the takeover "
-                    "should pay for at most 60% of what it pays without saves.", ""]
+                    "workload s sooner." + (" Killed two thirds in and saving every ninth of the answer, the takeover "
+                    f"should pay for at most {show(paid['at_most'], paid)} of what it pays without saves." if paid else ""), ""]
         out += ["Goals:", "", *goal_lines(rc), ""]
     tp = load(d, "throughput")
     if tp:
@@ -219,13 +225,12 @@ def main():
                 f"{r.get('server_cpu_ms_per_task', 0):.3f} ms | {r.get('disk_kib_per_task', 0):.1f} KiB |" for r in runs]
         emb = next((r for r in runs if r["backend"] == "embedded"), None)
         rate_goal = goal(tp, "tasks_per_s")
-        if emb and not rate_goal:
+        if emb:
             out += ["", *goal_lines(tp)]
         if emb and "server_cpu_ms_per_task" in emb and rate_goal:
             goal_rate = rate_goal["at_least"]
             need = goal_rate * emb["server_cpu_ms_per_task"] / 1000
-            out += ["", *goal_lines(tp),
-                    *([f"- the writer thread: {eg['per_task']:.3f} groups a task at {eg['mean_ms']:.2f} ms each is "
+            out += [*([f"- the writer thread: {eg['per_task']:.3f} groups a task at {eg['mean_ms']:.2f} ms each is "
                        f"{eg['per_task'] * eg['mean_ms']:.3f} ms of its time a task, so it was busy "
                        f"{100 * emb['tasks_per_s'] * eg['per_task'] * eg['mean_ms'] / 1000:.0f}% of the run; one thread "
                        f"allows {1000 / (eg['per_task'] * eg['mean_ms']):,.0f} tasks/s at that cost, and {goal_rate:,.0f} need "
@@ -346,8 +351,9 @@ def main():
                     + "The live data at the end can be below that peak: records kept "
                     f"{so['record_ttl_secs']} s and swept every {so['sweep_secs']} s hold between "
                     f"{so['record_ttl_secs']} and {so['record_ttl_secs'] + so['sweep_secs']} s of tasks, and the rate "
-                    "changes over the run. So whether the file is over twice the live data depends on where that "
-                    "peak falls against the doubling steps: a peak just over a step doubles the file.", ""]
+                    f"changes over the run. So whether the file is over {show(size['at_most'], size)} the live data "
+                    "depends on where that peak falls against the doubling steps: a peak just over a step doubles "
+                    "the file." if (size := goal(so, "file_over_live")) else "changes over the run.", ""]
     st = load(d, "stream")
     if st:
         out += ["## Streaming answers", "", f"`{st['command']}`", "",
@@ -376,8 +382,9 @@ def main():
                 "Reading it: a reader holds at most 16 events its client has not taken (a page of the log), and a "
                 "slow client's socket stops its reader rather than the server buffering for it, so the text is kept "
                 "once, in the log. " + (
+                    "" if flat is None else
                     "So an extra subscriber costs about the same whatever the length of the answer it reads."
-                    if flat and judged(flat) else
+                    if judged(flat) else
                     "Yet the per-subscriber cost grows with the answer: something a reader holds grows with what it "
                     "reads, and is not found yet."), ""]
     fn = load(d, "functions")

@@ -131,7 +131,7 @@ pub async fn coldstart_report(starts: usize) -> Result<ColdStartReport, String> 
         }
     }
     let baseline = baseline.ok_or("no baseline")?;
-    let worst_init = out.values().map(|m| m.init_ms / baseline.init_ms.max(1e-9)).fold(f64::NAN, f64::max);
+    let worst_init = crate::goals::worst(out.values().map(|m| m.init_ms / baseline.init_ms.max(1e-9)));
     let largest_zip = out.values().map(|m| m.zip_bytes).max().unwrap_or(0) as f64 / 1_048_576.0;
     let goals = vec![
         Goal::new("init_over_baseline", "every function's init / the baseline's, worst", worst_init)

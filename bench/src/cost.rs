@@ -314,7 +314,7 @@ impl std::fmt::Display for CostReport {
                 r.cost_usd
             )?;
         }
-        if let Some(sync) = self.runs.first() {
+        if let Some(sync) = self.runs.first().filter(|s| s.cost_usd > 0.0) {
             for r in &self.runs[1..] {
                 writeln!(f, "{}: cost {:.1}% of sync", r.mode, 100.0 * r.cost_usd / sync.cost_usd)?;
             }

@@ -183,7 +183,7 @@ pub async fn duplicates_report(
             .filter(|r| r.config == LEASED)
             .map(|r| {
                 let what = format!("LLM calls, {} with the renewed lease", r.flow);
-                Goal::new("calls_leased", what, r.llm_calls as f64)
+                Goal::new(format!("calls_leased_{}", r.flow), what, r.llm_calls as f64)
                     .at_least(1.0)
                     .at_most(1.0)
                     .shown(Unit::Count, 0)

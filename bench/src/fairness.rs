@@ -164,10 +164,8 @@ pub async fn fairness_report(slots: usize, seconds: f64, scale_ms: u64) -> Resul
     // The worst of the runs with the shares on, in either cache.
     let on: Vec<_> = token_runs.iter().filter(|r| r.token_fairness).collect();
     let off_equal = |share: f64| (share - 0.5).abs() / 0.5;
-    let token_share_off_equal =
-        on.iter().map(|r| off_equal(r.large_token_share)).reduce(f64::max).unwrap_or(1.0);
-    let task_share_off_equal =
-        on.iter().map(|r| off_equal(r.large_task_share)).reduce(f64::min).unwrap_or(0.0);
+    let token_share_off_equal = crate::goals::worst(on.iter().map(|r| off_equal(r.large_token_share)));
+    let task_share_off_equal = crate::goals::lowest(on.iter().map(|r| off_equal(r.large_task_share)));
     Ok(FairnessReport {
         command: format!("lanes bench fairness --slots {slots} --seconds {seconds} --scale-ms {scale_ms}"),
         token_runs,

@@ -274,7 +274,7 @@ fn event(name: &str) -> Result<Value, String> {
 
 impl FunctionsReport {
     fn judged(mut self) -> Self {
-        let worst = self.functions.iter().map(|f| f.last_over_first).fold(f64::NAN, f64::max);
+        let worst = crate::goals::worst(self.functions.iter().map(|f| f.last_over_first));
         let what = "every function's RSS, last tenth / first (flat after warm-up), worst";
         self.goals = vec![
             Goal::new("rss_last_over_first", what, worst).at_most(crate::goals::RSS_FLAT),

@@ -30,8 +30,8 @@ pub enum Unit {
 /// One goal line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Goal {
-    /// A short name the report finds the goal by.
-    pub key: &'static str,
+    /// A short name the report finds the goal by, unique in its report.
+    pub key: String,
     /// What is measured, in words.
     pub what: String,
     /// The run's figure.
@@ -51,8 +51,9 @@ pub struct Goal {
 impl Goal {
     /// The goal `key` on `value`, shown as a ratio with two decimals until [`Self::shown`] says
     /// otherwise; give it its bound with [`Self::at_most`] or [`Self::at_least`].
-    pub fn new(key: &'static str, what: impl Into<String>, value: f64) -> Self {
-        Self { key, what: what.into(), value, at_most: None, at_least: None, unit: Unit::Times, decimals: 2 }
+    pub fn new(key: impl Into<String>, what: impl Into<String>, value: f64) -> Self {
+        let (key, what) = (key.into(), what.into());
+        Self { key, what, value, at_most: None, at_least: None, unit: Unit::Times, decimals: 2 }
     }
 
     /// The figure must be at most `bound`.
@@ -102,6 +103,23 @@ impl std::fmt::Display for Goal {
     }
 }
 
+/// The largest of `values`; not a number when there are none or one is not a number, so a goal
+/// over it is not met rather than judged on the figures that happened to be taken.
+pub fn worst(values: impl IntoIterator<Item = f64>) -> f64 {
+    fold(values, f64::max)
+}
+
+/// The smallest of `values`, as [`worst`] treats them.
+pub fn lowest(values: impl IntoIterator<Item = f64>) -> f64 {
+    fold(values, f64::min)
+}
+
+fn fold(values: impl IntoIterator<Item = f64>, pick: fn(f64, f64) -> f64) -> f64 {
+    let mut it = values.into_iter();
+    let Some(first) = it.next() else { return f64::NAN };
+    it.fold(first, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { pick(a, b) })
+}
+
 /// Writes each goal on a line of its own.
 pub fn write_goals(f: &mut std::fmt::Formatter<'_>, goals: &[Goal]) -> std::fmt::Result {
     goals.iter().try_for_each(|g| writeln!(f, "goal: {g}"))
@@ -119,6 +137,10 @@ mod tests {
         let g = Goal::new("p99", "p99", 4.2).at_most(5.0).shown(Unit::Ms, 1);
         assert_eq!((g.met(), g.to_string()), (true, "p99: 4.2 ms (goal <= 5.0 ms): met".to_owned()));
         assert!(!Goal::new("r", "ratio", f64::NAN).at_most(1.1).met());
+        assert_eq!(worst([1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(lowest([1.0, 3.0, 2.0]), 1.0);
+        assert!(worst([1.0, f64::NAN, 2.0]).is_nan(), "a figure not taken is not skipped");
+        assert!(lowest([]).is_nan(), "no figure, no verdict");
         let one = |v| Goal::new("calls", "calls", v).at_least(1.0).at_most(1.0).shown(Unit::Count, 0);
         assert_eq!((one(1.0).met(), one(0.0).met(), one(2.0).met()), (true, false, false));
         assert_eq!(one(2.0).to_string(), "calls: 2 (goal = 1): NOT met");

@@ -10,7 +10,7 @@
 //! learned from its headers: a fixed number of tasks, and the time they take against the time the
 //! limit allows. The background's reservation is idle there and must be lent whole.
 
-use crate::goals::{Goal, Unit, write_goals};
+use crate::goals::{Goal, Unit, lowest, worst, write_goals};
 use crate::limiter::{MIXED, mixed_request};
 use lanes_core::clock::SystemClock;
 use lanes_core::domain::Lane;
@@ -83,8 +83,6 @@ impl ProviderReport {
         let figures = |keep: &dyn Fn(&ProviderRun) -> bool, figure: fn(&ProviderRun) -> f64| {
             runs.iter().filter(|r| keep(r)).map(figure).collect::<Vec<f64>>()
         };
-        let worst = |v: Vec<f64>| v.into_iter().fold(f64::NAN, f64::max);
-        let lowest = |v: Vec<f64>| v.into_iter().fold(f64::NAN, f64::min);
         let configured = |r: &ProviderRun| r.limits == "configured";
         let learned = |r: &ProviderRun| r.limits == "learned from headers";
         let saturated = |r: &ProviderRun| configured(r) || learned(r);
@@ -142,7 +140,7 @@ impl ProviderReport {
                 "interactive alone against {against}: of the limit (configured: the whole run; learned: after the first window), lowest"
             );
             goals.push(
-                Goal::new(used_key, what, lowest(runs.iter().map(AloneRun::used).collect()))
+                Goal::new(used_key, what, lowest(runs.iter().map(AloneRun::used)))
                     .at_least(0.95)
                     .shown(Unit::Percent, 3),
             );

@@ -299,7 +299,7 @@ pub async fn stream_report(chunks: usize, interval_ms: u64, many: usize) -> Resu
         memory_runs.push(memory(&mock, long).await?);
     }
     let ratio = memory_runs[1].per_subscriber_kib / memory_runs[0].per_subscriber_kib.max(f64::EPSILON);
-    let worst_overhead = runs.iter().map(|r| r.overhead_ms[1]).fold(f64::NAN, f64::max);
+    let worst_overhead = crate::goals::worst(runs.iter().map(|r| r.overhead_ms[1]));
     Ok(StreamReport {
         command: format!("lanes bench stream --chunks {chunks} --interval-ms {interval_ms} --many {many}"),
         chunks,

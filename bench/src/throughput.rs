@@ -138,7 +138,7 @@ impl ThroughputReport {
             let what = format!(
                 "embedded ingress p99, open loop at {offered:.0} tasks/s ({share:.0}% of the closed loop's)"
             );
-            Goal::new("ingress_p99_open", what, o.ingress_latency_ms[1])
+            Goal::new(format!("ingress_p99_open_{share:.0}"), what, o.ingress_latency_ms[1])
                 .at_most(GOAL_INGRESS_P99_MS)
                 .shown(Unit::Ms, 1)
         }));

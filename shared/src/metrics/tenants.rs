@@ -92,6 +92,18 @@ impl TenantLabels {
 /// When a lane's standings were last reported, and the tenants they labelled.
 type Shown = (u64, BTreeSet<String>);
 
+impl TenantLabels {
+    /// The label `group` has now, changing nothing: its own if it is named, [`OTHER`] otherwise.
+    /// For series about groups this process did not itself serve (the lane's standings), which
+    /// must not name or weigh them.
+    pub fn current(&self, group: &str) -> String {
+        match self.inner.lock() {
+            Ok(s) if s.named.contains(group) => group.to_owned(),
+            _ => OTHER.into(),
+        }
+    }
+}
+
 /// The per-tenant series.
 #[derive(Clone)]
 pub struct TenantMetrics {
@@ -152,13 +164,14 @@ impl TenantMetrics {
         true
     }
 
-    /// Sets `lane`'s share gauges to `standings` (every active group of the lane): each named
-    /// tenant's own, the rest summed as [`OTHER`]. A tenant labelled last time and not now (quiet,
-    /// or no longer named) loses its series rather than keep a stale share.
+    /// Sets `lane`'s share gauges to `standings` (every active group of the lane): each tenant
+    /// this process has named its own, the rest summed as [`OTHER`] (the standings name nobody). A
+    /// tenant labelled last time and not now (quiet, or no longer named) loses its series rather
+    /// than keep a stale share.
     pub fn stood(&self, lane: &str, standings: &[Standing]) {
         let mut now: BTreeMap<String, (f64, f64)> = BTreeMap::new();
         for s in standings {
-            let e = now.entry(self.labels.label(&s.group, 0.0)).or_default();
+            let e = now.entry(self.labels.current(&s.group)).or_default();
             e.0 += s.received;
             e.1 += s.entitled;
         }
@@ -174,6 +187,19 @@ impl TenantMetrics {
             self.share_ratio.with_label_values(&[lane, tenant, "entitled"]).set(*entitled);
         }
         *before = now.into_keys().collect();
+    }
+
+    /// `lane`'s share gauge for `tenant` and `kind`, if the series exists.
+    #[cfg(test)]
+    pub(crate) fn share(&self, lane: &str, tenant: &str, kind: &str) -> Option<f64> {
+        use prometheus::core::Collector;
+        let families = self.share_ratio.collect();
+        families[0]
+            .get_metric()
+            .iter()
+            // Labels come sorted by name: kind, lane, tenant.
+            .find(|x| x.get_label().iter().map(|l| l.value()).eq([kind, lane, tenant]))
+            .map(|x| x.get_gauge().get_value())
     }
 
     /// A run of `group` claimed `seconds` after its submission. Returns the label used.
@@ -220,25 +246,19 @@ mod tests {
     }
 
     fn share(m: &TenantMetrics, tenant: &str, kind: &str) -> Option<f64> {
-        use prometheus::core::Collector;
-        let families = m.share_ratio.collect();
-        families[0]
-            .get_metric()
-            .iter()
-            // Labels come sorted by name: kind, lane, tenant.
-            .find(|x| x.get_label().iter().map(|l| l.value()).eq([kind, "interactive", tenant]))
-            .map(|x| x.get_gauge().get_value())
+        m.share("interactive", tenant, kind)
     }
 
     #[test]
     fn standings_name_the_heaviest_sum_the_rest_as_other_and_drop_the_quiet() {
         let r = super::super::Registrar(prometheus::Registry::new());
         let m = TenantMetrics::new(&r);
-        for i in 0..TOP_TENANTS {
+        for i in 0..TOP_TENANTS - 1 {
             m.used("interactive", &format!("t-{i}"), 1_000);
         }
         let at = |g: &str, received: f64, entitled: f64| Standing { group: g.into(), received, entitled };
         m.stood("interactive", &[at("t-0", 0.5, 0.25), at("t-x", 0.25, 0.5), at("t-y", 0.25, 0.25)]);
+        assert_eq!(m.labels.current("t-x"), OTHER, "a name was free, but the standings took none");
         assert_eq!(share(&m, "t-0", "received"), Some(0.5));
         assert_eq!(share(&m, "t-0", "entitled"), Some(0.25));
         assert_eq!(share(&m, OTHER, "received"), Some(0.5), "t-x and t-y, unnamed, summed");
