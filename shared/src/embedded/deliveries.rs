@@ -30,8 +30,32 @@ const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("delivery_
 /// The key in [`EXPIRY`] saying its entries cover every mark: absent in a file written before the
 /// index, whose marks the first sweep then indexes. It sorts after every real expiry.
 const INDEXED: (u64, &str) = (u64::MAX, "indexed");
-/// Commits pushed per repository and owner and UTC day: `<scope>#<day>` -> count.
-pub(super) const PUSHED: TableDefinition<&str, u64> = TableDefinition::new("pushed_per_day");
+/// Commits pushed per repository and owner and UTC day: [`pushed_key`] -> count.
+const PUSHED: TableDefinition<&str, u64> = TableDefinition::new("pushed_per_day");
+
+/// The key of `scope`'s count on `day`.
+pub(super) fn pushed_key(scope: &crate::domain::commit::PushScope, day: u64) -> String {
+    format!("{scope}#{day}")
+}
+
+/// Adds `commits` to the count at `key` if it stays within `limit` (a negative number, a refund,
+/// always applies): whether it did. The read and the write in one write transaction, atomic as
+/// DynamoDB's conditional update.
+pub(super) fn count_pushed(
+    txn: &WriteTransaction,
+    key: &str,
+    commits: i64,
+    limit: u64,
+) -> Result<bool, StoreError> {
+    let mut t = txn.open_table(PUSHED).map_err(unavailable)?;
+    let now = t.get(key).map_err(unavailable)?.map_or(0, |v| v.value());
+    let next = crate::domain::quota::apply(now, commits);
+    let fits = commits <= 0 || next <= limit;
+    if fits {
+        t.insert(key, next).map_err(unavailable)?;
+    }
+    Ok(fits)
+}
 
 /// Marks `id` until `now_ms + ttl_secs`, unless a live mark has it already (a replay): whether it
 /// marked. An expired mark the sweep has not reached yet is replaced, its index entry with it.

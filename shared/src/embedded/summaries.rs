@@ -3,7 +3,7 @@
 //! and push counts it answers for are [`super::deliveries`]'s.
 
 use super::db::EmbeddedDb;
-use super::deliveries::{self, PUSHED};
+use super::deliveries;
 use super::unavailable;
 use crate::domain::commit::CommitSummary;
 use crate::domain::{RepoId, Sha};
@@ -164,18 +164,10 @@ impl SummaryStore for EmbeddedSummaries {
         commits: i64,
         limit: u64,
     ) -> Result<bool, StoreError> {
-        let key = format!("{scope}#{day}");
-        // The read and the write in one write transaction: atomic as DynamoDB's conditional update.
+        let key = deliveries::pushed_key(scope, day);
         self.db
             .submit_maybe(move |txn| {
-                let mut t = txn.open_table(PUSHED).map_err(unavailable)?;
-                let now = t.get(key.as_str()).map_err(unavailable)?.map_or(0, |v| v.value());
-                let next = crate::domain::quota::apply(now, commits);
-                let fits = commits <= 0 || next <= limit;
-                if fits {
-                    t.insert(key.as_str(), next).map_err(unavailable)?;
-                }
-                Ok((fits, fits))
+                deliveries::count_pushed(txn, &key, commits, limit).map(|fits| (fits, fits))
             })
             .wait()
             .await
