@@ -390,6 +390,36 @@ async fn duplicates_while_a_batch_is_open_are_pending_not_batched_again_on(anthr
     r.all_summarized_once(&commits).await;
 }
 
+/// A commit two workers batched at once (a lock that vanished lets both) is carried by two batches.
+/// When both end and send it back, its two deliveries can meet in one receive. Neither batch owns
+/// it any more, so it is summarized now. Passing over only the first delivery's batch acked both
+/// copies as still batched (each found the other batch's marker), and the commit was never
+/// summarized.
+#[tokio::test]
+async fn a_commit_two_batches_sent_back_is_summarized_not_acked_as_still_batched() {
+    use lanes_core::domain::commit::Escalation;
+    let r = rig(BatchTiming::default(), 0).await;
+    let x = commit(1, 0, "Change 0");
+    r.send(std::slice::from_ref(&x)).await;
+    assert_eq!(r.drain().await.batched, 1);
+    let a = r.adapters.batches.open_batches(10).await.unwrap().remove(0);
+    // The other worker's batch of the same commit: its marker is the one a lookup finds now.
+    let b = lanes_core::domain::batch::BatchRecord { key: format!("{}-other", a.key), ..a.clone() };
+    assert!(r.adapters.batches.create_batch(&b).await.unwrap());
+    let carrier = r.adapters.batches.batched(&[x.key()]).await.unwrap().remove(&x.key()).unwrap();
+    assert_eq!(carrier.batch, b.key, "the later batch's marker names the commit");
+    // Both send it back, the first batch's copy first.
+    let back = |from: &str| CommitMessage {
+        escalated: Some(Escalation { floor: Tier::Flex, enqueued_at_ms: r.start, from: Some(from.into()) }),
+        ..x.clone()
+    };
+    r.send(&[back(&a.key), back(&b.key)]).await;
+    let report = r.drain().await;
+    assert_eq!((report.batched, report.done.len()), (0, 1), "summarized now, not acked as batched");
+    let found = r.adapters.summaries.get_summaries(&[(x.repo_id.clone(), x.sha.clone())]).await.unwrap();
+    assert_eq!(found.len(), 1);
+}
+
 #[tokio::test]
 async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier() {
     a_request_the_provider_fails_alone_is_summarized_at_the_next_tier_on(false).await

@@ -44,7 +44,9 @@ impl CommitsWorker {
 
     /// Acks, as pending, each open commit an unclosed batch carries (a duplicate delivery, or a
     /// message whose batch was recorded before its ack was lost). A batch that sent the commit on
-    /// no longer owns it, whatever its record's state: that one's marker is passed over.
+    /// no longer owns it, whatever its record's state: the markers of every batch that sent one of
+    /// the group's deliveries back are passed over. Passing over only the first delivery's lost
+    /// both copies of a commit two batches carried: each batch's copy found the other's marker.
     pub(super) async fn answer_batched(&self, groups: &mut [Group]) {
         let Some(batching) = &self.batching else { return };
         let open: Vec<usize> = Self::open(groups).collect();
@@ -56,9 +58,9 @@ impl CommitsWorker {
             Ok(found) => {
                 let now = self.clock.now_ms();
                 for &g in &open {
-                    let commit = &groups[g].commit;
-                    let from = commit.escalated.as_ref().and_then(|e| e.from.as_deref());
-                    let Some(carrier) = found.get(&commit.key()).filter(|c| Some(c.batch.as_str()) != from)
+                    let group = &groups[g];
+                    let Some(carrier) =
+                        found.get(&group.commit.key()).filter(|c| !group.sent_back_by.contains(&c.batch))
                     else {
                         continue;
                     };

@@ -72,6 +72,11 @@ pub(super) struct Group {
     /// When the oldest of its deliveries entered the queue (Unix ms): the lane's deadline counts
     /// from here ([`crate::domain::tier::choose`]).
     pub(super) enqueued_at_ms: u64,
+    /// The provider batches that sent one of its deliveries back (each delivery's
+    /// `escalated.from`): none of them owns the commit any more, whatever its record says. A commit
+    /// two workers batched at once is sent back by both batches, and the two deliveries can meet
+    /// in one group.
+    pub(super) sent_back_by: Vec<String>,
 }
 
 pub(super) enum GroupEnd {
@@ -217,10 +222,14 @@ impl CommitsWorker {
                             enqueued_at_ms: m
                                 .sent_at_ms
                                 .min(c.escalated.as_ref().map_or(u64::MAX, |e| e.enqueued_at_ms)),
+                            sent_back_by: Vec::new(),
                         });
                         groups.len() - 1
                     });
                     groups[g].members.push(i);
+                    if let Some(from) = c.escalated.as_ref().and_then(|e| e.from.clone()) {
+                        groups[g].sent_back_by.push(from);
+                    }
                     groups[g].enqueued_at_ms = groups[g].enqueued_at_ms.min(m.sent_at_ms);
                     groups[g].receives = groups[g].receives.max(m.receive_count);
                 }
