@@ -420,6 +420,27 @@ async fn a_commit_two_batches_sent_back_is_summarized_not_acked_as_still_batched
     assert_eq!(found.len(), 1);
 }
 
+/// A commit a batch sent back (its floor flex, its deadline counting from its first enqueue long
+/// ago) and a plain duplicate of it (another branch's push) in one receive: the group keeps the
+/// floor and the first enqueue whichever delivery comes first, so the commit is called now at
+/// flex, not batched again as the plain copy alone would be.
+#[tokio::test]
+async fn a_sent_back_commit_meeting_a_plain_duplicate_keeps_its_floor_and_deadline() {
+    use lanes_core::domain::commit::Escalation;
+    let r = rig(BatchTiming::default(), 0).await;
+    r.clock.advance_ms(5 * HOUR);
+    let x = commit(1, 0, "Change 0");
+    let back = CommitMessage {
+        escalated: Some(Escalation { floor: Tier::Flex, enqueued_at_ms: r.start, from: Some("gone".into()) }),
+        ..x.clone()
+    };
+    r.send(&[x.clone(), back]).await;
+    let report = r.drain().await;
+    assert_eq!((report.batched, report.done.len()), (0, 1), "called now, not batched again");
+    let found = r.adapters.summaries.get_summaries(&[(x.repo_id.clone(), x.sha.clone())]).await.unwrap();
+    assert_eq!(found.iter().map(|s| s.tier).collect::<Vec<_>>(), vec![Tier::Flex]);
+}
+
 #[tokio::test]
 async fn a_request_the_provider_fails_alone_is_summarized_at_the_next_tier() {
     a_request_the_provider_fails_alone_is_summarized_at_the_next_tier_on(false).await

@@ -333,6 +333,7 @@ async fn aws_requests_per_task_are_counted() {
     // The whole life of ten new tasks, divided by ten.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t4 = aws_requests(s).await;
+    let ten_began = Instant::now();
     let mut ids = Vec::new();
     for i in 0..10 {
         ids.push(submit(&s.url, "explain", &format!("count {i}")).await);
@@ -342,6 +343,7 @@ async fn aws_requests_per_task_are_counted() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t5 = aws_requests(s).await;
+    let ten_took = ten_began.elapsed();
     // A duplicate of a completed task.
     submit(&s.url, "explain", "count 0").await;
     let t6 = aws_requests(s).await;
@@ -382,6 +384,11 @@ async fn aws_requests_per_task_are_counted() {
     let mut per_task = per_task;
     let appends = per_task.remove("redis XADD").unwrap_or_default();
     assert!((1.0..=9.0).contains(&appends), "{appends} appends a task");
+    // The lane's standings (the tenants' shares, for the metrics): one read of its token-share
+    // state after a decision, at most every five seconds, however many tasks start meanwhile.
+    let reads = 10.0 * per_task.remove("redis HGETALL share").unwrap_or_default();
+    let most = (ten_took.as_secs_f64() / 5.0).floor() + 1.0;
+    assert!(reads <= most, "{reads} reads of the lane's shares in {ten_took:?}: at most {most}");
     assert_eq!(per_task, want.map(|(k, v)| (k.to_owned(), v)).into());
     // The exact counts above: 5 SQS/DynamoDB requests and 6 Redis commands per task locally, and
     // the event stream's appends (a Lambda batch, which keeps no events: `lambda_requests`).

@@ -57,6 +57,26 @@ pub struct CommitsWorker {
     pub batching: Option<super::Batching>,
 }
 
+impl Group {
+    /// One of its deliveries was sent back by a batch (`e`): the group keeps the dearest floor
+    /// and the first enqueue of every delivery, whichever came first in the receive, so a sent-back
+    /// copy that meets a plain duplicate is neither batched again nor given a later deadline (nor
+    /// charged to its repository's day again), and the sending batch is passed over.
+    fn escalated_too(&mut self, e: &crate::domain::commit::Escalation) {
+        self.sent_back_by.extend(e.from.clone());
+        self.enqueued_at_ms = self.enqueued_at_ms.min(e.enqueued_at_ms);
+        let merged = match self.commit.escalated.take() {
+            None => e.clone(),
+            Some(mine) => crate::domain::commit::Escalation {
+                floor: e.floor.at_least(Some(mine.floor)),
+                enqueued_at_ms: mine.enqueued_at_ms.min(e.enqueued_at_ms),
+                from: mine.from.or_else(|| e.from.clone()),
+            },
+        };
+        self.commit.escalated = Some(merged);
+    }
+}
+
 /// One distinct commit of the batch and the deliveries carrying it.
 pub(super) struct Group {
     pub(super) commit: CommitMessage,
@@ -227,8 +247,8 @@ impl CommitsWorker {
                         groups.len() - 1
                     });
                     groups[g].members.push(i);
-                    if let Some(from) = c.escalated.as_ref().and_then(|e| e.from.clone()) {
-                        groups[g].sent_back_by.push(from);
+                    if let Some(e) = &c.escalated {
+                        groups[g].escalated_too(e);
                     }
                     groups[g].enqueued_at_ms = groups[g].enqueued_at_ms.min(m.sent_at_ms);
                     groups[g].receives = groups[g].receives.max(m.receive_count);
