@@ -19,7 +19,8 @@
 //! the commit ([`crate::domain::batch::Carrier::owns`]).
 
 pub use super::Batching;
-use super::worker::{CommitsWorker, Group, GroupEnd, Pending};
+use super::group::{Group, GroupEnd};
+use super::worker::{CommitsWorker, Pending};
 use crate::domain::Lane;
 use crate::domain::batch::{
     BatchCall, BatchPhase, BatchRecord, BatchedCommit, MAX_BATCH_COMMITS, SUBMIT_LIMIT, batch_key, custom_id,

@@ -5,9 +5,10 @@
 
 use super::budget;
 use super::budget::Trimmed;
+use super::group::{Group, GroupEnd};
 use super::prompt::{self, COMPLETION_TOKENS_PER_COMMIT};
 use super::report::{BatchReport, Served};
-use super::worker::{CommitsWorker, Group, GroupEnd, LANE, Pending};
+use super::worker::{CommitsWorker, LANE, Pending};
 use crate::domain::commit::{CommitMessage, CommitSummary, SummarySource};
 use crate::domain::tier::Tier;
 use crate::domain::{Kind, Lane, TokenUsage};

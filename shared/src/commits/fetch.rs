@@ -3,9 +3,10 @@
 //! incomplete push's range, listed and sent as one message each.
 
 use super::budget;
+use super::group::{Group, GroupEnd};
 use super::prompt;
 use super::report::Served;
-use super::worker::{CommitsWorker, Group, GroupEnd, LANE, Pending};
+use super::worker::{CommitsWorker, LANE, Pending};
 use crate::domain::commit::{PushRange, SummarySource};
 use crate::domain::{Sha, TokenUsage};
 use crate::lease::{self, Outcome, full_jitter_backoff};

@@ -31,6 +31,7 @@ pub mod collect;
 pub mod dead_letters;
 mod enqueue;
 mod fetch;
+mod group;
 pub mod prompt;
 pub mod push;
 pub mod readers;

@@ -15,7 +15,8 @@
 //! counted again when the batch's collector sends it on. With the cache unreachable the budget is not enforced
 //! (counted as degraded), as for the tasks' budgets.
 
-use super::worker::{CommitsWorker, Group, GroupEnd, LANE};
+use super::group::{Group, GroupEnd};
+use super::worker::{CommitsWorker, LANE};
 use crate::domain::quota::{give_back, repo_commit};
 use futures::future::join_all;
 use tracing::warn;
