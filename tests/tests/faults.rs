@@ -389,6 +389,11 @@ async fn aws_requests_per_task_are_counted() {
     let reads = 10.0 * per_task.remove("redis HGETALL share").unwrap_or_default();
     let most = (ten_took.as_secs_f64() / 5.0).floor() + 1.0;
     assert!(reads <= most, "{reads} reads of the lane's shares in {ten_took:?}: at most {most}");
+    // The provider batches' collector: one read of the open batches every two seconds
+    // (`DevOptions::batch_collect_interval`), whatever the tasks do.
+    let polls = 10.0 * per_task.remove("dynamodb Query").unwrap_or_default();
+    let most = (ten_took.as_secs_f64() / 2.0).floor() + 1.0;
+    assert!(polls <= most, "{polls} reads of the open batches in {ten_took:?}: at most {most}");
     assert_eq!(per_task, want.map(|(k, v)| (k.to_owned(), v)).into());
     // The exact counts above: 5 SQS/DynamoDB requests and 6 Redis commands per task locally, and
     // the event stream's appends (a Lambda batch, which keeps no events: `lambda_requests`).
