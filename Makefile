@@ -64,6 +64,7 @@ bench: build test-deps
 	$(CARGO) build --locked --profile profiling -p lanes-cli -p lanes-ingress -p lanes-worker
 	$(LANES_RELEASE_BIN) bench hol --json > bench/hol.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench fairness --json > bench/fairness.json
+	LANES_VENV=$(VENV) $(LANES_BIN) bench share --json > bench/share.json
 	LANES_VENV=$(VENV) $(LANES_BIN) bench recovery --json > bench/recovery.json
 	LANES_VENV=$(VENV) $(LANES_RELEASE_BIN) bench throughput --tasks 20000 --aws-tasks 3000 --json > bench/throughput.json
 	$(LANES_RELEASE_BIN) bench soak --json > bench/soak.json

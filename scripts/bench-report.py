@@ -41,7 +41,7 @@ def met(ok):
     return "met" if ok else "**not met**"
 
 
-UNITS = {"times": "{:.{d}f}x", "percent": "{:.{d}f}%", "ms": "{:.{d}f} ms", "per_second": "{:,.{d}f}/s",
+UNITS = {"times": "{:.{d}f}x", "percent": "{:.{d}f}%", "ms": "{:.{d}f} ms", "micros": "{:,.{d}f} µs", "per_second": "{:,.{d}f}/s",
          "count": "{:,.{d}f}", "mib": "{:.{d}f} MiB"}
 
 
@@ -171,6 +171,22 @@ def main():
                     for r in fa["token_runs"]]
             out += [""]
         out += ["Goals:", "", *goal_lines(fa), ""]
+    sc = load(d, "share")
+    if sc:
+        out += ["### What the token shares cost Redis as a lane's tenants grow", "", f"`{sc['command']}`", "",
+                "Each step of a lane's token shares is one Lua script on one Redis hash, and Redis runs one "
+                "script at a time: its run is time in which no other client of that Redis is answered. One lane "
+                "with every tenant waiting for a task (so each competes), then "
+                f"{sc['calls']} calls of each step by one of them through the workers' adapter against a "
+                "redis-server; Redis's own time per call, from `INFO commandstats`.", "",
+                "| tenants waiting | submission | start decision | correction | a task (the three) |",
+                "|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['tenants']:,} | {r['submit_us']:.1f} µs | {r['decide_us']:.1f} µs | {r['settle_us']:.1f} µs | "
+                f"{r['task_us']:.1f} µs |" for r in sc["rows"]]
+        out += ["", *goal_lines(sc), "",
+                "Reading it: a submission and a correction read and write the asking tenant's entry alone; a start "
+                "decision reads every tenant's entry in the lane, since the others' shares are its question, so "
+                "its cost grows with the tenants waiting.", ""]
     rc = load(d, "recovery")
     if rc:
         runs = rc["runs"]

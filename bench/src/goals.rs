@@ -19,6 +19,8 @@ pub enum Unit {
     Percent,
     /// Milliseconds.
     Ms,
+    /// Microseconds.
+    Micros,
     /// Per second.
     PerSecond,
     /// A count.
@@ -82,6 +84,7 @@ impl Goal {
             Unit::Times => format!("{v:.d$}x"),
             Unit::Percent => format!("{:.d$}%", 100.0 * v),
             Unit::Ms => format!("{v:.d$} ms"),
+            Unit::Micros => format!("{v:.d$} µs"),
             Unit::PerSecond => format!("{v:.d$}/s"),
             Unit::Count => format!("{v:.d$}"),
             Unit::Mib => format!("{v:.d$} MiB"),

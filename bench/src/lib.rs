@@ -18,6 +18,7 @@
 //!   text from the provider to the client, and memory per subscriber.
 //! - [`coldstart`]: the Lambda functions' init duration and zip size against a hello-world function.
 //! - [`cost`]: a repository's commits at each service tier policy: cost, flex refusals, deadlines.
+//! - [`share_cost`]: what the token shares' script costs Redis as a lane's tenants grow.
 //!
 //! Each report carries its goal lines ([`goals`]) in its JSON: the bound, the figure, how to show it.
 
@@ -33,6 +34,7 @@ pub mod limiter;
 pub mod litellm;
 pub mod provider;
 pub mod recovery;
+pub mod share_cost;
 pub mod soak;
 pub mod stream;
 pub mod throughput;

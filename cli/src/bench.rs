@@ -215,6 +215,14 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The token shares' cost to Redis as a lane's tenants grow: Redis's own time per call of each
+    /// step (submission, start decision, correction) with 10, 100 and 1,000 tenants waiting in one
+    /// lane, against a redis-server of its own.
+    Share {
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A repository's commits through the commits pipeline at each service tier policy against the
     /// provider emulator: cost, calls, flex refusals, time to summary, deadlines missed, duplicates.
     Cost {
@@ -255,6 +263,7 @@ pub async fn run(what: BenchCommand) -> Result<(), CliError> {
         BenchCommand::Fairness { slots, seconds, scale_ms, json } => {
             show(b::fairness::fairness_report(slots, seconds, scale_ms).await, json)
         }
+        BenchCommand::Share { json } => show(b::share_cost::share_cost_report().await, json),
         BenchCommand::Duplicates { deliveries, llm_ms, visibility_ms, json } => {
             show(b::duplicates::duplicates_report(deliveries, llm_ms, visibility_ms).await, json)
         }

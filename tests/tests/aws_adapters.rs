@@ -891,6 +891,42 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
     assert_eq!(verdict, Verdict::PutOff, "the six-number entry competes in spite of a minute's patience");
 }
 
+/// An entry in the text form the script stored before it packed its entries (seven numbers) is read
+/// by the standings' read as it is, and its group's next step stores it packed (the byte 1 and seven
+/// doubles), holding the same use with the step applied.
+#[tokio::test]
+async fn a_text_entry_reads_and_its_groups_next_step_stores_it_packed() {
+    use lanes_core::domain::token_share::{GroupUse, ShareSettings, Step};
+    let redis = RedisServer::start();
+    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let (settings, now) = (ShareSettings::default(), 1_796_000_000_000u64);
+    let text = GroupUse {
+        current: 500,
+        previous: 70,
+        window: now / settings.window_ms,
+        queued: 1,
+        seen_ms: now - 10,
+        weight: 2,
+        since_ms: now - 1_000,
+    };
+    let field = |cmd: &str| {
+        let mut c = redis::cmd(cmd);
+        c.arg("lanes:fair:{interactive}").arg("old");
+        c
+    };
+    let _: () = field("HSET").arg(text.encode()).query_async(&mut raw).await.unwrap();
+    let state = remote.share_state("fair:{interactive}").await.unwrap();
+    assert_eq!(state.get("old"), Some(&text));
+    let ask =
+        ShareAsk { group: "old".into(), weight: 2, step: Step::Settle { delta: 100 }, now_ms: now, settings };
+    assert_eq!(remote.share("fair:{interactive}", &ask).await.unwrap(), Verdict::Go);
+    let stored: Vec<u8> = field("HGET").query_async(&mut raw).await.unwrap();
+    assert_eq!((stored.len(), stored[0]), (57, 1), "packed: {stored:?}");
+    let state = remote.share_state("fair:{interactive}").await.unwrap();
+    assert_eq!(state.get("old"), Some(&GroupUse { current: 600, ..text }));
+}
+
 /// A result over the record's limit (here 640 KB that does not compress, which fails its task
 /// `result_too_large` in DynamoDB alone) completes with the results bucket on moto's S3: the text
 /// is put first under the run's key, the fenced write keeps the key, and a read answers it whole.

@@ -194,17 +194,22 @@ pub struct Change {
 }
 
 /// Applies `ask` to `state` (every group's stored use); only the asking group's entry changes, so
-/// the script writes one field.
+/// the script writes one field. A submission or a correction reads nothing but the asking group's
+/// entry, so what it costs the script does not grow with the lane's groups; only a start decision
+/// reads the others (their shares are its question), and it drops the idle ones as it goes.
 pub fn step(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk) -> Change {
     let (now, s) = (ask.now_ms, &ask.settings);
     let w = now / s.window_ms;
-    let drop: Vec<String> = state
-        .iter()
-        .filter(|(g, u)| {
-            **g != ask.group && u.seen_ms.saturating_add(2 * s.window_ms) < now && u.waiting(now, s) == 0
-        })
-        .map(|(g, _)| g.clone())
-        .collect();
+    let drop: Vec<String> = match ask.step {
+        Step::Decide { .. } => state
+            .iter()
+            .filter(|(g, u)| {
+                **g != ask.group && u.seen_ms.saturating_add(2 * s.window_ms) < now && u.waiting(now, s) == 0
+            })
+            .map(|(g, _)| g.clone())
+            .collect(),
+        Step::Submit | Step::Settle { .. } => Vec::new(),
+    };
     let stored = state.get(&ask.group).copied().unwrap_or(GroupUse { window: w, ..Default::default() });
     let mut mine = stored.rolled(w);
     mine.queued = stored.waiting(now, s);
@@ -422,7 +427,12 @@ mod tests {
             Verdict::Go,
             "forgotten"
         );
+        // Two windows idle and nothing waiting: a start decision drops it; a submission or a
+        // correction reads the asking group's entry alone, and leaves the others as they are.
         apply(&mut st, "big", 1, Step::Submit, 30_000);
+        apply(&mut st, "big", 1, Step::Settle { delta: -10 }, 30_001);
+        assert!(st.contains_key("ghost"));
+        apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 30_002);
         assert!(!st.contains_key("ghost"), "two windows idle and nothing waiting");
     }
 

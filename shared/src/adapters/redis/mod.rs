@@ -18,6 +18,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use std::time::Duration;
 
 pub mod limiter;
+mod share;
 
 /// Errors connecting to Redis at start-up.
 #[derive(Debug, thiserror::Error)]
@@ -438,8 +439,8 @@ impl Cache for RedisCache {
     async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError> {
         use crate::domain::token_share::Step;
         crate::metrics::aws_request("redis", "EVALSHA share");
-        // The whole lane's state read and the asking group's entry written in one script: two
-        // workers deciding at once each see the other's charge.
+        // One script per step, so two workers deciding at once each see the other's charge. A
+        // decision reads the lane's whole hash; a submission or a correction its group's field alone.
         static SHARE: std::sync::LazyLock<redis::Script> =
             std::sync::LazyLock::new(|| redis::Script::new(include_str!("share.lua")));
         let (kind, amount) = match ask.step {
@@ -466,14 +467,13 @@ impl Cache for RedisCache {
     }
 
     async fn share_state(&self, key: &str) -> Result<ShareState, CacheError> {
-        use crate::domain::token_share::GroupUse;
         crate::metrics::aws_request("redis", "HGETALL share");
-        let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+        let fields: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
             .arg(format!("{}{key}", self.prefix))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(|e| CacheError::Unavailable(e.to_string()))?;
         // Entries that do not decode are left out, as the script leaves them out.
-        Ok(fields.into_iter().filter_map(|(g, u)| Some((g, GroupUse::decode(&u)?))).collect())
+        Ok(fields.into_iter().filter_map(|(g, u)| Some((g, share::stored_use(&u)?))).collect())
     }
 }

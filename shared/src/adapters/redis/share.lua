@@ -1,88 +1,135 @@
 -- Token-weighted fairness, one step: domain::token_share::step with the same whole-number arithmetic.
--- KEYS[1]: the lane's hash, one field per group: "current previous window queued seen weight since"
--- (an entry of six numbers has since 0).
+-- KEYS[1]: the lane's hash, one field per group: current, previous, window, queued, seen, weight,
+-- since, stored as the byte 1 and seven little-endian doubles (struct.pack '<Bddddddd'), which a
+-- decision's scan decodes in one C call each; entries in the text form "current previous window
+-- queued seen weight since" (six numbers: since 0), as earlier versions stored them, still read.
 -- ARGV: group, weight, kind (submit | decide | settle), amount (the estimate, or the signed
 -- correction), now ms, window ms, forget ms, the key's ttl ms, patience ms. Returns 1 to go on, 0
 -- to put off.
+-- A submission or a correction reads and writes the asking group's field alone, so what it costs
+-- Redis does not grow with the lane's groups. Only a start decision reads every group (the others'
+-- shares are its question), and it drops the idle ones as it goes. Entries are decoded into locals,
+-- without a table per group: the scan is what a decision costs.
 local group, kind = ARGV[1], ARGV[3]
 local weight = math.min(math.max(tonumber(ARGV[2]), 1), 1000)
 local amount, now = tonumber(ARGV[4]), tonumber(ARGV[5])
 local window_ms, forget_ms, patience_ms = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
 local w = math.floor(now / window_ms)
 
+-- current, previous, window, queued, seen, weight, since; nothing for anything else.
 local function decode(s)
-  local v = {}
-  for n in string.gmatch(s, '[^ ]+') do v[#v + 1] = tonumber(n) end
-  if #v == 6 then v[7] = 0 end
-  if #v ~= 7 then return nil end
-  for i = 1, 7 do if v[i] == nil or v[i] < 0 or v[i] ~= math.floor(v[i]) then return nil end end
-  return {current = v[1], previous = v[2], window = v[3], queued = v[4], seen = v[5], weight = v[6], since = v[7]}
-end
-local function rolled(u)
-  local r = {current = u.current, previous = u.previous, window = u.window, queued = u.queued, seen = u.seen,
-    weight = u.weight, since = u.since}
-  if w > u.window then
-    if w - u.window == 1 then r.previous = u.current else r.previous = 0 end
-    r.current = 0
-    r.window = w
+  if not s then return nil end
+  if #s == 57 and string.byte(s, 1) == 1 then
+    local _, c, p, win, q, seen, wt, since = struct.unpack('<Bddddddd', s)
+    return c, p, win, q, seen, wt, since
   end
-  return r
+  local c, p, win, q, seen, wt, since = string.match(s, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not c then
+    c, p, win, q, seen, wt = string.match(s, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+    since = '0'
+  end
+  if not c then return nil end
+  return tonumber(c), tonumber(p), tonumber(win), tonumber(q), tonumber(seen), tonumber(wt), tonumber(since)
 end
-local function waiting(u)
-  if now - u.seen > forget_ms then return 0 end
-  return u.queued
+-- The tasks waiting, unless the count was left untouched for forget_ms.
+local function waiting(queued, seen)
+  if now - seen > forget_ms then return 0 end
+  return queued
 end
-local function competes(u)
-  return waiting(u) > 0 and math.max(0, now - u.since) >= patience_ms
+-- current and previous moved on to window w by whole windows.
+local function rolled(current, previous, window)
+  if w > window then
+    if w - window == 1 then return 0, current end
+    return 0, 0
+  end
+  return current, previous
 end
-local function recent(u)
-  local r = rolled(u)
+-- The tokens over the sliding window ending now.
+local function recent(current, previous, window)
+  local c, p = rolled(current, previous, window)
+  return math.floor(p * (window_ms - (now % window_ms)) / window_ms) + c
+end
+
+-- Whether a group is idle: nothing seen from it for two windows and nothing waiting.
+local function idle(queued, seen)
+  return waiting(queued, seen) == 0 and seen + 2 * window_ms < now
+end
+
+local mine_entry = redis.call('HGET', KEYS[1], group)
+local others, total, weights = 0, 0, 0
+if kind == 'decide' then
+  -- The scan reads the values alone (half the strings of HGETALL) and is inlined (a call per group
+  -- costs as much as decoding it): decode, forget, and sum the tokens over the sliding window and
+  -- the weights of the groups competing. The asking group's own value is passed over once by
+  -- equality: a group with the very same bytes would count the same. Idle groups are only counted
+  -- here; the rare decision that finds one reads the fields by name to drop them.
+  local unpack, byte, floor = struct.unpack, string.byte, math.floor
   local left = window_ms - (now % window_ms)
-  return math.floor(r.previous * left / window_ms) + r.current
-end
-
-local state = {}
-local flat = redis.call('HGETALL', KEYS[1])
-for i = 1, #flat, 2 do
-  local u = decode(flat[i + 1])
-  if u then state[flat[i]] = u end
-end
-for g, u in pairs(state) do
-  if g ~= group and u.seen + 2 * window_ms < now and waiting(u) == 0 then
-    redis.call('HDEL', KEYS[1], g)
-  end
-end
-
-local stored = state[group] or {current = 0, previous = 0, window = w, queued = 0, seen = 0, weight = 0, since = 0}
-local mine = rolled(stored)
-mine.queued = waiting(stored)
-mine.weight = weight
-local go = 1
-if kind == 'submit' then
-  if mine.queued == 0 then mine.since = now end
-  mine.queued = mine.queued + 1
-  mine.seen = now
-elseif kind == 'settle' then
-  mine.current = math.max(0, mine.current + amount)
-else
-  mine.seen = now
-  local used, total, weights, others = recent(mine), 0, mine.weight, 0
-  for g, u in pairs(state) do
-    if g ~= group and competes(u) then
-      others = others + 1
-      total = total + recent(u)
-      weights = weights + math.max(u.weight, 1)
+  local values, passed, idles = redis.call('HVALS', KEYS[1]), mine_entry == false, 0
+  for i = 1, #values do
+    local s = values[i]
+    if not passed and s == mine_entry then
+      passed = true
+    else
+      local _, c, p, win, q, seen, wt, since
+      if #s == 57 and byte(s, 1) == 1 then
+        _, c, p, win, q, seen, wt, since = unpack('<Bddddddd', s)
+      else
+        c, p, win, q, seen, wt, since = decode(s)
+      end
+      if c then
+        if now - seen > forget_ms then q = 0 end
+        local waited = now - since
+        if waited < 0 then waited = 0 end
+        if q == 0 then
+          if seen + 2 * window_ms < now then idles = idles + 1 end
+        elseif waited >= patience_ms then
+          if w > win then
+            if w - win == 1 then p = c else p = 0 end
+            c = 0
+          end
+          others = others + 1
+          total = total + floor(p * left / window_ms) + c
+          if wt < 1 then wt = 1 end
+          weights = weights + wt
+        end
+      end
     end
   end
-  total = total + used
-  if others > 0 and used > 0 and used * weights > total * mine.weight then
-    go = 0
-  else
-    mine.current = mine.current + amount
-    mine.queued = math.max(0, mine.queued - 1)
+  if idles > 0 then
+    local flat = redis.call('HGETALL', KEYS[1])
+    for i = 1, #flat, 2 do
+      local c, _, _, q, seen = decode(flat[i + 1])
+      if flat[i] ~= group and c and idle(q, seen) then redis.call('HDEL', KEYS[1], flat[i]) end
+    end
   end
 end
-redis.call('HSET', KEYS[1], group, string.format('%.0f %.0f %.0f %.0f %.0f %.0f %.0f',
-  mine.current, mine.previous, mine.window, mine.queued, mine.seen, mine.weight, mine.since))
+
+local current, previous, window, queued, seen, _, since = decode(mine_entry or nil)
+if not current then current, previous, window, queued, seen, since = 0, 0, w, 0, 0, 0 end
+local used = recent(current, previous, window)
+current, previous = rolled(current, previous, window)
+if w > window then window = w end
+queued = waiting(queued, seen)
+local go = 1
+if kind == 'submit' then
+  if queued == 0 then since = now end
+  queued = queued + 1
+  seen = now
+elseif kind == 'settle' then
+  current = math.max(0, current + amount)
+else
+  seen = now
+  total = total + used
+  weights = weights + weight
+  if others > 0 and used > 0 and used * weights > total * weight then
+    go = 0
+  else
+    current = current + amount
+    queued = math.max(0, queued - 1)
+  end
+end
+redis.call('HSET', KEYS[1], group, struct.pack('<Bddddddd', 1,
+  current, previous, window, queued, seen, weight, since))
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 return go
