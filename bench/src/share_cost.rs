@@ -106,8 +106,9 @@ pub async fn share_cost_report() -> Result<ShareCostReport, String> {
         .judged())
 }
 
-/// A lane of its own with `tenants` tenants each waiting for one task long past the patience (so
-/// each competes), then [`CALLS`] calls of each step by the first of them.
+/// A lane of its own with `tenants` tenants each waiting for one task, the others with tokens in
+/// the window, then [`CALLS`] calls of each step by the first of them, each past the others'
+/// patience (so every one competes in each decision timed).
 async fn one_row(
     cache: &RedisCache,
     raw: &mut redis::aio::MultiplexedConnection,
@@ -128,7 +129,7 @@ async fn one_row(
     for g in 0..tenants {
         share(ask(g, Step::Submit, start)).await?;
     }
-    // Every tenant used some of the window, so a decision weighs real shares.
+    // The others use some of the window, so a decision weighs real shares.
     let now = start + settings.patience_ms + 1;
     for g in 1..tenants {
         share(ask(g, Step::Decide { estimate: 1_000 + g as u64 }, now)).await?;

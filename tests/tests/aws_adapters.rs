@@ -891,9 +891,55 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
     assert_eq!(verdict, Verdict::PutOff, "the six-number entry competes in spite of a minute's patience");
 }
 
-/// An entry in the text form the script stored before it packed its entries (seven numbers) is read
-/// by the standings' read as it is, and its group's next step stores it packed (the byte 1 and seven
-/// doubles), holding the same use with the step applied.
+/// The cases the seeded comparison above seldom makes, through the script and the embedded cache
+/// alike: a decision by a group whose entry has the very bytes of another's (the script passes its
+/// own value over by equality), and a decision that finds groups idle for two windows (the script
+/// drops them by name) while a submission and a correction leave them.
+#[tokio::test]
+async fn twin_entries_and_idle_groups_step_alike_in_the_script_and_the_embedded_cache() {
+    use lanes_core::domain::token_share::{ShareSettings, Step};
+    let redis = RedisServer::start();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let local = lanes_core::embedded::MemoryCache::new(std::sync::Arc::new(lanes_core::clock::SystemClock));
+    let settings = ShareSettings { window_ms: 5_000, forget_ms: 2_000, put_off_ms: 100, patience_ms: 60 };
+    let t = 1_796_000_000_000u64;
+    let steps: Vec<(&str, Step, u64)> = vec![
+        ("idle-1", Step::Submit, t),
+        ("idle-2", Step::Decide { estimate: 700 }, t),
+        // Identical entries: the same steps at the same times.
+        ("a", Step::Submit, t + 30_000),
+        ("b", Step::Submit, t + 30_000),
+        ("c", Step::Settle { delta: 5_000 }, t + 30_000), // tokens, without a decision
+        ("c", Step::Submit, t + 30_000),
+        ("a", Step::Settle { delta: 10 }, t + 30_050), // the idle groups stay
+        ("b", Step::Settle { delta: 10 }, t + 30_050),
+        ("a", Step::Decide { estimate: 1_000 }, t + 30_100), // a twin of b; drops the idle
+        ("c", Step::Decide { estimate: 1_000 }, t + 30_200),
+        ("b", Step::Decide { estimate: 1_000 }, t + 30_300),
+    ];
+    let (key, mut verdicts) = ("fair:{interactive}", Vec::new());
+    for (i, (group, step, now_ms)) in steps.into_iter().enumerate() {
+        let ask = ShareAsk { group: group.into(), weight: 2, step, now_ms, settings };
+        let (a, b) = (remote.share(key, &ask).await.unwrap(), local.share(key, &ask).await.unwrap());
+        assert_eq!(a, b, "step {i}: {ask:?}");
+        verdicts.push(a);
+        let (sa, sb) = (remote.share_state(key).await.unwrap(), local.share_state(key).await.unwrap());
+        assert_eq!(sa, sb, "step {i}: {ask:?}");
+        if i >= 1 {
+            let idle = sa.contains_key("idle-1") && sa.contains_key("idle-2");
+            assert_eq!(idle, i < 8, "step {i}: the idle groups go at the first decision past two windows");
+        }
+        if i == 7 {
+            assert_eq!(sa["a"], sa["b"], "twins before a's decision");
+        }
+    }
+    // c, far over its share while b waits, is put off; the twins are not.
+    assert_eq!(verdicts[8..], [Verdict::Go, Verdict::PutOff, Verdict::Go]);
+}
+
+/// An entry in the text form (`GroupUse::encode`, seven numbers), which a lane's hash may still hold,
+/// is read by the standings' read as it is, and its group's next step stores it packed (the byte 1
+/// and seven doubles), holding the same use with the step applied.
 #[tokio::test]
 async fn a_text_entry_reads_and_its_groups_next_step_stores_it_packed() {
     use lanes_core::domain::token_share::{GroupUse, ShareSettings, Step};

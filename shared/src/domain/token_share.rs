@@ -54,25 +54,7 @@ pub fn state_ttl_ms(s: &ShareSettings) -> u64 {
     3 * s.window_ms + s.forget_ms
 }
 
-/// A lane's stored state (one `group use` line per group) read back; lines that do not decode are
-/// left out, as the script leaves them out.
-pub fn decode_state(text: &str) -> BTreeMap<String, GroupUse> {
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter_map(|(g, u)| Some((g.to_owned(), GroupUse::decode(u)?)))
-        .collect()
-}
-
-/// `state` with `change` applied, in its stored form.
-pub fn encode_state(mut state: BTreeMap<String, GroupUse>, group: &str, change: &Change) -> String {
-    for g in &change.drop {
-        state.remove(g);
-    }
-    state.insert(group.to_owned(), change.mine);
-    state.iter().map(|(g, u)| format!("{g} {}\n", u.encode())).collect()
-}
-
-/// One group's use of a lane, as stored.
+/// One group's use of a lane.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GroupUse {
     /// Tokens charged in window `window`.
@@ -92,7 +74,8 @@ pub struct GroupUse {
 }
 
 impl GroupUse {
-    /// `current previous window queued seen_ms weight since_ms`, the stored form.
+    /// The text form, `current previous window queued seen_ms weight since_ms`: a lane's Redis
+    /// hash may hold entries in it (the script reads them, and writes its own packed).
     pub fn encode(&self) -> String {
         format!(
             "{} {} {} {} {} {} {}",
@@ -100,10 +83,13 @@ impl GroupUse {
         )
     }
 
-    /// The stored form read back; `None` for anything else. An entry without `since_ms` (six
+    /// The text form read back: six or seven whole numbers of digits alone, one space apart, as
+    /// the script's pattern reads them; `None` for anything else. An entry without `since_ms` (six
     /// numbers) reads as waiting since the epoch, so it competes as soon as it has work waiting.
     pub fn decode(s: &str) -> Option<Self> {
-        let v: Vec<u64> = s.split(' ').map(|p| p.parse().ok()).collect::<Option<_>>()?;
+        let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+        let v: Vec<u64> =
+            s.split(' ').map(|p| p.parse().ok().filter(|_| digits(p))).collect::<Option<_>>()?;
         let (current, previous, window, queued, seen_ms, weight, since_ms) = match v[..] {
             [c, p, w, q, s, wt] => (c, p, w, q, s, wt, 0),
             [c, p, w, q, s, wt, since] => (c, p, w, q, s, wt, since),
@@ -181,15 +167,15 @@ pub enum Verdict {
     PutOff,
 }
 
-/// What a step changes in the stored state: the asking group's new use, and the groups to drop
-/// (nothing seen from them for two windows and nothing waiting).
+/// What a step changes in the stored state: the asking group's new use, and, at a start decision
+/// only, the groups to drop (nothing seen from them for two windows and nothing waiting).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     /// The verdict.
     pub verdict: Verdict,
     /// The asking group's use to store.
     pub mine: GroupUse,
-    /// Groups to remove.
+    /// Groups to remove (none but at a start decision).
     pub drop: Vec<String>,
 }
 

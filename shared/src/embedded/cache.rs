@@ -1,4 +1,8 @@
 //! In-process TTL cache with the Redis hot cache's contract.
+//!
+//! The lanes' token shares are kept apart from the entries, parsed, each lane's groups in a map under
+//! a lock of their own: a step then touches its group's entry alone (a decision reads the others), as
+//! the script does, and never holds up the entries' readers.
 
 use super::expiring::Expiring;
 use crate::clock::SharedClock;
@@ -21,12 +25,19 @@ pub struct MemoryCache {
     entries: Mutex<Entries>,
     /// Sets of expiring members: key -> member -> until (Unix ms).
     sets: Mutex<HashMap<String, HashMap<String, u64>>>,
+    /// Each lane's token shares by key, and when they expire (Unix ms).
+    shares: Mutex<HashMap<String, (ShareState, u64)>>,
 }
 
 impl MemoryCache {
     /// A cache judged by `clock`.
     pub fn new(clock: SharedClock) -> Self {
-        Self { clock, entries: Mutex::new(Expiring::new(MAX_ENTRIES)), sets: Mutex::new(HashMap::new()) }
+        Self {
+            clock,
+            entries: Mutex::new(Expiring::new(MAX_ENTRIES)),
+            sets: Mutex::new(HashMap::new()),
+            shares: Mutex::new(HashMap::new()),
+        }
     }
 
     fn entries(&self) -> Result<std::sync::MutexGuard<'_, Entries>, CacheError> {
@@ -111,23 +122,27 @@ impl Cache for MemoryCache {
     }
 
     async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError> {
-        use crate::domain::token_share::{decode_state, encode_state, state_ttl_ms, step};
+        use crate::domain::token_share::{state_ttl_ms, step};
         let now = self.clock.now_ms();
-        let mut entries = self.entries()?;
-        // One lock over the read and the write: the step is atomic as the script is.
-        let state = entries.live(key, now).map(|(v, _)| decode_state(v)).unwrap_or_default();
-        let change = step(&state, ask);
-        let text = encode_state(state, &ask.group, &change);
-        entries.insert(key, text, now + state_ttl_ms(&ask.settings), now);
+        let mut shares = self.shares.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        // One lock over the read and the write: the step is atomic as the script is. A lane's
+        // state outlives its last step by the TTL the script gives its key.
+        let (state, expires) = shares.entry(key.to_owned()).or_default();
+        if *expires <= now {
+            state.clear();
+        }
+        let change = step(state, ask);
+        for g in &change.drop {
+            state.remove(g);
+        }
+        state.insert(ask.group.clone(), change.mine);
+        *expires = now + state_ttl_ms(&ask.settings);
         Ok(change.verdict)
     }
 
     async fn share_state(&self, key: &str) -> Result<ShareState, CacheError> {
         let now = self.clock.now_ms();
-        let entries = self.entries()?;
-        Ok(entries
-            .live(key, now)
-            .map(|(v, _)| crate::domain::token_share::decode_state(v))
-            .unwrap_or_default())
+        let shares = self.shares.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
+        Ok(shares.get(key).filter(|(_, expires)| *expires > now).map(|(s, _)| s.clone()).unwrap_or_default())
     }
 }

@@ -1,8 +1,9 @@
 -- Token-weighted fairness, one step: domain::token_share::step with the same whole-number arithmetic.
 -- KEYS[1]: the lane's hash, one field per group: current, previous, window, queued, seen, weight,
 -- since, stored as the byte 1 and seven little-endian doubles (struct.pack '<Bddddddd'), which a
--- decision's scan decodes in one C call each; entries in the text form "current previous window
--- queued seen weight since" (six numbers: since 0), as earlier versions stored them, still read.
+-- decision's scan decodes in one C call each. A hash may also hold entries in the text form
+-- "current previous window queued seen weight since" (six numbers: since 0); they read alike, and
+-- a group's next step stores its entry packed.
 -- ARGV: group, weight, kind (submit | decide | settle), amount (the estimate, or the signed
 -- correction), now ms, window ms, forget ms, the key's ttl ms, patience ms. Returns 1 to go on, 0
 -- to put off.

@@ -3,8 +3,8 @@
 //! each entry in one call.
 
 /// A group's entry as `share.lua` stores it: the byte 1 and seven little-endian doubles (current,
-/// previous, window, queued, seen, weight, since), or the text form earlier versions stored
-/// ([`GroupUse::decode`]). `None` for anything else, or a double that is not a whole number from 0
+/// previous, window, queued, seen, weight, since), or the text form a hash may still hold
+/// ([`crate::domain::token_share::GroupUse::decode`]). `None` for anything else, or a double that is not a whole number from 0
 /// to 2^53 (the script writes none).
 pub(super) fn stored_use(bytes: &[u8]) -> Option<crate::domain::token_share::GroupUse> {
     use crate::domain::token_share::GroupUse;
@@ -46,12 +46,13 @@ mod tests {
         };
         let b = packed([1_200.0, 30.0, 29_944_000.0, 2.0, 1_796_649_691_494.0, 3.0, 1_796_649_591_494.0]);
         assert_eq!(stored_use(&b), Some(u));
-        assert_eq!(stored_use(u.encode().as_bytes()), Some(u), "the text form earlier versions stored");
+        assert_eq!(stored_use(u.encode().as_bytes()), Some(u), "the text form");
         for bad in [-1.0, 0.5, f64::NAN, f64::INFINITY, 1e300] {
             assert_eq!(stored_use(&packed([bad, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])), None, "{bad}");
         }
         assert_eq!(stored_use(&b[..56]), None, "short");
         assert_eq!(stored_use(b"1 2 3"), None);
+        assert_eq!(stored_use(b"+1 2 3 4 5 6 7"), None, "digits alone, as the script's pattern reads");
         assert_eq!(stored_use(&[0xff, 0xfe]), None);
     }
 }
