@@ -815,6 +815,15 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
     assert!(together.iter().all(|r| matches!(r, Ok(Some(v)) if v == "v")), "{together:?}");
 }
 
+/// The two places the token-share step runs: the script on a fresh redis-server (kept running while
+/// the first item is held) and the embedded cache.
+async fn share_caches() -> (RedisServer, RedisCache, lanes_core::embedded::MemoryCache) {
+    let redis = RedisServer::start();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let local = lanes_core::embedded::MemoryCache::new(std::sync::Arc::new(lanes_core::clock::SystemClock));
+    (redis, remote, local)
+}
+
 /// The token-share step is one algorithm in two places: the Redis script and the embedded cache.
 /// 4,000 seeded steps of five groups (uneven weights and estimates, submissions, starts and
 /// corrections, time jumps past the forget and window limits, gaps either side of the patience)
@@ -824,9 +833,7 @@ async fn an_acl_user_is_required_and_a_wrong_password_degrades_as_an_outage() {
 #[tokio::test]
 async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
     use lanes_core::domain::token_share::{ShareSettings, Step};
-    let redis = RedisServer::start();
-    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
-    let local = lanes_core::embedded::MemoryCache::new(std::sync::Arc::new(lanes_core::clock::SystemClock));
+    let (_redis, remote, local) = share_caches().await;
     let settings = ShareSettings { window_ms: 5_000, forget_ms: 2_000, put_off_ms: 100, patience_ms: 60 };
     let mut seed: u64 = 0x5eed;
     let mut next = |n: u64| {
@@ -898,9 +905,7 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
 #[tokio::test]
 async fn twin_entries_and_idle_groups_step_alike_in_the_script_and_the_embedded_cache() {
     use lanes_core::domain::token_share::{ShareSettings, Step};
-    let redis = RedisServer::start();
-    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
-    let local = lanes_core::embedded::MemoryCache::new(std::sync::Arc::new(lanes_core::clock::SystemClock));
+    let (_redis, remote, local) = share_caches().await;
     let settings = ShareSettings { window_ms: 5_000, forget_ms: 2_000, put_off_ms: 100, patience_ms: 60 };
     let t = 1_796_000_000_000u64;
     let steps: Vec<(&str, Step, u64)> = vec![
