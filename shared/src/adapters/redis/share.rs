@@ -4,8 +4,8 @@
 
 /// A group's entry as `share.lua` stores it: the byte 1 and seven little-endian doubles (current,
 /// previous, window, queued, seen, weight, since), or the text form a hash may still hold
-/// ([`crate::domain::token_share::GroupUse::decode`]). `None` for anything else, or a double that is not a whole number from 0
-/// to 2^53 (the script writes none).
+/// ([`crate::domain::token_share::GroupUse::decode`]). `None` for anything else, or a double that
+/// is not a whole number from 0 to 2^53 (the script writes none).
 pub(super) fn stored_use(bytes: &[u8]) -> Option<crate::domain::token_share::GroupUse> {
     use crate::domain::token_share::GroupUse;
     let Some((&1, doubles)) = bytes.split_first().filter(|_| bytes.len() == 57) else {
