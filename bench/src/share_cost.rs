@@ -83,6 +83,11 @@ impl ShareCostReport {
 
 /// Runs the rows against a `redis-server` of its own; an error when none is installed.
 pub async fn share_cost_report() -> Result<ShareCostReport, String> {
+    share_cost_report_with(&TENANTS, CALLS).await
+}
+
+/// [`share_cost_report`] with `tenants` per row and `calls` timed per step (a quicker run for tests).
+pub async fn share_cost_report_with(tenants: &[usize], calls: usize) -> Result<ShareCostReport, String> {
     if !lanes_tests::services_available() {
         return Err("redis-server is missing (scripts/test-deps.sh installs it)".into());
     }
@@ -99,20 +104,20 @@ pub async fn share_cost_report() -> Result<ShareCostReport, String> {
     let client = redis::Client::open(server.url()).map_err(|e| e.to_string())?;
     let mut raw = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
-    for tenants in TENANTS {
-        rows.push(one_row(&cache, &mut raw, tenants).await?);
+    for &n in tenants {
+        rows.push(one_row(&cache, &mut raw, n, calls).await?);
     }
-    Ok(ShareCostReport { command: "lanes bench share".into(), rows, calls: CALLS, goals: Vec::new() }
-        .judged())
+    Ok(ShareCostReport { command: "lanes bench share".into(), rows, calls, goals: Vec::new() }.judged())
 }
 
 /// A lane of its own with `tenants` tenants each waiting for one task, the others with tokens in
-/// the window, then [`CALLS`] calls of each step by the first of them, each past the others'
+/// the window, then `calls` calls of each step by the first of them, each past the others'
 /// patience (so every one competes in each decision timed).
 async fn one_row(
     cache: &RedisCache,
     raw: &mut redis::aio::MultiplexedConnection,
     tenants: usize,
+    calls: usize,
 ) -> Result<ShareCost, String> {
     let key = format!("fair:{{bench-{tenants}}}");
     let settings = ShareSettings::default();
@@ -142,7 +147,7 @@ async fn one_row(
     for (slot, step) in timed.iter_mut().zip(steps) {
         let _: () =
             redis::cmd("CONFIG").arg("RESETSTAT").query_async(raw).await.map_err(|e| e.to_string())?;
-        for i in 0..CALLS {
+        for i in 0..calls {
             share(ask(0, step, later + i as u64)).await?;
         }
         *slot = script_us_per_call(raw).await?;

@@ -1,7 +1,8 @@
 //! The benchmarks' own checks (their figures are reported by `lanes bench`, not asserted as timings):
 //! micro-batching makes far fewer LLM calls than one call per commit, spends fewer prompt tokens, and
-//! draws no 429 from a rate-limited provider behind the limiter; the cost bench's tiers; and the
-//! throughput and soak benches read the counters their reports are made of.
+//! draws no 429 from a rate-limited provider behind the limiter; the cost bench's tiers; the
+//! throughput and soak benches read the counters their reports are made of; and the token shares'
+//! cost is read from Redis's own counters.
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -123,4 +124,21 @@ async fn the_soak_bench_samples_the_file_and_counts_its_pages_in_use() {
     assert!(r.warmup_file_mib > 0.0 && r.tenths.iter().all(|t| t.file_mib > 0.0), "{r:?}");
     assert!(r.in_use_bytes > 0 && r.in_use_bytes <= r.file_bytes, "{r:?}");
     assert!(r.live_bytes > 0 && r.live_bytes <= r.file_bytes, "{r:?}");
+}
+
+/// `lanes bench share` reads Redis's own time per call from `INFO commandstats` for every step and
+/// row (a parse that found no script calls is an error, not a zero), and judges its three goals from
+/// the rows.
+#[tokio::test]
+async fn the_share_bench_reads_redis_time_for_every_step() {
+    let r = lanes_bench::share_cost::share_cost_report_with(&[5, 50], 40).await.unwrap();
+    assert_eq!(r.rows.iter().map(|row| row.tenants).collect::<Vec<_>>(), [5, 50], "{r:?}");
+    for row in &r.rows {
+        let steps = [row.submit_us, row.decide_us, row.settle_us];
+        assert!(steps.iter().all(|us| us.is_finite() && *us > 0.0), "{row:?}");
+        assert_eq!(row.task_us, steps.iter().sum::<f64>(), "{row:?}");
+    }
+    let keys: Vec<&str> = r.goals.iter().map(|g| g.key.as_str()).collect();
+    assert_eq!(keys, ["submit_flat", "settle_flat", "task_us"]);
+    assert_eq!(r.goals[2].value, r.rows[1].task_us, "the task goal is the largest row's");
 }
