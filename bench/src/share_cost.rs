@@ -88,7 +88,7 @@ pub async fn share_cost_report() -> Result<ShareCostReport, String> {
 
 /// [`share_cost_report`] with `tenants` per row and `calls` timed per step (a quicker run for tests).
 pub async fn share_cost_report_with(tenants: &[usize], calls: usize) -> Result<ShareCostReport, String> {
-    if !lanes_tests::services_available() {
+    if !lanes_tests::redis_available() {
         return Err("redis-server is missing (scripts/test-deps.sh installs it)".into());
     }
     let server = lanes_tests::RedisServer::start();

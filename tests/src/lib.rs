@@ -305,8 +305,13 @@ pub fn venv_bin(name: &str) -> PathBuf {
 pub fn services_available() -> bool {
     let venv =
         std::env::var("LANES_VENV").map(PathBuf::from).unwrap_or_else(|_| workspace_root().join(".venv"));
-    venv.join("bin/moto_server").exists()
-        && Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_ok()
+    venv.join("bin/moto_server").exists() && redis_available()
+}
+
+/// Whether `redis-server` is installed (what [`RedisServer`] starts), for a caller that needs it
+/// alone.
+pub fn redis_available() -> bool {
+    Command::new("redis-server").arg("--version").stdout(Stdio::null()).status().is_ok()
 }
 
 fn wait_for_port(port: u16, what: &str, child: &mut Child) {
