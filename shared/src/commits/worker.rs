@@ -178,10 +178,9 @@ impl CommitsWorker {
                             lock: None,
                             outcome: None,
                             budget: None,
-                            // Sent back by a batch's collector: its deadline counts from the first send.
-                            enqueued_at_ms: m
-                                .sent_at_ms
-                                .min(c.escalated.as_ref().map_or(u64::MAX, |e| e.enqueued_at_ms)),
+                            // Lowered below by every delivery's send and, for one sent back by a
+                            // batch's collector, its first send ([`Group::escalated_too`]).
+                            enqueued_at_ms: u64::MAX,
                             sent_back_by: Vec::new(),
                         });
                         groups.len() - 1
