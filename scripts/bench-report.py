@@ -176,17 +176,21 @@ def main():
         out += ["### What the token shares cost Redis as a lane's tenants grow", "", f"`{sc['command']}`", "",
                 "Each step of a lane's token shares is one Lua script on one Redis hash, and Redis runs one "
                 "script at a time: its run is time in which no other client of that Redis is answered. One lane "
-                "with every tenant waiting for a task (so each competes), then "
-                f"{sc['calls']} calls of each step by one of them through the workers' adapter against a "
-                "redis-server; Redis's own time per call, from `INFO commandstats`.", "",
-                "| tenants waiting | submission | start decision | correction | a task (the three) |",
-                "|---:|---:|---:|---:|---:|"]
-        out += [f"| {r['tenants']:,} | {r['submit_us']:.1f} µs | {r['decide_us']:.1f} µs | {r['settle_us']:.1f} µs | "
-                f"{r['task_us']:.1f} µs |" for r in sc["rows"]]
+                "per row with its tenants' tokens in the window and some or all of them waiting for a task (each "
+                f"waiting one competes), then {sc['calls']} calls of each step by one of them through the workers' "
+                "adapter against a redis-server; Redis's own time per call, from `INFO commandstats`. Then one "
+                "decision a window later, which sweeps the lane.", "",
+                "| tenants | waiting | submission | start decision | correction | a task (the three) | a sweep (once a window) |",
+                "|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['tenants']:,} | {r.get('waiting', r['tenants']):,} | {r['submit_us']:.1f} µs | "
+                f"{r['decide_us']:.1f} µs | {r['settle_us']:.1f} µs | {r['task_us']:.1f} µs | "
+                + (f"{r['sweep_us']:.1f} µs |" if "sweep_us" in r else "- |") for r in sc["rows"]]
         out += ["", *goal_lines(sc), "",
                 "Reading it: a submission and a correction read and write the asking tenant's entry alone; a start "
-                "decision reads every tenant's entry in the lane, since the others' shares are its question, so "
-                "its cost grows with the tenants waiting.", ""]
+                "decision reads the entries of the tenants waiting, kept apart from the rest, since the others' "
+                "shares are its question and only a tenant with work waiting competes: its cost grows with the "
+                "tenants waiting, not with those merely active. Idle tenants are dropped by a sweep that reads "
+                "every entry once, at most once a window (a minute) per lane.", ""]
     rc = load(d, "recovery")
     if rc:
         runs = rc["runs"]

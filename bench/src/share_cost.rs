@@ -6,8 +6,11 @@
 //! per call from `INFO commandstats` (the script's run, not the network's).
 //!
 //! A submission and a correction read the asking tenant's entry alone, so their cost must not grow
-//! with `n`; a start decision reads every tenant's (the others' shares are its question), so its
-//! cost does, and the report gives it per tenant and at the largest `n`.
+//! with `n`; a start decision reads the entries of the tenants waiting (the others' shares are its
+//! question, and only a tenant with work waiting competes), so its cost grows with those, and not
+//! with the tenants merely active in the window: a last row has 1,000 tenants with tokens in the
+//! window of which 10 wait. Each row also times one sweep: the first decision a window after the
+//! last, which reads every tenant once to drop the idle ones.
 
 use crate::goals::{Goal, Unit, write_goals};
 use lanes_core::adapters::redis::{RedisCache, RedisSettings, connect};
@@ -17,8 +20,8 @@ use lanes_core::ports::Cache;
 use serde::Serialize;
 use std::time::Duration;
 
-/// Tenants in the lane per row.
-const TENANTS: [usize; 3] = [10, 100, 1_000];
+/// Tenants in the lane per row, and of them those waiting.
+const TENANTS: [(usize, usize); 4] = [(10, 10), (100, 100), (1_000, 1_000), (1_000, 10)];
 /// Calls timed per kind of step and row.
 const CALLS: usize = 500;
 /// The largest Redis time a task's three steps may take with 1,000 tenants waiting in its lane:
@@ -29,11 +32,14 @@ const TASK_BUDGET_US: f64 = 1_000.0;
 /// room for the run-to-run spread of a loaded two-core machine.
 const FLAT: f64 = 1.5;
 
-/// One row: the lane with `tenants` tenants waiting, Redis's time per call of each step.
+/// One row: the lane with `tenants` tenants, `waiting` of them waiting, Redis's time per call of
+/// each step.
 #[derive(Debug, Clone, Serialize)]
 pub struct ShareCost {
-    /// Tenants with tasks waiting in the lane.
+    /// Tenants with tokens in the lane's window.
     pub tenants: usize,
+    /// Of them, tenants with tasks waiting.
+    pub waiting: usize,
     /// A submission (ingress counts a new task), µs of Redis time per call.
     pub submit_us: f64,
     /// A start decision, µs.
@@ -42,6 +48,8 @@ pub struct ShareCost {
     pub settle_us: f64,
     /// The three together: what one task costs Redis in the lane's shares, µs.
     pub task_us: f64,
+    /// One decision that sweeps the lane (at most one a window), µs.
+    pub sweep_us: f64,
 }
 
 /// The report.
@@ -59,16 +67,19 @@ pub struct ShareCostReport {
 
 impl ShareCostReport {
     fn judged(mut self) -> Self {
-        let (first, last) = (self.rows.first(), self.rows.last());
-        let ratio = |f: fn(&ShareCost) -> f64| match (first, last) {
+        let all_waiting = || self.rows.iter().filter(|r| r.waiting == r.tenants);
+        let first = all_waiting().min_by_key(|r| r.tenants);
+        let last = all_waiting().max_by_key(|r| r.tenants);
+        let quiet = self.rows.iter().filter(|r| r.waiting < r.tenants).max_by_key(|r| r.tenants);
+        let ratio = |to: Option<&ShareCost>, f: fn(&ShareCost) -> f64| match (first, to) {
             (Some(a), Some(b)) => f(b) / f(a),
             _ => f64::NAN,
         };
         let (small, large) = (first.map_or(0, |r| r.tenants), last.map_or(0, |r| r.tenants));
         let flat = |step: &str| format!("a {step}'s Redis time, {large} tenants waiting over {small}");
         self.goals = vec![
-            Goal::new("submit_flat", flat("submission"), ratio(|r| r.submit_us)).at_most(FLAT),
-            Goal::new("settle_flat", flat("correction"), ratio(|r| r.settle_us)).at_most(FLAT),
+            Goal::new("submit_flat", flat("submission"), ratio(last, |r| r.submit_us)).at_most(FLAT),
+            Goal::new("settle_flat", flat("correction"), ratio(last, |r| r.settle_us)).at_most(FLAT),
             Goal::new(
                 "task_us",
                 format!("a task's three steps, Redis time, {large} tenants waiting"),
@@ -77,6 +88,14 @@ impl ShareCostReport {
             .at_most(TASK_BUDGET_US)
             .shown(Unit::Micros, 0),
         ];
+        if let Some(q) = quiet {
+            let what = format!(
+                "a start decision's Redis time, {} tenants active of which {} waiting, over {small} all waiting",
+                q.tenants, q.waiting
+            );
+            self.goals
+                .push(Goal::new("decide_quiet_flat", what, ratio(quiet, |r| r.decide_us)).at_most(FLAT));
+        }
         self
     }
 }
@@ -86,8 +105,12 @@ pub async fn share_cost_report() -> Result<ShareCostReport, String> {
     share_cost_report_with(&TENANTS, CALLS).await
 }
 
-/// [`share_cost_report`] with `tenants` per row and `calls` timed per step (a quicker run for tests).
-pub async fn share_cost_report_with(tenants: &[usize], calls: usize) -> Result<ShareCostReport, String> {
+/// [`share_cost_report`] with `tenants` and those waiting per row and `calls` timed per step (a
+/// quicker run for tests).
+pub async fn share_cost_report_with(
+    tenants: &[(usize, usize)],
+    calls: usize,
+) -> Result<ShareCostReport, String> {
     if !lanes_tests::redis_available() {
         return Err("redis-server is missing (scripts/test-deps.sh installs it)".into());
     }
@@ -104,22 +127,23 @@ pub async fn share_cost_report_with(tenants: &[usize], calls: usize) -> Result<S
     let client = redis::Client::open(server.url()).map_err(|e| e.to_string())?;
     let mut raw = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
-    for &n in tenants {
-        rows.push(one_row(&cache, &mut raw, n, calls).await?);
+    for &(n, waiting) in tenants {
+        rows.push(one_row(&cache, &mut raw, (n, waiting), calls).await?);
     }
     Ok(ShareCostReport { command: "lanes bench share".into(), rows, calls, goals: Vec::new() }.judged())
 }
 
-/// A lane of its own with `tenants` tenants each waiting for one task, the others with tokens in
-/// the window, then `calls` calls of each step by the first of them, each past the others'
-/// patience (so every one competes in each decision timed).
+/// A lane of its own with `tenants` tenants, the first `waiting` of them each waiting for one task,
+/// all but the first with tokens in the window, then `calls` calls of each step by the first, each
+/// past the others' patience (so every one waiting competes in each decision timed); then one
+/// decision a window later, which sweeps.
 async fn one_row(
     cache: &RedisCache,
     raw: &mut redis::aio::MultiplexedConnection,
-    tenants: usize,
+    (tenants, waiting): (usize, usize),
     calls: usize,
 ) -> Result<ShareCost, String> {
-    let key = format!("fair:{{bench-{tenants}}}");
+    let key = format!("fair:{{bench-{tenants}-{waiting}}}");
     let settings = ShareSettings::default();
     let start = lanes_core::clock::SystemClock.now_ms();
     let ask = |group: usize, step: Step, now_ms: u64| ShareAsk {
@@ -138,7 +162,9 @@ async fn one_row(
     let now = start + settings.patience_ms + 1;
     for g in 1..tenants {
         share(ask(g, Step::Decide { estimate: 1_000 + g as u64 }, now)).await?;
-        share(ask(g, Step::Submit, now)).await?;
+        if g < waiting {
+            share(ask(g, Step::Submit, now)).await?;
+        }
     }
     // Past the patience again: every tenant competes in each timed decision.
     let later = now + settings.patience_ms + 1;
@@ -153,7 +179,11 @@ async fn one_row(
         *slot = script_us_per_call(raw).await?;
     }
     let [submit_us, decide_us, settle_us] = timed;
-    Ok(ShareCost { tenants, submit_us, decide_us, settle_us, task_us: submit_us + decide_us + settle_us })
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(raw).await.map_err(|e| e.to_string())?;
+    share(ask(0, Step::Decide { estimate: 1_000 }, later + settings.window_ms)).await?;
+    let sweep_us = script_us_per_call(raw).await?;
+    let task_us = submit_us + decide_us + settle_us;
+    Ok(ShareCost { tenants, waiting, submit_us, decide_us, settle_us, task_us, sweep_us })
 }
 
 /// Redis's own time per script call since the last `CONFIG RESETSTAT`: `EVALSHA` and, for a
@@ -178,12 +208,16 @@ impl std::fmt::Display for ShareCostReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "{}", self.command)?;
         writeln!(f, "Redis time per call of the token-share script ({} calls each), µs:", self.calls)?;
-        writeln!(f, "{:>8} {:>10} {:>10} {:>10} {:>10}", "tenants", "submit", "decide", "settle", "a task")?;
+        writeln!(
+            f,
+            "{:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "tenants", "waiting", "submit", "decide", "settle", "a task", "a sweep"
+        )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:>8} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
-                r.tenants, r.submit_us, r.decide_us, r.settle_us, r.task_us
+                "{:>8} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+                r.tenants, r.waiting, r.submit_us, r.decide_us, r.settle_us, r.task_us, r.sweep_us
             )?;
         }
         write_goals(f, &self.goals)

@@ -131,14 +131,16 @@ async fn the_soak_bench_samples_the_file_and_counts_its_pages_in_use() {
 /// the rows.
 #[tokio::test]
 async fn the_share_bench_reads_redis_time_for_every_step() {
-    let r = lanes_bench::share_cost::share_cost_report_with(&[5, 50], 40).await.unwrap();
-    assert_eq!(r.rows.iter().map(|row| row.tenants).collect::<Vec<_>>(), [5, 50], "{r:?}");
+    let r = lanes_bench::share_cost::share_cost_report_with(&[(5, 5), (50, 50), (50, 5)], 40).await.unwrap();
+    let rows: Vec<(usize, usize)> = r.rows.iter().map(|row| (row.tenants, row.waiting)).collect();
+    assert_eq!(rows, [(5, 5), (50, 50), (50, 5)], "{r:?}");
     for row in &r.rows {
-        let steps = [row.submit_us, row.decide_us, row.settle_us];
+        let steps = [row.submit_us, row.decide_us, row.settle_us, row.sweep_us];
         assert!(steps.iter().all(|us| us.is_finite() && *us > 0.0), "{row:?}");
-        assert_eq!(row.task_us, steps.iter().sum::<f64>(), "{row:?}");
+        assert_eq!(row.task_us, steps[..3].iter().sum::<f64>(), "{row:?}");
     }
     let keys: Vec<&str> = r.goals.iter().map(|g| g.key.as_str()).collect();
-    assert_eq!(keys, ["submit_flat", "settle_flat", "task_us"]);
-    assert_eq!(r.goals[2].value, r.rows[1].task_us, "the task goal is the largest row's");
+    assert_eq!(keys, ["submit_flat", "settle_flat", "task_us", "decide_quiet_flat"]);
+    assert_eq!(r.goals[2].value, r.rows[1].task_us, "the task goal is the largest row all waiting");
+    assert_eq!(r.goals[3].value, r.rows[2].decide_us / r.rows[0].decide_us, "the quiet row's decision");
 }

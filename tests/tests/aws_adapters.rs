@@ -828,12 +828,14 @@ async fn share_caches() -> (RedisServer, RedisCache, lanes_core::embedded::Memor
 /// 4,000 seeded steps of five groups (uneven weights and estimates, submissions, starts and
 /// corrections, time jumps past the forget and window limits, gaps either side of the patience)
 /// get the same verdict from both, at every step, and leave the same state, read back every 100
-/// steps (what the standings are computed from); and the sequence does put tasks off, so the
-/// comparison is not of two constant answers.
+/// steps (what the standings are computed from), with the script's waiting groups exactly those with
+/// tasks waiting; and the sequence does put tasks off, so the comparison is not of two constant
+/// answers.
 #[tokio::test]
 async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
     use lanes_core::domain::token_share::{ShareSettings, Step};
-    let (_redis, remote, local) = share_caches().await;
+    let (redis, remote, local) = share_caches().await;
+    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let settings = ShareSettings { window_ms: 5_000, forget_ms: 2_000, put_off_ms: 100, patience_ms: 60 };
     let mut seed: u64 = 0x5eed;
     let mut next = |n: u64| {
@@ -867,6 +869,17 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
             );
             assert!(!a.is_empty(), "step {i}: the state read back");
             assert_eq!(a, b, "step {i}");
+            // The script's waiting groups, which a decision scans alone, are exactly the groups
+            // whose stored count of tasks waiting is above 0: every group that can compete.
+            let mut waiting: Vec<String> = redis::cmd("HKEYS")
+                .arg("lanes:fair:{interactive}:waiting")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            waiting.sort();
+            let queued: Vec<String> =
+                a.iter().filter(|(_, u)| u.queued > 0).map(|(g, _)| g.clone()).collect();
+            assert_eq!(waiting, queued, "step {i}");
         }
     }
     assert!(put_off > 100, "only {put_off} put-offs: the sequence barely tests the policy");
@@ -883,7 +896,8 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
     let settings = ShareSettings { patience_ms: 60_000, ..Default::default() };
     let now = 1_796_000_000_000u64;
     let ask = |group: &str, step| ShareAsk { group: group.into(), weight: 1, step, now_ms: now, settings };
-    remote.share("fair:{interactive}", &ask("big", Step::Decide { estimate: 10_000 })).await.unwrap();
+    // Written before the lane's first decision, as an upgrade finds it: that decision's sweep puts
+    // it among the waiting groups.
     let old = format!("0 0 {} 2 {now} 1", now / settings.window_ms);
     assert_eq!(GroupUse::decode(&old).map(|u| u.since_ms), Some(0));
     let _: () = redis::cmd("HSET")
@@ -893,15 +907,16 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let verdict =
-        remote.share("fair:{interactive}", &ask("big", Step::Decide { estimate: 10_000 })).await.unwrap();
+    let big = || ask("big", Step::Decide { estimate: 10_000 });
+    assert_eq!(remote.share("fair:{interactive}", &big()).await.unwrap(), Verdict::Go, "no tokens yet");
+    let verdict = remote.share("fair:{interactive}", &big()).await.unwrap();
     assert_eq!(verdict, Verdict::PutOff, "the six-number entry competes in spite of a minute's patience");
 }
 
 /// The cases the seeded comparison above seldom makes, through the script and the embedded cache
 /// alike: a decision by a group whose entry has the very bytes of another's (the script passes its
-/// own value over by equality), and a decision that finds groups idle for two windows (the script
-/// drops them by name) while a submission and a correction leave them.
+/// own value over by equality), and the first decision a window after the last sweep, which drops
+/// the groups idle for two windows, while a submission and a correction leave them.
 #[tokio::test]
 async fn twin_entries_and_idle_groups_step_alike_in_the_script_and_the_embedded_cache() {
     use lanes_core::domain::token_share::{ShareSettings, Step};

@@ -167,34 +167,40 @@ pub enum Verdict {
     PutOff,
 }
 
-/// What a step changes in the stored state: the asking group's new use, and, at a start decision
-/// only, the groups to drop (nothing seen from them for two windows and nothing waiting).
+/// What a step changes in the stored state: the asking group's new use, and, at a sweep (see
+/// [`step`]), the groups to drop (nothing seen from them for two windows and nothing waiting).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     /// The verdict.
     pub verdict: Verdict,
     /// The asking group's use to store.
     pub mine: GroupUse,
-    /// Groups to remove (none but at a start decision).
+    /// Groups to remove (none but at a sweep).
     pub drop: Vec<String>,
+    /// Whether this step swept the lane: the store then keeps its time as the lane's last sweep.
+    pub swept: bool,
 }
 
-/// Applies `ask` to `state` (every group's stored use); only the asking group's entry changes, so
-/// the script writes one field. A submission or a correction reads nothing but the asking group's
-/// entry, so what it costs the script does not grow with the lane's groups; only a start decision
-/// reads the others (their shares are its question), and it drops the idle ones as it goes.
-pub fn step(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk) -> Change {
+/// Applies `ask` to `state` (every group's stored use) in a lane last swept at `swept_ms`; only the
+/// asking group's entry changes, so the script writes one field. A submission or a correction reads
+/// nothing but the asking group's entry; a start decision reads the groups with tasks waiting alone
+/// (only they can compete, and the script keeps them apart), so neither grows with the tenants
+/// merely active in the window. Idle groups never compete and are dropped by a sweep: the first
+/// start decision a window or more after the last sweep, which reads every group once.
+pub fn step(state: &BTreeMap<String, GroupUse>, swept_ms: u64, ask: &ShareAsk) -> Change {
     let (now, s) = (ask.now_ms, &ask.settings);
     let w = now / s.window_ms;
-    let drop: Vec<String> = match ask.step {
-        Step::Decide { .. } => state
+    let swept = matches!(ask.step, Step::Decide { .. }) && now.saturating_sub(swept_ms) >= s.window_ms;
+    let drop: Vec<String> = if swept {
+        state
             .iter()
             .filter(|(g, u)| {
                 **g != ask.group && u.seen_ms.saturating_add(2 * s.window_ms) < now && u.waiting(now, s) == 0
             })
             .map(|(g, _)| g.clone())
-            .collect(),
-        Step::Submit | Step::Settle { .. } => Vec::new(),
+            .collect()
+    } else {
+        Vec::new()
     };
     let stored = state.get(&ask.group).copied().unwrap_or(GroupUse { window: w, ..Default::default() });
     let mut mine = stored.rolled(w);
@@ -224,7 +230,7 @@ pub fn step(state: &BTreeMap<String, GroupUse>, ask: &ShareAsk) -> Change {
             }
         }
     };
-    Change { verdict, mine, drop }
+    Change { verdict, mine, drop, swept }
 }
 
 /// Whether `mine` holds more than its weighted share of the tokens of the groups competing now:
@@ -327,20 +333,25 @@ mod tests {
         ShareSettings { window_ms: 10_000, forget_ms: 5_000, put_off_ms: 100, patience_ms: 0 }
     }
 
-    /// Applies `ask` as a store would: the asking group's entry written, the dropped ones removed.
-    fn apply(
-        state: &mut BTreeMap<String, GroupUse>,
-        group: &str,
-        weight: u64,
-        step_: Step,
-        now_ms: u64,
-    ) -> Verdict {
+    /// A lane as a store keeps it: the groups, and when it was last swept.
+    #[derive(Default)]
+    struct Lane {
+        groups: BTreeMap<String, GroupUse>,
+        swept_ms: u64,
+    }
+
+    /// Applies `ask` as a store would: the asking group's entry written, the dropped ones removed,
+    /// a sweep's time kept.
+    fn apply(lane: &mut Lane, group: &str, weight: u64, step_: Step, now_ms: u64) -> Verdict {
         let ask = ShareAsk { group: group.into(), weight, step: step_, now_ms, settings: settings() };
-        let c = step(state, &ask);
+        let c = step(&lane.groups, lane.swept_ms, &ask);
         for g in &c.drop {
-            state.remove(g);
+            lane.groups.remove(g);
         }
-        state.insert(group.into(), c.mine);
+        if c.swept {
+            lane.swept_ms = now_ms;
+        }
+        lane.groups.insert(group.into(), c.mine);
         c.verdict
     }
 
@@ -356,7 +367,7 @@ mod tests {
 
     #[test]
     fn alone_a_group_always_starts_whatever_it_has_used() {
-        let mut st = BTreeMap::new();
+        let mut st = Lane::default();
         for i in 0..50 {
             apply(&mut st, "big", 1, Step::Submit, i * 10);
             assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, i * 10 + 1), Verdict::Go);
@@ -365,13 +376,13 @@ mod tests {
 
     #[test]
     fn a_group_over_its_token_share_waits_while_another_has_work_waiting() {
-        let mut st = BTreeMap::new();
+        let mut st = Lane::default();
         apply(&mut st, "big", 1, Step::Submit, 0);
         assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 1), Verdict::Go);
         apply(&mut st, "small", 1, Step::Submit, 2);
         apply(&mut st, "big", 1, Step::Submit, 3);
         assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 4), Verdict::PutOff);
-        assert_eq!(st["big"].queued, 1, "a put-off task still waits");
+        assert_eq!(st.groups["big"].queued, 1, "a put-off task still waits");
         assert_eq!(apply(&mut st, "small", 1, Step::Decide { estimate: 1_000 }, 5), Verdict::Go);
         assert_eq!(
             apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 6),
@@ -382,7 +393,7 @@ mod tests {
 
     #[test]
     fn weights_scale_the_share_and_settles_correct_the_charge() {
-        let mut st = BTreeMap::new();
+        let mut st = Lane::default();
         apply(&mut st, "a", 3, Step::Submit, 0);
         apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 1);
         apply(&mut st, "b", 1, Step::Submit, 2);
@@ -396,13 +407,13 @@ mod tests {
         assert_eq!(apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 8), Verdict::PutOff);
         // The answers used far less than estimated: back under.
         apply(&mut st, "a", 3, Step::Settle { delta: -3_500 }, 9);
-        assert_eq!(st["a"].current, 500);
+        assert_eq!(st.groups["a"].current, 500);
         assert_eq!(apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 10), Verdict::Go);
     }
 
     #[test]
     fn a_waiting_count_nobody_touches_is_forgotten_and_idle_groups_are_dropped() {
-        let mut st = BTreeMap::new();
+        let mut st = Lane::default();
         apply(&mut st, "big", 1, Step::Submit, 0);
         apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 1);
         apply(&mut st, "ghost", 1, Step::Submit, 2); // cancelled before it ever starts
@@ -413,13 +424,22 @@ mod tests {
             Verdict::Go,
             "forgotten"
         );
-        // Two windows idle and nothing waiting: a start decision drops it; a submission or a
-        // correction reads the asking group's entry alone, and leaves the others as they are.
+        // Two windows idle and nothing waiting: the first start decision a window after the last
+        // sweep drops it; a submission or a correction reads the asking group's entry alone, and
+        // leaves the others as they are.
+        apply(&mut st, "ghost2", 1, Step::Submit, 10_500);
         apply(&mut st, "big", 1, Step::Submit, 30_000);
         apply(&mut st, "big", 1, Step::Settle { delta: -10 }, 30_001);
-        assert!(st.contains_key("ghost"));
+        assert!(st.groups.contains_key("ghost"));
         apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 30_002);
-        assert!(!st.contains_key("ghost"), "two windows idle and nothing waiting");
+        assert!(!st.groups.contains_key("ghost"), "two windows idle and nothing waiting");
+        assert_eq!(st.swept_ms, 30_002);
+        // ghost2 goes idle after that sweep: the decisions within a window of it leave it.
+        apply(&mut st, "big", 1, Step::Decide { estimate: 1 }, 31_000);
+        assert!(st.groups.contains_key("ghost2"), "idle, and no sweep is due");
+        apply(&mut st, "big", 1, Step::Decide { estimate: 1 }, 40_002);
+        assert!(!st.groups.contains_key("ghost2"), "a window after the last sweep");
+        assert_eq!(st.swept_ms, 40_002);
     }
 
     #[test]
@@ -429,6 +449,7 @@ mod tests {
         let ask = |st: &mut BTreeMap<String, GroupUse>, group: &str, step_: Step, now_ms: u64| {
             let c = step(
                 st,
+                0,
                 &ShareAsk { group: group.into(), weight: 1, step: step_, now_ms, settings: patient },
             );
             st.insert(group.into(), c.mine);
@@ -458,7 +479,7 @@ mod tests {
 
     #[test]
     fn standings_compare_the_tokens_received_with_the_weighted_share_of_the_active_groups() {
-        let mut st = BTreeMap::new();
+        let mut st = Lane::default();
         apply(&mut st, "a", 3, Step::Submit, 0);
         apply(&mut st, "a", 3, Step::Decide { estimate: 1_000 }, 1);
         apply(&mut st, "b", 1, Step::Submit, 2);
@@ -467,17 +488,17 @@ mod tests {
         apply(&mut st, "d", 1, Step::Submit, 5);
         apply(&mut st, "d", 1, Step::Decide { estimate: 1 }, 6);
         apply(&mut st, "d", 1, Step::Settle { delta: -1 }, 7); // used nothing, waits for nothing
-        let s = standings(&st, 8, &settings());
+        let s = standings(&st.groups, 8, &settings());
         let got: Vec<(&str, f64, f64)> =
             s.iter().map(|x| (x.group.as_str(), x.received, x.entitled)).collect();
         assert_eq!(got, vec![("a", 0.25, 3.0 / 8.0), ("b", 0.75, 1.0 / 8.0), ("c", 0.0, 0.5)]);
         // Half a window after the next one began, half of the tokens still count; once c's
         // waiting is forgotten it is no longer active.
-        let later = standings(&st, 15_000, &settings());
+        let later = standings(&st.groups, 15_000, &settings());
         let got: Vec<(&str, f64, f64)> =
             later.iter().map(|x| (x.group.as_str(), x.received, x.entitled)).collect();
         assert_eq!(got, vec![("a", 0.25, 0.75), ("b", 0.75, 0.25)]);
-        assert!(standings(&st, 40_000, &settings()).is_empty(), "nothing left in the window");
+        assert!(standings(&st.groups, 40_000, &settings()).is_empty(), "nothing left in the window");
     }
 
     #[test]

@@ -25,8 +25,8 @@ pub struct MemoryCache {
     entries: Mutex<Entries>,
     /// Sets of expiring members: key -> member -> until (Unix ms).
     sets: Mutex<HashMap<String, HashMap<String, u64>>>,
-    /// Each lane's token shares by key, and when they expire (Unix ms).
-    shares: Mutex<HashMap<String, (ShareState, u64)>>,
+    /// Each lane's token shares by key, when they were last swept and when they expire (Unix ms).
+    shares: Mutex<HashMap<String, (ShareState, u64, u64)>>,
 }
 
 impl MemoryCache {
@@ -127,13 +127,17 @@ impl Cache for MemoryCache {
         let mut shares = self.shares.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
         // One lock over the read and the write: the step is atomic as the script is. A lane's
         // state outlives its last step by the TTL the script gives its key.
-        let (state, expires) = shares.entry(key.to_owned()).or_default();
+        let (state, swept, expires) = shares.entry(key.to_owned()).or_default();
         if *expires <= now {
             state.clear();
+            *swept = 0;
         }
-        let change = step(state, ask);
+        let change = step(state, *swept, ask);
         for g in &change.drop {
             state.remove(g);
+        }
+        if change.swept {
+            *swept = ask.now_ms;
         }
         state.insert(ask.group.clone(), change.mine);
         *expires = now + state_ttl_ms(&ask.settings);
@@ -143,6 +147,10 @@ impl Cache for MemoryCache {
     async fn share_state(&self, key: &str) -> Result<ShareState, CacheError> {
         let now = self.clock.now_ms();
         let shares = self.shares.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
-        Ok(shares.get(key).filter(|(_, expires)| *expires > now).map(|(s, _)| s.clone()).unwrap_or_default())
+        Ok(shares
+            .get(key)
+            .filter(|(_, _, expires)| *expires > now)
+            .map(|(s, _, _)| s.clone())
+            .unwrap_or_default())
     }
 }

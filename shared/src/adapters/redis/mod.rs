@@ -440,7 +440,8 @@ impl Cache for RedisCache {
         use crate::domain::token_share::Step;
         crate::metrics::aws_request("redis", "EVALSHA share");
         // One script per step, so two workers deciding at once each see the other's charge. A
-        // decision reads the lane's whole hash; a submission or a correction its group's field alone.
+        // decision reads the lane's waiting groups; a submission or a correction its group's field
+        // alone. The three keys share the lane's hash tag, so a cluster keeps them in one slot.
         static SHARE: std::sync::LazyLock<redis::Script> =
             std::sync::LazyLock::new(|| redis::Script::new(include_str!("share.lua")));
         let (kind, amount) = match ask.step {
@@ -449,8 +450,11 @@ impl Cache for RedisCache {
             Step::Settle { delta } => ("settle", delta),
         };
         let s = &ask.settings;
+        let lane = format!("{}{key}", self.prefix);
         let go: i64 = SHARE
-            .key(format!("{}{key}", self.prefix))
+            .key(&lane)
+            .key(format!("{lane}:waiting"))
+            .key(format!("{lane}:swept"))
             .arg(&ask.group)
             .arg(ask.weight)
             .arg(kind)

@@ -4,13 +4,18 @@
 -- decision's scan decodes in one C call each. A hash may also hold entries in the text form
 -- "current previous window queued seen weight since" (six numbers: since 0); they read alike, and
 -- a group's next step stores its entry packed.
+-- KEYS[2]: the lane's waiting groups, the same entries for every group whose stored count of tasks
+-- waiting is above 0 (the only groups that can compete), kept with each write of KEYS[1].
+-- KEYS[3]: when the lane was last swept (ms, text).
 -- ARGV: group, weight, kind (submit | decide | settle), amount (the estimate, or the signed
--- correction), now ms, window ms, forget ms, the key's ttl ms, patience ms. Returns 1 to go on, 0
+-- correction), now ms, window ms, forget ms, the keys' ttl ms, patience ms. Returns 1 to go on, 0
 -- to put off.
 -- A submission or a correction reads and writes the asking group's field alone, so what it costs
--- Redis does not grow with the lane's groups. Only a start decision reads every group (the others'
--- shares are its question), and it drops the idle ones as it goes. Entries are decoded into locals,
--- without a table per group: the scan is what a decision costs.
+-- Redis does not grow with the lane's groups. A start decision reads the waiting groups alone (the
+-- others' shares are its question, and only a group with tasks waiting competes), so it does not
+-- grow with the groups merely active in the window. Entries are decoded into locals, without a
+-- table per group: the scan is what a decision costs. Idle groups are dropped by a sweep, the first
+-- start decision a window or more after the last, which reads every group once.
 local group, kind = ARGV[1], ARGV[3]
 local weight = math.min(math.max(tonumber(ARGV[2]), 1), 1000)
 local amount, now = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -59,49 +64,53 @@ end
 local mine_entry = redis.call('HGET', KEYS[1], group)
 local others, total, weights = 0, 0, 0
 if kind == 'decide' then
-  -- The scan reads the values alone (half the strings of HGETALL) and is inlined (a call per group
-  -- costs as much as decoding it): decode, forget, and sum the tokens over the sliding window and
-  -- the weights of the groups competing. The asking group's own value is passed over once by
-  -- equality: a group with the very same bytes would count the same. Idle groups are only counted
-  -- here; the rare decision that finds one reads the fields by name to drop them.
+  -- A sweep, at most once a window: every group read once, the idle ones dropped, and every other
+  -- group with tasks waiting put in the waiting groups, packed (an entry in the text form, or one
+  -- written where no waiting groups were kept, competes from the lane's first decision on).
+  local swept = tonumber(redis.call('GET', KEYS[3])) or 0
+  if now - swept >= window_ms then
+    local flat = redis.call('HGETALL', KEYS[1])
+    for i = 1, #flat, 2 do
+      local c, p, win, q, seen, wt, since = decode(flat[i + 1])
+      if flat[i] ~= group and c then
+        if idle(q, seen) then
+          redis.call('HDEL', KEYS[1], flat[i])
+          redis.call('HDEL', KEYS[2], flat[i])
+        elseif q > 0 then
+          local packed = struct.pack('<Bddddddd', 1, c, p, win, q, seen, wt, since)
+          if packed ~= flat[i + 1] then redis.call('HSET', KEYS[1], flat[i], packed) end
+          redis.call('HSET', KEYS[2], flat[i], packed)
+        end
+      end
+    end
+    redis.call('SET', KEYS[3], string.format('%.0f', now), 'PX', ARGV[8])
+  end
+  -- The scan reads the waiting groups' values alone and is inlined (a call per group costs as much
+  -- as decoding it): decode, forget, and sum the tokens over the sliding window and the weights of
+  -- the groups competing. The asking group's own value is passed over once by equality: a group
+  -- with the very same bytes would count the same.
   local unpack, byte, floor = struct.unpack, string.byte, math.floor
   local left = window_ms - (now % window_ms)
-  local values, passed, idles = redis.call('HVALS', KEYS[1]), mine_entry == false, 0
+  local values, passed = redis.call('HVALS', KEYS[2]), mine_entry == false
   for i = 1, #values do
     local s = values[i]
     if not passed and s == mine_entry then
       passed = true
-    else
-      local _, c, p, win, q, seen, wt, since
-      if #s == 57 and byte(s, 1) == 1 then
-        _, c, p, win, q, seen, wt, since = unpack('<Bddddddd', s)
-      else
-        c, p, win, q, seen, wt, since = decode(s)
-      end
-      if c then
-        if now - seen > forget_ms then q = 0 end
-        local waited = now - since
-        if waited < 0 then waited = 0 end
-        if q == 0 then
-          if seen + 2 * window_ms < now then idles = idles + 1 end
-        elseif waited >= patience_ms then
-          if w > win then
-            if w - win == 1 then p = c else p = 0 end
-            c = 0
-          end
-          others = others + 1
-          total = total + floor(p * left / window_ms) + c
-          if wt < 1 then wt = 1 end
-          weights = weights + wt
+    elseif #s == 57 and byte(s, 1) == 1 then
+      local _, c, p, win, q, seen, wt, since = unpack('<Bddddddd', s)
+      if now - seen > forget_ms then q = 0 end
+      local waited = now - since
+      if waited < 0 then waited = 0 end
+      if q > 0 and waited >= patience_ms then
+        if w > win then
+          if w - win == 1 then p = c else p = 0 end
+          c = 0
         end
+        others = others + 1
+        total = total + floor(p * left / window_ms) + c
+        if wt < 1 then wt = 1 end
+        weights = weights + wt
       end
-    end
-  end
-  if idles > 0 then
-    local flat = redis.call('HGETALL', KEYS[1])
-    for i = 1, #flat, 2 do
-      local c, _, _, q, seen = decode(flat[i + 1])
-      if flat[i] ~= group and c and idle(q, seen) then redis.call('HDEL', KEYS[1], flat[i]) end
     end
   end
 end
@@ -130,7 +139,13 @@ else
     queued = math.max(0, queued - 1)
   end
 end
-redis.call('HSET', KEYS[1], group, struct.pack('<Bddddddd', 1,
-  current, previous, window, queued, seen, weight, since))
-redis.call('PEXPIRE', KEYS[1], ARGV[8])
+local entry = struct.pack('<Bddddddd', 1, current, previous, window, queued, seen, weight, since)
+redis.call('HSET', KEYS[1], group, entry)
+if queued > 0 then
+  redis.call('HSET', KEYS[2], group, entry)
+else
+  redis.call('HDEL', KEYS[2], group)
+end
+-- The three keys live and expire together (a key that is not there is left so).
+for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[8]) end
 return go
