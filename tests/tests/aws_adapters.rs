@@ -913,6 +913,41 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
     assert_eq!(verdict, Verdict::PutOff, "the six-number entry competes in spite of a minute's patience");
 }
 
+/// A packed entry with tasks waiting that the lane's waiting groups lack (written where they were not
+/// kept, as an upgrade finds a lane) competes from the lane's first decision on: that decision's
+/// sweep, finding no waiting groups kept, puts it among them.
+#[tokio::test]
+async fn a_waiting_entry_the_waiting_groups_lack_competes_from_the_first_decision() {
+    use lanes_core::domain::token_share::{ShareSettings, Step};
+    let redis = RedisServer::start();
+    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let (settings, now) = (ShareSettings::default(), 1_796_000_000_000u64);
+    // current, previous, window, queued, seen, weight, since: two tasks waiting for a second.
+    let fields = [0, 0, now / settings.window_ms, 2, now - 1_000, 1, now - 1_000];
+    let packed: Vec<u8> =
+        std::iter::once(1u8).chain(fields.iter().flat_map(|v| (*v as f64).to_le_bytes())).collect();
+    let _: () = redis::cmd("HSET")
+        .arg("lanes:fair:{interactive}")
+        .arg("old")
+        .arg(packed)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let ask = ShareAsk {
+        group: "big".into(),
+        weight: 1,
+        step: Step::Decide { estimate: 10_000 },
+        now_ms: now,
+        settings,
+    };
+    assert_eq!(remote.share("fair:{interactive}", &ask).await.unwrap(), Verdict::Go, "no tokens yet");
+    let waiting: Vec<String> =
+        redis::cmd("HKEYS").arg("lanes:fair:{interactive}:waiting").query_async(&mut raw).await.unwrap();
+    assert_eq!(waiting, ["old"]);
+    assert_eq!(remote.share("fair:{interactive}", &ask).await.unwrap(), Verdict::PutOff, "old competes");
+}
+
 /// The cases the seeded comparison above seldom makes, through the script and the embedded cache
 /// alike: a decision by a group whose entry has the very bytes of another's (the script passes its
 /// own value over by equality), and the first decision a window after the last sweep, which drops

@@ -64,12 +64,13 @@ end
 local mine_entry = redis.call('HGET', KEYS[1], group)
 local others, total, weights = 0, 0, 0
 if kind == 'decide' then
-  -- A sweep, at most once a window: every group read once, the idle ones dropped, and every other
-  -- group with tasks waiting put in the waiting groups, packed (an entry in the text form, or one
-  -- written where no waiting groups were kept, competes from the lane's first decision on).
+  -- A sweep, at most once a window: every group read once and the idle ones dropped. A group with
+  -- tasks waiting that the waiting groups may lack is put among them, packed: an entry in the text
+  -- form, or any such entry while no waiting groups are kept (the lane's first decision since they
+  -- were), since every step writes its own entry to both.
   local swept = tonumber(redis.call('GET', KEYS[3])) or 0
   if now - swept >= window_ms then
-    local flat = redis.call('HGETALL', KEYS[1])
+    local flat, fresh = redis.call('HGETALL', KEYS[1]), redis.call('EXISTS', KEYS[2]) == 0
     for i = 1, #flat, 2 do
       local c, p, win, q, seen, wt, since = decode(flat[i + 1])
       if flat[i] ~= group and c then
@@ -77,9 +78,12 @@ if kind == 'decide' then
           redis.call('HDEL', KEYS[1], flat[i])
           redis.call('HDEL', KEYS[2], flat[i])
         elseif q > 0 then
-          local packed = struct.pack('<Bddddddd', 1, c, p, win, q, seen, wt, since)
-          if packed ~= flat[i + 1] then redis.call('HSET', KEYS[1], flat[i], packed) end
-          redis.call('HSET', KEYS[2], flat[i], packed)
+          local text = not (#flat[i + 1] == 57 and string.byte(flat[i + 1], 1) == 1)
+          if fresh or text then
+            local packed = struct.pack('<Bddddddd', 1, c, p, win, q, seen, wt, since)
+            if text then redis.call('HSET', KEYS[1], flat[i], packed) end
+            redis.call('HSET', KEYS[2], flat[i], packed)
+          end
         end
       end
     end
