@@ -869,16 +869,15 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
             );
             assert!(!a.is_empty(), "step {i}: the state read back");
             assert_eq!(a, b, "step {i}");
-            // The script's waiting groups, which a decision scans alone, are exactly the groups
-            // whose stored count of tasks waiting is above 0: every group that can compete.
-            let mut waiting: Vec<String> = redis::cmd("HKEYS")
-                .arg("lanes:fair:{interactive}:waiting")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            waiting.sort();
-            let queued: Vec<String> =
-                a.iter().filter(|(_, u)| u.queued > 0).map(|(g, _)| g.clone()).collect();
+            // The script's waiting groups, which a decision scans alone, are byte for byte the
+            // entries whose stored count of tasks waiting is above 0: every group that can compete.
+            let hash = |key: &str| redis::cmd("HGETALL").arg(key).clone();
+            let entries: BTreeMap<String, Vec<u8>> =
+                hash("lanes:fair:{interactive}").query_async(&mut raw).await.unwrap();
+            let waiting: BTreeMap<String, Vec<u8>> =
+                hash("lanes:fair:{interactive}:waiting").query_async(&mut raw).await.unwrap();
+            let queued: BTreeMap<String, Vec<u8>> =
+                entries.into_iter().filter(|(g, _)| a.get(g).is_some_and(|u| u.queued > 0)).collect();
             assert_eq!(waiting, queued, "step {i}");
         }
     }
@@ -913,39 +912,61 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
     assert_eq!(verdict, Verdict::PutOff, "the six-number entry competes in spite of a minute's patience");
 }
 
-/// A packed entry with tasks waiting that the lane's waiting groups lack (written where they were not
-/// kept, as an upgrade finds a lane) competes from the lane's first decision on: that decision's
-/// sweep, finding no waiting groups kept, puts it among them.
+/// The lane's waiting groups, which a decision scans alone, made whole again by a sweep where
+/// something other than this script wrote the lane (an earlier version beside it, or data from
+/// before they were kept): a packed entry with tasks waiting that they lack comes in and competes,
+/// and a copy of an entry that is gone goes.
 #[tokio::test]
-async fn a_waiting_entry_the_waiting_groups_lack_competes_from_the_first_decision() {
+async fn a_sweep_makes_the_waiting_groups_whole_again() {
     use lanes_core::domain::token_share::{ShareSettings, Step};
     let redis = RedisServer::start();
     let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
     let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
     let (settings, now) = (ShareSettings::default(), 1_796_000_000_000u64);
+    let ask = |step| ShareAsk { group: "big".into(), weight: 1, step, now_ms: now, settings };
+    // big's submission keeps the waiting groups; then two written past them.
+    remote.share("fair:{interactive}", &ask(Step::Submit)).await.unwrap();
     // current, previous, window, queued, seen, weight, since: two tasks waiting for a second.
     let fields = [0, 0, now / settings.window_ms, 2, now - 1_000, 1, now - 1_000];
     let packed: Vec<u8> =
         std::iter::once(1u8).chain(fields.iter().flat_map(|v| (*v as f64).to_le_bytes())).collect();
+    for (key, group) in [("lanes:fair:{interactive}", "old"), ("lanes:fair:{interactive}:waiting", "gone")] {
+        let _: () = redis::cmd("HSET").arg(key).arg(group).arg(&packed).query_async(&mut raw).await.unwrap();
+    }
+    let decide = || ask(Step::Decide { estimate: 10_000 });
+    assert_eq!(remote.share("fair:{interactive}", &decide()).await.unwrap(), Verdict::Go, "no tokens yet");
+    let waiting: Vec<String> =
+        redis::cmd("HKEYS").arg("lanes:fair:{interactive}:waiting").query_async(&mut raw).await.unwrap();
+    assert_eq!(waiting, ["old"], "big has nothing waiting now; gone was a copy of nothing");
+    assert_eq!(remote.share("fair:{interactive}", &decide()).await.unwrap(), Verdict::PutOff, "old competes");
+}
+
+/// A group alone in its lane is never put off, even when its copy among the waiting groups is stale
+/// (an earlier version of the script, running beside this one, wrote its entry alone): the scan
+/// passes over the asking group's own copy, whatever its bytes.
+#[tokio::test]
+async fn a_group_alone_is_not_put_off_by_a_stale_copy_of_its_own_entry() {
+    use lanes_core::domain::token_share::{ShareSettings, Step};
+    let redis = RedisServer::start();
+    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let (settings, now) = (ShareSettings::default(), 1_796_000_000_000u64);
+    let ask = |step, now_ms| ShareAsk { group: "g".into(), weight: 1, step, now_ms, settings };
+    remote.share("fair:{interactive}", &ask(Step::Submit, now - 1_000)).await.unwrap();
+    remote.share("fair:{interactive}", &ask(Step::Submit, now - 1_000)).await.unwrap();
+    // As an earlier version's start would leave it: one task started, its tokens charged.
+    let fields = [10_000, 0, now / settings.window_ms, 1, now - 500, 1, now - 1_000];
+    let packed: Vec<u8> =
+        std::iter::once(1u8).chain(fields.iter().flat_map(|v| (*v as f64).to_le_bytes())).collect();
     let _: () = redis::cmd("HSET")
         .arg("lanes:fair:{interactive}")
-        .arg("old")
+        .arg("g")
         .arg(packed)
         .query_async(&mut raw)
         .await
         .unwrap();
-    let ask = ShareAsk {
-        group: "big".into(),
-        weight: 1,
-        step: Step::Decide { estimate: 10_000 },
-        now_ms: now,
-        settings,
-    };
-    assert_eq!(remote.share("fair:{interactive}", &ask).await.unwrap(), Verdict::Go, "no tokens yet");
-    let waiting: Vec<String> =
-        redis::cmd("HKEYS").arg("lanes:fair:{interactive}:waiting").query_async(&mut raw).await.unwrap();
-    assert_eq!(waiting, ["old"]);
-    assert_eq!(remote.share("fair:{interactive}", &ask).await.unwrap(), Verdict::PutOff, "old competes");
+    let decide = ask(Step::Decide { estimate: 10_000 }, now);
+    assert_eq!(remote.share("fair:{interactive}", &decide).await.unwrap(), Verdict::Go, "alone");
 }
 
 /// The cases the seeded comparison above seldom makes, through the script and the embedded cache

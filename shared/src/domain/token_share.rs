@@ -182,7 +182,7 @@ pub struct Change {
 }
 
 /// Applies `ask` to `state` (every group's stored use) in a lane last swept at `swept_ms`; only the
-/// asking group's entry changes, so the script writes one field. A submission or a correction reads
+/// asking group's entry changes, but for the groups a sweep drops. A submission or a correction reads
 /// nothing but the asking group's entry; a start decision reads the groups with tasks waiting alone
 /// (only they can compete, and the script keeps them apart), so neither grows with the tenants
 /// merely active in the window. Idle groups never compete and are dropped by a sweep: the first

@@ -126,7 +126,8 @@ impl Cache for MemoryCache {
         let now = self.clock.now_ms();
         let mut shares = self.shares.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
         // One lock over the read and the write: the step is atomic as the script is. A lane's
-        // state outlives its last step by the TTL the script gives its key.
+        // state, and when it was last swept, outlive its last step by the TTL the script gives its
+        // keys.
         let (state, swept, expires) = shares.entry(key.to_owned()).or_default();
         if *expires <= now {
             state.clear();

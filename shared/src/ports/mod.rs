@@ -116,7 +116,8 @@ pub trait Cache: Send + Sync {
     /// keys must share one hash tag (one cluster slot).
     async fn reserve(&self, charges: &[Charge]) -> Result<Option<usize>, CacheError>;
     /// One step of a lane's token shares ([`crate::domain::token_share::step`]), atomically, on the
-    /// state at `key` (one key, so one cluster slot).
+    /// state at `key` (the Redis adapter keeps it under keys that share `key`'s hash tag, so one
+    /// cluster slot).
     async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError>;
     /// Every group's use of the lane at `key`, as [`Self::share`] keeps it (empty when nothing is
     /// kept); read-only, for the standings the metrics report

@@ -5,7 +5,8 @@
 -- "current previous window queued seen weight since" (six numbers: since 0); they read alike, and
 -- a group's next step stores its entry packed.
 -- KEYS[2]: the lane's waiting groups, the same entries for every group whose stored count of tasks
--- waiting is above 0 (the only groups that can compete), kept with each write of KEYS[1].
+-- waiting is above 0 (the only groups that can compete), kept with each write of KEYS[1] and made
+-- whole again by each sweep.
 -- KEYS[3]: when the lane was last swept (ms, text).
 -- ARGV: group, weight, kind (submit | decide | settle), amount (the estimate, or the signed
 -- correction), now ms, window ms, forget ms, the keys' ttl ms, patience ms. Returns 1 to go on, 0
@@ -64,41 +65,43 @@ end
 local mine_entry = redis.call('HGET', KEYS[1], group)
 local others, total, weights = 0, 0, 0
 if kind == 'decide' then
-  -- A sweep, at most once a window: every group read once and the idle ones dropped. A group with
-  -- tasks waiting that the waiting groups may lack is put among them, packed: an entry in the text
-  -- form, or any such entry while no waiting groups are kept (the lane's first decision since they
-  -- were), since every step writes its own entry to both.
+  -- A sweep, at most once a window: every group read once and the idle ones dropped, and the
+  -- waiting groups made again exactly the packed copies of the entries with tasks waiting. Every
+  -- step keeps them so; the sweep repairs what the steps did not write: entries from before they were
+  -- kept, or by an earlier version of this script running beside this one, or in the text form.
   local swept = tonumber(redis.call('GET', KEYS[3])) or 0
   if now - swept >= window_ms then
-    local flat, fresh = redis.call('HGETALL', KEYS[1]), redis.call('EXISTS', KEYS[2]) == 0
+    local flat, copies, kept = redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), {}
+    for i = 1, #copies, 2 do kept[copies[i]] = copies[i + 1] end
     for i = 1, #flat, 2 do
-      local c, p, win, q, seen, wt, since = decode(flat[i + 1])
-      if flat[i] ~= group and c then
-        if idle(q, seen) then
-          redis.call('HDEL', KEYS[1], flat[i])
-          redis.call('HDEL', KEYS[2], flat[i])
-        elseif q > 0 then
-          local text = not (#flat[i + 1] == 57 and string.byte(flat[i + 1], 1) == 1)
-          if fresh or text then
-            local packed = struct.pack('<Bddddddd', 1, c, p, win, q, seen, wt, since)
-            if text then redis.call('HSET', KEYS[1], flat[i], packed) end
-            redis.call('HSET', KEYS[2], flat[i], packed)
-          end
-        end
+      local g, v = flat[i], flat[i + 1]
+      local c, p, win, q, seen, wt, since = decode(v)
+      if g == group then
+        kept[g] = nil -- the step writes the asking group's own entry to both below
+      elseif c and idle(q, seen) then
+        redis.call('HDEL', KEYS[1], g)
+      elseif c and q > 0 then
+        local packed = struct.pack('<Bddddddd', 1, c, p, win, q, seen, wt, since)
+        if packed ~= v then redis.call('HSET', KEYS[1], g, packed) end
+        if kept[g] ~= packed then redis.call('HSET', KEYS[2], g, packed) end
+        kept[g] = nil
       end
     end
+    -- What is left is a copy of no entry with tasks waiting.
+    for g in pairs(kept) do redis.call('HDEL', KEYS[2], g) end
     redis.call('SET', KEYS[3], string.format('%.0f', now), 'PX', ARGV[8])
   end
   -- The scan reads the waiting groups' values alone and is inlined (a call per group costs as much
   -- as decoding it): decode, forget, and sum the tokens over the sliding window and the weights of
-  -- the groups competing. The asking group's own value is passed over once by equality: a group
+  -- the groups competing. The asking group's own copy is passed over once by equality: a group
   -- with the very same bytes would count the same.
   local unpack, byte, floor = struct.unpack, string.byte, math.floor
   local left = window_ms - (now % window_ms)
-  local values, passed = redis.call('HVALS', KEYS[2]), mine_entry == false
+  local mine_copy = redis.call('HGET', KEYS[2], group)
+  local values, passed = redis.call('HVALS', KEYS[2]), mine_copy == false
   for i = 1, #values do
     local s = values[i]
-    if not passed and s == mine_entry then
+    if not passed and s == mine_copy then
       passed = true
     elseif #s == 57 and byte(s, 1) == 1 then
       local _, c, p, win, q, seen, wt, since = unpack('<Bddddddd', s)

@@ -1,6 +1,6 @@
 //! The token shares' stored form in Redis (`share.lua` writes it, [`stored_use`] reads it back for
-//! the standings): one hash field per group, as binary so that a decision's scan of the lane decodes
-//! each entry in one call.
+//! the standings): one hash field per group, as binary so that a decision's scan of the groups
+//! waiting (a second hash of the same entries) decodes each in one call.
 
 /// A group's entry as `share.lua` stores it: the byte 1 and seven little-endian doubles (current,
 /// previous, window, queued, seen, weight, since), or the text form a hash may still hold
