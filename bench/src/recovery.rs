@@ -144,22 +144,8 @@ async fn takeover(client: &reqwest::Client, run: Takeover, scale_ms: u64) -> Res
     // figure subtracts (a takeover continuing a save would answer sooner and read as a faster one).
     let args: Vec<&str> =
         args.into_iter().chain(["--lease-ttl-ms", &lease, "--checkpoint-ms", "0"]).collect();
-    let dirs = [crate::temp_dir().map_err(|e| e.to_string())?, crate::temp_dir().map_err(|e| e.to_string())?];
-    let first = DevServer::start_with_env(&dirs[0], &args, env.clone()).await;
-    let id = crate::submit_task(client, &first.url, "refactor", "recover me").await?;
-    let until = Instant::now() + Duration::from_secs(60);
-    while crate::status(client, &first.url, &id).await.as_deref() != Some("PROCESSING") {
-        if Instant::now() > until {
-            return Err("the task never started".into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let running_since = Instant::now();
-    // The second worker, ready before the kill.
-    let second = DevServer::start_with_env(&dirs[1], &args, env.clone()).await;
-    tokio::time::sleep_until((running_since + Duration::from_millis(scaled(5.0))).into()).await;
-    drop(first); // SIGKILL: no shutdown path runs, its lease is left to expire
-    let killed = Instant::now();
+    let (second, id, killed, dirs) =
+        kill_while_running(client, &args, env, "recover me", scaled(5.0)).await?;
     let until = Instant::now() + Duration::from_secs(600);
     while crate::status(client, &second.url, &id).await.as_deref() != Some("COMPLETED") {
         if Instant::now() > until {
@@ -197,21 +183,9 @@ async fn late_kill(
     let args = ["--backend", "aws", "--create", "--capacity", "2", "--synthesis-latency-ms", &latency];
     let args: Vec<&str> =
         args.into_iter().chain(["--checkpoint-ms", &every, "--lease-ttl-ms", &lease]).collect();
-    let dirs = [crate::temp_dir().map_err(|e| e.to_string())?, crate::temp_dir().map_err(|e| e.to_string())?];
-    let first = DevServer::start_with_env(&dirs[0], &args, env.clone()).await;
-    let id = crate::submit_task(client, &first.url, "refactor", "recover me late").await?;
-    let until = Instant::now() + Duration::from_secs(60);
-    while crate::status(client, &first.url, &id).await.as_deref() != Some("PROCESSING") {
-        if Instant::now() > until {
-            return Err("the task never started".into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let running_since = Instant::now();
-    let second = DevServer::start_with_env(&dirs[1], &args, env.clone()).await;
-    tokio::time::sleep_until((running_since + Duration::from_millis(scaled(killed_at_s))).into()).await;
-    drop(first);
-    let killed = Instant::now();
+    let kill_at = scaled(killed_at_s);
+    let (second, id, killed, dirs) =
+        kill_while_running(client, &args, env, "recover me late", kill_at).await?;
     let until = Instant::now() + Duration::from_secs(600);
     let task = loop {
         let v: serde_json::Value = match client.get(format!("{}/v1/tasks/{id}", second.url)).send().await {
@@ -242,6 +216,35 @@ async fn late_kill(
         // The offline model's own count: four bytes a token.
         whole_tokens: text.len().div_ceil(4) as u64,
     })
+}
+
+/// Two `lanes dev` workers with `args` and `env` (each in a data dir of its own, returned for
+/// removal), a synthesis task submitted to the first, and the first SIGKILLed `kill_after_ms` after
+/// the task was seen running; the second (started before the kill), the task's id and the kill's
+/// time.
+async fn kill_while_running(
+    client: &reqwest::Client,
+    args: &[&str],
+    env: Vec<(String, String)>,
+    text: &str,
+    kill_after_ms: u64,
+) -> Result<(DevServer, String, Instant, [std::path::PathBuf; 2]), String> {
+    let dirs = [crate::temp_dir().map_err(|e| e.to_string())?, crate::temp_dir().map_err(|e| e.to_string())?];
+    let first = DevServer::start_with_env(&dirs[0], args, env.clone()).await;
+    let id = crate::submit_task(client, &first.url, "refactor", text).await?;
+    let until = Instant::now() + Duration::from_secs(60);
+    while crate::status(client, &first.url, &id).await.as_deref() != Some("PROCESSING") {
+        if Instant::now() > until {
+            return Err("the task never started".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let running_since = Instant::now();
+    // The second worker, ready before the kill.
+    let second = DevServer::start_with_env(&dirs[1], args, env).await;
+    tokio::time::sleep_until((running_since + Duration::from_millis(kill_after_ms)).into()).await;
+    drop(first); // SIGKILL: no shutdown path runs, its lease is left to expire
+    Ok((second, id, Instant::now(), dirs))
 }
 
 impl std::fmt::Display for RecoveryReport {
