@@ -824,6 +824,21 @@ async fn share_caches() -> (RedisServer, RedisCache, lanes_core::embedded::Memor
     (redis, remote, local)
 }
 
+/// A redis-server for the token-share script (kept running while the first item is held), a plain
+/// connection to it, and the workers' adapter on it.
+async fn share_redis() -> (RedisServer, redis::aio::MultiplexedConnection, RedisCache) {
+    let redis = RedisServer::start();
+    let raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    (redis, raw, remote)
+}
+
+/// A group's entry as the script packs it: the byte 1 and the seven fields (current, previous,
+/// window, queued, seen, weight, since) as little-endian doubles.
+fn packed(fields: [u64; 7]) -> Vec<u8> {
+    std::iter::once(1u8).chain(fields.iter().flat_map(|v| (*v as f64).to_le_bytes())).collect()
+}
+
 /// The token-share step is one algorithm in two places: the Redis script and the embedded cache.
 /// 4,000 seeded steps of five groups (uneven weights and estimates, submissions, starts and
 /// corrections, time jumps past the forget and window limits, gaps either side of the patience)
@@ -889,9 +904,7 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
 #[tokio::test]
 async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
     use lanes_core::domain::token_share::{GroupUse, ShareSettings, Step};
-    let redis = RedisServer::start();
-    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let (_redis, mut raw, remote) = share_redis().await;
     let settings = ShareSettings { patience_ms: 60_000, ..Default::default() };
     let now = 1_796_000_000_000u64;
     let ask = |group: &str, step| ShareAsk { group: group.into(), weight: 1, step, now_ms: now, settings };
@@ -919,17 +932,14 @@ async fn the_token_share_script_reads_an_entry_without_since_as_waiting_long() {
 #[tokio::test]
 async fn a_sweep_makes_the_waiting_groups_whole_again() {
     use lanes_core::domain::token_share::{ShareSettings, Step};
-    let redis = RedisServer::start();
-    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let (_redis, mut raw, remote) = share_redis().await;
     let (settings, now) = (ShareSettings::default(), 1_796_000_000_000u64);
     let ask = |step| ShareAsk { group: "big".into(), weight: 1, step, now_ms: now, settings };
     // big's submission keeps the waiting groups; then two written past them.
     remote.share("fair:{interactive}", &ask(Step::Submit)).await.unwrap();
     // current, previous, window, queued, seen, weight, since: two tasks waiting for a second.
     let fields = [0, 0, now / settings.window_ms, 2, now - 1_000, 1, now - 1_000];
-    let packed: Vec<u8> =
-        std::iter::once(1u8).chain(fields.iter().flat_map(|v| (*v as f64).to_le_bytes())).collect();
+    let packed = packed(fields);
     for (key, group) in [("lanes:fair:{interactive}", "old"), ("lanes:fair:{interactive}:waiting", "gone")] {
         let _: () = redis::cmd("HSET").arg(key).arg(group).arg(&packed).query_async(&mut raw).await.unwrap();
     }
@@ -947,17 +957,14 @@ async fn a_sweep_makes_the_waiting_groups_whole_again() {
 #[tokio::test]
 async fn a_group_alone_is_not_put_off_by_a_stale_copy_of_its_own_entry() {
     use lanes_core::domain::token_share::{ShareSettings, Step};
-    let redis = RedisServer::start();
-    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let (_redis, mut raw, remote) = share_redis().await;
     let (settings, now) = (ShareSettings::default(), 1_796_000_000_000u64);
     let ask = |step, now_ms| ShareAsk { group: "g".into(), weight: 1, step, now_ms, settings };
     remote.share("fair:{interactive}", &ask(Step::Submit, now - 1_000)).await.unwrap();
     remote.share("fair:{interactive}", &ask(Step::Submit, now - 1_000)).await.unwrap();
     // As an earlier version's start would leave it: one task started, its tokens charged.
     let fields = [10_000, 0, now / settings.window_ms, 1, now - 500, 1, now - 1_000];
-    let packed: Vec<u8> =
-        std::iter::once(1u8).chain(fields.iter().flat_map(|v| (*v as f64).to_le_bytes())).collect();
+    let packed = packed(fields);
     let _: () = redis::cmd("HSET")
         .arg("lanes:fair:{interactive}")
         .arg("g")
@@ -1019,9 +1026,7 @@ async fn twin_entries_and_idle_groups_step_alike_in_the_script_and_the_embedded_
 #[tokio::test]
 async fn a_text_entry_reads_and_its_groups_next_step_stores_it_packed() {
     use lanes_core::domain::token_share::{GroupUse, ShareSettings, Step};
-    let redis = RedisServer::start();
-    let mut raw = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let remote = RedisCache::new(connect(&redis.settings(false)).await.unwrap(), "lanes:");
+    let (_redis, mut raw, remote) = share_redis().await;
     let (settings, now) = (ShareSettings::default(), 1_796_000_000_000u64);
     let text = GroupUse {
         current: 500,
