@@ -976,6 +976,33 @@ async fn a_group_alone_is_not_put_off_by_a_stale_copy_of_its_own_entry() {
     assert_eq!(remote.share("fair:{interactive}", &decide).await.unwrap(), Verdict::Go, "alone");
 }
 
+/// An entry no step can read (here a count of tasks waiting that is not a whole number, which
+/// Rust's reading refuses) is left out by the next sweep as Rust leaves it out: dropped from both
+/// hashes, so it does not compete.
+#[tokio::test]
+async fn a_sweep_drops_an_entry_no_step_can_read() {
+    use lanes_core::domain::token_share::{ShareSettings, Step};
+    let (_redis, mut raw, remote) = share_redis().await;
+    let (settings, t) = (ShareSettings::default(), 1_796_000_000_000u64);
+    let ask = |step, now_ms| ShareAsk { group: "big".into(), weight: 1, step, now_ms, settings };
+    remote.share("fair:{interactive}", &ask(Step::Submit, t)).await.unwrap();
+    remote.share("fair:{interactive}", &ask(Step::Decide { estimate: 10_000 }, t)).await.unwrap();
+    remote.share("fair:{interactive}", &ask(Step::Submit, t + 1)).await.unwrap();
+    let later = t + settings.window_ms + 1;
+    let fields = [0.0, 0.0, (t / settings.window_ms) as f64, 0.5, later as f64 - 1.0, 1.0, t as f64];
+    let junk: Vec<u8> = std::iter::once(1u8).chain(fields.iter().flat_map(|d| d.to_le_bytes())).collect();
+    let (lane, waiting) = ("lanes:fair:{interactive}", "lanes:fair:{interactive}:waiting");
+    for key in [lane, waiting] {
+        let _: () = redis::cmd("HSET").arg(key).arg("x").arg(&junk).query_async(&mut raw).await.unwrap();
+    }
+    let verdict = remote.share("fair:{interactive}", &ask(Step::Decide { estimate: 10_000 }, later)).await;
+    assert_eq!(verdict.unwrap(), Verdict::Go, "x does not compete");
+    for key in [lane, waiting] {
+        let kept: bool = redis::cmd("HEXISTS").arg(key).arg("x").query_async(&mut raw).await.unwrap();
+        assert!(!kept, "{key}");
+    }
+}
+
 /// The cases the seeded comparison above seldom makes, through the script and the embedded cache
 /// alike: a decision by a group whose entry has the very bytes of another's (the script passes its
 /// own value over by equality), and the first decision a window after the last sweep, which drops

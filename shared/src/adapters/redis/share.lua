@@ -23,11 +23,18 @@ local amount, now = tonumber(ARGV[4]), tonumber(ARGV[5])
 local window_ms, forget_ms, patience_ms = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
 local w = math.floor(now / window_ms)
 
--- current, previous, window, queued, seen, weight, since; nothing for anything else.
+-- A stored double the Rust side reads too: a whole number from 0 to 2^53 (not NaN).
+local function whole(d)
+  return d >= 0 and d <= 9007199254740992 and d % 1 == 0
+end
+-- current, previous, window, queued, seen, weight, since; nothing for anything else (as
+-- adapters/redis/share.rs reads an entry back: a packed double out of range makes it unreadable).
 local function decode(s)
   if not s then return nil end
   if #s == 57 and string.byte(s, 1) == 1 then
     local _, c, p, win, q, seen, wt, since = struct.unpack('<Bddddddd', s)
+    if not (whole(c) and whole(p) and whole(win) and whole(q) and whole(seen) and whole(wt)
+        and whole(since)) then return nil end
     return c, p, win, q, seen, wt, since
   end
   local c, p, win, q, seen, wt, since = string.match(s, '^(%d+) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
@@ -65,10 +72,11 @@ end
 local mine_entry = redis.call('HGET', KEYS[1], group)
 local others, total, weights = 0, 0, 0
 if kind == 'decide' then
-  -- A sweep, at most once a window: every group read once and the idle ones dropped, and the
-  -- waiting groups made again exactly the packed copies of the entries with tasks waiting. Every
-  -- step keeps them so; the sweep repairs what the steps did not write: entries from before they were
-  -- kept, or by an earlier version of this script running beside this one, or in the text form.
+  -- A sweep, at most once a window: every group read once, the idle (or unreadable) ones dropped,
+  -- and the waiting groups made again exactly the packed copies of the entries with tasks waiting.
+  -- Every step keeps them so; the sweep repairs what the steps did not write: entries from before
+  -- they were kept, or by an earlier version of this script running beside this one, or in the
+  -- text form.
   local swept = tonumber(redis.call('GET', KEYS[3])) or 0
   if now - swept >= window_ms then
     local flat, copies, kept = redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), {}
@@ -78,9 +86,9 @@ if kind == 'decide' then
       local c, p, win, q, seen, wt, since = decode(v)
       if g == group then
         kept[g] = nil -- the step writes the asking group's own entry to both below
-      elseif c and idle(q, seen) then
-        redis.call('HDEL', KEYS[1], g)
-      elseif c and q > 0 then
+      elseif not c or idle(q, seen) then
+        redis.call('HDEL', KEYS[1], g) -- idle, or an entry no step can read (never written here)
+      elseif q > 0 then
         local packed = struct.pack('<Bddddddd', 1, c, p, win, q, seen, wt, since)
         if packed ~= v then redis.call('HSET', KEYS[1], g, packed) end
         if kept[g] ~= packed then redis.call('HSET', KEYS[2], g, packed) end
