@@ -174,7 +174,7 @@ def main():
     sc = load(d, "share")
     if sc:
         out += ["### What the token shares cost Redis as a lane's tenants grow", "", f"`{sc['command']}`", "",
-                "Each step of a lane's token shares is one Lua script on one Redis hash, and Redis runs one "
+                "Each step of a lane's token shares is one Lua script on the lane's Redis keys, and Redis runs one "
                 "script at a time: its run is time in which no other client of that Redis is answered. One lane "
                 "per row with its tenants' tokens in the window and some or all of them waiting for a task (each "
                 f"waiting one competes), then {sc['calls']} calls of each step by one of them through the workers' "

@@ -82,9 +82,9 @@ impl RecoveryReport {
 }
 
 /// The lease run measured at real time, where SQS's whole seconds and moto's once-a-second look at
-/// expired visibility are small against the 15 s lease: at the scaled time they are up to two fifths
-/// of the figure. Its task answers in 30 s (the takeover subtracts it), so the run takes about a
-/// minute, not the two a 90 s task would.
+/// expired visibility are small against the 15 s lease: at 1 s = 100 ms they are up to 20 of the
+/// figure's 27-29 workload seconds. Its task answers in 30 s (the takeover subtracts it), so the
+/// run takes about a minute, not the two a 90 s task would.
 pub const REAL_TIME: Takeover =
     Takeover { config: "lease 15 s + heartbeat, real time", lease_s: 15.0, bound_s: 20.0, task_s: 30.0 };
 
@@ -101,8 +101,9 @@ pub struct Takeover {
     pub task_s: f64,
 }
 
-/// A synthesis task of 90 workload seconds on SQS (moto) and Redis, two `lanes dev` workers; the one
-/// running it is SIGKILLed 5 s in and the other takes it over. With the 15 s lease (renewed every
+/// A synthesis task of 90 workload seconds (30 in the real-time run) on SQS (moto) and Redis, two
+/// `lanes dev` workers; the one running it is SIGKILLed 5 s in and the other takes it over. With the
+/// 15 s lease (renewed every
 /// 5 s) and with a static 120 s visibility, at `scale_ms` per workload second (SQS counts visibility
 /// in whole seconds, hence the default of 100), then the lease again at real time ([`REAL_TIME`]),
 /// whose figure carries the goal.

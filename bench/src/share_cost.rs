@@ -1,16 +1,17 @@
 //! `lanes bench share`: what the token shares cost Redis as a lane's tenants grow. Every step of a
-//! lane's shares is one Lua script on one hash, and Redis runs one script at a time, so a script's
-//! run is time in which no other client of that Redis (locks, the limiter, the other lanes) is
-//! answered. With `n` tenants waiting in one lane, it times each kind of step through the adapter
-//! the workers use (`RedisCache::share`) against a real `redis-server`, and reads Redis's own time
-//! per call from `INFO commandstats` (the script's run, not the network's).
+//! lane's shares is one Lua script on the lane's keys, and Redis runs one script at a time, so a
+//! script's run is time in which no other client of that Redis (locks, the limiter, the other
+//! lanes) is answered. With `n` tenants in one lane, some or all waiting, it times each kind of step
+//! through the adapter the workers use (`RedisCache::share`) against a real `redis-server`, and
+//! reads Redis's own time per call from `INFO commandstats` (the script's run, not the network's).
 //!
 //! A submission and a correction read the asking tenant's entry alone, so their cost must not grow
 //! with `n`; a start decision reads the entries of the tenants waiting (the others' shares are its
 //! question, and only a tenant with work waiting competes), so its cost grows with those, and not
 //! with the tenants merely active in the window: a last row has 1,000 tenants with tokens in the
 //! window of which 10 wait. Each row also times one sweep: the first decision a window after the
-//! last, which reads every tenant once to drop the idle ones.
+//! last, which reads every tenant once (here none is idle yet, so it drops and rewrites nothing:
+//! its cost is the reading).
 
 use crate::goals::{Goal, Unit, write_goals};
 use lanes_core::adapters::redis::{RedisCache, RedisSettings, connect};
@@ -89,9 +90,10 @@ impl ShareCostReport {
             .shown(Unit::Micros, 0),
         ];
         if let Some(q) = quiet {
+            let (n, w) = (q.tenants, q.waiting);
             let what = format!(
-                "a start decision's Redis time, {} tenants active of which {} waiting, over {small} all waiting",
-                q.tenants, q.waiting
+                "a start decision's Redis time, {n} tenants active of which {w} waiting, over {small} \
+                 all waiting"
             );
             self.goals
                 .push(Goal::new("decide_quiet_flat", what, ratio(quiet, |r| r.decide_us)).at_most(FLAT));
@@ -166,7 +168,7 @@ async fn one_row(
             share(ask(g, Step::Submit, now)).await?;
         }
     }
-    // Past the patience again: every tenant competes in each timed decision.
+    // Past the patience again: every tenant waiting competes in each timed decision.
     let later = now + settings.patience_ms + 1;
     let mut timed = [0.0; 3];
     let steps = [Step::Submit, Step::Decide { estimate: 1_000 }, Step::Settle { delta: -10 }];

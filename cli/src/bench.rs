@@ -9,7 +9,8 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Crash recovery: a 90 s synthesis task (time-scaled) on SQS (moto) and Redis with two workers;
     /// the one running it is killed 5 s in: time until the other takes it over, with the 15 s lease
-    /// and with a static 120 s visibility, then with the lease at real time (about a minute more).
+    /// and with a static 120 s visibility, then with the lease at real time (a 30 s task, about a
+    /// minute more).
     Recovery {
         /// Real ms per workload second (SQS visibility is whole seconds: keep it >= 100).
         #[arg(long, default_value_t = 100)]

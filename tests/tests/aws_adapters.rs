@@ -857,7 +857,7 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (seed >> 33) % n
     };
-    let (mut now, mut put_off) = (1_796_000_000_000u64, 0);
+    let (mut now, mut put_off, mut copies) = (1_796_000_000_000u64, 0, 0);
     for i in 0..4_000 {
         now += match next(100) {
             0 => 6_000,
@@ -894,9 +894,11 @@ async fn the_token_share_script_and_the_embedded_cache_decide_alike() {
             let queued: BTreeMap<String, Vec<u8>> =
                 entries.into_iter().filter(|(g, _)| a.get(g).is_some_and(|u| u.queued > 0)).collect();
             assert_eq!(waiting, queued, "step {i}");
+            copies += waiting.len();
         }
     }
     assert!(put_off > 100, "only {put_off} put-offs: the sequence barely tests the policy");
+    assert!(copies > 0, "the waiting groups were never compared with an entry in them");
 }
 
 /// An entry stored in the six-number form (no `since`) reads in the script as it does in Rust: a
@@ -1037,7 +1039,11 @@ async fn twin_entries_and_idle_groups_step_alike_in_the_script_and_the_embedded_
         assert_eq!(sa, sb, "step {i}: {ask:?}");
         if i >= 1 {
             let idle = sa.contains_key("idle-1") && sa.contains_key("idle-2");
-            assert_eq!(idle, i < 8, "step {i}: the idle groups go at the first decision past two windows");
+            assert_eq!(
+                idle,
+                i < 8,
+                "step {i}: the idle groups go at the first decision a window after the last sweep"
+            );
         }
         if i == 7 {
             assert_eq!(sa["a"], sa["b"], "twins before a's decision");

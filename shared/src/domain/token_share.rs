@@ -183,10 +183,11 @@ pub struct Change {
 
 /// Applies `ask` to `state` (every group's stored use) in a lane last swept at `swept_ms`; only the
 /// asking group's entry changes, but for the groups a sweep drops. A submission or a correction reads
-/// nothing but the asking group's entry; a start decision reads the groups with tasks waiting alone
-/// (only they can compete, and the script keeps them apart), so neither grows with the tenants
-/// merely active in the window. Idle groups never compete and are dropped by a sweep: the first
-/// start decision a window or more after the last sweep, which reads every group once.
+/// nothing but the asking group's entry; a start decision needs the groups with tasks waiting alone
+/// (only they can compete), which the script keeps apart so that its scan does not grow with the
+/// tenants merely active in the window (this function, run in process, filters the whole state).
+/// Idle groups never compete and are dropped by a sweep: the first start decision a window or more
+/// after the last sweep, which reads every group once.
 pub fn step(state: &BTreeMap<String, GroupUse>, swept_ms: u64, ask: &ShareAsk) -> Change {
     let (now, s) = (ask.now_ms, &ask.settings);
     let w = now / s.window_ms;

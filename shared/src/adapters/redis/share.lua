@@ -74,9 +74,10 @@ local others, total, weights = 0, 0, 0
 if kind == 'decide' then
   -- A sweep, at most once a window: every group read once, the idle (or unreadable) ones dropped,
   -- and the waiting groups made again exactly the packed copies of the entries with tasks waiting.
-  -- Every step keeps them so; the sweep repairs what the steps did not write: entries from before
-  -- they were kept, or by an earlier version of this script running beside this one, or in the
-  -- text form.
+  -- Every step keeps them so for its own group; the sweep repairs what no step wrote: entries
+  -- written without the waiting groups (a lane's state from an earlier version of this script, or
+  -- that version running beside this one during a deploy), or in the text form. The scan below
+  -- reads the copies unchecked: only this script writes them, from entries it has read.
   local swept = tonumber(redis.call('GET', KEYS[3])) or 0
   if now - swept >= window_ms then
     local flat, copies, kept = redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), {}
@@ -85,7 +86,7 @@ if kind == 'decide' then
       local g, v = flat[i], flat[i + 1]
       local c, p, win, q, seen, wt, since = decode(v)
       if g == group then
-        kept[g] = nil -- the step writes the asking group's own entry to both below
+        kept[g] = nil -- the step below writes the asking group's entry and its copy, or drops it
       elseif not c or idle(q, seen) then
         redis.call('HDEL', KEYS[1], g) -- idle, or an entry no step can read (never written here)
       elseif q > 0 then
