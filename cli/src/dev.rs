@@ -55,6 +55,10 @@ pub struct DevArgs {
     /// embedded store (DynamoDB's TTL does it on AWS).
     #[arg(long, default_value_t = 60)]
     expiry_sweep_secs: u64,
+    /// How often the provider batches' collector reads the open batches (when a lane's route has a
+    /// batch endpoint).
+    #[arg(long, default_value_t = 2)]
+    batch_collect_secs: u64,
     /// Keep task records this long after their last write (default: 15 days finished, the queues'
     /// retention and a day pending). Shorter than the retention, a message that waits longer finds
     /// its record gone and its task reads as not found: for soaks and demos.
@@ -87,6 +91,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
         queue_visibility_secs,
         dlq_sweep_secs,
         expiry_sweep_secs,
+        batch_collect_secs,
         record_ttl_secs,
         tenant_header,
         allow_remote,
@@ -117,6 +122,7 @@ pub async fn run(args: DevArgs) -> Result<(), CliError> {
     opts.ingress.quota = opts.worker.quota;
     opts.dlq_sweep_interval = Duration::from_secs(dlq_sweep_secs.max(1));
     opts.expiry_sweep_interval = Duration::from_secs(expiry_sweep_secs.max(1));
+    opts.batch_collect_interval = Duration::from_secs(batch_collect_secs.max(1));
     if let Some(ttl) = record_ttl_secs {
         opts.worker.record_ttl_secs = ttl.max(1);
         opts.ingress.pending_ttl_secs = ttl.max(1);
