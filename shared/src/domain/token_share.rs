@@ -234,6 +234,31 @@ pub fn step(state: &BTreeMap<String, GroupUse>, swept_ms: u64, ask: &ShareAsk) -
     Change { verdict, mine, drop, swept }
 }
 
+/// A lane's token shares as a store keeps them: every group's use, and when the lane was last swept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LaneShares {
+    /// Each group's use.
+    pub groups: BTreeMap<String, GroupUse>,
+    /// The time of the lane's last sweep (0 for never).
+    pub swept_ms: u64,
+}
+
+impl LaneShares {
+    /// [`step`] applied, as the script applies it: the asking group's use written, the groups a
+    /// sweep drops removed, and a sweep's time kept.
+    pub fn apply(&mut self, ask: &ShareAsk) -> Verdict {
+        let change = step(&self.groups, self.swept_ms, ask);
+        for g in &change.drop {
+            self.groups.remove(g);
+        }
+        if change.swept {
+            self.swept_ms = ask.now_ms;
+        }
+        self.groups.insert(ask.group.clone(), change.mine);
+        change.verdict
+    }
+}
+
 /// Whether `mine` holds more than its weighted share of the tokens of the groups competing now:
 /// itself and every other group that [`GroupUse::competes`]. Never with no other group competing,
 /// nor for a group with no tokens in the window (its first task always starts).
@@ -334,26 +359,9 @@ mod tests {
         ShareSettings { window_ms: 10_000, forget_ms: 5_000, put_off_ms: 100, patience_ms: 0 }
     }
 
-    /// A lane as a store keeps it: the groups, and when it was last swept.
-    #[derive(Default)]
-    struct Lane {
-        groups: BTreeMap<String, GroupUse>,
-        swept_ms: u64,
-    }
-
-    /// Applies `ask` as a store would: the asking group's entry written, the dropped ones removed,
-    /// a sweep's time kept.
-    fn apply(lane: &mut Lane, group: &str, weight: u64, step_: Step, now_ms: u64) -> Verdict {
-        let ask = ShareAsk { group: group.into(), weight, step: step_, now_ms, settings: settings() };
-        let c = step(&lane.groups, lane.swept_ms, &ask);
-        for g in &c.drop {
-            lane.groups.remove(g);
-        }
-        if c.swept {
-            lane.swept_ms = now_ms;
-        }
-        lane.groups.insert(group.into(), c.mine);
-        c.verdict
+    /// Applies `ask` as a store would ([`LaneShares::apply`]).
+    fn apply(lane: &mut LaneShares, group: &str, weight: u64, step_: Step, now_ms: u64) -> Verdict {
+        lane.apply(&ShareAsk { group: group.into(), weight, step: step_, now_ms, settings: settings() })
     }
 
     #[test]
@@ -368,7 +376,7 @@ mod tests {
 
     #[test]
     fn alone_a_group_always_starts_whatever_it_has_used() {
-        let mut st = Lane::default();
+        let mut st = LaneShares::default();
         for i in 0..50 {
             apply(&mut st, "big", 1, Step::Submit, i * 10);
             assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, i * 10 + 1), Verdict::Go);
@@ -377,7 +385,7 @@ mod tests {
 
     #[test]
     fn a_group_over_its_token_share_waits_while_another_has_work_waiting() {
-        let mut st = Lane::default();
+        let mut st = LaneShares::default();
         apply(&mut st, "big", 1, Step::Submit, 0);
         assert_eq!(apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 1), Verdict::Go);
         apply(&mut st, "small", 1, Step::Submit, 2);
@@ -394,7 +402,7 @@ mod tests {
 
     #[test]
     fn weights_scale_the_share_and_settles_correct_the_charge() {
-        let mut st = Lane::default();
+        let mut st = LaneShares::default();
         apply(&mut st, "a", 3, Step::Submit, 0);
         apply(&mut st, "a", 3, Step::Decide { estimate: 2_000 }, 1);
         apply(&mut st, "b", 1, Step::Submit, 2);
@@ -414,7 +422,7 @@ mod tests {
 
     #[test]
     fn a_waiting_count_nobody_touches_is_forgotten_and_idle_groups_are_dropped() {
-        let mut st = Lane::default();
+        let mut st = LaneShares::default();
         apply(&mut st, "big", 1, Step::Submit, 0);
         apply(&mut st, "big", 1, Step::Decide { estimate: 10_000 }, 1);
         apply(&mut st, "ghost", 1, Step::Submit, 2); // cancelled before it ever starts
@@ -446,15 +454,9 @@ mod tests {
     #[test]
     fn a_group_competes_only_once_its_waiting_has_lasted_the_patience() {
         let patient = ShareSettings { patience_ms: 50, ..settings() };
-        let mut st = BTreeMap::new();
-        let ask = |st: &mut BTreeMap<String, GroupUse>, group: &str, step_: Step, now_ms: u64| {
-            let c = step(
-                st,
-                0,
-                &ShareAsk { group: group.into(), weight: 1, step: step_, now_ms, settings: patient },
-            );
-            st.insert(group.into(), c.mine);
-            c.verdict
+        let mut st = LaneShares::default();
+        let ask = |st: &mut LaneShares, group: &str, step_: Step, now_ms: u64| {
+            st.apply(&ShareAsk { group: group.into(), weight: 1, step: step_, now_ms, settings: patient })
         };
         let big = Step::Decide { estimate: 10_000 };
         ask(&mut st, "big", Step::Submit, 0);
@@ -468,11 +470,11 @@ mod tests {
             "small has waited 40 ms: a free slot takes it"
         );
         assert_eq!(ask(&mut st, "big", big, 150), Verdict::PutOff, "its waiting began 50 ms ago");
-        assert_eq!(st["small"].since_ms, 100, "a second submission keeps when the waiting began");
+        assert_eq!(st.groups["small"].since_ms, 100, "a second submission keeps when the waiting began");
         ask(&mut st, "small", Step::Decide { estimate: 1 }, 151);
         ask(&mut st, "small", Step::Decide { estimate: 1 }, 152);
         ask(&mut st, "small", Step::Submit, 400);
-        assert_eq!(st["small"].since_ms, 400, "waiting again after none waited begins anew");
+        assert_eq!(st.groups["small"].since_ms, 400, "waiting again after none waited begins anew");
         assert_eq!(ask(&mut st, "big", big, 420), Verdict::Go);
         let old = GroupUse::decode("1 2 3 4 5 6").unwrap();
         assert_eq!((old.queued, old.since_ms), (4, 0), "an entry written without since_ms competes at once");
@@ -480,7 +482,7 @@ mod tests {
 
     #[test]
     fn standings_compare_the_tokens_received_with_the_weighted_share_of_the_active_groups() {
-        let mut st = Lane::default();
+        let mut st = LaneShares::default();
         apply(&mut st, "a", 3, Step::Submit, 0);
         apply(&mut st, "a", 3, Step::Decide { estimate: 1_000 }, 1);
         apply(&mut st, "b", 1, Step::Submit, 2);

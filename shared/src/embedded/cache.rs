@@ -25,8 +25,8 @@ pub struct MemoryCache {
     entries: Mutex<Entries>,
     /// Sets of expiring members: key -> member -> until (Unix ms).
     sets: Mutex<HashMap<String, HashMap<String, u64>>>,
-    /// Each lane's token shares by key, when they were last swept and when they expire (Unix ms).
-    shares: Mutex<HashMap<String, (ShareState, u64, u64)>>,
+    /// Each lane's token shares by key, and when they expire (Unix ms).
+    shares: Mutex<HashMap<String, (crate::domain::token_share::LaneShares, u64)>>,
 }
 
 impl MemoryCache {
@@ -122,27 +122,19 @@ impl Cache for MemoryCache {
     }
 
     async fn share(&self, key: &str, ask: &ShareAsk) -> Result<Verdict, CacheError> {
-        use crate::domain::token_share::{state_ttl_ms, step};
+        use crate::domain::token_share::{LaneShares, state_ttl_ms};
         let now = self.clock.now_ms();
         let mut shares = self.shares.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
         // One lock over the read and the write: the step is atomic as the script is. A lane's
         // state, and when it was last swept, outlive its last step by the TTL the script gives its
         // keys.
-        let (state, swept, expires) = shares.entry(key.to_owned()).or_default();
+        let (lane, expires) = shares.entry(key.to_owned()).or_default();
         if *expires <= now {
-            state.clear();
-            *swept = 0;
+            *lane = LaneShares::default();
         }
-        let change = step(state, *swept, ask);
-        for g in &change.drop {
-            state.remove(g);
-        }
-        if change.swept {
-            *swept = ask.now_ms;
-        }
-        state.insert(ask.group.clone(), change.mine);
+        let verdict = lane.apply(ask);
         *expires = now + state_ttl_ms(&ask.settings);
-        Ok(change.verdict)
+        Ok(verdict)
     }
 
     async fn share_state(&self, key: &str) -> Result<ShareState, CacheError> {
@@ -150,8 +142,8 @@ impl Cache for MemoryCache {
         let shares = self.shares.lock().map_err(|_| CacheError::Unavailable("cache poisoned".into()))?;
         Ok(shares
             .get(key)
-            .filter(|(_, _, expires)| *expires > now)
-            .map(|(s, _, _)| s.clone())
+            .filter(|(_, expires)| *expires > now)
+            .map(|(lane, _)| lane.groups.clone())
             .unwrap_or_default())
     }
 }
