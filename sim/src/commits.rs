@@ -60,7 +60,7 @@ impl SummaryStore for FaultySummaries {
         let d = match self.ctx.pre::<StoreError>(Port::Store, "put_summary", &sha).await {
             Ok(d) => d,
             Err(e) => {
-                self.ctx.chaos.oracle(|o| o.justify(&sha, "summary write failed"));
+                self.ctx.chaos.oracle(|o| o.summary_write_failed(&sha));
                 return Err(e);
             }
         };
@@ -71,8 +71,11 @@ impl SummaryStore for FaultySummaries {
             self.ctx.chaos.oracle(|o| o.summary_written(&sha));
             self.ctx.note(|| format!("put_summary {} -> Written", short(&sha)));
         }
+        // A lost answer is a failure to the worker, which asks again and then reads `Exists`.
         if d.fail == Some(true) {
-            self.ctx.chaos.oracle(|o| o.justify(&sha, "summary write's answer lost"));
+            self.ctx.chaos.oracle(|o| o.summary_write_failed(&sha));
+        } else {
+            self.ctx.chaos.oracle(|o| o.summary_write_answered(&sha));
         }
         self.ctx.post(d, "put_summary", &sha, r).await
     }
