@@ -560,12 +560,22 @@ mod anthropic {
 }
 
 /// A batch store that fails to record a batch's provider id the first `fail` times (a crash
-/// between submission and record, as the worker sees it).
+/// between submission and record, as the worker sees it), and whose next `blind` lookups of the
+/// carriers find nothing (a read that raced ahead of another delivery's record write).
 pub struct Forgetful {
     /// The store it forgets in front of.
     pub inner: Arc<dyn lanes_core::ports::BatchStore>,
     /// Updates still to fail.
     pub fail: std::sync::atomic::AtomicU32,
+    /// Carrier lookups still to find nothing.
+    pub blind: std::sync::atomic::AtomicU32,
+}
+
+impl Forgetful {
+    /// In front of `inner`, failing the first `fail` updates.
+    pub fn new(inner: Arc<dyn lanes_core::ports::BatchStore>, fail: u32) -> Self {
+        Self { inner, fail: fail.into(), blind: 0.into() }
+    }
 }
 
 #[async_trait::async_trait]
@@ -588,6 +598,10 @@ impl lanes_core::ports::BatchStore for Forgetful {
         &self,
         keys: &[String],
     ) -> Result<HashMap<String, lanes_core::domain::batch::Carrier>, StoreError> {
+        use std::sync::atomic::Ordering;
+        if self.blind.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Ok(HashMap::new());
+        }
         self.inner.batched(keys).await
     }
     async fn close_batch(&self, r: &BatchRecord) -> Result<(), StoreError> {

@@ -26,7 +26,6 @@ use lanes_core::wiring::Adapters;
 use lanes_tests::mock_batches::{BatchTiming, Forgetful, MockBatches};
 use lanes_tests::mock_llm::MockLlm;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 const HOUR: u64 = 3_600_000;
@@ -145,8 +144,7 @@ async fn rig_with(timing: BatchTiming, fail_updates: u32, faults: ApiFaults) -> 
         ))
     };
     let api = Flaky { inner, faults: std::sync::Mutex::new(faults) };
-    let store: Arc<dyn BatchStore> =
-        Arc::new(Forgetful { inner: adapters.batches.clone(), fail: AtomicU32::new(fail_updates) });
+    let store: Arc<dyn BatchStore> = Arc::new(Forgetful::new(adapters.batches.clone(), fail_updates));
     let worker = CommitsWorker {
         batching: Some(Batching { api: Arc::new(api), store, queue_tokens: None, scope: "test".into() }),
         ..adapters.commits_worker(llm, Arc::new(Diffs), Metrics::new(), shared, lease)

@@ -4,7 +4,8 @@
 //! answers (the task `PROCESSING` at tier `batch` until then, then `COMPLETED` at half price by the
 //! parked claim's fenced write), a cancel of a batched task (its provider batch cancelled), a batch
 //! that would miss the deadline (the run given back and answered at flex in time, once), a crash
-//! after the park and one between submission and record (never submitted twice).
+//! after the park and one between submission and record (never submitted twice), and a delivery
+//! that finds the record another wrote (put off until the record owns the run, never acked before).
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -23,7 +24,7 @@ use lanes_core::wiring::Adapters;
 use lanes_tests::mock_batches::{BatchTiming, Forgetful, MockBatches};
 use lanes_tests::mock_llm::MockLlm;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 const MIN: u64 = 60_000;
@@ -39,6 +40,8 @@ struct Rig {
     worker: Worker,
     collector: TaskCollector,
     start: u64,
+    /// The worker's batch records, in front of which lookups can be made to miss.
+    forgetful: Arc<Forgetful>,
 }
 
 async fn rig(anthropic: bool, timing: BatchTiming, fail_updates: u32) -> Rig {
@@ -67,8 +70,8 @@ async fn rig(anthropic: bool, timing: BatchTiming, fail_updates: u32) -> Rig {
             "openai:gpt-4o-mini".into(),
         ))
     };
-    let store: Arc<dyn BatchStore> =
-        Arc::new(Forgetful { inner: adapters.batches.clone(), fail: AtomicU32::new(fail_updates) });
+    let forgetful = Arc::new(Forgetful::new(adapters.batches.clone(), fail_updates));
+    let store: Arc<dyn BatchStore> = forgetful.clone();
     let batching = Batching { api, store, queue_tokens: None, scope: "test".into() };
     let worker = Worker {
         batching: Some(batching.clone()),
@@ -76,7 +79,7 @@ async fn rig(anthropic: bool, timing: BatchTiming, fail_updates: u32) -> Rig {
     };
     let send = adapters.send[Lane::Synthesis.index()].clone();
     let collector = TaskCollector { worker: worker.clone(), batching, send };
-    Rig { _dir: dir, clock, adapters, batches, chat, worker, collector, start }
+    Rig { _dir: dir, clock, adapters, batches, chat, worker, collector, start, forgetful }
 }
 
 impl Rig {
@@ -253,6 +256,31 @@ async fn a_crash_between_submission_and_record_never_submits_twice() {
         assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
         assert_eq!(r.chat.usage().served, 0);
     }
+}
+
+/// A delivery whose lookup missed the run's record (another delivery wrote it just after) finds it
+/// when it writes its own: that record may still be its worker's, submitting, so the delivery is
+/// put off rather than acked, and acked only once the record owns the run.
+#[tokio::test]
+async fn a_delivery_that_finds_the_record_written_by_another_waits_until_it_owns_the_run() {
+    let r = rig(false, BatchTiming::default(), 1).await;
+    let id = r.submit(2 * 3600).await;
+    // The batch is made and its id not recorded: the record stays `Submitting`.
+    let first = r.drain().await;
+    assert!(matches!(first[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{first:?}");
+    r.clock.advance_ms(10 * MIN);
+    r.forgetful.blind.store(1, Ordering::SeqCst);
+    let raced = r.drain().await;
+    assert!(matches!(raced[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{raced:?}");
+    assert_eq!(r.forgetful.blind.load(Ordering::SeqCst), 0, "the lookup missed the record");
+    // Past the grace the record owns the run: acked, adopted, answered once.
+    r.clock.advance_ms(5 * MIN + 1);
+    assert_eq!(r.drain().await, [Outcome::Acked]);
+    assert_eq!(r.batches.batches(), 1, "no second submission");
+    assert_eq!(r.at(16 * MIN).await.adopted, 1);
+    assert_eq!(r.at(40 * MIN).await.written, 1);
+    assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
+    assert_eq!(r.chat.usage().served, 0);
 }
 
 #[tokio::test]

@@ -15,6 +15,9 @@
 //! - the park's outcome is unknown (the store failed): the delivery comes back, and finds the run
 //!   parked or claims it anew;
 //! - the record cannot be written: the run is given back and the call made now, at flex;
+//! - the record is there already (its write's answer was lost, or another delivery wrote it): the
+//!   message comes back and is acked once the record owns the run (submitted, or past the grace
+//!   in which a worker may still be submitting it);
 //! - the provider refuses the batch (it made none): the record is deleted, the run given back, and
 //!   the call made now;
 //! - the submission's outcome is unknown, or its id cannot be recorded: the message comes back, its
@@ -164,8 +167,10 @@ impl Worker {
         };
         match batching.store.create_batch(&batch).await {
             Ok(true) => {}
-            // Another delivery of the run recorded it: the record owns the run.
-            Ok(false) => return Parking::Done(lease::ack(&**queue, message).await),
+            // Recorded already (by another delivery of the run, or by this one with the answer
+            // lost): acked only when the message comes back and finds the record owns the run,
+            // since a worker still submitting may find the batch refused and delete it.
+            Ok(false) => return Parking::Done(self.owned_later(run, "batch already recorded").await),
             Err(e) => {
                 warn!(error = %e, "batch record not written; calling now");
                 return self.give_back(run).await;
