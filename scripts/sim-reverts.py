@@ -118,8 +118,8 @@ REVERTS = {
     ]),
     "submitting-owner": ("a duplicate is acked on a batch record still submitting, which its worker may delete", [
         ("shared/src/domain/batch.rs",
-         "self.phase != BatchPhase::Submitting\n",
-         "true || self.phase != BatchPhase::Submitting\n"),
+         "        if self.phase != BatchPhase::Submitting {",
+         "        if true || self.phase != BatchPhase::Submitting {"),
     ]),
 }
 

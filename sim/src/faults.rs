@@ -138,6 +138,15 @@ pub struct Chaos {
     /// from a key since lost to a failover, or with none, is a broken claim: it may take over a live
     /// run, whose paid answer its fence then refuses (I9).
     pub holders: Mutex<Holders>,
+    /// For each task, the fence its run was last parked under and the delivery (tokio task) that
+    /// parked it: that delivery calls the model directly only once its park is undone (I2).
+    pub parkers: Mutex<std::collections::HashMap<String, (u64, Option<tokio::task::Id>)>>,
+    /// A handle on the queues' receipts (any lane's: they share them), to tell whether a receipt a
+    /// process holds is still its message's current one (I11).
+    pub receipts: Option<EmbeddedQueue>,
+    /// For each delivery (its tokio task) and task, the receipts of the task its process held, live,
+    /// when the delivery first asked for the task's lock: the delivery's own is among them (I11).
+    pub asked_with: Mutex<std::collections::HashMap<(tokio::task::Id, String), Vec<String>>>,
 }
 
 /// Per delivery (its tokio task) and lock key: the lock service the key was taken from, if any.
@@ -167,6 +176,9 @@ impl Chaos {
             prompts: BTreeMap::new(),
             batches: None,
             holders: Mutex::default(),
+            parkers: Mutex::default(),
+            receipts: None,
+            asked_with: Mutex::default(),
         }
     }
 
@@ -443,6 +455,48 @@ impl Ctx {
         }
     }
 
+    /// Which of `receipts` are still their messages' current ones.
+    async fn live(&self, receipts: impl IntoIterator<Item = String>) -> Vec<String> {
+        let Some(queue) = self.chaos.receipts.as_ref() else { return Vec::new() };
+        let mut live = Vec::new();
+        for r in receipts {
+            if queue.peek_receipt(&r).await.is_some() {
+                live.push(r);
+            }
+        }
+        live
+    }
+
+    /// The current delivery asks for `task`'s lock: the first time, notes the receipts of the task
+    /// its process holds live now (a process may still hold a dead one of an earlier delivery).
+    async fn asking_for_lock(&self, task: &str) {
+        let Some(id) = tokio::task::try_id() else { return };
+        let key = (id, task.to_owned());
+        if self.chaos.asked_with.lock().map_or(true, |m| m.contains_key(&key)) {
+            return;
+        }
+        let held: Vec<String> = match self.proc.holding.lock() {
+            Ok(h) => h.iter().filter(|(_, t)| t.as_str() == task).map(|(r, _)| r.clone()).collect(),
+            Err(_) => return,
+        };
+        let live = self.live(held).await;
+        if let Ok(mut m) = self.chaos.asked_with.lock() {
+            m.insert(key, live);
+        }
+    }
+
+    /// Whether the current delivery, claiming `task`, still holds a live receipt of it: one of those
+    /// it held live when it first asked for the lock. `None` when that cannot be told (no lock
+    /// asked for, or no receipt held then).
+    async fn claims_live(&self, task: &str) -> Option<bool> {
+        let id = tokio::task::try_id()?;
+        let held = self.chaos.asked_with.lock().ok()?.remove(&(id, task.to_owned()))?;
+        if held.is_empty() {
+            return None;
+        }
+        Some(!self.live(held).await.is_empty())
+    }
+
     fn settled(&self, receipt: &str) {
         if let Ok(mut h) = self.proc.holding.lock() {
             h.remove(receipt);
@@ -532,13 +586,20 @@ impl TaskStore for FaultyStore {
         self.ctx.post(d, "mark_enqueued", task_id, r).await
     }
     async fn claim(&self, task_id: &TaskId, now_ms: u64, ttl: u64) -> Result<ClaimOutcome, StoreError> {
+        // Judged when asked: a claim slowed on its way lands when it lands, which no worker decides.
+        let live = self.ctx.claims_live(task_id).await;
         let d = self.ctx.pre::<StoreError>(Port::Store, "claim", task_id).await?;
         let r = self.inner.claim(task_id, now_ms, ttl).await;
         if let Ok(ClaimOutcome::Claimed(rec)) = &r {
             let broken = self.ctx.chaos.claims_broken(task_id);
             let how = if broken { " (lock lost or never held)" } else { "" };
             self.ctx.note(|| format!("claim {} -> fence {}{how}", short(task_id), rec.fence));
-            self.ctx.chaos.oracle(|o| o.claimed(task_id, rec.fence, broken));
+            self.ctx.chaos.oracle(|o| {
+                o.claimed(task_id, rec.fence, broken);
+                if let Some(live) = live {
+                    o.claimed_on(task_id, live);
+                }
+            });
         }
         self.ctx.post(d, "claim", task_id, r).await
     }
@@ -597,6 +658,10 @@ impl TaskStore for FaultyStore {
         let r = self.inner.park(task_id, fence, parked, now_ms, ttl).await;
         if let Ok(done) = &r {
             let done = *done;
+            // Noted before its answer may be lost: the park took effect either way.
+            if let (true, Ok(mut p)) = (done, self.ctx.chaos.parkers.lock()) {
+                p.insert(task_id.to_string(), (fence, tokio::task::try_id()));
+            }
             self.ctx.note(|| format!("park {} fence {fence} in {batch} -> {done}", short(task_id)));
         }
         self.ctx.post(d, "park", task_id, r).await
@@ -846,8 +911,11 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
         let from = c.escalated.as_ref().and_then(|e| e.from.clone());
         let batched = match &chaos.batches {
             Some(b) => b.open_batches(usize::MAX).await.is_ok_and(|open| {
-                open.iter()
-                    .any(|r| Some(&r.key) != from.as_ref() && r.commits().any(|x| x.commit.key() == c.key()))
+                open.iter().any(|r| {
+                    Some(&r.key) != from.as_ref()
+                        && owns_now(chaos, r.phase, r.created_at_ms)
+                        && r.commits().any(|x| x.commit.key() == c.key())
+                })
             }),
             None => false,
         };
@@ -861,13 +929,26 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
     let batched = match (&chaos.batches, record.as_ref().and_then(|r| r.waiting())) {
         (Some(b), Some(parked)) => {
             let marker = lanes_core::domain::batch::task_marker(&task);
-            b.batched(std::slice::from_ref(&marker))
-                .await
-                .is_ok_and(|k| k.get(&marker).is_some_and(|c| c.batch == parked.batch))
+            b.batched(std::slice::from_ref(&marker)).await.is_ok_and(|k| {
+                k.get(&marker)
+                    .is_some_and(|c| c.batch == parked.batch && owns_now(chaos, c.phase, c.created_at_ms))
+            })
         }
         _ => false,
     };
     chaos.oracle(|o| o.acked(&task, record.as_ref(), sent_at_ms, batched));
+}
+
+/// Whether a batch record in `phase`, written at `created_at_ms` by its worker's clock, owns what it
+/// carries: once submitted, or once no worker can still be submitting it. Until then its worker
+/// may find the batch refused, delete the record and make the calls on its own deliveries, so a
+/// duplicate acked on it would leave them nothing to come back on. The worker's clock may run up
+/// to the largest skew ahead of the true time.
+fn owns_now(chaos: &Chaos, phase: lanes_core::domain::batch::BatchPhase, created_at_ms: u64) -> bool {
+    let grace = lanes_core::domain::batch::SUBMIT_GRACE.as_millis() as u64;
+    let skew = chaos.oracle(|o| o.skew_ms);
+    let age = chaos.clock.now_ms().saturating_add(skew).saturating_sub(created_at_ms);
+    phase != lanes_core::domain::batch::BatchPhase::Submitting || age >= grace
 }
 
 // ---------------------------------------------------------------- lock
@@ -946,6 +1027,9 @@ impl Drop for Unanswered {
 #[async_trait]
 impl LeaseLock for FaultyLock {
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
+        if key.starts_with("lease:{task:") {
+            self.ctx.asking_for_lock(&id_of_lock_key(key)).await;
+        }
         let inner = self.inner();
         let r = self.guarded("lock.acquire", key, inner.acquire(key, ttl)).await;
         self.landed_on_lost_keys(&inner, key);
@@ -1103,6 +1187,24 @@ impl LlmClient for SimLlm {
     }
 }
 
+/// A run parked in a provider batch is the batch's to call: the delivery that parked it calls the
+/// model directly only after its park is undone (given back), never while the store still holds the
+/// run parked under that delivery's fence, whatever answers it lost on the way (I2).
+async fn parked_run_called(chaos: &Chaos, task: &str) {
+    let parker = chaos.parkers.lock().ok().and_then(|p| p.get(task).copied());
+    let Some((fence, Some(by))) = parker else { return };
+    if tokio::task::try_id() != Some(by) {
+        return;
+    }
+    let Ok(id) = task.parse::<TaskId>() else { return };
+    let record = chaos.truth.get(&id, chaos.clock.now_ms()).await.ok().flatten();
+    if record.is_some_and(|r| r.fence == fence && r.waiting().is_some()) {
+        let detail =
+            format!("the delivery that parked the run (fence {fence}) called the model while it was parked");
+        chaos.oracle(|o| o.violate("I2", task, detail));
+    }
+}
+
 /// A task's whole answer from the simulated model: long enough that a run lost mid-way has said
 /// part of it (I10 holds every completed answer to it).
 pub fn sim_answer(task: &str) -> String {
@@ -1133,6 +1235,9 @@ impl SimLlm {
             vec![chaos.prompts.get(&request.prompt).cloned().unwrap_or_default()]
         };
         let task = ids.first().cloned().unwrap_or_default();
+        if !commits {
+            parked_run_called(chaos, &task).await;
+        }
         if let Ok(mut h) = self.ctx.proc.in_hand.lock() {
             h.extend(ids.iter().cloned());
         }

@@ -322,6 +322,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     let oracle = Oracle::new(ingress_config.enqueue_grace.as_millis() as u64, 2 * skew);
     let mut chaos = Chaos::new(seed, plan, clock, truth, summaries.clone(), oracle);
     chaos.batches = batch_turnaround.map(|_| batch_records.clone());
+    chaos.receipts = Some(queues.queue("interactive", "interactive-dlq"));
     for (body, _, id) in &payloads {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(body)
             && let Some(p) = v["prompt"].as_str()

@@ -6,7 +6,9 @@
 //! - **I2.** Each run of a task spends at most one model call (answered, or dropped mid-way: the
 //!   provider bills both). A call is a justified extra only when the simulation broke the run beyond
 //!   what the design survives: a crash or Lambda's deadline with the call in hand, the lock service
-//!   unreachable or its keys lost, the final write failing. Those are counted on their own.
+//!   unreachable or its keys lost, the final write failing. Those are counted on their own. A run
+//!   parked in a provider batch is the batch's to call: the delivery that parked it never calls the
+//!   model while the store holds it parked, whatever answers it lost.
 //! - **I3.** At most one terminal write per run; a task its client cancelled stays `CANCELLED`
 //!   unless the client submits it again (a redrive is not a submission).
 //! - **I4.** The cache never answers `COMPLETED` for a task the store does not hold completed.
@@ -24,6 +26,11 @@
 //!   it took: a run lost after saving its text is continued by the next from that text, and nothing
 //!   is lost, said twice, or left over from a voided attempt or from another run's save.
 //!
+//! - **I11.** A run is claimed only on a live delivery: when a worker asks to claim a task's
+//!   record, the receipt it holds is still its message's current one (not since received by
+//!   another consumer, deleted or dead-lettered). A record claimed on a dead delivery has no message
+//!   left to finish it, or put it off, if the run fails.
+//!
 //! - **I6.** Every commit of a push the webhook accepted is summarized, in at most one paid call
 //!   (the same justified extras as I2; a failed summary write justifies one only when it failed on
 //!   each of the worker's tries in a row), or sits in the commits DLQ for a reason that is not a wait.
@@ -38,7 +45,8 @@ use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
 /// The invariants, by name.
-pub const INVARIANTS: [&str; 11] = ["I1", "I2", "I3", "I4", "I5", "I5b", "I6", "I7", "I8", "I9", "I10"];
+pub const INVARIANTS: [&str; 12] =
+    ["I1", "I2", "I3", "I4", "I5", "I5b", "I6", "I7", "I8", "I9", "I10", "I11"];
 
 /// One broken invariant.
 #[derive(Debug, Clone, Serialize)]
@@ -462,6 +470,18 @@ impl Oracle {
         if stored.map(|r| r.status) != Some(TaskStatus::Completed) {
             let st = stored.map_or("nothing".to_owned(), |r| format!("{:?}", r.status));
             self.violate("I4", task, format!("the cache answered COMPLETED, the store holds {st}"));
+        }
+    }
+
+    /// A claim of `task` was made by a delivery whose receipt was `live` when it asked (I11).
+    pub fn claimed_on(&mut self, task: &str, live: bool) {
+        self.exercise("I11");
+        if !live {
+            self.violate(
+                "I11",
+                task,
+                "claimed on a delivery no longer current (received again, deleted or dead-lettered)".into(),
+            );
         }
     }
 
