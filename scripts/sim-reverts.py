@@ -176,6 +176,7 @@ def main():
     if only and path.exists():
         kept = [r for r in json.loads(path.read_text())["reverts"] if r["fix"] not in only]
         results = kept + results
+    results.sort(key=lambda r: list(REVERTS).index(r["fix"]) if r["fix"] in REVERTS else len(REVERTS))
     report = {"command": f"scripts/sim-reverts.py {histories}", "histories_per_revert": histories, "reverts": results}
     Path("bench/sim-reverts.json").write_text(json.dumps(report, indent=2) + "\n")
 

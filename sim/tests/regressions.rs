@@ -113,6 +113,11 @@ const IN_CLI_HISTORIES: &[(u64, &str, bool)] = &[
         "a commit two provider batches carried, both sent back, met in one receive and was acked as still batched",
         false,
     ),
+    (
+        31,
+        "the oracle took a dead receipt of an earlier delivery, still held by its process, for the one claiming (I11)",
+        false,
+    ),
 ];
 
 #[test]
