@@ -40,6 +40,41 @@ enum Provider {
 
 // ---------------------------------------------------------------- summaries
 
+/// The summary writes a commits worker makes before it puts a paid answer off: a store that fails
+/// fewer times in a row is a blip the design survives, not a break that justifies a second call.
+pub const SUMMARY_WRITE_TRIES: u32 = 3;
+
+impl FaultySummaries {
+    /// A write of `summary` failed as its writer saw it (before or after it took effect). The
+    /// [`SUMMARY_WRITE_TRIES`]th in a row by one delivery is the store failing the worker's every
+    /// try: its paid answer is put off and may be paid again (justified), unless one of the tries
+    /// took effect, so that the next delivery finds the summary written.
+    async fn failed_try(&self, summary: &CommitSummary) {
+        let key = (tokio::task::try_id(), summary.sha.to_string());
+        let gave_up = match self.ctx.chaos.summary_tries.lock() {
+            Ok(mut tries) => {
+                let n = tries.entry(key.clone()).or_default();
+                *n += 1;
+                let gave_up = *n >= SUMMARY_WRITE_TRIES;
+                if gave_up {
+                    tries.remove(&key);
+                }
+                gave_up
+            }
+            Err(_) => true,
+        };
+        if !gave_up {
+            return;
+        }
+        let keys = [(summary.repo_id.clone(), summary.sha.clone())];
+        let stored = self.inner.get_summaries(&keys).await.is_ok_and(|v| !v.is_empty());
+        if !stored {
+            let sha = summary.sha.to_string();
+            self.ctx.chaos.oracle(|o| o.justify(&sha, "summary writes failed on every try"));
+        }
+    }
+}
+
 /// The summaries store (and the webhook's delivery markers) behind the store's faults.
 pub struct FaultySummaries {
     /// The twin.
@@ -60,7 +95,7 @@ impl SummaryStore for FaultySummaries {
         let d = match self.ctx.pre::<StoreError>(Port::Store, "put_summary", &sha).await {
             Ok(d) => d,
             Err(e) => {
-                self.ctx.chaos.oracle(|o| o.summary_write_failed(&sha));
+                self.failed_try(summary).await;
                 return Err(e);
             }
         };
@@ -73,9 +108,9 @@ impl SummaryStore for FaultySummaries {
         }
         // A lost answer is a failure to the worker, which asks again and then reads `Exists`.
         if d.fail == Some(true) {
-            self.ctx.chaos.oracle(|o| o.summary_write_failed(&sha));
-        } else {
-            self.ctx.chaos.oracle(|o| o.summary_write_answered(&sha));
+            self.failed_try(summary).await;
+        } else if let Ok(mut tries) = self.ctx.chaos.summary_tries.lock() {
+            tries.remove(&(tokio::task::try_id(), sha.to_string()));
         }
         self.ctx.post(d, "put_summary", &sha, r).await
     }

@@ -147,6 +147,11 @@ pub struct Chaos {
     /// For each delivery (its tokio task) and task, the receipts of the task its process held, live,
     /// when the delivery first asked for the task's lock: the delivery's own is among them (I11).
     pub asked_with: Mutex<std::collections::HashMap<(tokio::task::Id, String), Vec<String>>>,
+    /// Summary writes failed in a row, per delivery (its tokio task) and commit (I6).
+    pub summary_tries: Mutex<std::collections::HashMap<(Option<tokio::task::Id>, String), u32>>,
+    /// The workers' lease: a visibility change to exactly this long is a renewal, which keeps the
+    /// delivery held; any other hands it back.
+    pub lease_ttl: Duration,
 }
 
 /// Per delivery (its tokio task) and lock key: the lock service the key was taken from, if any.
@@ -179,6 +184,8 @@ impl Chaos {
             parkers: Mutex::default(),
             receipts: None,
             asked_with: Mutex::default(),
+            summary_tries: Mutex::default(),
+            lease_ttl: lanes_core::config::WorkerConfig::default().lease_ttl,
         }
     }
 
@@ -812,7 +819,8 @@ impl QueueConsume for FaultyQueue {
     async fn change_visibility(&self, receipt: &str, timeout: Duration) -> Result<(), QueueError> {
         let d = self.ctx.pre::<QueueError>(Port::Queue, "change_visibility", "").await?;
         let r = self.inner.change_visibility(receipt, timeout).await;
-        if r.is_ok() {
+        // A renewal (a lease's start, or its confirmation before a claim) keeps the delivery held.
+        if r.is_ok() && timeout != self.ctx.chaos.lease_ttl {
             self.ctx.settled(receipt);
         }
         self.ctx.post(d, "change_visibility", "", r).await
@@ -942,8 +950,8 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
 /// Whether a batch record in `phase`, written at `created_at_ms` by its worker's clock, owns what it
 /// carries: once submitted, or once no worker can still be submitting it. Until then its worker
 /// may find the batch refused, delete the record and make the calls on its own deliveries, so a
-/// duplicate acked on it would leave them nothing to come back on. The worker's clock may run up
-/// to the largest skew ahead of the true time.
+/// duplicate acked on it would leave them nothing to come back on. The oracle's skew, the largest
+/// between two processes, is more than the acking worker's clock can run ahead of the true time.
 fn owns_now(chaos: &Chaos, phase: lanes_core::domain::batch::BatchPhase, created_at_ms: u64) -> bool {
     let grace = lanes_core::domain::batch::SUBMIT_GRACE.as_millis() as u64;
     let skew = chaos.oracle(|o| o.skew_ms);

@@ -323,6 +323,7 @@ async fn history(seed: u64, options: Options) -> HistoryReport {
     let mut chaos = Chaos::new(seed, plan, clock, truth, summaries.clone(), oracle);
     chaos.batches = batch_turnaround.map(|_| batch_records.clone());
     chaos.receipts = Some(queues.queue("interactive", "interactive-dlq"));
+    chaos.lease_ttl = worker_config.lease_ttl;
     for (body, _, id) in &payloads {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(body)
             && let Some(p) = v["prompt"].as_str()
@@ -703,6 +704,7 @@ pub(crate) fn to_sqs(m: &ReceivedMessage) -> aws_lambda_events::event::sqs::SqsM
 
 async fn invoke(world: &Arc<World>, lane: Lane, mapping_queue: &FaultyQueue, got: Vec<ReceivedMessage>) {
     let ctx = world.process("lambda", false);
+    ctx.hold(&got);
     world.arm_crash(&ctx);
     let worker = world.worker(&ctx);
     let queue: Arc<dyn QueueConsume> = world.queue(&ctx, lane);

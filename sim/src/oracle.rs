@@ -29,7 +29,9 @@
 //! - **I11.** A run is claimed only on a live delivery: when a worker asks to claim a task's
 //!   record, the receipt it holds is still its message's current one (not since received by
 //!   another consumer, deleted or dead-lettered). A record claimed on a dead delivery has no message
-//!   left to finish it, or put it off, if the run fails.
+//!   left to finish it, or put it off, if the run fails. The simulation tells a delivery's receipt
+//!   by the receipts of the task its process held live when the delivery first asked for the
+//!   task's lock (a duplicate's among them can pass a claim it should not).
 //!
 //! - **I6.** Every commit of a push the webhook accepted is summarized, in at most one paid call
 //!   (the same justified extras as I2; a failed summary write justifies one only when it failed on
@@ -96,13 +98,7 @@ struct Book {
     given_back_run: u32,
     /// Fences whose parked run its batch gave back (to be called again at flex or sync).
     given_back: std::collections::BTreeSet<u64>,
-    /// A commit's summary writes failed in a row since the last one answered (I6's justification).
-    write_failures: u32,
 }
-
-/// The summary writes a commits worker makes before it puts a paid answer off: a store that fails
-/// fewer times in a row is a blip the design survives, not a break that justifies a second call.
-pub const SUMMARY_WRITE_TRIES: u32 = 3;
 
 /// The book of one history.
 #[derive(Debug, Default)]
@@ -304,23 +300,6 @@ impl Oracle {
     /// The commits of accepted pushes.
     pub fn accepted_commits(&self) -> Vec<String> {
         self.tasks.iter().filter(|(_, b)| b.accepted_commit).map(|(k, _)| k.clone()).collect()
-    }
-
-    /// A write of `sha`'s summary failed (before or after it took effect, the worker cannot tell):
-    /// the [`SUMMARY_WRITE_TRIES`]th failure in a row is the store failing the worker's every try,
-    /// so the paid answer may be put off and paid again (justified).
-    pub fn summary_write_failed(&mut self, sha: &str) {
-        let b = self.book(sha);
-        b.write_failures += 1;
-        if b.write_failures >= SUMMARY_WRITE_TRIES {
-            b.write_failures = 0;
-            self.justify(sha, "summary writes failed on every try");
-        }
-    }
-
-    /// A write of `sha`'s summary was answered (written, or found written).
-    pub fn summary_write_answered(&mut self, sha: &str) {
-        self.book(sha).write_failures = 0;
     }
 
     /// A summary of `sha` was written.

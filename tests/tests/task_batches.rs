@@ -273,12 +273,13 @@ async fn a_delivery_that_finds_the_record_written_by_another_waits_until_it_owns
     let raced = r.drain().await;
     assert!(matches!(raced[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{raced:?}");
     assert_eq!(r.forgetful.blind.load(Ordering::SeqCst), 0, "the lookup missed the record");
-    // Past the grace the record owns the run: acked, adopted, answered once.
-    r.clock.advance_ms(5 * MIN + 1);
+    // It comes back once the grace has passed, when the record owns the run: acked, adopted,
+    // answered once.
+    r.clock.advance_ms(15 * MIN);
     assert_eq!(r.drain().await, [Outcome::Acked]);
     assert_eq!(r.batches.batches(), 1, "no second submission");
-    assert_eq!(r.at(16 * MIN).await.adopted, 1);
-    assert_eq!(r.at(40 * MIN).await.written, 1);
+    assert_eq!(r.at(26 * MIN).await.adopted, 1);
+    assert_eq!(r.at(50 * MIN).await.written, 1);
     assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
     assert_eq!(r.chat.usage().served, 0);
 }

@@ -15,9 +15,9 @@
 //! - the park's outcome is unknown (the store failed): the delivery comes back, and finds the run
 //!   parked or claims it anew;
 //! - the record cannot be written: the run is given back and the call made now, at flex;
-//! - the record is there already (its write's answer was lost, or another delivery wrote it): the
-//!   message comes back and is acked once the record owns the run (submitted, or past the grace
-//!   in which a worker may still be submitting it);
+//! - the record is there already (another delivery wrote it after this one looked): the message
+//!   comes back once the record owns the run (submitted, or past the grace in which its worker may
+//!   still be submitting it), and is acked then;
 //! - the provider refuses the batch (it made none): the record is deleted, the run given back, and
 //!   the call made now;
 //! - the submission's outcome is unknown, or its id cannot be recorded: the message comes back, its
@@ -28,7 +28,9 @@
 //!   same fence.
 
 use super::worker::{Run, Worker};
-use crate::domain::batch::{BatchPhase, BatchRecord, BatchedTask, SUBMIT_LIMIT, task_batch_key, task_marker};
+use crate::domain::batch::{
+    BatchPhase, BatchRecord, BatchedTask, SUBMIT_GRACE, SUBMIT_LIMIT, task_batch_key, task_marker,
+};
 use crate::domain::tier::Tier;
 use crate::domain::{Parked, TaskRecord};
 use crate::lease::{self, Outcome};
@@ -167,10 +169,17 @@ impl Worker {
         };
         match batching.store.create_batch(&batch).await {
             Ok(true) => {}
-            // Recorded already (by another delivery of the run, or by this one with the answer
-            // lost): acked only when the message comes back and finds the record owns the run,
-            // since a worker still submitting may find the batch refused and delete it.
-            Ok(false) => return Parking::Done(self.owned_later(run, "batch already recorded").await),
+            // Recorded already by another delivery, after this one's lookup missed it: that
+            // worker may still be submitting, and delete the record if the batch is refused. The
+            // message comes back once the record is sure to own the run (the grace is the longest
+            // a record stays its worker's), and is acked then.
+            Ok(false) => {
+                let (queue, lane) = (&**queue, task.lane.as_str());
+                let after = SUBMIT_GRACE.max(self.config.backoff_base);
+                return Parking::Done(
+                    lease::retry_later(queue, message, after, "batch recorded by another", lane).await,
+                );
+            }
             Err(e) => {
                 warn!(error = %e, "batch record not written; calling now");
                 return self.give_back(run).await;
