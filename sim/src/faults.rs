@@ -933,7 +933,8 @@ pub async fn check_ack(chaos: &Chaos, queue: &EmbeddedQueue, receipt: &str) {
     let Some(task) = task_of_body(&body) else { return };
     let sent_at_ms = sent_at_ms.saturating_sub(EPOCH_MS);
     let record = chaos.truth.get(&task, chaos.clock.now_ms()).await.ok().flatten();
-    // A parked run is owned by its batch's record while the record and its marker exist.
+    // A parked run is owned by its batch's record while the record and its marker exist, once the
+    // record owns what it carries.
     let batched = match (&chaos.batches, record.as_ref().and_then(|r| r.waiting())) {
         (Some(b), Some(parked)) => {
             let marker = lanes_core::domain::batch::task_marker(&task);

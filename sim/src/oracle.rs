@@ -34,10 +34,11 @@
 //!   task's lock (a duplicate's among them can pass a claim it should not).
 //!
 //! - **I6.** Every commit of a push the webhook accepted is summarized, in at most one paid call
-//!   (the same justified extras as I2; a failed summary write justifies one only when it failed on
-//!   each of the worker's tries in a row), or sits in the commits DLQ for a reason that is not a wait.
-//!   A commit's delivery is acked only once its summary is written, or while a provider batch's
-//!   record owns it, or once that batch's collector has sent it on (I5 for commits).
+//!   (the same justified extras as I2; a failed summary write justifies one only when one
+//!   delivery's tries all failed and none took effect), or sits in the commits DLQ for a reason that
+//!   is not a wait. A commit's delivery is acked only once its summary is written, or while a
+//!   provider batch's record owns it (submitted, or past the grace in which its worker may still
+//!   delete it), or once that batch's collector has sent it on (I5 for commits).
 //! - **I5b** (I5's second half). A message reaches a DLQ only after a failure or a crash: one the worker
 //!   dead-lettered names a failure, never a wait (throttling, a lock held, a deadline, an outage);
 //!   one the queue moved there was held by a process that crashed on at least one delivery.
