@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Shows that the lifecycle simulation finds what it must: puts back, one at a time, the code of
-thirteen lifecycle defects that the current code fixes (of the task flow, the commits flow and the
+fourteen lifecycle defects that the current code fixes (of the task flow, the commits flow and the
 provider batches of both; docs/ARCHITECTURE.md, Lifecycle simulation), builds
 `lanes` from that, and runs `lanes sim` until the first history breaks an invariant. Writes
 bench/sim-reverts.json (how many histories each took, which seed, which invariant), which
@@ -115,6 +115,11 @@ REVERTS = {
         ("shared/src/tasks/batches.rs",
          "Err(e) => Parking::Done(self.store_down(run, &e.to_string()).await),",
          "Err(_) => Parking::CallNow,"),
+    ]),
+    "lock-ask-thrice": ("a task worker runs without the lock after one failed ask, whose answer may have been lost", [
+        ("shared/src/tasks/worker.rs",
+         "lease::ask_thrice(|| self.lock.acquire(key, self.config.lease_ttl), |_| true).await",
+         "self.lock.acquire(key, self.config.lease_ttl).await"),
     ]),
     "submitting-owner": ("a duplicate is acked on a batch record still submitting, which its worker may delete", [
         ("shared/src/domain/batch.rs",

@@ -149,10 +149,17 @@ pub struct Chaos {
     pub asked_with: Mutex<std::collections::HashMap<(tokio::task::Id, String), Vec<String>>>,
     /// Summary writes failed in a row, per delivery (its tokio task) and commit (I6).
     pub summary_tries: Mutex<std::collections::HashMap<(Option<tokio::task::Id>, String), u32>>,
+    /// Task lock asks failed in a row, per delivery and lock key (I2, I9).
+    pub acquire_failures: Mutex<std::collections::HashMap<(Option<tokio::task::Id>, String), u32>>,
     /// The workers' lease: a visibility change to exactly this long is a renewal, which keeps the
     /// delivery held; any other hands it back.
     pub lease_ttl: Duration,
 }
+
+/// The asks a task worker makes for its lease lock before it runs without it: a lock service that
+/// fails fewer times in a row is a blip the design survives, not a break that justifies a second
+/// call or a claim over a live run.
+pub const LOCK_ASKS: u32 = 3;
 
 /// Per delivery (its tokio task) and lock key: the lock service the key was taken from, if any.
 pub type Holders = std::collections::HashMap<(tokio::task::Id, String), Option<Arc<MemoryLock>>>;
@@ -185,6 +192,7 @@ impl Chaos {
             receipts: None,
             asked_with: Mutex::default(),
             summary_tries: Mutex::default(),
+            acquire_failures: Mutex::default(),
             lease_ttl: lanes_core::config::WorkerConfig::default().lease_ttl,
         }
     }
@@ -195,6 +203,25 @@ impl Chaos {
         if let (Some(id), Ok(mut h)) = (tokio::task::try_id(), self.holders.lock()) {
             h.insert((id, key.to_owned()), on);
         }
+    }
+
+    /// Counts the current delivery's failed asks for the task lock `key` in a row (`failed`), or
+    /// ends the count (an answer): true at the [`LOCK_ASKS`]th failure, after which a task worker
+    /// runs without the lock.
+    fn acquire_failed(&self, key: &str, failed: bool) -> bool {
+        let Ok(mut m) = self.acquire_failures.lock() else { return failed };
+        let k = (tokio::task::try_id(), key.to_owned());
+        if !failed {
+            m.remove(&k);
+            return false;
+        }
+        let n = m.entry(k.clone()).or_default();
+        *n += 1;
+        let gave_up = *n >= LOCK_ASKS;
+        if gave_up {
+            m.remove(&k);
+        }
+        gave_up
     }
 
     /// Whether the current delivery claims `task_id` without the lock (degraded), or on a key a
@@ -991,6 +1018,19 @@ impl FaultyLock {
         key: &str,
         f: impl std::future::Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
+        self.guarded_as(op, key, f, true).await
+    }
+
+    /// [`Self::guarded`]; a failure (before or after the call took effect) justifies its task's
+    /// extra calls only when `excuse` is set: a task's acquire is asked three times, and only the
+    /// third failure in a row sends its run on without the lock ([`Chaos::acquire_failed`]).
+    async fn guarded_as<T>(
+        &self,
+        op: &str,
+        key: &str,
+        f: impl std::future::Future<Output = Result<T, LockError>>,
+        excuse: bool,
+    ) -> Result<T, LockError> {
         let task = id_of_lock_key(key);
         // A lock call its caller gives up on (the heartbeat cuts each at one interval) is the lock
         // service not answering: as unavailable as an error.
@@ -1000,13 +1040,15 @@ impl FaultyLock {
         let d = match self.ctx.pre::<LockError>(Port::Lock, op, key).await {
             Ok(d) => d,
             Err(e) => {
-                self.ctx.chaos.oracle(|o| o.justify(&task, "lock unavailable"));
+                if excuse {
+                    self.ctx.chaos.oracle(|o| o.justify(&task, "lock unavailable"));
+                }
                 return Err(e);
             }
         };
         let r = f.await;
         cut.armed = false;
-        if d.fail == Some(true) {
+        if d.fail == Some(true) && excuse {
             self.ctx.chaos.oracle(|o| o.justify(&task, "lock answer lost"));
         }
         self.ctx.post(d, op, key, r).await
@@ -1036,16 +1078,24 @@ impl Drop for Unanswered {
 #[async_trait]
 impl LeaseLock for FaultyLock {
     async fn acquire(&self, key: &str, ttl: Duration) -> Result<Acquire, LockError> {
-        if key.starts_with("lease:{task:") {
+        let task_key = key.starts_with("lease:{task:");
+        if task_key {
             self.ctx.asking_for_lock(&id_of_lock_key(key)).await;
         }
         let inner = self.inner();
-        let r = self.guarded("lock.acquire", key, inner.acquire(key, ttl)).await;
+        let r = self.guarded_as("lock.acquire", key, inner.acquire(key, ttl), !task_key).await;
         self.landed_on_lost_keys(&inner, key);
         match &r {
             Ok(Acquire::Acquired(_)) => self.ctx.chaos.took(key, Some(inner.clone())),
             Ok(Acquire::Held { .. }) => {}
-            Err(_) => self.ctx.chaos.took(key, None),
+            Err(_) if !task_key => self.ctx.chaos.took(key, None),
+            Err(_) => {}
+        }
+        if task_key && self.ctx.chaos.acquire_failed(key, r.is_err()) {
+            // The worker's every ask failed: its run goes on without the lock.
+            self.ctx.chaos.took(key, None);
+            let task = id_of_lock_key(key);
+            self.ctx.chaos.oracle(|o| o.justify(&task, "lock unavailable on every ask"));
         }
         if let Ok(a) = &r {
             let got = matches!(a, Acquire::Acquired(_));

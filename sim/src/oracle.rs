@@ -6,7 +6,8 @@
 //! - **I2.** Each run of a task spends at most one model call (answered, or dropped mid-way: the
 //!   provider bills both). A call is a justified extra only when the simulation broke the run beyond
 //!   what the design survives: a crash or Lambda's deadline with the call in hand, the lock service
-//!   unreachable or its keys lost, the final write failing. Those are counted on their own. A run
+//!   unreachable (for a task's lock, all three of the worker's asks failing) or its keys lost, the
+//!   final write failing. Those are counted on their own. A run
 //!   parked in a provider batch is the batch's to call: the delivery that parked it never calls the
 //!   model while the store holds it parked, whatever answers it lost.
 //! - **I3.** At most one terminal write per run; a task its client cancelled stays `CANCELLED`
