@@ -134,7 +134,8 @@ pub struct Chaos {
     /// The provider-batch records as they are, in histories with batches.
     pub batches: Option<lanes_core::embedded::EmbeddedBatches>,
     /// For each delivery (the tokio task that runs it) and lock key, the lock service it last took
-    /// that key from, or `None` when the acquire failed (the run went on degraded). A claim made
+    /// that key from, or `None` when the acquire failed (for a task worker, all its asks in a row:
+    /// the run went on degraded). A claim made
     /// from a key since lost to a failover, or with none, is a broken claim: it may take over a live
     /// run, whose paid answer its fence then refuses (I9).
     pub holders: Mutex<Holders>,
@@ -1082,20 +1083,27 @@ impl LeaseLock for FaultyLock {
         if task_key {
             self.ctx.asking_for_lock(&id_of_lock_key(key)).await;
         }
+        // A task worker's asks are counted; the DLQ sweep's (asked once, by one long-lived task)
+        // and the commits worker's (asked once) excuse on any failure, as every other lock call.
+        let counted = task_key && matches!(self.ctx.proc.kind, "pool" | "lambda");
         let inner = self.inner();
-        let r = self.guarded_as("lock.acquire", key, inner.acquire(key, ttl), !task_key).await;
+        let r = self.guarded_as("lock.acquire", key, inner.acquire(key, ttl), !counted).await;
         self.landed_on_lost_keys(&inner, key);
         match &r {
             Ok(Acquire::Acquired(_)) => self.ctx.chaos.took(key, Some(inner.clone())),
             Ok(Acquire::Held { .. }) => {}
-            Err(_) if !task_key => self.ctx.chaos.took(key, None),
+            Err(_) if !counted => self.ctx.chaos.took(key, None),
             Err(_) => {}
         }
-        if task_key && self.ctx.chaos.acquire_failed(key, r.is_err()) {
-            // The worker's every ask failed: its run goes on without the lock.
+        if counted && self.ctx.chaos.acquire_failed(key, r.is_err()) {
+            // The worker's every ask failed: its run goes on without the lock. One excuse per ask,
+            // as before the count: a degraded run may cost more than one extra call (its own call,
+            // dropped when its first beat finds a live holder, and the holder's refused answer).
             self.ctx.chaos.took(key, None);
             let task = id_of_lock_key(key);
-            self.ctx.chaos.oracle(|o| o.justify(&task, "lock unavailable on every ask"));
+            for _ in 0..LOCK_ASKS {
+                self.ctx.chaos.oracle(|o| o.justify(&task, "lock unavailable on every ask"));
+            }
         }
         if let Ok(a) = &r {
             let got = matches!(a, Acquire::Acquired(_));

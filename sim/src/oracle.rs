@@ -22,7 +22,8 @@
 //!   failed.
 //! - **I9.** A paid answer is written: a completed final write is refused only by the client's
 //!   cancellation, in a run the simulation broke (as in I2), or after a broken claim took the run
-//!   over: one made without the lock (the lock service failing) or on a key a failover lost.
+//!   over: one made without the lock (the lock service failing: for a task worker, all three of
+//!   its asks in a row) or on a key a failover lost.
 //! - **I10.** Every `COMPLETED` answer is the model's whole answer to its task, however many runs
 //!   it took: a run lost after saving its text is continued by the next from that text, and nothing
 //!   is lost, said twice, or left over from a voided attempt or from another run's save.
