@@ -169,17 +169,7 @@ impl Worker {
         };
         match batching.store.create_batch(&batch).await {
             Ok(true) => {}
-            // Recorded already by another delivery, after this one's lookup missed it: that
-            // worker may still be submitting, and delete the record if the batch is refused. The
-            // message comes back once the record is sure to own the run (the grace is the longest
-            // a record stays its worker's), and is acked then.
-            Ok(false) => {
-                let (queue, lane) = (&**queue, task.lane.as_str());
-                let after = SUBMIT_GRACE.max(self.config.backoff_base);
-                return Parking::Done(
-                    lease::retry_later(queue, message, after, "batch recorded by another", lane).await,
-                );
-            }
+            Ok(false) => return Parking::Done(self.recorded_by_another(run).await),
             Err(e) => {
                 warn!(error = %e, "batch record not written; calling now");
                 return self.give_back(run).await;
@@ -236,6 +226,16 @@ impl Worker {
     async fn owned_later(&self, run: Run<'_>, why: &str) -> Outcome {
         let Run { queue, message, task, .. } = run;
         lease::retry_later(&**queue, message, self.config.backoff_base, why, task.lane.as_str()).await
+    }
+
+    /// The run's batch was recorded by another delivery, after this one's lookup missed it: that
+    /// worker may still be submitting, and delete the record if the batch is refused. The message
+    /// comes back once the record is sure to own the run (the grace is the longest a record stays
+    /// its worker's), and is acked then.
+    async fn recorded_by_another(&self, run: Run<'_>) -> Outcome {
+        let Run { queue, message, task, .. } = run;
+        let after = SUBMIT_GRACE.max(self.config.backoff_base);
+        lease::retry_later(&**queue, message, after, "batch recorded by another", task.lane.as_str()).await
     }
 
     /// The store could not be read or written: the delivery comes back later.
