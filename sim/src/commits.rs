@@ -40,29 +40,13 @@ enum Provider {
 
 // ---------------------------------------------------------------- summaries
 
-/// The summary writes a commits worker makes before it puts a paid answer off: a store that fails
-/// fewer times in a row is a blip the design survives, not a break that justifies a second call.
-pub const SUMMARY_WRITE_TRIES: u32 = 3;
-
 impl FaultySummaries {
     /// A write of `summary` failed as its writer saw it (before or after it took effect). The
-    /// [`SUMMARY_WRITE_TRIES`]th in a row by one delivery is the store failing the worker's every
-    /// try: its paid answer is put off and may be paid again (justified), unless one of the tries
-    /// took effect, so that the next delivery finds the summary written.
+    /// [`ASKS`]th in a row by one delivery is the store failing the worker's every try: its paid
+    /// answer is put off and may be paid again (justified), unless one of the tries took effect, so
+    /// that the next delivery finds the summary written.
     async fn failed_try(&self, summary: &CommitSummary) {
-        let key = (tokio::task::try_id(), summary.sha.to_string());
-        let gave_up = match self.ctx.chaos.summary_tries.lock() {
-            Ok(mut tries) => {
-                let n = tries.entry(key.clone()).or_default();
-                *n += 1;
-                let gave_up = *n >= SUMMARY_WRITE_TRIES;
-                if gave_up {
-                    tries.remove(&key);
-                }
-                gave_up
-            }
-            Err(_) => true,
-        };
+        let gave_up = self.ctx.chaos.summary_tries.gave_up(&summary.sha, true);
         if !gave_up {
             return;
         }
@@ -109,8 +93,8 @@ impl SummaryStore for FaultySummaries {
         // A lost answer is a failure to the worker, which asks again and then reads `Exists`.
         if d.fail == Some(true) {
             self.failed_try(summary).await;
-        } else if let Ok(mut tries) = self.ctx.chaos.summary_tries.lock() {
-            tries.remove(&(tokio::task::try_id(), sha.to_string()));
+        } else {
+            self.ctx.chaos.summary_tries.gave_up(&sha, false);
         }
         self.ctx.post(d, "put_summary", &sha, r).await
     }

@@ -148,19 +148,47 @@ pub struct Chaos {
     /// For each delivery (its tokio task) and task, the receipts of the task its process held, live,
     /// when the delivery first asked for the task's lock: the delivery's own is among them (I11).
     pub asked_with: Mutex<std::collections::HashMap<(tokio::task::Id, String), Vec<String>>>,
-    /// Summary writes failed in a row, per delivery (its tokio task) and commit (I6).
-    pub summary_tries: Mutex<std::collections::HashMap<(Option<tokio::task::Id>, String), u32>>,
+    /// Summary writes failed in a row, per delivery and commit (I6).
+    pub summary_tries: InARow,
     /// Task lock asks failed in a row, per delivery and lock key (I2, I9).
-    pub acquire_failures: Mutex<std::collections::HashMap<(Option<tokio::task::Id>, String), u32>>,
+    pub lock_asks: InARow,
     /// The workers' lease: a visibility change to exactly this long is a renewal, which keeps the
     /// delivery held; any other hands it back.
     pub lease_ttl: Duration,
 }
 
-/// The asks a task worker makes for its lease lock before it runs without it: a lock service that
-/// fails fewer times in a row is a blip the design survives, not a break that justifies a second
-/// call or a claim over a live run.
-pub const LOCK_ASKS: u32 = 3;
+/// The asks a worker makes of a service before it acts on its failure (the product's
+/// [`lanes_core::lease::ASKS`]): a task worker's for its lease lock before it runs without it, a commits
+/// worker's summary writes before it puts a paid answer off. A service that fails fewer times in a
+/// row is a blip the design survives, not a break that justifies a second call or a claim over a
+/// live run.
+pub use lanes_core::lease::ASKS;
+
+/// Failures in a row of one kind of ask, per delivery (its tokio task) and key: the count a worker
+/// keeps itself in [`lanes_core::lease::ask_thrice`], seen from outside.
+#[derive(Default)]
+pub struct InARow(Mutex<std::collections::HashMap<(Option<tokio::task::Id>, String), u32>>);
+
+impl InARow {
+    /// Counts the current delivery's ask of `key`: a failure adds one, an answer ends the count.
+    /// True at the [`ASKS`]th failure in a row, when the worker gives up (and the count starts
+    /// over); also true if the count cannot be read, so a poisoned lock excuses rather than flags.
+    pub fn gave_up(&self, key: &str, failed: bool) -> bool {
+        let Ok(mut m) = self.0.lock() else { return failed };
+        let k = (tokio::task::try_id(), key.to_owned());
+        if !failed {
+            m.remove(&k);
+            return false;
+        }
+        let n = m.entry(k.clone()).or_default();
+        *n += 1;
+        let gave_up = *n >= ASKS;
+        if gave_up {
+            m.remove(&k);
+        }
+        gave_up
+    }
+}
 
 /// Per delivery (its tokio task) and lock key: the lock service the key was taken from, if any.
 pub type Holders = std::collections::HashMap<(tokio::task::Id, String), Option<Arc<MemoryLock>>>;
@@ -192,8 +220,8 @@ impl Chaos {
             parkers: Mutex::default(),
             receipts: None,
             asked_with: Mutex::default(),
-            summary_tries: Mutex::default(),
-            acquire_failures: Mutex::default(),
+            summary_tries: InARow::default(),
+            lock_asks: InARow::default(),
             lease_ttl: lanes_core::config::WorkerConfig::default().lease_ttl,
         }
     }
@@ -204,25 +232,6 @@ impl Chaos {
         if let (Some(id), Ok(mut h)) = (tokio::task::try_id(), self.holders.lock()) {
             h.insert((id, key.to_owned()), on);
         }
-    }
-
-    /// Counts the current delivery's failed asks for the task lock `key` in a row (`failed`), or
-    /// ends the count (an answer): true at the [`LOCK_ASKS`]th failure, after which a task worker
-    /// runs without the lock.
-    fn acquire_failed(&self, key: &str, failed: bool) -> bool {
-        let Ok(mut m) = self.acquire_failures.lock() else { return failed };
-        let k = (tokio::task::try_id(), key.to_owned());
-        if !failed {
-            m.remove(&k);
-            return false;
-        }
-        let n = m.entry(k.clone()).or_default();
-        *n += 1;
-        let gave_up = *n >= LOCK_ASKS;
-        if gave_up {
-            m.remove(&k);
-        }
-        gave_up
     }
 
     /// Whether the current delivery claims `task_id` without the lock (degraded), or on a key a
@@ -1024,7 +1033,7 @@ impl FaultyLock {
 
     /// [`Self::guarded`]; a failure (before or after the call took effect) justifies its task's
     /// extra calls only when `excuse` is set: a task's acquire is asked three times, and only the
-    /// third failure in a row sends its run on without the lock ([`Chaos::acquire_failed`]).
+    /// third failure in a row sends its run on without the lock ([`InARow::gave_up`]).
     async fn guarded_as<T>(
         &self,
         op: &str,
@@ -1095,13 +1104,13 @@ impl LeaseLock for FaultyLock {
             Err(_) if !counted => self.ctx.chaos.took(key, None),
             Err(_) => {}
         }
-        if counted && self.ctx.chaos.acquire_failed(key, r.is_err()) {
+        if counted && self.ctx.chaos.lock_asks.gave_up(key, r.is_err()) {
             // The worker's every ask failed: its run goes on without the lock. One excuse per ask,
             // as before the count: a degraded run may cost more than one extra call (its own call,
             // dropped when its first beat finds a live holder, and the holder's refused answer).
             self.ctx.chaos.took(key, None);
             let task = id_of_lock_key(key);
-            for _ in 0..LOCK_ASKS {
+            for _ in 0..ASKS {
                 self.ctx.chaos.oracle(|o| o.justify(&task, "lock unavailable on every ask"));
             }
         }

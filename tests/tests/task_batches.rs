@@ -116,6 +116,27 @@ impl Rig {
         outcomes
     }
 
+    /// Runs the worker, whose one delivery is put off (its message comes back later).
+    async fn drain_put_off(&self, why: &str) {
+        let outcomes = self.drain().await;
+        assert!(
+            matches!(outcomes[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]),
+            "{why}: {outcomes:?}"
+        );
+    }
+
+    /// Runs the worker, whose delivery is acked unrun because the batch record owns the run; the
+    /// collector adopts the batch at `adopted_at` and writes its answer at `written_at` (ms from the
+    /// start): one submission, no direct call.
+    async fn acked_for_the_batch(&self, id: &TaskId, adopted_at: u64, written_at: u64) {
+        assert_eq!(self.drain().await, [Outcome::Acked]);
+        assert_eq!(self.batches.batches(), 1, "no second submission");
+        assert_eq!(self.at(adopted_at).await.adopted, 1);
+        assert_eq!(self.at(written_at).await.written, 1);
+        assert_eq!(self.record(id).await.status, TaskStatus::Completed);
+        assert_eq!(self.chat.usage().served, 0);
+    }
+
     async fn at(&self, ms: u64) -> lanes_core::commits::collect::Collected {
         self.clock.advance_ms((self.start + ms).saturating_sub(self.clock.now_ms()));
         self.collector.tick().await
@@ -238,23 +259,16 @@ async fn a_crash_between_submission_and_record_never_submits_twice() {
     for anthropic in [false, true] {
         let r = rig(anthropic, BatchTiming::default(), 1).await;
         let id = r.submit(2 * 3600).await;
-        let first = r.drain().await;
-        assert!(matches!(first[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{first:?}");
+        r.drain_put_off("the record is written and its batch id is not").await;
         assert_eq!(r.batches.batches(), 1);
         // The message comes back inside the grace: a worker could still give the run back, so it
         // waits for the grace's end.
         r.clock.advance_ms(10 * MIN);
-        let waited = r.drain().await;
-        assert!(matches!(waited[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{waited:?}");
+        r.drain_put_off("within the grace").await;
         assert_eq!(r.at(14 * MIN).await.adopted, 0, "still within the grace");
         // Past it the record owns the run: acked unrun, nothing submitted again.
         r.clock.advance_ms(MIN + 1);
-        assert_eq!(r.drain().await, [Outcome::Acked]);
-        assert_eq!(r.batches.batches(), 1, "no second submission");
-        assert_eq!(r.at(16 * MIN).await.adopted, 1);
-        assert_eq!(r.at(40 * MIN).await.written, 1);
-        assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
-        assert_eq!(r.chat.usage().served, 0);
+        r.acked_for_the_batch(&id, 16 * MIN, 40 * MIN).await;
     }
 }
 
@@ -266,22 +280,15 @@ async fn a_delivery_that_finds_the_record_written_by_another_waits_until_it_owns
     let r = rig(false, BatchTiming::default(), 1).await;
     let id = r.submit(2 * 3600).await;
     // The batch is made and its id not recorded: the record stays `Submitting`.
-    let first = r.drain().await;
-    assert!(matches!(first[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{first:?}");
+    r.drain_put_off("the record is written and its batch id is not").await;
     r.clock.advance_ms(10 * MIN);
     r.forgetful.blind.store(1, Ordering::SeqCst);
-    let raced = r.drain().await;
-    assert!(matches!(raced[..], [Outcome::Retry { .. } | Outcome::Requeued { .. }]), "{raced:?}");
+    r.drain_put_off("the record found on writing is another's, maybe still submitting").await;
     assert_eq!(r.forgetful.blind.load(Ordering::SeqCst), 0, "the lookup missed the record");
     // It comes back once the grace has passed, when the record owns the run: acked, adopted,
     // answered once.
     r.clock.advance_ms(15 * MIN);
-    assert_eq!(r.drain().await, [Outcome::Acked]);
-    assert_eq!(r.batches.batches(), 1, "no second submission");
-    assert_eq!(r.at(26 * MIN).await.adopted, 1);
-    assert_eq!(r.at(50 * MIN).await.written, 1);
-    assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
-    assert_eq!(r.chat.usage().served, 0);
+    r.acked_for_the_batch(&id, 26 * MIN, 50 * MIN).await;
 }
 
 #[tokio::test]

@@ -173,7 +173,11 @@ async fn renew_now(
     Err(retry_later(queue, message, after, "queue unavailable at lease start", lane).await)
 }
 
-/// Makes `call` up to three times, briefly apart (jittered, at most 400 ms), while `again` says its
+/// How many times [`ask_thrice`] makes its call: a service that fails fewer times in a row is a blip
+/// the caller rides out; this many failures in a row are an outage it acts on.
+pub const ASKS: u32 = 3;
+
+/// Makes `call` up to [`ASKS`] times, briefly apart (jittered, at most 400 ms), while `again` says its
 /// error may pass: for a service that blips, before the caller gives up on it (a lease start, a lock
 /// whose answer may have been lost).
 pub async fn ask_thrice<T, E, Fut>(mut call: impl FnMut() -> Fut, again: impl Fn(&E) -> bool) -> Result<T, E>
@@ -181,7 +185,7 @@ where
     Fut: std::future::Future<Output = Result<T, E>>,
 {
     let mut last = call().await;
-    for attempt in 1..3u32 {
+    for attempt in 1..ASKS {
         if !matches!(&last, Err(e) if again(e)) {
             break;
         }
