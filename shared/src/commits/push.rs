@@ -69,6 +69,28 @@ fn push_range(
     }
 }
 
+/// The repository a push payload names (`repository.full_name` on GitHub, `project.path_with_namespace`
+/// on GitLab), read with the very structs [`parse_push`] reads it with: the owner whose secret must
+/// sign a payload is then the owner of the push that is accepted, whatever other keys the payload
+/// carries. `None` when the payload names none.
+pub fn repository_name(provider: Provider, body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct OnGitHub {
+        repository: GitHubRepo,
+    }
+    #[derive(Deserialize)]
+    struct OnGitLab {
+        project: GitLabProject,
+    }
+    match provider {
+        Provider::Github => serde_json::from_slice::<OnGitHub>(body).ok().map(|p| p.repository.full_name),
+        Provider::Gitlab => {
+            serde_json::from_slice::<OnGitLab>(body).ok().map(|p| p.project.path_with_namespace)
+        }
+        Provider::Local => None,
+    }
+}
+
 #[derive(Deserialize)]
 struct GitHubPush {
     #[serde(default)]

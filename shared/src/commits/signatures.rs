@@ -115,27 +115,10 @@ impl OwnerKeys {
     }
 }
 
-/// The owner a push payload names (the first segment of `repository.full_name` or of
-/// `project.path_with_namespace`), lower-cased; `None` when the payload names none.
+/// The owner a push payload names (the first segment of its repository's name, as
+/// [`super::push::repository_name`] reads it), lower-cased; `None` when the payload names none.
 pub fn claimed_owner(provider: Provider, body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct GitHub {
-        repository: Named,
-    }
-    #[derive(Deserialize)]
-    struct Named {
-        #[serde(alias = "path_with_namespace")]
-        full_name: String,
-    }
-    #[derive(Deserialize)]
-    struct GitLab {
-        project: Named,
-    }
-    let name = match provider {
-        Provider::Github => serde_json::from_slice::<GitHub>(body).ok()?.repository.full_name,
-        Provider::Gitlab => serde_json::from_slice::<GitLab>(body).ok()?.project.full_name,
-        Provider::Local => return None,
-    };
+    let name = super::push::repository_name(provider, body)?;
     let owner = name.split('/').next()?.trim();
     (!owner.is_empty()).then(|| owner.to_ascii_lowercase())
 }
@@ -176,5 +159,15 @@ mod tests {
         assert_eq!(claimed_owner(Provider::Github, b"{}"), None);
         assert_eq!(claimed_owner(Provider::Github, br#"{"repository": {"full_name": "/x"}}"#), None);
         assert_eq!(claimed_owner(Provider::Gitlab, gh), None);
+    }
+
+    /// A payload that also carries the other host's name key is read as its push is: the owner is
+    /// the accepted push's, so no second key can hide it and send the payload to the shared secret.
+    #[test]
+    fn the_owner_is_read_as_the_push_reads_it_whatever_other_keys_the_payload_carries() {
+        let gh = br#"{"repository": {"id": 1, "full_name": "victim-org/app", "path_with_namespace": "x"}}"#;
+        assert_eq!(claimed_owner(Provider::Github, gh), Some("victim-org".into()));
+        let gl = br#"{"project": {"id": 7, "path_with_namespace": "acme/platform/api", "full_name": "x"}}"#;
+        assert_eq!(claimed_owner(Provider::Gitlab, gl), Some("acme".into()));
     }
 }

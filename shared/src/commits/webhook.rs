@@ -663,6 +663,13 @@ mod tests {
         let victim = push_of("victim-org/app");
         assert_eq!(send(gh(&victim, b"shared"), victim.clone()).await, StatusCode::UNAUTHORIZED);
         assert_eq!(send(gh(&victim, b"victim-own"), victim.clone()).await, StatusCode::ACCEPTED);
+        // The other host's name key beside the real one does not hide the owner from the check.
+        let two_names = push_of("victim-org/app").replace(
+            r#""full_name":"victim-org/app""#,
+            r#""full_name":"victim-org/app","path_with_namespace":"x""#,
+        );
+        assert_ne!(two_names, victim, "the payload carries both keys");
+        assert_eq!(send(gh(&two_names, b"shared"), two_names.clone()).await, StatusCode::UNAUTHORIZED);
         let other = push_of("someone/else");
         assert_eq!(send(gh(&other, b"shared"), other.clone()).await, StatusCode::ACCEPTED);
         assert_eq!(send(gh(&other, b"victim-own"), other.clone()).await, StatusCode::UNAUTHORIZED);
