@@ -15,8 +15,9 @@
 //! - **Before each call** the worker reserves the call in the minute's budgets ([`reserve`]); over
 //!   one, the task waits for the next minute, never using an attempt. The day is not asked again:
 //!   an accepted task runs.
-//! - **After each call** its usage corrects the minute and is added to the day ([`settle`]); a call
-//!   that failed gives its tokens back, and keeps its request.
+//! - **After each call** its usage corrects the minute and is added to the day the task was
+//!   accepted on ([`settle`]); a call that failed gives its tokens back, and keeps its request. A
+//!   provider batch's answer, which reserved no minute, is added to that day too ([`day_only`]).
 //! - **When the task ends** its hold is given back, once ([`release`]): the day then counts what
 //!   was used. A hold that is never released (a worker that crashed after the final write) stays
 //!   until the day's counters expire, which errs on the side of spending less.
@@ -209,17 +210,23 @@ impl Reservation {
 
 /// Worker, before a provider call: reserves `cost` in every minute counter of `scopes`, or in none
 /// and says which budget refused and until when. The day's budgets are not asked again: an
-/// accepted task holds its share of them from ingress ([`hold`]), so it always runs.
+/// accepted task holds its share of them from ingress ([`hold`]), so it always runs. What the call
+/// uses is added to the day the task was accepted on (`accepted_at_ms`, its hold's day), which had
+/// room for it: a task accepted before midnight and run after it is not charged to a day that never
+/// admitted it, so no day counts more than its budget and one estimate.
 pub async fn reserve(
     cache: &dyn Cache,
     config: &QuotaConfig,
     scopes: &Scopes,
     cost: Cost,
     now_ms: u64,
+    accepted_at_ms: u64,
 ) -> Result<Result<Reservation, OverQuota>, CacheError> {
-    let (day, minute): (Vec<_>, Vec<_>) = plan(&config.tenant, &config.project, scopes, cost, now_ms)
+    let minute: Vec<_> = plan(&config.tenant, &config.project, scopes, cost, now_ms)
         .into_iter()
-        .partition(|p| p.budget.is_daily());
+        .filter(|p| !p.budget.is_daily())
+        .collect();
+    let day = daily(plan(&config.tenant, &config.project, scopes, cost, accepted_at_ms));
     let reservation = |minute| Reservation { minute, day, cost };
     if minute.is_empty() {
         return Ok(Ok(reservation(minute)));
@@ -229,6 +236,14 @@ pub async fn reserve(
         None => Ok(reservation(minute)),
         Some(i) => Err(over(&minute[i])),
     })
+}
+
+/// The reservation of a call that reserves no minute: a provider batch's request, paced by the
+/// batch API rather than by the minute's budgets. Settling it adds what the call used to the day
+/// the task was accepted on; an answer that reports no usage is charged the `estimate`.
+pub fn day_only(config: &QuotaConfig, scopes: &Scopes, estimate: Cost, accepted_at_ms: u64) -> Reservation {
+    let day = daily(plan(&config.tenant, &config.project, scopes, estimate, accepted_at_ms));
+    Reservation { minute: Vec::new(), day, cost: estimate }
 }
 
 /// Worker, after the call: corrects the minute's reservation to what the call `used`, and adds it
@@ -337,17 +352,75 @@ mod tests {
         let p = scopes(None, "p");
         assert_eq!(hold(&cache, &config, &p, tokens(1000), "n1", NOW).await.unwrap(), Ok(()));
         // The accepted task's call: the day is full, yet it is not refused.
-        let r = reserve(&cache, &config, &p, tokens(1000), NOW).await.unwrap().unwrap();
+        let r = reserve(&cache, &config, &p, tokens(1000), NOW, NOW).await.unwrap().unwrap();
         settle(&cache, &r, tokens(400)).await.unwrap();
         release(&cache, &config, &p, "n1", NOW).await.unwrap();
         // The day now counts the 400 used: 600 more fit, 601 do not.
         assert!(hold(&cache, &config, &p, tokens(601), "n2", NOW).await.unwrap().is_err());
         assert_eq!(hold(&cache, &config, &p, tokens(600), "n3", NOW).await.unwrap(), Ok(()));
         // A failed call adds nothing.
-        let r = reserve(&cache, &config, &p, tokens(50), NOW).await.unwrap().unwrap();
+        let r = reserve(&cache, &config, &p, tokens(50), NOW, NOW).await.unwrap().unwrap();
         settle(&cache, &r, Cost::default()).await.unwrap();
         release(&cache, &config, &p, "n3", NOW).await.unwrap();
         assert_eq!(hold(&cache, &config, &p, tokens(600), "n4", NOW).await.unwrap(), Ok(()));
+    }
+
+    /// Tasks accepted just before midnight and run just after it are charged to the day that
+    /// accepted them: the next day, which admitted its own, counts only its own.
+    #[tokio::test]
+    async fn a_call_after_midnight_counts_on_the_day_its_task_was_accepted() {
+        let cache = MemoryCache::new(ManualClock::new(NOW));
+        let config = QuotaConfig {
+            project: Limits { daily_tokens: Some(1000), ..Default::default() },
+            ..Default::default()
+        };
+        let p = scopes(None, "p");
+        let (late, next) = (NOW + 3_569_000, NOW + 3_571_000); // 23:59:59 and 00:00:01
+        let mut accepted = Vec::new();
+        for (at, day) in [(late, "d"), (next, "e")] {
+            for i in 0..10 {
+                let nonce = format!("{day}{i}");
+                assert_eq!(hold(&cache, &config, &p, tokens(100), &nonce, at).await.unwrap(), Ok(()));
+                accepted.push((nonce, at));
+            }
+            assert!(
+                hold(&cache, &config, &p, tokens(1), "full", at).await.unwrap().is_err(),
+                "{day} is full"
+            );
+        }
+        // All twenty run after midnight, each using 50 of its 100.
+        for (nonce, at) in &accepted {
+            let r = reserve(&cache, &config, &p, tokens(100), next, *at).await.unwrap().unwrap();
+            settle(&cache, &r, tokens(50)).await.unwrap();
+            release(&cache, &config, &p, nonce, *at).await.unwrap();
+        }
+        // The new day counts its own ten's 500: 500 more fit, 501 do not.
+        assert!(hold(&cache, &config, &p, tokens(501), "over", next).await.unwrap().is_err());
+        assert_eq!(hold(&cache, &config, &p, tokens(500), "fits", next).await.unwrap(), Ok(()));
+    }
+
+    /// A provider batch's answer reserves no minute, yet counts on the day, at the estimate when
+    /// it reports no usage.
+    #[tokio::test]
+    async fn a_batch_answer_counts_on_the_day() {
+        let cache = MemoryCache::new(ManualClock::new(NOW));
+        let config = QuotaConfig {
+            project: Limits { daily_tokens: Some(1000), tpm: Some(10), ..Default::default() },
+            ..Default::default()
+        };
+        let p = scopes(None, "p");
+        assert_eq!(hold(&cache, &config, &p, tokens(600), "n1", NOW).await.unwrap(), Ok(()));
+        let r = day_only(&config, &p, tokens(600), NOW);
+        settle(&cache, &r, used(Some(400), None, r.cost())).await.unwrap();
+        release(&cache, &config, &p, "n1", NOW).await.unwrap();
+        assert!(hold(&cache, &config, &p, tokens(601), "n2", NOW).await.unwrap().is_err(), "400 used");
+        assert_eq!(hold(&cache, &config, &p, tokens(600), "n3", NOW).await.unwrap(), Ok(()));
+        let r = day_only(&config, &p, tokens(600), NOW);
+        settle(&cache, &r, used(None, None, r.cost())).await.unwrap();
+        release(&cache, &config, &p, "n3", NOW).await.unwrap();
+        assert!(hold(&cache, &config, &p, tokens(1), "n4", NOW).await.unwrap().is_err(), "unreported: 600");
+        // The minute's budget was never asked.
+        assert!(reserve(&cache, &config, &p, tokens(10), NOW, NOW).await.unwrap().is_ok());
     }
 
     #[tokio::test]
@@ -359,19 +432,21 @@ mod tests {
         };
         let cost = |tokens| Cost { tokens, usd_micros: 0 };
         let s = |p| scopes(None, p);
-        assert!(reserve(&cache, &config, &s("a"), cost(100), NOW).await.unwrap().is_ok());
-        assert!(reserve(&cache, &config, &s("a"), cost(100), NOW).await.unwrap().is_ok());
-        let over = reserve(&cache, &config, &s("a"), cost(100), NOW).await.unwrap().unwrap_err();
+        assert!(reserve(&cache, &config, &s("a"), cost(100), NOW, NOW).await.unwrap().is_ok());
+        assert!(reserve(&cache, &config, &s("a"), cost(100), NOW, NOW).await.unwrap().is_ok());
+        let over = reserve(&cache, &config, &s("a"), cost(100), NOW, NOW).await.unwrap().unwrap_err();
         assert_eq!((over.retry_after, over.budget), (Duration::from_secs(30), Budget::Rpm));
-        assert!(reserve(&cache, &config, &s("b"), cost(900), NOW).await.unwrap().is_ok());
-        let over = reserve(&cache, &config, &s("b"), cost(200), NOW).await.unwrap().unwrap_err();
+        assert!(reserve(&cache, &config, &s("b"), cost(900), NOW, NOW).await.unwrap().is_ok());
+        let over = reserve(&cache, &config, &s("b"), cost(200), NOW, NOW).await.unwrap().unwrap_err();
         assert_eq!((over.owner, over.budget), (Owner::Project, Budget::Tpm));
         // Refused means nothing was charged: b's request count is still 1.
-        assert!(reserve(&cache, &config, &s("b"), cost(100), NOW).await.unwrap().is_ok());
-        assert!(reserve(&cache, &config, &s("a"), cost(100), NOW + 30_000).await.unwrap().is_ok());
+        assert!(reserve(&cache, &config, &s("b"), cost(100), NOW, NOW).await.unwrap().is_ok());
+        assert!(
+            reserve(&cache, &config, &s("a"), cost(100), NOW + 30_000, NOW + 30_000).await.unwrap().is_ok()
+        );
         // A call estimated above the cap runs as the first of its minute.
-        assert!(reserve(&cache, &config, &s("c"), cost(5_000), NOW).await.unwrap().is_ok());
-        assert!(reserve(&cache, &config, &s("c"), cost(1), NOW).await.unwrap().is_err());
+        assert!(reserve(&cache, &config, &s("c"), cost(5_000), NOW, NOW).await.unwrap().is_ok());
+        assert!(reserve(&cache, &config, &s("c"), cost(1), NOW, NOW).await.unwrap().is_err());
     }
 
     /// A parallel burst of new tasks, each under a new project id, holds exactly the tenant's day.

@@ -4,8 +4,9 @@
 //! answers (the task `PROCESSING` at tier `batch` until then, then `COMPLETED` at half price by the
 //! parked claim's fenced write), a cancel of a batched task (its provider batch cancelled), a batch
 //! that would miss the deadline (the run given back and answered at flex in time, once), a crash
-//! after the park and one between submission and record (never submitted twice), and a delivery
-//! that finds the record another wrote (put off until the record owns the run, never acked before).
+//! after the park and one between submission and record (never submitted twice), a delivery
+//! that finds the record another wrote (put off until the record owns the run, never acked before),
+//! and a batch's answer counted on its task's day.
 
 // Test helpers panic on failure by design: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -320,4 +321,34 @@ async fn a_parked_run_is_not_taken_for_an_earlier_runs_batch_still_open() {
     let done = r.at(90 * MIN).await;
     assert_eq!(done.written, 1, "{done:?}");
     assert_eq!(r.record(&id).await.status, TaskStatus::Completed);
+}
+
+/// A batch's answer counts on its task's day as a direct call's does: the provider billed it.
+#[tokio::test]
+async fn a_batch_answer_counts_on_its_tasks_day() {
+    use lanes_core::config::QuotaConfig;
+    use lanes_core::domain::quota::{Cost, Limits};
+    let mut r = rig(false, BatchTiming::default(), 0).await;
+    let day = 1_000_000;
+    let quota = QuotaConfig {
+        project: Limits { daily_tokens: Some(day), ..Default::default() },
+        ..Default::default()
+    };
+    r.worker.config.quota = quota;
+    r.collector.worker.config.quota = quota;
+    let id = r.submit(2 * 3600).await;
+    assert_eq!(r.drain().await, [Outcome::Acked]);
+    assert_eq!(r.at(5 * MIN).await.written, 1);
+    let used = r.record(&id).await.result.unwrap().tokens.reported().unwrap();
+    assert!(used > 0);
+    let scopes = lanes_core::quota::scopes(None, "p");
+    let probe = |tokens: u64, nonce: &'static str| {
+        let (cache, scopes, now) = (r.adapters.cache.clone(), scopes.clone(), r.clock.now_ms());
+        async move {
+            let cost = Cost { tokens, usd_micros: 0 };
+            lanes_core::quota::hold(&*cache, &quota, &scopes, cost, nonce, now).await.unwrap().is_ok()
+        }
+    };
+    assert!(!probe(day - used + 1, "over").await, "the answer's {used} tokens count on the day");
+    assert!(probe(day - used, "fits").await);
 }

@@ -203,8 +203,22 @@ impl TaskCollector {
     async fn write(&self, t: &BatchedTask, answer: crate::ports::LlmResponse) -> Result<bool, CollectError> {
         let w = &self.worker;
         let lane = t.lane.as_str();
-        let result = w.answered(lane, crate::ports::LlmResponse { tier: Tier::Batch, ..answer }, None).await;
-        let Some(record) = w.store.get(&t.task_id, w.clock.now_ms()).await? else { return Ok(false) };
+        let record = w.store.get(&t.task_id, w.clock.now_ms()).await?;
+        // The provider billed the answer whatever becomes of the run: its usage counts on the day
+        // the task was accepted on, as a direct call's does.
+        let day = record.as_ref().map(|r| {
+            let quota = &w.config.quota;
+            let scopes = crate::quota::scopes(r.request.tenant.as_ref(), &r.request.project_id);
+            crate::quota::day_only(
+                quota,
+                &scopes,
+                crate::quota::task_estimate(quota, &r.request),
+                r.created_at_ms,
+            )
+        });
+        let answer = crate::ports::LlmResponse { tier: Tier::Batch, ..answer };
+        let result = w.answered(lane, answer, day.as_ref()).await;
+        let Some(record) = record else { return Ok(false) };
         let completion = w.kept(&record, Completion::Completed(result)).await?;
         let now = w.clock.now_ms();
         match w.store.finish(&t.task_id, t.fence, completion, now, w.config.record_ttl_secs).await? {

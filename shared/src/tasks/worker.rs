@@ -357,7 +357,7 @@ impl Worker {
         let quota = &self.config.quota;
         let scopes = crate::quota::scopes(record.request.tenant.as_ref(), &record.request.project_id);
         let cost = crate::quota::estimate(quota, task.lane, tokens);
-        match crate::quota::reserve(&*self.cache, quota, &scopes, cost, now).await {
+        match crate::quota::reserve(&*self.cache, quota, &scopes, cost, now, record.created_at_ms).await {
             Ok(Ok(reservation)) => Ok(Some(reservation)),
             Ok(Err(over)) => {
                 let why = over.describe(&record.request.project_id);
