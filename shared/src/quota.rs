@@ -17,10 +17,13 @@
 //!   an accepted task runs.
 //! - **After each call** its usage corrects the minute and is added to the day the task was
 //!   accepted on ([`settle`]); a call that failed gives its tokens back, and keeps its request. A
-//!   provider batch's answer, which reserved no minute, is added to that day too ([`day_only`]).
+//!   provider batch's answer, which reserved no minute, is added to that day too ([`day_only`]). A
+//!   call dropped mid-way (its client cancelled the task, or its lease was lost) adds its estimate:
+//!   the provider may have billed it.
 //! - **When the task ends** its hold is given back, once ([`release`]): the day then counts what
-//!   was used. A hold that is never released (a worker that crashed after the final write) stays
-//!   until the day's counters expire, which errs on the side of spending less.
+//!   was used. A hold that is never released (a worker that crashed after the final write, or
+//!   a record the DLQ sweep ends `FAILED`) stays until the day's counters expire, which errs on the
+//!   side of spending less.
 //!
 //! The counters live in the cache (Redis on AWS, shared by every worker; in process locally). With
 //! the cache unreachable budgets are not enforced (counted as degraded): a budget protects spend but

@@ -16,7 +16,15 @@ use tracing::{info, warn};
 
 impl Worker {
     /// How a delivery ends whose provider call was dropped before its answer.
-    pub(super) async fn dropped(&self, run: Run<'_>, call: Call) -> Outcome {
+    pub(super) async fn dropped(
+        &self,
+        run: Run<'_>,
+        call: Call,
+        reservation: Option<&crate::quota::Reservation>,
+    ) -> Outcome {
+        // The call keeps its reservation, and its day counts the estimate: the provider may have
+        // billed it, and a client that cancels each task mid-call must not spend unseen.
+        self.settle(reservation, reservation.map(|r| r.cost()).unwrap_or_default()).await;
         let Run { queue, message, task, .. } = run;
         let lane = task.lane.as_str();
         if let Call::Cancelled = call {
@@ -158,8 +166,15 @@ impl Worker {
                 // throw away the answer it is about to write. The DLQ sweep looks at the lock too.
                 Settle::ByHolder => Ok(false),
             };
-            if let Err(e) = settled {
-                warn!(error = %e, "could not settle the record; the DLQ sweep will");
+            match settled {
+                // The task ended: its hold on the day goes back, as at any end.
+                Ok(true) => {
+                    if let Ok(Some(done)) = self.store.get(&task.task_id, now).await {
+                        self.release(&done).await;
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "could not settle the record; the DLQ sweep will"),
             }
         }
         outcome

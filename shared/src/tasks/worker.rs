@@ -284,11 +284,10 @@ impl Worker {
         };
         let call = self.call(&record, &request, &lost, &cancelled).await;
         // An answer in hand is written even if the lease was lost meanwhile: the fenced write
-        // decides whether this run still owns the record. A dropped call keeps its reservation: the
-        // provider may have billed it.
+        // decides whether this run still owns the record.
         let answer = match call {
             Call::Answered(a) => *a,
-            dropped => return self.dropped(run, dropped).await,
+            dropped => return self.dropped(run, dropped, reservation.as_ref()).await,
         };
         match answer {
             Ok(resp) => {
@@ -856,6 +855,33 @@ mod tests {
         );
     }
 
+    /// A run failed because its last delivery could not be put off has ended: its hold on the day
+    /// goes back, as at any end.
+    #[tokio::test]
+    async fn a_run_failed_on_a_last_delivery_that_could_not_be_put_off_gives_its_hold_back() {
+        let err = LlmError::Retryable { message: "502".into(), retry_after: None };
+        let llm = ScriptedLlm { failures: Mutex::new(VecDeque::from([err])), ..Default::default() };
+        let mut config = fast();
+        config.quota.project.daily_tokens = Some(1_000_000);
+        let r = rig(Arc::new(SystemClock), llm, config).await;
+        let (rec, quota) = (r.record().await, r.worker.config.quota);
+        let scopes = crate::quota::scopes(None, "p");
+        let day = crate::domain::quota::Cost { tokens: 1_000_000, usd_micros: 0 };
+        let held = crate::quota::hold(&*r.worker.cache, &quota, &scopes, day, &rec.nonce, rec.created_at_ms);
+        assert_eq!(held.await.unwrap(), Ok(()), "the task holds the whole day");
+        let mut m = r.receive().await;
+        while m.receive_count < MAX_RECEIVES {
+            r.queue.change_visibility(&m.receipt, Duration::ZERO).await.unwrap();
+            m = r.receive().await;
+        }
+        let outcome = r.worker.process(Arc::new(NoRequeue(r.queue.clone())), m).await;
+        assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+        assert_eq!(r.status().await, TaskStatus::Failed);
+        let now = SystemClock.now_ms();
+        let again = crate::quota::hold(&*r.worker.cache, &quota, &scopes, day, "probe", now);
+        assert_eq!(again.await.unwrap(), Ok(()), "the hold went back");
+    }
+
     #[tokio::test]
     async fn a_stale_fence_write_is_rejected() {
         let llm = ScriptedLlm { delay: Duration::from_millis(100), ..Default::default() };
@@ -1238,7 +1264,10 @@ mod tests {
     #[tokio::test]
     async fn a_running_task_cancelled_by_its_client_drops_the_call_at_the_next_heartbeat() {
         let llm = ScriptedLlm { delay: Duration::from_secs(30), ..Default::default() };
-        let r = rig(Arc::new(SystemClock), llm, fast()).await;
+        let day = 1_000_000;
+        let mut config = fast();
+        config.quota.project.daily_tokens = Some(day);
+        let r = rig(Arc::new(SystemClock), llm, config).await;
         let m = r.receive().await;
         let (w, q) = (r.worker.clone(), r.queue());
         let run = tokio::spawn(async move { w.process(q, m).await });
@@ -1258,6 +1287,11 @@ mod tests {
         assert_eq!(r.status().await, TaskStatus::Cancelled);
         assert_eq!(r.count(&r.worker.metrics.llm_calls_dropped_total, &["interactive", "cancelled"]), 1);
         assert_eq!(r.queue.depth().await.unwrap().in_flight, 0);
+        // The dropped call may have been billed: its estimate counts on the day.
+        let scopes = crate::quota::scopes(None, "p");
+        let whole = crate::domain::quota::Cost { tokens: day, usd_micros: 0 };
+        let held = crate::quota::hold(&*r.worker.cache, &r.worker.config.quota, &scopes, whole, "probe", now);
+        assert!(held.await.unwrap().is_err(), "the day counts the dropped call");
     }
 
     #[tokio::test]
