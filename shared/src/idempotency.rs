@@ -14,7 +14,7 @@
 //!   Every duplicate is judged by one rule ([`judge`]): the same key with another payload is a
 //!   conflict; otherwise the live record answers, as its status says.
 //! - **Commits.** The key is `repo_id:sha` ([`commit_key`]); a summary is written once under it.
-//!   A webhook delivery is known by its host's delivery id ([`delivery_key`]), recorded only once
+//!   A webhook delivery is known by the hash of its signed body ([`delivery_key`]), recorded only once
 //!   its commits are all enqueued, so a replay of a recorded one is dropped and any other re-sends.
 //!
 //! See docs/ARCHITECTURE.md, Idempotency.
@@ -122,14 +122,13 @@ pub fn from_record(stored: Option<TaskRecord>, payload_hash: &str) -> Option<Dup
     stored.filter(|r| !lifecycle::is_resubmittable(r.status)).map(|r| judge(r, payload_hash))
 }
 
-/// Most characters of a host's delivery id that are kept as a key; a longer one is no key (and its
-/// delivery is never taken for a replay).
-pub const MAX_DELIVERY_ID_LEN: usize = 200;
-
-/// The key of a webhook delivery: `provider:delivery id`, from the host's delivery header
-/// (`X-GitHub-Delivery`, `X-Gitlab-Event-UUID`). None without a usable id.
-pub fn delivery_key(provider: Provider, delivery_id: Option<&str>) -> Option<String> {
-    delivery_id.filter(|d| !d.is_empty() && d.len() <= MAX_DELIVERY_ID_LEN).map(|d| format!("{provider}:{d}"))
+/// The key of a webhook delivery: `provider:` and the sha256 of its body, the bytes the host's
+/// signature covers. A host's redelivery sends the same body, so it is known; the host's delivery
+/// id (`X-GitHub-Delivery`, `X-Gitlab-Event-UUID`) is not signed, and keyed by it a captured body
+/// re-sent under new ids (or none) would be taken for new deliveries, each charging its
+/// repository's daily commits again.
+pub fn delivery_key(provider: Provider, body: &[u8]) -> String {
+    format!("{provider}:{}", sha256_hex(body))
 }
 
 #[cfg(test)]
@@ -250,12 +249,11 @@ mod tests {
     }
 
     #[test]
-    fn delivery_keys_name_their_host_and_refuse_unusable_ids() {
-        assert_eq!(delivery_key(Provider::Github, Some("72d3162e")), Some("github:72d3162e".to_owned()));
-        assert_eq!(delivery_key(Provider::Gitlab, Some("u-1")), Some("gitlab:u-1".to_owned()));
-        assert_eq!(delivery_key(Provider::Github, Some("")), None);
-        assert_eq!(delivery_key(Provider::Github, None), None);
-        assert_eq!(delivery_key(Provider::Github, Some(&"d".repeat(MAX_DELIVERY_ID_LEN + 1))), None);
-        assert!(delivery_key(Provider::Github, Some(&"d".repeat(MAX_DELIVERY_ID_LEN))).is_some());
+    fn delivery_keys_name_their_host_and_the_signed_body() {
+        let body = br#"{"after":"a"}"#;
+        let key = delivery_key(Provider::Github, body);
+        assert_eq!(key, format!("github:{}", sha256_hex(body)));
+        assert_ne!(key, delivery_key(Provider::Gitlab, body), "scoped by host");
+        assert_ne!(key, delivery_key(Provider::Github, br#"{"after":"b"}"#));
     }
 }

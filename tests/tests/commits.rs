@@ -233,19 +233,21 @@ async fn each_distinct_commit_gets_exactly_one_llm_summary() {
     let (a, b, c, d) = (sha('a'), sha('b'), sha('c'), sha('d'));
     let p1 = push(101, "octo/one", &[a.clone(), b.clone(), c.clone()]);
 
-    // The same push three times: a replay of one delivery id, and a re-send under a new id.
+    // The same push three times: a replay of one delivery id, and a re-send of its signed body
+    // under a new id (the id is not signed: the body is what was delivered).
     let (status, v) = deliver(&r, "d-1", &p1).await;
     assert_eq!((status, v["enqueued"].as_u64()), (StatusCode::ACCEPTED, Some(3)), "{v}");
     let (status, v) = deliver(&r, "d-1", &p1).await;
     assert_eq!((status, v["status"].as_str()), (StatusCode::OK, Some("duplicate")));
-    let (status, _) = deliver(&r, "d-2", &p1).await;
-    assert_eq!(status, StatusCode::ACCEPTED, "a new delivery id is enqueued; the worker dedupes");
+    let (status, v) = deliver(&r, "d-2", &p1).await;
+    assert_eq!((status, v["status"].as_str()), (StatusCode::OK, Some("duplicate")), "the same body");
     drain(&r, 2).await;
 
-    // The same commits in a second branch's push, plus a new one; then the same sha in a fork.
+    // The same commits in a second branch's push, plus a new one (a new body: enqueued, and the
+    // worker dedupes the commits it re-lists); then the same sha in a fork.
     let p2 = push(101, "octo/one", &[a.clone(), b.clone(), d.clone()]);
-    deliver(&r, "d-3", &p2).await;
-    deliver(&r, "d-4", &p2).await;
+    let (status, _) = deliver(&r, "d-3", &p2).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
     let fork = push(202, "fork/two", std::slice::from_ref(&a));
     deliver(&r, "d-5", &fork).await;
     drain(&r, 2).await;
@@ -298,9 +300,9 @@ async fn concurrent_workers_on_the_same_new_commits_spend_once() {
     let r = rig().await;
     let shas: Vec<String> = "ef1234".chars().map(sha).collect();
     let p = push(303, "octo/three", &shas);
-    // Four deliveries of the same push under different ids: 24 messages for 6 commits.
+    // The same commits pushed to four branches: 24 messages for 6 commits.
     for d in ["x-1", "x-2", "x-3", "x-4"] {
-        let (status, v) = deliver(&r, d, &p).await;
+        let (status, v) = deliver(&r, d, &p.replace("refs/heads/main", &format!("refs/heads/{d}"))).await;
         assert_eq!((status, v["enqueued"].as_u64()), (StatusCode::ACCEPTED, Some(6)), "{v}");
     }
     let llm_requests = AtomicU64::new(r.mock.seen().len() as u64);
@@ -414,7 +416,7 @@ async fn concurrent_workers_at_tier_batch_make_one_batch_through_dynamodb_and_sq
     let shas: Vec<String> = "012345".chars().map(sha).collect();
     let p = push(202, "fork/two", &shas);
     for d in ["b-1", "b-2", "b-3", "b-4"] {
-        let (status, _) = deliver(&r, d, &p).await;
+        let (status, _) = deliver(&r, d, &p.replace("refs/heads/main", &format!("refs/heads/{d}"))).await;
         assert_eq!(status, StatusCode::ACCEPTED);
     }
     drain(&r, 4).await;

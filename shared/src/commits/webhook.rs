@@ -120,7 +120,7 @@ pub fn router(webhook: Webhook) -> Router {
         .with_state(Arc::new(webhook))
 }
 
-/// What a delivery got: `accepted` (with what was enqueued), `duplicate` (a replayed delivery id),
+/// What a delivery got: `accepted` (with what was enqueued), `duplicate` (a replayed delivery),
 /// `ignored` (another event), `pong` (GitHub's ping).
 #[derive(Debug, Default, serde::Serialize, utoipa::ToSchema)]
 pub struct WebhookAnswer {
@@ -293,25 +293,15 @@ async fn accept(
         )
         .with_field("repository"));
     }
-    let delivery = crate::idempotency::delivery_key(
-        provider,
-        match provider {
-            Provider::Gitlab => header(headers, "x-gitlab-event-uuid"),
-            _ => header(headers, "x-github-delivery"),
-        },
-    );
+    let delivery = crate::idempotency::delivery_key(provider, &bytes);
     // Enqueued first, recorded after: a delivery is recorded only once its commits are all in the
     // queue, so a failure or a crash anywhere before leaves the host's redelivery to enqueue them
     // (commits sent twice are summarized once). A replay of a recorded delivery is answered as such.
-    if let Some(d) = &delivery
-        && let Some(answer) = replayed(w, provider, d).await?
-    {
+    if let Some(answer) = replayed(w, provider, &delivery).await? {
         return Ok(answer);
     }
     w.enqueue(&push).await?;
-    if let Some(d) = &delivery
-        && let Err(e) = w.store.mark_delivery(d, w.clock.now_ms(), DELIVERY_TTL_SECS).await
-    {
+    if let Err(e) = w.store.mark_delivery(&delivery, w.clock.now_ms(), DELIVERY_TTL_SECS).await {
         warn!(error = %e, "delivery not recorded; a replay of it enqueues its commits again");
     }
     w.metrics.webhook_deliveries_total.with_label_values(&[provider.as_str(), "accepted"]).inc();
@@ -766,6 +756,10 @@ mod tests {
             }
         };
         assert_eq!(push(42, "d-1", &["a", "b"]).await.0, StatusCode::ACCEPTED);
+        // The same signed body under another delivery id (which the signature does not cover) is a
+        // replay: answered as one, and charged nothing (the day's last commit still fits below).
+        let (status, _, v) = push(42, "d-1-again", &["a", "b"]).await;
+        assert_eq!((status, v["status"].as_str()), (StatusCode::OK, Some("duplicate")), "{v}");
         let (status, retry, v) = push(42, "d-2", &["c", "d"]).await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{v}");
         assert_eq!(
