@@ -3,7 +3,7 @@
 //! running task is a member of its group's set in the cache, with an end time its run keeps
 //! renewing; a crashed run's place frees itself when that time passes. Pure: the limits and the key.
 
-use super::Lane;
+use super::{Lane, TaskId};
 
 /// The cap per lane; `None` where a lane has none (the default, everywhere).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,6 +44,14 @@ impl Caps {
 /// The set of `group`'s running tasks in `lane`; the group is the hash tag (one cluster slot).
 pub fn running_key(lane: Lane, group: &str) -> String {
     format!("tenant-running:{{{group}}}:{}", lane.as_str())
+}
+
+/// A run's member in its group's set: the task and the claim's fence, so each run of a task holds
+/// a place of its own. A run that lost its lease gives back its own place, never the one of the run
+/// that took the task over (keyed by the task alone, its leave freed the live run's place, and the
+/// group could run one more than its cap).
+pub fn place_member(task: &TaskId, fence: u64) -> String {
+    format!("{task}#{fence}")
 }
 
 #[cfg(test)]

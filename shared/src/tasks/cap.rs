@@ -7,8 +7,8 @@
 
 use super::share::ShareHold;
 use super::worker::{Run, Settle, Worker};
-use crate::domain::concurrency::running_key;
-use crate::domain::{Lane, TaskId};
+use crate::domain::Lane;
+use crate::domain::concurrency::{place_member, running_key};
 use crate::lease::Outcome;
 use crate::ports::Cache;
 use std::sync::Arc;
@@ -61,7 +61,8 @@ impl Worker {
                 reason,
             )
         };
-        let place = match self.take_place(lane, group, &run.task.task_id, now_ms).await {
+        let member = place_member(&run.task.task_id, run.record.fence);
+        let place = match self.take_place(lane, group, member, now_ms).await {
             Ok(place) => place,
             Err(after) => {
                 return Err(put_off(
@@ -81,24 +82,25 @@ impl Worker {
         }
     }
 
-    /// Takes a place for `task` among `group`'s running tasks in `lane`: `Ok(None)` where the lane
-    /// has no cap (or the cache is down), `Err(after)` when the group is at its cap.
+    /// Takes a place for the run `member` ([`place_member`]) among `group`'s running tasks in `lane`:
+    /// `Ok(None)` where the lane has no cap (or the cache is down), `Err(after)` when the group is at
+    /// its cap.
     async fn take_place(
         &self,
         lane: Lane,
         group: &str,
-        task: &TaskId,
+        member: String,
         now_ms: u64,
     ) -> Result<Option<Place>, Duration> {
         let Some(cap) = self.config.quota.concurrency.of(lane) else { return Ok(None) };
         let key = running_key(lane, group);
         let ttl = self.config.lease_ttl;
         let until = move |now: u64| now.saturating_add(ttl.as_millis() as u64);
-        match self.cache.enter_within(&key, task.as_str(), now_ms, until(now_ms), cap.into()).await {
+        match self.cache.enter_within(&key, &member, now_ms, until(now_ms), cap.into()).await {
             Ok(true) => {
                 let (cache, clock, every) =
                     (self.cache.clone(), self.clock.clone(), self.config.renew_interval);
-                let (k, m) = (key.clone(), task.as_str().to_owned());
+                let (k, m) = (key.clone(), member.clone());
                 let renewals = tokio::spawn(async move {
                     loop {
                         tokio::time::sleep(every).await;
@@ -107,7 +109,7 @@ impl Worker {
                         let _ = cache.enter(&k, &m, now, until(now)).await;
                     }
                 });
-                Ok(Some(Place { renewals, cache: self.cache.clone(), key, member: task.as_str().to_owned() }))
+                Ok(Some(Place { renewals, cache: self.cache.clone(), key, member }))
             }
             Ok(false) => {
                 // A place frees when one of the group's runs ends, usually well before its end time.

@@ -381,7 +381,8 @@ impl Worker {
     }
 
     /// Corrects a reservation to what the call used; with the cache down the correction is lost
-    /// (counted), which errs on the side of spending less.
+    /// (counted as degraded): the day then never counts the call, and the hold given back at the
+    /// task's end leaves it counting less than was spent, as budgets go unenforced in any outage.
     pub(super) async fn settle(
         &self,
         reservation: Option<&crate::quota::Reservation>,
@@ -1167,6 +1168,13 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(380)).await;
         let held = r.worker.cache.count_live(&key, r.worker.clock.now_ms()).await.unwrap();
         assert_eq!(held, 1, "renewed while the run lasts");
+        // An earlier run of the task (the put-off claim's fence) giving its place back leaves this
+        // run's alone.
+        let fence = r.record().await.fence;
+        let stale = crate::domain::concurrency::place_member(&r.task_id, fence - 1);
+        r.worker.cache.leave(&key, &stale).await.unwrap();
+        let held = r.worker.cache.count_live(&key, r.worker.clock.now_ms()).await.unwrap();
+        assert_eq!(held, 1, "a stale run's leave frees only its own place");
         assert_eq!(run.await.unwrap(), Outcome::Acked);
         assert_eq!(r.status().await, TaskStatus::Completed);
         tokio::time::sleep(Duration::from_millis(20)).await;
