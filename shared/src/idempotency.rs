@@ -14,7 +14,7 @@
 //!   Every duplicate is judged by one rule ([`judge`]): the same key with another payload is a
 //!   conflict; otherwise the live record answers, as its status says.
 //! - **Commits.** The key is `repo_id:sha` ([`commit_key`]); a summary is written once under it.
-//!   A webhook delivery is known by the hash of its signed body ([`delivery_key`]), recorded only once
+//!   A webhook delivery is known by the hash of its body ([`delivery_key`]), recorded only once
 //!   its commits are all enqueued, so a replay of a recorded one is dropped and any other re-sends.
 //!
 //! See docs/ARCHITECTURE.md, Idempotency.
@@ -122,8 +122,8 @@ pub fn from_record(stored: Option<TaskRecord>, payload_hash: &str) -> Option<Dup
     stored.filter(|r| !lifecycle::is_resubmittable(r.status)).map(|r| judge(r, payload_hash))
 }
 
-/// The key of a webhook delivery: `provider:` and the sha256 of its body, the bytes the host's
-/// signature covers. A host's redelivery sends the same body, so it is known; the host's delivery
+/// The key of a webhook delivery: `provider:` and the sha256 of its body (on GitHub, the bytes its
+/// signature covers). A host's redelivery sends the same body, so it is known; the host's delivery
 /// id (`X-GitHub-Delivery`, `X-Gitlab-Event-UUID`) is not signed, and keyed by it a captured body
 /// re-sent under new ids (or none) would be taken for new deliveries, each charging its
 /// repository's daily commits again.

@@ -216,7 +216,8 @@ impl Reservation {
 /// accepted task holds its share of them from ingress ([`hold`]), so it always runs. What the call
 /// uses is added to the day the task was accepted on (`accepted_at_ms`, its hold's day), which had
 /// room for it: a task accepted before midnight and run after it is not charged to a day that never
-/// admitted it, so no day counts more than its budget and one estimate.
+/// admitted it. The cost: what such a task spends beyond its hold (retries, an answer over its
+/// estimate) lands on a day that admits nothing more, so the next day's budget never sees it.
 pub async fn reserve(
     cache: &dyn Cache,
     config: &QuotaConfig,

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 /// Largest accepted delivery (a Lambda function URL's own limit is 6 MB).
 pub const MAX_WEBHOOK_BYTES: usize = 6 * 1024 * 1024;
-/// How long a delivery id is remembered.
+/// How long a delivery is remembered (by its body's hash, [`crate::idempotency::delivery_key`]).
 pub const DELIVERY_TTL_SECS: u64 = 7 * 24 * 3600;
 
 /// Webhook secrets; a host without one is refused.
@@ -147,7 +147,7 @@ pub struct WebhookAnswer {
     /// The event ignored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub event: Option<String>,
-    /// The delivery id replayed.
+    /// The replayed delivery's key (`provider:` and its body's sha256).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delivery: Option<String>,
 }
@@ -161,7 +161,7 @@ pub struct WebhookAnswer {
     params(
         ("X-Hub-Signature-256" = String, Header, description = "`sha256=<hex HMAC of the body>`"),
         ("X-GitHub-Event" = String, Header, description = "`push` (`ping` answers `pong`; others are ignored)"),
-        ("X-GitHub-Delivery" = Option<String>, Header, description = "Delivery id; a replay is dropped"),
+        ("X-GitHub-Delivery" = Option<String>, Header, description = "Delivery id (not signed, so not the replay key: a replay is the same body, dropped whatever its id)"),
     ),
     responses(
         (status = 200, description = "Ping or replayed delivery", body = WebhookAnswer),
@@ -188,7 +188,7 @@ pub(crate) async fn github(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Res
     params(
         ("X-Gitlab-Token" = String, Header, description = "The webhook's secret token"),
         ("X-Gitlab-Event" = String, Header, description = "`Push Hook` (others are ignored)"),
-        ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "Delivery id; a replay is dropped"),
+        ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "Delivery id (not signed, so not the replay key: a replay is the same body, dropped whatever its id)"),
     ),
     responses(
         (status = 200, description = "Replayed delivery", body = WebhookAnswer),
@@ -217,10 +217,10 @@ pub(crate) async fn gitlab(s: State<Arc<Webhook>>, h: HeaderMap, b: Body) -> Res
     params(
         ("X-GitHub-Event" = Option<String>, Header, description = "A GitHub delivery's event (`push`; `ping` answers `pong`); with `X-Hub-Signature-256`. One of this and `X-Gitlab-Event` is required"),
         ("X-Hub-Signature-256" = Option<String>, Header, description = "With `X-GitHub-Event`: `sha256=<hex HMAC of the body>`"),
-        ("X-GitHub-Delivery" = Option<String>, Header, description = "With `X-GitHub-Event`: the delivery id; a replay is dropped"),
+        ("X-GitHub-Delivery" = Option<String>, Header, description = "With `X-GitHub-Event`: the delivery id (a replay is the same body, dropped whatever its id)"),
         ("X-Gitlab-Event" = Option<String>, Header, description = "A GitLab delivery's event (`Push Hook`); with `X-Gitlab-Token`. One of this and `X-GitHub-Event` is required"),
         ("X-Gitlab-Token" = Option<String>, Header, description = "With `X-Gitlab-Event`: the webhook's secret token"),
-        ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "With `X-Gitlab-Event`: the delivery id; a replay is dropped"),
+        ("X-Gitlab-Event-UUID" = Option<String>, Header, description = "With `X-Gitlab-Event`: the delivery id (a replay is the same body, dropped whatever its id)"),
     ),
     responses(
         (status = 200, description = "Ping or replayed delivery", body = WebhookAnswer),

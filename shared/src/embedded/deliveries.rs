@@ -1,4 +1,4 @@
-//! The webhook's bookkeeping in the embedded file: delivery marks (a delivery id until it expires,
+//! The webhook's bookkeeping in the embedded file: delivery marks (a delivery's key until it expires,
 //! so a replay is dropped) and push counts (commits per repository and UTC day, the daily budget),
 //! with the sweep that deletes what has expired, as DynamoDB's TTL does for the AWS tables.
 //!

@@ -328,10 +328,10 @@ pub trait SummaryStore: Send + Sync {
         limit: usize,
         cursor: Option<&str>,
     ) -> Result<SummaryPage, StoreError>;
-    /// Records a webhook delivery id for `ttl_secs` once its commits are enqueued; false when it was
-    /// already recorded.
+    /// Records a webhook delivery (its key, [`crate::idempotency::delivery_key`]) for `ttl_secs`
+    /// once its commits are enqueued; false when it was already recorded.
     async fn mark_delivery(&self, delivery: &str, now_ms: u64, ttl_secs: u64) -> Result<bool, StoreError>;
-    /// Whether a delivery id is recorded (a replay of a delivery whose commits were enqueued).
+    /// Whether a delivery is recorded (a replay of a delivery whose commits were enqueued).
     async fn delivery_seen(&self, delivery: &str, now_ms: u64) -> Result<bool, StoreError>;
     /// Adds `commits` to the commits pushed in `scope` (a repository, by the owner that signed its
     /// pushes) on UTC day `day` (days since the epoch) if the day's total stays within `limit`, in

@@ -203,25 +203,15 @@ impl TaskCollector {
     async fn write(&self, t: &BatchedTask, answer: crate::ports::LlmResponse) -> Result<bool, CollectError> {
         let w = &self.worker;
         let lane = t.lane.as_str();
-        let record = w.store.get(&t.task_id, w.clock.now_ms()).await?;
-        // The provider billed the answer whatever becomes of the run: its usage counts on the day
-        // the task was accepted on, as a direct call's does.
-        let day = record.as_ref().map(|r| {
-            let quota = &w.config.quota;
-            let scopes = crate::quota::scopes(r.request.tenant.as_ref(), &r.request.project_id);
-            crate::quota::day_only(
-                quota,
-                &scopes,
-                crate::quota::task_estimate(quota, &r.request),
-                r.created_at_ms,
-            )
-        });
         let answer = crate::ports::LlmResponse { tier: Tier::Batch, ..answer };
-        let result = w.answered(lane, answer, day.as_ref()).await;
-        let Some(record) = record else { return Ok(false) };
+        let result = w.answered(lane, answer, None).await;
+        let Some(record) = w.store.get(&t.task_id, w.clock.now_ms()).await? else { return Ok(false) };
+        let used = (result.tokens.reported(), result.cost_usd);
         let completion = w.kept(&record, Completion::Completed(result)).await?;
         let now = w.clock.now_ms();
-        match w.store.finish(&t.task_id, t.fence, completion, now, w.config.record_ttl_secs).await? {
+        let written = w.store.finish(&t.task_id, t.fence, completion, now, w.config.record_ttl_secs).await?;
+        self.charge_day(&record, used).await;
+        match written {
             FinishOutcome::Written(done) => {
                 self.finished(&done, now).await;
                 Ok(true)
@@ -231,6 +221,18 @@ impl TaskCollector {
                 Ok(false)
             }
         }
+    }
+
+    /// Adds a batch answer's usage (`tokens` reported, `cost_usd`) to the day its task was accepted
+    /// on, as a direct call's is: the provider billed it whatever became of the run. Called once the
+    /// final write has answered, either way: a tick that fails before then is tried again, and would
+    /// charge the answer again.
+    async fn charge_day(&self, record: &TaskRecord, (tokens, cost_usd): (Option<u64>, Option<f64>)) {
+        let (w, quota) = (&self.worker, &self.worker.config.quota);
+        let scopes = crate::quota::scopes(record.request.tenant.as_ref(), &record.request.project_id);
+        let estimate = crate::quota::task_estimate(quota, &record.request);
+        let day = crate::quota::day_only(quota, &scopes, estimate, record.created_at_ms);
+        w.settle(Some(&day), crate::quota::used(tokens, cost_usd, day.cost())).await;
     }
 
     async fn finished(&self, done: &TaskRecord, now: u64) {

@@ -22,8 +22,9 @@ impl Worker {
         call: Call,
         reservation: Option<&crate::quota::Reservation>,
     ) -> Outcome {
-        // The call keeps its reservation, and its day counts the estimate: the provider may have
-        // billed it, and a client that cancels each task mid-call must not spend unseen.
+        // The call keeps its reservation (`None` for a call never asked), and its day counts the
+        // estimate: the provider may have billed it, and a client that cancels each task mid-call
+        // must not spend unseen.
         self.settle(reservation, reservation.map(|r| r.cost()).unwrap_or_default()).await;
         let Run { queue, message, task, .. } = run;
         let lane = task.lane.as_str();
