@@ -10,8 +10,10 @@
 //!
 //! - **At ingress** a new task holds its estimate (prompt plus completion cap; USD at the dearest
 //!   price of the lane's routes) on the day's budgets ([`hold`]), or is refused `429` and stores
-//!   nothing: no day is passed by more than one task's estimate. A duplicate of an accepted task is
-//!   still answered, and its own hold given back.
+//!   nothing: no submission passes a day's budget by more than one task's estimate. (What tasks
+//!   then use beyond their estimates, such as a dropped call's charge below, is counted, not
+//!   refused: an accepted task runs.) A duplicate of an accepted task is still answered, and its
+//!   own hold given back.
 //! - **Before each call** the worker reserves the call in the minute's budgets ([`reserve`]); over
 //!   one, the task waits for the next minute, never using an attempt. The day is not asked again:
 //!   an accepted task runs.

@@ -573,7 +573,7 @@ fn summary(repo: &str, sha: &str, at: u64) -> CommitSummary {
 }
 
 /// Summaries are written once and read back by key; a repository's list pages newest first with an
-/// opaque cursor; a webhook delivery id is marked once until its TTL passes or it is forgotten.
+/// opaque cursor; a webhook delivery's key is marked once until its TTL passes or it is forgotten.
 pub async fn summary_store(s: &dyn SummaryStore) {
     let shas: Vec<String> = (0..5).map(|i| format!("{i:040x}")).collect();
     for (i, sha) in shas.iter().enumerate() {

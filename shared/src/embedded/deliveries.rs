@@ -23,9 +23,9 @@ use super::unavailable;
 use crate::ports::StoreError;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-/// Delivery id -> expiry (Unix ms).
+/// Delivery key ([`crate::idempotency::delivery_key`]) -> expiry (Unix ms).
 const DELIVERIES: TableDefinition<&str, u64> = TableDefinition::new("deliveries");
-/// Every mark by `(expiry, id)`.
+/// Every mark by `(expiry, key)`.
 const EXPIRY: TableDefinition<(u64, &str), ()> = TableDefinition::new("delivery_expiry");
 /// The key in [`EXPIRY`] saying its entries cover every mark: absent in a file written before the
 /// index, whose marks the first sweep then indexes. It sorts after every real expiry.

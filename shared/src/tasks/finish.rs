@@ -21,11 +21,13 @@ impl Worker {
         run: Run<'_>,
         call: Call,
         reservation: Option<&crate::quota::Reservation>,
+        asked: bool,
     ) -> Outcome {
-        // The call keeps its reservation (`None` for a call never asked), and its day counts the
-        // estimate: the provider may have billed it, and a client that cancels each task mid-call
-        // must not spend unseen.
-        self.settle(reservation, reservation.map(|r| r.cost()).unwrap_or_default()).await;
+        // A call that was asked keeps its reservation, and its day counts the estimate: the
+        // provider may have billed it, and a client that cancels each task mid-call must not spend
+        // unseen. One never asked gives its reservation back, as a failed call does.
+        let used = reservation.filter(|_| asked).map(|r| r.cost()).unwrap_or_default();
+        self.settle(reservation, used).await;
         let Run { queue, message, task, .. } = run;
         let lane = task.lane.as_str();
         if let Call::Cancelled = call {

@@ -283,13 +283,13 @@ impl Worker {
             }
         };
         // A run already ended (lease lost, cancelled) before its call never asks the provider.
-        let asked = reservation.as_ref().filter(|_| !lost.is_cancelled() && !cancelled.is_cancelled());
+        let asked = !lost.is_cancelled() && !cancelled.is_cancelled();
         let call = self.call(&record, &request, &lost, &cancelled).await;
         // An answer in hand is written even if the lease was lost meanwhile: the fenced write
         // decides whether this run still owns the record.
         let answer = match call {
             Call::Answered(a) => *a,
-            dropped => return self.dropped(run, dropped, asked).await,
+            dropped => return self.dropped(run, dropped, reservation.as_ref(), asked).await,
         };
         match answer {
             Ok(resp) => {
