@@ -63,6 +63,11 @@ pub fn scopes(tenant: Option<&Tenant>, project_id: &str) -> Scopes {
     Scopes::of(tenant, project_id)
 }
 
+/// The [`scopes`] of `record`'s task.
+pub fn task_scopes(record: &crate::domain::TaskRecord) -> Scopes {
+    scopes(record.request.tenant.as_ref(), &record.request.project_id)
+}
+
 /// What a call estimated at `tokens` on `lane` reserves: the tokens, and micro-dollars at the
 /// dearest price of the lane's routes, rounded up.
 pub fn estimate(config: &QuotaConfig, lane: Lane, tokens: u64) -> Cost {
@@ -192,7 +197,7 @@ pub async fn release_task(
     config: &QuotaConfig,
     record: &crate::domain::TaskRecord,
 ) -> Result<(), CacheError> {
-    let scopes = scopes(record.request.tenant.as_ref(), &record.request.project_id);
+    let scopes = task_scopes(record);
     release(cache, config, &scopes, &record.nonce, record.created_at_ms).await
 }
 
@@ -232,8 +237,7 @@ pub async fn reserve(
         .into_iter()
         .filter(|p| !p.budget.is_daily())
         .collect();
-    let day = daily(plan(&config.tenant, &config.project, scopes, cost, accepted_at_ms));
-    let reservation = |minute| Reservation { minute, day, cost };
+    let reservation = |minute| Reservation { minute, ..day_only(config, scopes, cost, accepted_at_ms) };
     if minute.is_empty() {
         return Ok(Ok(reservation(minute)));
     }
@@ -311,6 +315,17 @@ mod tests {
         Tenant::parse(s).unwrap()
     }
 
+    /// An empty cache at [`NOW`], a config whose projects have a day of `daily` tokens, and the
+    /// scopes of project `p` (no tenant).
+    fn project_day(daily: u64) -> (MemoryCache, QuotaConfig, Scopes) {
+        let project = Limits { daily_tokens: Some(daily), ..Default::default() };
+        (
+            MemoryCache::new(ManualClock::new(NOW)),
+            QuotaConfig { project, ..Default::default() },
+            scopes(None, "p"),
+        )
+    }
+
     fn tokens(n: u64) -> Cost {
         Cost { tokens: n, usd_micros: 0 }
     }
@@ -350,12 +365,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_calls_usage_counts_on_the_day_and_the_day_never_refuses_a_call() {
-        let cache = MemoryCache::new(ManualClock::new(NOW));
-        let config = QuotaConfig {
-            project: Limits { daily_tokens: Some(1000), ..Default::default() },
-            ..Default::default()
-        };
-        let p = scopes(None, "p");
+        let (cache, config, p) = project_day(1000);
         assert_eq!(hold(&cache, &config, &p, tokens(1000), "n1", NOW).await.unwrap(), Ok(()));
         // The accepted task's call: the day is full, yet it is not refused.
         let r = reserve(&cache, &config, &p, tokens(1000), NOW, NOW).await.unwrap().unwrap();
@@ -375,12 +385,7 @@ mod tests {
     /// accepted them: the next day, which admitted its own, counts only its own.
     #[tokio::test]
     async fn a_call_after_midnight_counts_on_the_day_its_task_was_accepted() {
-        let cache = MemoryCache::new(ManualClock::new(NOW));
-        let config = QuotaConfig {
-            project: Limits { daily_tokens: Some(1000), ..Default::default() },
-            ..Default::default()
-        };
-        let p = scopes(None, "p");
+        let (cache, config, p) = project_day(1000);
         let (late, next) = (NOW + 3_569_000, NOW + 3_571_000); // 23:59:59 and 00:00:01
         let mut accepted = Vec::new();
         for (at, day) in [(late, "d"), (next, "e")] {
@@ -409,12 +414,8 @@ mod tests {
     /// it reports no usage.
     #[tokio::test]
     async fn a_batch_answer_counts_on_the_day() {
-        let cache = MemoryCache::new(ManualClock::new(NOW));
-        let config = QuotaConfig {
-            project: Limits { daily_tokens: Some(1000), tpm: Some(10), ..Default::default() },
-            ..Default::default()
-        };
-        let p = scopes(None, "p");
+        let (cache, mut config, p) = project_day(1000);
+        config.project.tpm = Some(10);
         assert_eq!(hold(&cache, &config, &p, tokens(600), "n1", NOW).await.unwrap(), Ok(()));
         let r = day_only(&config, &p, tokens(600), NOW);
         settle(&cache, &r, used(Some(400), None, r.cost())).await.unwrap();

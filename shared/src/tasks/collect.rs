@@ -229,7 +229,7 @@ impl TaskCollector {
     /// charge the answer again.
     async fn charge_day(&self, record: &TaskRecord, (tokens, cost_usd): (Option<u64>, Option<f64>)) {
         let (w, quota) = (&self.worker, &self.worker.config.quota);
-        let scopes = crate::quota::scopes(record.request.tenant.as_ref(), &record.request.project_id);
+        let scopes = crate::quota::task_scopes(record);
         let estimate = crate::quota::task_estimate(quota, &record.request);
         let day = crate::quota::day_only(quota, &scopes, estimate, record.created_at_ms);
         w.settle(Some(&day), crate::quota::used(tokens, cost_usd, day.cost())).await;

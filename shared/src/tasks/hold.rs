@@ -21,7 +21,7 @@ pub(crate) async fn take(
     metrics: &Metrics,
     record: &TaskRecord,
 ) -> Result<(), OverQuota> {
-    let scopes = crate::quota::scopes(record.request.tenant.as_ref(), &record.request.project_id);
+    let scopes = crate::quota::task_scopes(record);
     let cost = crate::quota::task_estimate(quota, &record.request);
     match crate::quota::hold(cache, quota, &scopes, cost, &record.nonce, record.created_at_ms).await {
         Ok(held) => held,

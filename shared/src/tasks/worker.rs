@@ -356,7 +356,7 @@ impl Worker {
     ) -> Result<Option<crate::quota::Reservation>, Outcome> {
         let Run { queue, message, task, record, completed } = run;
         let quota = &self.config.quota;
-        let scopes = crate::quota::scopes(record.request.tenant.as_ref(), &record.request.project_id);
+        let scopes = crate::quota::task_scopes(record);
         let cost = crate::quota::estimate(quota, task.lane, tokens);
         match crate::quota::reserve(&*self.cache, quota, &scopes, cost, now, record.created_at_ms).await {
             Ok(Ok(reservation)) => Ok(Some(reservation)),
@@ -528,6 +528,17 @@ mod tests {
     }
 
     impl Rig {
+        /// Receives the message until its last delivery, and processes that on a queue that
+        /// refuses to requeue it (so a put-off cannot keep it from the redrive).
+        async fn last_delivery_unable_to_requeue(&self) -> Outcome {
+            let mut m = self.receive().await;
+            while m.receive_count < MAX_RECEIVES {
+                self.queue.change_visibility(&m.receipt, Duration::ZERO).await.unwrap();
+                m = self.receive().await;
+            }
+            self.worker.process(Arc::new(NoRequeue(self.queue.clone())), m).await
+        }
+
         async fn receive(&self) -> ReceivedMessage {
             let mut got = self.queue.receive(1).await.unwrap();
             assert_eq!(got.len(), 1, "expected a visible message");
@@ -843,12 +854,7 @@ mod tests {
         let ClaimOutcome::Claimed(held) = r.store.claim(&r.task_id, now, 3600).await.unwrap() else {
             panic!()
         };
-        let mut m = r.receive().await;
-        while m.receive_count < MAX_RECEIVES {
-            r.queue.change_visibility(&m.receipt, Duration::ZERO).await.unwrap();
-            m = r.receive().await;
-        }
-        let outcome = r.worker.process(Arc::new(NoRequeue(r.queue.clone())), m).await;
+        let outcome = r.last_delivery_unable_to_requeue().await;
         assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
         let rec = r.record().await;
         assert_eq!(
@@ -872,12 +878,7 @@ mod tests {
         let day = crate::domain::quota::Cost { tokens: 1_000_000, usd_micros: 0 };
         let held = crate::quota::hold(&*r.worker.cache, &quota, &scopes, day, &rec.nonce, rec.created_at_ms);
         assert_eq!(held.await.unwrap(), Ok(()), "the task holds the whole day");
-        let mut m = r.receive().await;
-        while m.receive_count < MAX_RECEIVES {
-            r.queue.change_visibility(&m.receipt, Duration::ZERO).await.unwrap();
-            m = r.receive().await;
-        }
-        let outcome = r.worker.process(Arc::new(NoRequeue(r.queue.clone())), m).await;
+        let outcome = r.last_delivery_unable_to_requeue().await;
         assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
         assert_eq!(r.status().await, TaskStatus::Failed);
         let now = SystemClock.now_ms();
